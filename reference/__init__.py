@@ -1,0 +1,67 @@
+"""tilesim.reference — bit-accurate NumPy + ml_dtypes goldens of the fused operators.
+
+Every op emulates its kernel's tile loop nest and rounding points (see ``docs/numerics.md`` and
+``docs/ops/``). Needs only numpy and ml_dtypes; torch is optional (interop, test oracles).
+
+The op modules are imported on first use of one of their names, so ``import
+tilesim.reference`` stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from tilesim.reference.compare import CompareReport, compare
+from tilesim.reference.numerics import (
+    bf16_round_trip,
+    to_bf16,
+    to_fp8_e4m3,
+    ulp_distance,
+    widen_to_fp32,
+)
+
+# public name -> module (relative to this package) that defines it
+_LAZY = {
+    # MiniMax MoE grouped GEMM (docs/ops/moe.md)
+    "moe_grouped_gemm": "moe",
+    "MoeTileRecord": "moe",
+    "moe_dispatch": "moe_routing",
+    "moe_combine": "moe_routing",
+    "MoeDispatch": "moe_routing",
+    # MiniMax-M3 MSA (docs/ops/msa.md)
+    "msa_indexer_scores": "msa_indexer",
+    "msa_indexer": "msa_indexer",
+    "msa_sparse_decode": "msa_decode",
+    "build_msa_block_mask": "msa_main_branch",
+    "msa_main_branch": "msa_main_branch",
+    # DeepSeek-V3.2 sparse MLA (docs/ops/deepseek_sparse_attention.md)
+    "sparse_attention_antiquant": "dsa",
+    "sparse_attention_antiquant_kv_split": "dsa",
+    "dsa_make_case": "dsa_cases",
+    "DSA_CASES": "dsa_cases",
+}
+
+
+def __getattr__(name: str):
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'tilesim.reference' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"tilesim.reference.{mod}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
+
+__all__ = [
+    "CompareReport",
+    "bf16_round_trip",
+    "compare",
+    "to_bf16",
+    "to_fp8_e4m3",
+    "ulp_distance",
+    "widen_to_fp32",
+    *_LAZY,
+]

@@ -1,0 +1,85 @@
+"""The conversion rules every layer uses: FP32 -> BF16, FP32 -> FP8 E4M3FN, and exact widening.
+
+Rules (see ``docs/numerics.md``):
+
+* FP32 -> BF16: round to nearest, ties to even (torch, ml_dtypes and the Ascend default
+  ``CAST_RINT`` agree). Overflow rounds to +-inf, subnormals are kept, -0 stays -0.
+  NaN: ml_dtypes keeps the sign bit (-NaN -> 0xFFC0); torch canonicalises every NaN to 0x7FC0.
+  tilesim follows ml_dtypes by default; ``nan="canonical"`` reproduces torch.
+* FP32 -> FP8 E4M3FN: round to nearest even. With ``saturate=True`` (default, the rule of every
+  producer that matters: DeepSeek ``act_quant``, vLLM's ds_mla writer, FlashInfer) values are
+  clamped to +-448 first, so finite overflow and +-inf give +-448; NaN stays NaN. With
+  ``saturate=False`` the plain ml_dtypes rule applies: |x| <= 464 rounds to 448, |x| > 464
+  and +-inf give NaN (0x7F / 0xFF).
+* Only float32 (and the narrower float types, which widen exactly) are accepted as the source
+  of a rounding: a float64 source would round once from double, which no kernel does.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+FP8_E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
+FP32 = np.dtype(np.float32)
+
+FP8_E4M3_MAX = 448.0
+INT8_QMAX = 127.0
+
+_NARROW_FLOATS = (BF16, FP8_E4M3, np.dtype(np.float16))
+_EXACT_TO_FP32 = (BF16, FP8_E4M3, np.dtype(np.float16), np.dtype(np.int8), np.dtype(np.uint8))
+
+
+def _as_fp32_source(x, name: str) -> np.ndarray:
+    a = np.asarray(x)
+    if a.dtype == FP32:
+        return a
+    if a.dtype in _NARROW_FLOATS:
+        return a.astype(np.float32)
+    raise TypeError(
+        f"{name}: expected a float32 array (or bfloat16/float16/float8_e4m3fn, widened "
+        f"exactly), got dtype {a.dtype}; convert float64 data to float32 yourself so the "
+        f"single rounding the kernel performs happens from FP32"
+    )
+
+
+def to_bf16(x, *, nan: str = "keep") -> np.ndarray:
+    """Round FP32 to BF16 (RNE). Returns an ``ml_dtypes.bfloat16`` array of the same shape.
+
+    ``nan="keep"`` keeps the NaN sign (ml_dtypes); ``nan="canonical"`` maps every NaN to
+    0x7FC0 (torch). The input is never modified.
+    """
+    if nan not in ("keep", "canonical"):
+        raise ValueError(f"nan: expected 'keep' or 'canonical', got {nan!r}")
+    a = _as_fp32_source(x, "to_bf16(x)")
+    out = a.astype(BF16)
+    if nan == "canonical":
+        bits = out.view(np.uint16)
+        bits[np.isnan(a)] = 0x7FC0
+    return out
+
+
+def to_fp8_e4m3(x, *, saturate: bool = True) -> np.ndarray:
+    """Round FP32 to FP8 E4M3FN (RNE). Returns an ``ml_dtypes.float8_e4m3fn`` array.
+
+    ``saturate=True`` clamps to +-448 before the cast (inf -> +-448, NaN stays NaN);
+    ``saturate=False`` follows ml_dtypes (|x| > 464 or inf -> NaN).
+    """
+    a = _as_fp32_source(x, "to_fp8_e4m3(x)")
+    if saturate:
+        a = np.clip(a, np.float32(-FP8_E4M3_MAX), np.float32(FP8_E4M3_MAX))
+    return a.astype(FP8_E4M3)
+
+
+def widen_to_fp32(x) -> np.ndarray:
+    """Exact widening of BF16 / FP16 / FP8 E4M3FN / INT8 / FP32 data to FP32."""
+    a = np.asarray(x)
+    if a.dtype == FP32:
+        return a
+    if a.dtype in _EXACT_TO_FP32:
+        return a.astype(np.float32)
+    raise TypeError(
+        "widen_to_fp32(x): expected bfloat16, float16, float8_e4m3fn, int8, uint8 or float32, "
+        f"got dtype {a.dtype}"
+    )

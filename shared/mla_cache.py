@@ -1,0 +1,147 @@
+"""Byte layouts of the DeepSeek-V3.2 quantized MLA cache (one row per token).
+
+===========  ==============================  ================================================
+layout       bytes of one row                 content
+===========  ==============================  ================================================
+``pypto``    0..511 | 512..639 | 640..655    512 quantized nope | 64 BF16 rope | 4 FP32 scales
+``flashmla`` 0..511 | 512..527 | 528..655    512 quantized nope | 4 FP32 scales | 64 BF16 rope
+kv_split     three tensors                    ``kn_quant [rows,512]`` (e4m3 or int8),
+                                              ``kr [rows,64]`` BF16, ``kn_scales [rows,4]`` FP32
+===========  ==============================  ================================================
+
+Rows are 656 bytes in memory; PyPTO kernels pad each row to a 672-byte pitch in the UB only
+(``PYPTO_UB_PITCH``). All multi-byte fields are little-endian. A packed cache is an array of
+shape ``[rows, 656]`` whose dtype is the quantized type (float8_e4m3fn or int8), exactly like
+the tensors the kernels take. Packing and unpacking are exact byte moves.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from tilesim.shared.casts import BF16, FP8_E4M3
+
+NOPE = 512
+ROPE = 64
+NSCALES = 4
+PYPTO_ROW_BYTES = NOPE + 2 * ROPE + 4 * NSCALES  # 656
+FLASHMLA_ROW_BYTES = PYPTO_ROW_BYTES  # 656, different order
+PYPTO_UB_PITCH = 672  # 656 rounded up to a 32-byte multiple (UB tile pitch only)
+
+# (start, stop) byte ranges of each field per layout
+_FIELDS = {
+    "pypto": {"nope": (0, 512), "rope": (512, 640), "scales": (640, 656)},
+    "flashmla": {"nope": (0, 512), "scales": (512, 528), "rope": (528, 656)},
+}
+LAYOUTS = ("pypto", "flashmla")
+QUANT_DTYPES = (FP8_E4M3, np.dtype(np.int8))
+
+
+class MlaCacheRows(NamedTuple):
+    """The three fields of a quantized MLA cache: ``nope [rows,512]`` (e4m3/int8),
+    ``rope [rows,64]`` BF16, ``scales [rows,4]`` FP32."""
+
+    nope: np.ndarray
+    rope: np.ndarray
+    scales: np.ndarray
+
+
+def _check_fields(nope, rope, scales) -> MlaCacheRows:
+    n = np.asarray(nope)
+    r = np.asarray(rope)
+    s = np.asarray(scales)
+    if n.dtype not in QUANT_DTYPES:
+        raise TypeError(f"nope: expected float8_e4m3fn or int8, got dtype {n.dtype}")
+    if n.ndim != 2 or n.shape[1] != NOPE:
+        raise ValueError(f"nope: expected shape [rows, {NOPE}], got {tuple(n.shape)}")
+    rows = n.shape[0]
+    if r.dtype != BF16:
+        raise TypeError(f"rope: expected bfloat16, got dtype {r.dtype}")
+    if r.shape != (rows, ROPE):
+        raise ValueError(f"rope: expected shape {(rows, ROPE)}, got {tuple(r.shape)}")
+    if s.dtype != np.float32:
+        raise TypeError(f"scales: expected float32, got dtype {s.dtype}")
+    if s.shape != (rows, NSCALES):
+        raise ValueError(f"scales: expected shape {(rows, NSCALES)}, got {tuple(s.shape)}")
+    return MlaCacheRows(n, r, s)
+
+
+def _le_bytes(a: np.ndarray) -> np.ndarray:
+    """Row-wise little-endian bytes of a 2-D array as uint8 ``[rows, cols*itemsize]``."""
+    a = np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<") if a.dtype.itemsize > 1 else None)
+    return a.view(np.uint8).reshape(a.shape[0], -1)
+
+
+def _pack(layout: str, nope, rope, scales) -> np.ndarray:
+    f = _check_fields(nope, rope, scales)
+    rows = f.nope.shape[0]
+    out = np.empty((rows, PYPTO_ROW_BYTES), dtype=np.uint8)
+    fields = _FIELDS[layout]
+    out[:, slice(*fields["nope"])] = f.nope.view(np.uint8)
+    out[:, slice(*fields["rope"])] = _le_bytes(f.rope)
+    out[:, slice(*fields["scales"])] = _le_bytes(f.scales.astype("<f4"))
+    return out.view(f.nope.dtype)
+
+
+def _unpack(layout: str, cache) -> MlaCacheRows:
+    c = np.asarray(cache)
+    if c.dtype not in QUANT_DTYPES + (np.dtype(np.uint8),):
+        raise TypeError(f"cache: expected float8_e4m3fn, int8 or uint8 bytes, got dtype {c.dtype}")
+    if c.ndim != 2 or c.shape[1] != PYPTO_ROW_BYTES:
+        raise ValueError(
+            f"cache: expected shape [rows, {PYPTO_ROW_BYTES}] ({layout} layout), "
+            f"got {tuple(c.shape)}"
+        )
+    qdtype = c.dtype if c.dtype in QUANT_DTYPES else FP8_E4M3
+    b = np.ascontiguousarray(c).view(np.uint8)
+    fields = _FIELDS[layout]
+    nope = np.ascontiguousarray(b[:, slice(*fields["nope"])]).view(qdtype)
+    rope = np.ascontiguousarray(b[:, slice(*fields["rope"])]).view("<u2").view(BF16)
+    scales = np.ascontiguousarray(b[:, slice(*fields["scales"])]).view("<f4").astype(np.float32)
+    return MlaCacheRows(nope, rope.reshape(-1, ROPE), scales.reshape(-1, NSCALES))
+
+
+def pack_pypto_rows(nope, rope, scales) -> np.ndarray:
+    """Fields -> PyPTO packed cache ``[rows, 656]`` (dtype of ``nope``): nope | rope | scales."""
+    return _pack("pypto", nope, rope, scales)
+
+
+def unpack_pypto_rows(cache) -> MlaCacheRows:
+    """PyPTO packed cache ``[rows, 656]`` -> :class:`MlaCacheRows` (fresh arrays)."""
+    return _unpack("pypto", cache)
+
+
+def pack_flashmla_rows(nope, rope, scales) -> np.ndarray:
+    """Fields -> FlashMLA ``fp8_ds_mla`` cache ``[rows, 656]``: nope | scales | rope."""
+    return _pack("flashmla", nope, rope, scales)
+
+
+def unpack_flashmla_rows(cache) -> MlaCacheRows:
+    """FlashMLA cache ``[rows, 656]`` -> :class:`MlaCacheRows` (fresh arrays)."""
+    return _unpack("flashmla", cache)
+
+
+def pack_kv_split(nope, rope, scales) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Fields -> the kv_split triple ``(kn_quant, kr, kn_scales)`` (validated, contiguous copies)."""
+    f = _check_fields(nope, rope, scales)
+    return tuple(np.array(a, copy=True, order="C") for a in f)  # type: ignore[return-value]
+
+
+def unpack_kv_split(kn_quant, kr, kn_scales) -> MlaCacheRows:
+    """The kv_split triple -> :class:`MlaCacheRows` (validated, fresh copies)."""
+    return MlaCacheRows(*pack_kv_split(kn_quant, kr, kn_scales))
+
+
+def unpack_rows(cache, layout: str) -> MlaCacheRows:
+    """Unpack a packed cache in ``layout`` (``"pypto"`` or ``"flashmla"``)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
+    return _unpack(layout, cache)
+
+
+def pack_rows(nope, rope, scales, layout: str) -> np.ndarray:
+    """Pack fields in ``layout`` (``"pypto"`` or ``"flashmla"``)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
+    return _pack(layout, nope, rope, scales)

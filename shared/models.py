@@ -1,0 +1,185 @@
+"""Model constants of the three target models (frozen dataclasses).
+
+Values: MiniMax M2.7 / M3 configs and DeepSeek-V3.2 ``config_671B_v3.2.json`` as restated in
+``op-facts.md`` §1.2, §2.2, §3.2, §5.2 and ``anchors.md`` §4.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+ACTIVATIONS = ("silu", "swigluoai")
+GATE_UP_LAYOUTS = ("halves", "interleaved")
+
+
+@dataclass(frozen=True)
+class MoeDims:
+    """Shape and activation of one grouped-GEMM call (the kernel's ``MoeDims``).
+
+    ``activation`` is ``"silu"`` (M2.7: SiLU(gate)*up) or ``"swigluoai"`` (M3: clamped GLU with
+    ``alpha``, ``limit``, ``beta``). ``gate_up_layout`` says how the ``2I`` columns of mm1 split
+    into gate and up: ``"halves"`` ([gate | up], MiniMax) or ``"interleaved"`` (even = gate,
+    odd = up, GPT-OSS style).
+    """
+
+    num_experts: int
+    hidden_size: int
+    intermediate_size: int
+    activation: str = "silu"
+    alpha: float = 1.702
+    limit: float = 7.0
+    beta: float = 1.0
+    gate_up_layout: str = "halves"
+
+    def __post_init__(self) -> None:
+        for name in ("num_experts", "hidden_size", "intermediate_size"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"MoeDims.{name} must be a positive int, got {v!r}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(
+                f"MoeDims.activation must be one of {ACTIVATIONS}, got {self.activation!r}"
+            )
+        if self.gate_up_layout not in GATE_UP_LAYOUTS:
+            raise ValueError(
+                f"MoeDims.gate_up_layout must be one of {GATE_UP_LAYOUTS}, "
+                f"got {self.gate_up_layout!r}"
+            )
+        for name in ("alpha", "limit", "beta"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ValueError(f"MoeDims.{name} must be a finite number, got {v!r}")
+        if self.limit <= 0:
+            raise ValueError(f"MoeDims.limit must be > 0, got {self.limit!r}")
+
+
+@dataclass(frozen=True)
+class MsaConfig:
+    """MiniMax-M3 sparse attention (MSA) constants."""
+
+    num_index_heads: int = 4  # sparse_num_index_heads
+    index_heads_padded: int = 16  # cube M must be 16-aligned
+    index_dim: int = 128  # sparse_index_dim
+    block_size: int = 128  # sparse_block_size
+    topk_blocks: int = 16  # sparse_topk_blocks
+    local_blocks: int = 1  # sparse_local_block
+    num_q_heads: int = 64
+    num_kv_heads: int = 4
+    head_dim: int = 128
+    decode_mask_neg: float = -3.0e38  # LARGE_NEG of the decode kernel
+    prefill_mask_neg: float = -1.0e9  # MASK_NEG of the main-branch block mask
+
+    @property
+    def group(self) -> int:
+        """Query heads per KV head (16)."""
+        return self.num_q_heads // self.num_kv_heads
+
+    @property
+    def softmax_scale(self) -> float:
+        """1/sqrt(head_dim) = 0.08838834764831843."""
+        return self.head_dim**-0.5
+
+
+@dataclass(frozen=True)
+class MiniMaxModel:
+    """The MoE and attention constants of a MiniMax text backbone."""
+
+    name: str
+    hidden_size: int
+    moe_intermediate_size: int
+    num_experts: int
+    top_k: int
+    activation: str
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
+    swiglu_beta: float = 1.0
+    routed_scaling_factor: float = 1.0
+    norm_topk_prob: bool = False
+    n_shared_experts: int = 0
+    shared_intermediate_size: int = 0
+    msa: MsaConfig | None = None
+
+    def moe_dims(self, num_experts: int | None = None) -> MoeDims:
+        """The :class:`MoeDims` of this model (optionally with fewer experts, as in tests)."""
+        return MoeDims(
+            num_experts=self.num_experts if num_experts is None else num_experts,
+            hidden_size=self.hidden_size,
+            intermediate_size=self.moe_intermediate_size,
+            activation=self.activation,
+            alpha=self.swiglu_alpha,
+            limit=self.swiglu_limit,
+            beta=self.swiglu_beta,
+        )
+
+
+MINIMAX_M27 = MiniMaxModel(
+    name="MiniMax-M2.7",
+    hidden_size=3072,
+    moe_intermediate_size=1536,
+    num_experts=256,
+    top_k=8,
+    activation="silu",
+    num_attention_heads=48,
+    num_kv_heads=8,
+    head_dim=128,
+)
+
+MINIMAX_M3 = MiniMaxModel(
+    name="MiniMax-M3",
+    hidden_size=6144,
+    moe_intermediate_size=3072,
+    num_experts=128,
+    top_k=4,
+    activation="swigluoai",
+    num_attention_heads=64,
+    num_kv_heads=4,
+    head_dim=128,
+    routed_scaling_factor=2.0,
+    norm_topk_prob=True,
+    n_shared_experts=1,
+    shared_intermediate_size=3072,
+    msa=MsaConfig(),
+)
+
+
+@dataclass(frozen=True)
+class DeepSeekV32Sparse:
+    """DeepSeek-V3.2 absorbed sparse MLA (MQA over the latent) constants."""
+
+    kv_lora_rank: int = 512  # "nope" latent width, also d_v
+    qk_rope_dim: int = 64
+    num_q_heads: int = 128
+    num_kv_heads: int = 1
+    topk: int = 2048
+    block_size: int = 128
+    quant_group: int = 128  # one FP32 scale per 128 latent values
+    fp8_max: float = 448.0
+    int8_max: float = 127.0
+
+    @property
+    def head_dim(self) -> int:
+        """576 = 512 + 64."""
+        return self.kv_lora_rank + self.qk_rope_dim
+
+    @property
+    def num_scales(self) -> int:
+        """4 FP32 scales per token row."""
+        return self.kv_lora_rank // self.quant_group
+
+    @property
+    def test_softmax_scale(self) -> float:
+        """576^-0.5 = 1/24, the synthetic scale of the PyPTO tests."""
+        return self.head_dim**-0.5
+
+    @property
+    def model_softmax_scale(self) -> float:
+        """192^-0.5 * mscale^2 with YaRN mscale = 0.1*ln(40)+1 (= 0.135234...)."""
+        mscale = 0.1 * math.log(40.0) + 1.0
+        return 192**-0.5 * mscale * mscale
+
+
+DEEPSEEK_V32 = DeepSeekV32Sparse()

@@ -1,0 +1,85 @@
+"""Quantizers for the DeepSeek-V3.2 MLA latent ("nope", 512 values per token row).
+
+One FP32 scale per group of 128 values (4 per row). All arithmetic is FP32, as in the torch
+goldens the kernels are judged against:
+
+* ``quantize_latent_fp8`` — the seeds' rule: ``s = max(amax, 1e-8) / 448``,
+  ``q = e4m3(clamp(x / s, -448, 448))`` (RNE).
+* ``quantize_latent_fp8_ue8m0`` — FlashMLA / DeepSeek V3.2: ``s = 2^ceil(log2(max(amax/448,
+  1e-4)))`` (a power of two, so dequantization is exact), ``q = e4m3(clamp(x / s))``.
+* ``quantize_latent_int8`` — the 910B variant: ``s = max(amax, 1e-8) / 127``,
+  ``q = int8(clamp(round_half_even(x / s), -128, 127))``.
+* ``dequantize_latent`` — what every kernel does on load: ``bf16(fp32(q) * s)``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from tilesim.shared.casts import BF16, FP8_E4M3, FP8_E4M3_MAX, INT8_QMAX, to_bf16, to_fp8_e4m3
+
+QUANT_GROUP = 128
+
+
+def _groups(x, name: str) -> np.ndarray:
+    """``x [rows, 128*g]`` (BF16 or FP32) -> FP32 view ``[rows, g, 128]``."""
+    a = np.asarray(x)
+    if a.dtype not in (BF16, np.dtype(np.float32)):
+        raise TypeError(f"{name}: expected bfloat16 or float32, got dtype {a.dtype}")
+    if a.ndim != 2 or a.shape[1] % QUANT_GROUP or a.shape[1] == 0:
+        raise ValueError(
+            f"{name}: expected shape [rows, 128*g] (e.g. [rows, 512]), got {tuple(a.shape)}"
+        )
+    if not np.isfinite(a).all():
+        raise ValueError(f"{name}: contains NaN or Inf; quantizers need finite input")
+    return a.astype(np.float32).reshape(a.shape[0], a.shape[1] // QUANT_GROUP, QUANT_GROUP)
+
+
+def _amax(g: np.ndarray) -> np.ndarray:
+    return np.abs(g).max(axis=2)  # FP32 [rows, ngroups]
+
+
+def quantize_latent_fp8(x) -> tuple[np.ndarray, np.ndarray]:
+    """Seeds' FP8 rule. Returns ``(q float8_e4m3fn [rows, D], scales float32 [rows, D/128])``."""
+    g = _groups(x, "quantize_latent_fp8(x)")
+    scale = np.maximum(_amax(g), np.float32(1e-8)) / np.float32(FP8_E4M3_MAX)
+    q = to_fp8_e4m3(g / scale[:, :, None], saturate=True)
+    return q.reshape(g.shape[0], -1), scale.astype(np.float32)
+
+
+def quantize_latent_fp8_ue8m0(x) -> tuple[np.ndarray, np.ndarray]:
+    """FlashMLA power-of-two (UE8M0) rule. Returns ``(q e4m3 [rows, D], scales fp32)``."""
+    g = _groups(x, "quantize_latent_fp8_ue8m0(x)")
+    s_inv = np.maximum(_amax(g) / np.float32(FP8_E4M3_MAX), np.float32(1e-4))
+    # frexp gives s_inv = m * 2^e with m in [0.5, 1): ceil(log2(s_inv)) = e - (m == 0.5).
+    m, e = np.frexp(s_inv)
+    exp = e - (m == 0.5)
+    scale = np.ldexp(np.float32(1.0), exp).astype(np.float32)
+    q = to_fp8_e4m3(g / scale[:, :, None], saturate=True)
+    return q.reshape(g.shape[0], -1), scale
+
+
+def quantize_latent_int8(x) -> tuple[np.ndarray, np.ndarray]:
+    """910B INT8 rule. Returns ``(q int8 [rows, D], scales float32 [rows, D/128])``."""
+    g = _groups(x, "quantize_latent_int8(x)")
+    scale = np.maximum(_amax(g), np.float32(1e-8)) / np.float32(INT8_QMAX)
+    q = np.clip(np.rint(g / scale[:, :, None]), -128, 127).astype(np.int8)
+    return q.reshape(g.shape[0], -1), scale.astype(np.float32)
+
+
+def dequantize_latent(q, scales) -> np.ndarray:
+    """``bf16(fp32(q) * scale_g)`` for ``q [rows, D]`` (e4m3 or int8), ``scales [rows, D/128]``."""
+    qa = np.asarray(q)
+    sa = np.asarray(scales)
+    if qa.dtype not in (FP8_E4M3, np.dtype(np.int8)):
+        raise TypeError(f"dequantize_latent(q): expected float8_e4m3fn or int8, got {qa.dtype}")
+    if sa.dtype != np.float32:
+        raise TypeError(f"dequantize_latent(scales): expected float32, got {sa.dtype}")
+    if qa.ndim != 2 or qa.shape[1] % QUANT_GROUP:
+        raise ValueError(f"dequantize_latent(q): expected [rows, 128*g], got {tuple(qa.shape)}")
+    ng = qa.shape[1] // QUANT_GROUP
+    if sa.shape != (qa.shape[0], ng):
+        raise ValueError(
+            f"dequantize_latent(scales): expected shape {(qa.shape[0], ng)}, got {tuple(sa.shape)}"
+        )
+    deq = qa.astype(np.float32).reshape(qa.shape[0], ng, QUANT_GROUP) * sa[:, :, None]
+    return to_bf16(deq.reshape(qa.shape))
