@@ -28,6 +28,8 @@ _LAZY = {
     "moe_dispatch": "moe_routing",
     "moe_combine": "moe_routing",
     "MoeDispatch": "moe_routing",
+    "moe_make_case": "moe_cases",
+    "MOE_CASES": "moe_cases",
     # MiniMax-M3 MSA (docs/ops/msa.md)
     "msa_indexer_scores": "msa_indexer",
     "msa_indexer": "msa_indexer",
