@@ -4,13 +4,18 @@ Rule (pypto-gym ``common_utils.compare``, ``op-facts`` §6):
 
 1. Any NaN or +-Inf in the tested tensor ``actual`` is a hard failure (``golden`` is not checked).
 2. Shapes must be equal (and dtypes, unless ``check_dtype=False``).
-3. An element fails when ``|actual - golden| > atol + rtol * |golden|`` (strict ``>``).
-4. Pass when the number of failing elements is ``<= round(ratio * numel)`` (Python ``round``,
-   half to even); ``ratio=0`` demands every element pass.
+3. An element fails when ``|actual - golden| > atol + rtol * |golden|`` (strict ``>``, IEEE:
+   a NaN golden element makes the comparison false, so it does NOT count as failing, exactly
+   as in the seeds' torch code; the report counts such golden elements separately).
+4. Pass when the number of failing elements is ``<= round(ratio * numel)`` (Python ``round``
+   of the float product, half to even); ``ratio=0`` demands every element pass.
 
-``arithmetic="float64"`` (default) evaluates step 3 exactly; ``arithmetic="native"`` rounds
-``|a-b|``, ``rtol*|b|`` and the sum to the tensors' own dtype as the seeds' torch code does for
-BF16 tensors (a few borderline elements can flip).
+``arithmetic="float64"`` (default) evaluates step 3 in float64 (exact for every input dtype up
+to float32); ``arithmetic="native"`` reproduces torch on low-precision tensors: each of
+``a-b``, ``rtol*|b|`` and ``atol + .`` is computed in float32 and rounded to the tensors' own
+dtype (BF16/FP16; ``atol`` itself is first rounded to that dtype, as torch does), so a few
+borderline elements can flip relative to float64. For other dtypes, or when the dtypes
+differ, ``native`` falls back to float64.
 
 The report adds max abs error, max ULP distance in the output dtype, cosine similarity (float64)
 and the worst positions.
@@ -18,10 +23,12 @@ and the worst positions.
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 
 import numpy as np
-from tilesim.reference.numerics import ulp_distance
+from tilesim.reference.numerics import _ULP_DTYPES, ulp_distance
 from tilesim.shared.casts import BF16, FP8_E4M3
 
 
@@ -47,6 +54,7 @@ class CompareReport:
     ratio: float
     reason: str = ""
     worst: list = field(default_factory=list)  # [(index, actual, golden, abs_err, tol)]
+    n_golden_nonfinite: int = 0  # NaN/Inf in the golden (reported, not a failure by itself)
 
     def __bool__(self) -> bool:
         return self.passed
@@ -62,6 +70,11 @@ class CompareReport:
         ]
         if self.n_nonfinite:
             lines.append(f"  {self.n_nonfinite} NaN/Inf elements in the tested tensor")
+        if self.n_golden_nonfinite:
+            lines.append(
+                f"  warning: {self.n_golden_nonfinite} NaN/Inf elements in the golden "
+                "(a NaN golden element never counts as failing under the house rule)"
+            )
         if self.reason:
             lines.append(f"  reason: {self.reason}")
         for idx, a, g, d, t in self.worst:
@@ -75,10 +88,40 @@ def _as_array(x) -> np.ndarray:
     return to_numpy(x) if is_torch_tensor(x) else np.asarray(x)
 
 
-def _native_round(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    if dtype in (BF16, FP8_E4M3, np.dtype(np.float16), np.dtype(np.float32)):
-        return x.astype(np.float32).astype(dtype).astype(np.float64)
-    return x
+_NATIVE_FLOATS = (BF16, FP8_E4M3, np.dtype(np.float16), np.dtype(np.float32))
+
+
+def _round_to(x32: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Round float32 values to ``dtype`` (RNE) and widen back to float32 (identity for fp32)."""
+    if dtype == np.float32:
+        return x32
+    return x32.astype(dtype).astype(np.float32)
+
+
+def _check_tolerance(name: str, v, upper: float | None = None) -> float:
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
+        raise TypeError(f"{name}: expected a real number, got {v!r}")
+    if not math.isfinite(v) or v < 0 or (upper is not None and v > upper):
+        rng = f"[0, {upper:g}]" if upper is not None else ">= 0 and finite"
+        raise ValueError(f"{name}: expected a number {rng}, got {v!r}")
+    return float(v)
+
+
+def _ulp_stats(a: np.ndarray, g: np.ndarray, a64: np.ndarray, g64: np.ndarray):
+    """(max ULP distance in the output dtype, fraction of bit-equal elements)."""
+    if a.size == 0:
+        return 0, 1.0
+    if a.dtype in _ULP_DTYPES:
+        if g.dtype != a.dtype:
+            # golden rounded once (RNE, via float32 unless the output is float64) to the
+            # output dtype
+            g = g64 if a.dtype == np.float64 else g64.astype(np.float32).astype(a.dtype)
+        ulps = ulp_distance(a, g)
+        return int(ulps.max()), float((ulps == 0).mean())
+    # integer / bool outputs: one ULP is one unit
+    ok = np.isfinite(g64)
+    d = np.abs(a64 - g64)
+    return (int(d[ok].max()) if ok.any() else -1), float((a64 == g64).mean())
 
 
 def compare(
@@ -95,66 +138,73 @@ def compare(
 ) -> CompareReport:
     """Compare ``actual`` (device output) with ``golden`` under the Ascend-house rule.
 
-    Accepts NumPy/ml_dtypes arrays or CPU torch tensors. Returns a :class:`CompareReport`
-    (truthy when it passes); raises ``ValueError``/``TypeError`` on bad arguments.
+    ``actual`` and ``golden``: NumPy/ml_dtypes arrays or CPU torch tensors of equal shape (and
+    dtype unless ``check_dtype=False``). Neither is modified. Returns a :class:`CompareReport`
+    (truthy when it passes); raises ``ValueError``/``TypeError`` naming the bad argument.
+
+    ``max_ulp`` / ``bit_exact_fraction`` are measured in the dtype of ``actual``; a golden of
+    another dtype is first rounded to it (RNE). NaN in either tensor counts as not bit-exact.
     """
     a = _as_array(actual)
     g = _as_array(golden)
-    for nm, v in (("atol", atol), ("rtol", rtol), ("ratio", ratio)):
-        if not isinstance(v, (int, float)) or not np.isfinite(v) or v < 0:
-            raise ValueError(f"{nm}: expected a finite number >= 0, got {v!r}")
-    if ratio > 1:
-        raise ValueError(f"ratio: expected a fraction in [0, 1], got {ratio!r}")
+    atol = _check_tolerance("atol", atol)
+    rtol = _check_tolerance("rtol", rtol)
+    ratio = _check_tolerance("ratio", ratio, upper=1.0)
     if arithmetic not in ("float64", "native"):
         raise ValueError(f"arithmetic: expected 'float64' or 'native', got {arithmetic!r}")
+    if not isinstance(n_worst, int) or n_worst < 0:
+        raise ValueError(f"n_worst: expected an int >= 0, got {n_worst!r}")
     if a.shape != g.shape:
-        raise ValueError(f"{name}: shape mismatch, actual {a.shape} vs golden {g.shape}")
+        raise ValueError(f"golden: expected the shape of actual {a.shape}, got {g.shape} ({name})")
     if check_dtype and a.dtype != g.dtype:
-        raise TypeError(f"{name}: dtype mismatch, actual {a.dtype} vs golden {g.dtype}")
+        raise TypeError(f"golden: expected the dtype of actual {a.dtype}, got {g.dtype} ({name})")
 
     numel = int(a.size)
-    threshold = int(round(ratio * numel))
-    a64 = a.astype(np.float64)
-    g64 = g.astype(np.float64)
-    nonfinite = ~np.isfinite(a64)
-    n_nonfinite = int(nonfinite.sum())
+    threshold = int(round(ratio * numel))  # Python round: half to even, as the seeds
+    with np.errstate(invalid="ignore", over="ignore"):
+        a64 = a.astype(np.float64)
+        g64 = g.astype(np.float64)
+    n_nonfinite = int((~np.isfinite(a64)).sum())
+    n_golden_nonfinite = int((~np.isfinite(g64)).sum())
 
     with np.errstate(invalid="ignore", over="ignore"):
-        if arithmetic == "native":
-            diff = np.abs(_native_round(a64 - g64, a.dtype))
-            tol = _native_round(atol + _native_round(rtol * np.abs(g64), a.dtype), a.dtype)
+        if arithmetic == "native" and a.dtype in _NATIVE_FLOATS and g.dtype == a.dtype:
+            # what torch 2.13 CPU does for a low-precision tensor (measured): each op
+            # computes in float32 and rounds its result to the tensor dtype; the scalar of
+            # ``rtol * t`` enters as float32, the scalar of ``atol + t`` is first rounded to
+            # the tensor dtype
+            a32, g32 = a64.astype(np.float32), g64.astype(np.float32)
+            diff = np.abs(_round_to(a32 - g32, a.dtype))
+            rel = _round_to(np.float32(rtol) * np.abs(g32), a.dtype)
+            atol_t = _round_to(np.array(atol, dtype=np.float32), a.dtype)
+            tol = _round_to(atol_t + rel, a.dtype)
+            diff, tol = diff.astype(np.float64), tol.astype(np.float64)
         else:
             diff = np.abs(a64 - g64)
             tol = atol + rtol * np.abs(g64)
-        fail = ~(diff <= tol)  # NaN diffs fail
+        # strict '>' in IEEE arithmetic, as the seeds: a NaN diff (NaN golden) is not counted
+        fail = diff > tol
     n_fail = int(fail.sum())
 
-    finite_diff = np.where(np.isfinite(diff), diff, -1.0)
-    if numel:
-        flat = int(np.argmax(finite_diff))
-        max_abs = float(finite_diff.reshape(-1)[flat])
+    finite = np.isfinite(diff)
+    if numel and finite.any():
+        flat = int(np.argmax(np.where(finite, diff, -1.0)))
+        max_abs = float(diff.reshape(-1)[flat])
         max_pos = tuple(int(i) for i in np.unravel_index(flat, a.shape))
     else:
-        max_abs, max_pos = 0.0, None
-    if a.dtype == g.dtype and a.dtype.kind == "f" or a.dtype in (BF16, FP8_E4M3):
-        ulps = ulp_distance(a, g) if a.dtype == g.dtype else np.zeros(a.shape, np.int64)
-        max_ulp = int(ulps.max()) if numel else 0
-        exact = float((ulps == 0).mean()) if numel else 1.0
-    else:
-        max_ulp = 0
-        exact = float((a64 == g64).mean()) if numel else 1.0
+        max_abs, max_pos = (0.0 if not numel else math.nan), None
+    max_ulp, exact = _ulp_stats(a, g, a64, g64)
     fa = np.where(np.isfinite(a64), a64, 0.0).reshape(-1)
     fg = np.where(np.isfinite(g64), g64, 0.0).reshape(-1)
-    denom = np.sqrt(np.dot(fa, fa) * np.dot(fg, fg))
-    cosine = (
-        float(np.dot(fa, fg) / denom)
-        if denom > 0
-        else (1.0 if not fa.any() and not fg.any() else 0.0)
-    )
+    denom = math.sqrt(float(np.dot(fa, fa))) * math.sqrt(float(np.dot(fg, fg)))
+    if denom > 0:
+        cosine = float(np.dot(fa, fg)) / denom
+    else:
+        cosine = 1.0 if not fa.any() and not fg.any() else 0.0
 
     worst = []
     if n_fail and n_worst:
-        score = np.where(fail, np.where(np.isfinite(diff), diff, np.inf), -1.0).reshape(-1)
+        score = np.where(fail, np.where(finite, diff, np.inf), -1.0).reshape(-1)
         order = np.argsort(-score, kind="stable")[: min(n_worst, n_fail)]
         for f in order:
             idx = tuple(int(i) for i in np.unravel_index(int(f), a.shape))
@@ -180,9 +230,10 @@ def compare(
         max_ulp=max_ulp,
         bit_exact_fraction=exact,
         cosine=cosine,
-        atol=float(atol),
-        rtol=float(rtol),
-        ratio=float(ratio),
+        atol=atol,
+        rtol=rtol,
+        ratio=ratio,
         reason="; ".join(reasons),
         worst=worst,
+        n_golden_nonfinite=n_golden_nonfinite,
     )

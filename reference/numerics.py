@@ -23,30 +23,52 @@ def bf16_round_trip(x) -> np.ndarray:
     return to_bf16(x).astype(np.float32)
 
 
+_ULP_DTYPES = (
+    np.dtype(np.float64),
+    np.dtype(np.float32),
+    np.dtype(np.float16),
+    BF16,
+    FP8_E4M3,
+)
+
+
 def ulp_distance(a, b) -> np.ndarray:
     """Distance in units in the last place between two arrays of the same float dtype.
 
-    Works for float32, float16, bfloat16 and float8_e4m3fn by mapping the bit patterns onto a
-    monotonic integer line (+0 and -0 are 0 apart). NaN positions give ``-1``.
+    Works for float64, float32, float16, bfloat16 and float8_e4m3fn by mapping the bit patterns
+    (sign-magnitude) onto a monotonic integer line, so +0 and -0 are 0 apart, the largest finite
+    value and inf are 1 apart (formats with inf), and the count crosses zero from the smallest
+    negative to the smallest positive subnormal. Returns int64; NaN in either input gives
+    ``-1`` (float64 distances above 2**63-1 saturate there).
     """
     a = np.asarray(a)
     b = np.asarray(b)
     if a.dtype != b.dtype:
-        raise TypeError(f"ulp_distance: dtypes differ ({a.dtype} vs {b.dtype})")
+        raise TypeError(f"ulp_distance(b): expected the dtype of a ({a.dtype}), got {b.dtype}")
+    if a.dtype not in _ULP_DTYPES:
+        raise TypeError(
+            "ulp_distance(a): expected float64, float32, float16, bfloat16 or float8_e4m3fn, "
+            f"got {a.dtype}"
+        )
     if a.shape != b.shape:
-        raise ValueError(f"ulp_distance: shapes differ ({a.shape} vs {b.shape})")
-    bits = {1: np.uint8, 2: np.uint16, 4: np.uint32}[a.dtype.itemsize]
+        raise ValueError(f"ulp_distance(b): expected the shape of a {a.shape}, got {b.shape}")
     nbits = 8 * a.dtype.itemsize
+    ubits = np.dtype(f"u{a.dtype.itemsize}")
+    sign_bit = np.uint64(1 << (nbits - 1))
 
-    def ordinal(x: np.ndarray) -> np.ndarray:
-        u = x.view(bits).astype(np.int64)
-        sign = u >> (nbits - 1)
-        mag = u & ((1 << (nbits - 1)) - 1)
-        return np.where(sign == 1, -mag, mag)
+    def sign_mag(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        u = np.ascontiguousarray(x).view(ubits).astype(np.uint64)
+        return (u & sign_bit) != 0, u & (sign_bit - np.uint64(1))
 
-    d = np.abs(ordinal(a) - ordinal(b))
-    nan = np.isnan(a.astype(np.float32)) | np.isnan(b.astype(np.float32))
-    return np.where(nan, -1, d)
+    sa, ma = sign_mag(a)
+    sb, mb = sign_mag(b)
+    # same side of zero: |ma - mb|; opposite sides: ma + mb (both < 2**63, no overflow)
+    same = np.where(ma >= mb, ma - mb, mb - ma)
+    d = np.where(sa == sb, same, ma + mb)
+    d = np.minimum(d, np.uint64(np.iinfo(np.int64).max)).astype(np.int64)
+    with np.errstate(invalid="ignore"):
+        nan = np.isnan(a.astype(np.float64)) | np.isnan(b.astype(np.float64))
+    return np.where(nan, np.int64(-1), d)
 
 
 __all__ = [

@@ -4,13 +4,15 @@ Rules (see ``docs/numerics.md``):
 
 * FP32 -> BF16: round to nearest, ties to even (torch, ml_dtypes and the Ascend default
   ``CAST_RINT`` agree). Overflow rounds to +-inf, subnormals are kept, -0 stays -0.
-  NaN: ml_dtypes keeps the sign bit (-NaN -> 0xFFC0); torch canonicalises every NaN to 0x7FC0.
-  tilesim follows ml_dtypes by default; ``nan="canonical"`` reproduces torch.
+  NaN: ml_dtypes keeps the sign bit and gives the quiet NaN 0x7FC0 / 0xFFC0 (payload dropped).
+  torch canonicalises the sign away, and its bits depend on the CPU kernel path (0x7FC0 on the
+  scalar path, 0xFFFF on the AVX2/AVX512 path of torch 2.13.0). tilesim follows ml_dtypes by
+  default; ``nan="canonical"`` gives 0x7FC0 (torch's scalar rule).
 * FP32 -> FP8 E4M3FN: round to nearest even. With ``saturate=True`` (default, the rule of every
-  producer that matters: DeepSeek ``act_quant``, vLLM's ds_mla writer, FlashInfer) values are
-  clamped to +-448 first, so finite overflow and +-inf give +-448; NaN stays NaN. With
-  ``saturate=False`` the plain ml_dtypes rule applies: |x| <= 464 rounds to 448, |x| > 464
-  and +-inf give NaN (0x7F / 0xFF).
+  producer that matters: DeepSeek ``act_quant``, vLLM's ds_mla writer, FlashInfer, and torch
+  >= 2.12 eager casts) values are clamped to +-448 first, so finite overflow and +-inf give
+  +-448; NaN stays NaN with its sign (0x7F / 0xFF). With ``saturate=False`` the plain ml_dtypes
+  rule applies: |x| <= 464 rounds to 448, |x| > 464 and +-inf give NaN (0x7F / 0xFF).
 * Only float32 (and the narrower float types, which widen exactly) are accepted as the source
   of a rounding: a float64 source would round once from double, which no kernel does.
 """
@@ -53,10 +55,10 @@ def to_bf16(x, *, nan: str = "keep") -> np.ndarray:
     if nan not in ("keep", "canonical"):
         raise ValueError(f"nan: expected 'keep' or 'canonical', got {nan!r}")
     a = _as_fp32_source(x, "to_bf16(x)")
-    out = a.astype(BF16)
+    with np.errstate(invalid="ignore", over="ignore"):
+        out = a.astype(BF16)
     if nan == "canonical":
-        bits = out.view(np.uint16)
-        bits[np.isnan(a)] = 0x7FC0
+        out.view(np.uint16)[np.isnan(a)] = 0x7FC0
     return out
 
 
@@ -66,19 +68,29 @@ def to_fp8_e4m3(x, *, saturate: bool = True) -> np.ndarray:
     ``saturate=True`` clamps to +-448 before the cast (inf -> +-448, NaN stays NaN);
     ``saturate=False`` follows ml_dtypes (|x| > 464 or inf -> NaN).
     """
+    if not isinstance(saturate, (bool, np.bool_)):
+        raise TypeError(f"saturate: expected a bool, got {saturate!r}")
     a = _as_fp32_source(x, "to_fp8_e4m3(x)")
-    if saturate:
-        a = np.clip(a, np.float32(-FP8_E4M3_MAX), np.float32(FP8_E4M3_MAX))
-    return a.astype(FP8_E4M3)
+    with np.errstate(invalid="ignore", over="ignore"):
+        if saturate:
+            # np.clip keeps NaN (with its sign) and -0.0
+            a = np.clip(a, np.float32(-FP8_E4M3_MAX), np.float32(FP8_E4M3_MAX))
+        return a.astype(FP8_E4M3)
 
 
 def widen_to_fp32(x) -> np.ndarray:
-    """Exact widening of BF16 / FP16 / FP8 E4M3FN / INT8 / FP32 data to FP32."""
+    """Exact widening of BF16 / FP16 / FP8 E4M3FN / INT8 / UINT8 / FP32 data to FP32.
+
+    Every finite value, +-0 and +-inf widen exactly. BF16 NaNs keep sign and payload (the bits
+    move up 16 places, as in torch); FP8 NaNs widen to the quiet NaN 0x7FC00000 / 0xFFC00000
+    (torch 2.13 gives 0x7FF00000 / 0xFFF00000). A float32 input is returned as is (no copy).
+    """
     a = np.asarray(x)
     if a.dtype == FP32:
         return a
     if a.dtype in _EXACT_TO_FP32:
-        return a.astype(np.float32)
+        with np.errstate(invalid="ignore"):
+            return a.astype(np.float32)
     raise TypeError(
         "widen_to_fp32(x): expected bfloat16, float16, float8_e4m3fn, int8, uint8 or float32, "
         f"got dtype {a.dtype}"

@@ -123,7 +123,7 @@ def unpack_flashmla_rows(cache) -> MlaCacheRows:
 
 
 def pack_kv_split(nope, rope, scales) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Fields -> the kv_split triple ``(kn_quant, kr, kn_scales)`` (validated, contiguous copies)."""
+    """Fields -> the kv_split triple ``(kn_quant, kr, kn_scales)`` (validated contiguous copies)."""
     f = _check_fields(nope, rope, scales)
     return tuple(np.array(a, copy=True, order="C") for a in f)  # type: ignore[return-value]
 
@@ -145,3 +145,15 @@ def pack_rows(nope, rope, scales, layout: str) -> np.ndarray:
     if layout not in LAYOUTS:
         raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
     return _pack(layout, nope, rope, scales)
+
+
+def convert_cache_layout(cache, *, src: str, dst: str) -> np.ndarray:
+    """Re-pack a ``[rows, 656]`` cache from layout ``src`` to ``dst`` (``"pypto"``/``"flashmla"``).
+
+    A pure byte move (no value is decoded): the result has the dtype of ``cache`` (uint8 input
+    gives float8_e4m3fn, as :func:`unpack_rows`). ``src == dst`` returns a fresh copy.
+    """
+    for nm, v in (("src", src), ("dst", dst)):
+        if v not in LAYOUTS:
+            raise ValueError(f"{nm}: expected one of {LAYOUTS}, got {v!r}")
+    return _pack(dst, *_unpack(src, cache))

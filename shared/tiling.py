@@ -21,6 +21,8 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 #: cube and vector tiles of BF16 data must be multiples of 16 elements (32-byte blocks)
 ALIGN = 16
 
@@ -52,7 +54,7 @@ def _env_float(env: Mapping[str, str], var: str, default: float, *, positive: bo
 
 
 def _check_positive_multiple(name: str, v, multiple_of: int = 1) -> None:
-    if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+    if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v <= 0:
         raise ValueError(f"{name}: expected a positive integer, got {v!r}")
     if v % multiple_of:
         raise ValueError(f"{name}: expected a multiple of {multiple_of}, got {v}")
@@ -91,8 +93,9 @@ def loop_unroll_chunks(count: int, unroll: Sequence[int]) -> list[tuple[int, int
     ``1,2,4,8,16,32,64`` gives chunks 32,16,8,4,2,1 and 100 gives 64,32,4. Returns
     ``[(offset, size), ...]`` in execution order.
     """
-    if not isinstance(count, (int,)) or count < 0:
+    if not isinstance(count, (int, np.integer)) or isinstance(count, bool) or count < 0:
         raise ValueError(f"count: expected a non-negative int, got {count!r}")
+    count = int(count)
     chunks = []
     off = 0
     for f in normalize_unroll(unroll):
@@ -105,7 +108,7 @@ def loop_unroll_chunks(count: int, unroll: Sequence[int]) -> list[tuple[int, int
 
 @dataclass(frozen=True)
 class MoeTiling:
-    """Grouped-GEMM tiling (``op-facts`` §1.2). Per-activation vector defaults via :meth:`default`."""
+    """Grouped-GEMM tiling (``op-facts`` §1.2); per-activation defaults via :meth:`default`."""
 
     unroll: tuple[int, ...] = (64, 32, 16, 8, 4, 2, 1)
     mm1_k: int = 128

@@ -23,8 +23,8 @@ def convert_minimax_weights(gate_up_proj, down_proj) -> tuple[np.ndarray, np.nda
     if gu.ndim != 3:
         raise _shape_error("gate_up_proj", "[E, 2I, H]", gu.shape)
     e, two_i, h = gu.shape
-    if two_i % 2:
-        raise ValueError(f"gate_up_proj: dimension 1 must be even (2I), got {two_i}")
+    if two_i % 2 or two_i == 0:
+        raise ValueError(f"gate_up_proj: dimension 1 must be even and > 0 (2I), got {two_i}")
     i = two_i // 2
     if dn.shape != (e, h, i):
         raise _shape_error("down_proj", f"[E, H, I] = {(e, h, i)}", dn.shape)
@@ -32,8 +32,9 @@ def convert_minimax_weights(gate_up_proj, down_proj) -> tuple[np.ndarray, np.nda
         raise TypeError(
             f"down_proj: expected the dtype of gate_up_proj ({gu.dtype}), got {dn.dtype}"
         )
-    w13 = np.ascontiguousarray(gu.transpose(0, 2, 1)).reshape(e * h, two_i)
-    w2 = np.ascontiguousarray(dn.transpose(0, 2, 1)).reshape(e * i, h)
+    # np.array(copy=True): a fresh array even when the transpose is already contiguous (H == 1)
+    w13 = np.array(gu.transpose(0, 2, 1), order="C", copy=True).reshape(e * h, two_i)
+    w2 = np.array(dn.transpose(0, 2, 1), order="C", copy=True).reshape(e * i, h)
     return w13, w2
 
 
@@ -41,7 +42,10 @@ def unconvert_minimax_weights(w13_flat, w2_flat, num_experts: int) -> tuple[np.n
     """Inverse of :func:`convert_minimax_weights`: back to ``([E,2I,H], [E,H,I])``."""
     w13 = np.asarray(w13_flat)
     w2 = np.asarray(w2_flat)
-    if not isinstance(num_experts, int) or num_experts <= 0:
+    if not isinstance(num_experts, (int, np.integer)) or isinstance(num_experts, bool):
+        raise TypeError(f"num_experts: expected a positive int, got {num_experts!r}")
+    num_experts = int(num_experts)
+    if num_experts <= 0:
         raise ValueError(f"num_experts: expected a positive int, got {num_experts!r}")
     if w13.ndim != 2 or w13.shape[0] % num_experts or w13.shape[1] % 2:
         raise _shape_error("w13_flat", f"[E*H, 2I] with E = {num_experts}", w13.shape)
@@ -51,6 +55,8 @@ def unconvert_minimax_weights(w13_flat, w2_flat, num_experts: int) -> tuple[np.n
     i = two_i // 2
     if w2.shape != (e * i, h):
         raise _shape_error("w2_flat", f"[E*I, H] = {(e * i, h)}", w2.shape)
-    gu = np.ascontiguousarray(w13.reshape(e, h, two_i).transpose(0, 2, 1))
-    dn = np.ascontiguousarray(w2.reshape(e, i, h).transpose(0, 2, 1))
+    if w2.dtype != w13.dtype:
+        raise TypeError(f"w2_flat: expected the dtype of w13_flat ({w13.dtype}), got {w2.dtype}")
+    gu = np.array(w13.reshape(e, h, two_i).transpose(0, 2, 1), order="C", copy=True)
+    dn = np.array(w2.reshape(e, i, h).transpose(0, 2, 1), order="C", copy=True)
     return gu, dn
