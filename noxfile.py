@@ -2,7 +2,10 @@
 
 * ``reference`` — CPU tests of tilesim.shared + tilesim.reference (+ torch cross-checks).
 * ``lint``      — ruff check + ruff format --check.
-* ``sim``, ``device``, ``bench`` — added by the device and CLI work (see docs/index.md).
+* ``sim``       — PyPTO kernels on the CPU (interpreter vs tilesim.reference + cost model, 910B
+  and 950); writes docs/perf/cost_model.md. See docs/device.md.
+* ``device``    — the kernels on an Ascend NPU, with the host's own torch/torch_npu/pypto/CANN.
+* ``bench`` — added by the CLI work (see docs/index.md).
 
 torch: the CPU build ``torch==2.13.0`` is installed first and explicitly, so nothing later can
 pull a multi-GB CUDA build. Where pip has no local copy of it (no ``PIP_FIND_LINKS``), the
@@ -52,3 +55,47 @@ def lint(session: nox.Session) -> None:
     session.install("ruff")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+
+
+@nox.session(python=PYTHON)
+def sim(session: nox.Session) -> None:
+    """PyPTO 0.2.0 kernels on CPU for 910B and 950: interpreter output vs tilesim.reference,
+    cost-model time; regenerates docs/perf/cost_model.md."""
+    install_cpu_torch(session)
+    session.install(".[device,test]")
+    # build PyPTO's interpreter back end (~30 s, cached in ~/.cache/tilesim/sim) and the 950
+    # overlay once, before pytest starts its per-test processes
+    session.run("python", "-m", "tilesim.device.sim")
+    session.run("pytest", *pytest_args(session, "-m", "sim", "tests/device"))
+
+
+_NPU_PROBE = """
+import os, sys
+if not os.environ.get("ASCEND_HOME_PATH"):
+    sys.exit("ASCEND_HOME_PATH is not set (no CANN)")
+try:
+    import torch, torch_npu  # noqa: F401
+except ImportError as e:
+    sys.exit(f"torch_npu is not importable: {e}")
+if not (torch.npu.is_available() and torch.npu.device_count() > 0):
+    sys.exit("torch_npu sees no NPU")
+"""
+
+
+@nox.session(python=PYTHON, venv_backend="none")
+def device(session: nox.Session) -> None:
+    """The kernels on an Ascend NPU. Uses the host's torch / torch_npu / pypto / CANN as they are
+    (no venv, nothing reinstalled); only tilesim itself is installed (--no-deps) if missing."""
+    py = os.environ.get("TILESIM_PYTHON", "python3")
+    try:
+        session.run(py, "-c", _NPU_PROBE, silent=True)
+    except nox.command.CommandFailed:
+        session.error(
+            "no Ascend NPU on this machine (needs CANN, torch_npu and a device); "
+            "run `nox -s sim` to check the kernels on the CPU simulator instead"
+        )
+    try:
+        session.run(py, "-c", "import tilesim.device", silent=True)
+    except nox.command.CommandFailed:
+        session.run(py, "-m", "pip", "install", "--no-deps", "-e", ".")
+    session.run(py, "-m", "pytest", *pytest_args(session, "-m", "npu", "tests/device"))

@@ -1,8 +1,32 @@
 """tilesim.device — PyPTO kernels for Ascend 910B and 950 with thin torch wrappers.
 
-Importing this package needs neither torch, torch_npu nor pypto: every kernel module imports
-them lazily when a kernel is first built or called, and raises an ``ImportError`` that says what
-to install when they are missing.
+Importing this package needs neither torch, torch_npu nor pypto: the kernel modules are
+imported on first use of one of their public names (``_LAZY`` below), and they import the
+device stack through :mod:`tilesim.device._lazy`, whose ``ImportError`` says what to install.
+:mod:`tilesim.device.sim` runs any kernel on a CPU (PyPTO's interpreter + cost model).
 """
 
-__all__: list[str] = []
+from __future__ import annotations
+
+import importlib
+
+# public name -> module of this package that defines it (add one line per public kernel)
+_LAZY = {
+    "moe_grouped_gemm": "moe",
+}
+
+
+def __getattr__(name: str):
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'tilesim.device' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"tilesim.device.{mod}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
+
+__all__ = [*_LAZY]

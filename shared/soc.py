@@ -1,0 +1,159 @@
+"""Ascend SoC descriptions and per-SoC tile defaults, read by the kernels and the reports.
+
+Numbers come from ``anchors.md`` §10 (platform ``.ini`` files and announced figures):
+
+=========  ========  =====  ====  =========  =========  ==========  ===========
+name       arch      AIC    GHz   UB bytes   HBM TB/s   BF16 TFLOP  FP8 TFLOP
+=========  ========  =====  ====  =========  =========  ==========  ===========
+``910b``   DAV_2201  24     1.80  196608     1.6        353.9       --
+``950``    DAV_3510  28     1.65  253952     1.6        378.5       757.0
+``950dt``  DAV_3510  28     1.65  253952     4.0        378.5       757.0
+=========  ========  =====  ====  =========  =========  ==========  ===========
+
+``950`` is the Ascend 950PR as PyPTO's CPU path compiles for it (``Ascend950PR_9579``, 28 AI
+cores in that ini; the 958x SKUs have 32). ``950dt`` differs only in HBM bandwidth (HiZQ 2.0)
+and is here for roofline columns; it compiles exactly like ``950``. Cube peaks are
+``cores x 16x16x16 MACs x 2 x clock`` (FP8 doubles K to 32).
+
+Per-SoC tile defaults (:func:`moe_vec_tile`) follow the UB budgets: see ``docs/device.md``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: the cost model of PyPTO 0.2.0 converts cycles to microseconds at this rate for every SoC
+COST_MODEL_CYCLES_PER_US = 1800.0
+
+
+@dataclass(frozen=True)
+class SocSpec:
+    """One Ascend target: what the compiler targets and the ceilings a report compares against."""
+
+    name: str
+    arch: str  # PyPTO's npuarch string
+    soc_version: str  # the platform ini's SoC_version
+    aic_cores: int
+    aiv_cores: int
+    cube_ghz: float
+    ub_bytes: int  # per AIV core
+    l1_bytes: int
+    l0c_bytes: int
+    hbm_tbps: float
+    fp8: bool  # native FP8 E4M3 cube
+
+    @property
+    def bf16_tflops(self) -> float:
+        """Dense BF16 cube peak in TFLOP/s (16x16x16 MACs per AIC per cycle)."""
+        return self.aic_cores * 16 * 16 * 16 * 2 * self.cube_ghz / 1e3
+
+    @property
+    def fp8_tflops(self) -> float | None:
+        """FP8 E4M3 cube peak in TFLOP/s (16x32x16), ``None`` where FP8 is not native."""
+        return 2 * self.bf16_tflops if self.fp8 else None
+
+    def hbm_bound_us(self, nbytes: float) -> float:
+        """Time to move ``nbytes`` through HBM at the peak bandwidth, in microseconds."""
+        return float(nbytes) / (self.hbm_tbps * 1e12) * 1e6
+
+    def cube_bound_us(self, flops: float, dtype: str = "bf16") -> float:
+        """Time to do ``flops`` (2 per MAC) at the cube peak of ``dtype`` ('bf16' or 'fp8')."""
+        if dtype == "bf16":
+            peak = self.bf16_tflops
+        elif dtype == "fp8":
+            if not self.fp8:
+                raise ValueError(f"dtype: {self.name} has no FP8 cube, got 'fp8'")
+            peak = 2 * self.bf16_tflops
+        else:
+            raise ValueError(f"dtype: expected 'bf16' or 'fp8', got {dtype!r}")
+        return float(flops) / (peak * 1e12) * 1e6
+
+
+SOCS: dict[str, SocSpec] = {
+    "910b": SocSpec(
+        name="910b",
+        arch="DAV_2201",
+        soc_version="Ascend910B2",
+        aic_cores=24,
+        aiv_cores=48,
+        cube_ghz=1.8,
+        ub_bytes=196608,
+        l1_bytes=524288,
+        l0c_bytes=131072,
+        hbm_tbps=1.6,
+        fp8=False,
+    ),
+    "950": SocSpec(
+        name="950",
+        arch="DAV_3510",
+        soc_version="Ascend950PR_9579",
+        aic_cores=28,
+        aiv_cores=56,
+        cube_ghz=1.65,
+        ub_bytes=253952,
+        l1_bytes=524288,
+        l0c_bytes=262144,
+        hbm_tbps=1.6,
+        fp8=True,
+    ),
+    "950dt": SocSpec(
+        name="950dt",
+        arch="DAV_3510",
+        soc_version="Ascend950PR_9579",
+        aic_cores=28,
+        aiv_cores=56,
+        cube_ghz=1.65,
+        ub_bytes=253952,
+        l1_bytes=524288,
+        l0c_bytes=262144,
+        hbm_tbps=4.0,
+        fp8=True,
+    ),
+}
+
+#: the SoCs PyPTO's CPU path can compile for (``950dt`` compiles as ``950``)
+SIM_SOCS = ("910b", "950")
+DEFAULT_SOC = "910b"
+
+
+def get_soc(name: str | SocSpec = DEFAULT_SOC) -> SocSpec:
+    """``"910b"`` / ``"950"`` / ``"950dt"`` (any case) -> :class:`SocSpec`."""
+    if isinstance(name, SocSpec):
+        return name
+    if not isinstance(name, str):
+        raise TypeError(f"soc: expected a str like '910b' or '950', got {type(name).__name__}")
+    key = name.strip().lower()
+    if key not in SOCS:
+        raise ValueError(f"soc: expected one of {sorted(SOCS)}, got {name!r}")
+    return SOCS[key]
+
+
+# ------------------------------------------------------------------ per-SoC tile defaults
+#: MoE activation-stage vector tile width (columns of FP32) per (soc, activation).
+#: 910B keeps the seeds' values (UB 192 KB); the 950's 248 KB lets silu take 256 columns.
+_MOE_VEC_TILE = {
+    ("910b", "silu"): 128,
+    ("910b", "swigluoai"): 256,
+    ("950", "silu"): 256,
+    ("950", "swigluoai"): 256,
+}
+
+
+def moe_vec_tile(soc: str | SocSpec, activation: str) -> int:
+    """Default MoE vector tile width for ``soc`` and ``activation`` (``PYPTO_VEC_TILE`` wins)."""
+    s = get_soc(soc)
+    key = ("950" if s.arch == "DAV_3510" else "910b", activation)
+    if key not in _MOE_VEC_TILE:
+        raise ValueError(f"activation: expected 'silu' or 'swigluoai', got {activation!r}")
+    return _MOE_VEC_TILE[key]
+
+
+__all__ = [
+    "COST_MODEL_CYCLES_PER_US",
+    "DEFAULT_SOC",
+    "SIM_SOCS",
+    "SOCS",
+    "SocSpec",
+    "get_soc",
+    "moe_vec_tile",
+]

@@ -1,0 +1,237 @@
+"""Fixtures of the device tests: SoC parametrisation, NPU/pypto skips and the cost-model report.
+
+Markers (registered in pyproject.toml):
+
+* ``sim`` — runs a kernel through PyPTO's CPU interpreter + cost model (``nox -s sim``);
+  skipped with a reason when torch or pypto is missing.
+* ``npu`` — needs an Ascend NPU with torch_npu and CANN (``nox -s device``); skipped with a
+  reason everywhere else.
+* ``soc_910b`` / ``soc_950`` — the SoC a test targets; the :func:`sim_soc` fixture adds them.
+
+Fixtures:
+
+* ``sim_soc`` — parametrised over ``"910b"`` and ``"950"`` (with the matching soc mark). Run a
+  check through ``tilesim.device.sim.isolated(check_fn, ..., soc=sim_soc)``.
+* ``sim_report`` — session-wide collector of the cost-model table; see :class:`SimReport`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tilesim.device._lazy import have_module, npu_available
+
+REPO = Path(__file__).resolve().parents[2]
+REPORT_MD = REPO / "docs" / "perf" / "cost_model.md"
+
+
+def pytest_collection_modifyitems(config, items):
+    need_sim = [i for i in items if "sim" in i.keywords]
+    if need_sim and not (have_module("torch") and have_module("pypto")):
+        skip = pytest.mark.skip(reason="needs torch + pypto: pip install 'tilesim[device]'")
+        for item in need_sim:
+            item.add_marker(skip)
+    need_npu = [i for i in items if "npu" in i.keywords]
+    if need_npu and not npu_available():
+        skip = pytest.mark.skip(
+            reason="no Ascend NPU (needs torch_npu, CANN's ASCEND_HOME_PATH and a device); "
+            "run `nox -s sim` for the CPU simulator instead"
+        )
+        for item in need_npu:
+            item.add_marker(skip)
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("910b", marks=pytest.mark.soc_910b, id="910b"),
+        pytest.param("950", marks=pytest.mark.soc_950, id="950"),
+    ]
+)
+def sim_soc(request) -> str:
+    """The SoC name to hand to ``sim.isolated(..., soc=sim_soc)``; one test per SoC."""
+    return request.param
+
+
+def _to_numpy(x) -> np.ndarray:
+    if hasattr(x, "detach"):  # torch tensor; BF16 goes through its bits
+        import torch
+
+        x = x.detach().cpu()
+        if x.dtype == torch.bfloat16:
+            import ml_dtypes
+
+            return x.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+        if x.dtype == torch.float8_e4m3fn:
+            import ml_dtypes
+
+            return x.view(torch.uint8).numpy().view(ml_dtypes.float8_e4m3fn)
+        return x.numpy()
+    return np.asarray(x)
+
+
+class SimReport:
+    """Rows of ``docs/perf/cost_model.md``, written once at the end of the session.
+
+    Call from any sim test::
+
+        sim_report.add(kernel="moe_grouped_gemm", soc="910b", case="silu E4 [3,0,5,8]",
+                       bit_exact=0.998, max_ulp=1, max_abs=3.1e-3, us=12.4,
+                       extra={"HBM-bound µs": 0.8, "cube-peak µs": 0.1})
+
+    ``bit_exact`` is the fraction (0..1) of output elements whose bits equal the golden's,
+    ``max_ulp`` the largest distance in units in the last place of the output dtype,
+    ``max_abs`` the largest absolute error, ``us`` the cost-model time in µs. ``extra`` adds
+    optional columns (any key; the union of keys becomes the extra columns, in first-seen
+    order). :meth:`metrics` computes the first three from an output and its golden::
+
+        sim_report.add(kernel=..., soc=..., case=..., us=run_us, **sim_report.metrics(out, gold))
+
+    At session end the table is rewritten: this session's rows replace ALL earlier rows of the
+    same kernels; rows of kernels not run in this session are kept (from the json sidecar
+    ``docs/perf/cost_model.json``), so running one test file does not drop the others. Nothing
+    is written when no row was added. ``TILESIM_PERF_REPORT`` points the report elsewhere.
+    """
+
+    def __init__(self, path: Path = REPORT_MD) -> None:
+        self.path = Path(path)
+        self.rows: list[dict] = []
+
+    @staticmethod
+    def metrics(actual, golden) -> dict:
+        """``{"bit_exact", "max_ulp", "max_abs"}`` of ``actual`` vs ``golden`` (same dtype/shape;
+        numpy/ml_dtypes arrays or torch tensors). NaN anywhere counts as not exact, ULP -1."""
+        from tilesim.reference.numerics import ulp_distance
+
+        a, g = _to_numpy(actual), _to_numpy(golden)
+        if a.shape != g.shape:
+            raise ValueError(f"actual/golden shapes differ: {a.shape} vs {g.shape}")
+        if a.dtype != g.dtype:
+            raise TypeError(f"actual/golden dtypes differ: {a.dtype} vs {g.dtype}")
+        if a.size == 0:
+            return {"bit_exact": 1.0, "max_ulp": 0, "max_abs": 0.0}
+        bits = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize]
+        exact = float(np.mean(a.view(bits) == g.view(bits)))
+        if np.issubdtype(a.dtype, np.integer):
+            diff = np.abs(a.astype(np.int64) - g.astype(np.int64))
+            return {"bit_exact": exact, "max_ulp": int(diff.max()), "max_abs": float(diff.max())}
+        ulp = ulp_distance(a, g)
+        max_ulp = -1 if (ulp < 0).any() else int(ulp.max())
+        d = np.abs(a.astype(np.float64) - g.astype(np.float64))
+        max_abs = float(np.nanmax(d)) if not np.isnan(d).all() else math.nan
+        return {"bit_exact": exact, "max_ulp": max_ulp, "max_abs": max_abs}
+
+    def add(
+        self,
+        *,
+        kernel: str,
+        soc: str,
+        case: str,
+        bit_exact: float,
+        max_ulp: int,
+        max_abs: float,
+        us: float | None,
+        extra: dict | None = None,
+    ) -> None:
+        if not 0.0 <= float(bit_exact) <= 1.0:
+            raise ValueError(f"bit_exact: expected a fraction in [0, 1], got {bit_exact!r}")
+        self.rows.append(
+            {
+                "kernel": str(kernel),
+                "soc": str(soc),
+                "case": str(case),
+                "bit_exact": float(bit_exact),
+                "max_ulp": int(max_ulp),
+                "max_abs": float(max_abs),
+                "us": None if us is None else float(us),
+                "extra": {str(k): v for k, v in (extra or {}).items()},
+            }
+        )
+
+    # -------------------------------------------------------------- writing
+    def _merged(self) -> list[dict]:
+        sidecar = self.path.with_suffix(".json")
+        old = []
+        if sidecar.exists():
+            try:
+                old = json.loads(sidecar.read_text())["rows"]
+            except (ValueError, KeyError):
+                old = []
+        ran = {r["kernel"] for r in self.rows}
+        keep = [r for r in old if r.get("kernel") not in ran]
+        rows = keep + self.rows
+        order = {"910b": 0, "950": 1}
+        return sorted(rows, key=lambda r: (r["kernel"], order.get(r["soc"], 9), r["soc"]))
+
+    @staticmethod
+    def _fmt(v) -> str:
+        if v is None:
+            return "—"
+        if isinstance(v, float):
+            if math.isnan(v):
+                return "nan"
+            if v == 0:
+                return "0"
+            return f"{v:.4g}" if abs(v) < 1e5 else f"{v:.3e}"
+        return str(v).replace("|", "\\|")
+
+    def write(self) -> Path | None:
+        if not self.rows:
+            return None
+        rows = self._merged()
+        extras: list[str] = []
+        for r in rows:
+            for k in r["extra"]:
+                if k not in extras:
+                    extras.append(k)
+        head = [
+            "kernel",
+            "SoC",
+            "case",
+            "bit-exact fraction",
+            "max ULP",
+            "max abs error",
+            "cost-model µs",
+            *extras,
+        ]
+        lines = [
+            "# Cost-model table (generated)",
+            "",
+            "Generated by `nox -s sim` (tests/device, fixture `sim_report`); do not edit by hand.",
+            "Output of PyPTO 0.2.0's host interpreter vs `tilesim.reference`; cost-model µs =",
+            "simulated AICore end-to-end time (cycles / 1800) of PyPTO's cost model, approximate.",
+            "See [../device.md](../device.md) for what each kernel promises.",
+            "",
+            "| " + " | ".join(head) + " |",
+            "|" + "|".join("---" for _ in head) + "|",
+        ]
+        for r in rows:
+            cells = [
+                r["kernel"],
+                r["soc"],
+                r["case"],
+                f"{r['bit_exact']:.6f}".rstrip("0").rstrip(".") if r["bit_exact"] < 1 else "1",
+                str(r["max_ulp"]),
+                self._fmt(r["max_abs"]),
+                self._fmt(r["us"]),
+                *(self._fmt(r["extra"].get(k)) for k in extras),
+            ]
+            lines.append("| " + " | ".join(self._fmt(c) if c is None else c for c in cells) + " |")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        self.path.with_suffix(".json").write_text(
+            json.dumps({"rows": rows}, indent=1, sort_keys=True, default=str) + "\n"
+        )
+        return self.path
+
+
+@pytest.fixture(scope="session")
+def sim_report():
+    """Session-wide :class:`SimReport`; the table is written when the session ends."""
+    rep = SimReport(Path(os.environ.get("TILESIM_PERF_REPORT") or REPORT_MD))
+    yield rep
+    rep.write()

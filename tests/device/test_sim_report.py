@@ -1,0 +1,74 @@
+"""The cost-model report fixture: metrics and the merge rule of docs/perf/cost_model.md."""
+
+from __future__ import annotations
+
+import json
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+
+@pytest.fixture
+def SimReport(sim_report):  # noqa: N802 -- the class of the session fixture (tests/device/conftest.py)
+    return type(sim_report)
+
+
+def _bf16(x):
+    return np.asarray(x, dtype=np.float32).astype(ml_dtypes.bfloat16)
+
+
+def test_metrics_bf16_one_ulp_off(SimReport):
+    g = _bf16([1.0, 2.0, -3.0, 0.0])
+    a = g.copy()
+    # next BF16 above 2.0 is 2.015625 (7 mantissa bits)
+    a[1] = _bf16([2.015625])[0]
+    m = SimReport.metrics(a, g)
+    assert m == {"bit_exact": 0.75, "max_ulp": 1, "max_abs": 0.015625}
+
+
+def test_metrics_signed_zero_is_not_bit_exact_but_zero_ulp(SimReport):
+    g = _bf16([0.0, 1.0])
+    a = _bf16([-0.0, 1.0])
+    m = SimReport.metrics(a, g)
+    assert m["bit_exact"] == 0.5 and m["max_ulp"] == 0 and m["max_abs"] == 0.0
+
+
+def test_metrics_rejects_dtype_mismatch(SimReport):
+    with pytest.raises(TypeError, match="dtypes differ"):
+        SimReport.metrics(np.zeros(3, np.float32), _bf16([0, 0, 0]))
+
+
+def test_write_merges_by_kernel(SimReport, tmp_path):
+    path = tmp_path / "perf" / "cost_model.md"
+    r1 = SimReport(path)
+    r1.add(kernel="a", soc="950", case="x", bit_exact=1, max_ulp=0, max_abs=0.0, us=1.5)
+    r1.add(kernel="b", soc="910b", case="y", bit_exact=0.5, max_ulp=1, max_abs=0.1, us=2.0)
+    r1.write()
+    # a later session re-runs kernel "b" only: "a" is kept, old "b" rows are replaced
+    r2 = SimReport(path)
+    r2.add(
+        kernel="b",
+        soc="910b",
+        case="z",
+        bit_exact=1,
+        max_ulp=0,
+        max_abs=0.0,
+        us=3.0,
+        extra={"HBM-bound µs": 0.25},
+    )
+    r2.write()
+    rows = json.loads(path.with_suffix(".json").read_text())["rows"]
+    assert [(r["kernel"], r["case"]) for r in rows] == [("a", "x"), ("b", "z")]
+    text = path.read_text()
+    assert (
+        "| kernel | SoC | case | bit-exact fraction | max ULP | max abs error | cost-model µs |"
+        " HBM-bound µs |" in text
+    )
+    assert "| b | 910b | z | 1 | 0 | 0 | 3 | 0.25 |" in text
+    assert "| a | 950 | x | 1 | 0 | 0 | 1.5 | — |" in text
+
+
+def test_nothing_written_without_rows(SimReport, tmp_path):
+    assert SimReport(tmp_path / "r.md").write() is None
+    assert not (tmp_path / "r.md").exists()
