@@ -1,4 +1,9 @@
-"""``python -m tilesim`` / the ``tilesim`` console script."""
+"""``python -m tilesim`` / the ``tilesim`` console script.
+
+Commands (see ``docs/cli.md``): ``cases``, ``golden``, ``compare``, ``trace``, ``demo``. The
+work is done in :mod:`tilesim.cli`; this module only parses arguments and maps errors to exit
+codes (0 ok / pass, 1 compare failed, 2 usage or input error).
+"""
 
 from __future__ import annotations
 
@@ -39,15 +44,131 @@ def _demo(args: argparse.Namespace) -> int:
     return 0 if rep.passed else 1
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="tilesim", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+def _add_parsers(sub) -> None:
+    from tilesim.cli import commands as c
+
+    p = sub.add_parser(
+        "cases",
+        help="list the named cases (shapes, dtypes, SoC marks, tolerances)",
+        description="List the named cases of the seeds' test matrices from tilesim/cases.json.",
+    )
+    p.add_argument(
+        "--family", help="moe, msa or dsa (or an MSA kind: indexer, decode, main_branch)"
+    )
+    p.add_argument("-v", "--verbose", action="store_true", help="inputs, shapes and rules per case")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=c.cmd_cases)
+
+    p = sub.add_parser(
+        "golden",
+        help="build a case's inputs, run the reference, write inputs + golden + manifest",
+        description="Write DIR/CASE/{manifest.json, inputs + golden} for a named case.",
+    )
+    p.add_argument("case", metavar="CASE")
+    p.add_argument("-o", "--output", required=True, metavar="DIR", help="parent directory")
+    p.add_argument(
+        "--format",
+        choices=("npz", "bin"),
+        default="npz",
+        help="npz (default) or raw little-endian .bin files, one per tensor",
+    )
+    p.add_argument("--seed", type=int, help="override the case's seed")
+    p.add_argument("--force", action="store_true", help="overwrite an existing golden")
+    _progress_flags(p)
+    p.set_defaults(func=c.cmd_golden)
+
+    p = sub.add_parser(
+        "compare",
+        help="judge ACTUAL against GOLDEN with the Ascend compare rule (exit 0 pass / 1 fail)",
+        description="Files: .npy, .npz[:KEY], .bin (shape/dtype from a manifest), manifest.json "
+        "or a golden directory. Tolerances default to the golden manifest's.",
+    )
+    p.add_argument("actual", metavar="ACTUAL")
+    p.add_argument("golden", metavar="GOLDEN")
+    p.add_argument("--atol", type=float)
+    p.add_argument("--rtol", type=float)
+    p.add_argument("--ratio", type=float, help="allowed fraction of failing elements")
+    p.add_argument(
+        "--arithmetic",
+        choices=("float64", "native"),
+        default="float64",
+        help="evaluate the rule exactly (default) or in the tensors' dtype like torch",
+    )
+    p.add_argument(
+        "--actual-dtype", help="reinterpret ACTUAL's bytes as this dtype (e.g. bfloat16)"
+    )
+    p.add_argument("--golden-dtype", help="reinterpret GOLDEN's bytes as this dtype")
+    p.add_argument(
+        "--allow-dtype-mismatch",
+        action="store_true",
+        help="compare values even when the dtypes differ",
+    )
+    p.set_defaults(func=c.cmd_compare)
+
+    p = sub.add_parser(
+        "trace",
+        help="run a case with the trace hook and draw its tile schedule (PNG)",
+        description="Draw which tiles ran, their sizes, per-tile softmax max/sum (attention) or "
+        "per-expert chunks (MoE); with --actual also an error heat map.",
+    )
+    p.add_argument("case", metavar="CASE")
+    p.add_argument("--png", required=True, metavar="FILE")
+    p.add_argument("--actual", metavar="FILE", help="device output to map against the golden")
+    p.add_argument("--actual-dtype", help="reinterpret ACTUAL's bytes as this dtype")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--records", metavar="FILE", help="also write the trace records as JSON lines")
+    p.add_argument("--force", action="store_true", help="overwrite an existing PNG")
+    _progress_flags(p)
+    p.set_defaults(func=c.cmd_trace)
+
     p = sub.add_parser("demo", help="a small golden round trip of the DeepSeek FP8 cache layout")
     p.add_argument("--rows", type=int, default=256)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_demo)
+
+
+def _progress_flags(p) -> None:
+    g = p.add_mutually_exclusive_group()
+    g.add_argument(
+        "--progress",
+        dest="progress",
+        action="store_true",
+        default=None,
+        help="progress bar even when stderr is not a terminal",
+    )
+    g.add_argument("--no-progress", dest="progress", action="store_false")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``tilesim`` / ``python -m tilesim``; returns the exit code."""
+    from tilesim.cli import CliError
+
+    parser = argparse.ArgumentParser(
+        prog="tilesim",
+        description="Named cases, golden files, comparisons and tile traces of tilesim's "
+        "NumPy references (MiniMax MoE/MSA, DeepSeek-V3.2 sparse MLA).",
+    )
+    parser.add_argument("--version", action="version", version=f"tilesim {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_parsers(sub)
     args = parser.parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except CliError as e:
+        print(f"tilesim {args.command}: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except BrokenPipeError:  # e.g. `tilesim cases | head`
+        sys.stderr.close()
+        return 0
+    except KeyboardInterrupt:
+        print("tilesim: interrupted", file=sys.stderr)
+        return 130
+
+
+def _version() -> str:
+    import tilesim
+
+    return tilesim.__version__
 
 
 if __name__ == "__main__":

@@ -1,0 +1,133 @@
+"""`tilesim compare`: exit codes on crafted files in every accepted format."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+CASE = "m3_case_smoke_edge"  # golden out: bfloat16 [8, 256], atol 0.5, rtol 0.015, ratio 0
+
+
+@pytest.fixture
+def golden_dir(cli, tmp_path_factory):
+    root = tmp_path_factory.mktemp("golden")
+    code, _, err = cli("golden", CASE, "-o", root, "--format", "bin")
+    assert code == 0, err
+    return root / CASE
+
+
+def _golden(golden_dir) -> np.ndarray:
+    return np.fromfile(golden_dir / "golden_out.bin", dtype=ml_dtypes.bfloat16).reshape(8, 256)
+
+
+def _bf16(a) -> np.ndarray:
+    return np.asarray(a, dtype=np.float32).astype(ml_dtypes.bfloat16)
+
+
+def test_identical_and_perturbed(cli, golden_dir, tmp_path):
+    g = _golden(golden_dir)
+    np.save(tmp_path / "same.npy", g)  # np.save writes bf16 as |V2: taken as the golden dtype
+    code, out, _ = cli("compare", tmp_path / "same.npy", golden_dir)
+    assert code == 0 and "PASS" in out and "bit-exact 100.000%" in out
+    bad = g.astype(np.float32)
+    bad[2, 3] += 1.0 + 0.015 * abs(bad[2, 3]) + 0.25  # beyond atol 0.5 + rtol*|g|
+    np.save(tmp_path / "bad.npy", _bf16(bad))
+    code, out, _ = cli("compare", tmp_path / "bad.npy", golden_dir)
+    assert code == 1 and "FAIL" in out and "(2, 3)" in out
+    # the same file passes once the ratio allows one failing element in 2048
+    code, out, _ = cli("compare", tmp_path / "bad.npy", golden_dir, "--ratio", "0.001")
+    assert code == 0 and "allowed 2" in out
+
+
+def test_nan_in_actual_fails_even_with_huge_tolerance(cli, golden_dir, tmp_path):
+    a = _golden(golden_dir).astype(np.float32)
+    a[0, 0] = np.nan
+    np.save(tmp_path / "nan.npy", _bf16(a))
+    code, out, _ = cli(
+        "compare", tmp_path / "nan.npy", golden_dir, "--atol", "1e30", "--ratio", "1"
+    )
+    assert code == 1 and "NaN" in out
+
+
+def test_strict_rule_boundary_on_plain_npy(cli, tmp_path):
+    g = np.ones((4, 4), np.float32)
+    np.save(tmp_path / "g.npy", g)
+    a = g.copy()
+    a[1, 1] = 1.75  # |diff| = 0.75 = atol 0.5 + rtol 0.25 * 1: not an error (strict >)
+    np.save(tmp_path / "a.npy", a)
+    args = ["--atol", "0.5", "--rtol", "0.25", "--ratio", "0"]
+    assert cli("compare", tmp_path / "a.npy", tmp_path / "g.npy", *args)[0] == 0
+    a[1, 1] = np.nextafter(np.float32(1.75), np.float32(2))
+    np.save(tmp_path / "a.npy", a)
+    assert cli("compare", tmp_path / "a.npy", tmp_path / "g.npy", *args)[0] == 1
+
+
+def test_tolerance_is_required_without_a_manifest(cli, tmp_path):
+    np.save(tmp_path / "g.npy", np.zeros(3, np.float32))
+    code, _, err = cli("compare", tmp_path / "g.npy", tmp_path / "g.npy")
+    assert code == 2 and "no atol" in err
+
+
+def test_npz_keys(cli, golden_dir, tmp_path):
+    g = _golden(golden_dir)
+    np.savez(tmp_path / "dump.npz", out=g.view(np.uint16), other=np.zeros(3))
+    code, _, err = cli("compare", tmp_path / "dump.npz", golden_dir)
+    # several arrays, but one is named like the golden tensor ("out"): that one is used,
+    # and its uint16 dtype is reported (not silently reinterpreted)
+    assert code == 2 and "dump.npz:out is uint16" in err
+    code, out, err = cli(
+        "compare", f"{tmp_path / 'dump.npz'}:out", golden_dir, "--actual-dtype", "bfloat16"
+    )
+    assert code == 0, err
+    np.savez(tmp_path / "two.npz", a=np.zeros(3), b=np.zeros(3))
+    code, _, err = cli("compare", tmp_path / "two.npz", golden_dir)
+    assert code == 2 and "several arrays" in err and "'a'" in err
+    code, _, err = cli("compare", f"{tmp_path / 'two.npz'}:zz", golden_dir)
+    assert code == 2 and "no array 'zz'" in err
+
+
+def test_raw_bin_actual_and_mismatched_files(cli, golden_dir, tmp_path):
+    g = _golden(golden_dir)
+    g.tofile(tmp_path / "dump.bin")  # raw device dump: shape/dtype taken from the golden
+    assert cli("compare", tmp_path / "dump.bin", golden_dir)[0] == 0
+    g[:4].tofile(tmp_path / "short.bin")
+    code, _, err = cli("compare", tmp_path / "short.bin", golden_dir)
+    assert code == 2 and "mismatched file" in err and "2048 bytes" in err
+    np.save(tmp_path / "shape.npy", g[:, :128])
+    code, _, err = cli("compare", tmp_path / "shape.npy", golden_dir)
+    assert code == 2 and "shape [8, 128]" in err
+    np.save(tmp_path / "f32.npy", g.astype(np.float32))
+    code, _, err = cli("compare", tmp_path / "f32.npy", golden_dir)
+    assert code == 2 and "float32" in err
+    code, out, _ = cli("compare", tmp_path / "f32.npy", golden_dir, "--allow-dtype-mismatch")
+    assert code == 0 and "PASS" in out
+    code, _, err = cli("compare", tmp_path / "missing.npy", golden_dir)
+    assert code == 2 and "no such file" in err
+    (tmp_path / "x.txt").write_text("1 2 3")
+    code, _, err = cli("compare", tmp_path / "x.txt", golden_dir)
+    assert code == 2 and "unsupported file" in err
+
+
+def test_corrupted_golden_bin_is_detected(cli, golden_dir, tmp_path):
+    with open(golden_dir / "golden_out.bin", "ab") as f:
+        f.write(b"\0\0")
+    code, _, err = cli("compare", golden_dir / "input_sorted_tokens.bin", golden_dir)
+    assert code == 2 and "golden_out.bin" in err and "mismatched file" in err
+
+
+def test_uint16_dump_reinterpreted_as_bf16(cli, golden_dir, tmp_path):
+    g = _golden(golden_dir)
+    np.save(tmp_path / "bits.npy", g.view(np.uint16))
+    code, _, err = cli("compare", tmp_path / "bits.npy", golden_dir)
+    assert code == 2 and "uint16" in err
+    code, out, _ = cli("compare", tmp_path / "bits.npy", golden_dir, "--actual-dtype", "bfloat16")
+    assert code == 0 and "PASS" in out
+
+
+def test_subprocess_exit_codes(cli, golden_dir, tmp_path):
+    g = _golden(golden_dir).astype(np.float32)
+    g[7, 255] = 1e3
+    np.save(tmp_path / "bad.npy", _bf16(g))
+    p = cli.sub(["compare", tmp_path / "bad.npy", golden_dir / "manifest.json"], cwd=tmp_path)
+    assert p.returncode == 1 and "FAIL m3_case_smoke_edge" in p.stdout
