@@ -4,9 +4,10 @@ Rule (pypto-gym ``common_utils.compare``, ``op-facts`` §6):
 
 1. Any NaN or +-Inf in the tested tensor ``actual`` is a hard failure (``golden`` is not checked).
 2. Shapes must be equal (and dtypes, unless ``check_dtype=False``).
-3. An element fails when ``|actual - golden| > atol + rtol * |golden|`` (strict ``>``, IEEE:
-   a NaN golden element makes the comparison false, so it does NOT count as failing, exactly
-   as in the seeds' torch code; the report counts such golden elements separately).
+3. An element fails when ``|actual - golden| > atol + rtol * |golden|`` (strict ``>``, in IEEE
+   arithmetic exactly as the seeds' torch code: a NaN golden gives a NaN diff, an infinite
+   golden an infinite (rtol > 0) or NaN (rtol = 0) tolerance, so a non-finite golden element
+   never counts as failing; the report counts such elements in ``n_golden_nonfinite``).
 4. Pass when the number of failing elements is ``<= round(ratio * numel)`` (Python ``round``
    of the float product, half to even); ``ratio=0`` demands every element pass.
 
@@ -73,7 +74,7 @@ class CompareReport:
         if self.n_golden_nonfinite:
             lines.append(
                 f"  warning: {self.n_golden_nonfinite} NaN/Inf elements in the golden "
-                "(a NaN golden element never counts as failing under the house rule)"
+                "(a non-finite golden element never counts as failing under the house rule)"
             )
         if self.reason:
             lines.append(f"  reason: {self.reason}")
@@ -182,7 +183,7 @@ def compare(
         else:
             diff = np.abs(a64 - g64)
             tol = atol + rtol * np.abs(g64)
-        # strict '>' in IEEE arithmetic, as the seeds: a NaN diff (NaN golden) is not counted
+        # strict '>' in IEEE arithmetic, as the seeds: NaN diff or NaN/inf tol is not counted
         fail = diff > tol
     n_fail = int(fail.sum())
 

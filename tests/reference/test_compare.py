@@ -1,0 +1,258 @@
+"""The comparison utility on crafted inputs whose verdict and statistics are known by hand."""
+
+from __future__ import annotations
+
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+from tilesim.reference import CompareReport, compare, to_bf16
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def bf(values) -> np.ndarray:
+    return to_bf16(np.asarray(values, dtype=np.float32))
+
+
+def test_identical_tensors_pass_with_perfect_statistics():
+    g = bf(np.linspace(-2, 2, 64).reshape(8, 8))
+    r = compare(g.copy(), g, atol=0, rtol=0, ratio=0)
+    assert isinstance(r, CompareReport) and r.passed and bool(r)
+    assert (r.n_fail, r.threshold, r.n_nonfinite) == (0, 0, 0)
+    assert r.max_abs_err == 0.0 and r.max_ulp == 0 and r.bit_exact_fraction == 1.0
+    assert r.cosine == pytest.approx(1.0, abs=1e-15)
+    assert r.shape == (8, 8) and r.dtype == "bfloat16" and r.numel == 64
+    assert r.summary().startswith("PASS output")
+
+
+@pytest.mark.parametrize("bad", [np.nan, -np.nan, np.inf, -np.inf])
+def test_nonfinite_actual_is_a_hard_failure_even_within_ratio(bad):
+    g = np.ones(1000, np.float32)
+    a = g.copy()
+    a[17] = bad
+    # one bad element of 1000 is within round(0.005 * 1000) = 5, yet the verdict is FAIL
+    r = compare(a, g, atol=1e-3, rtol=1e-3, ratio=0.005)
+    assert not r.passed
+    assert r.n_nonfinite == 1 and r.threshold == 5
+    assert "NaN/Inf" in r.reason and "hard failure" in r.reason
+
+
+def test_inf_in_actual_fails_even_when_golden_has_the_same_inf():
+    g = np.array([1.0, np.inf], np.float32)
+    r = compare(g.copy(), g, atol=0, rtol=0, ratio=1.0)
+    assert not r.passed and r.n_nonfinite == 1
+
+
+def test_nan_in_golden_only_is_not_a_failing_element():
+    # seeds' rule in IEEE arithmetic: |a - NaN| > tol is False, so the element does not count;
+    # the report still flags the golden
+    g = np.ones(10, np.float32)
+    g[3] = np.nan
+    a = np.ones(10, np.float32)
+    r = compare(a, g, atol=0, rtol=0, ratio=0)
+    assert r.passed and r.n_fail == 0
+    assert r.n_golden_nonfinite == 1 and r.n_nonfinite == 0
+    assert "warning: 1 NaN/Inf elements in the golden" in r.summary()
+    assert r.bit_exact_fraction == pytest.approx(0.9)  # the NaN position is not bit-exact
+
+
+def test_infinite_golden_never_counts_as_failing():
+    g = np.array([np.inf, 1.0], np.float32)
+    a = np.array([5.0, 1.0], np.float32)
+    # rtol > 0: tol = inf and inf > inf is False; rtol = 0: tol = atol + 0 * inf = NaN
+    for rtol in (1e-3, 0.0):
+        for arithmetic in ("float64", "native"):
+            r = compare(a, g, atol=1e-3, rtol=rtol, ratio=0, arithmetic=arithmetic)
+            assert r.passed and r.n_fail == 0 and r.n_golden_nonfinite == 1
+
+
+@pytest.mark.parametrize(
+    ("ratio", "numel", "threshold"),
+    [
+        (0.125, 4, 0),  # 0.5 -> 0 (half to even)
+        (0.125, 12, 2),  # 1.5 -> 2
+        (0.125, 20, 2),  # 2.5 -> 2
+        (0.125, 28, 4),  # 3.5 -> 4
+        (0.005, 100, 0),  # 0.5 (the float product is exact) -> 0
+        (0.005, 300, 2),  # 1.5 -> 2
+        (0.005, 500, 2),  # 2.5 -> 2
+        (0.005, 4 * 2 * 128 * 512, 2621),  # op-facts §5.8 budget of a (4,2,128,512) output
+        (0.0, 1000, 0),
+        (1.0, 7, 7),
+    ],
+)
+def test_threshold_rounds_half_to_even_and_is_inclusive(ratio, numel, threshold):
+    g = np.zeros(numel, np.float32)
+    a = g.copy()
+    a[:threshold] = 1.0
+    r = compare(a, g, atol=0.5, rtol=0, ratio=ratio)
+    assert r.threshold == threshold
+    assert r.n_fail == threshold and r.passed  # failures == threshold passes (<=)
+    if threshold < numel:
+        a[threshold] = 1.0
+        r2 = compare(a, g, atol=0.5, rtol=0, ratio=ratio)
+        assert r2.n_fail == threshold + 1 and not r2.passed
+        assert "failing elements > allowed" in r2.reason
+
+
+def test_strict_greater_boundary():
+    # tol = 0.25 + 0.25 * 2 = 0.75 exactly; diff 0.75 is allowed, one FP32 ULP more is not
+    g = np.array([2.0, 2.0], np.float32)
+    edge = np.float32(2.75)
+    a = np.array([edge, np.nextafter(edge, np.float32(3))], np.float32)
+    r = compare(a, g, atol=0.25, rtol=0.25, ratio=0)
+    assert r.n_fail == 1 and not r.passed
+    assert r.worst[0][0] == (1,)
+    idx, av, gv, d, tol = r.worst[0]
+    assert (av, gv, tol) == (float(a[1]), 2.0, 0.75) and d > 0.75
+    # negative goldens use |golden|
+    r = compare(-a[:1], -g[:1], atol=0.25, rtol=0.25, ratio=0)
+    assert r.passed and r.n_fail == 0
+
+
+def test_ulp_cosine_and_max_error_by_hand():
+    # BF16 spacing is 2^-7 in [1, 2) and 2^-6 in [2, 4): 1 + 2*2^-7 is 2 ULP above 1.0,
+    # 4 - 2^-5 is 2 ULP below 4.0 (and the largest error, 2^-5)
+    g = bf([1.0, 4.0, -2.0, 0.5])
+    a = bf([1.0 + 2 * 2**-7, 4.0 - 2**-5, -2.0, 0.5])
+    r = compare(a, g, atol=1, rtol=0)
+    assert r.max_ulp == 2 and r.bit_exact_fraction == 0.5
+    assert r.max_abs_err == 2**-5 and r.max_abs_pos == (1,)
+    a = bf([1.0 + 3 * 2**-7, 4.0, -2.0, 0.5])
+    assert compare(a, g, atol=1, rtol=0).max_ulp == 3
+    ga, aa = np.array([1.0, 4.0, -2.0, 0.5]), np.array([1.0 + 2**-6, 4.0 - 2**-5, -2.0, 0.5])
+    cos = float(ga @ aa) / (math.sqrt(ga @ ga) * math.sqrt(aa @ aa))
+    assert r.cosine == pytest.approx(cos, rel=1e-15) and r.cosine < 1 - 1e-6
+
+    r = compare(np.array([3.0, 4.0], np.float32), np.array([4.0, 3.0], np.float32), atol=9, rtol=0)
+    assert r.cosine == pytest.approx(24 / 25, rel=1e-15)
+    r = compare(np.array([1.0, 0.0], np.float32), np.array([0.0, 1.0], np.float32), atol=9, rtol=0)
+    assert r.cosine == 0.0
+    z = np.zeros(3, np.float32)
+    assert compare(z, z, atol=0, rtol=0).cosine == 1.0
+
+
+def test_worst_positions_ordered_by_error():
+    g = np.zeros((3, 4), np.float32)
+    a = g.copy()
+    a[0, 1], a[2, 3], a[1, 0] = 0.3, 0.9, 0.6
+    r = compare(a, g, atol=0.1, rtol=0, ratio=0, n_worst=2)
+    assert [w[0] for w in r.worst] == [(2, 3), (1, 0)]
+    assert r.max_abs_pos == (2, 3) and r.max_abs_err == pytest.approx(0.9)
+    assert r.n_fail == 3
+
+
+def test_golden_of_another_dtype_is_rounded_for_ulp_statistics():
+    a = bf([1.0, 1.0, 1.0])
+    # 1 + 2^-9 rounds to 1.0 in BF16 (0 ULP); 1.01 rounds to 1.0078125 (1 ULP); 1.02 -> 1.0234375
+    g = np.array([1.0 + 2**-9, 1.01, 1.02], np.float32)
+    with pytest.raises(TypeError, match="golden.*dtype"):
+        compare(a, g, atol=0, rtol=0)
+    r = compare(a, g, atol=0.05, rtol=0, check_dtype=False)
+    assert r.passed and r.max_ulp == 3 and r.bit_exact_fraction == pytest.approx(1 / 3)
+
+
+def test_integer_outputs():
+    a = np.array([1, -3, 127], np.int8)
+    g = np.array([1, -1, 127], np.int8)
+    r = compare(a, g, atol=1, rtol=0, ratio=0)
+    assert not r.passed and r.n_fail == 1 and r.max_ulp == 2 and r.max_abs_err == 2.0
+
+
+def test_empty_tensors():
+    e = np.zeros((0, 4), np.float32)
+    r = compare(e, e, atol=0, rtol=0)
+    assert r.passed and r.numel == 0 and r.max_abs_pos is None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "exc", "pattern"),
+    [
+        ({"atol": -1.0, "rtol": 0.0}, ValueError, "atol"),
+        ({"atol": 0.0, "rtol": float("nan")}, ValueError, "rtol"),
+        ({"atol": 0.0, "rtol": 0.0, "ratio": 1.5}, ValueError, "ratio"),
+        ({"atol": "0", "rtol": 0.0}, TypeError, "atol"),
+        ({"atol": 0.0, "rtol": 0.0, "arithmetic": "bf16"}, ValueError, "arithmetic"),
+        ({"atol": 0.0, "rtol": 0.0, "n_worst": -1}, ValueError, "n_worst"),
+    ],
+)
+def test_bad_arguments_are_named(kwargs, exc, pattern):
+    x = np.ones(3, np.float32)
+    with pytest.raises(exc, match=pattern):
+        compare(x, x, **kwargs)
+
+
+def test_shape_and_dtype_mismatch():
+    with pytest.raises(ValueError, match=r"golden: expected the shape of actual \(3,\)"):
+        compare(np.ones(3, np.float32), np.ones(4, np.float32), atol=0, rtol=0)
+    with pytest.raises(TypeError, match="golden: expected the dtype of actual float32"):
+        compare(np.ones(3, np.float32), np.ones(3), atol=0, rtol=0)
+
+
+def test_numpy_scalar_tolerances_accepted():
+    x = np.ones(3, np.float32)
+    assert compare(x, x, atol=np.float32(1e-3), rtol=np.float64(0.0), ratio=np.float32(0)).passed
+
+
+def test_native_arithmetic_rounds_the_way_bf16_tensors_do():
+    # actual 1.0078125 vs golden 1.0: diff = 2^-7 (one BF16 ULP at 1.0); atol 1e-4, rtol 0.00771.
+    # float64: tol = 0.00781 < 2^-7 -> the element fails.
+    # native: rtol*|g| -> bf16(0.00771) = 253 * 2^-15 (0.00771 * 2^15 = 252.6); atol ->
+    # bf16(1e-4) = 210 * 2^-21 (1e-4 * 2^21 = 209.7); sum = 16402 * 2^-21 = 256.28 * 2^-15 ->
+    # bf16 = 256 * 2^-15 = 2^-7 = diff -> not failing under the strict '>'.
+    a, g = bf([1.0078125]), bf([1.0])
+    assert not compare(a, g, atol=1e-4, rtol=0.00771, ratio=0).passed
+    r = compare(a, g, atol=1e-4, rtol=0.00771, ratio=0, arithmetic="native")
+    assert r.passed and r.n_fail == 0
+    # one step lower rtol: bf16(0.0077) = 252 * 2^-15, sum rounds to 255 * 2^-15 < 2^-7 -> fails
+    r = compare(a, g, atol=1e-4, rtol=0.0077, ratio=0, arithmetic="native")
+    assert r.n_fail == 1 and r.worst[0][4] == 255 * 2**-15
+
+
+def test_inputs_not_modified():
+    rng = np.random.default_rng(0)
+    g = bf(rng.standard_normal((16, 16)))
+    a = bf(g.astype(np.float32) + np.float32(0.01))
+    a[0, 0] = np.nan
+    ga, aa = g.copy(), a.copy()
+    compare(a, g, atol=1e-3, rtol=1e-3, arithmetic="native")
+    compare(a, g, atol=1e-3, rtol=1e-3)
+    assert np.array_equal(g.view(np.uint16), ga.view(np.uint16))
+    assert np.array_equal(a.view(np.uint16), aa.view(np.uint16))
+
+
+@pytest.mark.torch
+def test_torch_tensors_accepted_and_give_the_same_report():
+    import torch
+
+    rng = np.random.default_rng(1)
+    g = bf(rng.standard_normal((4, 32)))
+    a = bf(g.astype(np.float32) * np.float32(1.004))
+    tg = torch.from_numpy(g.view(np.int16).copy()).view(torch.bfloat16)
+    ta = torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
+    r_np = compare(a, g, atol=1e-4, rtol=5e-3)
+    r_t = compare(ta, tg, atol=1e-4, rtol=5e-3)
+    assert r_t == r_np
+    ta32 = ta.float().requires_grad_(True)
+    assert compare(ta32, tg.float(), atol=0.05, rtol=0).passed
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("seed", [0, 1])
+def test_native_arithmetic_counts_match_torch(seed):
+    import torch
+
+    rng = np.random.default_rng(seed)
+    n = 100_000
+    g32 = rng.standard_normal(n).astype(np.float32) * np.float32(10) ** rng.uniform(-3, 3, n)
+    g = bf(g32.astype(np.float32))
+    noise = rng.standard_normal(n).astype(np.float32)
+    a = bf(g.astype(np.float32) * (1 + noise * np.float32(5e-3)) + noise * np.float32(1e-4))
+    tg = torch.from_numpy(g.view(np.int16).copy()).view(torch.bfloat16)
+    ta = torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
+    for atol, rtol in [(1e-4, 5e-3), (1e-3, 1e-2), (3e-5, 0.0)]:
+        want = int((torch.abs(ta - tg) > atol + rtol * torch.abs(tg)).sum())
+        got = compare(a, g, atol=atol, rtol=rtol, arithmetic="native")
+        assert got.n_fail == want
