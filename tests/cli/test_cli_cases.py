@@ -73,12 +73,23 @@ def test_registry_agrees_with_the_builders_table(name):
     assert table is not None, f"{spec.builder['module']} exports no *_CASES table"
     assert spec.builder["case"] in table
     entry = table[spec.builder["case"]]
-    if isinstance(entry, dict):
-        if "seed" in entry:
-            assert entry["seed"] == spec.seed
-        for k in ("atol", "rtol"):
-            if entry.get(k) is not None:
-                assert entry[k] == pytest.approx(spec.tolerance[k])
+
+    def field(k):
+        return entry.get(k) if isinstance(entry, dict) else getattr(entry, k, None)
+
+    if field("seed") is not None:
+        assert field("seed") == spec.seed
+    for k in ("atol", "rtol", "ratio"):
+        if field(k) is not None:
+            assert field(k) == pytest.approx(spec.tolerance[k])
+    tol = field("tolerance")
+    if isinstance(tol, dict):
+        for k, v in tol.items():
+            assert v == pytest.approx(spec.tolerance[k]), k
+    if field("status") is not None:
+        assert field("status") == spec.status
+    if field("soc") is not None:
+        assert {s.upper() for s in field("soc")} == set(spec.soc)
 
 
 @pytest.mark.parametrize("name", SMALL)

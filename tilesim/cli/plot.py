@@ -12,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
-#: keys that describe where a tile sits on the key / token axis, not which lane it is in
-_RANGE_KEYS = {"kv_start", "kv_len", "kv_end", "token_offset", "chunk", "row0", "tile", "size"}
-#: the order lanes are labelled in (outer loops first); other integer keys follow sorted
+#: loop indices outside the tile loop, outer first: a lane of the schedule is one value of these
+#: (MoE: expert; MSA decode: batch, kv_head; MSA main branch: head; DeepSeek: b, s, kv_head, g)
 _LANE_ORDER = (
+    "expert",
     "batch",
     "b",
     "s",
@@ -44,21 +44,23 @@ def _is_int(v) -> bool:
 
 
 def lane_keys(records: list[dict]) -> list[str]:
-    """Integer keys that stay the same within a lane (loop indices outside the tile loop)."""
+    """The loop-index keys (see ``_LANE_ORDER``) present in the records, outer loop first."""
     if not records:
         return []
-    keys = [k for k, v in records[0].items() if _is_int(v) and k not in _RANGE_KEYS and k != "op"]
-    ordered = [k for k in _LANE_ORDER if k in keys]
-    return ordered + sorted(k for k in keys if k not in ordered)
+    return [k for k in _LANE_ORDER if k in records[0] and _is_int(records[0][k])]
 
 
 def tile_extent(rec: dict, seq: int) -> tuple[float, float]:
-    """(start, width) of a tile on its lane's key axis (falls back to the tile's index)."""
+    """(start, width) of a tile on its lane's key axis: ``kv_start``/``kv_len`` (MSA),
+    ``cols`` + ``valid`` (DeepSeek), ``row0``/``chunk`` (MoE); else the tile's index."""
     if "kv_start" in rec and "kv_len" in rec:
         return float(rec["kv_start"]), float(rec["kv_len"])
-    if "kv_start" in rec and "kv_end" in rec:
-        return float(rec["kv_start"]), float(rec["kv_end"] - rec["kv_start"])
-    for k in ("chunk", "tile"):
+    if "cols" in rec:
+        c0, c1 = rec["cols"]
+        return float(c0), float(rec.get("valid", c1 - c0))
+    if "row0" in rec and "chunk" in rec:
+        return float(rec["row0"]), float(rec["chunk"])
+    for k in ("chunk", "tile", "block"):
         if k in rec and _is_int(rec[k]):
             return float(rec[k]), 1.0
     return float(seq), 1.0
@@ -79,10 +81,7 @@ def summarize(records: list[dict]) -> dict:
     """Counts for the text report: tiles, lanes, tile sizes."""
     lanes = lane_keys(records)
     lane_ids = {tuple(r.get(k) for k in lanes) for r in records}
-    if records and "expert" in records[0] and "chunk" in records[0]:
-        widths = [r["chunk"] for r in records]  # MoE: a tile is `chunk` token rows
-    else:
-        widths = [tile_extent(r, i)[1] for i, r in enumerate(records)]
+    widths = [tile_extent(r, i)[1] for i, r in enumerate(records)]
     return {
         "op": records[0]["op"] if records else None,
         "tiles": len(records),
@@ -182,7 +181,20 @@ def _draw_attention(fig, records: list[dict]) -> None:
     if len(lane_index) <= 24:
         ax.set_yticks(range(len(lane_index)))
         ax.set_yticklabels([",".join(map(str, k)) for k in lane_index], fontsize=7)
-    ax.set_xlabel("key position within the lane (kv_start .. kv_start + kv_len)")
+    ax.set_xlabel("key (top-k column) position within the lane")
+    if len(records) <= 64 and "branch" in records[0]:  # DeepSeek: the online-merge branch taken
+        for i, r in enumerate(records):
+            y = lane_index[tuple(int(r[k]) for k in lanes)]
+            x, w = tile_extent(r, i)
+            ax.text(
+                x + w / 2,
+                y,
+                r["branch"],
+                ha="center",
+                va="center",
+                fontsize=6,
+                color="white" if w > 0.3 * max(widths) else "black",
+            )
     ax.set_title(f"{len(records)} tiles in {len(lane_index)} lanes; colour = keys in the tile")
     fig.colorbar(matplotlib.cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, label="keys per tile")
     if not has_stats:
