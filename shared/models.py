@@ -77,8 +77,9 @@ class MsaConfig:
 
     @property
     def softmax_scale(self) -> float:
-        """1/sqrt(head_dim) = 0.08838834764831843."""
-        return self.head_dim**-0.5
+        """``1 / sqrt(head_dim)`` = 0.08838834764831843 (the seeds' SCALE; ``128 ** -0.5`` would
+        give 0.08838834764831845, the same FP32 value 0.088388346)."""
+        return 1.0 / math.sqrt(self.head_dim)
 
 
 @dataclass(frozen=True)
