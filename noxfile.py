@@ -99,3 +99,14 @@ def device(session: nox.Session) -> None:
     except nox.command.CommandFailed:
         session.run(py, "-m", "pip", "install", "--no-deps", "-e", ".")
     session.run(py, "-m", "pytest", *pytest_args(session, "-m", "npu", "tests/device"))
+
+
+@nox.session(python=PYTHON)
+def bench(session: nox.Session) -> None:
+    """Reference wall time vs a seeds-style torch golden and the sgemm roofline, plus peak memory
+    of the DeepSeek b64 s2 64K golden; writes docs/perf/reference.md + .png. Not part of CI
+    (minutes of CPU; numbers are only as quiet as the machine). Extra args go to
+    ``python -m tilesim.bench`` (e.g. ``nox -s bench -- --quick``)."""
+    install_cpu_torch(session)
+    session.install(".[torch,cli]")
+    session.run("python", "-m", "tilesim.bench", "--out", "docs/perf", *session.posargs)
