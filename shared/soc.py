@@ -148,6 +148,20 @@ def moe_vec_tile(soc: str | SocSpec, activation: str) -> int:
     return _MOE_VEC_TILE[key]
 
 
+def moe_tiling(activation: str = "silu", soc: str | SocSpec = DEFAULT_SOC, env=None):
+    """:class:`~tilesim.shared.tiling.MoeTiling` for ``soc``: ``MoeTiling.from_env(activation)``
+    with the SoC's vector tile width unless ``PYPTO_VEC_TILE`` is set in ``env``."""
+    import os
+
+    from tilesim.shared.tiling import MoeTiling
+
+    env = os.environ if env is None else env
+    t = MoeTiling.from_env(activation, env)
+    if (env.get("PYPTO_VEC_TILE") or "").strip():
+        return t
+    return t.replace(vec_tile=moe_vec_tile(soc, activation))
+
+
 __all__ = [
     "COST_MODEL_CYCLES_PER_US",
     "DEFAULT_SOC",
@@ -155,5 +169,6 @@ __all__ = [
     "SOCS",
     "SocSpec",
     "get_soc",
+    "moe_tiling",
     "moe_vec_tile",
 ]
