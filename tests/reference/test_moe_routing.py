@@ -307,3 +307,16 @@ def test_whole_layer_does_not_depend_on_row_order_inside_an_expert():
     y2 = moe_combine(moe_grouped_gemm(d2.sorted_tokens, (w13, w2), d2.expert_cumsum, dims,
                                       tiling=tiling), d2)  # fmt: skip
     assert y.tobytes() == y2.tobytes()
+
+
+@pytest.mark.torch
+def test_dispatch_and_combine_accept_torch_tensors():
+    from tilesim.reference.interop import to_torch
+
+    x, logits, bias = _inputs(n=6, h=8, e=4, seed=11)
+    d_np = moe_dispatch(x, logits, 2, correction_bias=bias)
+    d_t = moe_dispatch(to_torch(x), to_torch(logits), 2, correction_bias=to_torch(bias))
+    assert d_t.sorted_tokens.tobytes() == d_np.sorted_tokens.tobytes()
+    assert d_t.topk_weights.tobytes() == d_np.topk_weights.tobytes()
+    out = to_bf16(np.random.default_rng(1).standard_normal((12, 8), dtype=np.float32))
+    assert moe_combine(to_torch(out), d_np).tobytes() == moe_combine(out, d_np).tobytes()
