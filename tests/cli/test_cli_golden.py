@@ -148,3 +148,12 @@ def test_subprocess_golden_and_compare(cli, tmp_path):
     p = cli.sub(["compare", d / "golden_out.bin", d], cwd=tmp_path)
     assert p.returncode == 0, p.stdout + p.stderr
     assert p.stdout.count("PASS") == 1
+
+
+def test_progress_only_when_asked_or_on_a_terminal(cli, tmp_path):
+    code, _, err = cli("golden", CASE, "-o", tmp_path / "quiet")
+    assert code == 0 and err == ""  # captured stderr is not a TTY: no bar, no stage lines
+    code, _, err = cli("golden", CASE, "-o", tmp_path / "loud", "--progress")
+    assert code == 0
+    assert "tilesim: building inputs of m3_case_smoke_edge" in err
+    assert "tilesim: writing npz files" in err

@@ -143,6 +143,14 @@ def _draw_moe(fig, records: list[dict]) -> None:
     ax2.set_title("tokens per expert")
 
 
+#: per-tile statistics drawn under the schedule when the trace records carry them
+_STAT_PANELS = (
+    ("row_max", "per-tile softmax row max m (min / mean / max over rows)"),
+    ("head_max", "per-block score max per index head (min / mean / max over heads)"),
+    ("row_sum", "per-tile softmax row sum l of exp(S - m) (min / mean / max)"),
+)
+
+
 def _draw_attention(fig, records: list[dict]) -> None:
     import matplotlib
 
@@ -150,8 +158,10 @@ def _draw_attention(fig, records: list[dict]) -> None:
     lane_index: OrderedDict = OrderedDict()
     for r in records:
         lane_index.setdefault(tuple(int(r[k]) for k in lanes), len(lane_index))
-    has_stats = any("row_max" in r for r in records)
-    nrows = 3 if has_stats else 1
+    panels = [(k, t) for k, t in _STAT_PANELS if any(k in r for r in records)]
+    panels = [p for i, p in enumerate(panels) if p[0] != "head_max" or i == 0][:2]
+    has_stats = bool(panels)
+    nrows = 1 + len(panels)
     axes = fig.subplots(
         nrows, 1, squeeze=False, gridspec_kw={"height_ratios": [3] + [2] * (nrows - 1)}
     )
@@ -200,10 +210,8 @@ def _draw_attention(fig, records: list[dict]) -> None:
     if not has_stats:
         return
     seq = np.arange(len(records))
-    for ax, key, title in (
-        (axes[1, 0], "row_max", "per-tile softmax row max m (min / mean / max over rows)"),
-        (axes[2, 0], "row_sum", "per-tile softmax row sum l of exp(S - m) (min / mean / max)"),
-    ):
+    for j, (key, title) in enumerate(panels):
+        ax = axes[1 + j, 0]
         st = [_stat(r, key) for r in records]
         ok = [i for i, s in enumerate(st) if s is not None]
         if not ok:
