@@ -36,6 +36,8 @@ _LAZY = {
     "msa_sparse_decode": "msa_decode",
     "build_msa_block_mask": "msa_main_branch",
     "msa_main_branch": "msa_main_branch",
+    "msa_make_case": "msa_cases",
+    "MSA_CASES": "msa_cases",
     # DeepSeek-V3.2 sparse MLA (docs/ops/deepseek_sparse_attention.md)
     "sparse_attention_antiquant": "dsa",
     "sparse_attention_antiquant_kv_split": "dsa",
