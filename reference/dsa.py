@@ -48,6 +48,7 @@ import math
 from collections.abc import Callable
 
 import numpy as np
+from tilesim.reference.dsa_blas import blas_threads
 from tilesim.reference.dsa_gather import (
     NO_ROW,
     PackedCache,
@@ -427,23 +428,24 @@ def sparse_attention_antiquant(
             f"nope_cache: expected shape [rows, {PYPTO_ROW_BYTES}], got {tuple(nc.shape)}"
         )
     cfg = _resolve_tile_config(tile_config)
-    out = _run(
-        "sparse_attention_antiquant",
-        qn,
-        qr,
-        PackedCache(nc, layout),
-        ti,
-        bt,
-        ks,
-        nq=nq,
-        topk=topk,
-        block_size=block_size,
-        scale=scale,
-        s1=s1,
-        cfg=cfg,
-        trace=trace,
-        progress=progress,
-    )
+    with blas_threads():  # numbers do not depend on it, speed on a busy machine does
+        out = _run(
+            "sparse_attention_antiquant",
+            qn,
+            qr,
+            PackedCache(nc, layout),
+            ti,
+            bt,
+            ks,
+            nq=nq,
+            topk=topk,
+            block_size=block_size,
+            scale=scale,
+            s1=s1,
+            cfg=cfg,
+            trace=trace,
+            progress=progress,
+        )
     return _wrap_output(out, query_nope)
 
 
@@ -498,23 +500,24 @@ def sparse_attention_antiquant_kv_split(
     if ksc.shape != (rows, NSCALES):
         raise ValueError(f"kn_scales: expected shape {(rows, NSCALES)}, got {tuple(ksc.shape)}")
     cfg = _resolve_tile_config(tile_config)
-    out = _run(
-        "sparse_attention_antiquant_kv_split",
-        qn,
-        qr,
-        SplitCache(kq, kra, ksc),
-        ti,
-        bt,
-        ks,
-        nq=nq,
-        topk=topk,
-        block_size=block_size,
-        scale=scale,
-        s1=s1,
-        cfg=cfg,
-        trace=trace,
-        progress=progress,
-    )
+    with blas_threads():  # numbers do not depend on it, speed on a busy machine does
+        out = _run(
+            "sparse_attention_antiquant_kv_split",
+            qn,
+            qr,
+            SplitCache(kq, kra, ksc),
+            ti,
+            bt,
+            ks,
+            nq=nq,
+            topk=topk,
+            block_size=block_size,
+            scale=scale,
+            s1=s1,
+            cfg=cfg,
+            trace=trace,
+            progress=progress,
+        )
     return _wrap_output(out, query_nope)
 
 
