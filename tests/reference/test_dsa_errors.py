@@ -1,0 +1,199 @@
+"""Bad input to the sparse-attention golden and its generator: a clear error naming the argument."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+import tilesim.reference as R
+from tilesim.shared.mla_cache import unpack_rows
+from tilesim.shared.tiling import SaTileShapeConfig
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+@pytest.fixture(scope="module")
+def case():
+    # b 2, s1 2, nq 4, topk 64, block 16: act 100 -> 7 blocks, act 20 -> 2 blocks
+    return R.dsa_make_case(actual_seq=[100, 20], s1=2, nq=4, topk=64, block_size=16, seed=1)
+
+
+def call(case, **over):
+    inputs = {k: over.pop(k) if k in over else v for k, v in case["inputs"].items()}
+    return R.sparse_attention_antiquant(**inputs, **{**case["params"], **over})
+
+
+def call_split(case, **over):
+    f = unpack_rows(case["inputs"]["nope_cache"], "pypto")
+    inputs = {k: v for k, v in case["inputs"].items() if k != "nope_cache"}
+    inputs.update(kn_quant=f.nope, kr=f.rope, kn_scales=f.scales)
+    inputs = {k: over.pop(k) if k in over else v for k, v in inputs.items()}
+    prm = {k: v for k, v in case["params"].items() if k != "layout"}
+    return R.sparse_attention_antiquant_kv_split(**inputs, **{**prm, **over})
+
+
+def test_the_fixture_runs(case):
+    assert call(case).shape == (2 * 2 * 4, 512)
+    assert np.array_equal(call_split(case).view(np.uint16), call(case).view(np.uint16))
+
+
+@pytest.mark.parametrize(
+    "over, exc, match",
+    [
+        ({"query_nope": "f32"}, TypeError, "query_nope: expected bfloat16"),
+        ({"query_nope": "cols"}, ValueError, r"query_nope: expected shape \[T\*nq, 512\]"),
+        ({"query_rope": "rows"}, ValueError, "query_rope: expected 16 rows"),
+        ({"query_rope": "f32"}, TypeError, "query_rope: expected bfloat16"),
+        ({"query_nope": "odd_rows"}, ValueError, "query_nope: expected rows = B"),
+        ({"query_nope": None}, TypeError, "query_nope: expected an array"),
+        ({"topk_indices": "float"}, TypeError, "topk_indices: expected an integer array"),
+        ({"topk_indices": "narrow"}, ValueError, r"topk_indices: expected shape \[T, n_kv\*topk\]"),
+        ({"topk_indices": "1d"}, ValueError, "topk_indices: expected 2 dimensions"),
+        ({"block_table": "1d"}, ValueError, "block_table: expected 2 dimensions"),
+        ({"block_table": "rows"}, ValueError, "block_table: expected 2 rows"),
+        ({"kv_act_seqs": "neg"}, ValueError, r"kv_act_seqs\[1\]: expected a length >= 0"),
+        ({"kv_act_seqs": "empty"}, ValueError, "kv_act_seqs: expected at least one batch"),
+        ({"kv_act_seqs": "float"}, TypeError, "kv_act_seqs: expected an integer array"),
+        ({"nope_cache": "bf16"}, TypeError, "nope_cache: expected float8_e4m3fn or int8"),
+        ({"nope_cache": "pitch672"}, ValueError, r"nope_cache: expected shape \[rows, 656\]"),
+        ({"nq": 0}, ValueError, "nq: expected a positive integer"),
+        ({"nq": True}, ValueError, "nq: expected a positive integer"),
+        ({"nq": 3}, ValueError, "query_nope: expected rows = B"),
+        ({"n_kv": 2}, ValueError, "n_kv: expected 1"),
+        ({"topk": 0}, ValueError, "topk: expected a positive integer"),
+        ({"block_size": -16}, ValueError, "block_size: expected a positive integer"),
+        ({"softmax_scale": 0.0}, ValueError, "softmax_scale: expected a finite positive"),
+        ({"softmax_scale": float("nan")}, ValueError, "softmax_scale: expected a finite positive"),
+        ({"softmax_scale": "1/24"}, ValueError, "softmax_scale: expected a finite positive"),
+        ({"tile_config": (128, 512)}, TypeError, "tile_config: expected a SaTileShapeConfig"),
+        ({"layout": "vllm"}, ValueError, "layout: expected one of"),
+    ],
+)
+def test_bad_arguments(case, over, exc, match):
+    inp = case["inputs"]
+    bad = {
+        ("query_nope", "f32"): inp["query_nope"].astype(np.float32),
+        ("query_nope", "cols"): inp["query_nope"][:, :256],
+        ("query_nope", "odd_rows"): inp["query_nope"][:-4],
+        ("query_rope", "rows"): inp["query_rope"][:-4],
+        ("query_rope", "f32"): inp["query_rope"].astype(np.float32),
+        ("topk_indices", "float"): inp["topk_indices"].astype(np.float32),
+        ("topk_indices", "narrow"): inp["topk_indices"][:, :32],
+        ("topk_indices", "1d"): inp["topk_indices"].reshape(-1),
+        ("block_table", "1d"): inp["block_table"].reshape(-1),
+        ("block_table", "rows"): inp["block_table"][:1],
+        ("kv_act_seqs", "neg"): np.array([100, -1], dtype=np.int32),
+        ("kv_act_seqs", "empty"): np.zeros(0, dtype=np.int32),
+        ("kv_act_seqs", "float"): inp["kv_act_seqs"].astype(np.float64),
+        ("nope_cache", "bf16"): inp["nope_cache"].view(np.uint16).view(BF16),
+        ("nope_cache", "pitch672"): np.zeros((inp["nope_cache"].shape[0], 672), np.int8),
+    }
+    if over.get("query_nope") == "odd_rows":
+        over["query_rope"] = inp["query_rope"][:-4]
+    over = {k: bad.get((k, v), v) if isinstance(v, str) else v for k, v in over.items()}
+    with pytest.raises(exc, match=match):
+        call(case, **over)
+
+
+@pytest.mark.parametrize(
+    "name, make, exc, match",
+    [
+        ("kn_quant", lambda f: f.nope.view(np.uint8), TypeError, "kn_quant: expected float8"),
+        ("kn_quant", lambda f: f.nope[:, :256], ValueError, r"kn_quant: expected shape"),
+        ("kr", lambda f: f.rope.astype(np.float32), TypeError, "kr: expected bfloat16"),
+        ("kr", lambda f: f.rope[:-1], ValueError, r"kr: expected shape"),
+        ("kn_scales", lambda f: f.scales.astype(np.float64), TypeError, "kn_scales: expected fl"),
+        ("kn_scales", lambda f: f.scales[:, :2], ValueError, r"kn_scales: expected shape"),
+    ],
+)
+def test_bad_split_tensors(case, name, make, exc, match):
+    f = unpack_rows(case["inputs"]["nope_cache"], "pypto")
+    with pytest.raises(exc, match=match):
+        call_split(case, **{name: make(f)})
+
+
+def _with_entry(case, row, col, value, **more):
+    ti = case["inputs"]["topk_indices"].copy()
+    ti[row, col] = value
+    return dict(topk_indices=ti, **more)
+
+
+def test_negative_index_other_than_minus_one(case):
+    with pytest.raises(ValueError, match=r"topk_indices\[0, 3\] = -2 .*position >= 0 or -1"):
+        call(case, **_with_entry(case, 0, 3, -2))
+
+
+def test_index_outside_the_sequence(case):
+    # batch 1 has act 20: position 20 is outside even though its block (1) exists
+    with pytest.raises(ValueError, match=r"topk_indices\[2, 5\] = 20 \(batch 1.*outside the seq"):
+        call(case, **_with_entry(case, 2, 5, 20))
+
+
+def test_index_beyond_the_block_table(case):
+    acts = np.array([100, 200], dtype=np.int32)  # table has 7 columns = 112 positions
+    with pytest.raises(ValueError, match=r"topk_indices\[3, 0\] = 150 .*outside block_table"):
+        call(case, kv_act_seqs=acts, **_with_entry(case, 3, 0, 150))
+
+
+def test_needed_block_table_entry_is_minus_one(case):
+    acts = np.array([100, 100], dtype=np.int32)  # batch 1 only owns 2 blocks; block 3 is -1
+    with pytest.raises(ValueError, match=r"needs block_table\[1, 3\] = -1"):
+        call(case, kv_act_seqs=acts, **_with_entry(case, 2, 0, 50))
+
+
+def test_physical_row_outside_the_cache(case):
+    bt = case["inputs"]["block_table"].copy()
+    bt[0, 0] = 10_000
+    with pytest.raises(
+        ValueError, match=r"physical row 1600\d\d is outside the cache \(144 rows\)"
+    ):
+        call(case, block_table=bt)
+
+
+def test_unused_bad_entries_are_fine(case):
+    """-1 in block_table for blocks nobody reads and garbage past cur_seq raise nothing."""
+    ti = case["inputs"]["topk_indices"].copy()
+    ti[2, 19:] = -7  # batch 1, s 0: cur_seq = min(20 - 2 + 1 + 0, 64) = 19
+    ti[3, 20:] = 999  # batch 1, s 1: cur_seq = 20
+    out = call(case, topk_indices=ti)
+    assert np.array_equal(out.view(np.uint16), call(case).view(np.uint16))
+
+
+def test_errors_leave_inputs_untouched(case):
+    snap = {k: v.copy() for k, v in case["inputs"].items()}
+    with pytest.raises(ValueError):
+        call(case, **_with_entry(case, 0, 0, -3))
+    for k, v in case["inputs"].items():
+        assert np.array_equal(v.view(np.uint8), snap[k].view(np.uint8))
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, match",
+    [
+        ({"name": "sfa_nope"}, ValueError, "name: unknown case 'sfa_nope'"),
+        ({"batch": 3}, TypeError, r"unknown parameter\(s\) \['batch'\]"),
+        ({"quant": "fp4"}, ValueError, "quant: expected one of"),
+        ({"layout": "paged"}, ValueError, "layout: expected one of"),
+        ({"topk_rule": "random"}, ValueError, "topk_rule: expected one of"),
+        ({"invalid_frac": 1.5}, ValueError, "invalid_frac: expected a fraction"),
+        ({"seed": -1}, ValueError, "seed: expected an integer >= 0"),
+        ({"actual_seq": [10, -1]}, ValueError, "actual_seq: expected lengths >= 0"),
+        ({"actual_seq": [10, 20], "b": 3}, ValueError, "actual_seq: expected 3 lengths"),
+        ({"actual_seq": []}, ValueError, "actual_seq: expected at least one batch"),
+        ({"s1": 0}, ValueError, "s1: expected a positive integer"),
+        ({"n_kv": 2}, ValueError, "n_kv: expected 1"),
+        ({"tile_config": "decode"}, TypeError, "tile_config: expected a SaTileShapeConfig"),
+        ({"preset": "train"}, ValueError, "preset: expected 'decode' or 'prefill'"),
+    ],
+)
+def test_bad_generator_arguments(kwargs, exc, match):
+    kwargs = dict(kwargs)
+    name = kwargs.pop("name", None)
+    with pytest.raises(exc, match=match):
+        R.dsa_make_case(name, **kwargs)
+
+
+def test_generator_accepts_a_tile_config():
+    cfg = SaTileShapeConfig.prefill().replace(s_kv_tile=64)
+    c = R.dsa_make_case(actual_seq=[30], s1=1, nq=2, topk=64, block_size=16, tile_config=cfg)
+    assert c["params"]["tile_config"] is cfg
