@@ -388,6 +388,7 @@ def test_inputs_not_modified():
     to_bf16(x, nan="canonical")
     to_fp8_e4m3(x, saturate=True)
     bf16_round_trip(x)
+    ulp_distance(x, keep)
     assert np.array_equal(x.view(np.uint32), keep.view(np.uint32))
     b = to_bf16(x)
     bk = b.copy()
