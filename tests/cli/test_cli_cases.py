@@ -66,11 +66,11 @@ def test_unknown_family_and_case_are_clear_errors(cli):
 def test_registry_agrees_with_the_builders_table(name):
     """Each registry entry names a case the builder knows, with the same seed and tolerance."""
     spec = get_case(name)
-    try:
-        table = _builder_table(spec)
-    except ImportError:
-        pytest.skip(f"{spec.builder['module']} has not landed")
+    table = _builder_table(spec)
     assert table is not None, f"{spec.builder['module']} exports no *_CASES table"
+    if spec.builder.get("case") is None:  # an ad-hoc builder call (tilesim's extra cases)
+        assert spec.status.startswith("tilesim extra")
+        return
     assert spec.builder["case"] in table
     entry = table[spec.builder["case"]]
 
@@ -85,7 +85,10 @@ def test_registry_agrees_with_the_builders_table(name):
     tol = field("tolerance")
     if isinstance(tol, dict):
         for k, v in tol.items():
-            assert v == pytest.approx(spec.tolerance[k]), k
+            if k == "compare":  # a non-elementwise rule, e.g. set equality of block ids
+                assert spec.tolerance.get("mode") == v
+            else:
+                assert v == pytest.approx(spec.tolerance[k]), k
     if field("status") is not None:
         assert field("status") == spec.status
     if field("soc") is not None:
@@ -95,12 +98,7 @@ def test_registry_agrees_with_the_builders_table(name):
 @pytest.mark.parametrize("name", SMALL)
 def test_declared_shapes_match_what_the_builder_makes(name):
     spec = get_case(name)
-    try:
-        built = build_case(spec)
-    except Exception as e:  # noqa: BLE001 - a builder that has not landed yet
-        if "not available" in str(e):
-            pytest.skip(str(e))
-        raise
+    built = build_case(spec)
     assert set(built.inputs) == set(spec.inputs)
     for k, decl in spec.inputs.items():
         a = built.inputs[k]

@@ -18,7 +18,14 @@ import numpy as np
 from tilesim.cli import CliError
 from tilesim.cli import tensorio as tio
 from tilesim.cli.registry import get_case, list_cases
-from tilesim.cli.runner import BuiltCase, build_case, jsonable, run_reference, tiling_used
+from tilesim.cli.runner import (
+    BuiltCase,
+    build_case,
+    has_own_progress,
+    jsonable,
+    run_reference,
+    tiling_used,
+)
 
 
 def _version() -> str:
@@ -142,9 +149,9 @@ class _Progress:
 
 def _build_and_run(spec, seed, progress: _Progress, trace=None):
     progress.stage(f"building inputs of {spec.name}")
-    built = build_case(spec, seed)
+    built = build_case(spec, seed, progress=progress.enabled)
     progress.stage(f"running {built.op_name}")
-    bar_hook = progress.tile_hook(built.op_name)
+    bar_hook = None if has_own_progress(built) else progress.tile_hook(built.op_name)
     if trace is not None and bar_hook is not None:
 
         def hook(rec):

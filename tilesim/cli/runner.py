@@ -61,22 +61,57 @@ def _import_builder(spec: CaseSpec) -> Callable:
 
 
 def op_callable(name: str) -> Callable:
+    """The public reference op ``name``, resolved through ``tilesim.reference``'s lazy map.
+
+    ``getattr(tilesim.reference, name)`` is not enough: where an op shares its name with the
+    module defining it (``msa_indexer``, ``msa_main_branch``), importing that module makes
+    the package attribute the module itself.
+    """
     import tilesim.reference as ref
 
     try:
-        return getattr(ref, name)
+        mod_name = getattr(ref, "_LAZY", {}).get(name)
+        if mod_name is not None:
+            fn = getattr(importlib.import_module(f"tilesim.reference.{mod_name}"), name)
+        else:
+            fn = getattr(ref, name)
     except (AttributeError, ImportError) as e:
         raise CliError(f"reference op {name!r} is not available ({e})") from None
+    if not callable(fn) or inspect.ismodule(fn):
+        raise CliError(f"reference op {name!r} resolved to {fn!r}, not a function")
+    return fn
 
 
-def build_case(spec: CaseSpec, seed: int | None = None) -> BuiltCase:
-    """Run the case's builder (``seed`` overrides the case's own seed)."""
+#: run-control arguments: handed to builders/ops that take them, never written to a manifest
+RUN_CONTROL = ("progress", "trace")
+
+
+def _call_builder(fn: Callable, name: str, kwargs: dict, progress: bool | None) -> dict:
+    """``fn(name, **kwargs)``, plus ``progress=`` for builders that take it (DeepSeek)."""
+    if progress is None:
+        return fn(name, **kwargs)
+    try:
+        return fn(name, **kwargs, progress=progress)
+    except (TypeError, ValueError) as e:
+        if "progress" not in str(e):
+            raise
+        return fn(name, **kwargs)
+
+
+def build_case(
+    spec: CaseSpec, seed: int | None = None, *, progress: bool | None = False
+) -> BuiltCase:
+    """Run the case's builder (``seed`` overrides the case's own seed).
+
+    ``progress``: ``False`` (default) silences the progress bars of builders and ops that
+    have their own (the DeepSeek ones), ``True`` shows them, ``None`` leaves their default.
+    """
     fn = _import_builder(spec)
     kwargs = dict(spec.builder.get("params", {}))
     if seed is not None:
         kwargs["seed"] = seed
     t0 = time.perf_counter()
-    raw = fn(spec.builder.get("case", spec.name), **kwargs)
+    raw = _call_builder(fn, spec.builder.get("case", spec.name), kwargs, progress)
     dt = time.perf_counter() - t0
     op_name = raw.get("op", spec.op)
     op = op_callable(op_name)
@@ -105,7 +140,14 @@ def build_case(spec: CaseSpec, seed: int | None = None) -> BuiltCase:
             raise CliError(
                 f"case {spec.name!r}: builder input {k!r} is not an argument of {op_name}"
             )
-    scalars = {k: v for k, v in op_args.items() if k not in raw["inputs"] or not _is_tensorish(v)}
+    if progress is not None and "progress" in accepted:
+        op_args["progress"] = progress
+    scalars = {
+        k: v
+        for k, v in op_args.items()
+        if (k not in raw["inputs"] or not _is_tensorish(v)) and k not in RUN_CONTROL
+    }
+    params = {k: v for k, v in params.items() if k not in RUN_CONTROL}
     return BuiltCase(
         spec=spec,
         seed=seed if seed is not None else _builder_seed(raw, spec),
@@ -154,6 +196,11 @@ def tiling_used(built: BuiltCase) -> dict | None:
     if fam == "dsa":
         return jsonable(SaTileShapeConfig.from_env())
     return None
+
+
+def has_own_progress(built: BuiltCase) -> bool:
+    """The op draws its own progress bar (so the CLI does not add a second one)."""
+    return "progress" in built.op_args
 
 
 def run_reference(built: BuiltCase, trace: Callable[[dict], None] | None = None) -> dict:
