@@ -424,7 +424,8 @@ def _check(built, ref_out: np.ndarray, torch_out) -> str:
     )
     verdict = "agrees" if rep.passed else "DISAGREES"
     return (
-        f"{verdict} ({rep.n_fail} > tol, allowed {rep.threshold}; max |err| {rep.max_abs_err:.2g})"
+        f"{verdict} ({rep.n_fail} > tol, allowed {rep.threshold}; "
+        f"max abs err {rep.max_abs_err:.2g})"
     )
 
 

@@ -175,8 +175,24 @@ def _draw_attention(fig, records: list[dict]) -> None:
         y = lane_index[tuple(int(r[k]) for k in lanes)]
         x, w = tile_extent(r, i)
         by_lane.setdefault(y, []).append((x, w))
-        colors.setdefault(y, []).append(cmap(norm(w)))
+        if "slot" in r:  # indexer: selected (green) or dropped (grey) block
+            colors.setdefault(y, []).append("tab:green" if r["slot"] >= 0 else "lightgray")
+        else:
+            colors.setdefault(y, []).append(cmap(norm(w)))
     thin = len(lane_index) > 40
+    if "slot" in records[0]:
+        for i, r in enumerate(records):
+            x, w = tile_extent(r, i)
+            label = f"#{r['slot']}" if r["slot"] >= 0 else "drop"
+            ax.text(
+                x + w / 2,
+                lane_index[tuple(int(r[k]) for k in lanes)],
+                label,
+                ha="center",
+                va="center",
+                fontsize=7,
+                rotation=90,
+            )
     for y, bars in by_lane.items():
         ax.broken_barh(
             bars,
@@ -205,7 +221,12 @@ def _draw_attention(fig, records: list[dict]) -> None:
                 fontsize=6,
                 color="white" if w > 0.3 * max(widths) else "black",
             )
-    ax.set_title(f"{len(records)} tiles in {len(lane_index)} lanes; colour = keys in the tile")
+    colour = (
+        "green = selected block (label = slot), grey = dropped"
+        if "slot" in records[0]
+        else "colour = keys in the tile"
+    )
+    ax.set_title(f"{len(records)} tiles in {len(lane_index)} lanes; {colour}")
     fig.colorbar(matplotlib.cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, label="keys per tile")
     if not has_stats:
         return
