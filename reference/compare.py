@@ -116,7 +116,8 @@ def _ulp_stats(a: np.ndarray, g: np.ndarray, a64: np.ndarray, g64: np.ndarray):
         if g.dtype != a.dtype:
             # golden rounded once (RNE, via float32 unless the output is float64) to the
             # output dtype
-            g = g64 if a.dtype == np.float64 else g64.astype(np.float32).astype(a.dtype)
+            with np.errstate(invalid="ignore", over="ignore"):
+                g = g64 if a.dtype == np.float64 else g64.astype(np.float32).astype(a.dtype)
         ulps = ulp_distance(a, g)
         return int(ulps.max()), float((ulps == 0).mean())
     # integer / bool outputs: one ULP is one unit
@@ -144,7 +145,8 @@ def compare(
     (truthy when it passes); raises ``ValueError``/``TypeError`` naming the bad argument.
 
     ``max_ulp`` / ``bit_exact_fraction`` are measured in the dtype of ``actual``; a golden of
-    another dtype is first rounded to it (RNE). NaN in either tensor counts as not bit-exact.
+    another dtype is first rounded to it (RNE). NaN in either tensor counts as not bit-exact
+    and has no ULP distance (``max_ulp`` is -1 when no position has one).
     """
     a = _as_array(actual)
     g = _as_array(golden)
