@@ -12,7 +12,9 @@ kv_split     three tensors                    ``kn_quant [rows,512]`` (e4m3 or i
 Rows are 656 bytes in memory; PyPTO kernels pad each row to a 672-byte pitch in the UB only
 (``PYPTO_UB_PITCH``). All multi-byte fields are little-endian. A packed cache is an array of
 shape ``[rows, 656]`` whose dtype is the quantized type (float8_e4m3fn or int8), exactly like
-the tensors the kernels take. Packing and unpacking are exact byte moves.
+the tensors the kernels take. Packing and unpacking are exact byte moves. The unpackers also
+accept raw ``uint8`` bytes and then decode the nope field as float8_e4m3fn (view an INT8 cache
+as ``int8`` first).
 """
 
 from __future__ import annotations
