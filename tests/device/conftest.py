@@ -91,10 +91,12 @@ class SimReport:
 
         sim_report.add(kernel=..., soc=..., case=..., us=run_us, **sim_report.metrics(out, gold))
 
-    At session end the table is rewritten: this session's rows replace ALL earlier rows of the
-    same kernels; rows of kernels not run in this session are kept (from the json sidecar
-    ``docs/perf/cost_model.json``), so running one test file does not drop the others. Nothing
-    is written when no row was added. ``TILESIM_PERF_REPORT`` points the report elsewhere.
+    At session end the table is rewritten: a row of this session replaces the earlier row with
+    the same (kernel, soc, case); all other earlier rows are kept (from the json sidecar
+    ``docs/perf/cost_model.json``), so running one test file, one SoC or ``-m "not slow"`` does
+    not drop the others. To drop rows of cases that no longer exist, delete the json and rerun
+    ``nox -s sim``. Nothing is written when no row was added. ``TILESIM_PERF_REPORT`` points the
+    report elsewhere.
     """
 
     def __init__(self, path: Path = REPORT_MD) -> None:
@@ -161,8 +163,8 @@ class SimReport:
                 old = json.loads(sidecar.read_text())["rows"]
             except (ValueError, KeyError):
                 old = []
-        ran = {r["kernel"] for r in self.rows}
-        keep = [r for r in old if r.get("kernel") not in ran]
+        ran = {(r["kernel"], r["soc"], r["case"]) for r in self.rows}
+        keep = [r for r in old if (r.get("kernel"), r.get("soc"), r.get("case")) not in ran]
         rows = keep + self.rows
         order = {"910b": 0, "950": 1}
         return sorted(rows, key=lambda r: (r["kernel"], order.get(r["soc"], 9), r["soc"]))

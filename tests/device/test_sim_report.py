@@ -39,14 +39,15 @@ def test_metrics_rejects_dtype_mismatch(SimReport):
         SimReport.metrics(np.zeros(3, np.float32), _bf16([0, 0, 0]))
 
 
-def test_write_merges_by_kernel(SimReport, tmp_path):
+def test_write_merges_by_kernel_soc_case(SimReport, tmp_path):
     path = tmp_path / "perf" / "cost_model.md"
     r1 = SimReport(path)
     r1.add(kernel="a", soc="950", case="x", bit_exact=1, max_ulp=0, max_abs=0.0, us=1.5)
     r1.add(kernel="b", soc="910b", case="y", bit_exact=0.5, max_ulp=1, max_abs=0.1, us=2.0)
     r1.write()
-    # a later session re-runs kernel "b" only: "a" is kept, old "b" rows are replaced
+    # a later session re-runs (b, 910b, y) and adds (b, 910b, z): "a" is kept, y is replaced
     r2 = SimReport(path)
+    r2.add(kernel="b", soc="910b", case="y", bit_exact=1, max_ulp=0, max_abs=0.0, us=3.0)
     r2.add(
         kernel="b",
         soc="910b",
@@ -54,18 +55,21 @@ def test_write_merges_by_kernel(SimReport, tmp_path):
         bit_exact=1,
         max_ulp=0,
         max_abs=0.0,
-        us=3.0,
+        us=4.0,
         extra={"HBM-bound µs": 0.25},
     )
     r2.write()
     rows = json.loads(path.with_suffix(".json").read_text())["rows"]
-    assert [(r["kernel"], r["case"]) for r in rows] == [("a", "x"), ("b", "z")]
+    assert [(r["kernel"], r["case"], r["us"]) for r in rows] == [
+        ("a", "x", 1.5),
+        ("b", "y", 3.0),
+        ("b", "z", 4.0),
+    ]
     text = path.read_text()
-    assert (
-        "| kernel | SoC | case | bit-exact fraction | max ULP | max abs error | cost-model µs |"
-        " HBM-bound µs |" in text
-    )
-    assert "| b | 910b | z | 1 | 0 | 0 | 3 | 0.25 |" in text
+    head = "| kernel | SoC | case | bit-exact fraction | max ULP | max abs error | cost-model µs |"
+    assert head + " HBM-bound µs |" in text
+    assert "| b | 910b | z | 1 | 0 | 0 | 4 | 0.25 |" in text
+    assert "| b | 910b | y | 1 | 0 | 0 | 3 | — |" in text
     assert "| a | 950 | x | 1 | 0 | 0 | 1.5 | — |" in text
 
 
