@@ -16,6 +16,7 @@ import time
 import numpy as np
 import pytest
 import tilesim.reference as R
+from tilesim.reference.dsa import sparse_attention_cost
 from tilesim.reference.interop import to_numpy, to_torch
 from tilesim.shared.tiling import SaTileShapeConfig
 
@@ -112,6 +113,17 @@ def _judge(case, cfg, mode):
     # far fewer failures than the rule allows
     assert rep.bit_exact_fraction > 0.97, rep.summary()
     assert rep.n_fail <= rep.threshold // 10, rep.summary()
+    cost = sparse_attention_cost(
+        case["inputs"]["topk_indices"],
+        case["inputs"]["kv_act_seqs"],
+        nq=case["params"]["nq"],
+        topk=case["params"]["topk"],
+    )
+    print(
+        f"{case['name']} {mode}: {rep.n_fail}/{rep.threshold} failing, "
+        f"{100 * rep.bit_exact_fraction:.3f}% bit-exact; golden {t1 - t0:.2f} s for "
+        f"{cost['flop'] / 1e9:.1f} GFLOP, {cost['bytes'] / 1e6:.1f} MB gathered (FlashMLA count)"
+    )
     return rep, t1 - t0
 
 
