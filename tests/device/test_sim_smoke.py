@@ -31,6 +31,17 @@ def test_elementwise_kernel_matches_torch(sim_soc, sim_report):
     )
 
 
+def test_fp8_cast_is_ocp_e4m3(sim_soc):
+    from tilesim.device import sim
+    from tilesim.device._smoke import check_fp8_encode
+
+    r = sim.isolated(check_fp8_encode, 3, soc=sim_soc)
+    # stock pypto 0.2.0 would give 1.0, 0.0, 2.0 (integer rounding) and 240 (E4M3 max 240)
+    assert r["first"] == [0.625, 0.25, 2.5, 288.0, 448.0, -448.0]
+    assert r["n_above_240"] > 100
+    assert r["bit_exact"] == 1.0
+
+
 def _bad_call():
     from tilesim.device import sim
     from tilesim.device._smoke import scaled_exp_add
