@@ -10,6 +10,8 @@ tilesim.reference`` stays cheap.
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 
 from tilesim.reference.compare import CompareReport, compare
 from tilesim.reference.numerics import (
@@ -57,6 +59,20 @@ def __getattr__(name: str):
 
 def __dir__():
     return sorted(set(globals()) | set(_LAZY))
+
+
+class _Package(types.ModuleType):
+    """Keeps an op bound to its function when its module has the same name (msa_indexer,
+    msa_main_branch): importing the submodule directly would otherwise rebind the package
+    attribute to the module. The module stays reachable via ``importlib.import_module``."""
+
+    def __setattr__(self, name, value):
+        if isinstance(value, types.ModuleType) and _LAZY.get(name) == name:
+            value = getattr(value, name)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 __all__ = [

@@ -28,18 +28,20 @@ _CFG = MINIMAX_M3.msa
 #: name -> case spec: "op", "seed", builder "params", "tolerance", optional "slow"
 MSA_CASES: dict[str, dict] = {
     # lightning indexer (op-facts §2.8): set equality of the selected ids
-    "indexer_nb8": dict(op="msa_indexer", seed=8, params=dict(nb=8), tolerance={"compare": "set"}),
-    "indexer_nb17": dict(
+    "msa_indexer_nb8": dict(
+        op="msa_indexer", seed=8, params=dict(nb=8), tolerance={"compare": "set"}
+    ),
+    "msa_indexer_nb17": dict(
         op="msa_indexer", seed=17, params=dict(nb=17), tolerance={"compare": "set"}
     ),
     # block-sparse decode (op-facts §3.8): max |out - golden| < 5e-2
-    "decode_e2e_nb17": dict(
+    "msa_decode_e2e_nb17": dict(
         op="msa_sparse_decode",
         seed=17,
         params=dict(batch=1, nb=17, seq_len=2176),
         tolerance={"atol": 5e-2, "rtol": 0.0, "ratio": 0.0},
     ),
-    "decode_partial_nb17": dict(
+    "msa_decode_partial_nb17": dict(
         op="msa_sparse_decode",
         seed=17,
         params=dict(batch=1, nb=17, seq_len=16 * 128 + 37),
@@ -49,14 +51,14 @@ MSA_CASES: dict[str, dict] = {
 
 # main branch (op-facts §4.8): every element |a - e| <= 1e-3 + 1e-3*|e|
 _MAIN_TABLE = [  # name, n, seed, max_n
-    ("main_aligned_4096", 4096, 55, 4096),
-    ("main_aligned_2048", 2048, 42, 2048),
-    ("main_aligned_1024", 1024, 43, 2048),
-    ("main_unaligned_1500", 1500, 45, 2048),
-    ("main_unaligned_500", 500, 47, 2048),
-    ("main_unaligned_1", 1, 52, 2048),
-    ("main_unaligned_64", 64, 53, 2048),
-    ("main_unaligned_100", 100, 54, 2048),
+    ("msa_main_aligned_4096", 4096, 55, 4096),
+    ("msa_main_aligned_2048", 2048, 42, 2048),
+    ("msa_main_aligned_1024", 1024, 43, 2048),
+    ("msa_main_unaligned_1500", 1500, 45, 2048),
+    ("msa_main_unaligned_500", 500, 47, 2048),
+    ("msa_main_unaligned_1", 1, 52, 2048),
+    ("msa_main_unaligned_64", 64, 53, 2048),
+    ("msa_main_unaligned_100", 100, 54, 2048),
 ]
 for _name, _n, _seed, _max_n in _MAIN_TABLE:
     MSA_CASES[_name] = dict(
@@ -106,14 +108,16 @@ def _decode_case(rng, *, batch=1, nb=17, seq_len=None, select="indexer", scale=0
     by, hkv, hq, d = _CFG.block_size, _CFG.num_kv_heads, _CFG.num_q_heads, _CFG.head_dim
     seq_len = nb * by if seq_len is None else seq_len
     seqs = np.broadcast_to(np.asarray(seq_len, dtype=np.int64), (batch,))
-    ids = []
+    ids, idx_inputs = [], []
     for b in range(batch):
         nb_b = math.ceil(int(seqs[b]) / by)
         if select == "indexer":  # the model's glue: indexer over the row's own blocks
             iq = to_bf16(_normal(rng, (_CFG.num_index_heads, _CFG.index_dim), idx_scale))
             ik = _normal(rng, (nb_b * by, _CFG.index_dim), idx_scale)
             ik[int(seqs[b]) :] = 0.0
-            ids.append(msa_indexer(iq, to_bf16(ik), nb_b, seq_len=int(seqs[b]))[0])
+            ik = to_bf16(ik)
+            idx_inputs.append(dict(idx_q=iq, idx_k=ik, nb=nb_b, seq_len=int(seqs[b])))
+            ids.append(msa_indexer(iq, ik, nb_b, seq_len=int(seqs[b]))[0])
         elif select == "random":  # random unique past blocks plus the current block last
             k = min(_CFG.topk_blocks, nb_b)
             past = rng.permutation(nb_b - 1)[: k - 1]
@@ -136,7 +140,10 @@ def _decode_case(rng, *, batch=1, nb=17, seq_len=None, select="indexer", scale=0
         flat_v[:, int(seqs[b]) :] = 0.0
     sl = int(seqs[0]) if np.ndim(seq_len) == 0 else seqs.copy()
     inputs = dict(q=q, k_blocks=to_bf16(k32), v_blocks=to_bf16(v32), block_ids=block_ids)
-    return inputs, dict(seq_len=sl), dict(block_ids=block_ids.copy())
+    meta = dict(block_ids=block_ids.copy())
+    if idx_inputs:  # the indexer call of each batch row (msa_indexer(**meta["indexer"][b]))
+        meta["indexer"] = idx_inputs
+    return inputs, dict(seq_len=sl), meta
 
 
 def _main_case(

@@ -1,0 +1,401 @@
+"""MSA block-sparse decode: oracles, kernel-loop equivalence, the seeds' cases, edge cases.
+
+Oracles:
+* ``dense_oracle`` — float64 softmax attention over the gathered keys whose token position
+  ``block*128 + t`` is ``< seq_len`` (the mask rule restated by position), no chunks.
+* ``loop_kernel`` — the kernel written the plain way: one (batch row, KV head) at a time,
+  Python loops over chunks and K steps. The op batches (b, h) and must equal it bit for bit.
+
+Error budget against the float64 oracle (O(1) data), per output element::
+
+    |out - ref| <= 2^-8 |ref| + 2^-8 (1 + 2^-6) A,   A = sum_i p_i |v_i| / sum_i p_i
+
+BF16's unit roundoff is 2^-8 (8 significant bits): 2^-8|ref| is the final BF16 rounding,
+2^-8 A the BF16 rounding of P before P.V, 2^-14 A covers every FP32 step (scores, exp, sums,
+merge), which is > 100x their size here.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+from tilesim.reference import msa_make_case, msa_sparse_decode
+from tilesim.shared.casts import to_bf16
+from tilesim.shared.tiling import MsaTiling
+
+BF = ml_dtypes.bfloat16
+BY = 128
+F32, F64 = np.float32, np.float64
+
+
+def make(rng, batch, nb, topk, *, hq=64, hkv=4, d=128, scale=1.0, ids=None):
+    def r(shape):
+        return to_bf16((rng.standard_normal(shape) * scale).astype(F32))
+
+    q = r((batch, hq, d))
+    k = r((batch, hkv, nb, BY, d))
+    v = r((batch, hkv, nb, BY, d))
+    if ids is None:
+        ids = np.stack([rng.permutation(nb)[:topk] for _ in range(batch)]).astype(np.int32)
+    return q, k, v, np.asarray(ids)
+
+
+def put(ids, b, slot, blk):
+    """Place block ``blk`` in ``ids[b, slot]`` keeping the row unique (swap if present)."""
+    row = ids[b]
+    where = np.flatnonzero(row == blk)
+    if where.size:
+        row[where[0]] = row[slot]
+    row[slot] = blk
+
+
+def dense_oracle(q, k, v, ids, seq):
+    """float64 reference; returns (out, A, visible_any) with out/A ``[B, HQ, D]``."""
+    batch, hq, d = q.shape
+    hkv = k.shape[1]
+    g = hq // hkv
+    seq = np.broadcast_to(np.asarray(seq), (batch,))
+    out = np.zeros((batch, hq, d))
+    amag = np.zeros((batch, hq, d))
+    any_vis = np.zeros(batch, bool)
+    for b in range(batch):
+        pos = (ids[b].astype(np.int64)[:, None] * BY + np.arange(BY)).reshape(-1)
+        vis = pos < seq[b]
+        any_vis[b] = vis.any()
+        if not vis.any():
+            continue
+        kk = k[b][:, ids[b]].reshape(hkv, -1, d).astype(F64)[:, vis]
+        vv = v[b][:, ids[b]].reshape(hkv, -1, d).astype(F64)[:, vis]
+        head_kv = np.arange(hq) // g
+        s = np.einsum("hd,hld->hl", q[b].astype(F64), kk[head_kv]) / np.sqrt(d)
+        p = np.exp(s - s.max(axis=1, keepdims=True))
+        den = p.sum(axis=1, keepdims=True)
+        out[b] = np.einsum("hl,hld->hd", p, vv[head_kv]) / den
+        amag[b] = np.einsum("hl,hld->hd", p, np.abs(vv[head_kv])) / den
+    return out, amag, any_vis
+
+
+def assert_in_budget(out, ref, amag):
+    err = np.abs(out.astype(F64) - ref)
+    budget = 2.0**-8 * np.abs(ref) + 2.0**-8 * (1 + 2.0**-6) * amag
+    worst = np.max(err / budget)
+    assert worst <= 1.0, f"error {worst:.3f} x budget"
+    return worst
+
+
+def loop_kernel(q, k, v, ids, seq, ntile=512, seeds_compat=False):
+    """The kernel, one (batch row, KV head) at a time, every loop spelled out."""
+    batch, hq, d = q.shape
+    hkv = k.shape[1]
+    g = hq // hkv
+    topk = ids.shape[1]
+    sel = topk * BY
+    seq = np.broadcast_to(np.asarray(seq), (batch,))
+    scale, neg = F32(1 / np.sqrt(d)), F32(-3.0e38)
+    out = np.zeros((batch, hq, d), F32)
+    stop = sel - sel % ntile if seeds_compat else sel
+    for b in range(batch):
+        cur = (int(seq[b]) - 1) // BY
+        cur_valid = int(seq[b]) - cur * BY
+        mask = np.ones(sel, F32)
+        for j, blk in enumerate(ids[b]):
+            if blk == cur:
+                mask[j * BY + cur_valid : (j + 1) * BY] = 0
+            elif blk > cur:
+                mask[j * BY : (j + 1) * BY] = 0
+        for h in range(hkv):
+            kk = np.concatenate([k[b, h, blk] for blk in ids[b]]).astype(F64)
+            vv = np.concatenate([v[b, h, blk] for blk in ids[b]]).astype(F64)
+            qq = q[b, h * g : (h + 1) * g].astype(F64)
+            m = l = o = None
+            for c0 in range(0, stop, ntile):
+                kc, vc, mc = kk[c0 : c0 + ntile], vv[c0 : c0 + ntile], mask[c0 : c0 + ntile]
+                s = (qq @ kc.T).astype(F32) * scale
+                s = s * mc + (mc * F32(-1) + F32(1)) * neg
+                mx = s.max(axis=1, keepdims=True)
+                p = np.exp(s - mx)
+                ls = p.astype(F64).sum(axis=1, keepdims=True).astype(F32)
+                pb = p.astype(BF).astype(F64)
+                oc = None
+                for k0 in range(0, kc.shape[0], 128):
+                    part = pb[:, k0 : k0 + 128] @ vc[k0 : k0 + 128]
+                    oc = part.astype(F32) if oc is None else (oc.astype(F64) + part).astype(F32)
+                if m is None:
+                    m, l, o = mx, ls, oc
+                else:
+                    mn = np.maximum(m, mx)
+                    a, bb = np.exp(m - mn), np.exp(mx - mn)
+                    m, l, o = mn, a * l + bb * ls, o * a + oc * bb
+            res = o / l
+            if not seeds_compat and not mask.any():
+                res[:] = 0
+            out[b, h * g : (h + 1) * g] = res
+    return out.astype(BF)
+
+
+T512 = MsaTiling(ntile=512)
+
+
+# ----------------------------------------------------------------------------- oracles
+def test_matches_float64_oracle_within_budget(rng):
+    nb = 20
+    q, k, v, ids = make(rng, 3, nb, 16)
+    put(ids, 1, 3, 19)  # the current block of row 1 (seq 19*128+5) sits in slot 3
+    seq = np.array([nb * BY, 19 * BY + 5, 1000])  # row 2: blocks > 7 fully masked
+    out = msa_sparse_decode(q, k, v, ids, seq, tiling=T512)
+    assert out.dtype == BF and out.shape == q.shape
+    ref, amag, vis = dense_oracle(q, k, v, ids, seq)
+    assert vis.all()
+    worst = assert_in_budget(out, ref, amag)
+    print(f"decode: worst error {worst:.3f} x budget")
+    assert worst > 0.05  # the budget is tight: the observed error uses a good part of it
+
+
+def test_batched_equals_per_head_loop_bitwise(rng):
+    nb = 9
+    q, k, v, ids = make(rng, 3, nb, 6)  # 768 keys: one full 512 chunk + a 256-key tail
+    ids[2] = [8, 7, 6, 5, 4, 3]
+    seq = np.array([nb * BY, 5 * BY + 77, 2 * BY])  # row 2: every selected block masked
+    for ntile, compat in ((512, False), (256, False), (128, False), (512, True)):
+        got = msa_sparse_decode(
+            q, k, v, ids, seq, tiling=MsaTiling(ntile=ntile), seeds_compat=compat
+        )
+        want = loop_kernel(q, k, v, ids, seq, ntile=ntile, seeds_compat=compat)
+        assert got.tobytes() == want.tobytes(), (ntile, compat)
+
+
+def test_reduced_heads_and_other_group_sizes(rng):
+    q, k, v, ids = make(rng, 2, 6, 4, hq=8, hkv=2, d=64)
+    seq = np.array([6 * BY - 3, 3 * BY + 1])
+    got = msa_sparse_decode(q, k, v, ids, seq, tiling=MsaTiling(ntile=256))
+    assert got.tobytes() == loop_kernel(q, k, v, ids, seq, ntile=256).tobytes()
+    ref, amag, _ = dense_oracle(q, k, v, ids, seq)
+    assert_in_budget(got, ref, amag)
+
+
+@pytest.mark.parametrize("ntile", [128, 256, 512, 2048])
+def test_chunk_width_changes_bits_not_accuracy(rng, ntile):
+    q, k, v, ids = make(rng, 2, 18, 16)
+    seq = 18 * BY - 50
+    put(ids, 0, 0, 17)
+    put(ids, 1, 0, 17)
+    out = msa_sparse_decode(q, k, v, ids, seq, tiling=MsaTiling(ntile=ntile))
+    ref, amag, _ = dense_oracle(q, k, v, ids, seq)
+    assert_in_budget(out, ref, amag)
+
+
+# ----------------------------------------------------------------------------- seeds' cases
+@pytest.mark.parametrize("name", ["msa_decode_e2e_nb17", "msa_decode_partial_nb17"])
+def test_seed_cases(name):
+    from tilesim.reference import msa_indexer
+
+    case = msa_make_case(name)
+    inp, prm = case["inputs"], case["params"]
+    # the ids came from the indexer: recheck them against a brute-force selection
+    for b, call in enumerate(case["meta"]["indexer"]):
+        sc = call["idx_q"].astype(F64) @ call["idx_k"].astype(F64).T
+        sc[:, call["seq_len"] :] = -np.inf
+        nb = call["nb"]
+        bs = sc.reshape(4, nb, BY).max(axis=(0, 2))
+        ref_ids = sorted(range(nb - 1), key=lambda j: (-bs[j], j))[:15] + [nb - 1]
+        assert set(inp["block_ids"][b].tolist()) == set(ref_ids)
+        assert msa_indexer(**call)[0].tolist() == ref_ids
+    out = msa_sparse_decode(**inp, **prm)
+    ref, amag, _ = dense_oracle(
+        inp["q"], inp["k_blocks"], inp["v_blocks"], inp["block_ids"], prm["seq_len"]
+    )
+    assert np.max(np.abs(out.astype(F64) - ref)) < case["tolerance"]["atol"]  # the seeds' rule
+    assert_in_budget(out, ref, amag)
+
+
+# ----------------------------------------------------------------------------- beyond the seed
+def test_tail_chunk_is_processed_seeds_compat_drops_it(rng):
+    nb = 8
+    q, k, v, ids = make(rng, 2, nb, 5)  # 640 keys = 512 + a 128-key tail
+    seq = nb * BY
+    full = msa_sparse_decode(q, k, v, ids, seq, tiling=T512)
+    seeds = msa_sparse_decode(q, k, v, ids, seq, tiling=T512, seeds_compat=True)
+    ref_all, a_all, _ = dense_oracle(q, k, v, ids, seq)
+    ref_head, a_head, _ = dense_oracle(q, k, v, ids[:, :4], seq)  # what the seeds attend to
+    assert_in_budget(full, ref_all, a_all)
+    assert_in_budget(seeds, ref_head, a_head)
+    diff = np.abs(full.astype(F64) - seeds.astype(F64))
+    assert diff.max() > 0.05  # dropping 128 of 640 keys is visible
+    # fewer keys than one chunk: tilesim runs the partial chunk, the seeds' kernel cannot
+    out3 = msa_sparse_decode(q, k, v, ids[:, :3], seq, tiling=T512)
+    r3, a3, _ = dense_oracle(q, k, v, ids[:, :3], seq)
+    assert_in_budget(out3, r3, a3)
+    with pytest.raises(ValueError, match="seeds_compat"):
+        msa_sparse_decode(q, k, v, ids[:, :3], seq, tiling=T512, seeds_compat=True)
+
+
+def test_fully_masked_row_returns_zeros(rng):
+    nb = 10
+    q, k, v, ids = make(rng, 2, nb, 4)
+    ids[1] = [9, 8, 7, 6]
+    seq = np.array([nb * BY, 3 * BY])  # row 1 selected only future blocks
+    out = msa_sparse_decode(q, k, v, ids, seq, tiling=T512)
+    assert not out[1].astype(F32).any()
+    alone = msa_sparse_decode(q[:1], k[:1], v[:1], ids[:1], seq[:1], tiling=T512)
+    assert out[0].tobytes() == alone[0].tobytes()  # other rows unaffected
+    # the seeds' arithmetic: every score -3e38, P = 1, so the mean of the gathered V
+    kernel = msa_sparse_decode(q, k, v, ids, seq, tiling=T512, seeds_compat=True)
+    mean_v = v[1][:, ids[1]].astype(F64).reshape(4, -1, 128).mean(axis=1)  # [HKV, D]
+    expect = np.repeat(mean_v, 16, axis=0)
+    np.testing.assert_allclose(kernel[1].astype(F64), expect, rtol=2**-8, atol=1e-6)
+    assert np.abs(expect).max() > 0.01
+
+
+def test_per_row_seq_len_equals_separate_calls(rng):
+    nb = 12
+    q, k, v, ids = make(rng, 3, nb, 8)
+    seq = np.array([nb * BY, 7 * BY + 1, 9 * BY + 64])
+    put(ids, 1, 0, 7)
+    put(ids, 2, 5, 9)
+    together = msa_sparse_decode(q, k, v, ids, seq.tolist(), tiling=T512)
+    for b in range(3):
+        one = msa_sparse_decode(
+            q[b : b + 1], k[b : b + 1], v[b : b + 1], ids[b : b + 1], int(seq[b]), tiling=T512
+        )
+        assert together[b].tobytes() == one[0].tobytes()
+    # the mask rule: the current block keeps exactly its first seq_len - 128*cur tokens
+    v2 = v.copy()
+    v2[1, :, 7, 1:] = to_bf16(np.full((4, BY - 1, 128), 1e4, F32))  # invisible tokens of blk 7
+    k2 = k.copy()
+    k2[1, :, 7, 1:] = to_bf16(np.full((4, BY - 1, 128), 50.0, F32))
+    again = msa_sparse_decode(q, k2, v2, ids, seq, tiling=T512)
+    assert again.tobytes() == together.tobytes()
+
+
+def test_ntile_env_is_read_at_call_time(rng, monkeypatch):
+    q, k, v, ids = make(rng, 1, 6, 4)
+    recs = []
+    monkeypatch.setenv("MSA_NTILE", "128")
+    a = msa_sparse_decode(q, k, v, ids, 6 * BY, trace=recs.append)
+    assert len(recs) == 4 * 4  # 4 KV heads x (512 keys / 128)
+    assert (
+        a.tobytes()
+        == msa_sparse_decode(q, k, v, ids, 6 * BY, tiling=MsaTiling(ntile=128)).tobytes()
+    )
+    monkeypatch.setenv("MSA_NTILE", "512")
+    recs.clear()
+    msa_sparse_decode(q, k, v, ids, 6 * BY, trace=recs.append)
+    assert len(recs) == 4
+
+
+def test_trace_records(rng):
+    nb = 9
+    q, k, v, ids = make(rng, 2, nb, 6)
+    seq = np.array([nb * BY, 4 * BY + 3])
+    put(ids, 1, 2, 4)
+    recs = []
+    msa_sparse_decode(q, k, v, ids, seq, tiling=T512, trace=recs.append)
+    assert len(recs) == 2 * 4 * 2
+    order = [(r["batch"], r["kv_head"], r["chunk"]) for r in recs]
+    assert order == [(b, h, c) for b in range(2) for h in range(4) for c in range(2)]
+    for r in recs:
+        assert r["op"] == "msa_sparse_decode"
+        assert (r["kv_start"], r["kv_len"]) == ((0, 512) if r["chunk"] == 0 else (512, 256))
+        assert r["q_start"] == r["batch"] * 64 + r["kv_head"] * 16
+        assert r["row_max"].shape == (16,) and r["row_sum"].shape == (16,)
+    # merged statistics agree with the float64 softmax denominator of the oracle
+    for b in range(2):
+        pos = (ids[b][:, None] * BY + np.arange(BY)).reshape(-1)
+        vis = pos < seq[b]
+        for h in range(4):
+            kk = k[b, h][ids[b]].reshape(-1, 128).astype(F64)
+            s = q[b, h * 16 : (h + 1) * 16].astype(F64) @ kk.T / np.sqrt(128)
+            s = np.where(vis, s, -np.inf)
+            mx = s.max(axis=1)
+            den = np.exp(s - mx[:, None]).sum(axis=1)
+            rs = [r for r in recs if r["batch"] == b and r["kv_head"] == h]
+            m_all = np.max([r["row_max"] for r in rs], axis=0).astype(F64)
+            np.testing.assert_allclose(m_all, mx, rtol=1e-6, atol=1e-6)
+            tot = sum(np.exp(r["row_max"].astype(F64) - m_all) * r["row_sum"] for r in rs)
+            np.testing.assert_allclose(tot, den, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------- contract
+@pytest.mark.torch
+def test_torch_in_torch_out(rng):
+    import torch
+    from tilesim.reference.interop import to_torch
+
+    q, k, v, ids = make(rng, 2, 5, 4)
+    out = msa_sparse_decode(
+        to_torch(q),
+        to_torch(k),
+        to_torch(v),
+        torch.from_numpy(ids),
+        torch.tensor([5 * BY, 3 * BY]),
+        tiling=T512,
+    )
+    assert isinstance(out, torch.Tensor) and out.dtype == torch.bfloat16
+    ref = msa_sparse_decode(q, k, v, ids, [5 * BY, 3 * BY], tiling=T512)
+    assert out.view(torch.int16).numpy().tobytes() == ref.tobytes()
+
+
+def test_inputs_unmodified_and_deterministic(rng):
+    q, k, v, ids = make(rng, 2, 6, 5)
+    seq = np.array([6 * BY, 2 * BY + 9])
+    before = [x.copy() for x in (q, k, v, ids, seq)]
+    a = msa_sparse_decode(q, k, v, ids, seq, tiling=T512)
+    b = msa_sparse_decode(q, k, v, ids, seq, tiling=T512)
+    assert a.tobytes() == b.tobytes()
+    for x, y in zip((q, k, v, ids, seq), before, strict=True):
+        assert x.tobytes() == y.tobytes()
+
+
+def _bad(q, k, v, ids, seq):
+    return [
+        ((q.astype(F32), k, v, ids, seq), TypeError, "q: expected dtype bfloat16"),
+        ((q, k.astype(np.float16), v, ids, seq), TypeError, "k_blocks: expected dtype"),
+        ((q, k, v.astype(F32), ids, seq), TypeError, "v_blocks: expected dtype"),
+        ((q[0], k, v, ids, seq), ValueError, "q: expected a 3-D"),
+        ((q, k[:, :, :, :, :64], v, ids, seq), ValueError, "k_blocks: expected shape"),
+        ((q[:, :62], k, v, ids, seq), ValueError, "HQ a multiple"),
+        ((q, k, v[:, :, :5], ids, seq), ValueError, "v_blocks: expected the shape"),
+        ((q, k, v, ids.astype(F32), seq), TypeError, "block_ids: expected an integer"),
+        ((q, k, v, ids[0], seq), ValueError, "block_ids: expected a 2-D"),
+        ((q, k, v, ids[:1], seq), ValueError, "block_ids: expected shape"),
+        ((q, k, v, ids + 6, seq), ValueError, r"block_ids: expected ids in \[0, nb=6\)"),
+        ((q, k, v, ids - 6, seq), ValueError, "block_ids: expected ids in"),
+        ((q, k, v, np.array([[0, 1, 1], [2, 3, 4]]), seq), ValueError, "unique ids per row, row 0"),
+        ((q, k, v, ids, 0), ValueError, "seq_len: expected 1 <= seq_len <= nb"),
+        ((q, k, v, ids, 6 * BY + 1), ValueError, "seq_len"),
+        ((q, k, v, ids, [700, -1]), ValueError, "batch row 1"),
+        ((q, k, v, ids, [700]), ValueError, r"seq_len: expected one int or shape \(2,\)"),
+        ((q, k, v, ids, 700.0), TypeError, "seq_len"),
+        ((q, k, v, ids, True), TypeError, "seq_len"),
+        ((q.tolist(), k, v, ids, seq), TypeError, "q: expected a numpy array"),
+    ]
+
+
+def test_bad_inputs(rng):
+    q, k, v, ids = make(rng, 2, 6, 3)
+    seq = 6 * BY
+    for args, exc, msg in _bad(q, k, v, ids, seq):
+        with pytest.raises(exc, match=msg):
+            msa_sparse_decode(*args, tiling=T512)
+    with pytest.raises(TypeError, match="tiling"):
+        msa_sparse_decode(q, k, v, ids, seq, tiling="512")
+    with pytest.raises(TypeError, match="trace"):
+        msa_sparse_decode(q, k, v, ids, seq, trace=[])
+    with pytest.raises(TypeError, match="seeds_compat"):
+        msa_sparse_decode(q, k, v, ids, seq, seeds_compat="yes")
+
+
+@pytest.mark.slow
+def test_batch64_speed():
+    """Decode batch 64 (nb 17, topk 16): about a second on 2 idle cores (report only)."""
+    import time
+
+    case = msa_make_case(
+        None, op="msa_sparse_decode", batch=64, nb=17, seq_len=2100, select="random", seed=3
+    )
+    t0 = time.perf_counter()
+    out = msa_sparse_decode(**case["inputs"], **case["params"], tiling=T512)
+    dt = time.perf_counter() - t0
+    assert out.shape == (64, 64, 128)
+    assert dt < 30.0, dt  # generous: shared CI machines; the report states measured numbers

@@ -1,0 +1,263 @@
+"""MSA lightning indexer: kernel scores and block selection.
+
+Oracles: exact dot products (``math.fsum`` / float64 matmul of BF16 values, which is exact for
+these data), a brute-force per-block max written with Python loops, and the selection rule
+as a Python ``sorted`` on ``(-score, block id)`` (MiniMax's exact top-k contract).
+Adversarial scores are injected exactly: ``idx_q`` holds unit vectors and ``idx_k`` carries
+the wanted BF16 scores in the matching column, so ``score[h, t] = idx_k[t, h]`` exactly.
+"""
+
+from __future__ import annotations
+
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+from tilesim.reference import msa_indexer, msa_indexer_scores
+from tilesim.shared.casts import to_bf16
+
+BF = ml_dtypes.bfloat16
+BY = 128
+
+
+def make(rng, nb, scale=0.1):
+    q = to_bf16((rng.standard_normal((4, 128)) * scale).astype(np.float32))
+    k = to_bf16((rng.standard_normal((nb * BY, 128)) * scale).astype(np.float32))
+    return q, k
+
+
+def inject(scores_per_head: np.ndarray):
+    """idx_q/idx_k whose kernel scores are exactly ``scores_per_head`` ``[4, nb*128]`` (BF16)."""
+    nkeys = scores_per_head.shape[1]
+    q = np.zeros((4, 128), dtype=np.float32)
+    q[np.arange(4), np.arange(4)] = 1.0
+    k = np.zeros((nkeys, 128), dtype=np.float32)
+    k[:, :4] = scores_per_head.T
+    return to_bf16(q), to_bf16(k)
+
+
+def oracle_select(scores, nb, seq_len=None, per_head=False):
+    """Brute force: per-block max with Python loops, then sorted() by (-score, id)."""
+    scores = np.asarray(scores, dtype=np.float64)
+    valid = nb * BY if seq_len is None else seq_len
+
+    def block_max(rows):
+        out = []
+        for j in range(nb):
+            best = -math.inf
+            for h in rows:
+                for t in range(j * BY, min((j + 1) * BY, valid)):
+                    best = max(best, scores[h, t])
+            out.append(best)
+        return out
+
+    def pick(bs):
+        if nb <= 16:
+            return list(range(nb))
+        ranked = sorted(range(nb - 1), key=lambda j: (-bs[j], j))
+        return ranked[:15] + [nb - 1]
+
+    if per_head:
+        return [pick(block_max([h])) for h in range(4)]
+    return [pick(block_max(range(4)))]
+
+
+# ----------------------------------------------------------------------------- scores
+def test_scores_are_correctly_rounded_fp32_dots(rng):
+    nb = 3
+    q, k = make(rng, nb)
+    s = msa_indexer_scores(q, k, nb)
+    assert s.dtype == np.float32 and s.shape == (4, nb * BY)
+    q64, k64 = q.astype(np.float64), k.astype(np.float64)
+    for h in range(4):
+        for t in range(0, nb * BY, 7):
+            exact = math.fsum((q64[h] * k64[t]).tolist())  # BF16 products are exact in f64
+            assert s[h, t] == np.float32(exact), (h, t)
+
+
+def test_scores_trace_one_record_per_block(rng):
+    nb = 5
+    q, k = make(rng, nb)
+    recs = []
+    s = msa_indexer_scores(q, k, nb, trace=recs.append)
+    assert [r["block"] for r in recs] == list(range(nb))
+    for r in recs:
+        assert r["op"] == "msa_indexer_scores" and r["kv_len"] == BY
+        blk = s[:, r["kv_start"] : r["kv_start"] + BY]
+        np.testing.assert_array_equal(r["row_max"], blk.max(axis=1))
+
+
+# ----------------------------------------------------------------------------- selection
+@pytest.mark.parametrize("nb", [1, 2, 8, 15, 16, 17, 32, 33])
+def test_selection_matches_bruteforce_oracle(rng, nb):
+    q, k = make(rng, nb)
+    ids = msa_indexer(q, k, nb)
+    assert ids.dtype == np.int32 and ids.shape == (1, min(16, nb))
+    scores = q.astype(np.float64) @ k.astype(np.float64).T  # exact for BF16 inputs
+    assert ids.tolist() == oracle_select(scores, nb)
+    assert len(set(ids[0].tolist())) == ids.shape[1]  # unique
+    assert ids[0, -1] == nb - 1  # local block last
+    if nb <= 16:
+        assert ids[0].tolist() == list(range(nb))
+
+
+def test_selection_per_head(rng):
+    nb = 40
+    q, k = make(rng, nb)
+    ids = msa_indexer(q, k, nb, head_reduce="none")
+    assert ids.shape == (4, 16) and ids.dtype == np.int32
+    scores = q.astype(np.float64) @ k.astype(np.float64).T
+    assert ids.tolist() == oracle_select(scores, nb, per_head=True)
+    assert (ids[:, -1] == nb - 1).all()
+    # the max-reduced selection is a different rule: at least one head disagrees with it
+    assert any(ids[h].tolist() != msa_indexer(q, k, nb)[0].tolist() for h in range(4))
+    short = msa_indexer(*make(rng, 8), 8, head_reduce="none")
+    assert short.tolist() == [list(range(8))] * 4
+
+
+def test_all_equal_scores_take_lowest_ids():
+    # MiniMax's tie test: all-zero q and k, 18 blocks -> [0..14, 17]
+    nb = 18
+    q = to_bf16(np.zeros((4, 128), np.float32))
+    k = to_bf16(np.zeros((nb * BY, 128), np.float32))
+    assert msa_indexer(q, k, nb).tolist() == [list(range(15)) + [17]]
+    sc = np.full((4, 40 * BY), 0.5, np.float32)
+    q, k = inject(sc)
+    assert msa_indexer(q, k, 40).tolist() == [list(range(15)) + [39]]
+    assert msa_indexer(q, k, 40, head_reduce="none").tolist() == [list(range(15)) + [39]] * 4
+
+
+def test_plus_minus_1e20_scores(rng):
+    nb = 33
+    sc = np.where(rng.random((4, nb * BY)) < 0.0005, 1e20, -1e20).astype(np.float32)
+    sc = to_bf16(sc).astype(np.float32)
+    q, k = inject(sc)
+    assert np.array_equal(msa_indexer_scores(q, k, nb), sc)
+    ids = msa_indexer(q, k, nb)
+    assert ids.tolist() == oracle_select(sc, nb)
+    bs = sc.reshape(4, nb, BY).max(axis=(0, 2))
+    n_hi = int((bs[: nb - 1] == sc.max()).sum())
+    assert 0 < n_hi < 15  # some +1e20 blocks and some ties broken by id among the rest
+    assert msa_indexer(q, k, nb, head_reduce="none").tolist() == oracle_select(
+        sc, nb, per_head=True
+    )
+
+
+def test_scores_one_bf16_step_apart(rng):
+    nb = 33
+    base = np.float32(1.0)
+    steps = (base.view(np.uint32) + (np.arange(nb) << 16)).astype(np.uint32).view(np.float32)
+    perm = rng.permutation(nb)
+    sc = np.full((4, nb * BY), -2.0, np.float32)
+    for j in range(nb):  # block j's max (in one random head and row) is steps[perm[j]]
+        sc[rng.integers(4), j * BY + rng.integers(BY)] = steps[perm[j]]
+    q, k = inject(sc)
+    ids = msa_indexer(q, k, nb)[0].tolist()
+    expect = sorted(range(nb - 1), key=lambda j: -perm[j])[:15] + [nb - 1]
+    assert ids == expect
+    assert ids == oracle_select(sc, nb)[0]
+
+
+def test_seq_len_keeps_padding_out_of_the_block_max():
+    nb, seq_len = 20, 19 * BY + 10
+    sc = np.full((4, nb * BY), -3.0, np.float32)
+    sc[:, seq_len:] = 0.0  # zero padding of the partial last block scores 0 in the kernel
+    sc[1, 19 * BY + 3] = -1.0
+    q, k = inject(sc)
+    recs_seed, recs_len = [], []
+    a = msa_indexer(q, k, nb, trace=recs_seed.append)
+    b = msa_indexer(q, k, nb, seq_len=seq_len, trace=recs_len.append)
+    assert a.tolist() == b.tolist()  # the local block is forced, never ranked
+    assert len(recs_len) == nb and [r["block"] for r in recs_len] == list(range(nb))
+    assert recs_seed[-1]["block_score"] == 0.0  # the seeds' rule scores the padding
+    assert recs_len[-1]["block_score"] == -1.0
+    assert recs_len[-1]["kv_len"] == 10 and recs_seed[-1]["kv_len"] == BY
+    np.testing.assert_array_equal(recs_len[-1]["head_max"], [-3.0, -1.0, -3.0, -3.0])
+    assert recs_len[-1]["local"] and recs_len[-1]["slot"] == 15
+    slots = [r["slot"] for r in recs_len if r["slot"] >= 0]
+    assert sorted(slots) == list(range(16))
+
+
+def test_seed_cases_set_equal_to_bf16_reference():
+    """The seeds' rule: set equality with a BF16-matmul reference (op-facts §2.7)."""
+    from tilesim.reference import msa_make_case
+
+    for name, nb in (("msa_indexer_nb8", 8), ("msa_indexer_nb17", 17)):
+        case = msa_make_case(name)
+        ids = msa_indexer(**case["inputs"], **case["params"])
+        q, k = case["inputs"]["idx_q"], case["inputs"]["idx_k"]
+        sc_bf16 = to_bf16((q.astype(np.float32) @ k.astype(np.float32).T).astype(np.float32))
+        bs = sc_bf16.astype(np.float32).reshape(4, nb, BY).max(axis=(0, 2))
+        if nb <= 16:
+            ref = set(range(nb))
+        else:
+            ref = set(np.argpartition(-bs[: nb - 1], 14)[:15].tolist()) | {nb - 1}
+        assert set(ids[0].tolist()) == ref
+
+
+# ----------------------------------------------------------------------------- contract
+def test_torch_in_torch_out(rng):
+    torch = pytest.importorskip("torch")
+    from tilesim.reference.interop import to_torch
+
+    nb = 17
+    q, k = make(rng, nb)
+    ids = msa_indexer(to_torch(q), to_torch(k), nb)
+    assert isinstance(ids, torch.Tensor) and ids.dtype == torch.int32
+    assert ids.numpy().tolist() == msa_indexer(q, k, nb).tolist()
+    s = msa_indexer_scores(to_torch(q), to_torch(k), nb)
+    assert isinstance(s, torch.Tensor)
+    np.testing.assert_array_equal(s.numpy(), msa_indexer_scores(q, k, nb))
+
+
+test_torch_in_torch_out = pytest.mark.torch(test_torch_in_torch_out)
+
+
+def test_inputs_unmodified_and_deterministic(rng):
+    nb = 20
+    q, k = make(rng, nb)
+    q0, k0 = q.copy(), k.copy()
+    a = msa_indexer(q, k, nb, seq_len=nb * BY - 5)
+    b = msa_indexer(q, k, nb, seq_len=nb * BY - 5)
+    assert a.tobytes() == b.tobytes()
+    assert q.tobytes() == q0.tobytes() and k.tobytes() == k0.tobytes()
+    s1, s2 = msa_indexer_scores(q, k, nb), msa_indexer_scores(q, k, nb)
+    assert s1.tobytes() == s2.tobytes()
+
+
+@pytest.mark.parametrize(
+    "mutate, exc, words",
+    [
+        (lambda q, k, nb: (q.astype(np.float32), k, nb), TypeError, ["idx_q", "bfloat16"]),
+        (lambda q, k, nb: (q, k.astype(np.float16), nb), TypeError, ["idx_k", "float16"]),
+        (lambda q, k, nb: (q[:3], k, nb), ValueError, ["idx_q", "(4, 128)"]),
+        (lambda q, k, nb: (q, k[:-1], nb), ValueError, ["idx_k", "(2176, 128)"]),
+        (lambda q, k, nb: (q, k, 0), ValueError, ["nb", "positive"]),
+        (lambda q, k, nb: (q, k, 17.0), ValueError, ["nb"]),
+        (lambda q, k, nb: (q.tolist(), k, nb), TypeError, ["idx_q"]),
+    ],
+)
+def test_bad_inputs(rng, mutate, exc, words):
+    q, k = make(rng, 17)
+    args = mutate(q, k, 17)
+    for fn in (msa_indexer, msa_indexer_scores):
+        with pytest.raises(exc) as e:
+            fn(*args)
+        for w in words:
+            assert w in str(e.value)
+
+
+def test_bad_options(rng):
+    q, k = make(rng, 17)
+    for bad in (0, -1, 16 * BY, 17 * BY + 1, 2.5, True):
+        with pytest.raises(ValueError, match="seq_len"):
+            msa_indexer(q, k, 17, seq_len=bad)
+    with pytest.raises(ValueError, match="head_reduce"):
+        msa_indexer(q, k, 17, head_reduce="mean")
+    with pytest.raises(TypeError, match="trace"):
+        msa_indexer(q, k, 17, trace=3)
+    k_nan = k.copy()
+    k_nan[5, 5] = np.nan
+    with pytest.raises(ValueError, match="idx_k.*finite"):
+        msa_indexer(q, k_nan, 17)
