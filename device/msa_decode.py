@@ -1,0 +1,329 @@
+"""MiniMax-M3 MSA block-sparse decode on Ascend — PyPTO kernel + torch wrapper.
+
+Same name and arguments as :func:`tilesim.reference.msa_sparse_decode`. Kernel loop nest (static
+loops, one compile per shape), per batch row ``b`` and KV head ``h`` (``outer = b*HKV + h``), the
+``G = HQ/HKV`` (16) query heads of the group on the cube M axis::
+
+    for c in NTILE-wide chunks of the topk*128 selected keys (the last one may be partial):
+        K_c, V_c = the chunk's keys/values            gather="device": gather_in_ub + block
+                                                      table; gather="host": compact copy
+        S   = fp32(Q[G,128] @ K_c^T)                  cube, FP32 out
+        S   = S * SCALE                               FP32, SCALE = fp32(1/sqrt(128))
+        S   = S*m + (m*(-1) + 1)*(-3e38)              FP32, m = host keep-mask (1/0)
+        m_c = rowmax(S); P = exp(S - m_c); l_c = rowsum(P)     FP32, P unrounded
+        O_c = fp32(bf16(P) @ V_c)                     cube, FP32 accumulation
+        chunk 0 stores (m_c, l_c, O_c); later chunks merge online (FP32)
+    out = bf16(O / l), or +0 where the batch row has no kept key
+
+The rounding points are the reference's one for one. Two ways to bring the selected blocks in:
+
+* ``gather="device"`` (default): the kernel reads the paged cache itself. ``k_blocks`` is viewed
+  as rows ``[(b*HKV + h)*nb*128 + blk*128 + t]``; per chunk ``gather_in_ub`` takes the chunk's
+  logical key positions (``slot*128 + t``) and the batch row's block table (``block_ids[b]``)
+  and fetches the rows into UB (:func:`_gather_chunk`). No K/V copy on the host.
+* ``gather="host"``: the seeds' scheme — the wrapper copies the selected blocks into compact
+  ``[B*HKV*topk*128, 128]`` K/V buffers (a host gather of ``2*B*HKV*topk*32 KB``) and the kernel
+  views them.
+
+Where the seeds' kernel is wrong at the edges, this one is right (and the tests check it): a
+last partial chunk is processed when ``topk*128`` is not a multiple of NTILE (the seeds floor
+the chunk count and drop those keys; with ``topk < 4`` they write nothing); ``seq_len`` may be
+one int per batch row; a batch row whose every key is masked returns zeros (the seeds' kernel
+returns the mean of the gathered V there).
+
+Tiling: ``MsaTiling.from_env()`` (``MSA_NTILE``, default 512, same on both SoCs because it
+changes the numbers) and the per-SoC gather tile :data:`GATHER_ROWS` (``MSA_GATHER_ROWS``).
+Importing this module needs neither torch nor pypto.
+"""
+
+import functools
+import numbers
+import os
+
+from tilesim.device._lazy import require, require_pypto, require_torch
+from tilesim.shared.models import MINIMAX_M3
+from tilesim.shared.soc import DEFAULT_SOC, get_soc
+from tilesim.shared.tiling import MsaTiling
+
+OP_NAME = "msa_sparse_decode"
+BACKENDS = ("auto", "npu", "sim")
+GATHERS = ("device", "host")
+_CFG = MINIMAX_M3.msa
+BY = _CFG.block_size  # 128 keys per block
+LARGE_NEG = _CFG.decode_mask_neg  # -3e38
+
+#: rows of K/V one gather_in_ub tile moves into UB (BF16, 128 columns = 256 B a row):
+#: 910B 128 rows = 32 KB (K and V tiles double-buffered stay well inside its 192 KB UB next to
+#: the [16, NTILE] FP32 softmax tiles); 950 256 rows = 64 KB (248 KB UB).
+GATHER_ROWS = {"910b": 128, "950": 256}
+
+
+def _soc_key(soc) -> str:
+    return "950" if get_soc(soc).arch == "DAV_3510" else "910b"
+
+
+def gather_rows(soc=DEFAULT_SOC, env=None) -> int:
+    """The gather tile of ``soc`` (``MSA_GATHER_ROWS`` overrides; a positive multiple of 16)."""
+    env = os.environ if env is None else env
+    raw = (env.get("MSA_GATHER_ROWS") or "").strip()
+    if not raw:
+        return GATHER_ROWS[_soc_key(soc)]
+    try:
+        v = int(raw, 10)
+    except ValueError:
+        raise ValueError(f"MSA_GATHER_ROWS: expected a positive integer, got {raw!r}") from None
+    if v <= 0 or v % 16:
+        raise ValueError(f"MSA_GATHER_ROWS: expected a positive multiple of 16, got {v}")
+    return v
+
+
+# ----------------------------------------------------------------------------- kernel
+def _gather_chunk(pypto, cache, positions, table, rows: int):
+    """The one place where the two gather variants differ inside the kernel: fetch the chunk's
+    ``positions`` (logical key ``slot*128 + t``) of one (batch row, KV head) from its paged
+    ``cache`` ``[nb*128, D]`` through ``table`` (``[1, topk]`` block ids) into UB, ``rows`` rows
+    per tile. Row ``j`` of the result = ``cache[table[pos_j // 128]*128 + pos_j % 128]``."""
+    pypto.set_vec_tile_shapes(rows, cache.shape[1])
+    return pypto.experimental.gather_in_ub(cache, positions, table, BY, -2)
+
+
+def _chunk_softmax(pypto, qg, kc, vc, keep, g: int, w: int, scale: float):
+    """One chunk: scores, scale, keep-mask, chunk max / exp / row sum, bf16(P) @ V."""
+    pypto.set_cube_tile_shapes([g, g], [128, 128], [min(w, 256), w])
+    s = pypto.matmul(qg, kc, pypto.DT_FP32, b_trans=True)
+    pypto.set_vec_tile_shapes(g, w)
+    s = s * scale
+    s = s * keep + (keep * -1.0 + 1.0) * LARGE_NEG
+    m_c = pypto.amax(s, dim=-1, keepdim=True)
+    p = pypto.exp(s - m_c)
+    l_c = pypto.sum(p, dim=-1, keepdim=True)
+    p16 = pypto.cast(p, pypto.DT_BF16)
+    pypto.set_cube_tile_shapes([g, g], [128, w], [128, 128])
+    o_c = pypto.matmul(p16, vc, pypto.DT_FP32)
+    return m_c, l_c, o_c
+
+
+@functools.lru_cache(maxsize=32)
+def build_kernel(batch, hq, hkv, nb, topk, dim, ntile, gather, rows):
+    """The ``@pypto.frontend.jit`` kernel for one shape/tiling (cached)."""
+    pypto = require_pypto()
+    g = hq // hkv
+    sel = topk * BY
+    bounds = [(c0, min(ntile, sel - c0)) for c0 in range(0, sel, ntile)]  # tail chunk kept
+    scale = dim**-0.5
+
+    @pypto.frontend.jit
+    def msa_sparse_decode_kernel(
+        q: pypto.Tensor([], pypto.DT_BF16),  # [B*HQ, D]
+        k: pypto.Tensor([], pypto.DT_BF16),  # device: [B*HKV*nb*128, D]; host: [B*HKV*sel, D]
+        v: pypto.Tensor([], pypto.DT_BF16),
+        block_table: pypto.Tensor([], pypto.DT_INT32),  # [B, topk]
+        positions: pypto.Tensor([], pypto.DT_INT32),  # [1, sel] = 0 .. sel-1
+        keep: pypto.Tensor([], pypto.DT_FP32),  # [B, sel]
+        out: pypto.Tensor([], pypto.DT_BF16),  # [B*HQ, D]
+    ):
+        for outer in range(batch * hkv):  # (batch row, KV head)
+            b = outer // hkv
+            q0 = outer * g
+            pypto.set_vec_tile_shapes(g, dim)
+            qg = pypto.view(q, [g, dim], [q0, 0])
+            m = pypto.tensor([g, 1], pypto.DT_FP32, "m")
+            l = pypto.tensor([g, 1], pypto.DT_FP32, "l")
+            o = pypto.tensor([g, dim], pypto.DT_FP32, "o")
+            if gather == "device":
+                table = pypto.view(block_table, [1, topk], [b, 0])
+                k_cache = pypto.view(k, [nb * BY, dim], [outer * nb * BY, 0])
+                v_cache = pypto.view(v, [nb * BY, dim], [outer * nb * BY, 0])
+            for c in range(len(bounds)):  # online softmax over the chunks
+                c0 = bounds[c][0]
+                w = bounds[c][1]
+                if gather == "device":
+                    pos = pypto.view(positions, [1, w], [0, c0])
+                    kc = _gather_chunk(pypto, k_cache, pos, table, rows)
+                    vc = _gather_chunk(pypto, v_cache, pos, table, rows)
+                else:
+                    kc = pypto.view(k, [w, dim], [outer * sel + c0, 0])
+                    vc = pypto.view(v, [w, dim], [outer * sel + c0, 0])
+                kp = pypto.view(keep, [1, w], [b, c0])
+                m_c, l_c, o_c = _chunk_softmax(pypto, qg, kc, vc, kp, g, w, scale)
+                pypto.set_vec_tile_shapes(g, dim)
+                if c == 0:
+                    m[:] = m_c
+                    l[:] = l_c
+                    o[:] = o_c
+                else:
+                    m_new = pypto.maximum(m, m_c)
+                    a = pypto.exp(m - m_new)
+                    bb = pypto.exp(m_c - m_new)
+                    l[:] = a * l + bb * l_c
+                    o[:] = o * a + o_c * bb
+                    m[:] = m_new
+            # a kept key scores far above -3e38, so m > -3e38 <=> the row kept a key
+            res = pypto.where(pypto.gt(m, LARGE_NEG), o / l, 0.0)
+            out[q0 : q0 + g, :] = pypto.cast(res, pypto.DT_BF16)
+
+    return msa_sparse_decode_kernel
+
+
+# ----------------------------------------------------------------------------- host side
+def _check(q, k_blocks, v_blocks, block_ids, seq_len):
+    torch = require_torch()
+    for name, t in (("q", q), ("k_blocks", k_blocks), ("v_blocks", v_blocks)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != torch.bfloat16:
+            raise TypeError(f"{name}: expected dtype torch.bfloat16, got {t.dtype}")
+    if q.dim() != 3 or min(q.shape) < 1:
+        raise ValueError(f"q: expected a non-empty [B, HQ, D] tensor, got {tuple(q.shape)}")
+    batch, hq, dim = q.shape
+    if k_blocks.dim() != 5:
+        raise ValueError(f"k_blocks: expected [B, HKV, nb, 128, D], got {tuple(k_blocks.shape)}")
+    kb, hkv, nb, by, kd = k_blocks.shape
+    if kb != batch or by != BY or kd != dim or hkv < 1 or nb < 1:
+        raise ValueError(
+            f"k_blocks: expected shape ({batch}, HKV, nb, {BY}, {dim}), got {tuple(k_blocks.shape)}"
+        )
+    if hq % hkv:
+        raise ValueError(f"q: expected HQ a multiple of HKV={hkv}, got HQ={hq}")
+    if tuple(v_blocks.shape) != tuple(k_blocks.shape):
+        raise ValueError(
+            f"v_blocks: expected shape {tuple(k_blocks.shape)}, got {tuple(v_blocks.shape)}"
+        )
+    if not isinstance(block_ids, torch.Tensor):
+        raise TypeError(f"block_ids: expected a torch.Tensor, got {type(block_ids).__name__}")
+    if block_ids.dtype.is_floating_point or block_ids.dtype in (torch.bool, torch.complex64):
+        raise TypeError(f"block_ids: expected an integer dtype, got {block_ids.dtype}")
+    if block_ids.dim() != 2 or block_ids.shape[0] != batch or block_ids.shape[1] < 1:
+        raise ValueError(
+            f"block_ids: expected shape ({batch}, topk>=1), got {tuple(block_ids.shape)}"
+        )
+    ids = block_ids.detach().cpu().to(torch.int64)
+    if int(ids.min()) < 0 or int(ids.max()) >= nb:
+        raise ValueError(
+            f"block_ids: expected ids in [0, nb={nb}), got min {int(ids.min())} "
+            f"max {int(ids.max())}"
+        )
+    srt = ids.sort(dim=1).values
+    dup = (srt[:, 1:] == srt[:, :-1]).any(dim=1)
+    if bool(dup.any()):
+        b = int(dup.nonzero()[0, 0])
+        raise ValueError(f"block_ids: expected unique ids per row, row {b} is {ids[b].tolist()}")
+    if isinstance(seq_len, bool):
+        raise TypeError(f"seq_len: expected an int or {batch} ints, got {seq_len!r}")
+    if isinstance(seq_len, numbers.Integral):
+        seq = torch.full((batch,), int(seq_len), dtype=torch.int64)
+    else:
+        seq = torch.as_tensor(seq_len)
+        if seq.dtype.is_floating_point or seq.dtype == torch.bool:
+            raise TypeError(f"seq_len: expected an int or integer values, got dtype {seq.dtype}")
+        if tuple(seq.shape) != (batch,):
+            raise ValueError(f"seq_len: expected one int or shape ({batch},), got {seq.shape}")
+        seq = seq.to(torch.int64)
+    bad = (seq < 1) | (seq > nb * BY)
+    if bool(bad.any()):
+        b = int(bad.nonzero()[0, 0])
+        raise ValueError(
+            f"seq_len: expected 1 <= seq_len <= nb*{BY} = {nb * BY}, got {int(seq[b])} "
+            f"(batch row {b})"
+        )
+    return ids, seq
+
+
+def keep_mask(ids, seq):
+    """FP32 ``[B, topk*128]`` keep-mask (the seeds' host rule, per batch row): slot holding the
+    current block ``(seq_len-1)//128`` keeps its first ``seq_len - 128*cur`` tokens, slots holding
+    later blocks are dropped, earlier blocks kept whole."""
+    torch = require_torch()
+    cur = (seq - 1) // BY
+    t = torch.arange(BY)
+    is_cur = (ids == cur[:, None])[:, :, None]
+    keep = torch.where(
+        is_cur,
+        t[None, None, :] < (seq - cur * BY)[:, None, None],
+        ids[:, :, None] < cur[:, None, None],
+    )
+    return keep.reshape(ids.shape[0], -1).to(torch.float32)
+
+
+def msa_sparse_decode(
+    q,
+    k_blocks,
+    v_blocks,
+    block_ids,
+    seq_len,
+    *,
+    tiling: MsaTiling | None = None,
+    gather: str = "device",
+    backend: str = "auto",
+    soc: str = DEFAULT_SOC,
+):
+    """Block-sparse decode attention over the selected key blocks (PyPTO kernel).
+
+    Args:
+        q: ``[B, HQ, 128]`` BF16 (HQ = 64 in M3); k_blocks, v_blocks: ``[B, HKV, nb, 128, 128]``
+            BF16 paged cache; block_ids: ``[B, topk]`` integer ids, unique per row, in
+            ``[0, nb)``; seq_len: KV length incl. the current token, one int or ``B`` ints.
+        tiling: :class:`MsaTiling` (``ntile``); ``None`` = ``MsaTiling.from_env()``.
+        gather: ``"device"`` (gather_in_ub + block table in the kernel) or ``"host"`` (the
+            seeds' compact K/V copies); same numbers, different data movement.
+        backend: ``"auto"`` (NPU tensors -> ``"npu"``, else an error naming both), ``"npu"``,
+            ``"sim"`` (CPU tensors through :mod:`tilesim.device.sim`).
+        soc: ``"910b"`` / ``"950"``: simulator target and tile defaults (``"sim"`` only).
+
+    Returns:
+        BF16 ``[B, HQ, 128]``; ``backend="sim"`` returns ``(out, cost_us)``. Inputs are never
+        modified. Budget against the reference: ``docs/device.md`` (## MSA kernels).
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
+    if gather not in GATHERS:
+        raise ValueError(f"gather: expected one of {GATHERS}, got {gather!r}")
+    tiling = MsaTiling.from_env() if tiling is None else tiling
+    if not isinstance(tiling, MsaTiling):
+        raise TypeError(f"tiling: expected a MsaTiling or None, got {type(tiling).__name__}")
+    ids, seq = _check(q, k_blocks, v_blocks, block_ids, seq_len)
+    torch = require_torch()
+    if backend == "auto":
+        if q.device.type == "npu":
+            backend = "npu"
+        else:
+            raise ValueError(
+                f"backend: tensors are on {q.device}; pass NPU tensors (torch_npu) or "
+                "backend='sim' to run PyPTO's CPU simulator"
+            )
+    if backend == "npu":
+        require("torch_npu")
+        soc = "950" if require_pypto().platform.npuarch == "DAV_3510" else "910b"
+    batch, hq, dim = q.shape
+    _, hkv, nb, _, _ = k_blocks.shape
+    topk = ids.shape[1]
+    dev = q.device
+    keep = keep_mask(ids, seq).to(dev)
+    table = ids.to(torch.int32).to(dev)
+    positions = torch.arange(topk * BY, dtype=torch.int32, device=dev).reshape(1, -1)
+    if gather == "device":  # the paged cache as rows; the kernel gathers
+        k2 = k_blocks.contiguous().reshape(-1, dim)
+        v2 = v_blocks.contiguous().reshape(-1, dim)
+    else:  # the seeds' host compaction [B, HKV, topk, 128, D] -> rows
+        bi = torch.arange(batch, device=dev)[:, None, None]
+        hi = torch.arange(hkv, device=dev)[None, :, None]
+        sel = table.to(torch.int64)[:, None, :]
+        k2 = k_blocks[bi, hi, sel].reshape(-1, dim)
+        v2 = v_blocks[bi, hi, sel].reshape(-1, dim)
+    kernel = build_kernel(batch, hq, hkv, nb, topk, dim, tiling.ntile, gather, gather_rows(soc))
+    q2 = q.contiguous().reshape(-1, dim)
+    out = torch.zeros(batch * hq, dim, dtype=torch.bfloat16, device=dev)
+    if backend == "sim":
+        from tilesim.device import sim
+
+        sim.configure(soc)
+        args = [t.detach().clone() for t in (q2, k2, v2, table, positions, keep)]
+        if any(t.device.type != "cpu" for t in args):
+            raise ValueError("backend='sim': expected CPU tensors")
+        run = sim.run_kernel(kernel, [*args, out])
+        return out.reshape(batch, hq, dim), run.us
+    kernel(q2, k2, v2, table, positions, keep, out)
+    return out.reshape(batch, hq, dim)
+
+
+__all__ = ["GATHER_ROWS", "build_kernel", "gather_rows", "keep_mask", "msa_sparse_decode"]

@@ -1,0 +1,260 @@
+"""MSA block-sparse decode kernel on PyPTO's CPU simulator (910B and 950) vs tilesim.reference.
+
+Budget (docs/device.md, "## MSA kernels"), against ``tilesim.reference.msa_sparse_decode`` with
+the same NTILE, for BOTH gather variants:
+
+1. at least 99 % of the BF16 output elements bit-identical, and every element within 1 BF16 ULP
+   of the largest ``|golden|`` of its row (one query head's 128 outputs). Row-wise because an
+   output that P.V cancels down to far below its row carries the FP32 accumulation-order
+   difference between PyPTO's interpreter (libtorch) and the reference's correctly rounded
+   dot products, worth several of ITS OWN ULPs (observed: up to 7 at |out| ~ 1e-3);
+2. the two gather variants ("device": gather_in_ub + block table, "host": compact copies)
+   bit-identical to each other (same data, same arithmetic);
+3. a batch row with no kept key is exactly +0;
+4. an independent oracle (float64 softmax over the visible tokens, written from the per-token
+   causal rule ``128*block + t < seq_len``, not from the host mask) agrees within 4e-3.
+
+Each case runs in a spawned process per SoC (``tilesim.device.sim.isolated``).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+BUDGET_BIT_EXACT = 0.99
+BUDGET_ROW_ULP = 1.0
+ORACLE_ATOL = 4e-3
+
+# name -> (B, nb, topk, seq_len per row, ids rule). Every case has a partial current block.
+CASES = {
+    # nb 5: topk*128 = 640 = one 512 chunk + a 128-key PARTIAL chunk (the seeds drop it);
+    # per-row seq_len (600: block 4 keeps 88 keys; 300: blocks 3, 4 in the future)
+    "nb5 B2 topk5 seq[600,300]": (2, 5, 5, [600, 300], "perm"),
+    # nb 17: the seeds' e2e shape with a partial current block (2100 = 16*128 + 52)
+    "nb17 B1 topk16 seq2100": (1, 17, 16, [2100], "perm"),
+    # nb 40: current block forced in; row 1's block 39 lies in its future (fully masked slot)
+    "nb40 B2 topk16 seq[5000,4990]": (2, 40, 16, [5000, 4990], "with_last"),
+    # row 1 sees nothing: both its blocks lie after its current block -> zeros
+    "nb5 B2 topk2 empty row": (2, 5, 2, [600, 130], "empty"),
+}
+
+
+def _case(b, nb, topk, seq, rule, seed):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    q = (torch.randn(b, 64, 128, generator=g) * 0.5).bfloat16()
+    kb = (torch.randn(b, 4, nb, 128, 128, generator=g) * 0.5).bfloat16()
+    vb = (torch.randn(b, 4, nb, 128, 128, generator=g)).bfloat16()
+    rows = []
+    for r in range(b):
+        perm = torch.randperm(nb, generator=g)
+        if rule == "with_last":
+            perm = torch.cat([perm[perm != nb - 1], torch.tensor([nb - 1])])
+            ids = torch.cat([perm[: topk - 1], perm[-1:]])
+        elif rule == "empty" and r == 1:
+            ids = torch.tensor([3, 4])
+        else:
+            ids = perm[:topk]
+        rows.append(ids)
+    return q, kb, vb, torch.stack(rows).to(torch.int32), seq
+
+
+def _oracle(q, kb, vb, ids, seq):
+    """float64 softmax attention over the visible tokens of the selected blocks."""
+    import torch
+
+    b, hq, d = q.shape
+    hkv = kb.shape[1]
+    g = hq // hkv
+    out = torch.zeros(b, hq, d, dtype=torch.float64)
+    for r in range(b):
+        blocks = ids[r].long()
+        pos = (blocks[:, None] * 128 + torch.arange(128)[None, :]).reshape(-1)
+        vis = pos < seq[r]
+        if not bool(vis.any()):
+            continue
+        for h in range(hkv):
+            k = kb[r, h, blocks].reshape(-1, d).double()[vis]
+            v = vb[r, h, blocks].reshape(-1, d).double()[vis]
+            s = q[r, h * g : (h + 1) * g].double() @ k.T / 128**0.5
+            out[r, h * g : (h + 1) * g] = torch.softmax(s, dim=-1) @ v
+    return out
+
+
+def check_decode(spec, soc, seed=7) -> dict:
+    """Runs in the isolated child: both gather variants, the reference, the oracle."""
+    import ml_dtypes
+    import numpy as np
+    import torch
+    from tilesim.device.msa_decode import msa_sparse_decode
+    from tilesim.reference import msa_sparse_decode as reference
+    from tilesim.reference.numerics import ulp_distance
+
+    q, kb, vb, ids, seq = _case(*spec, seed)
+    before = [t.clone() for t in (q, kb, vb, ids)]
+    gold = reference(q, kb, vb, ids, seq)
+    oracle = _oracle(q, kb, vb, ids, seq)
+    res = {"variants": {}}
+    outs = {}
+    for gather in ("device", "host"):
+        out, us = msa_sparse_decode(q, kb, vb, ids, seq, gather=gather, backend="sim", soc=soc)
+        outs[gather] = out
+        a = out.view(torch.int16).numpy()
+        e = gold.view(torch.int16).numpy()
+        ulp = ulp_distance(a.view(ml_dtypes.bfloat16), e.view(ml_dtypes.bfloat16))
+        res["variants"][gather] = {
+            "us": us,
+            "bit_exact": float(np.mean(a == e)),
+            "max_ulp": int(ulp.max()),
+            "row_ulp": _row_ulp(out, gold),
+            "max_abs": float((out.float() - gold.float()).abs().max()),
+            "oracle_abs": float((out.double() - oracle).abs().max()),
+        }
+    res["same_variants"] = bool(
+        torch.equal(outs["device"].view(torch.int16), outs["host"].view(torch.int16))
+    )
+    empty = [r for r in range(q.shape[0]) if not _row_sees(ids[r], seq[r])]
+    res["empty_rows"] = empty
+    res["empty_zero"] = all(
+        bool((outs[g][r].view(torch.int16) == 0).all()) for g in outs for r in empty
+    )
+    res["inputs_kept"] = all(
+        torch.equal(p, t) for p, t in zip(before, (q, kb, vb, ids), strict=True)
+    )
+    return res
+
+
+def _row_ulp(out, gold) -> float:
+    """max |out - gold| in BF16 ULPs of each row's largest |gold| (rows of 128 outputs)."""
+    import torch
+
+    err = (out.double() - gold.double()).abs()
+    row_max = gold.double().abs().amax(dim=-1, keepdim=True)
+    ulp = torch.where(
+        row_max > 0,
+        torch.exp2(torch.floor(torch.log2(row_max)) - 7),
+        torch.full_like(row_max, 2.0**-133),
+    )
+    return float((err / ulp).max())
+
+
+def _row_sees(ids, seq_len) -> bool:
+    return bool((ids.long() * 128 < seq_len).any())
+
+
+@pytest.mark.sim
+@pytest.mark.torch
+@pytest.mark.parametrize("name", list(CASES))
+def test_decode_kernel_matches_reference(name, sim_soc, sim_report):
+    from tilesim.device import sim
+
+    r = sim.isolated(check_decode, CASES[name], sim_soc, soc=sim_soc)
+    dev, host = r["variants"]["device"], r["variants"]["host"]
+    for gather, m in r["variants"].items():
+        sim_report.add(
+            kernel="msa_sparse_decode",
+            soc=sim_soc,
+            case=f"{name} gather={gather}",
+            bit_exact=m["bit_exact"],
+            max_ulp=m["max_ulp"],
+            max_abs=m["max_abs"],
+            us=m["us"],
+            extra={"row-wise ULP": m["row_ulp"], "oracle max abs": m["oracle_abs"]},
+        )
+    assert r["inputs_kept"], "the wrapper changed an input tensor"
+    assert r["same_variants"], "gather='device' and gather='host' must give identical bits"
+    for m in (dev, host):
+        assert m["bit_exact"] >= BUDGET_BIT_EXACT, m
+        assert m["row_ulp"] <= BUDGET_ROW_ULP, m
+        assert m["oracle_abs"] <= ORACLE_ATOL, m
+        assert m["us"] > 0.0
+    if "empty" in name:
+        assert r["empty_rows"] == [1]
+    assert r["empty_zero"], "a batch row with no kept key must be exactly +0"
+
+
+# ----------------------------------------------------------------------------- no simulator
+torch = pytest.importorskip("torch")
+
+
+def _small():
+    q = torch.zeros(1, 64, 128, dtype=torch.bfloat16)
+    kb = torch.zeros(1, 4, 3, 128, 128, dtype=torch.bfloat16)
+    ids = torch.tensor([[0, 2]], dtype=torch.int32)
+    return q, kb, kb.clone(), ids
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize(
+    ("change", "exc", "match"),
+    [
+        (lambda a: a.update(q=a["q"].float()), TypeError, "q: expected dtype torch.bfloat16"),
+        (lambda a: a.update(v=a["v"][:, :, :2]), ValueError, "v_blocks: expected shape"),
+        (
+            lambda a: a.update(ids=torch.tensor([[0, 3]])),
+            ValueError,
+            r"block_ids: expected ids in \[0, nb=3\)",
+        ),
+        (
+            lambda a: a.update(ids=torch.tensor([[2, 2]])),
+            ValueError,
+            "block_ids: expected unique ids",
+        ),
+        (
+            lambda a: a.update(ids=a["ids"].float()),
+            TypeError,
+            "block_ids: expected an integer dtype",
+        ),
+        (lambda a: a.update(seq=0), ValueError, "seq_len: expected 1 <= seq_len"),
+        (lambda a: a.update(seq=385), ValueError, "seq_len: expected 1 <= seq_len"),
+        (
+            lambda a: a.update(seq=[100, 200]),
+            ValueError,
+            r"seq_len: expected one int or shape \(1,\)",
+        ),
+        (lambda a: a.update(gather="l1"), ValueError, "gather: expected one of"),
+        (lambda a: a.update(backend="gpu"), ValueError, "backend: expected one of"),
+        (lambda a: a.update(backend="auto"), ValueError, "backend='sim'"),
+    ],
+)
+def test_bad_arguments_name_the_argument(change, exc, match):
+    from tilesim.device.msa_decode import msa_sparse_decode
+
+    q, kb, vb, ids = _small()
+    a = {"q": q, "k": kb, "v": vb, "ids": ids, "seq": 300, "gather": "device", "backend": "sim"}
+    change(a)
+    with pytest.raises(exc, match=match):
+        msa_sparse_decode(
+            a["q"], a["k"], a["v"], a["ids"], a["seq"], gather=a["gather"], backend=a["backend"]
+        )
+
+
+@pytest.mark.torch
+def test_keep_mask_matches_the_reference_host_rule():
+    import numpy as np
+    from tilesim.device.msa_decode import keep_mask
+    from tilesim.reference.msa_decode import decode_valid_mask
+
+    g = torch.Generator().manual_seed(3)
+    ids = torch.stack([torch.randperm(9, generator=g)[:6] for _ in range(5)])
+    seq = torch.tensor([1, 128, 129, 700, 1152])
+    got = keep_mask(ids, seq).numpy()
+    want = decode_valid_mask(ids.numpy(), seq.numpy(), 128)
+    np.testing.assert_array_equal(got, want)
+    # and straight from the per-token rule: key t of block b is kept iff 128*b + t < seq_len
+    pos = ids[:, :, None] * 128 + torch.arange(128)
+    np.testing.assert_array_equal(got, (pos < seq[:, None, None]).reshape(5, -1).float().numpy())
+
+
+@pytest.mark.torch
+def test_gather_rows_env_and_soc_defaults():
+    from tilesim.device.msa_decode import GATHER_ROWS, gather_rows
+
+    assert gather_rows("910b", env={}) == GATHER_ROWS["910b"]
+    assert gather_rows("950", env={}) == GATHER_ROWS["950"]
+    assert gather_rows("950", env={"MSA_GATHER_ROWS": "64"}) == 64
+    with pytest.raises(ValueError, match="MSA_GATHER_ROWS: expected a positive multiple of 16"):
+        gather_rows("910b", env={"MSA_GATHER_ROWS": "24"})
+    with pytest.raises(ValueError, match="MSA_GATHER_ROWS: expected a positive integer"):
+        gather_rows("910b", env={"MSA_GATHER_ROWS": "many"})
