@@ -208,3 +208,33 @@ def test_budget_scale_is_meaningful():
     typical = U * np.abs(o) + 4 * U * m2
     assert float(np.median(typical / np.maximum(np.abs(o), 1e-12))) < 0.2
     assert math.isfinite(float(m1.max()))
+
+
+@pytest.mark.parametrize("block_size", [2, 53, 69])
+@pytest.mark.parametrize("s1", [1, 3])
+def test_flashmla_style_corners(block_size, s1):
+    """FlashMLA's generator corners: odd page sizes, zero-length and shorter-than-s1 sequences,
+    many -1 entries, an all-invalid token, a non-standard scale (576^-0.55), partial 48-key
+    tiles, and every unreached cache row poisoned with NaN. Within budget in both modes."""
+    case = R.dsa_make_case(
+        actual_seq=[0, 2, 333, 1000],
+        s1=s1,
+        nq=8,
+        topk=128,
+        block_size=block_size,
+        softmax_scale=576**-0.55,
+        topk_rule="causal",
+        invalid_frac=0.3,
+        poison_unreached=True,
+        seed=block_size * 10 + s1,
+    )
+    ti = case["inputs"]["topk_indices"]
+    ti[-1, :] = -1  # the last token sees nothing (its rows' keys stay poisoned: never read)
+    o, m1, m2 = oracle(case)
+    for cfg in (
+        SaTileShapeConfig.decode().replace(s_kv_tile=48),
+        SaTileShapeConfig.prefill().replace(s_kv_tile=48),
+    ):
+        ref = run(case, tile_config=cfg)
+        check_budget(ref, o, m1, m2)
+        assert (ref[-8:].astype(np.float32) == 0).all()
