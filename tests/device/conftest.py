@@ -167,7 +167,9 @@ class SimReport:
         keep = [r for r in old if (r.get("kernel"), r.get("soc"), r.get("case")) not in ran]
         rows = keep + self.rows
         order = {"910b": 0, "950": 1}
-        return sorted(rows, key=lambda r: (r["kernel"], order.get(r["soc"], 9), r["soc"]))
+        return sorted(
+            rows, key=lambda r: (r["kernel"], order.get(r["soc"], 9), r["soc"], r["case"])
+        )
 
     @staticmethod
     def _fmt(v) -> str:
