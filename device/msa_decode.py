@@ -87,9 +87,14 @@ def _gather_chunk(pypto, cache, positions, table, rows: int):
     return pypto.experimental.gather_in_ub(cache, positions, table, BY, -2)
 
 
+def l0_tile(w: int, cap: int) -> int:
+    """Largest of 256/128/64/32/16 (at most ``cap``) dividing ``w``: PyPTO wants L1 % L0 == 0."""
+    return next(t for t in (256, 128, 64, 32, 16) if t <= cap and w % t == 0)
+
+
 def _chunk_softmax(pypto, qg, kc, vc, keep, g: int, w: int, scale: float):
     """One chunk: scores, scale, keep-mask, chunk max / exp / row sum, bf16(P) @ V."""
-    pypto.set_cube_tile_shapes([g, g], [128, 128], [min(w, 256), w])
+    pypto.set_cube_tile_shapes([g, g], [128, 128], [l0_tile(w, 256), w])
     s = pypto.matmul(qg, kc, pypto.DT_FP32, b_trans=True)
     pypto.set_vec_tile_shapes(g, w)
     s = s * scale
@@ -98,7 +103,7 @@ def _chunk_softmax(pypto, qg, kc, vc, keep, g: int, w: int, scale: float):
     p = pypto.exp(s - m_c)
     l_c = pypto.sum(p, dim=-1, keepdim=True)
     p16 = pypto.cast(p, pypto.DT_BF16)
-    pypto.set_cube_tile_shapes([g, g], [128, w], [128, 128])
+    pypto.set_cube_tile_shapes([g, g], [l0_tile(w, 128), w], [128, 128])
     o_c = pypto.matmul(p16, vc, pypto.DT_FP32)
     return m_c, l_c, o_c
 

@@ -1,0 +1,201 @@
+"""MSA lightning-indexer score kernel on PyPTO's CPU simulator (910B, 950) vs tilesim.reference.
+
+Budget (docs/device.md, "## MSA kernels"), against ``tilesim.reference.msa_indexer_scores`` /
+``msa_indexer``:
+
+1. scores (FP32): every element within ``128 * 2**-24 * sum_d |q_d k_d|`` of the reference (the
+   FP32 dot-product error bound for any summation order: the reference rounds the exact sum
+   once, PyPTO's interpreter sums in libtorch's FP32 order); the fraction of bit-identical
+   scores is reported, not promised;
+2. block ids: identical to the reference's (same ids, same order) on every case;
+3. the torch tail alone (:func:`select_blocks`) reproduces the reference's selection exactly
+   when fed the reference's scores -- including ties, +-1e20 and one-BF16-step neighbours.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+# name -> (nb, seq_len, data). Every case has a partial last block where seq_len is given.
+CASES = {
+    "nb5 seq600": (5, 600, "randn"),  # short context: arange(nb), scores still checked
+    "nb17 seq2100": (17, 2100, "randn"),  # the shortest sparse path, 52 keys in the last block
+    "nb40 seq5050": (40, 5050, "randn"),
+    "nb18 all-zero ties": (18, None, "zeros"),  # MiniMax's tie test: [0..14, 17]
+}
+
+
+def _case(nb, data, seed):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    if data == "zeros":
+        return torch.zeros(4, 128, dtype=torch.bfloat16), torch.zeros(
+            nb * 128, 128, dtype=torch.bfloat16
+        )
+    q = (torch.randn(4, 128, generator=g) * 0.1).bfloat16()
+    k = (torch.randn(nb * 128, 128, generator=g) * 0.1).bfloat16()
+    return q, k
+
+
+def check_indexer(spec, soc, seed=11) -> dict:
+    import numpy as np
+    import torch
+    from tilesim.device.msa_indexer import msa_indexer, msa_indexer_scores
+    from tilesim.reference import msa_indexer as ref_ids
+    from tilesim.reference import msa_indexer_scores as ref_scores
+
+    nb, seq_len, data = spec
+    q, k = _case(nb, data, seed)
+    before = (q.clone(), k.clone())
+    s, us = msa_indexer_scores(q, k, nb, backend="sim", soc=soc)
+    gold = ref_scores(q, k, nb)
+    bound = 128 * 2.0**-24 * (q.double().abs() @ k.double().abs().T)
+    err = (s.double() - gold.double()).abs()
+    ids, us_ids = msa_indexer(q, k, nb, seq_len=seq_len, backend="sim", soc=soc)
+    want = ref_ids(q, k, nb, seq_len=seq_len)
+    per_head, _ = msa_indexer(q, k, nb, seq_len=seq_len, head_reduce="none", backend="sim", soc=soc)
+    want_ph = ref_ids(q, k, nb, seq_len=seq_len, head_reduce="none")
+    return {
+        "us": us,
+        "us_ids": us_ids,
+        "bit_exact": float(np.mean(s.view(torch.int32).numpy() == gold.view(torch.int32).numpy())),
+        "max_abs": float(err.max()),
+        "bound_ratio": float((err / bound.clamp_min(2.0**-149)).max()),
+        "max_ulp": int(_ulp32(s, gold)),
+        "ids": ids.tolist(),
+        "same_ids": bool(torch.equal(ids, want)),
+        "same_per_head": bool(torch.equal(per_head, want_ph)),
+        "ids_dtype": str(ids.dtype),
+        "inputs_kept": torch.equal(before[0], q) and torch.equal(before[1], k),
+    }
+
+
+def _ulp32(a, b) -> int:
+    from tilesim.reference.numerics import ulp_distance
+
+    return int(ulp_distance(a.numpy(), b.numpy()).max())
+
+
+@pytest.mark.sim
+@pytest.mark.torch
+@pytest.mark.parametrize("name", list(CASES))
+def test_indexer_kernel_matches_reference(name, sim_soc, sim_report):
+    from tilesim.device import sim
+
+    r = sim.isolated(check_indexer, CASES[name], sim_soc, soc=sim_soc)
+    sim_report.add(
+        kernel="msa_indexer_scores",
+        soc=sim_soc,
+        case=name,
+        bit_exact=r["bit_exact"],
+        max_ulp=r["max_ulp"],
+        max_abs=r["max_abs"],
+        us=r["us"],
+        extra={"error / FP32 dot bound": r["bound_ratio"], "ids = reference": r["same_ids"]},
+    )
+    assert r["inputs_kept"]
+    assert r["bound_ratio"] <= 1.0, r
+    assert r["same_ids"], r
+    assert r["same_per_head"], r
+    assert r["ids_dtype"] == "torch.int32"
+    nb = CASES[name][0]
+    assert len(r["ids"][0]) == min(16, nb) and r["ids"][0][-1] == nb - 1
+    assert len(set(r["ids"][0])) == len(r["ids"][0])
+    if "ties" in name:
+        assert r["ids"] == [list(range(15)) + [17]]
+    if nb <= 16:
+        assert r["us_ids"] == 0.0  # short context launches nothing
+    else:
+        assert r["us"] > 0.0 and r["us_ids"] > 0.0
+
+
+# ----------------------------------------------------------------------------- no simulator
+torch = pytest.importorskip("torch")
+
+
+def _scores_from(block_scores, rng):
+    """FP32 [4, nb*128] scores whose per-block max over heads and keys is ``block_scores``."""
+    nb = len(block_scores)
+    s = torch.full((4, nb * 128), -1e30, dtype=torch.float32)
+    for b, v in enumerate(block_scores):
+        h, t = int(rng.integers(4)), int(rng.integers(128))
+        s[h, b * 128 + t] = float(v)
+    return s
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("kind", ["ties", "huge", "bf16_neighbours", "random", "zeros_signed"])
+@pytest.mark.parametrize("nb", [17, 18, 32, 33])
+def test_tail_reproduces_reference_selection(kind, nb, rng):
+    """select_blocks on given scores == the reference's rule (argsort(-x, stable) + local)."""
+    import numpy as np
+    from tilesim.device.msa_indexer import select_blocks
+
+    if kind == "ties":
+        bs = np.full(nb, 0.5, dtype=np.float32)
+        bs[::3] = 0.25
+    elif kind == "huge":
+        bs = rng.choice(np.array([1e20, -1e20, 0.0], dtype=np.float32), nb)
+    elif kind == "bf16_neighbours":  # 1.0 and the next BF16 values above/below
+        bs = rng.choice(np.array([1.0, 1.0078125, 0.99609375], dtype=np.float32), nb)
+    elif kind == "zeros_signed":
+        bs = rng.choice(np.array([0.0, -0.0], dtype=np.float32), nb)
+    else:
+        bs = rng.standard_normal(nb).astype(np.float32)
+    s = _scores_from(bs, rng)
+    got = select_blocks(s, nb)
+    # independent rule: python sort on (-score, id) -- score descending, lower id first
+    ranked = sorted(range(nb - 1), key=lambda b: (-float(bs[b]), b))[:15]
+    assert got.tolist() == [ranked + [nb - 1]]
+    assert got.dtype == torch.int32
+
+
+@pytest.mark.torch
+def test_tail_seq_len_excludes_padding_rows(rng):
+    from tilesim.device.msa_indexer import select_blocks
+
+    nb = 20
+    s = torch.zeros(4, nb * 128)
+    s[2, (nb - 1) * 128 + 100] = 5.0  # in the local block: never ranked anyway
+    s[1, 7 * 128 + 3] = 1.0
+    s[:, (nb - 1) * 128 + 10 :] = 9.0  # beyond seq_len = (nb-1)*128 + 10
+    got = select_blocks(s, nb, seq_len=(nb - 1) * 128 + 10)
+    assert got[0, 0] == 7 and got[0, -1] == nb - 1
+    per_head = select_blocks(s, nb, seq_len=(nb - 1) * 128 + 10, head_reduce="none")
+    assert per_head.shape == (4, 16) and per_head[1, 0] == 7 and (per_head[:, -1] == nb - 1).all()
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize(
+    ("kw", "exc", "match"),
+    [
+        ({"nb": 0}, ValueError, "nb: expected a positive int"),
+        ({"nb": 3}, ValueError, r"idx_k: expected shape \(384, 128\)"),
+        ({"seq_len": 128}, ValueError, "seq_len: expected an int with 128 < seq_len <= 256"),
+        ({"head_reduce": "mean"}, ValueError, "head_reduce: expected one of"),
+        ({"backend": "tpu"}, ValueError, "backend: expected one of"),
+        ({"q": torch.zeros(4, 128)}, TypeError, "idx_q: expected dtype torch.bfloat16"),
+        ({"q": torch.zeros(5, 128, dtype=torch.bfloat16)}, ValueError, "idx_q: expected shape"),
+    ],
+)
+def test_bad_arguments_name_the_argument(kw, exc, match):
+    from tilesim.device.msa_indexer import msa_indexer
+
+    a = {"q": torch.zeros(4, 128, dtype=torch.bfloat16), "nb": 2, "backend": "sim"}
+    a.update(kw)
+    k = torch.zeros(256, 128, dtype=torch.bfloat16)
+    extra = {x: a[x] for x in ("seq_len", "head_reduce") if x in a}
+    with pytest.raises(exc, match=match):
+        msa_indexer(a["q"], k, a["nb"], backend=a["backend"], **extra)
+
+
+@pytest.mark.torch
+def test_key_tile_env_and_soc_defaults():
+    from tilesim.device.msa_indexer import KTILE, key_tile
+
+    assert key_tile("910b", env={}) == KTILE["910b"]
+    assert key_tile("950", env={}) == KTILE["950"]
+    assert key_tile("910b", env={"MSA_INDEXER_KTILE": "256"}) == 256
+    with pytest.raises(ValueError, match="MSA_INDEXER_KTILE: expected a positive multiple"):
+        key_tile("910b", env={"MSA_INDEXER_KTILE": "200"})
