@@ -19,7 +19,8 @@ independent stream per component, so e.g. the top-k rule never changes the cache
    ``0 .. act-s1+s`` (random order); the tail is ``-1``. ``invalid_frac`` turns that fraction of
    the used entries into ``-1`` (skipped keys).
 3. Query ``[B*s1*nq, 576]``, latent ``[rows, 512]`` and rope ``[rows, 64]``: uniform BF16 on
-   the grid ``j/128``, ``j`` in ``-128 .. 127`` (one random byte per value). torch's
+   the grid ``j/128``, ``j`` in ``-128 .. 127`` (one random byte per value: the raw PCG64
+   output words, little endian). torch's
    ``-1 + 2*rand(bf16)`` in the seeds is also uniform in [-1, 1) but has extra values near 0;
    the RNG streams differ anyway (NumPy PCG64 here, torch's Philox/MT there), so bits never
    match the seeds' tensors, only the recipe does.
@@ -299,6 +300,15 @@ def build_topk_indices(
     return out
 
 
+def random_bytes(rng: np.random.Generator, n: int) -> np.ndarray:
+    """``n`` uniform random bytes (``n % 8 == 0``): the generator's raw 64-bit outputs, little
+    endian. Consecutive calls concatenate, so chunking never changes the bytes."""
+    if n % 8:
+        raise ValueError(f"n: expected a multiple of 8, got {n}")
+    raw = rng.bit_generator.random_raw(n // 8)
+    return np.asarray(raw, dtype="<u8").view(np.uint8)
+
+
 def grid_bf16(byte_values: np.ndarray) -> np.ndarray:
     """Grid bytes (uint8) -> BF16 values ``int8(b)/128`` of the same shape."""
     return grid_bf16_bits().take(byte_values).view(BF16)
@@ -372,8 +382,8 @@ def build_cache(
     try:
         for r0 in range(0, n_rows, chunk_rows):
             n = min(chunk_rows, n_rows - r0)
-            nope_bytes = np.frombuffer(rng_nope.bytes(n * NOPE), dtype=np.uint8).reshape(n, NOPE)
-            rope_bytes = np.frombuffer(rng_rope.bytes(n * ROPE), dtype=np.uint8).reshape(n, ROPE)
+            nope_bytes = random_bytes(rng_nope, n * NOPE).reshape(n, NOPE)
+            rope_bytes = random_bytes(rng_rope, n * ROPE).reshape(n, ROPE)
             q, scales = quantize_grid_rows(nope_bytes, quant)
             rope = grid_bf16(rope_bytes)
             if layout == "kv_split":
@@ -496,7 +506,7 @@ def dsa_make_case(name: str | None = None, *, seed: int = 0, **params) -> dict:
         acts, s1, topk, p["topk_rule"], rng_topk, float(frac), rng_invalid
     )
     n_q_rows = n_b * s1 * nq
-    q_bytes = np.frombuffer(rng_q.bytes(n_q_rows * (NOPE + ROPE)), dtype=np.uint8)
+    q_bytes = random_bytes(rng_q, n_q_rows * (NOPE + ROPE))
     q = grid_bf16(q_bytes).reshape(n_q_rows, NOPE + ROPE)
     cache = build_cache(
         block_num * bs,
