@@ -54,3 +54,16 @@ def test_isolated_reports_child_errors():
 
     with pytest.raises(sim.SimError, match=r"args\[0\]: expected a torch.Tensor"):
         sim.isolated(_bad_call, soc="910b")
+
+
+def _abort():
+    import os
+
+    os.abort()
+
+
+def test_isolated_reports_a_dead_child():
+    from tilesim.device import sim
+
+    with pytest.raises(sim.SimError, match="child process died"):
+        sim.isolated(_abort, soc="950")
