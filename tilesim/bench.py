@@ -40,6 +40,7 @@ BENCH_CASES = {
     "msa": [
         "msa_indexer_nb17",
         "msa_decode_e2e_nb17",
+        "msa_decode_b64_nb17",
         "msa_main_aligned_4096",
         "msa_main_aligned_2048",
         "msa_main_unaligned_1500",

@@ -82,6 +82,8 @@ def cmd_cases(args: argparse.Namespace) -> int:
             print(f"  tolerance: {s.tolerance['rule']}")
             if s.soc_note:
                 print(f"  soc: {s.soc_note}")
+            if s.extra.get("status_note"):
+                print(f"  status: {s.status} ({s.extra['status_note']})")
     else:
         print(f"\n{len(rows)} cases; `tilesim cases -v` shows inputs and rules.")
     return 0
@@ -178,7 +180,7 @@ def golden_header(built: BuiltCase, goldens: dict, *, run_seconds: float) -> dic
         "tilesim_version": _version(),
         "case": s.name,
         "family": s.family,
-        "kind": s.kind,
+        **({"kind": s.kind} if s.kind else {}),
         "model": s.model,
         "op": built.op_name,
         "seed": built.seed,

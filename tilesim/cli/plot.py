@@ -274,7 +274,7 @@ def _as_2d(a: np.ndarray) -> np.ndarray:
     return a.reshape(-1, a.shape[-1])
 
 
-def _max_pool(a: np.ndarray, limit: int = 512) -> np.ndarray:
+def _max_pool(a: np.ndarray, limit: int = 256) -> np.ndarray:
     r = max(1, -(-a.shape[0] // limit))
     c = max(1, -(-a.shape[1] // limit))
     pr, pc = (-a.shape[0]) % r, (-a.shape[1]) % c
@@ -287,7 +287,7 @@ def _max_pool(a: np.ndarray, limit: int = 512) -> np.ndarray:
 def draw_error_map(
     fig, actual: np.ndarray, golden: np.ndarray, *, atol: float, rtol: float, title: str = ""
 ) -> None:
-    """|actual - golden| as a heat map (log scale, max-pooled to at most 512x512 cells) and
+    """|actual - golden| as a heat map (log scale, max-pooled to at most 256x256 cells) and
     the same divided by the tolerance ``atol + rtol*|golden|`` (> 1 = failing element)."""
     import matplotlib
 
@@ -302,8 +302,13 @@ def draw_error_map(
     top = float(finite.max()) if finite.size else 1.0
     e = _max_pool(np.where(np.isfinite(err), err, top * 10))
     floor = max(top, atol, 1e-30) * 1e-6  # show six decades below the largest error
+    extent = (0, a.shape[1], a.shape[0], 0)  # label the axes in element, not cell, units
     im = axes[0].imshow(
-        np.log10(np.maximum(e, floor)), aspect="auto", interpolation="nearest", cmap="magma"
+        np.log10(np.maximum(e, floor)),
+        aspect="auto",
+        interpolation="nearest",
+        cmap="magma",
+        extent=extent,
     )
     fig.colorbar(im, ax=axes[0], label="log10 |actual - golden|")
     axes[0].set_title("abs error (max-pooled)", fontsize=9)
@@ -313,6 +318,7 @@ def draw_error_map(
         rp,
         aspect="auto",
         interpolation="nearest",
+        extent=extent,
         cmap="RdYlGn_r",
         norm=matplotlib.colors.TwoSlopeNorm(vmin=0.0, vcenter=1.0, vmax=vmax),
     )
@@ -349,5 +355,21 @@ def save_trace_png(
     draw_schedule(top, records)
     if with_err:
         draw_error_map(bottom, actual, golden, atol=atol, rtol=rtol, title=err_title)
-    fig.savefig(path)
+    _save_small_png(fig, path)
     plt.close(fig)
+
+
+def _save_small_png(fig, path: Path) -> None:
+    """Save as a 256-colour palette PNG (error maps of noisy data compress badly in RGBA)."""
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    try:
+        from PIL import Image
+    except ImportError:  # pillow ships with matplotlib; keep the RGBA file if it is missing
+        Path(path).write_bytes(buf.getvalue())
+        return
+    buf.seek(0)
+    with Image.open(buf) as im:
+        im.convert("RGB").quantize(colors=256).save(path, format="PNG", optimize=True)
