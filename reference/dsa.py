@@ -248,7 +248,9 @@ def _check_common(query_nope, query_rope, topk_indices, block_table, kv_act_seqs
 # ----------------------------------------------------------------------------- the loop nest
 
 
-def _progress_bar(total: int, progress, desc: str):
+def progress_bar(total: int, progress, desc: str, unit: str = "token"):
+    """A tqdm bar (``progress``: True now, None after ``PROGRESS_DELAY_S``, False never), or
+    ``None`` when disabled or tqdm is missing (it is optional)."""
     if progress is False or total == 0:
         return None
     try:
@@ -256,7 +258,7 @@ def _progress_bar(total: int, progress, desc: str):
     except ImportError:  # tqdm is optional
         return None
     delay = 0.0 if progress else PROGRESS_DELAY_S
-    return tqdm(total=total, desc=desc, unit="token", delay=delay, leave=False)
+    return tqdm(total=total, desc=desc, unit=unit, delay=delay, leave=False)
 
 
 def _run(
@@ -288,7 +290,7 @@ def _run(
         ti, bt, ks, s1=s1, topk=topk, block_size=block_size, cache_rows=cache.rows
     )
     out = np.zeros((qn.shape[0], NOPE), dtype=BF16)
-    bar = _progress_bar(n_b * s1, progress, op)
+    bar = progress_bar(n_b * s1, progress, op)
     try:
         for b in range(n_b):  # L0
             for s in range(s1):  # L1

@@ -49,6 +49,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from tilesim.reference.dsa import progress_bar
 from tilesim.shared.casts import BF16, FP8_E4M3, to_bf16, to_fp8_e4m3
 from tilesim.shared.mla_cache import NOPE, NSCALES, PYPTO_ROW_BYTES, ROPE, pack_rows
 from tilesim.shared.models import DEEPSEEK_V32
@@ -342,16 +343,6 @@ def _poison_fields(n: int, qdtype: np.dtype):
     return nope, rope, scales
 
 
-def _progress(total: int, progress, desc: str):
-    if progress is False:
-        return None
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        return None
-    return tqdm(total=total, desc=desc, unit="row", delay=0.0 if progress else 3.0, leave=False)
-
-
 def build_cache(
     n_rows: int,
     quant: str,
@@ -378,7 +369,7 @@ def build_cache(
         out = {"nope_cache": np.empty((n_rows, PYPTO_ROW_BYTES), dtype=qdt)}
     else:
         raise ValueError(f"layout: expected one of {CASE_LAYOUTS}, got {layout!r}")
-    bar = _progress(n_rows, progress, "dsa cache")
+    bar = progress_bar(n_rows, progress, "dsa cache", unit="row")
     try:
         for r0 in range(0, n_rows, chunk_rows):
             n = min(chunk_rows, n_rows - r0)
@@ -438,7 +429,8 @@ def dsa_make_case(name: str | None = None, *, seed: int = 0, **params) -> dict:
         name: a key of :data:`DSA_CASES` (its shape, quant rule, layout and tile preset become
             the defaults), or ``None`` for a small ad-hoc case.
         seed: seeds the NumPy streams (``SeedSequence(seed).spawn(6)``); same seed, same bytes.
-        **params: overrides — ``b``, ``s1``, ``actual_seq`` (int or list), ``nq``, ``n_kv``,
+        **params: overrides — ``b``, ``s1``, ``actual_seq`` (int or list; ``b`` alone gives ``b``
+            sequences of 1000 tokens; no name and no ``b``: lengths 300 and 1000), ``nq``, ``n_kv``,
             ``topk``, ``block_size``, ``softmax_scale``, ``quant`` (:data:`QUANT_RULES`),
             ``layout`` (``"pypto"``, ``"flashmla"``, ``"kv_split"``), ``preset`` or
             ``tile_config``, ``topk_rule`` (``"seeds"``, ``"causal"``), ``invalid_frac``,
@@ -472,6 +464,8 @@ def dsa_make_case(name: str | None = None, *, seed: int = 0, **params) -> dict:
             preset=case.preset,
         )
     p.update(params)
+    if "b" in params and "actual_seq" not in params and name is None:
+        p["actual_seq"] = 1000  # b sequences of 1000 tokens
     if "actual_seq" in params and "b" not in params and not isinstance(p["actual_seq"], int):
         p["b"] = len(p["actual_seq"])
     acts = _as_actual_seq(p["actual_seq"], p["b"])
