@@ -13,6 +13,8 @@ import importlib
 # public name -> module of this package that defines it (add one line per public kernel)
 _LAZY = {
     "moe_grouped_gemm": "moe",
+    "sparse_attention_antiquant": "sparse_attention",
+    "sparse_attention_antiquant_kv_split": "sparse_attention",
 }
 
 

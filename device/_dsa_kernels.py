@@ -1,0 +1,486 @@
+"""PyPTO kernels of DeepSeek-V3.2 sparse MLA attention over a quantized latent cache.
+
+Imported lazily by :mod:`tilesim.device.sparse_attention` (this module imports pypto at the top).
+The public entry points, argument checks and the CPU/NPU launch live there; this module holds
+the tensor programs only. Contract, options and measured figures: ``docs/device.md`` section
+"DeepSeek sparse attention kernels".
+
+One loop nest serves every cache form (:func:`attention_nest`)::
+
+    L0 b < B                       act = kv_act_seqs[b]
+    L1 s < s1                      cur_seq = min(max(act - s1 + 1 + s, 0), topk)
+                                   bn = ceil(cur_seq / s_kv_tile)
+    L2 n < n_kv                    (n_kv = 1)
+    L3 g < nq / g_tile             rows row0 .. row0 + g_tile - 1 of query/out
+      L4z  (1 - min(bn, 1)) trips  cur_seq = 0: write zeros (the seeds' kernels write nothing)
+      L4 t < bn                    KV tile of s_kv_tile top-k columns, `valid` of them used
+          V0  gather + dequant     kn = BF16(FP32(q) * scale_g) [valid, 512], kr BF16 [valid, 64]
+          C1  S = Q @ [kn|kr]^T    FP32 [g_tile, valid]
+          V1  S *= scale; m = rowmax; P = exp(S - m); l = rowsum(P)
+          C2  online:   O_t = BF16(P) @ kn (FP32)
+              per_tile: O_t = BF16(BF16(P / l) @ kn)
+          V2  first / middle / last merge (pypto.cond on is_loop_begin / is_loop_end)
+
+The V0 stage differs per cache form (``load_*`` below). Where PyPTO 0.2.0 cannot express the
+seeds' formulation, the replacement is used on every target (sim and NPU) and documented at the
+function: FP8 bytes cannot be reinterpreted (``view(dtype=)`` rejects FP8 on either side in the
+ReplaceTensor pass), so the packed FP8 cache is passed twice, as FP8 and as INT8 bytes of the
+same memory (:func:`load_packed_fp8`); ``clone`` of a byte-reinterpreted BF16 view breaks the
+DAV_3510 code generator, so the rope part is copied with ``mul(kr, 1.0)`` (exact: x * 1 = x for
+every BF16 value including -0 and NaN).
+"""
+
+# no `from __future__ import annotations`: the frontend evaluates the pypto.Tensor(...) annotations
+import pypto
+from pypto.experimental import gather_in_ub
+
+NOPE = 512
+ROPE = 64
+HEAD = NOPE + ROPE  # 576
+GROUP = 128  # latent values per FP32 scale
+NSCALES = NOPE // GROUP  # 4
+ROW_BYTES = 656  # packed row in GM
+UB_PITCH = 672  # packed row padded to a 32-byte multiple in UB (the seeds' pitch)
+TAIL_BYTES = 144  # rope (128 B) + scales (16 B) of a packed row, bytes 512..655
+TAIL_PITCH = 160  # 144 padded to a 32-byte multiple
+SCALE_PITCH = 8  # 4 FP32 scales padded to 32 bytes (kv_split)
+
+#: byte offsets of (rope, scales) inside a packed row, per layout (tilesim.shared.mla_cache)
+LAYOUT_OFFSETS = {"pypto": (512, 640), "flashmla": (528, 512)}
+
+
+class NestParams:
+    """Static (trace-time) parameters of one kernel build: plain Python values.
+
+    Its ``repr`` lists every value: pypto's jit keys its compiled-kernel cache on ``str()`` of
+    the non-tensor arguments, so equal parameters reuse a compiled kernel and different ones
+    never collide."""
+
+    def __init__(self, *, nq, n_kv, softmax_scale, topk, block_size, tile, online, quant, layout):
+        self._key = (nq, n_kv, repr(softmax_scale), topk, block_size, repr(tile), online, quant)
+        self._key += (layout,)
+        self.nq = nq
+        self.n_kv = n_kv
+        self.softmax_scale = softmax_scale
+        self.topk = topk
+        self.block_size = block_size
+        self.g_tile = tile[0]
+        self.s_kv_tile = tile[1]
+        self.c1 = tile[2]
+        self.v1 = tile[3]
+        self.c2 = tile[4]
+        self.v2 = tile[5]
+        self.online = online
+        self.quant = quant  # "int8" or "fp8"
+        self.rope_off, self.scale_off = LAYOUT_OFFSETS[layout]
+
+    def __repr__(self) -> str:
+        names = ("nq", "n_kv", "scale", "topk", "block_size", "tile", "online", "quant", "layout")
+        return (
+            "NestParams("
+            + ", ".join(f"{n}={v}" for n, v in zip(names, self._key, strict=True))
+            + ")"
+        )
+
+
+# ----------------------------------------------------------------------------- V0 loaders
+
+
+def dequant_nope(q32, scales_fp32, valid, p):
+    """``BF16(q * scale_g)``: ``q32`` FP32 ``[s_kv_tile, 512]`` and FP32 scales ``[s_kv_tile, 4]``
+    (``valid`` rows) -> BF16 ``[s_kv_tile, 512]``. One FP32 multiply per element, one rounding."""
+    t = p.s_kv_tile
+    sc = pypto.add(scales_fp32, 0.0)  # materialise the reinterpreted view before the reshape
+    pypto.set_vec_tile_shapes(128, 128)
+    # full-shape reshapes (rows past `valid` hold don't-care values and are dropped by the
+    # valid view below): with a dynamic valid_shape 0.2.0 copies the whole [t*4, 1] scale
+    # column into UB in one piece, 8192 x 32 B > UB for s_kv_tile 2048
+    sc = pypto.reshape(sc, [t * NSCALES, 1])
+    qg = pypto.reshape(q32, [t * NSCALES, GROUP])
+    kn32 = pypto.mul(qg, sc)
+    kn32 = pypto.reshape(kn32, [t, NOPE], valid_shape=[valid, NOPE])
+    pypto.set_vec_tile_shapes(32, NOPE)
+    return pypto.cast(kn32, pypto.DT_BF16)
+
+
+def int8_to_fp32(q8):
+    """INT8 -> FP32 through FP16 (both exact; the seeds' path, INT8 -> FP32 has no direct cast)."""
+    return pypto.cast(pypto.cast(q8, pypto.DT_FP16), pypto.DT_FP32)
+
+
+def load_packed_int8(cache, idx, bt, valid, p):
+    """Packed INT8 cache ``[rows, 656]``: ONE gather of whole rows through the block table into
+    a ``[s_kv_tile, 672]`` UB tile (656 valid bytes), then byte views: nope INT8 -> FP32, rope
+    viewed as BF16, scales viewed as FP32. Returns ``(kn BF16, kr BF16)`` with ``valid`` rows."""
+    t = p.s_kv_tile
+    pypto.set_vec_tile_shapes(16, UB_PITCH)
+    rows_view = pypto.view(
+        cache, [cache.shape[0], UB_PITCH], [0, 0], valid_shape=[cache.shape[0], ROW_BYTES]
+    )
+    rows = gather_in_ub(rows_view, idx, bt, p.block_size, -2)
+    pypto.set_vec_tile_shapes(16, NOPE)
+    q8 = pypto.view(rows, [t, NOPE], [0, 0], valid_shape=[valid, NOPE])
+    sc8 = pypto.view(rows, [t, 4 * NSCALES], [0, p.scale_off], valid_shape=[valid, 4 * NSCALES])
+    kr8 = pypto.view(rows, [t, 2 * ROPE], [0, p.rope_off], valid_shape=[valid, 2 * ROPE])
+    kn = dequant_nope(int8_to_fp32(q8), pypto.view(sc8, dtype=pypto.DT_FP32), valid, p)
+    return kn, pypto.view(kr8, dtype=pypto.DT_BF16)
+
+
+def load_packed_fp8(cache, cache_fp8, idx, bt, valid, p):
+    """Packed FP8 cache ``[rows, 656]``, given twice: ``cache`` as INT8 bytes and ``cache_fp8`` as
+    FP8 E4M3 (the same memory). PyPTO 0.2.0 rejects ``view(dtype=)`` from or to FP8, so the
+    seeds' single whole-row gather followed by byte reinterpretation cannot be compiled. Instead
+    two gathers through the same indices and block table fetch disjoint byte ranges of each
+    row: bytes 0..511 from the FP8 view (cast FP8 -> FP32 on the vector unit, exact) and bytes
+    512..655 (rope + scales, padded to 160) from the INT8 view. Same HBM bytes as one gather;
+    twice the descriptors. Used on CPU and NPU alike."""
+    t = p.s_kv_tile
+    pypto.set_vec_tile_shapes(16, NOPE)
+    nope_view = pypto.view(cache_fp8, [cache_fp8.shape[0], NOPE], [0, 0])
+    qf8 = gather_in_ub(nope_view, idx, bt, p.block_size, -2)
+    q32 = pypto.cast(qf8, pypto.DT_FP32)
+    pypto.set_vec_tile_shapes(16, TAIL_PITCH)
+    tail_view = pypto.view(
+        cache, [cache.shape[0], TAIL_PITCH], [0, NOPE], valid_shape=[cache.shape[0], TAIL_BYTES]
+    )
+    tail = gather_in_ub(tail_view, idx, bt, p.block_size, -2)
+    pypto.set_vec_tile_shapes(16, NOPE)
+    so, ro = p.scale_off - NOPE, p.rope_off - NOPE
+    sc8 = pypto.view(tail, [t, 4 * NSCALES], [0, so], valid_shape=[valid, 4 * NSCALES])
+    kr8 = pypto.view(tail, [t, 2 * ROPE], [0, ro], valid_shape=[valid, 2 * ROPE])
+    kn = dequant_nope(q32, pypto.view(sc8, dtype=pypto.DT_FP32), valid, p)
+    return kn, pypto.view(kr8, dtype=pypto.DT_BF16)
+
+
+def load_split(kn_quant, kr, kn_scales, idx, bt, valid, p):
+    """kv_split cache: three gathers through the same indices: ``kn_quant [rows, 512]`` (FP8 E4M3
+    or INT8), ``kr [rows, 64]`` BF16, ``kn_scales [rows, 4]`` FP32 (gathered as a 32-byte
+    ``[rows, 8]`` view with 4 valid columns)."""
+    t = p.s_kv_tile
+    pypto.set_vec_tile_shapes(16, NOPE)
+    qk = gather_in_ub(kn_quant, idx, bt, p.block_size, -2)
+    q32 = int8_to_fp32(qk) if p.quant == "int8" else pypto.cast(qk, pypto.DT_FP32)
+    pypto.set_vec_tile_shapes(16, ROPE)
+    kr_rows = gather_in_ub(kr, idx, bt, p.block_size, -2)
+    pypto.set_vec_tile_shapes(16, SCALE_PITCH)
+    sc_view = pypto.view(
+        kn_scales,
+        [kn_scales.shape[0], SCALE_PITCH],
+        [0, 0],
+        valid_shape=[kn_scales.shape[0], NSCALES],
+    )
+    sc_rows = gather_in_ub(sc_view, idx, bt, p.block_size, -2)
+    sc = pypto.view(sc_rows, [t, NSCALES], [0, 0], valid_shape=[valid, NSCALES])
+    pypto.set_vec_tile_shapes(16, NOPE)
+    kn = dequant_nope(q32, sc, valid, p)
+    return kn, pypto.view(kr_rows, [t, ROPE], [0, 0], valid_shape=[valid, ROPE])
+
+
+# ----------------------------------------------------------------------------- C1 / V1 / C2 / V2
+
+
+def assemble_keys(kn, kr, valid, p):
+    """``K = [kn | kr]`` BF16 ``[s_kv_tile, 576]`` (``valid`` rows). The rope part is copied with
+    ``mul(kr, 1.0)`` (exact) instead of ``clone``: see the module docstring."""
+    t = p.s_kv_tile
+    pypto.set_vec_tile_shapes(32, NOPE)
+    kj = pypto.tensor([t, HEAD], pypto.DT_BF16, "kj")
+    pypto.assemble(kn, [0, 0], kj)
+    pypto.assemble(pypto.mul(kr, 1.0), [0, NOPE], kj)
+    return pypto.view(kj, [t, HEAD], [0, 0], valid_shape=[valid, HEAD])
+
+
+def cube_tiles(c):
+    pypto.set_cube_tile_shapes([c[0], c[1]], [c[2], c[3]], [c[4], c[5]])
+
+
+def tile_attention(qi, kn, kj, valid, p):
+    """C1 + V1 + C2 of one KV tile -> ``(o_t, l, m)``: ``o_t`` FP32 (online) or BF16 (per_tile)
+    ``[g_tile, 512]``, ``l`` and ``m`` FP32 ``[g_tile, 1]``."""
+    t = p.s_kv_tile
+    pypto.set_semantic_label("Sa_C1")
+    cube_tiles(p.c1)
+    s = pypto.matmul(qi, kj, pypto.DT_FP32, a_trans=False, b_trans=True)
+    pypto.set_semantic_label("Sa_V1")
+    pypto.set_vec_tile_shapes(p.v1[0], p.v1[1])
+    s = pypto.mul(s, p.softmax_scale)
+    m = pypto.amax(s, dim=-1, keepdim=True)
+    pr = pypto.exp(pypto.sub(s, m))
+    l = pypto.sum(pr, dim=-1, keepdim=True)
+    if p.online:
+        pb = pypto.cast(pr, pypto.DT_BF16)
+        out_dtype = pypto.DT_FP32
+    else:
+        pb = pypto.cast(pypto.div(pr, l), pypto.DT_BF16)
+        out_dtype = pypto.DT_BF16
+    pypto.set_semantic_label("Sa_C2")
+    cube_tiles(p.c2)
+    pypto.set_matrix_size([p.g_tile, t, NOPE])
+    vj = pypto.view(kn, [t, NOPE], [0, 0], valid_shape=[valid, NOPE])
+    o_t = pypto.matmul(pb, vj, out_dtype)
+    return o_t, l, m
+
+
+def write_rows(res_fp32, out, row0):
+    pypto.assemble(pypto.cast(res_fp32, pypto.DT_BF16), [row0, 0], out)
+
+
+def merge_online(t, o_t, l, m, acc, out, row0):
+    """V2 of the online kernel (first / middle / last), FP32; writes BF16 rows on the last tile."""
+    o_acc, l_acc, m_acc = acc
+    if pypto.cond(pypto.is_loop_begin(t)):
+        if pypto.cond(pypto.is_loop_end(t)):
+            write_rows(pypto.div(o_t, l), out, row0)
+        else:
+            o_acc[:] = o_t
+            l_acc[:] = l
+            m_acc[:] = m
+    else:
+        m_new = pypto.maximum(m_acc, m)
+        a = pypto.exp(pypto.sub(m_acc, m_new))
+        big_a = pypto.mul(a, l_acc)
+        c = pypto.exp(pypto.sub(m, m_new))
+        l_new = pypto.add(big_a, pypto.mul(c, l))
+        tmp = pypto.add(pypto.mul(o_acc, a), pypto.mul(o_t, c))
+        if pypto.cond(pypto.is_loop_end(t)):
+            write_rows(pypto.div(tmp, l_new), out, row0)
+        else:
+            o_acc[:] = tmp
+            l_acc[:] = l_new
+            m_acc[:] = m_new
+
+
+def merge_per_tile(t, o_t, l, m, acc, out, row0):
+    """V2 of the per-tile kernel. One tile (the seeds' case): its BF16 C2 output is the answer.
+    Several tiles (beyond the seeds, whose kernel keeps the last tile): the normalised tile
+    outputs are merged with softmax weights, FP32: ``A = exp(M - M')*L``, ``C = exp(m - M')*l``,
+    ``L' = A + C``, ``O = (O*A + O_t*C) / L'``; last tile writes ``BF16(O)``."""
+    o_acc, l_acc, m_acc = acc
+    if pypto.cond(pypto.is_loop_begin(t)):
+        if pypto.cond(pypto.is_loop_end(t)):
+            pypto.assemble(o_t, [row0, 0], out)
+        else:
+            o_acc[:] = pypto.cast(o_t, pypto.DT_FP32)
+            l_acc[:] = l
+            m_acc[:] = m
+    else:
+        m_new = pypto.maximum(m_acc, m)
+        big_a = pypto.mul(pypto.exp(pypto.sub(m_acc, m_new)), l_acc)
+        big_c = pypto.mul(pypto.exp(pypto.sub(m, m_new)), l)
+        l_new = pypto.add(big_a, big_c)
+        o_new = pypto.div(
+            pypto.add(pypto.mul(o_acc, big_a), pypto.mul(pypto.cast(o_t, pypto.DT_FP32), big_c)),
+            l_new,
+        )
+        if pypto.cond(pypto.is_loop_end(t)):
+            write_rows(o_new, out, row0)
+        else:
+            o_acc[:] = o_new
+            l_acc[:] = l_new
+            m_acc[:] = m_new
+
+
+# ----------------------------------------------------------------------------- the loop nest
+
+
+def attention_nest(query_nope, query_rope, topk_indices, block_table, kv_act_seqs, out, load, p):
+    """The 5-level loop nest (module docstring). ``load(idx, bt, valid) -> (kn, kr)`` is the V0
+    stage of the cache form."""
+    nq = p.nq
+    group = nq // p.n_kv
+    gt = p.g_tile
+    g_loops = group // gt
+    st = p.s_kv_tile
+    n_b = kv_act_seqs.shape[0]
+    rows_per_b = query_nope.shape[0] // n_b
+    s1 = rows_per_b // nq
+    max_blocks = block_table.shape[1]
+    merge = merge_online if p.online else merge_per_tile
+    for b in pypto.loop(0, n_b, 1, name="LOOP_L0_b_SA", idx_name="b"):
+        act = kv_act_seqs[b]
+        for s in pypto.loop(0, s1, 1, name="LOOP_L1_s1_SA", idx_name="s"):
+            cur_seq = (act - s1 + 1 + s).max(0).min(p.topk)
+            cur_seq.as_variable()
+            bn = (cur_seq + st - 1) // st
+            for n in pypto.loop(0, p.n_kv, 1, name="LOOP_L2_n_kv_SA", idx_name="n"):
+                for g in pypto.loop(0, g_loops, 1, name="LOOP_L3_g_SA", idx_name="g"):
+                    row0 = b * rows_per_b + s * nq + n * group + g * gt
+                    # cur_seq = 0: no key to attend -> zeros (a 0- or 1-trip loop)
+                    for _z in pypto.loop(0, 1 - bn.min(1), 1, name="LOOP_L4z_SA", idx_name="z"):
+                        pypto.set_vec_tile_shapes(min(gt, 64), NOPE)
+                        pypto.assemble(pypto.full([gt, NOPE], 0.0, pypto.DT_BF16), [row0, 0], out)
+                    pypto.set_vec_tile_shapes(min(gt, 64), HEAD)
+                    qi = pypto.tensor([gt, HEAD], pypto.DT_BF16, "qi")
+                    pypto.assemble(pypto.view(query_nope, [gt, NOPE], [row0, 0]), [0, 0], qi)
+                    pypto.assemble(pypto.view(query_rope, [gt, ROPE], [row0, 0]), [0, NOPE], qi)
+                    acc = (
+                        pypto.tensor([gt, NOPE], pypto.DT_FP32, "o_acc"),
+                        pypto.tensor([gt, 1], pypto.DT_FP32, "l_acc"),
+                        pypto.tensor([gt, 1], pypto.DT_FP32, "m_acc"),
+                    )
+                    for t in pypto.loop(0, bn, 1, name="LOOP_L4_s2_SA", idx_name="t"):
+                        valid = (cur_seq - t * st).min(st)
+                        pypto.set_semantic_label("Sa_V0")
+                        idx = pypto.view(
+                            topk_indices,
+                            [1, st],
+                            [b * s1 + s, n * p.topk + t * st],
+                            valid_shape=[1, valid],
+                        )
+                        bt = pypto.view(block_table, [1, max_blocks], [b, 0])
+                        kn, kr = load(idx, bt, valid)
+                        kj = assemble_keys(kn, kr, valid, p)
+                        o_t, l, m = tile_attention(qi, kn, kj, valid, p)
+                        pypto.set_semantic_label("Sa_V2")
+                        pypto.set_vec_tile_shapes(p.v2[0], p.v2[1])
+                        merge(t, o_t, l, m, acc, out, row0)
+
+
+def packed_nest(query_nope, query_rope, nope_cache, cache_fp8, topk_indices, block_table,
+                kv_act_seqs, attention_out, p):  # fmt: skip
+    """Packed cache (INT8 bytes; FP8 also through ``cache_fp8``)."""
+    pypto.experimental.set_operation_options(combine_axis=True)
+    if p.quant == "fp8":
+
+        def load(idx, bt, valid):
+            return load_packed_fp8(nope_cache, cache_fp8, idx, bt, valid, p)
+    else:
+
+        def load(idx, bt, valid):
+            return load_packed_int8(nope_cache, idx, bt, valid, p)
+
+    attention_nest(query_nope, query_rope, topk_indices, block_table, kv_act_seqs,
+                   attention_out, load, p)  # fmt: skip
+
+
+def split_nest(query_nope, query_rope, kn_quant, kr, kn_scales, topk_indices, block_table,
+               kv_act_seqs, attention_out, p):  # fmt: skip
+    """kv_split cache."""
+    pypto.experimental.set_operation_options(combine_axis=True)
+
+    def load(idx, bt, valid):
+        return load_split(kn_quant, kr, kn_scales, idx, bt, valid, p)
+
+    attention_nest(query_nope, query_rope, topk_indices, block_table, kv_act_seqs,
+                   attention_out, load, p)  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- kernel sources
+# Undecorated: :func:`build` wraps each in ``pypto.frontend.jit`` with the options of a SoC and
+# mode. The parameter names block_table / kv_act_seqs are referenced by ready_on_host_tensors.
+
+
+def sa_packed_int8(
+    query_nope: pypto.Tensor([pypto.DYNAMIC, NOPE], pypto.DT_BF16),
+    query_rope: pypto.Tensor([pypto.DYNAMIC, ROPE], pypto.DT_BF16),
+    nope_cache: pypto.Tensor([pypto.STATIC, ROW_BYTES], pypto.DT_INT8),
+    topk_indices: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_INT32),
+    block_table: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_INT32),
+    kv_act_seqs: pypto.Tensor([pypto.DYNAMIC], pypto.DT_INT32),
+    attention_out: pypto.Tensor([pypto.DYNAMIC, NOPE], pypto.DT_BF16),
+    params,
+):
+    packed_nest(query_nope, query_rope, nope_cache, None, topk_indices, block_table,
+                kv_act_seqs, attention_out, params)  # fmt: skip
+
+
+def sa_packed_fp8(
+    query_nope: pypto.Tensor([pypto.DYNAMIC, NOPE], pypto.DT_BF16),
+    query_rope: pypto.Tensor([pypto.DYNAMIC, ROPE], pypto.DT_BF16),
+    nope_cache: pypto.Tensor([pypto.STATIC, ROW_BYTES], pypto.DT_INT8),
+    nope_cache_fp8: pypto.Tensor([pypto.STATIC, ROW_BYTES], pypto.DT_FP8E4M3),
+    topk_indices: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_INT32),
+    block_table: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_INT32),
+    kv_act_seqs: pypto.Tensor([pypto.DYNAMIC], pypto.DT_INT32),
+    attention_out: pypto.Tensor([pypto.DYNAMIC, NOPE], pypto.DT_BF16),
+    params,
+):
+    packed_nest(query_nope, query_rope, nope_cache, nope_cache_fp8, topk_indices, block_table,
+                kv_act_seqs, attention_out, params)  # fmt: skip
+
+
+def sa_split_fp8(
+    query_nope: pypto.Tensor([pypto.DYNAMIC, NOPE], pypto.DT_BF16),
+    query_rope: pypto.Tensor([pypto.DYNAMIC, ROPE], pypto.DT_BF16),
+    kn_quant: pypto.Tensor([pypto.STATIC, NOPE], pypto.DT_FP8E4M3),
+    kr: pypto.Tensor([pypto.STATIC, ROPE], pypto.DT_BF16),
+    kn_scales: pypto.Tensor([pypto.STATIC, NSCALES], pypto.DT_FP32),
+    topk_indices: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_INT32),
+    block_table: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_INT32),
+    kv_act_seqs: pypto.Tensor([pypto.DYNAMIC], pypto.DT_INT32),
+    attention_out: pypto.Tensor([pypto.DYNAMIC, NOPE], pypto.DT_BF16),
+    params,
+):
+    split_nest(query_nope, query_rope, kn_quant, kr, kn_scales, topk_indices, block_table,
+               kv_act_seqs, attention_out, params)  # fmt: skip
+
+
+def sa_split_int8(
+    query_nope: pypto.Tensor([pypto.DYNAMIC, NOPE], pypto.DT_BF16),
+    query_rope: pypto.Tensor([pypto.DYNAMIC, ROPE], pypto.DT_BF16),
+    kn_quant: pypto.Tensor([pypto.STATIC, NOPE], pypto.DT_INT8),
+    kr: pypto.Tensor([pypto.STATIC, ROPE], pypto.DT_BF16),
+    kn_scales: pypto.Tensor([pypto.STATIC, NSCALES], pypto.DT_FP32),
+    topk_indices: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_INT32),
+    block_table: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_INT32),
+    kv_act_seqs: pypto.Tensor([pypto.DYNAMIC], pypto.DT_INT32),
+    attention_out: pypto.Tensor([pypto.DYNAMIC, NOPE], pypto.DT_BF16),
+    params,
+):
+    split_nest(query_nope, query_rope, kn_quant, kr, kn_scales, topk_indices, block_table,
+               kv_act_seqs, attention_out, params)  # fmt: skip
+
+
+SOURCES = {
+    ("packed", "int8"): sa_packed_int8,
+    ("packed", "fp8"): sa_packed_fp8,
+    ("split", "fp8"): sa_split_fp8,
+    ("split", "int8"): sa_split_int8,
+}
+
+
+# ----------------------------------------------------------------------------- options
+
+
+def jit_options(arch: str, mode: str) -> dict:
+    """``pypto.frontend.jit`` options per target and softmax mode (the seeds' choices, op-facts
+    §5.5.12 and §5.6.6): ``online`` = the ``_high`` / ``_d_950`` kernels, ``per_tile`` = ``_d``.
+    PyPTO 0.2.0 has no ``ooo_sched_mode`` pass option and no ``max_workspace_kb`` runtime
+    option (the ``_high`` kernel sets both); its ``"DEFAULT"`` key is written ``-1`` here."""
+    if mode == "online":
+        return {
+            "pass_options": {
+                "vec_nbuffer_setting": {-1: 1},
+                "cube_l1_reuse_setting": {-1: 1},
+                "cube_nbuffer_setting": {-1: 1},
+            },
+            "runtime_options": {
+                "stitch_function_max_num": 128,
+                "device_sched_mode": 1,
+                "ready_on_host_tensors": ["block_table", "kv_act_seqs"],
+            },
+        }
+    return {
+        "pass_options": {
+            "vec_nbuffer_setting": {-1: 2, 0: 4},
+            "cube_l1_reuse_setting": {-1: 2},
+        },
+        "runtime_options": {
+            "stitch_function_max_num": 128,
+            "device_sched_mode": 3,
+            "ready_on_host_tensors": ["block_table", "kv_act_seqs"],
+        },
+    }
+
+
+_BUILT: dict = {}
+
+
+def build(form: str, quant: str, mode: str):
+    """The jit kernel for a cache ``form`` ("packed"/"split"), ``quant`` ("int8"/"fp8") and
+    softmax ``mode`` ("online"/"per_tile") on this process's target (cached)."""
+    arch = pypto.platform.npuarch
+    key = (form, quant, mode, arch)
+    if key not in _BUILT:
+        _BUILT[key] = pypto.frontend.jit(**jit_options(arch, mode))(SOURCES[(form, quant)])
+    return _BUILT[key]

@@ -1,0 +1,381 @@
+"""DeepSeek-V3.2 sparse attention kernels (tilesim.device.sparse_attention) on PyPTO's CPU sim.
+
+Each sim test builds a small case with ``tilesim.reference.dsa_make_case`` (nq 128, b 2,
+s1 1 or 2, variable lengths incl. one shorter than s1 and one not a multiple of the KV tile,
+top-k indices drawn over the whole causal range, every cache row no used index reaches
+poisoned with NaN), runs the kernel through the host interpreter in a fresh process for its SoC
+and compares with ``tilesim.reference``:
+
+* the seeds' rule (atol 1e-4, rtol 5e-3, at most 0.5 % failing elements) must pass;
+* every element within 1 BF16 ULP of its row's largest |reference| (2 in per-tile mode when a
+  token spans several KV tiles: each tile output is rounded to BF16 before the merge). Why not
+  bit-exact: the interpreter accumulates the C1/C2 matmuls and row sums in FP32 in libtorch's
+  order and uses libtorch's exp, the reference rounds exact sums once, so an FP32 bit can
+  differ and move a BF16 rounding by one step; where an output nearly cancels that step is
+  many of its own ULPs but never more than a ULP of its row (MoE uses the same rule);
+* rows with ``cur_seq = 0`` are exactly zero (the output is pre-filled with NaN, so every row
+  must have been written), nothing is NaN, and the inputs are unchanged.
+
+Argument checks run in-process without pypto (they fail before anything is launched).
+The ``npu`` tests run the seeds' matrix on an Ascend NPU (``nox -s device``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tilesim.shared.soc import get_soc
+
+# ----------------------------------------------------------------------------- helpers (child)
+
+
+def _bf16_ulp(x: np.ndarray) -> np.ndarray:
+    """BF16 unit in the last place at magnitude ``x`` (float64; normal range)."""
+    e = np.frexp(np.maximum(np.abs(x), 2.0**-126))[1]
+    return np.ldexp(1.0, e - 8)
+
+
+def row_ulps(out: np.ndarray, ref: np.ndarray) -> float:
+    """Largest ``|out - ref|`` in units of the BF16 ULP of its row's largest ``|ref|`` (a row =
+    the 512 outputs of one query head)."""
+    a = out.astype(np.float64)
+    g = ref.astype(np.float64)
+    unit = _bf16_ulp(np.abs(g).max(axis=1, keepdims=True))
+    return float((np.abs(a - g) / unit).max())
+
+
+def budget_rows(spec: dict) -> float:
+    """Row-ULP budget: 1, or 2 in per-tile mode when a token spans several KV tiles (each tile
+    output is rounded to BF16 before the merge, and the merged output again)."""
+    from tilesim.shared.tiling import SaTileShapeConfig
+
+    cfg = SaTileShapeConfig.preset(spec["preset"])
+    several = min(max(spec["acts"]), spec["topk"]) > cfg.s_kv_tile
+    return 2.0 if cfg.softmax == "per_tile" and several else 1.0
+
+
+def _snapshot(inputs: dict) -> dict:
+    return {k: np.array(v, copy=True) for k, v in inputs.items()}
+
+
+def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
+
+
+def run_case(spec: dict) -> dict:
+    """Child process: build, run on the sim, compare. Returns plain numbers (picklable)."""
+    import tilesim.reference as reference
+    import torch
+    from tilesim.device import sim
+    from tilesim.device import sparse_attention as dev
+    from tilesim.reference.dsa_gather import cur_seq_lengths
+
+    case = reference.dsa_make_case(
+        seed=spec.get("seed", 7),
+        b=2,
+        s1=spec["s1"],
+        actual_seq=spec["acts"],
+        topk=spec["topk"],
+        quant=spec["quant"],
+        layout=spec["layout"],
+        preset=spec["preset"],
+        topk_rule="causal",
+        poison_unreached=True,
+    )
+    inputs, params = case["inputs"], case["params"]
+    before = _snapshot(inputs)
+    op_dev = getattr(dev, case["op"])
+    rows = inputs["query_nope"].shape[0]
+    out = torch.full((rows, 512), float("nan"), dtype=torch.bfloat16)
+    got, us = op_dev(**inputs, **params, out=out, backend="sim", soc=spec["soc"])
+    ref = getattr(reference, case["op"])(**inputs, **params)
+    rep = reference.compare(got, ref, **case["compare"])
+    m = spec["s1"]
+    cur = cur_seq_lengths(inputs["kv_act_seqs"], m, spec["topk"])
+    empty = np.repeat(cur == 0, params["nq"])
+    got_f = got.astype(np.float64)
+    got_bits = np.ascontiguousarray(got).view(np.int16)
+    traffic = dev.sparse_attention_traffic(
+        inputs["topk_indices"],
+        inputs["kv_act_seqs"],
+        nq=params["nq"],
+        topk=spec["topk"],
+        g_tile=params["tile_config"].g_tile,
+    )
+    res = {
+        "op": case["op"],
+        "soc": sim.current_soc(),
+        "us": us,
+        "written_in_place": bool(torch.equal(out.view(torch.int16), torch.from_numpy(got_bits))),
+        "seeds_rule": bool(rep.passed),
+        "n_fail": int(rep.n_fail),
+        "row_ulps": row_ulps(got, ref),
+        "nan": int(np.isnan(got_f).sum()),
+        "empty_rows": int(empty.sum()),
+        "empty_zero": bool((got_f[empty] == 0).all()),
+        "inputs_kept": all(_same_bytes(before[k], np.asarray(inputs[k])) for k in before),
+        "poisoned_rows": int(case["meta"]["poisoned_rows"]),
+        "keys": int(cur.sum()),
+        "bytes": traffic["bytes"],
+        "flop": traffic["flop"],
+        **reference_metrics(got, ref),
+    }
+    if spec.get("try_fp8_here"):
+        res["fp8_error"] = _fp8_rejection(inputs, params)
+    return res
+
+
+def reference_metrics(got: np.ndarray, ref: np.ndarray) -> dict:
+    from tilesim.reference.numerics import ulp_distance
+
+    u = ulp_distance(got, ref)
+    d = np.abs(got.astype(np.float64) - ref.astype(np.float64))
+    return {
+        "bit_exact": float(np.mean(got.view(np.uint16) == ref.view(np.uint16))),
+        "max_ulp": int(u.max()),
+        "max_abs": float(d.max()),
+    }
+
+
+def _fp8_rejection(inputs: dict, params: dict) -> str:
+    """On a 910B process an FP8 cache must be refused before any kernel is built."""
+    from tilesim.device import sparse_attention as dev
+    from tilesim.shared.casts import FP8_E4M3
+
+    cache = np.asarray(inputs["nope_cache"]).view(np.uint8).copy()
+    cache[:, :512] &= 0x3F  # any finite E4M3 bytes
+    fp8 = cache.view(FP8_E4M3)
+    args = {**inputs, "nope_cache": fp8}
+    try:
+        dev.sparse_attention_antiquant(**args, **params, backend="sim", soc="910b")
+    except ValueError as e:
+        return str(e)
+    return ""
+
+
+# ----------------------------------------------------------------------------- sim cases
+
+_C = {
+    # 910B: INT8 (the 910B has no FP8 type)
+    "int8-packed-decode-s2": dict(
+        soc="910b", quant="int8", layout="pypto", preset="decode", s1=2, acts=(1500, 1),
+        topk=2048, try_fp8_here=True,
+    ),
+    "int8-packed-prefill-s2-2tiles": dict(
+        soc="910b", quant="int8", layout="pypto", preset="prefill", s1=2, acts=(2300, 1),
+        topk=4096,
+    ),
+    "int8-kv_split-decode-s1": dict(
+        soc="910b", quant="int8", layout="kv_split", preset="decode", s1=1, acts=(600, 70),
+        topk=1024,
+    ),
+    # 950: FP8 E4M3 packed and kv_split, INT8 packed
+    "fp8-packed-decode-s2-capped": dict(
+        soc="950", quant="fp8", layout="pypto", preset="decode", s1=2, acts=(2100, 1),
+        topk=2048,
+    ),
+    "fp8-packed-prefill-s2-2tiles": dict(
+        soc="950", quant="fp8", layout="pypto", preset="prefill", s1=2, acts=(2300, 1),
+        topk=4096,
+    ),
+    "fp8-kv_split-decode-s2": dict(
+        soc="950", quant="fp8", layout="kv_split", preset="decode", s1=2, acts=(1500, 1),
+        topk=2048,
+    ),
+    "fp8-kv_split-prefill-s1-2tiles": dict(
+        soc="950", quant="fp8", layout="kv_split", preset="prefill", s1=1, acts=(2500, 300),
+        topk=4096,
+    ),
+    "fp8-flashmla-decode-s1": dict(
+        soc="950", quant="fp8", layout="flashmla", preset="decode", s1=1, acts=(800, 60),
+        topk=2048,
+    ),
+    "int8-packed-decode-s2-950": dict(
+        soc="950", quant="int8", layout="pypto", preset="decode", s1=2, acts=(1000, 1),
+        topk=2048,
+    ),
+}  # fmt: skip
+
+
+def _params():
+    for name, spec in _C.items():
+        mark = pytest.mark.soc_950 if spec["soc"] == "950" else pytest.mark.soc_910b
+        yield pytest.param(name, spec, id=name, marks=mark)
+
+
+@pytest.mark.sim
+@pytest.mark.torch
+@pytest.mark.parametrize("name,spec", list(_params()))
+def test_sim_matches_reference(name, spec, sim_report):
+    from tilesim.device import sim
+
+    r = sim.isolated(run_case, spec, soc=spec["soc"])
+    assert r["soc"] == spec["soc"]
+    assert r["inputs_kept"], "the kernel wrapper modified an input array"
+    assert r["written_in_place"]
+    assert r["nan"] == 0, f"{r['nan']} NaN outputs (unwritten rows or a poisoned row was read)"
+    assert r["poisoned_rows"] > 0
+    assert r["empty_rows"] == (128 if min(spec["acts"]) < spec["s1"] else 0)
+    assert r["empty_zero"], "rows with cur_seq = 0 must be zeros"
+    assert r["seeds_rule"], f"seeds' compare rule failed: {r['n_fail']} elements"
+    assert r["row_ulps"] <= budget_rows(spec), f"{r['row_ulps']} row-ULPs off the reference"
+    assert 0.0 < r["us"] < 1e5
+    if spec.get("try_fp8_here"):
+        assert "FP8 E4M3 needs the Ascend 950" in r["fp8_error"]
+    # same column names as the other kernels' rows of docs/perf/cost_model.md
+    extra = {
+        "row-wise ULP": r["row_ulps"],
+        "HBM-bound µs": get_soc(spec["soc"]).hbm_bound_us(r["bytes"]),
+        "cube-peak µs": get_soc(spec["soc"]).cube_bound_us(r["flop"], "bf16"),
+    }
+    if spec["soc"] == "950":  # the 950DT compiles as the 950 and differs only in HBM bandwidth
+        extra["HBM-bound µs 950DT"] = get_soc("950dt").hbm_bound_us(r["bytes"])
+    case = (
+        f"{spec['quant']} {spec['layout']} {spec['preset']} b2 s{spec['s1']} "
+        f"acts {list(spec['acts'])} topk {spec['topk']}"
+    )
+    sim_report.add(
+        kernel=r["op"],
+        soc=spec["soc"],
+        case=case,
+        bit_exact=r["bit_exact"],
+        max_ulp=r["max_ulp"],
+        max_abs=r["max_abs"],
+        us=r["us"],
+        extra=extra,
+    )
+
+
+# ----------------------------------------------------------------------------- argument checks
+
+
+def _small_case(**kw):
+    import tilesim.reference as reference
+
+    kw.setdefault("actual_seq", (300, 40))
+    kw.setdefault("topk", 256)
+    return reference.dsa_make_case(seed=1, b=2, s1=2, **kw)
+
+
+def _call(case, **over):
+    from tilesim.device import sparse_attention as dev
+
+    args = {**case["inputs"], **case["params"], "backend": "sim", "soc": "910b"}
+    args.update(over)
+    return getattr(dev, case["op"])(**args)
+
+
+@pytest.mark.parametrize(
+    "over,exc,match",
+    [
+        ({"n_kv": 2}, ValueError, "n_kv"),
+        ({"nq": 0}, ValueError, "nq: expected a positive integer"),
+        ({"softmax_scale": float("nan")}, ValueError, "softmax_scale"),
+        ({"layout": "vllm"}, ValueError, "layout"),
+        ({"tile_config": (128, 512)}, TypeError, "tile_config"),
+        ({"topk": 128}, ValueError, r"topk_indices: expected shape"),
+        ({"kv_act_seqs": np.array([300, -1], dtype=np.int32)}, ValueError, r"kv_act_seqs\[1\]"),
+        ({"kv_act_seqs": np.array([300.0, 4.0])}, TypeError, "kv_act_seqs"),
+        ({"block_table": np.zeros((3, 3), dtype=np.int32)}, ValueError, "block_table"),
+        ({"out": np.zeros((512, 512))}, ValueError, "out: expected a BF16 torch tensor"),
+        ({"backend": "gpu"}, ValueError, "backend: expected one of"),
+        ({"backend": "auto"}, ValueError, "pass NPU tensors .* or backend='sim'"),
+        ({"backend": "npu"}, ValueError, "backend='npu': expected torch tensors on an NPU"),
+    ],
+)
+def test_bad_arguments_raise_before_launch(over, exc, match):
+    case = _small_case()
+    with pytest.raises(exc, match=match):
+        _call(case, **over)
+
+
+def test_bad_dtypes_name_the_argument():
+    case = _small_case()
+    qn = case["inputs"]["query_nope"].astype(np.float32)
+    with pytest.raises(TypeError, match="query_nope: expected dtype bfloat16"):
+        _call(case, query_nope=qn)
+    cache = case["inputs"]["nope_cache"].view(np.uint8)
+    with pytest.raises(TypeError, match="nope_cache: expected dtype"):
+        _call(case, nope_cache=cache)
+    with pytest.raises(ValueError, match=r"query_rope: expected shape \[512, 64\]"):
+        _call(case, query_rope=case["inputs"]["query_rope"][:10])
+
+
+def test_group_tile_must_divide_the_heads():
+    from tilesim.shared.tiling import SaTileShapeConfig
+
+    case = _small_case()
+    with pytest.raises(ValueError, match="g_tile: expected a divisor of nq/n_kv = 128"):
+        _call(case, tile_config=SaTileShapeConfig.decode().replace(g_tile=96))
+
+
+def test_minus_one_entries_are_refused_not_skipped():
+    # the reference skips -1 entries; the kernel cannot, so the wrapper refuses them up front
+    case = _small_case(topk_rule="causal", invalid_frac=0.1)
+    with pytest.raises(ValueError, match=r"topk_indices\[\d+, \d+\].*got -1"):
+        _call(case)
+
+
+def test_out_of_range_entries_use_the_reference_checks():
+    case = _small_case()
+    ti = case["inputs"]["topk_indices"].copy()
+    ti[2, 0] = 10_000  # beyond the sequence
+    with pytest.raises(ValueError, match=r"topk_indices\[2, 0\]"):
+        _call(case, topk_indices=ti)
+
+
+def test_kv_split_checks_its_three_tensors():
+    case = _small_case(layout="kv_split")
+    kr = case["inputs"]["kr"]
+    with pytest.raises(ValueError, match=r"kr: expected shape"):
+        _call(case, kr=kr[:-1])
+    with pytest.raises(TypeError, match="kn_scales: expected dtype float32"):
+        _call(case, kn_scales=case["inputs"]["kn_scales"].astype(np.float64))
+
+
+def test_traffic_counts_match_the_reference_cost():
+    from tilesim.device.sparse_attention import sparse_attention_traffic
+    from tilesim.reference.dsa import sparse_attention_cost
+
+    case = _small_case(actual_seq=(1500, 1), topk=2048)
+    ti, acts = case["inputs"]["topk_indices"], case["inputs"]["kv_act_seqs"]
+    t = sparse_attention_traffic(ti, acts, nq=128, topk=2048, g_tile=128)
+    c = sparse_attention_cost(ti, acts, nq=128, topk=2048)
+    assert t["flop"] == c["flop"]
+    assert t["keys"] == c["attended"] == 1499 + 1500 + 0 + 1
+    assert t["bytes"] == c["bytes"] + 4 * t["keys"]  # + the INT32 index of every gathered row
+    # two group tiles of 64 heads gather every key twice and read/write the same Q/O bytes
+    t2 = sparse_attention_traffic(ti, acts, nq=128, topk=2048, g_tile=64)
+    assert t2["flop"] == t["flop"]
+    assert t2["bytes"] - t["bytes"] == t["keys"] * (656 + 4)
+
+
+def test_row_ulp_helper_can_fail():
+    from tilesim.shared.casts import to_bf16
+
+    ref = to_bf16(np.array([[0.5, 1e-3, -0.25], [0.0, 0.0, 0.0]], dtype=np.float32))
+    step = ref.copy()
+    step[0, 0] = (step[0, :1].view(np.uint16) + np.uint16(1)).view(ref.dtype)[0]  # 1 ULP at 0.5
+    assert row_ulps(step, ref) == 1.0
+    small = ref.copy()
+    small[0, 1] = to_bf16(np.float32(2e-3))  # ~1e-3 off; the row ULP at 0.5 is 2^-8
+    assert 0.25 < row_ulps(small, ref) < 0.26
+    zero_row = ref.copy()
+    zero_row[1, 2] = to_bf16(np.float32(1e-30))  # an empty row must stay exactly zero
+    assert row_ulps(zero_row, ref) > 1e6
+    assert budget_rows({"preset": "prefill", "acts": (2300, 1), "topk": 4096}) == 2.0
+    assert budget_rows({"preset": "prefill", "acts": (1500, 1), "topk": 2048}) == 1.0
+    assert budget_rows({"preset": "decode", "acts": (2300, 1), "topk": 4096}) == 1.0
+
+
+def test_module_imports_without_torch_or_pypto():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; import tilesim.device.sparse_attention as m; "
+        "assert 'torch' not in sys.modules and 'pypto' not in sys.modules, sorted(sys.modules); "
+        "print(m.__all__)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert r.returncode == 0, r.stderr
