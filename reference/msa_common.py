@@ -3,8 +3,8 @@
 The arithmetic model (see ``docs/ops/msa.md``):
 
 * **Cube matmul, FP32 out** (:func:`cube_matmul`): the products are formed exactly and summed
-  in float64 over one K tile (``k_step`` columns), the tile's sum is added to the FP32
-  accumulator with ONE rounding to FP32, tile after tile (the L0C accumulation over K steps).
+  in float64 over one K tile (``k_step`` columns) and rounded once to FP32; the tile partials
+  are added in FP32, tile after tile (the L0C accumulation over K steps).
   For BF16/FP16 operands every product and (for O(1) data) every 128-term float64 sum is exact,
   so a K tile is the correctly rounded FP32 value of its dot product, whatever order the BLAS
   uses. For FP32 operands the float64 sum carries ~2^-53 relative error before the FP32
@@ -89,14 +89,16 @@ def cube_matmul(a64: np.ndarray, b64: np.ndarray, k_step: int = K_STEP) -> np.nd
     """``a @ b`` as the cube computes it: FP32 result, FP32 accumulation over K tiles.
 
     ``a64`` ``[..., M, K]`` and ``b64`` ``[..., K, N]`` hold the (exactly widened) operands in
-    float64. Each ``k_step``-wide K tile is summed in float64 and added to the FP32 accumulator
-    with one rounding; tiles are taken in ascending K order. Returns FP32 ``[..., M, N]``.
+    float64. Each ``k_step``-wide K tile is summed in float64 and rounded once to FP32; the
+    tile partials are added in FP32 in ascending K order (the rule of the MoE golden's
+    ``ktiled_matmul_fp32``). Returns FP32 ``[..., M, N]``.
     """
     kdim = a64.shape[-1]
     acc = None
     for k0 in range(0, kdim, k_step):  # K-tile loop of the cube (changes the rounding)
         part = np.matmul(a64[..., k0 : k0 + k_step], b64[..., k0 : k0 + k_step, :])
-        acc = part.astype(FP32) if acc is None else (acc.astype(F64) + part).astype(FP32)
+        part = part.astype(FP32)  # one rounding per K tile
+        acc = part if acc is None else acc + part  # FP32 accumulator update
     return acc
 
 
@@ -125,15 +127,17 @@ def round_p(p32: np.ndarray, p_dtype: np.dtype) -> np.ndarray:
 
 
 def softmax_chunk(s32: np.ndarray, v64: np.ndarray, p_dtype: np.dtype):
-    """One online-softmax chunk on masked, scaled FP32 scores ``s32`` ``[..., rows, w]``.
+    """One online-softmax chunk on masked, scaled FP32 scores ``s32`` ``[..., rows, w]``
+    (overwritten: it holds P afterwards).
 
     ``m_c = rowmax(S)``; ``P = exp(S - m_c)`` (FP32 subtraction, FP32 exp);
     ``l_c = rowsum(P)`` over the unrounded FP32 P; ``O_c = cast(P) @ V`` (cube, FP32 out, K
     accumulated in :data:`K_STEP` steps). Returns ``(m_c, l_c, O_c)`` in FP32.
     """
     m_c = s32.max(axis=-1, keepdims=True)
-    with np.errstate(invalid="ignore", over="ignore"):
-        p32 = exp_fp32(s32 - m_c)
+    with np.errstate(invalid="ignore", over="ignore", under="ignore"):
+        p32 = np.subtract(s32, m_c, out=s32)  # in place: s32 is consumed
+        p32 = np.exp(p32, out=p32)  # exp_fp32, in place
     l_c = rowsum_fp32(p32)
     p64 = round_p(p32, p_dtype)
     if v64.ndim == 2:  # V shared by every row: one 2-D matmul over all rows (big cube M)

@@ -252,8 +252,9 @@ def msa_main_branch(
             state = None
             for c, (c0, w) in enumerate(bounds):  # NTILE chunks: online softmax
                 raw = cube_matmul(q_blk, k_chunks[h_kv][c])  # [(r1-r0)*16, w]
-                s = raw.reshape(r1 - r0, group, w) * scale
-                s = s + mask2d[r0:r1, None, c0 : c0 + w]  # one mask row for the 16 heads
+                s = raw.reshape(r1 - r0, group, w)  # a view: the FP32 steps run in place
+                np.multiply(s, scale, out=s)
+                np.add(s, mask2d[r0:r1, None, c0 : c0 + w], out=s)  # one mask row, 16 heads
                 m_c, l_c, o_c = softmax_chunk(s, v64[h_kv, c0 : c0 + w], p_dtype)
                 state = online_merge(state, m_c, l_c, o_c)
                 if trace is not None:
