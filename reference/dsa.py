@@ -355,6 +355,8 @@ def _run(
                                         **info,
                                         "branch": branch,
                                         "flop": 2 * (h1 - h0) * int(sel.size) * (HEAD_DIM + NOPE),
+                                        "row_max": m[:, 0].copy(),
+                                        "row_sum": l[:, 0].copy(),
                                     }
                                 )
                 if bar is not None:
@@ -401,7 +403,8 @@ def sparse_attention_antiquant(
         tile_config: :class:`~tilesim.shared.tiling.SaTileShapeConfig`; ``None`` reads
             ``SaTileShapeConfig.from_env()`` at call time (decode preset by default).
         trace: called once per (token, group tile, KV tile) with a dict (keys ``op``, ``b``,
-            ``s``, ``g``, ``tile``, ``branch``, ``valid``, ``flop``, ...).
+            ``s``, ``g``, ``tile``, ``branch``, ``valid``, ``flop``, and for computed tiles
+            ``row_max`` / ``row_sum``: the tile's FP32 ``m`` and ``l`` per head, ...).
         progress: ``True`` always shows a tqdm bar, ``False`` never, ``None`` after 3 s.
 
     Returns:
