@@ -224,6 +224,12 @@ def test_trace_is_called_once_per_tile_with_branches():
         assert [r["branch"] for r in recs if r["b"] == 1 and r["g"] == 0] == ["first_last"]
         assert [r["valid"] for r in recs if r["b"] == 2 and r["g"] == 0] == [1]
         assert len(recs) == (4 + 1 + 1) * g_loops
+        for r in recs:
+            if r["branch"] == "skip":
+                assert "row_sum" not in r
+                continue
+            assert r["row_max"].shape == r["row_sum"].shape == (r["heads"][1] - r["heads"][0],)
+            assert (r["row_sum"] >= 1).all() and (r["row_sum"] <= r["valid"]).all()
         flop = sum(r["flop"] for r in recs)
         assert (
             flop
