@@ -131,3 +131,22 @@ def test_subprocess_exit_codes(cli, golden_dir, tmp_path):
     np.save(tmp_path / "bad.npy", _bf16(g))
     p = cli.sub(["compare", tmp_path / "bad.npy", golden_dir / "manifest.json"], cwd=tmp_path)
     assert p.returncode == 1 and "FAIL m3_case_smoke_edge" in p.stdout
+
+
+def test_block_ids_compare_as_sets(cli, tmp_path):
+    """MSA indexer cases: the seeds' rule is set equality of the selected block ids."""
+    code, _, err = cli("golden", "msa_indexer_nb17", "-o", tmp_path, "--format", "bin")
+    assert code == 0, err
+    d = tmp_path / "msa_indexer_nb17"
+    ids = np.fromfile(d / "golden_out.bin", dtype="<i4").reshape(1, 16)
+    assert ids[0, -1] == 16 and len(set(ids[0].tolist())) == 16  # local block last, unique
+    np.save(tmp_path / "perm.npy", ids[:, ::-1].copy())  # same set, other order
+    code, out, _ = cli("compare", tmp_path / "perm.npy", d)
+    assert code == 0 and "as sets" in out
+    dropped = sorted(set(range(17)) - set(ids[0].tolist()))
+    assert len(dropped) == 1
+    other = ids.copy()
+    other[0, 0] = dropped[0]  # select the block the reference dropped
+    np.save(tmp_path / "other.npy", other)
+    code, out, _ = cli("compare", tmp_path / "other.npy", d)
+    assert code == 1 and "FAIL" in out
