@@ -181,3 +181,20 @@ def test_msa_main_branch_golden_against_dense_attention(cli, tmp_path):
         ref[:, h] = (p / p.sum(axis=1, keepdims=True)) @ v[:, h // 16].astype(np.float64)
     assert np.all(np.abs(golden - ref) <= 1e-3 + 1e-3 * np.abs(ref))
     assert np.abs(golden - ref).max() < 1e-4  # FP32 emulation is far inside the seeds' rule
+
+
+def test_force_replaces_the_previous_files(cli, tmp_path):
+    assert cli("golden", CASE, "-o", tmp_path, "--format", "bin")[0] == 0
+    assert (tmp_path / CASE / "golden_out.bin").exists()
+    (tmp_path / CASE / "notes.txt").write_text("mine")  # not ours: must survive
+    assert cli("golden", CASE, "-o", tmp_path, "--force")[0] == 0
+    names = sorted(p.name for p in (tmp_path / CASE).iterdir())
+    assert names == ["golden.npz", "inputs.npz", "manifest.json", "notes.txt"]
+
+
+def test_npz_inside_a_golden_dir_uses_its_manifest(cli, tmp_path):
+    assert cli("golden", CASE, "-o", tmp_path)[0] == 0
+    g = tmp_path / CASE / "golden.npz"
+    code, out, err = cli("compare", g, g)  # tolerance from the manifest beside the file
+    assert code == 0, err
+    assert "atol 0.5, rtol 0.015" in out

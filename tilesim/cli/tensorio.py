@@ -92,6 +92,21 @@ def check_writable_dir(path: Path, *, force: bool) -> None:
         raise CliError(f"cannot create output directory {str(path)!r}: {e.strerror}") from None
     if not os.access(path, os.W_OK | os.X_OK):
         raise CliError(f"output directory {str(path)!r} is not writable")
+    if force and (path / MANIFEST).exists():
+        _remove_previous_golden(path)
+
+
+def _remove_previous_golden(path: Path) -> None:
+    """--force: delete the files the old manifest lists (so no stale .bin/.npz stays behind)."""
+    try:
+        old = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+        files = {t["file"] for t in old.get("tensors", []) if isinstance(t, dict) and "file" in t}
+    except (OSError, ValueError, TypeError):
+        files = set()
+    for f in files | {MANIFEST}:
+        p = path / f
+        if p.parent == path and p.is_file():  # never follow a path out of the directory
+            p.unlink()
 
 
 def tensor_entry(name: str, role: str, a: np.ndarray, file: str, key: str | None) -> dict:
@@ -298,6 +313,14 @@ def load_from_manifest(mpath: Path, entry: dict) -> np.ndarray:
     return a
 
 
+def _manifest_beside(path: Path) -> dict | None:
+    """The manifest in the same directory, if there is a readable one."""
+    mpath = path.parent / MANIFEST
+    if not mpath.exists():
+        return None
+    return read_manifest(mpath)
+
+
 def load_tensor(
     spec: str,
     *,
@@ -335,14 +358,21 @@ def load_tensor(
         return Loaded(a, str(path))
     if path.suffix == ".npz":
         preferred = like.entry["name"] if like is not None and like.entry else None
+        m = _manifest_beside(path)
+        if m is not None and preferred is None:
+            goldens = [t["name"] for t in m["tensors"] if t.get("file") == path.name]
+            preferred = goldens[0] if len(goldens) == 1 else None
         a, k = _load_npz(path, key, preferred)
         if want is not None:
             a = _reinterpret(a, want, spec)
-        return Loaded(a, f"{path}:{k}")
+        entry = None
+        if m is not None:
+            mine = [t for t in m["tensors"] if t.get("file") == path.name and t["name"] == k]
+            entry = mine[0] if mine else None
+        return Loaded(a, f"{path}:{k}", m if entry else None, entry)
     if path.suffix == ".bin":
-        mpath = path.parent / MANIFEST
-        if mpath.exists():
-            m = read_manifest(mpath)
+        m = _manifest_beside(path)
+        if m is not None:
             for e in m["tensors"]:
                 if e.get("file") == path.name:
                     return Loaded(read_bin(path, e, dtype=want), str(path), m, e)
