@@ -63,6 +63,8 @@ def _check_seq_len(seq_len, batch: int, nb: int, by: int) -> np.ndarray:
             a, _ = as_array(seq_len, "seq_len")
         if a.dtype.kind not in "iu":
             raise TypeError(f"seq_len: expected an int or integer values, got dtype {a.dtype}")
+        if a.ndim == 0:  # a 0-d array / tensor is one int
+            a = np.full(batch, a.item(), dtype=np.int64)
         if a.shape != (batch,):
             raise ValueError(f"seq_len: expected one int or shape ({batch},), got {a.shape}")
         arr = a.astype(np.int64)

@@ -254,6 +254,15 @@ def test_per_row_seq_len_equals_separate_calls(rng):
     put(ids, 1, 0, 7)
     put(ids, 2, 5, 9)
     together = msa_sparse_decode(q, k, v, ids, seq.tolist(), tiling=T512)
+    same = msa_sparse_decode(q, k, v, ids, np.full(3, 9 * BY + 64), tiling=T512)
+    assert (
+        same.tobytes()
+        == msa_sparse_decode(q, k, v, ids, np.int64(9 * BY + 64), tiling=T512).tobytes()
+    )
+    assert (
+        same.tobytes()
+        == msa_sparse_decode(q, k, v, ids, np.array(9 * BY + 64), tiling=T512).tobytes()
+    )
     for b in range(3):
         one = msa_sparse_decode(
             q[b : b + 1], k[b : b + 1], v[b : b + 1], ids[b : b + 1], int(seq[b]), tiling=T512
