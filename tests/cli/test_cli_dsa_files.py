@@ -26,6 +26,10 @@ def test_dsa_bin_golden_against_a_dense_float64_oracle(cli, tmp_path):
     t = {e["name"]: e for e in m["tensors"]}
     assert t["nope_cache"]["dtype"] == "float8_e4m3fn" and t["nope_cache"]["shape"][1] == 656
     assert m["tiling"]["s_kv_tile"] == 2048 and m["tiling"]["softmax"] == "per_tile"
+    # the manifest documents the packed row as op-facts 5.2 does (decoded below by offsets)
+    fields = t["nope_cache"]["row_fields"]
+    assert [f.split(":")[0] for f in fields] == ["bytes 0..511", "bytes 512..639", "bytes 640..655"]
+    assert "rope" in fields[1] and "scales" in fields[2] and t["nope_cache"]["row_bytes"] == 656
     cache = _read(d, t["nope_cache"], np.uint8)  # raw bytes
     qn = _read(d, t["query_nope"], np.uint16).view(ml_dtypes.bfloat16)
     qr = _read(d, t["query_rope"], np.uint16).view(ml_dtypes.bfloat16)

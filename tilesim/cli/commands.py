@@ -198,6 +198,27 @@ def golden_header(built: BuiltCase, goldens: dict, *, run_seconds: float) -> dic
     }
 
 
+def byte_layout_notes(built: BuiltCase) -> dict:
+    """Row byte layouts of the packed MLA caches (``op-facts`` §5.2, ``tilesim.shared``)."""
+    from tilesim.shared.mla_cache import NOPE, NSCALES, ROPE
+
+    if "nope_cache" not in built.inputs:
+        return {}
+    q = built.inputs["nope_cache"].dtype.name
+    nope = f"quantized nope ({NOPE} x {q})"
+    rope = f"rope ({ROPE} x bfloat16, little-endian)"
+    scales = f"scales ({NSCALES} x float32, little-endian; scale g covers nope g*128..g*128+127)"
+    r0, s0 = NOPE + 2 * ROPE, NOPE + 4 * NSCALES
+    end = NOPE + 2 * ROPE + 4 * NSCALES
+    layout = built.op_args.get("layout", "pypto")
+    if layout == "flashmla":
+        fields = [(0, NOPE, nope), (NOPE, s0, scales), (s0, end, rope)]
+    else:
+        fields = [(0, NOPE, nope), (NOPE, r0, rope), (r0, end, scales)]
+    desc = [f"bytes {a}..{b - 1}: {what}" for a, b, what in fields]
+    return {"nope_cache": {"row_layout": layout, "row_bytes": end, "row_fields": desc}}
+
+
 def cmd_golden(args: argparse.Namespace) -> int:
     spec = get_case(args.case)
     out_dir = Path(args.output) / spec.name
@@ -207,7 +228,12 @@ def cmd_golden(args: argparse.Namespace) -> int:
     progress.stage(f"writing {args.format} files to {out_dir}")
     header = golden_header(built, goldens, run_seconds=run_s)
     manifest = tio.write_golden_dir(
-        out_dir, fmt=args.format, inputs=built.inputs, goldens=goldens, header=header
+        out_dir,
+        fmt=args.format,
+        inputs=built.inputs,
+        goldens=goldens,
+        header=header,
+        notes=byte_layout_notes(built),
     )
     print(f"{spec.name}: {spec.summary}")
     print(

@@ -152,8 +152,10 @@ def write_golden_dir(
     goldens: dict[str, np.ndarray],
     header: dict,
     progress=None,
+    notes: dict | None = None,
 ) -> dict:
-    """Write inputs + goldens in ``fmt`` ("npz" or "bin") and the manifest; return it."""
+    """Write inputs + goldens in ``fmt`` ("npz" or "bin") and the manifest; return it.
+    ``notes`` adds fields to the entry of the tensor of that name (e.g. a byte layout)."""
     tensors = []
     if fmt == "npz":
         write_npz(out_dir / "inputs.npz", inputs)
@@ -176,6 +178,8 @@ def write_golden_dir(
                     progress(fname)
     else:
         raise CliError(f"unknown format {fmt!r}; expected npz or bin")
+    for t in tensors:
+        t.update((notes or {}).get(t["name"], {}))
     manifest = {
         "manifest_version": MANIFEST_VERSION,
         **header,
