@@ -183,16 +183,18 @@ def moe_grouped_gemm(
     if cs[-1] == 0:  # no tokens at all: nothing to launch
         return (out, 0.0) if backend == "sim" else out
 
+    tensors = [sorted_tokens, w13, w2, expert_cumsum]
+    if backend == "sim":
+        from tilesim.device import sim
+
+        if any(t.device.type != "cpu" for t in tensors + [out]):
+            raise ValueError("backend='sim': expected CPU tensors")
+        sim.configure(soc)  # before pypto is imported: it fixes the compile target
+
     from tilesim.device._moe_kernel import build_kernel
 
     kernel = build_kernel(*kernel_cfg)
     if backend == "sim":
-        from tilesim.device import sim
-
-        sim.configure(soc)
-        tensors = [sorted_tokens, w13, w2, expert_cumsum]
-        if any(t.device.type != "cpu" for t in tensors + [out]):
-            raise ValueError("backend='sim': expected CPU tensors")
         # private copies: the simulator writes every argument back after the run
         args = [t.contiguous().clone() for t in tensors]
         res = out.contiguous().clone()

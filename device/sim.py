@@ -234,11 +234,12 @@ def current_soc() -> str | None:
     return _STATE["soc"]
 
 
-def configure(soc: str | None = None) -> str:
+def configure(soc: str | None = None, *, workdir: str | None = None) -> str:
     """Prepare this process to compile for ``soc`` (default ``$TILESIM_SOC`` or ``910b``).
 
     Must run before pypto is imported; calling it again with the same SoC is a no-op, with
-    another SoC a :class:`SimError` (use :func:`isolated`). Returns the compile target name.
+    another SoC a :class:`SimError` (use :func:`isolated`). ``workdir``: where PyPTO's output
+    goes (default a fresh temp dir, removed at exit). Returns the compile target name.
     """
     if soc is None and _STATE["soc"] is not None:
         return _STATE["soc"]
@@ -258,20 +259,20 @@ def configure(soc: str | None = None) -> str:
     require_torch()
     os.environ.pop("ASCEND_HOME_PATH", None)  # SIM mode; with it set pypto loads CANN and fails
     os.environ["TILEFWK_CONFIG_PATH"] = str(cost_config(target))
-    workdir = Path(tempfile.mkdtemp(prefix=f"tilesim-sim-{target}-"))
+    workdir = Path(workdir or tempfile.mkdtemp(prefix=f"tilesim-sim-{target}-"))
     os.environ["TILE_FWK_OUTPUT_DIR"] = str(workdir / "output")
     os.environ.setdefault("PYPTO_HOME", str(workdir / "pypto_home"))
     if not os.environ.get("TILESIM_SIM_KEEP"):
         atexit.register(shutil.rmtree, str(workdir), True)
     if target == "950":
         sys.path.insert(0, str(overlay_950()))
-    _STATE["soc"] = target
-    _STATE["workdir"] = workdir
     pypto = require_pypto()
     arch = pypto.platform.npuarch
     want = get_soc(target).arch
     if arch != want:
         raise SimError(f"soc {target!r}: pypto compiles for {arch!r}, expected {want!r}")
+    _STATE["soc"] = target
+    _STATE["workdir"] = workdir
     _patch()
     return target
 
@@ -543,7 +544,7 @@ def run_compile(kernel, args, **params) -> float:
 
 
 # ---------------------------------------------------------------- process isolation
-def _child_main(queue, soc: str, payload: bytes) -> None:
+def _child_main(queue, soc: str, workdir: str, payload: bytes) -> None:
     import traceback
 
     try:
@@ -553,7 +554,7 @@ def _child_main(queue, soc: str, payload: bytes) -> None:
                 "__main__ module imports pypto (or a kernel module) at top level -- move that "
                 "import into a function or under `if __name__ == '__main__':`"
             )
-        configure(soc)
+        configure(soc, workdir=workdir)
         fn, args, kwargs = pickle.loads(payload)
         result = ("ok", pickle.dumps(fn(*args, **kwargs)))
     except BaseException as e:  # noqa: BLE001 -- pypto errors may not unpickle: send text
@@ -579,9 +580,11 @@ def isolated(fn, *args, soc: str = DEFAULT_SOC, timeout: float = 900.0, **kwargs
     if target not in SIM_SOCS:
         raise ValueError(f"soc: expected one of {SIM_SOCS}, got {soc!r}")
     payload = pickle.dumps((fn, args, kwargs))
+    # created here so that it is removed even when the child dies without running atexit
+    workdir = tempfile.mkdtemp(prefix=f"tilesim-sim-{target}-")
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    p = ctx.Process(target=_child_main, args=(q, target, payload), daemon=True)
+    p = ctx.Process(target=_child_main, args=(q, target, workdir, payload), daemon=True)
     p.start()
     deadline = time.monotonic() + timeout
     msg = None
@@ -607,6 +610,8 @@ def isolated(fn, *args, soc: str = DEFAULT_SOC, timeout: float = 900.0, **kwargs
         if p.is_alive():
             p.kill()
             p.join()
+        if not os.environ.get("TILESIM_SIM_KEEP"):
+            shutil.rmtree(workdir, ignore_errors=True)
     status, value = msg
     if status == "err":
         raise SimError(f"[{target}] {value}")

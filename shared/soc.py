@@ -129,12 +129,14 @@ def get_soc(name: str | SocSpec = DEFAULT_SOC) -> SocSpec:
 
 
 # ------------------------------------------------------------------ per-SoC tile defaults
-#: MoE activation-stage vector tile width (columns of FP32) per (soc, activation).
-#: 910B keeps the seeds' values (UB 192 KB); the 950's 248 KB lets silu take 256 columns.
+#: MoE activation-stage vector tile width (columns of FP32) per (soc, activation); a tile is
+#: ``[min(chunk, vt), vt]`` with chunks up to 64 rows. 910B: the seeds' values (UB 192 KB).
+#: 950: silu stays at 128 (the cost model has it 9 % faster than 256 on the M2.7 seed case),
+#: swigluoai 256. Compile limits and measurements: docs/device.md.
 _MOE_VEC_TILE = {
     ("910b", "silu"): 128,
     ("910b", "swigluoai"): 256,
-    ("950", "silu"): 256,
+    ("950", "silu"): 128,
     ("950", "swigluoai"): 256,
 }
 

@@ -206,6 +206,43 @@ def test_moe_seed_case_full_size(name, sim_soc, sim_report):
     _run_case(name, SLOW_CASES[name], sim_soc, sim_report)
 
 
+_FRESH_PROCESS = """
+import torch
+from tilesim.device import moe_grouped_gemm
+from tilesim.reference import moe_grouped_gemm as reference
+from tilesim.shared.models import MoeDims
+g = torch.Generator().manual_seed(5)
+x = torch.randn(7, 128, generator=g).bfloat16()
+w13 = (torch.randn(256, 128, generator=g) * 0.1).bfloat16()
+w2 = (torch.randn(128, 128, generator=g) * 0.1).bfloat16()
+cs = torch.tensor([0, 3, 7], dtype=torch.int32)
+dims = MoeDims(2, 128, 64)
+out, us = moe_grouped_gemm(x, (w13, w2), cs, dims, backend="sim", soc="950")
+gold = reference(x, (w13, w2), cs, dims)
+# bit-pattern distance: the ULP distance where signs agree, larger otherwise (conservative)
+d = (out.view(torch.int16).int() - gold.view(torch.int16).int()).abs()
+import pypto
+print(pypto.platform.npuarch, us > 0, float((d == 0).float().mean()), int(d.max()))
+"""
+
+
+@pytest.mark.sim
+@pytest.mark.soc_950
+@pytest.mark.torch
+def test_wrapper_sets_up_a_fresh_process():
+    """backend='sim' without isolated(): the wrapper picks the SoC before pypto is imported."""
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, "-c", _FRESH_PROCESS], capture_output=True, text=True, timeout=600
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    arch, cost_ok, exact, max_ulp = r.stdout.strip().splitlines()[-1].split()
+    assert (arch, cost_ok) == ("DAV_3510", "True")
+    assert float(exact) >= BUDGET_BIT_EXACT and int(max_ulp) <= SMALL_CASE_MAX_ULP, r.stdout
+
+
 # ---------------------------------------------------------------- argument checks (no pypto)
 @pytest.mark.torch
 def test_bad_arguments_name_the_argument():
