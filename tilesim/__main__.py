@@ -72,7 +72,7 @@ def _add_parsers(sub) -> None:
         default="npz",
         help="npz (default) or raw little-endian .bin files, one per tensor",
     )
-    p.add_argument("--seed", type=int, help="override the case's seed")
+    p.add_argument("--seed", type=_seed, help="override the case's seed (an integer >= 0)")
     p.add_argument("--force", action="store_true", help="overwrite an existing golden")
     _progress_flags(p)
     p.set_defaults(func=c.cmd_golden)
@@ -85,8 +85,8 @@ def _add_parsers(sub) -> None:
     )
     p.add_argument("actual", metavar="ACTUAL")
     p.add_argument("golden", metavar="GOLDEN")
-    p.add_argument("--atol", type=float)
-    p.add_argument("--rtol", type=float)
+    p.add_argument("--atol", type=float, help="absolute tolerance (default: the manifest's)")
+    p.add_argument("--rtol", type=float, help="relative tolerance (default: the manifest's)")
     p.add_argument("--ratio", type=float, help="allowed fraction of failing elements")
     p.add_argument(
         "--arithmetic",
@@ -115,7 +115,7 @@ def _add_parsers(sub) -> None:
     p.add_argument("--png", required=True, metavar="FILE")
     p.add_argument("--actual", metavar="FILE", help="device output to map against the golden")
     p.add_argument("--actual-dtype", help="reinterpret ACTUAL's bytes as this dtype")
-    p.add_argument("--seed", type=int)
+    p.add_argument("--seed", type=_seed, help="override the case's seed (an integer >= 0)")
     p.add_argument("--records", metavar="FILE", help="also write the trace records as JSON lines")
     p.add_argument("--force", action="store_true", help="overwrite an existing PNG")
     _progress_flags(p)
@@ -125,6 +125,16 @@ def _add_parsers(sub) -> None:
     p.add_argument("--rows", type=int, default=256)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_demo)
+
+
+def _seed(text: str) -> int:
+    try:
+        v = int(text, 10)
+    except ValueError:
+        v = -1
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return v
 
 
 def _progress_flags(p) -> None:

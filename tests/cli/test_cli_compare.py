@@ -150,3 +150,15 @@ def test_block_ids_compare_as_sets(cli, tmp_path):
     np.save(tmp_path / "other.npy", other)
     code, out, _ = cli("compare", tmp_path / "other.npy", d)
     assert code == 1 and "FAIL" in out
+
+
+def test_bad_tolerance_and_seed_are_clear_errors(cli, golden_dir, tmp_path):
+    g = _golden(golden_dir)
+    np.save(tmp_path / "same.npy", g)
+    code, _, err = cli("compare", tmp_path / "same.npy", golden_dir, "--ratio", "2")
+    assert code == 2 and "ratio" in err
+    code, _, err = cli("compare", tmp_path / "same.npy", golden_dir, "--atol", "-1")
+    assert code == 2 and "atol" in err
+    with pytest.raises(SystemExit) as e:  # argparse rejects it before anything runs
+        cli("golden", CASE, "-o", tmp_path / "g", "--seed", "-3")
+    assert e.value.code == 2 and not (tmp_path / "g").exists()

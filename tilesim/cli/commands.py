@@ -151,7 +151,10 @@ class _Progress:
 
 def _build_and_run(spec, seed, progress: _Progress, trace=None):
     progress.stage(f"building inputs of {spec.name}")
-    built = build_case(spec, seed, progress=progress.enabled)
+    try:
+        built = build_case(spec, seed, progress=progress.enabled)
+    except (ValueError, TypeError) as e:  # e.g. a negative --seed
+        raise CliError(f"case {spec.name}: the builder rejected its arguments: {e}") from None
     progress.stage(f"running {built.op_name}")
     bar_hook = None if has_own_progress(built) else progress.tile_hook(built.op_name)
     if trace is not None and bar_hook is not None:
@@ -294,16 +297,19 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if mode == "set":  # block-id selections: order is not part of the contract
         a, g = np.sort(a, axis=-1), np.sort(g, axis=-1)
     name = (golden.manifest or {}).get("case", Path(golden.source).name)
-    rep = compare(
-        a,
-        g,
-        atol=atol,
-        rtol=rtol,
-        ratio=ratio,
-        name=name,
-        check_dtype=not args.allow_dtype_mismatch,
-        arithmetic=args.arithmetic,
-    )
+    try:
+        rep = compare(
+            a,
+            g,
+            atol=atol,
+            rtol=rtol,
+            ratio=ratio,
+            name=name,
+            check_dtype=not args.allow_dtype_mismatch,
+            arithmetic=args.arithmetic,
+        )
+    except (ValueError, TypeError) as e:  # bad tolerance values
+        raise CliError(str(e)) from None
     print(f"actual: {actual.source}\ngolden: {golden.source}")
     if mode == "set":
         print("(ids compared as sets: both sorted along the last axis first)")
