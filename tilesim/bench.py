@@ -171,7 +171,7 @@ def torch_msa_decode(args: dict):
     return out
 
 
-def torch_msa_main(args: dict, topk_indices: np.ndarray | None):
+def torch_msa_main(args: dict, topk_indices: np.ndarray):
     """The seeds' main-branch golden: per head, per query block, per reachable slot
     (op-facts 4.7): scores of each slot, causal mask on the diagonal block, one softmax over
     the concatenated slots, times the concatenated V."""
@@ -183,8 +183,6 @@ def torch_msa_main(args: dict, topk_indices: np.ndarray | None):
     bk = 128
     nbk = -(-n // bk)
     hkv = kb.shape[1]
-    if topk_indices is None:  # recover the slot -> block map from the mask's diagonal pattern
-        topk_indices = _slots_from_mask(np.asarray(args["block_mask"]), n)
     sel = [int(x) for x in topk_indices]
     qpad = torch.zeros(nbk * bk, hq, d)
     qpad[:n] = q
@@ -210,21 +208,6 @@ def torch_msa_main(args: dict, topk_indices: np.ndarray | None):
             o = p @ torch.cat(vs, 0)
             rows = min(bk, n - qb * bk)
             out[qb * bk : qb * bk + rows, h] = o[:rows]
-    return out
-
-
-def _slots_from_mask(mask: np.ndarray, n: int) -> list[int]:
-    """Selected block of each real slot from the additive block mask: the query block whose
-    diagonal tile (row 0, col 0 open, col 1 closed) the slot is, else the first query block
-    that sees it fully (a past block). Used only when the builder does not say."""
-    nbk, topk = mask.shape[:2]
-    out = []
-    for i in range(topk):
-        open_rows = [qb for qb in range(nbk) if mask[qb, i, 0, 0] == 0]
-        if not open_rows:
-            break
-        first = open_rows[0]
-        out.append(first)
     return out
 
 
@@ -443,9 +426,10 @@ def torch_golden_for(built) -> Callable[[], object] | None:
     if op == "msa_sparse_decode":
         return lambda: torch_msa_decode(a)
     if op == "msa_main_branch":
-        meta = built.extra.get("meta", {}) or {}
-        ids = meta.get("topk_indices", built.params.get("topk_indices"))
-        ids = None if ids is None else np.asarray(ids).ravel()
+        ids = (built.extra.get("meta") or {}).get("topk_indices")
+        if ids is None:  # the builder did not say which blocks it selected
+            return None
+        ids = np.asarray(ids).ravel()
         return lambda: torch_msa_main(a, ids)
     if op.startswith("sparse_attention_antiquant"):
         return lambda: torch_dsa(a, op)

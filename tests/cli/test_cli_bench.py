@@ -38,14 +38,21 @@ def test_dsa_flop_count_matches_the_library_cost_model():
 
 @pytest.mark.torch
 @pytest.mark.parametrize(
-    "name", ["m3_case_smoke_edge", "sfa_bf16_b4_s2_seq64K_total_fp8_kv_split_d"]
+    "name",
+    [
+        "m3_case_smoke_edge",
+        "sfa_bf16_b4_s2_seq64K_total_fp8_kv_split_d",
+        "msa_indexer_nb17",
+        "msa_decode_partial_nb17",
+        "msa_main_unaligned_1",
+    ],
 )
 def test_torch_goldens_agree_with_the_references(name):
     built = build_case(get_case(name))
     ref = run_reference(built)["out"]
     out = torch_golden_for(built)()
     verdict = _check(built, ref, out)
-    assert verdict.startswith("agrees"), verdict
+    assert verdict.startswith(("agrees", "same block set")), verdict
     assert np.asarray(ref).shape == tuple(out.shape)
 
 
