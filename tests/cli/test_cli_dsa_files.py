@@ -21,6 +21,7 @@ def _read(d, entry, dtype):
 def test_dsa_bin_golden_against_a_dense_float64_oracle(cli, tmp_path):
     code, _, err = cli("golden", CASE, "-o", tmp_path, "--format", "bin")
     assert code == 0, err
+    assert err == ""  # the op's own progress bar is switched off without a terminal
     d = tmp_path / CASE
     m = json.loads((d / "manifest.json").read_text())
     t = {e["name"]: e for e in m["tensors"]}
@@ -65,3 +66,12 @@ def test_dsa_bin_golden_against_a_dense_float64_oracle(cli, tmp_path):
         bound = u * (pn @ np.abs(kn)) + u * np.abs(o) + 1e-6
         assert np.all(np.abs(g - o) <= bound), (b, s, float((np.abs(g - o) / bound).max()))
         assert np.corrcoef(g.ravel(), o.ravel())[0, 1] > 0.9999
+
+
+def test_progress_flag_reaches_the_deepseek_builder_and_op():
+    from tilesim.cli.registry import get_case
+    from tilesim.cli.runner import build_case
+
+    spec = get_case(CASE)
+    assert build_case(spec).op_args["progress"] is False  # default: silent
+    assert build_case(spec, progress=True).op_args["progress"] is True
