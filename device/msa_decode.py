@@ -315,13 +315,14 @@ def msa_sparse_decode(
         sel = table.to(torch.int64)[:, None, :]
         k2 = k_blocks[bi, hi, sel].reshape(-1, dim)
         v2 = v_blocks[bi, hi, sel].reshape(-1, dim)
+    if backend == "sim":  # choose the SoC before pypto is imported (the 950 is an overlay)
+        from tilesim.device import sim
+
+        sim.configure(soc)
     kernel = build_kernel(batch, hq, hkv, nb, topk, dim, tiling.ntile, gather, gather_rows(soc))
     q2 = q.contiguous().reshape(-1, dim)
     out = torch.zeros(batch * hq, dim, dtype=torch.bfloat16, device=dev)
     if backend == "sim":
-        from tilesim.device import sim
-
-        sim.configure(soc)
         args = [t.detach().clone() for t in (q2, k2, v2, table, positions, keep)]
         if any(t.device.type != "cpu" for t in args):
             raise ValueError("backend='sim': expected CPU tensors")

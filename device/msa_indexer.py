@@ -129,11 +129,12 @@ def _run_scores(idx_q, idx_k, nb, backend, soc):
     q_pad = torch.zeros(NPAD, DIM, dtype=torch.bfloat16, device=idx_q.device)
     q_pad[:NIDX] = idx_q
     scores = torch.zeros(NPAD, nb * BY, dtype=torch.float32, device=idx_q.device)
-    kernel = build_kernel(nb, key_tile(soc))
-    if backend == "sim":
+    if backend == "sim":  # choose the SoC before pypto is imported (the 950 is an overlay)
         from tilesim.device import sim
 
         sim.configure(soc)
+    kernel = build_kernel(nb, key_tile(soc))
+    if backend == "sim":
         if idx_k.device.type != "cpu" or idx_q.device.type != "cpu":
             raise ValueError("backend='sim': expected CPU tensors")
         run = sim.run_kernel(kernel, [q_pad, idx_k.detach().contiguous().clone(), scores])

@@ -1,0 +1,199 @@
+"""MSA main-branch (prefill) kernel on PyPTO's CPU simulator (910B, 950) vs tilesim.reference.
+
+Budget (docs/device.md, "## MSA kernels"), FP32 output, against
+``tilesim.reference.msa_main_branch`` with the same dtype / NTILE:
+
+1. ``max |out - golden| <= B[dtype] * max |golden|`` with B = 2**-16 (fp32), 2**-12 (fp16),
+   2**-8 (bf16). The scores differ from the reference's correctly rounded dot products by a few
+   FP32 ULPs (PyPTO's interpreter sums in libtorch's order); with a 16-bit P such a difference
+   can flip P's rounding, worth up to one ULP of P's dtype in the output. The bit-exact fraction
+   is reported, not promised;
+2. rows that see no selected key are exactly +0;
+3. an independent float64 oracle (dense attention over the visible keys, written from the
+   block-causal rule, not from the mask) agrees within the seeds' tolerance
+   ``1e-3 + 1e-3*|e|`` for fp32 (``2e-2`` absolute for the 16-bit modes).
+
+Shapes are kept small for the CPU (the interpreter costs ~0.1-0.3 s per head and chunk): HQ = 32
+query heads on HKV = 2 KV heads (two KV groups, so the ``hg // 16`` head mapping is exercised),
+topk = 5 slots = 640 keys = one 512-key chunk plus a PARTIAL 128-key chunk (the seeds drop it).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+BUDGET = {"fp32": 2.0**-16, "fp16": 2.0**-12, "bf16": 2.0**-8}
+ORACLE = {"fp32": (1e-3, 1e-3), "fp16": (2e-2, 0.0), "bf16": (2e-2, 0.0)}
+HQ, HKV, TOPK = 32, 2, 5
+
+# name -> (n, selected block ids in slot order)
+CASES = {
+    "aligned n256 ids[1,0]": (256, [1, 0]),
+    # block 0 not selected: query rows 0..127 see nothing -> zeros; 72 rows in the last block
+    "unaligned n200 ids[1]": (200, [1]),
+}
+
+
+def _oracle(q, kb, vb, n, ids):
+    """float64 attention of each query row over the visible keys of the selected blocks."""
+    import torch
+
+    hq, hkv = q.shape[1], kb.shape[1]
+    g = hq // hkv
+    out = torch.zeros(n, hq, 128, dtype=torch.float64)
+    keys = torch.cat([i * 128 + torch.arange(128) for i in ids])  # key positions, slot order
+    rows = torch.cat([torch.arange(s * 128, (s + 1) * 128) for s in range(len(ids))])
+    for i in range(n):
+        vis = keys <= i  # causal within the diagonal block, past blocks whole
+        if not bool(vis.any()):
+            continue
+        for h in range(hq):
+            k = kb[rows[vis], h // g].double()
+            v = vb[rows[vis], h // g].double()
+            s = (q[i, h].double() @ k.T) / 128**0.5
+            out[i, h] = torch.softmax(s, dim=-1) @ v
+    return out
+
+
+def check_main_branch(dtype, soc, seed=5) -> dict:
+    """Runs in the isolated child: every case for one dtype."""
+    import numpy as np
+    import torch
+    from tilesim.device.msa_main_branch import msa_main_branch
+    from tilesim.reference import build_msa_block_mask
+    from tilesim.reference import msa_main_branch as reference
+
+    res = {}
+    for name, (n, ids) in CASES.items():
+        g = torch.Generator().manual_seed(seed + n)
+        q = torch.randn(n, HQ, 128, generator=g)
+        kb = torch.randn(TOPK * 128, HKV, 128, generator=g)
+        vb = torch.randn(TOPK * 128, HKV, 128, generator=g)
+        kb[len(ids) * 128 :] = 0  # padding slots carry zeros, as the seeds' wrapper
+        vb[len(ids) * 128 :] = 0
+        mask = build_msa_block_mask(n, torch.tensor(ids, dtype=torch.int32), topk=TOPK)
+        before = [t.clone() for t in (q, kb, vb, mask)]
+        out, us = msa_main_branch(q, kb, vb, mask, dtype=dtype, backend="sim", soc=soc)
+        gold = reference(q, kb, vb, mask, dtype=dtype)
+        tdt = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+        cast = [t.to(tdt).float() for t in (q, kb, vb)]
+        oracle = _oracle(*cast, n, ids)
+        err = (out.double() - gold.double()).abs()
+        atol, rtol = ORACLE[dtype]
+        oerr = (out.double() - oracle).abs() - (atol + rtol * oracle.abs())
+        empty = [i for i in range(n) if min(ids) * 128 > i]
+        res[name] = {
+            "us": us,
+            "bit_exact": float(
+                np.mean(out.view(torch.int32).numpy() == gold.view(torch.int32).numpy())
+            ),
+            "max_abs": float(err.max()),
+            "scaled": float(err.max() / gold.abs().max()),
+            "oracle_excess": float(oerr.max()),
+            "empty_rows": len(empty),
+            "empty_zero": bool((out[empty].view(torch.int32) == 0).all()) if empty else True,
+            "inputs_kept": all(
+                torch.equal(p, t) for p, t in zip(before, (q, kb, vb, mask), strict=True)
+            ),
+        }
+    return res
+
+
+@pytest.mark.sim
+@pytest.mark.torch
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+def test_main_branch_kernel_matches_reference(dtype, sim_soc, sim_report):
+    from tilesim.device import sim
+
+    res = sim.isolated(check_main_branch, dtype, sim_soc, soc=sim_soc)
+    for name, r in res.items():
+        sim_report.add(
+            kernel="msa_main_branch",
+            soc=sim_soc,
+            case=f"{name} {dtype} HQ{HQ}/HKV{HKV} topk{TOPK}",
+            bit_exact=r["bit_exact"],
+            max_ulp=-1,
+            max_abs=r["max_abs"],
+            us=r["us"],
+            extra={"err / max|golden|": r["scaled"]},
+        )
+    for name, r in res.items():
+        assert r["inputs_kept"], name
+        assert r["scaled"] <= BUDGET[dtype], (name, r)
+        assert r["oracle_excess"] <= 0.0, (name, r)
+        assert r["empty_zero"], (name, "rows that see no key must be exactly +0")
+        assert r["us"] > 0.0
+    assert res["unaligned n200 ids[1]"]["empty_rows"] == 128
+
+
+# ----------------------------------------------------------------------------- no simulator
+torch = pytest.importorskip("torch")
+
+
+def _args(n=3):
+    from tilesim.reference import build_msa_block_mask
+
+    q = torch.zeros(n, 16, 128)
+    kb = torch.zeros(2 * 128, 1, 128)
+    mask = build_msa_block_mask(n, torch.tensor([0], dtype=torch.int32), topk=2)
+    return {"q": q, "k": kb, "v": kb.clone(), "mask": mask}
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize(
+    ("change", "kw", "exc", "match"),
+    [
+        ({"q": torch.zeros(3, 16, 64)}, {}, ValueError, "query: expected head dim 128"),
+        ({"q": torch.zeros(3, 16, 128, dtype=torch.int32)}, {}, TypeError, "query: expected dtype"),
+        ({"mask": torch.zeros(2, 2, 128, 128)}, {}, ValueError, "block_mask: expected shape"),
+        ({"k": torch.zeros(128, 1, 128)}, {}, ValueError, "key_blocks: expected shape"),
+        ({"v": torch.zeros(256, 2, 128)}, {}, ValueError, "value_blocks: expected shape"),
+        (
+            {
+                "q": torch.zeros(3, 15, 128),
+                "k": torch.zeros(256, 2, 128),
+                "v": torch.zeros(256, 2, 128),
+            },
+            {},
+            ValueError,
+            "query: expected HQ a multiple",
+        ),
+        ({}, {"dtype": "fp8"}, ValueError, "dtype: expected one of"),
+        ({}, {"max_n": 100}, ValueError, "max_n: expected a multiple of bk=128"),
+        ({}, {"backend": "cuda"}, ValueError, "backend: expected one of"),
+        ({}, {"backend": "auto"}, ValueError, "backend='sim'"),
+    ],
+)
+def test_bad_arguments_name_the_argument(change, kw, exc, match):
+    from tilesim.device.msa_main_branch import msa_main_branch
+
+    a = _args()
+    a.update(change)
+    kw = {"backend": "sim", **kw}
+    with pytest.raises(exc, match=match):
+        msa_main_branch(a["q"], a["k"], a["v"], a["mask"], **kw)
+
+
+@pytest.mark.torch
+def test_kernel_mask_matches_the_reference_wrapper():
+    import numpy as np
+    from tilesim.device.msa_main_branch import kernel_mask
+    from tilesim.reference import build_msa_block_mask
+    from tilesim.reference.msa_main_branch import kernel_mask as ref_kernel_mask
+
+    m = build_msa_block_mask(300, torch.tensor([2, 0], dtype=torch.int32), topk=4)
+    got = kernel_mask(m, 512).numpy()
+    np.testing.assert_array_equal(got, ref_kernel_mask(m.numpy(), 512))
+    # entry [qb*bk + r, i*bk + c] = block_mask[qb, i, r, c]
+    assert got[128 + 5, 1 * 128 + 7] == m[1, 1, 5, 7] and got.shape == (512, 512)
+
+
+@pytest.mark.torch
+def test_vec_rows_env_and_soc_defaults():
+    from tilesim.device.msa_main_branch import VEC_ROWS, vec_rows
+
+    assert vec_rows("910b", env={}) == VEC_ROWS["910b"] == 32
+    assert vec_rows("950", env={}) == VEC_ROWS["950"]
+    assert vec_rows("910b", env={"MSA_VEC_ROWS": "16"}) == 16
+    with pytest.raises(ValueError, match="MSA_VEC_ROWS: expected a positive multiple of 8"):
+        vec_rows("910b", env={"MSA_VEC_ROWS": "12"})
