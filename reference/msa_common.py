@@ -110,7 +110,7 @@ def exp_fp32(x32: np.ndarray) -> np.ndarray:
 
 def rowsum_fp32(x32: np.ndarray) -> np.ndarray:
     """FP32 row sum (last axis, keepdims): float64 sum rounded once to FP32."""
-    return np.sum(x32, axis=-1, dtype=F64, keepdims=True).astype(FP32)
+    return x32.astype(F64).sum(axis=-1, keepdims=True).astype(FP32)
 
 
 def round_p(p32: np.ndarray, p_dtype: np.dtype) -> np.ndarray:
@@ -138,8 +138,9 @@ def softmax_chunk(s32: np.ndarray, v64: np.ndarray, p_dtype: np.dtype):
     with np.errstate(invalid="ignore", over="ignore", under="ignore"):
         p32 = np.subtract(s32, m_c, out=s32)  # in place: s32 is consumed
         p32 = np.exp(p32, out=p32)  # exp_fp32, in place
-    l_c = rowsum_fp32(p32)
-    p64 = round_p(p32, p_dtype)
+    p_wide = p32.astype(F64)  # exact
+    l_c = p_wide.sum(axis=-1, keepdims=True).astype(FP32)  # rowsum_fp32 of the unrounded P
+    p64 = p_wide if p_dtype == FP32 else round_p(p32, p_dtype)
     if v64.ndim == 2:  # V shared by every row: one 2-D matmul over all rows (big cube M)
         o_c = cube_matmul(p64.reshape(-1, p64.shape[-1]), v64)
         o_c = o_c.reshape(*p64.shape[:-1], v64.shape[-1])
