@@ -98,6 +98,7 @@ def _add_parsers(sub) -> None:
         "--actual-dtype", help="reinterpret ACTUAL's bytes as this dtype (e.g. bfloat16)"
     )
     p.add_argument("--golden-dtype", help="reinterpret GOLDEN's bytes as this dtype")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.add_argument(
         "--allow-dtype-mismatch",
         action="store_true",

@@ -162,3 +162,15 @@ def test_bad_tolerance_and_seed_are_clear_errors(cli, golden_dir, tmp_path):
     with pytest.raises(SystemExit) as e:  # argparse rejects it before anything runs
         cli("golden", CASE, "-o", tmp_path / "g", "--seed", "-3")
     assert e.value.code == 2 and not (tmp_path / "g").exists()
+
+
+def test_json_report(cli, golden_dir, tmp_path):
+    import json
+
+    g = _golden(golden_dir).astype(np.float32)
+    g[1, 1] += 100
+    np.save(tmp_path / "bad.npy", _bf16(g))
+    code, out, _ = cli("compare", tmp_path / "bad.npy", golden_dir, "--json")
+    rep = json.loads(out)
+    assert code == 1 and rep["passed"] is False and rep["n_fail"] == 1
+    assert rep["worst"][0][0] == [1, 1] and rep["threshold"] == 0 and rep["atol"] == 0.5

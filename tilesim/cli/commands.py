@@ -310,6 +310,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
         )
     except (ValueError, TypeError) as e:  # bad tolerance values
         raise CliError(str(e)) from None
+    if args.json:
+        d = {k: jsonable(v) for k, v in vars(rep).items()}
+        d.update(actual=actual.source, golden=golden.source, mode=mode)
+        print(json.dumps(d))
+        return 0 if rep.passed else 1
     print(f"actual: {actual.source}\ngolden: {golden.source}")
     if mode == "set":
         print("(ids compared as sets: both sorted along the last axis first)")
