@@ -115,3 +115,20 @@ def test_attention_schedule_drawing(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     save_trace_png(tmp_path / "empty.png", title="none", records=[])
     assert (tmp_path / "empty.png").stat().st_size > 1_000
+
+
+def test_msa_decode_trace_is_the_kernels_chunk_loop(cli, tmp_path):
+    """16 selected blocks x 128 keys in NTILE = 512 chunks, per (batch, KV head) (op-facts
+    3.4): 4 lanes x 4 chunks, each with 16 query-head row statistics."""
+    rec = tmp_path / "r.jsonl"
+    code, out, err = cli("trace", "msa_decode_partial_nb17", "--png", tmp_path / "d.png",
+                         "--records", rec)  # fmt: skip
+    assert code == 0, err
+    rows = [json.loads(line) for line in rec.read_text().splitlines()]
+    assert [(r["batch"], r["kv_head"], r["kv_start"], r["kv_len"]) for r in rows] == [
+        (0, h, c * 512, 512) for h in range(4) for c in range(4)
+    ]
+    assert all(len(r["row_max"]) == 16 and len(r["row_sum"]) == 16 for r in rows)
+    # a row sum of exp(S - m) over 512 keys lies in [1, 512]
+    assert all(1.0 <= v <= 512.0 for r in rows for v in r["row_sum"])
+    assert "4 lanes (batch, kv_head)" in out
