@@ -384,16 +384,22 @@ def test_module_imports_without_torch_or_pypto():
 def run_layouts(acts, topk: int) -> dict:
     """Child (950): the same FP8 data as packed "pypto", packed "flashmla" and kv_split."""
     import tilesim.reference as reference
+    import torch
     from tilesim.device import sparse_attention as dev
+    from tilesim.reference.interop import to_numpy, to_torch
 
     outs = {}
     for layout in ("pypto", "flashmla", "kv_split"):
         case = reference.dsa_make_case(
             seed=3, b=2, s1=2, actual_seq=acts, topk=topk, quant="fp8", layout=layout
         )
-        got, _ = getattr(dev, case["op"])(
-            **case["inputs"], **case["params"], backend="sim", soc="950"
-        )
+        inputs = case["inputs"]
+        if layout == "kv_split":  # torch CPU tensors in -> a torch tensor out
+            inputs = {k: to_torch(v) for k, v in inputs.items()}
+        got, _ = getattr(dev, case["op"])(**inputs, **case["params"], backend="sim", soc="950")
+        if layout == "kv_split":
+            outs["torch_out"] = isinstance(got, torch.Tensor) and got.dtype == torch.bfloat16
+            got = to_numpy(got)
         outs[layout] = got.view(np.uint16).copy()
     return outs
 
@@ -407,5 +413,6 @@ def test_sim_cache_forms_give_identical_bits():
     from tilesim.device import sim
 
     outs = sim.isolated(run_layouts, (700, 1), 1024, soc="950")
+    assert outs["torch_out"]  # kv_split ran on torch CPU tensors and answered with one
     assert np.array_equal(outs["pypto"], outs["flashmla"])
     assert np.array_equal(outs["pypto"], outs["kv_split"])
