@@ -423,7 +423,7 @@ def test_bad_inputs():
     bad = [
         ((q.astype(F64), kb, vb, bm), {}, TypeError, "query: expected dtype"),
         ((q, kb.astype(np.int32), vb, bm), {}, TypeError, "key_blocks: expected dtype"),
-        ((q, kb, vb, bm.astype(np.float16)), {}, TypeError, "block_mask: expected dtype float32"),
+        ((q, kb, vb, bm.astype(F64)), {}, TypeError, "block_mask: expected dtype float32"),
         ((q[0], kb, vb, bm), {}, ValueError, "query: expected a 3-D"),
         ((q, kb[:-1], vb, bm), {}, ValueError, r"key_blocks: expected shape \(2048, HKV, 128\)"),
         ((q, kb[..., :64], vb, bm), {}, ValueError, "key_blocks: expected shape"),
