@@ -423,3 +423,26 @@ def test_exp_model_within_2_ulp_of_correctly_rounded():
     assert ulp_distance(got, cr).max() <= 2
     assert exp_fp32(np.array([0.0, -0.0], F32)).tolist() == [1.0, 1.0]
     assert exp_fp32(np.array([-3.0e38], F32))[0] == 0.0
+
+
+@pytest.mark.torch
+def test_matches_torch_sdpa_float64(rng):
+    """A second, independent oracle: torch's scaled_dot_product_attention in float64."""
+    import torch
+    import torch.nn.functional as F
+
+    nb = 12
+    q, k, v, ids = make(rng, 2, nb, 8)
+    put(ids, 1, 4, 9)
+    seq = np.array([nb * BY, 9 * BY + 100])
+    out = msa_sparse_decode(q, k, v, ids, seq, tiling=T512)
+    _, amag, _ = dense_oracle(q, k, v, ids, seq)
+    for b in range(2):
+        kk = torch.from_numpy(k[b][:, ids[b]].astype(F64).reshape(4, -1, 128))
+        vv = torch.from_numpy(v[b][:, ids[b]].astype(F64).reshape(4, -1, 128))
+        pos = torch.from_numpy((ids[b][:, None] * BY + np.arange(BY)).reshape(-1))
+        qq = torch.from_numpy(q[b].astype(F64)).view(4, 16, 1, 128)
+        ref = F.scaled_dot_product_attention(
+            qq, kk[:, None], vv[:, None], attn_mask=(pos < int(seq[b]))[None, None, None]
+        ).reshape(64, 128)
+        assert_in_budget(out[b : b + 1], ref.numpy()[None], amag[b : b + 1])

@@ -458,3 +458,32 @@ def test_direct_submodule_import_keeps_the_public_function():
         "assert r.msa_main_branch.__name__ == 'msa_main_branch'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.torch
+def test_matches_torch_sdpa_float64():
+    """A second, independent oracle: torch's scaled_dot_product_attention in float64 over
+    the full (unselected) sequence with a token-level mask built from the selected blocks."""
+    import torch
+    import torch.nn.functional as F
+
+    n, ids = 333, [2, 0]
+    c = msa_make_case(None, op="msa_main_branch", seed=21, n=n, hq=8, hkv=2, topk_indices=ids)
+    out = msa_main_branch(**c["inputs"], **c["params"], tiling=T)
+    rng = np.random.default_rng(21)  # the builder's stream: query, key, value
+    q = rng.standard_normal((n, 8, 128), dtype=F32)
+    k = rng.standard_normal((n, 2, 128), dtype=F32)
+    v = rng.standard_normal((n, 2, 128), dtype=F32)
+    np.testing.assert_array_equal(q, c["inputs"]["query"])
+    blk = np.arange(n) // 128
+    allowed = np.isin(blk, ids)[None, :] & (np.arange(n)[None, :] <= np.arange(n)[:, None])
+    qt = torch.from_numpy(q.astype(F64)).permute(1, 0, 2)  # [8, n, 128]
+    kt = torch.from_numpy(k.astype(F64)).permute(1, 0, 2).repeat_interleave(4, 0)
+    vt = torch.from_numpy(v.astype(F64)).permute(1, 0, 2).repeat_interleave(4, 0)
+    seen = allowed.any(axis=1)
+    mask = torch.from_numpy(allowed | ~seen[:, None])  # SDPA needs one allowed key per row
+    ref = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask).permute(1, 0, 2).numpy()
+    ref[~seen] = 0.0
+    orc = dense_oracle(c["inputs"], np.array(ids))
+    np.testing.assert_allclose(orc[0], ref, rtol=1e-12, atol=1e-12)  # the two oracles agree
+    assert_in_budget(out, (ref, *orc[1:]))
