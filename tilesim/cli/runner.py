@@ -63,9 +63,9 @@ def _import_builder(spec: CaseSpec) -> Callable:
 def op_callable(name: str) -> Callable:
     """The public reference op ``name``, resolved through ``tilesim.reference``'s lazy map.
 
-    ``getattr(tilesim.reference, name)`` is not enough: where an op shares its name with the
-    module defining it (``msa_indexer``, ``msa_main_branch``), importing that module makes
-    the package attribute the module itself.
+    Going through the module named in ``_LAZY`` keeps this independent of the package
+    attribute, which a same-named submodule (``msa_indexer``, ``msa_main_branch``) could
+    rebind to the module itself (``tilesim.reference`` now guards against that too).
     """
     import tilesim.reference as ref
 
