@@ -60,7 +60,9 @@ def cmd_cases(args: argparse.Namespace) -> int:
             s.name,
             s.family + (f"/{s.kind}" if s.kind else ""),
             _fmt_shape(s.output),
-            f"{s.atol:g}/{s.rtol:g}/{s.ratio:g}",
+            "set equality"
+            if s.tolerance.get("mode") == "set"
+            else f"{s.atol:g}/{s.rtol:g}/{s.ratio:g}",
             s.soc_text(),
             s.status,
         )
