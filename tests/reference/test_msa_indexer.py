@@ -14,6 +14,8 @@ import math
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tilesim.reference import msa_indexer, msa_indexer_scores
 from tilesim.shared.casts import to_bf16
 
@@ -261,3 +263,25 @@ def test_bad_options(rng):
     k_nan[5, 5] = np.nan
     with pytest.raises(ValueError, match="idx_k.*finite"):
         msa_indexer(q, k_nan, 17)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    nb=st.integers(1, 40),
+    seed=st.integers(0, 2**32 - 1),
+    levels=st.integers(1, 6),
+    partial=st.integers(1, BY),
+)
+def test_property_selection_equals_oracle(nb, seed, levels, partial):
+    """Random block counts, scores drawn from few levels (many ties) and a partial last block."""
+    r = np.random.default_rng(seed)
+    sc = to_bf16(r.integers(-levels, levels + 1, (4, nb * BY)).astype(np.float32) / 4)
+    q, k = inject(sc.astype(np.float32))
+    seq_len = (nb - 1) * BY + partial
+    sc_masked = sc.astype(np.float32)
+    ids = msa_indexer(q, k, nb, seq_len=seq_len)
+    assert ids.tolist() == oracle_select(sc_masked, nb, seq_len=seq_len)
+    per_head = msa_indexer(q, k, nb, seq_len=seq_len, head_reduce="none")
+    assert per_head.tolist() == oracle_select(sc_masked, nb, seq_len=seq_len, per_head=True)
+    for row in per_head.tolist() + ids.tolist():
+        assert len(set(row)) == len(row) == min(16, nb) and row[-1] == nb - 1
