@@ -16,6 +16,11 @@ then over the 4 heads, the top 15 non-local blocks by a STABLE sort of the negat
 ``nb <= 16`` gives ``arange(nb)``; ``head_reduce="none"`` one selection per index head. This is
 the reference's deterministic rule, so identical FP32 scores give identical ids.
 
+``block_max="device"`` (beyond the seeds, their listed next step): a second kernel
+(:func:`build_block_max_kernel`) adds a 0/-inf key bias for ``seq_len`` and writes only the
+per-block maxima ``[16, nb]`` (128x less output); the ranking then runs on ``[4, nb]``. Max is
+exact, so the ids are the same as with the host block max.
+
 Per-SoC key tile :data:`KTILE` (``MSA_INDEXER_KTILE``). Importing needs neither torch nor pypto.
 """
 
@@ -82,6 +87,39 @@ def build_kernel(nb: int, ktile: int):
             scores[:, k0 : k0 + w] = s * 1.0
 
     return msa_indexer_scores_kernel
+
+
+@functools.lru_cache(maxsize=64)
+def build_block_max_kernel(nb: int, ktile: int):
+    """Score kernel with the block max fused in (the seeds' "next step"): per key tile
+    ``S = fp32(q_pad @ K_tile^T) + bias`` (bias 0, or -inf for keys at or beyond ``seq_len``),
+    then the max over each 128-key block, written to ``[16, nb]`` FP32. ``max`` is exact, so the
+    result equals the block max of the full scores; the output shrinks 128-fold (cached)."""
+    pypto = require_pypto()
+    nkeys = nb * BY
+    tiles = [(k0, min(ktile, nkeys - k0)) for k0 in range(0, nkeys, ktile)]
+
+    @pypto.frontend.jit
+    def msa_indexer_block_max_kernel(
+        q_pad: pypto.Tensor([], pypto.DT_BF16),  # [16, 128], rows 4..15 zero
+        idx_k: pypto.Tensor([], pypto.DT_BF16),  # [nb*128, 128]
+        key_bias: pypto.Tensor([], pypto.DT_FP32),  # [1, nb*128]: 0 or -inf
+        block_max: pypto.Tensor([], pypto.DT_FP32),  # [16, nb]
+    ):
+        for t in range(len(tiles)):  # key tiles (static)
+            k0 = tiles[t][0]
+            w = tiles[t][1]
+            kt = pypto.view(idx_k, [w, DIM], [k0, 0])
+            pypto.set_cube_tile_shapes([NPAD, NPAD], [DIM, DIM], [l0_tile(w, 256), w])
+            s = pypto.matmul(q_pad, kt, pypto.DT_FP32, b_trans=True)
+            pypto.set_vec_tile_shapes(NPAD, w)
+            s = s + pypto.view(key_bias, [1, w], [0, k0])
+            for j in range(w // BY):  # the blocks of this tile
+                pypto.set_vec_tile_shapes(NPAD, BY)
+                blk = pypto.view(s, [NPAD, BY], [0, j * BY])
+                pypto.assemble(pypto.amax(blk, dim=-1, keepdim=True), [0, k0 // BY + j], block_max)
+
+    return msa_indexer_block_max_kernel
 
 
 def _check(idx_q, idx_k, nb):
@@ -179,29 +217,79 @@ def _top_blocks(score, nb: int, ksel: int):
     return torch.cat([order, torch.tensor([nb - 1])]).to(torch.int32)
 
 
-def select_blocks(scores, nb: int, *, seq_len=None, head_reduce="max"):
-    """The host tail on FP32 ``[4, nb*128]`` scores (torch) -> INT32 ids ``[1 or 4, k]``."""
+def select_from_head_max(head_max, nb: int, *, head_reduce="max"):
+    """The ranking on FP32 per-head block maxima ``[4, nb]`` (torch) -> INT32 ``[1 or 4, k]``:
+    block score = max over heads; top 15 of blocks ``0..nb-2`` (descending, lower id first on
+    ties), then ``nb-1``; ``nb <= 16`` -> ``arange(nb)``."""
     torch = require_torch()
     if head_reduce not in HEAD_REDUCES:
         raise ValueError(f"head_reduce: expected one of {HEAD_REDUCES}, got {head_reduce!r}")
-    valid = _check_seq_len(seq_len, nb)
-    s = scores.detach().to("cpu", torch.float32).clone()
-    s[:, valid:] = -torch.inf  # keys at or beyond seq_len take no part in the max
-    head_max = s.reshape(NIDX, nb, BY).amax(dim=2)  # [4, nb]
-    block_score = head_max.amax(dim=0)  # [nb]
     ksel = min(TOPK, nb)
     if nb <= TOPK:
         sel = torch.arange(nb, dtype=torch.int32)
         return sel[None, :] if head_reduce == "max" else sel[None, :].repeat(NIDX, 1)
+    head_max = head_max.detach().to("cpu", torch.float32)
     if head_reduce == "max":
-        return _top_blocks(block_score, nb, ksel)[None, :]
+        return _top_blocks(head_max.amax(dim=0), nb, ksel)[None, :]
     return torch.stack([_top_blocks(head_max[h], nb, ksel) for h in range(NIDX)])
 
 
+def select_blocks(scores, nb: int, *, seq_len=None, head_reduce="max"):
+    """The host tail on FP32 ``[4, nb*128]`` scores (torch) -> INT32 ids ``[1 or 4, k]``:
+    keys at or beyond ``seq_len`` to -inf, max over each block's keys, then
+    :func:`select_from_head_max`."""
+    torch = require_torch()
+    valid = _check_seq_len(seq_len, nb)
+    s = scores.detach().to("cpu", torch.float32).clone()
+    s[:, valid:] = -torch.inf  # keys at or beyond seq_len take no part in the max
+    head_max = s.reshape(NIDX, nb, BY).amax(dim=2)  # [4, nb]
+    return select_from_head_max(head_max, nb, head_reduce=head_reduce)
+
+
+def _run_block_max(idx_q, idx_k, nb, seq_len, backend, soc):
+    """FP32 ``[4, nb]`` per-head block maxima from the fused kernel, and the cost-model µs."""
+    torch = require_torch()
+    backend, soc = _resolve_backend(backend, idx_q.device, soc)
+    dev = idx_q.device
+    q_pad = torch.zeros(NPAD, DIM, dtype=torch.bfloat16, device=dev)
+    q_pad[:NIDX] = idx_q
+    bias = torch.zeros(1, nb * BY, dtype=torch.float32, device=dev)
+    bias[0, _check_seq_len(seq_len, nb) :] = -torch.inf
+    block_max = torch.zeros(NPAD, nb, dtype=torch.float32, device=dev)
+    if backend == "sim":  # choose the SoC before pypto is imported (the 950 is an overlay)
+        from tilesim.device import sim
+
+        sim.configure(soc)
+    kernel = build_block_max_kernel(nb, key_tile(soc))
+    if backend == "sim":
+        if idx_k.device.type != "cpu" or dev.type != "cpu":
+            raise ValueError("backend='sim': expected CPU tensors")
+        run = sim.run_kernel(kernel, [q_pad, idx_k.detach().contiguous().clone(), bias, block_max])
+        return block_max[:NIDX].contiguous(), run.us
+    kernel(q_pad, idx_k.contiguous(), bias, block_max)
+    return block_max[:NIDX].contiguous(), None
+
+
+BLOCK_MAX = ("host", "device")
+
+
 def msa_indexer(
-    idx_q, idx_k, nb, *, seq_len=None, head_reduce="max", backend="auto", soc=DEFAULT_SOC
+    idx_q,
+    idx_k,
+    nb,
+    *,
+    seq_len=None,
+    head_reduce="max",
+    block_max="host",
+    backend="auto",
+    soc=DEFAULT_SOC,
 ):
     """Lightning-indexer block selection: device scores + the deterministic torch tail.
+
+    ``block_max="host"`` (the seeds' split): the kernel writes the ``[16, nb*128]`` scores and
+    torch takes the block max; ``"device"``: the fused kernel
+    (:func:`build_block_max_kernel`) writes only the ``[16, nb]`` block maxima (the seq_len
+    rule applied in the kernel as a -inf key bias). Same ids either way (max is exact).
 
     Returns INT32 ``[1, min(16, nb)]`` (``head_reduce="none"``: ``[4, min(16, nb)]``) on the
     CPU; ``backend="sim"`` returns ``(ids, cost_us)``. ``nb <= 16`` launches no kernel (the
@@ -211,22 +299,30 @@ def msa_indexer(
     _check_seq_len(seq_len, nb)
     if head_reduce not in HEAD_REDUCES:
         raise ValueError(f"head_reduce: expected one of {HEAD_REDUCES}, got {head_reduce!r}")
+    if block_max not in BLOCK_MAX:
+        raise ValueError(f"block_max: expected one of {BLOCK_MAX}, got {block_max!r}")
     if nb <= TOPK:  # nothing to rank (the seeds' short-context guard)
         _resolve_backend(backend, idx_q.device, soc)
         torch = require_torch()
-        s = torch.zeros(NIDX, nb * BY)
-        ids = select_blocks(s, nb, seq_len=seq_len, head_reduce=head_reduce)
+        ids = select_from_head_max(torch.zeros(NIDX, nb), nb, head_reduce=head_reduce)
         return (ids, 0.0) if backend == "sim" else ids
-    s, us = _run_scores(idx_q, idx_k, nb, backend, soc)
-    ids = select_blocks(s, nb, seq_len=seq_len, head_reduce=head_reduce)
+    if block_max == "device":
+        hm, us = _run_block_max(idx_q, idx_k, nb, seq_len, backend, soc)
+        ids = select_from_head_max(hm, nb, head_reduce=head_reduce)
+    else:
+        s, us = _run_scores(idx_q, idx_k, nb, backend, soc)
+        ids = select_blocks(s, nb, seq_len=seq_len, head_reduce=head_reduce)
     return (ids, us) if backend == "sim" else ids
 
 
 __all__ = [
+    "BLOCK_MAX",
     "KTILE",
+    "build_block_max_kernel",
     "build_kernel",
     "key_tile",
     "msa_indexer",
     "msa_indexer_scores",
     "select_blocks",
+    "select_from_head_max",
 ]

@@ -8,7 +8,9 @@ Budget (docs/device.md, "## MSA kernels"), against ``tilesim.reference.msa_index
    once, PyPTO's interpreter sums in libtorch's FP32 order); the fraction of bit-identical
    scores is reported, not promised;
 2. block ids: identical to the reference's (same ids, same order) on every case;
-3. the torch tail alone (:func:`select_blocks`) reproduces the reference's selection exactly
+3. ``block_max="device"`` (block max fused into the kernel): per-head block maxima equal to
+   those of the unfused kernel's scores bit for bit, ids identical to the reference's;
+4. the torch tail alone (:func:`select_blocks`) reproduces the reference's selection exactly
    when fed the reference's scores -- including ties, +-1e20 and one-BF16-step neighbours.
 """
 
@@ -56,8 +58,21 @@ def check_indexer(spec, soc, seed=11) -> dict:
     want = ref_ids(q, k, nb, seq_len=seq_len)
     per_head, _ = msa_indexer(q, k, nb, seq_len=seq_len, head_reduce="none", backend="sim", soc=soc)
     want_ph = ref_ids(q, k, nb, seq_len=seq_len, head_reduce="none")
+    # the fused variant: block maxima on the device, ids from them
+    from tilesim.device.msa_indexer import _run_block_max
+
+    hm, us_fused = _run_block_max(q, k, nb, seq_len, "sim", soc)
+    masked = s.clone()
+    masked[:, seq_len or nb * 128 :] = -torch.inf
+    ids_f, _ = msa_indexer(q, k, nb, seq_len=seq_len, block_max="device", backend="sim", soc=soc)
+    ph_f, _ = msa_indexer(
+        q, k, nb, seq_len=seq_len, head_reduce="none", block_max="device", backend="sim", soc=soc
+    )
     return {
         "us": us,
+        "us_fused": us_fused,
+        "fused_max_exact": bool(torch.equal(hm, masked.reshape(4, nb, 128).amax(dim=2))),
+        "fused_same_ids": bool(torch.equal(ids_f, want)) and bool(torch.equal(ph_f, want_ph)),
         "us_ids": us_ids,
         "bit_exact": float(np.mean(s.view(torch.int32).numpy() == gold.view(torch.int32).numpy())),
         "max_abs": float(err.max()),
@@ -92,13 +107,21 @@ def test_indexer_kernel_matches_reference(name, sim_soc, sim_report):
         max_ulp=r["max_ulp"],
         max_abs=r["max_abs"],
         us=r["us"],
-        extra={"error / FP32 dot bound": r["bound_ratio"], "ids = reference": r["same_ids"]},
+        extra={
+            "error / FP32 dot bound": r["bound_ratio"],
+            "ids = reference": r["same_ids"],
+            "fused block-max µs": r["us_fused"],
+        },
     )
     assert r["inputs_kept"]
     assert r["bound_ratio"] <= 1.0, r
     assert r["same_ids"], r
     assert r["same_per_head"], r
     assert r["ids_dtype"] == "torch.int32"
+    # fused block max (block_max="device"): max is exact, so the maxima equal those of the
+    # unfused kernel's scores bit for bit and the ids are the reference's
+    assert r["fused_max_exact"], r
+    assert r["fused_same_ids"], r
     nb = CASES[name][0]
     assert len(r["ids"][0]) == min(16, nb) and r["ids"][0][-1] == nb - 1
     assert len(set(r["ids"][0])) == len(r["ids"][0])
@@ -174,6 +197,7 @@ def test_tail_seq_len_excludes_padding_rows(rng):
         ({"nb": 3}, ValueError, r"idx_k: expected shape \(384, 128\)"),
         ({"seq_len": 128}, ValueError, "seq_len: expected an int with 128 < seq_len <= 256"),
         ({"head_reduce": "mean"}, ValueError, "head_reduce: expected one of"),
+        ({"block_max": "npu"}, ValueError, "block_max: expected one of"),
         ({"backend": "tpu"}, ValueError, "backend: expected one of"),
         ({"q": torch.zeros(4, 128)}, TypeError, "idx_q: expected dtype torch.bfloat16"),
         ({"q": torch.zeros(5, 128, dtype=torch.bfloat16)}, ValueError, "idx_q: expected shape"),
@@ -185,7 +209,7 @@ def test_bad_arguments_name_the_argument(kw, exc, match):
     a = {"q": torch.zeros(4, 128, dtype=torch.bfloat16), "nb": 2, "backend": "sim"}
     a.update(kw)
     k = torch.zeros(256, 128, dtype=torch.bfloat16)
-    extra = {x: a[x] for x in ("seq_len", "head_reduce") if x in a}
+    extra = {x: a[x] for x in ("seq_len", "head_reduce", "block_max") if x in a}
     with pytest.raises(exc, match=match):
         msa_indexer(a["q"], k, a["nb"], backend=a["backend"], **extra)
 
