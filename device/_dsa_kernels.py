@@ -27,7 +27,9 @@ function: FP8 bytes cannot be reinterpreted (``view(dtype=)`` rejects FP8 on eit
 ReplaceTensor pass), so the packed FP8 cache is passed twice, as FP8 and as INT8 bytes of the
 same memory (:func:`load_packed_fp8`); ``clone`` of a byte-reinterpreted BF16 view breaks the
 DAV_3510 code generator, so the rope part is copied with ``mul(kr, 1.0)`` (exact: x * 1 = x for
-every BF16 value including -0 and NaN).
+every finite BF16 value including -0; NaN stays NaN); the dequant reshapes use full tile shapes
+(with a dynamic ``valid_shape`` 0.2.0 copies the whole scale column to UB in one piece, which
+does not fit at ``s_kv_tile`` 2048; :func:`dequant_nope`).
 """
 
 # no `from __future__ import annotations`: the frontend evaluates the pypto.Tensor(...) annotations
@@ -104,7 +106,7 @@ def dequant_nope(q32, scales_fp32, valid, p):
 
 
 def int8_to_fp32(q8):
-    """INT8 -> FP32 through FP16 (both exact; the seeds' path, INT8 -> FP32 has no direct cast)."""
+    """INT8 -> FP32 through FP16 (both steps exact; the seeds' path)."""
     return pypto.cast(pypto.cast(q8, pypto.DT_FP16), pypto.DT_FP32)
 
 
@@ -181,7 +183,8 @@ def load_split(kn_quant, kr, kn_scales, idx, bt, valid, p):
 
 def assemble_keys(kn, kr, valid, p):
     """``K = [kn | kr]`` BF16 ``[s_kv_tile, 576]`` (``valid`` rows). The rope part is copied with
-    ``mul(kr, 1.0)`` (exact) instead of ``clone``: see the module docstring."""
+    ``mul(kr, 1.0)`` (exact for finite values, NaN stays NaN) instead of ``clone``: see the
+    module docstring."""
     t = p.s_kv_tile
     pypto.set_vec_tile_shapes(32, NOPE)
     kj = pypto.tensor([t, HEAD], pypto.DT_BF16, "kj")

@@ -277,7 +277,7 @@ def _pick_backend(backend: str, like) -> bool:
     return backend == "npu"
 
 
-def _target(quant: str, on_npu: bool, soc: str) -> str:
+def _target(quant: str, on_npu: bool, soc: str, cache_name: str) -> str:
     """The SoC compiled for (``"910b"``/``"950"``); FP8 needs the 950."""
     if on_npu:
         from tilesim.device._lazy import require_pypto
@@ -290,7 +290,7 @@ def _target(quant: str, on_npu: bool, soc: str) -> str:
         soc = sim.configure(soc)
     if quant == "fp8" and soc != "950":
         raise ValueError(
-            f"cache dtype: FP8 E4M3 needs the Ascend 950 (the 910B has no FP8 type); this "
+            f"{cache_name}: FP8 E4M3 needs the Ascend 950 (the 910B has no FP8 type); this "
             f"process targets {soc!r} -- use an INT8 cache on 910B, or soc='950' in the simulator"
         )
     return soc
@@ -303,7 +303,7 @@ def _launch(call: _Call, form: str, quant: str, layout: str, tensors: list, out,
     ``[1, s_kv_tile]`` view stays inside the tensor (only ``cur_seq`` columns are read).
     Returns ``(out, cost_us or None)``."""
     torch = require_torch()
-    _target(quant, on_npu, soc)
+    _target(quant, on_npu, soc, "nope_cache" if form == "packed" else "kn_quant")
     from tilesim.device import _dsa_kernels as kernels
 
     st = call.cfg.s_kv_tile
