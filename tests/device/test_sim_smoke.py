@@ -67,3 +67,16 @@ def test_isolated_reports_a_dead_child():
 
     with pytest.raises(sim.SimError, match="child process died"):
         sim.isolated(_abort, soc="950")
+
+
+def _switch_soc():
+    from tilesim.device import sim
+
+    return sim.current_soc(), sim.configure("950")
+
+
+def test_one_process_one_soc():
+    from tilesim.device import sim
+
+    with pytest.raises(sim.SimError, match="set up for '910b', got '950'"):
+        sim.isolated(_switch_soc, soc="910b")
