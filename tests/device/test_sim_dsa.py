@@ -44,12 +44,17 @@ def row_ulps(out: np.ndarray, ref: np.ndarray) -> float:
     return float((np.abs(a - g) / unit).max())
 
 
+def tile_config(spec: dict):
+    """The spec's preset with its ``tile`` overrides (if any)."""
+    from tilesim.shared.tiling import SaTileShapeConfig
+
+    return SaTileShapeConfig.preset(spec["preset"]).replace(**spec.get("tile", {}))
+
+
 def budget_rows(spec: dict) -> float:
     """Row-ULP budget: 1, or 2 in per-tile mode when a token spans several KV tiles (each tile
     output is rounded to BF16 before the merge, and the merged output again)."""
-    from tilesim.shared.tiling import SaTileShapeConfig
-
-    cfg = SaTileShapeConfig.preset(spec["preset"])
+    cfg = tile_config(spec)
     several = min(max(spec["acts"]), spec["topk"]) > cfg.s_kv_tile
     return 2.0 if cfg.softmax == "per_tile" and several else 1.0
 
@@ -79,7 +84,7 @@ def run_case(spec: dict) -> dict:
         block_size=spec.get("block_size", 128),
         quant=spec["quant"],
         layout=spec["layout"],
-        preset=spec["preset"],
+        tile_config=tile_config(spec),
         topk_rule="causal",
         poison_unreached=True,
     )
@@ -166,6 +171,11 @@ _C = {
         soc="910b", quant="int8", layout="pypto", preset="prefill", s1=2, acts=(2300, 1),
         topk=4096,
     ),
+    "int8-packed-g64-s256-s2": dict(  # two group tiles of 64 heads, 256-key tiles
+        soc="910b", quant="int8", layout="pypto", preset="decode", s1=2, acts=(900, 1),
+        topk=1024, tile=dict(g_tile=64, s_kv_tile=256, c1_tile=(64, 64, 256, 256, 128, 128),
+                             c2_tile=(64, 64, 128, 128, 256, 256), v2_tile=(64, 128)),
+    ),
     "int8-kv_split-decode-s1-topk1000": dict(  # topk not a multiple of the tile: padded cols
         soc="910b", quant="int8", layout="kv_split", preset="decode", s1=1, acts=(600, 70),
         topk=1000,
@@ -237,6 +247,8 @@ def test_sim_matches_reference(name, spec, sim_report):
     )
     if "block_size" in spec:
         case += f" block {spec['block_size']}"
+    if "tile" in spec:
+        case += f" g_tile {spec['tile']['g_tile']} s_kv_tile {spec['tile']['s_kv_tile']}"
     sim_report.add(
         kernel=r["op"],
         soc=spec["soc"],
