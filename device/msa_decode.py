@@ -21,9 +21,14 @@ The rounding points are the reference's one for one. Two ways to bring the selec
   as rows ``[(b*HKV + h)*nb*128 + blk*128 + t]``; per chunk ``gather_in_ub`` takes the chunk's
   logical key positions (``slot*128 + t``) and the batch row's block table (``block_ids[b]``)
   and fetches the rows into UB (:func:`_gather_chunk`). No K/V copy on the host.
+* ``gather="paged"``: the same cache view, but each slot's whole 128-key page is read with a
+  view whose row offset comes from the block table (``block_ids[b, slot]``, read by the control
+  flow) and assembled into the chunk's K/V tiles -- no gather instruction, pages are contiguous.
 * ``gather="host"``: the seeds' scheme — the wrapper copies the selected blocks into compact
   ``[B*HKV*topk*128, 128]`` K/V buffers (a host gather of ``2*B*HKV*topk*32 KB``) and the kernel
   views them.
+
+All three give identical bits (tested); the cost-model comparison is in ``docs/device.md``.
 
 Where the seeds' kernel is wrong at the edges, this one is right (and the tests check it): a
 last partial chunk is processed when ``topk*128`` is not a multiple of NTILE (the seeds floor
@@ -47,7 +52,7 @@ from tilesim.shared.tiling import MsaTiling
 
 OP_NAME = "msa_sparse_decode"
 BACKENDS = ("auto", "npu", "sim")
-GATHERS = ("device", "host")
+GATHERS = ("device", "paged", "host")
 _CFG = MINIMAX_M3.msa
 BY = _CFG.block_size  # 128 keys per block
 LARGE_NEG = _CFG.decode_mask_neg  # -3e38
@@ -146,6 +151,14 @@ def build_kernel(batch, hq, hkv, nb, topk, dim, ntile, gather, rows):
                     pos = pypto.view(positions, [1, w], [0, c0])
                     kc = _gather_chunk(pypto, k_cache, pos, table, rows)
                     vc = _gather_chunk(pypto, v_cache, pos, table, rows)
+                elif gather == "paged":
+                    kc = pypto.tensor([w, dim], pypto.DT_BF16, "kc")
+                    vc = pypto.tensor([w, dim], pypto.DT_BF16, "vc")
+                    pypto.set_vec_tile_shapes(BY, dim)
+                    for j in range(w // BY):  # one whole 128-key page per slot
+                        row = (block_table[b, c0 // BY + j] + outer * nb) * BY
+                        pypto.assemble(pypto.view(k, [BY, dim], [row, 0]), [j * BY, 0], kc)
+                        pypto.assemble(pypto.view(v, [BY, dim], [row, 0]), [j * BY, 0], vc)
                 else:
                     kc = pypto.view(k, [w, dim], [outer * sel + c0, 0])
                     vc = pypto.view(v, [w, dim], [outer * sel + c0, 0])
@@ -269,8 +282,9 @@ def msa_sparse_decode(
             BF16 paged cache; block_ids: ``[B, topk]`` integer ids, unique per row, in
             ``[0, nb)``; seq_len: KV length incl. the current token, one int or ``B`` ints.
         tiling: :class:`MsaTiling` (``ntile``); ``None`` = ``MsaTiling.from_env()``.
-        gather: ``"device"`` (gather_in_ub + block table in the kernel) or ``"host"`` (the
-            seeds' compact K/V copies); same numbers, different data movement.
+        gather: ``"device"`` (gather_in_ub + block table in the kernel), ``"paged"`` (page
+            views at block-table offsets) or ``"host"`` (the seeds' compact K/V copies); same
+            numbers, different data movement.
         backend: ``"auto"`` (NPU tensors -> ``"npu"``, else an error naming both), ``"npu"``,
             ``"sim"`` (CPU tensors through :mod:`tilesim.device.sim`).
         soc: ``"910b"`` / ``"950"``: simulator target and tile defaults (``"sim"`` only).
@@ -306,7 +320,7 @@ def msa_sparse_decode(
     keep = keep_mask(ids, seq).to(dev)
     table = ids.to(torch.int32).to(dev)
     positions = torch.arange(topk * BY, dtype=torch.int32, device=dev).reshape(1, -1)
-    if gather == "device":  # the paged cache as rows; the kernel gathers
+    if gather in ("device", "paged"):  # the paged cache as rows; the kernel gathers
         k2 = k_blocks.contiguous().reshape(-1, dim)
         v2 = v_blocks.contiguous().reshape(-1, dim)
     else:  # the seeds' host compaction [B, HKV, topk, 128, D] -> rows

@@ -8,8 +8,9 @@ the same NTILE, for BOTH gather variants:
    output that P.V cancels down to far below its row carries the FP32 accumulation-order
    difference between PyPTO's interpreter (libtorch) and the reference's correctly rounded
    dot products, worth several of ITS OWN ULPs (observed: up to 7 at |out| ~ 1e-3);
-2. the two gather variants ("device": gather_in_ub + block table, "host": compact copies)
-   bit-identical to each other (same data, same arithmetic);
+2. the three gather variants ("device": gather_in_ub + block table, "paged": page views at
+   block-table offsets, "host": compact copies) bit-identical to each other (same data, same
+   arithmetic);
 3. a batch row with no kept key is exactly +0;
 4. an independent oracle (float64 softmax over the visible tokens, written from the per-token
    causal rule ``128*block + t < seq_len``, not from the host mask) agrees within 4e-3.
@@ -97,7 +98,7 @@ def check_decode(spec, soc, seed=7) -> dict:
     oracle = _oracle(q, kb, vb, ids, seq)
     res = {"variants": {}}
     outs = {}
-    for gather in ("device", "host"):
+    for gather in ("device", "paged", "host"):
         out, us = msa_sparse_decode(q, kb, vb, ids, seq, gather=gather, backend="sim", soc=soc)
         outs[gather] = out
         a = out.view(torch.int16).numpy()
@@ -113,8 +114,9 @@ def check_decode(spec, soc, seed=7) -> dict:
         }
     # what gather="host" moves before the kernel: the selected K and V blocks, read + written
     res["host_copy_bytes"] = 2 * 2 * ids.numel() * kb.shape[1] * 128 * 128 * 2
-    res["same_variants"] = bool(
-        torch.equal(outs["device"].view(torch.int16), outs["host"].view(torch.int16))
+    res["same_variants"] = all(
+        torch.equal(outs[v].view(torch.int16), outs["host"].view(torch.int16))
+        for v in ("device", "paged")
     )
     empty = [r for r in range(q.shape[0]) if not _row_sees(ids[r], seq[r])]
     res["empty_rows"] = empty
@@ -153,7 +155,6 @@ def test_decode_kernel_matches_reference(name, sim_soc, sim_report):
     from tilesim.shared.soc import get_soc
 
     r = sim.isolated(check_decode, CASES[name], sim_soc, soc=sim_soc)
-    dev, host = r["variants"]["device"], r["variants"]["host"]
     copy_us = get_soc(sim_soc).hbm_bound_us(r["host_copy_bytes"])
     for gather, m in r["variants"].items():
         sim_report.add(
@@ -172,8 +173,8 @@ def test_decode_kernel_matches_reference(name, sim_soc, sim_report):
             },
         )
     assert r["inputs_kept"], "the wrapper changed an input tensor"
-    assert r["same_variants"], "gather='device' and gather='host' must give identical bits"
-    for m in (dev, host):
+    assert r["same_variants"], "gather 'device', 'paged' and 'host' must give identical bits"
+    for m in r["variants"].values():
         assert m["bit_exact"] >= BUDGET_BIT_EXACT, m
         assert m["row_ulp"] <= BUDGET_ROW_ULP, m
         assert m["oracle_abs"] <= ORACLE_ATOL, m
@@ -223,6 +224,11 @@ def _small():
             r"seq_len: expected one int or shape \(1,\)",
         ),
         (lambda a: a.update(gather="l1"), ValueError, "gather: expected one of"),
+        (
+            lambda a: a.update(ids=torch.tensor([[0], [1]])),
+            ValueError,
+            r"block_ids: expected shape \(1, topk>=1\)",
+        ),
         (lambda a: a.update(backend="gpu"), ValueError, "backend: expected one of"),
         (lambda a: a.update(backend="auto"), ValueError, "backend='sim'"),
     ],
