@@ -184,6 +184,59 @@ def test_decode_kernel_matches_reference(name, sim_soc, sim_report):
     assert r["empty_zero"], "a batch row with no kept key must be exactly +0"
 
 
+def check_e2e_seed_shape(soc, seed=17) -> dict:
+    """The seeds' e2e shape (nb 17, seq_len 2176, idx q/k randn*0.1, q/k/v randn*0.05; our own
+    draws): device indexer -> ids -> device decode, against the reference chain."""
+    import torch
+    from tilesim.device.msa_decode import msa_sparse_decode
+    from tilesim.device.msa_indexer import msa_indexer
+    from tilesim.reference import msa_indexer as ref_indexer
+    from tilesim.reference import msa_sparse_decode as ref_decode
+
+    nb, seq_len = 17, 2176
+    g = torch.Generator().manual_seed(seed)
+    idx_q = (torch.randn(4, 128, generator=g) * 0.1).bfloat16()
+    idx_k = (torch.randn(nb * 128, 128, generator=g) * 0.1).bfloat16()
+    q = (torch.randn(1, 64, 128, generator=g) * 0.05).bfloat16()
+    kb = (torch.randn(1, 4, nb, 128, 128, generator=g) * 0.05).bfloat16()
+    vb = (torch.randn(1, 4, nb, 128, 128, generator=g) * 0.05).bfloat16()
+    ids, us_idx = msa_indexer(idx_q, idx_k, nb, backend="sim", soc=soc)
+    want_ids = ref_indexer(idx_q, idx_k, nb)
+    out, us = msa_sparse_decode(q, kb, vb, ids, seq_len, backend="sim", soc=soc)
+    gold = ref_decode(q, kb, vb, want_ids, seq_len)
+    oracle = _oracle(q, kb, vb, want_ids, [seq_len])
+    return {
+        "same_ids": bool(torch.equal(ids, want_ids)),
+        "us": us,
+        "us_idx": us_idx,
+        "bit_exact": float((out.view(torch.int16) == gold.view(torch.int16)).float().mean()),
+        "row_ulp": _row_ulp(out, gold),
+        "max_abs": float((out.float() - gold.float()).abs().max()),
+        "oracle_abs": float((out.double() - oracle).abs().max()),
+    }
+
+
+@pytest.mark.sim
+@pytest.mark.torch
+def test_e2e_indexer_then_decode_seed_shape(sim_soc, sim_report):
+    from tilesim.device import sim
+
+    r = sim.isolated(check_e2e_seed_shape, sim_soc, soc=sim_soc)
+    sim_report.add(
+        kernel="msa_sparse_decode",
+        soc=sim_soc,
+        case="e2e indexer+decode nb17 seq2176 (seeds' shape) gather=device",
+        bit_exact=r["bit_exact"],
+        max_ulp=-1,
+        max_abs=r["max_abs"],
+        us=r["us"],
+        extra={"row-wise ULP": r["row_ulp"], "oracle max abs": r["oracle_abs"]},
+    )
+    assert r["same_ids"], "device indexer ids differ from the reference's"
+    assert r["bit_exact"] >= BUDGET_BIT_EXACT and r["row_ulp"] <= BUDGET_ROW_ULP, r
+    assert r["oracle_abs"] < 5e-2  # the seeds' e2e tolerance (max diff vs the FP32 oracle)
+
+
 # ----------------------------------------------------------------------------- no simulator
 torch = pytest.importorskip("torch")
 

@@ -126,6 +126,57 @@ def test_main_branch_kernel_matches_reference(dtype, sim_soc, sim_report):
     assert res["unaligned n200 ids[1]"]["empty_rows"] == 128
 
 
+def check_seed_case_m3(soc) -> dict:
+    """The seeds' ``test_unaligned_100`` at the M3 shape (HQ 64 / HKV 4, topk 16 = 4 chunks):
+    ``torch.manual_seed(54)``; query, key, value = randn in that order; one block, id 0."""
+    import torch
+    from tilesim.device.msa_main_branch import msa_main_branch
+    from tilesim.reference import build_msa_block_mask
+    from tilesim.reference import msa_main_branch as reference
+
+    n = 100
+    torch.manual_seed(54)
+    q = torch.randn(n, 64, 128)
+    k = torch.randn(n, 4, 128)
+    v = torch.randn(n, 4, 128)
+    kb = torch.zeros(16 * 128, 4, 128)
+    vb = torch.zeros(16 * 128, 4, 128)
+    kb[:n], vb[:n] = k, v
+    mask = build_msa_block_mask(n, torch.tensor([0], dtype=torch.int32))
+    out, us = msa_main_branch(q, kb, vb, mask, backend="sim", soc=soc)
+    gold = reference(q, kb, vb, mask)
+    err = (out.double() - gold.double()).abs()
+    return {
+        "us": us,
+        "bit_exact": float((out.view(torch.int32) == gold.view(torch.int32)).float().mean()),
+        "max_abs": float(err.max()),
+        "scaled": float(err.max() / gold.abs().max()),
+        "seed_tol_ok": bool((err <= 1e-3 + 1e-3 * gold.double().abs()).all()),
+    }
+
+
+@pytest.mark.sim
+@pytest.mark.torch
+@pytest.mark.slow
+def test_main_branch_seed_case_at_m3_shape(sim_soc, sim_report):
+    from tilesim.device import sim
+
+    r = sim.isolated(check_seed_case_m3, sim_soc, soc=sim_soc)
+    sim_report.add(
+        kernel="msa_main_branch",
+        soc=sim_soc,
+        case="seeds' unaligned_100 fp32 HQ64/HKV4 topk16",
+        bit_exact=r["bit_exact"],
+        max_ulp=-1,
+        max_abs=r["max_abs"],
+        us=r["us"],
+        extra={"err / max|golden|": r["scaled"]},
+    )
+    assert r["scaled"] <= BUDGET["fp32"], r
+    assert r["seed_tol_ok"], r
+    assert r["us"] > 0.0
+
+
 # ----------------------------------------------------------------------------- no simulator
 torch = pytest.importorskip("torch")
 
