@@ -84,10 +84,10 @@ def gather_rows(soc=DEFAULT_SOC, env=None) -> int:
 
 # ----------------------------------------------------------------------------- kernel
 def _gather_chunk(pypto, cache, positions, table, rows: int):
-    """The one place where the two gather variants differ inside the kernel: fetch the chunk's
-    ``positions`` (logical key ``slot*128 + t``) of one (batch row, KV head) from its paged
-    ``cache`` ``[nb*128, D]`` through ``table`` (``[1, topk]`` block ids) into UB, ``rows`` rows
-    per tile. Row ``j`` of the result = ``cache[table[pos_j // 128]*128 + pos_j % 128]``."""
+    """``gather="device"``: fetch the chunk's ``positions`` (logical key ``slot*128 + t``) of
+    one (batch row, KV head) from its paged ``cache`` ``[nb*128, D]`` through ``table``
+    (``[1, topk]`` block ids) into UB, ``rows`` rows per tile.
+    Row ``j`` of the result = ``cache[table[pos_j // 128]*128 + pos_j % 128]``."""
     pypto.set_vec_tile_shapes(rows, cache.shape[1])
     return pypto.experimental.gather_in_ub(cache, positions, table, BY, -2)
 
