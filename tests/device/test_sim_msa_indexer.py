@@ -223,3 +223,22 @@ def test_key_tile_env_and_soc_defaults():
     assert key_tile("910b", env={"MSA_INDEXER_KTILE": "256"}) == 256
     with pytest.raises(ValueError, match="MSA_INDEXER_KTILE: expected a positive multiple"):
         key_tile("910b", env={"MSA_INDEXER_KTILE": "200"})
+
+
+# ----------------------------------------------------------------------------- NPU (nox -s device)
+@pytest.mark.npu
+@pytest.mark.torch
+@pytest.mark.parametrize("nb", [8, 17])
+def test_npu_indexer_seed_cases(nb):
+    """The seeds' indexer cases on an NPU: ``torch.manual_seed(nb)``, idx q/k ``randn * 0.1``;
+    pass rule as the seeds (shape and SET equality with the reference). Not run on CPU."""
+    from tilesim.device.msa_indexer import msa_indexer
+    from tilesim.reference import msa_indexer as reference
+
+    torch.manual_seed(nb)
+    q = (torch.randn(4, 128) * 0.1).bfloat16()
+    k = (torch.randn(nb * 128, 128) * 0.1).bfloat16()
+    ids = msa_indexer(q.npu(), k.npu(), nb)
+    want = reference(q, k, nb)
+    assert tuple(ids.shape) == (1, min(16, nb))
+    assert set(ids.flatten().tolist()) == set(want.flatten().tolist())

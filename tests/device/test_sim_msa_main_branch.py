@@ -248,3 +248,50 @@ def test_vec_rows_env_and_soc_defaults():
     assert vec_rows("910b", env={"MSA_VEC_ROWS": "16"}) == 16
     with pytest.raises(ValueError, match="MSA_VEC_ROWS: expected a positive multiple of 8"):
         vec_rows("910b", env={"MSA_VEC_ROWS": "12"})
+
+
+# ----------------------------------------------------------------------------- NPU (nox -s device)
+# the seeds' matrix (op-facts 4.8): n, seed, max_n, selected block ids in slot order
+SEED_CASES = {
+    "aligned_4096": (4096, 55, 4096, [19, 21, 14, 3, 7, 13, 1, 22, 28, 0, 10, 8, 31, 20, 24, 16]),
+    "aligned_2048": (2048, 42, 2048, [7, 9, 5, 6, 14, 10, 12, 8, 1, 2, 13, 15, 4, 11, 0, 3]),
+    "aligned_1024": (1024, 43, 2048, [6, 7, 4, 3, 1, 5, 2, 0]),
+    "unaligned_1500": (1500, 45, 2048, [5, 3, 9, 8, 0, 10, 2, 1, 11, 7, 6, 4]),
+    "unaligned_500": (500, 47, 2048, [3, 1, 0, 2]),
+    "unaligned_1": (1, 52, 2048, [0]),
+    "unaligned_64": (64, 53, 2048, [0]),
+    "unaligned_100": (100, 54, 2048, [0]),
+}
+
+
+@pytest.mark.npu
+@pytest.mark.torch
+@pytest.mark.parametrize("name", list(SEED_CASES))
+def test_npu_main_branch_seed_cases(name):
+    """The seeds' main-branch cases on an NPU (fp32), their data rule and their tolerance
+    ``|out - e| <= 1e-3 + 1e-3*|e|`` against the reference. Not run on CPU."""
+    from tilesim.device.msa_main_branch import msa_main_branch
+    from tilesim.reference import build_msa_block_mask
+    from tilesim.reference import msa_main_branch as reference
+
+    n, seed, max_n, ids = SEED_CASES[name]
+    torch.manual_seed(seed)
+    q = torch.randn(n, 64, 128)
+    k = torch.randn(n, 4, 128)
+    v = torch.randn(n, 4, 128)
+    nbq = -(-n // 128)
+    kp = torch.zeros(nbq * 128, 4, 128)
+    vp = torch.zeros(nbq * 128, 4, 128)
+    kp[:n], vp[:n] = k, v
+    sel = torch.tensor(ids)
+    kb = torch.zeros(16, 128, 4, 128)
+    vb = torch.zeros(16, 128, 4, 128)
+    kb[: len(ids)] = kp.view(nbq, 128, 4, 128)[sel]
+    vb[: len(ids)] = vp.view(nbq, 128, 4, 128)[sel]
+    kb, vb = kb.reshape(-1, 4, 128), vb.reshape(-1, 4, 128)
+    mask = build_msa_block_mask(n, sel.to(torch.int32))
+    out = msa_main_branch(q.npu(), kb.npu(), vb.npu(), mask.npu(), dtype="fp32", max_n=max_n)
+    gold = reference(q, kb, vb, mask, dtype="fp32", max_n=max_n)
+    err = (out.cpu().double() - gold.double()).abs()
+    assert bool(torch.isfinite(out.cpu()).all())
+    assert bool((err <= 1e-3 + 1e-3 * gold.double().abs()).all())
