@@ -42,7 +42,7 @@ CASES = {
     "m3_case_smoke_edge": ("seed", "m3_case_smoke_edge"),
 }
 SLOW_CASES = {
-    # the M2.7 seed case: H 3072, I 1536, counts [0,1,2,4,8,16,32,0] (~80 s per SoC)
+    # the M2.7 seed case: H 3072, I 1536, counts [0,1,2,4,8,16,32,0] (20-80 s per SoC)
     "m27_case_001": ("seed", "m27_case_001"),
 }
 
