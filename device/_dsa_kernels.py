@@ -16,7 +16,8 @@ One loop nest serves every cache form (:func:`attention_nest`)::
       L4 t < bn                    KV tile of s_kv_tile top-k columns, `valid` of them used
           V0  gather + dequant     kn = BF16(FP32(q) * scale_g) [valid, 512], kr BF16 [valid, 64]
           C1  S = Q @ [kn|kr]^T    FP32 [g_tile, valid]
-          V1  S *= scale; m = rowmax; P = exp(S - m); l = rowsum(P)
+          V1  S *= scale; [masked: S -= 3e38 at skipped entries]; m = rowmax
+              [masked: m = max(m, -1e30)]; P = exp(S - m); l = rowsum(P)
           C2  online:   O_t = BF16(P) @ kn (FP32)
               per_tile: O_t = BF16(BF16(P / l) @ kn)
           V2  first / middle / last merge (pypto.cond on is_loop_begin / is_loop_end)
@@ -46,6 +47,8 @@ UB_PITCH = 672  # packed row padded to a 32-byte multiple in UB (the seeds' pitc
 TAIL_BYTES = 144  # rope (128 B) + scales (16 B) of a packed row, bytes 512..655
 TAIL_PITCH = 160  # 144 padded to a 32-byte multiple
 SCALE_PITCH = 8  # 4 FP32 scales padded to 32 bytes (kv_split)
+MASK_BIAS = 3.0e38  # subtracted from the scores of skipped entries (masked builds)
+MASK_FLOOR = 1.0e30  # row max of an all-skipped tile is clamped to -MASK_FLOOR (masked builds)
 
 #: byte offsets of (rope, scales) inside a packed row, per layout (tilesim.shared.mla_cache)
 LAYOUT_OFFSETS = {"pypto": (512, 640), "flashmla": (528, 512)}
@@ -58,9 +61,11 @@ class NestParams:
     the non-tensor arguments, so equal parameters reuse a compiled kernel and different ones
     never collide."""
 
-    def __init__(self, *, nq, n_kv, softmax_scale, topk, block_size, tile, online, quant, layout):
+    def __init__(
+        self, *, nq, n_kv, softmax_scale, topk, block_size, tile, online, quant, layout, mask_col0
+    ):
         self._key = (nq, n_kv, repr(softmax_scale), topk, block_size, repr(tile), online, quant)
-        self._key += (layout,)
+        self._key += (layout, mask_col0)
         self.nq = nq
         self.n_kv = n_kv
         self.softmax_scale = softmax_scale
@@ -75,9 +80,13 @@ class NestParams:
         self.online = online
         self.quant = quant  # "int8" or "fp8"
         self.rope_off, self.scale_off = LAYOUT_OFFSETS[layout]
+        # masked builds: topk_indices columns mask_col0.. hold 1 at skipped (-1) entries
+        self.mask_col0 = mask_col0
+        self.masked = mask_col0 is not None
 
     def __repr__(self) -> str:
         names = ("nq", "n_kv", "scale", "topk", "block_size", "tile", "online", "quant", "layout")
+        names += ("mask_col0",)
         return (
             "NestParams("
             + ", ".join(f"{n}={v}" for n, v in zip(names, self._key, strict=True))
@@ -197,9 +206,16 @@ def cube_tiles(c):
     pypto.set_cube_tile_shapes([c[0], c[1]], [c[2], c[3]], [c[4], c[5]])
 
 
-def tile_attention(qi, kn, kj, valid, p):
+def tile_attention(qi, kn, kj, skip, valid, p):
     """C1 + V1 + C2 of one KV tile -> ``(o_t, l, m)``: ``o_t`` FP32 (online) or BF16 (per_tile)
-    ``[g_tile, 512]``, ``l`` and ``m`` FP32 ``[g_tile, 1]``."""
+    ``[g_tile, 512]``, ``l`` and ``m`` FP32 ``[g_tile, 1]``.
+
+    ``skip`` (masked builds only): INT32 ``[1, s_kv_tile]``, 1 at skipped entries. The scaled
+    scores of those columns get ``-MASK_BIAS``, so with the row max taken over live columns
+    their ``P = exp(S - 3e38 - m)`` is exactly 0. A tile whose columns are all skipped has
+    ``m ~ -3e38``; ``m`` is clamped to ``-MASK_FLOOR`` so that its ``P`` is still 0 and the
+    merge treats the tile as an exact no-op (``a = 1``, ``c = 0``, or ``a = 0`` before the
+    first live tile)."""
     t = p.s_kv_tile
     pypto.set_semantic_label("Sa_C1")
     cube_tiles(p.c1)
@@ -207,14 +223,18 @@ def tile_attention(qi, kn, kj, valid, p):
     pypto.set_semantic_label("Sa_V1")
     pypto.set_vec_tile_shapes(p.v1[0], p.v1[1])
     s = pypto.mul(s, p.softmax_scale)
+    if p.masked:
+        s = pypto.add(s, pypto.mul(pypto.cast(skip, pypto.DT_FP32), -MASK_BIAS))
     m = pypto.amax(s, dim=-1, keepdim=True)
+    if p.masked:
+        m = pypto.maximum(m, -MASK_FLOOR)
     pr = pypto.exp(pypto.sub(s, m))
     l = pypto.sum(pr, dim=-1, keepdim=True)
     if p.online:
         pb = pypto.cast(pr, pypto.DT_BF16)
         out_dtype = pypto.DT_FP32
     else:
-        pb = pypto.cast(pypto.div(pr, l), pypto.DT_BF16)
+        pb = pypto.cast(pypto.div(pr, safe_sum(l, p)), pypto.DT_BF16)
         out_dtype = pypto.DT_BF16
     pypto.set_semantic_label("Sa_C2")
     cube_tiles(p.c2)
@@ -228,12 +248,19 @@ def write_rows(res_fp32, out, row0):
     pypto.assemble(pypto.cast(res_fp32, pypto.DT_BF16), [row0, 0], out)
 
 
-def merge_online(t, o_t, l, m, acc, out, row0):
+def safe_sum(l, p):
+    """``l`` (a row sum of P) for a division: as is, or ``max(l, 1e-30)`` in masked builds, where
+    a token whose every entry is skipped has ``l = 0`` and must give 0, not NaN. Any ``l`` with
+    a live key is >= 1 (its maximum contributes exp(0)), so the clamp changes nothing else."""
+    return pypto.maximum(l, 1e-30) if p.masked else l
+
+
+def merge_online(t, o_t, l, m, acc, out, row0, p):
     """V2 of the online kernel (first / middle / last), FP32; writes BF16 rows on the last tile."""
     o_acc, l_acc, m_acc = acc
     if pypto.cond(pypto.is_loop_begin(t)):
         if pypto.cond(pypto.is_loop_end(t)):
-            write_rows(pypto.div(o_t, l), out, row0)
+            write_rows(pypto.div(o_t, safe_sum(l, p)), out, row0)
         else:
             o_acc[:] = o_t
             l_acc[:] = l
@@ -246,14 +273,14 @@ def merge_online(t, o_t, l, m, acc, out, row0):
         l_new = pypto.add(big_a, pypto.mul(c, l))
         tmp = pypto.add(pypto.mul(o_acc, a), pypto.mul(o_t, c))
         if pypto.cond(pypto.is_loop_end(t)):
-            write_rows(pypto.div(tmp, l_new), out, row0)
+            write_rows(pypto.div(tmp, safe_sum(l_new, p)), out, row0)
         else:
             o_acc[:] = tmp
             l_acc[:] = l_new
             m_acc[:] = m_new
 
 
-def merge_per_tile(t, o_t, l, m, acc, out, row0):
+def merge_per_tile(t, o_t, l, m, acc, out, row0, p):
     """V2 of the per-tile kernel. One tile (the seeds' case): its BF16 C2 output is the answer.
     Several tiles (beyond the seeds, whose kernel keeps the last tile): the normalised tile
     outputs are merged with softmax weights, FP32: ``A = exp(M - M')*L``, ``C = exp(m - M')*l``,
@@ -273,7 +300,7 @@ def merge_per_tile(t, o_t, l, m, acc, out, row0):
         l_new = pypto.add(big_a, big_c)
         o_new = pypto.div(
             pypto.add(pypto.mul(o_acc, big_a), pypto.mul(pypto.cast(o_t, pypto.DT_FP32), big_c)),
-            l_new,
+            safe_sum(l_new, p),
         )
         if pypto.cond(pypto.is_loop_end(t)):
             write_rows(o_new, out, row0)
@@ -331,12 +358,20 @@ def attention_nest(query_nope, query_rope, topk_indices, block_table, kv_act_seq
                             valid_shape=[1, valid],
                         )
                         bt = pypto.view(block_table, [1, max_blocks], [b, 0])
+                        skip = None
+                        if p.masked:
+                            skip = pypto.view(
+                                topk_indices,
+                                [1, st],
+                                [b * s1 + s, p.mask_col0 + n * p.topk + t * st],
+                                valid_shape=[1, valid],
+                            )
                         kn, kr = load(idx, bt, valid)
                         kj = assemble_keys(kn, kr, valid, p)
-                        o_t, l, m = tile_attention(qi, kn, kj, valid, p)
+                        o_t, l, m = tile_attention(qi, kn, kj, skip, valid, p)
                         pypto.set_semantic_label("Sa_V2")
                         pypto.set_vec_tile_shapes(p.v2[0], p.v2[1])
-                        merge(t, o_t, l, m, acc, out, row0)
+                        merge(t, o_t, l, m, acc, out, row0, p)
 
 
 def packed_nest(query_nope, query_rope, nope_cache, cache_fp8, topk_indices, block_table,

@@ -26,9 +26,12 @@ kv_split           INT8        910B, 950            three gathers
 Edges handled beyond the seeds' kernels, as the reference documents them: a query token with
 ``cur_seq = 0`` gets zeros (the seeds write nothing); a last tile with fewer than ``s_kv_tile``
 keys uses valid shapes; ``cur_seq > s_kv_tile`` works in both modes (per-tile mode merges the
-normalised tiles where the seeds keep the last). Not supported on the device: ``-1`` entries
-among the first ``cur_seq`` indices (the reference skips them; here they raise a ``ValueError``
-before launch), ``n_kv != 1`` and ``nq / n_kv`` not a multiple of ``g_tile``.
+normalised tiles where the seeds keep the last); ``-1`` entries among the first ``cur_seq``
+indices are skipped as the reference skips them (a "masked" build: the wrapper points them at
+an allocated position of the batch and appends a 0/1 skip mask to the index tensor; the kernel
+pushes those scores to -3e38 so their P is exactly 0, and an all-skipped tile is an exact no-op
+of the merge; a token with no live entry gets zeros). Not supported: ``n_kv != 1`` and
+``nq / n_kv`` not a multiple of ``g_tile`` (``ValueError`` before launch).
 """
 
 from __future__ import annotations
@@ -199,8 +202,9 @@ class _Call:
         self.soc = None
 
     def check_entries(self, cache_rows: int) -> None:
-        """Every used top-k entry must name a key: the reference's checks (positions, blocks,
-        cache rows), and no ``-1`` (the kernel does not skip entries)."""
+        """Every used top-k entry must name a key or be ``-1``: the reference's own checks
+        (positions, blocks, cache rows). Sets :attr:`skipped`, the used ``-1`` entries, and
+        :attr:`filler`, a position of each batch the kernel may gather in their place."""
         from tilesim.reference.dsa_gather import NO_ROW, plan_physical_rows
 
         phys, cur = plan_physical_rows(
@@ -213,14 +217,39 @@ class _Call:
             cache_rows=cache_rows,
         )
         used = np.arange(self.topk)[None, :] < cur[:, None]
-        skipped = used & (phys == NO_ROW)
-        if skipped.any():
-            r, c = (int(v[0]) for v in np.nonzero(skipped))
-            raise ValueError(
-                f"topk_indices[{r}, {c}]: expected a valid position among the first cur_seq = "
-                f"{int(cur[r])} entries, got -1 (the device kernel does not skip -1 entries; "
-                "tilesim.reference does)"
-            )
+        self.skipped = used & (phys == NO_ROW)
+        self.filler = np.zeros(self.n_b, dtype=np.int64)
+        for b in np.unique(np.nonzero(self.skipped)[0] // self.s1):
+            # any position whose block is allocated and inside the cache: its row is read for
+            # a skipped entry and masked out (P = 0), so which one does not matter
+            ok = np.nonzero(
+                (self.table[b] >= 0) & ((self.table[b] + 1) * self.block_size <= cache_rows)
+            )[0]
+            if ok.size == 0:
+                r, c = (int(v[0]) for v in np.nonzero(self.skipped[b * self.s1 :]))
+                raise ValueError(
+                    f"topk_indices[{b * self.s1 + r}, {c}]: -1 entries of batch {b} need one "
+                    f"allocated block in block_table[{b}] to stand in for them; it has none"
+                )
+            self.filler[b] = int(ok[0]) * self.block_size
+
+    def kernel_indices(self, cols: int) -> tuple[np.ndarray, int | None]:
+        """``(indices, mask_col0)``: the INT32 index tensor the kernel reads, ``cols`` columns
+        (zero-padded to whole KV tiles). When some used entry is ``-1`` (the masked build), those
+        entries are replaced by the batch's filler position and ``cols`` more columns follow,
+        1 at every skipped entry, 0 elsewhere (one tensor, not two: PyPTO 0.2.0's cost-model
+        machine crashes with ten kernel arguments); ``mask_col0 = cols``. Else ``None``."""
+        n = self.indices.shape[0]
+        if not self.skipped.any():
+            idx = np.zeros((n, cols), dtype=np.int32)
+            idx[:, : self.topk] = self.indices
+            return idx, None
+        idx = np.zeros((n, 2 * cols), dtype=np.int32)
+        idx[:, : self.topk] = self.indices
+        rows, c = np.nonzero(self.skipped)
+        idx[rows, c] = self.filler[rows // self.s1]
+        idx[rows, cols + c] = 1
+        return idx, cols
 
     @property
     def mode(self) -> str:
@@ -300,7 +329,8 @@ def _launch(call: _Call, form: str, quant: str, layout: str, tensors: list, out,
     """Run the kernel on ``tensors`` (queries and cache, kernel order) + the index tensors.
 
     The index columns are padded with zeros to whole KV tiles so that the last tile's
-    ``[1, s_kv_tile]`` view stays inside the tensor (only ``cur_seq`` columns are read).
+    ``[1, s_kv_tile]`` view stays inside the tensor (only ``cur_seq`` columns are read); used
+    ``-1`` entries become a masked stand-in (:meth:`_Call.kernel_indices`).
     Returns ``(out, cost_us or None)``."""
     torch = require_torch()
     _target(quant, on_npu, soc, "nope_cache" if form == "packed" else "kn_quant")
@@ -308,8 +338,7 @@ def _launch(call: _Call, form: str, quant: str, layout: str, tensors: list, out,
 
     st = call.cfg.s_kv_tile
     cols = -(-call.topk // st) * st  # the last tile's [1, s_kv_tile] view stays inside the tensor
-    idx = np.zeros((call.indices.shape[0], cols), dtype=np.int32)
-    idx[:, : call.topk] = call.indices
+    idx, mask_col0 = call.kernel_indices(cols)
     params = kernels.NestParams(
         nq=call.nq,
         n_kv=call.n_kv,
@@ -320,6 +349,7 @@ def _launch(call: _Call, form: str, quant: str, layout: str, tensors: list, out,
         online=call.mode == "online",
         quant=quant,
         layout=layout,
+        mask_col0=mask_col0,
     )
     dev = tensors[0].device
     args = [*tensors, *(_ints32(a, dev, torch) for a in (idx, call.table, call.acts))]

@@ -3,7 +3,8 @@
 Each sim test builds a small case with ``tilesim.reference.dsa_make_case`` (nq 128, b 2,
 s1 1 or 2, variable lengths incl. one shorter than s1 and one not a multiple of the KV tile,
 top-k indices drawn over the whole causal range, every cache row no used index reaches
-poisoned with NaN), runs the kernel through the host interpreter in a fresh process for its SoC
+poisoned with NaN; two cases add ``-1`` entries: scattered, a whole KV tile, a whole token),
+runs the kernel through the host interpreter in a fresh process for its SoC
 and compares with ``tilesim.reference``:
 
 * the seeds' rule (atol 1e-4, rtol 5e-3, at most 0.5 % failing elements) must pass;
@@ -13,8 +14,9 @@ and compares with ``tilesim.reference``:
   order and uses libtorch's exp, the reference rounds exact sums once, so an FP32 bit can
   differ and move a BF16 rounding by one step; where an output nearly cancels that step is
   many of its own ULPs but never more than a ULP of its row (MoE uses the same rule);
-* rows with ``cur_seq = 0`` are exactly zero (the output is pre-filled with NaN, so every row
-  must have been written), nothing is NaN, and the inputs are unchanged.
+* rows with ``cur_seq = 0`` or with every used entry ``-1`` are exactly zero (the output is
+  pre-filled with NaN, so every row must have been written), nothing is NaN, and the inputs
+  are unchanged.
 
 Argument checks run in-process without pypto (they fail before anything is launched).
 The ``npu`` tests run the seeds' matrix on an Ascend NPU (``nox -s device``).
@@ -86,9 +88,12 @@ def run_case(spec: dict) -> dict:
         layout=spec["layout"],
         tile_config=tile_config(spec),
         topk_rule="causal",
+        invalid_frac=0.2 if spec.get("skips") else 0.0,
         poison_unreached=True,
     )
-    inputs, params = case["inputs"], case["params"]
+    inputs, params = dict(case["inputs"]), case["params"]
+    if spec.get("skips"):
+        inputs["topk_indices"] = _force_skips(inputs, spec, params["tile_config"].s_kv_tile)
     before = _snapshot(inputs)
     op_dev = getattr(dev, case["op"])
     rows = inputs["query_nope"].shape[0]
@@ -98,7 +103,9 @@ def run_case(spec: dict) -> dict:
     rep = reference.compare(got, ref, **case["compare"])
     m = spec["s1"]
     cur = cur_seq_lengths(inputs["kv_act_seqs"], m, spec["topk"])
-    empty = np.repeat(cur == 0, params["nq"])
+    used = np.arange(spec["topk"])[None, :] < cur[:, None]
+    live = used & (inputs["topk_indices"][:, : spec["topk"]] != -1)
+    empty = np.repeat(~live.any(axis=1), params["nq"])
     got_f = got.astype(np.float64)
     got_bits = np.ascontiguousarray(got).view(np.int16)
     traffic = dev.sparse_attention_traffic(
@@ -129,6 +136,20 @@ def run_case(spec: dict) -> dict:
     if spec.get("try_fp8_here"):
         res["fp8_error"] = _fp8_rejection(inputs, params)
     return res
+
+
+def _force_skips(inputs: dict, spec: dict, s_kv_tile: int) -> np.ndarray:
+    """On top of ``invalid_frac``: token 0 loses a whole KV tile (its second), token 1 its
+    first tile, and the last token every entry (-> a zero row)."""
+    from tilesim.reference.dsa_gather import cur_seq_lengths
+
+    ti = np.array(inputs["topk_indices"], copy=True)
+    cur = cur_seq_lengths(inputs["kv_act_seqs"], spec["s1"], spec["topk"])
+    assert cur[0] > s_kv_tile and cur[1] > s_kv_tile, "skip pattern needs two tiles"
+    ti[0, s_kv_tile : 2 * s_kv_tile] = -1
+    ti[1, :s_kv_tile] = -1
+    ti[-1, : cur[-1]] = -1
+    return ti
 
 
 def reference_metrics(got: np.ndarray, ref: np.ndarray) -> dict:
@@ -176,6 +197,10 @@ _C = {
         topk=1024, tile=dict(g_tile=64, s_kv_tile=256, c1_tile=(64, 64, 256, 256, 128, 128),
                              c2_tile=(64, 64, 128, 128, 256, 256), v2_tile=(64, 128)),
     ),
+    "int8-packed-decode-s2-skips": dict(  # -1 entries: scattered, a whole tile, a whole token
+        soc="910b", quant="int8", layout="pypto", preset="decode", s1=2, acts=(2100, 1500),
+        topk=2048, skips=True,
+    ),
     "int8-kv_split-decode-s1-topk1000": dict(  # topk not a multiple of the tile: padded cols
         soc="910b", quant="int8", layout="kv_split", preset="decode", s1=1, acts=(600, 70),
         topk=1000,
@@ -196,6 +221,10 @@ _C = {
     "fp8-kv_split-prefill-s1-2tiles": dict(
         soc="950", quant="fp8", layout="kv_split", preset="prefill", s1=1, acts=(2500, 300),
         topk=4096,
+    ),
+    "fp8-kv_split-prefill-s2-skips": dict(
+        soc="950", quant="fp8", layout="kv_split", preset="prefill", s1=2, acts=(4500, 2300),
+        topk=4096, skips=True,
     ),
     "fp8-flashmla-decode-s1": dict(
         soc="950", quant="fp8", layout="flashmla", preset="decode", s1=1, acts=(800, 60),
@@ -226,7 +255,8 @@ def test_sim_matches_reference(name, spec, sim_report):
     assert r["written_in_place"]
     assert r["nan"] == 0, f"{r['nan']} NaN outputs (unwritten rows or a poisoned row was read)"
     assert r["poisoned_rows"] > 0
-    assert r["empty_rows"] == (128 if min(spec["acts"]) < spec["s1"] else 0)
+    n_empty = int(min(spec["acts"]) < spec["s1"]) + int(bool(spec.get("skips")))
+    assert r["empty_rows"] == 128 * n_empty
     assert r["empty_zero"], "rows with cur_seq = 0 must be zeros"
     assert r["seeds_rule"], f"seeds' compare rule failed: {r['n_fail']} elements"
     assert r["row_ulps"] <= budget_rows(spec), f"{r['row_ulps']} row-ULPs off the reference"
@@ -247,6 +277,8 @@ def test_sim_matches_reference(name, spec, sim_report):
     )
     if "block_size" in spec:
         case += f" block {spec['block_size']}"
+    if spec.get("skips"):
+        case += " with -1 entries"
     if "tile" in spec:
         case += f" g_tile {spec['tile']['g_tile']} s_kv_tile {spec['tile']['s_kv_tile']}"
     sim_report.add(
@@ -324,11 +356,46 @@ def test_group_tile_must_divide_the_heads():
         _call(case, tile_config=SaTileShapeConfig.decode().replace(g_tile=96))
 
 
-def test_minus_one_entries_are_refused_not_skipped():
-    # the reference skips -1 entries; the kernel cannot, so the wrapper refuses them up front
-    case = _small_case(topk_rule="causal", invalid_frac=0.1)
-    with pytest.raises(ValueError, match=r"topk_indices\[\d+, \d+\].*got -1"):
-        _call(case)
+def test_minus_one_entries_need_a_block_to_stand_in():
+    # a -1 entry is read from a stand-in position of its batch and masked; a batch whose
+    # every used entry is -1 and whose block table is empty has nothing to read
+    case = _small_case(actual_seq=(300, 40))
+    ti = case["inputs"]["topk_indices"].copy()
+    ti[2:4, :] = -1  # both tokens of batch 1 skip everything
+    bt = case["inputs"]["block_table"].copy()
+    bt[1, :] = -1
+    with pytest.raises(ValueError, match=r"topk_indices\[2, 0\]: -1 entries of batch 1 need"):
+        _call(case, topk_indices=ti, block_table=bt)
+
+
+def test_kernel_indices_mask_the_skipped_entries():
+    from tilesim.device.sparse_attention import _Call
+
+    case = _small_case(actual_seq=(300, 40), topk_rule="causal", invalid_frac=0.3)
+    inp, prm = case["inputs"], case["params"]
+    call = _Call(
+        inp["query_nope"], inp["query_rope"], inp["topk_indices"], inp["block_table"],
+        inp["kv_act_seqs"], nq=prm["nq"], n_kv=1, softmax_scale=prm["softmax_scale"],
+        topk=prm["topk"], block_size=prm["block_size"], tile_config=prm["tile_config"],
+    )  # fmt: skip
+    call.check_entries(inp["nope_cache"].shape[0])
+    idx, col0 = call.kernel_indices(512)
+    assert col0 == 512 and idx.shape == (4, 1024)
+    ti = inp["topk_indices"]
+    skipped = call.skipped
+    assert skipped.any() and (ti[:, :256][skipped] == -1).all()
+    assert (idx[:, 512 : 512 + 256] == skipped).all() and not idx[:, 512 + 256 :].any()
+    assert (idx[:, :256][~skipped] == ti[~skipped]).all()
+    from tilesim.reference.dsa_gather import cur_seq_lengths
+
+    cur = cur_seq_lengths(inp["kv_act_seqs"], 2, 256)
+    used = np.arange(256)[None, :] < cur[:, None]
+    assert (idx[:, :256][used] >= 0).all()  # the gather never reads a -1 (the tail is unread)
+    clean = _small_case(actual_seq=(300, 40))
+    call.indices = clean["inputs"]["topk_indices"].astype(np.int64)
+    call.check_entries(inp["nope_cache"].shape[0])
+    idx, col0 = call.kernel_indices(512)
+    assert col0 is None and idx.shape == (4, 512)
 
 
 def test_out_of_range_entries_use_the_reference_checks():
