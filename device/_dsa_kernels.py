@@ -214,8 +214,8 @@ def tile_attention(qi, kn, kj, skip, valid, p):
     scores of those columns get ``-MASK_BIAS``, so with the row max taken over live columns
     their ``P = exp(S - 3e38 - m)`` is exactly 0. A tile whose columns are all skipped has
     ``m ~ -3e38``; ``m`` is clamped to ``-MASK_FLOOR`` so that its ``P`` is still 0 and the
-    merge treats the tile as an exact no-op (``a = 1``, ``c = 0``, or ``a = 0`` before the
-    first live tile)."""
+    online merge treats the tile as an exact no-op (``a = 1``, ``c = 0``, or ``a = 0`` before
+    the first live tile; the per-tile merge up to one FP32 rounding)."""
     t = p.s_kv_tile
     pypto.set_semantic_label("Sa_C1")
     cube_tiles(p.c1)

@@ -29,8 +29,8 @@ keys uses valid shapes; ``cur_seq > s_kv_tile`` works in both modes (per-tile mo
 normalised tiles where the seeds keep the last); ``-1`` entries among the first ``cur_seq``
 indices are skipped as the reference skips them (a "masked" build: the wrapper points them at
 an allocated position of the batch and appends a 0/1 skip mask to the index tensor; the kernel
-pushes those scores to -3e38 so their P is exactly 0, and an all-skipped tile is an exact no-op
-of the merge; a token with no live entry gets zeros). Not supported: ``n_kv != 1`` and
+pushes those scores to -3e38 so their P is exactly 0, and an all-skipped tile is a no-op of
+the merge; a token with no live entry gets zeros). Not supported: ``n_kv != 1`` and
 ``nq / n_kv`` not a multiple of ``g_tile`` (``ValueError`` before launch).
 """
 
