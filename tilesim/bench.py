@@ -20,6 +20,7 @@ Writes ``docs/perf/reference.md`` and ``docs/perf/reference.png``. Run
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -338,6 +339,16 @@ def _best_time(fn: Callable[[], object], *, budget: float = 2.0, max_reps: int =
     return best, cpu_best, res
 
 
+def _set_torch_threads(n: int) -> int | None:
+    try:
+        torch = _torch()
+    except ImportError:
+        return None
+    if n > 0:
+        torch.set_num_threads(n)
+    return torch.get_num_threads()
+
+
 def _warm_torch() -> None:
     """Pay torch's one-time initialisation outside every timed region."""
     try:
@@ -365,7 +376,34 @@ def measure_sgemm() -> dict:
             rates[f"torch {m}x{k}x{n}"] = 2 * m * k * n / t / 1e9
         except ImportError:
             pass
-    return {"rates": rates, "peak": max(rates.values())}
+    peak = max(rates.values())
+    # for context: one core's rate (the references run their BLAS on one thread, dsa_blas)
+    m, k, n = shapes[0]
+    a = rng.standard_normal((m, k), dtype=np.float32)
+    b = rng.standard_normal((k, n), dtype=np.float32)
+    with _one_blas_thread():
+        t, _, _ = _best_time(lambda: a @ b, budget=3.0)
+    rates[f"numpy {m}x{k}x{n}, 1 thread (not used as the roofline)"] = 2 * m * k * n / t / 1e9
+    return {"rates": rates, "peak": peak}
+
+
+def _one_blas_thread():
+    """NumPy's OpenBLAS on one thread for the duration (a no-op context if unavailable)."""
+    import contextlib
+
+    try:
+        from tilesim.reference.dsa_blas import blas_threads
+    except ImportError:
+        return contextlib.nullcontext()
+    old = os.environ.get("TILESIM_BLAS_THREADS")
+    os.environ["TILESIM_BLAS_THREADS"] = "1"
+    try:
+        return blas_threads()
+    finally:  # blas_threads() reads the variable when called, i.e. above
+        if old is None:
+            os.environ.pop("TILESIM_BLAS_THREADS", None)
+        else:
+            os.environ["TILESIM_BLAS_THREADS"] = old
 
 
 @dataclass
@@ -504,6 +542,20 @@ def memory_child(name: str) -> None:
     )
 
 
+def run_case_child(name: str, peak: float, args: argparse.Namespace) -> CaseResult:
+    """Time one case in a fresh interpreter. In one long process, the torch goldens measured
+    after many other cases were seen to take 10-50x more CPU time than in a fresh process
+    (cause not pinned down); a process per case keeps every measurement independent."""
+    cmd = [sys.executable, "-m", "tilesim.bench", "--case-child", name, "--peak", repr(peak),
+           "--torch-threads", str(args.torch_threads)]  # fmt: skip
+    if args.no_torch:
+        cmd.append("--no-torch")
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    if p.returncode != 0:
+        raise RuntimeError(f"bench of {name} failed:\n{p.stderr[-2000:]}")
+    return CaseResult(**json.loads(p.stdout.strip().splitlines()[-1]))
+
+
 def run_memory(name: str) -> dict:
     p = subprocess.run(
         [sys.executable, "-m", "tilesim.bench", "--memory-child", name],
@@ -585,7 +637,10 @@ def write_report(
         "not absolute times, and re-run before relying on a number.",
         "",
         f"Machine: {info['cpu']}, {info['cores']} cores; Python {info['python']}, NumPy "
-        f"{info['numpy']}, torch {info.get('torch')} ({info.get('torch_threads', '?')} threads).",
+        f"{info['numpy']}, torch {info.get('torch')}. The torch goldens run with "
+        f"{info.get('torch_threads', '?')} intra-op thread(s) (`--torch-threads`), the references "
+        "with their BLAS on one thread (`TILESIM_BLAS_THREADS`, default 1): on a 2-core machine "
+        "shared with other jobs, multi-threaded OpenMP/BLAS timings swing by 10-100x.",
         "",
         "## sgemm roofline",
         "",
@@ -701,11 +756,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="small cases only, no memory run")
     p.add_argument("--family", action="append", choices=sorted(BENCH_CASES))
     p.add_argument("--no-torch", action="store_true", help="skip the torch goldens")
+    p.add_argument(
+        "--torch-threads",
+        type=int,
+        default=1,
+        help="intra-op threads of the torch goldens (default 1, like the references' BLAS; "
+        "OpenMP on an oversubscribed shared machine is erratic)",
+    )
     p.add_argument("--no-memory", action="store_true", help="skip the b64 memory subprocess")
     p.add_argument("--memory-child", metavar="CASE", help=argparse.SUPPRESS)
+    p.add_argument("--case-child", metavar="CASE", help=argparse.SUPPRESS)
+    p.add_argument("--peak", type=float, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.memory_child:
         memory_child(args.memory_child)
+        return 0
+    if args.case_child:
+        _set_torch_threads(args.torch_threads)
+        _warm_torch()
+        r = bench_case(args.case_child, args.peak, with_torch=not args.no_torch)
+        print(json.dumps(dataclasses.asdict(r)))
         return 0
     started = time.time()
     load_before = " ".join(f"{x:.1f}" for x in os.getloadavg())
@@ -713,11 +783,12 @@ def main(argv: list[str] | None = None) -> int:
     fams = args.family or list(table)
     _warm_torch()
     sgemm = measure_sgemm()
+    torch_threads = _set_torch_threads(args.torch_threads)
     print(f"sgemm peak {sgemm['peak']:.1f} GFLOP/s", flush=True)
     results = []
     for fam in fams:
         for name in table[fam]:
-            r = bench_case(name, sgemm["peak"], with_torch=not args.no_torch)
+            r = run_case_child(name, sgemm["peak"], args)
             results.append(r)
             print(
                 f"{name:<45} ref {_fmt_s(r.ref_s):>9}  torch {_fmt_s(r.torch_s):>9}  "
@@ -729,7 +800,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.quick and not args.no_memory and "dsa" in fams:
         mem = run_memory(MEMORY_CASE)
         print(f"memory: {mem}", flush=True)
-    md = write_report(Path(args.out), results, sgemm, mem, machine_info(), started, load_before)
+    info = machine_info()
+    info["torch_threads"] = torch_threads
+    md = write_report(Path(args.out), results, sgemm, mem, info, started, load_before)
     print(f"wrote {md} and {md.with_suffix('.png')}")
     return 0
 
