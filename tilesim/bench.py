@@ -638,9 +638,10 @@ def write_report(
         "",
         f"Machine: {info['cpu']}, {info['cores']} cores; Python {info['python']}, NumPy "
         f"{info['numpy']}, torch {info.get('torch')}. The torch goldens run with "
-        f"{info.get('torch_threads', '?')} intra-op thread(s) (`--torch-threads`), the references "
-        "with their BLAS on one thread (`TILESIM_BLAS_THREADS`, default 1): on a 2-core machine "
-        "shared with other jobs, multi-threaded OpenMP/BLAS timings swing by 10-100x.",
+        f"{info.get('torch_threads', '?')} intra-op thread(s) (`--torch-threads`); the DeepSeek "
+        "reference runs its BLAS on one thread (`TILESIM_BLAS_THREADS`, default 1), the other "
+        "references use NumPy's default. Each case is timed in a fresh interpreter. On a 2-core "
+        "machine shared with other jobs, multi-threaded OpenMP/BLAS timings swing by 10-100x.",
         "",
         "## sgemm roofline",
         "",
