@@ -745,7 +745,7 @@ def _plot(png: Path, results: list[CaseResult]) -> None:
     ax.invert_yaxis()
     ax.set_xscale("log")
     ax.set_xlabel("seconds (log scale; shared 2-core machine, noisy)")
-    ax.legend(loc="lower right", fontsize=8)
+    fig.legend(loc="outside lower center", ncols=3, fontsize=8)
     ax.set_title("tilesim reference wall time vs the seeds-style torch golden and the roofline")
     fig.savefig(png)
     plt.close(fig)
