@@ -56,7 +56,13 @@ from tilesim.reference.dsa_gather import (
     plan_physical_rows,
 )
 from tilesim.shared.casts import BF16, FP8_E4M3, to_bf16
-from tilesim.shared.mla_cache import LAYOUTS, NOPE, NSCALES, PYPTO_ROW_BYTES, ROPE
+from tilesim.shared.mla_cache import (
+    LAYOUTS,
+    NOPE,
+    PYPTO_ROW_BYTES,
+    ROPE,
+    check_cache_fields,
+)
 from tilesim.shared.tiling import SaTileShapeConfig
 
 HEAD_DIM = NOPE + ROPE  # 576
@@ -488,22 +494,12 @@ def sparse_attention_antiquant_kv_split(
         block_size=block_size,
         softmax_scale=softmax_scale,
     )
-    kq = _to_numpy(kn_quant, "kn_quant")
-    kra = _to_numpy(kr, "kr")
-    ksc = _to_numpy(kn_scales, "kn_scales")
-    if kq.dtype not in _QUANT_DTYPES:
-        raise TypeError(f"kn_quant: expected float8_e4m3fn or int8, got dtype {kq.dtype}")
-    if kq.ndim != 2 or kq.shape[1] != NOPE:
-        raise ValueError(f"kn_quant: expected shape [rows, {NOPE}], got {tuple(kq.shape)}")
-    rows = kq.shape[0]
-    if kra.dtype != BF16:
-        raise TypeError(f"kr: expected bfloat16, got dtype {kra.dtype}")
-    if kra.shape != (rows, ROPE):
-        raise ValueError(f"kr: expected shape {(rows, ROPE)}, got {tuple(kra.shape)}")
-    if ksc.dtype != np.float32:
-        raise TypeError(f"kn_scales: expected float32, got dtype {ksc.dtype}")
-    if ksc.shape != (rows, NSCALES):
-        raise ValueError(f"kn_scales: expected shape {(rows, NSCALES)}, got {tuple(ksc.shape)}")
+    kq, kra, ksc = check_cache_fields(
+        _to_numpy(kn_quant, "kn_quant"),
+        _to_numpy(kr, "kr"),
+        _to_numpy(kn_scales, "kn_scales"),
+        names=("kn_quant", "kr", "kn_scales"),
+    )
     cfg = _resolve_tile_config(tile_config)
     with blas_threads():  # numbers do not depend on it, speed on a busy machine does
         out = _run(

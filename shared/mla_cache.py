@@ -49,24 +49,32 @@ class MlaCacheRows(NamedTuple):
     scales: np.ndarray
 
 
-def _check_fields(nope, rope, scales) -> MlaCacheRows:
+def check_cache_fields(
+    nope, rope, scales, *, names: tuple[str, str, str] = ("nope", "rope", "scales")
+) -> MlaCacheRows:
+    """Validate the three cache fields (dtype and shape, errors name ``names``) and return them
+    as NumPy arrays. Used by the packers here and by ops taking the kv_split triple."""
+    n_name, r_name, s_name = names
     n = np.asarray(nope)
     r = np.asarray(rope)
     s = np.asarray(scales)
     if n.dtype not in QUANT_DTYPES:
-        raise TypeError(f"nope: expected float8_e4m3fn or int8, got dtype {n.dtype}")
+        raise TypeError(f"{n_name}: expected float8_e4m3fn or int8, got dtype {n.dtype}")
     if n.ndim != 2 or n.shape[1] != NOPE:
-        raise ValueError(f"nope: expected shape [rows, {NOPE}], got {tuple(n.shape)}")
+        raise ValueError(f"{n_name}: expected shape [rows, {NOPE}], got {tuple(n.shape)}")
     rows = n.shape[0]
     if r.dtype != BF16:
-        raise TypeError(f"rope: expected bfloat16, got dtype {r.dtype}")
+        raise TypeError(f"{r_name}: expected bfloat16, got dtype {r.dtype}")
     if r.shape != (rows, ROPE):
-        raise ValueError(f"rope: expected shape {(rows, ROPE)}, got {tuple(r.shape)}")
+        raise ValueError(f"{r_name}: expected shape {(rows, ROPE)}, got {tuple(r.shape)}")
     if s.dtype != np.float32:
-        raise TypeError(f"scales: expected float32, got dtype {s.dtype}")
+        raise TypeError(f"{s_name}: expected float32, got dtype {s.dtype}")
     if s.shape != (rows, NSCALES):
-        raise ValueError(f"scales: expected shape {(rows, NSCALES)}, got {tuple(s.shape)}")
+        raise ValueError(f"{s_name}: expected shape {(rows, NSCALES)}, got {tuple(s.shape)}")
     return MlaCacheRows(n, r, s)
+
+
+_check_fields = check_cache_fields
 
 
 def _le_bytes(a: np.ndarray) -> np.ndarray:

@@ -20,7 +20,7 @@ Per-SoC tile defaults (:func:`moe_vec_tile`) follow the UB budgets: see ``docs/d
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 #: the cost model of PyPTO 0.2.0 converts cycles to microseconds at this rate for every SoC
 COST_MODEL_CYCLES_PER_US = 1800.0
@@ -69,6 +69,20 @@ class SocSpec:
         return float(flops) / (peak * 1e12) * 1e6
 
 
+_SOC_950 = SocSpec(
+    name="950",
+    arch="DAV_3510",
+    soc_version="Ascend950PR_9579",
+    aic_cores=28,
+    aiv_cores=56,
+    cube_ghz=1.65,
+    ub_bytes=253952,
+    l1_bytes=524288,
+    l0c_bytes=262144,
+    hbm_tbps=1.6,
+    fp8=True,
+)
+
 SOCS: dict[str, SocSpec] = {
     "910b": SocSpec(
         name="910b",
@@ -83,32 +97,9 @@ SOCS: dict[str, SocSpec] = {
         hbm_tbps=1.6,
         fp8=False,
     ),
-    "950": SocSpec(
-        name="950",
-        arch="DAV_3510",
-        soc_version="Ascend950PR_9579",
-        aic_cores=28,
-        aiv_cores=56,
-        cube_ghz=1.65,
-        ub_bytes=253952,
-        l1_bytes=524288,
-        l0c_bytes=262144,
-        hbm_tbps=1.6,
-        fp8=True,
-    ),
-    "950dt": SocSpec(
-        name="950dt",
-        arch="DAV_3510",
-        soc_version="Ascend950PR_9579",
-        aic_cores=28,
-        aiv_cores=56,
-        cube_ghz=1.65,
-        ub_bytes=253952,
-        l1_bytes=524288,
-        l0c_bytes=262144,
-        hbm_tbps=4.0,
-        fp8=True,
-    ),
+    "950": _SOC_950,
+    # the 950DT compiles like the 950PR and differs only in HBM bandwidth (HiZQ 2.0)
+    "950dt": replace(_SOC_950, name="950dt", hbm_tbps=4.0),
 }
 
 #: the SoCs PyPTO's CPU path can compile for (``950dt`` compiles as ``950``)
