@@ -43,11 +43,10 @@ Importing this module needs neither torch nor pypto.
 
 import functools
 import numbers
-import os
 
 from tilesim.device._lazy import require, require_pypto, require_torch
 from tilesim.shared.models import MINIMAX_M3
-from tilesim.shared.soc import DEFAULT_SOC, get_soc
+from tilesim.shared.soc import DEFAULT_SOC, MSA_DEVICE_TILES, msa_device_tile
 from tilesim.shared.tiling import MsaTiling
 
 OP_NAME = "msa_sparse_decode"
@@ -57,29 +56,15 @@ _CFG = MINIMAX_M3.msa
 BY = _CFG.block_size  # 128 keys per block
 LARGE_NEG = _CFG.decode_mask_neg  # -3e38
 
-#: rows of K/V one gather_in_ub tile moves into UB (BF16, 128 columns = 256 B a row):
-#: 910B 128 rows = 32 KB (K and V tiles double-buffered stay well inside its 192 KB UB next to
-#: the [16, NTILE] FP32 softmax tiles); 950 256 rows = 64 KB (248 KB UB).
-GATHER_ROWS = {"910b": 128, "950": 256}
 
-
-def _soc_key(soc) -> str:
-    return "950" if get_soc(soc).arch == "DAV_3510" else "910b"
+#: per-SoC defaults and the env override live in :mod:`tilesim.shared.soc`
+GATHER_ROWS = MSA_DEVICE_TILES["MSA_GATHER_ROWS"][0]
 
 
 def gather_rows(soc=DEFAULT_SOC, env=None) -> int:
-    """The gather tile of ``soc`` (``MSA_GATHER_ROWS`` overrides; a positive multiple of 16)."""
-    env = os.environ if env is None else env
-    raw = (env.get("MSA_GATHER_ROWS") or "").strip()
-    if not raw:
-        return GATHER_ROWS[_soc_key(soc)]
-    try:
-        v = int(raw, 10)
-    except ValueError:
-        raise ValueError(f"MSA_GATHER_ROWS: expected a positive integer, got {raw!r}") from None
-    if v <= 0 or v % 16:
-        raise ValueError(f"MSA_GATHER_ROWS: expected a positive multiple of 16, got {v}")
-    return v
+    """GATHER_ROWS of ``soc`` (``MSA_GATHER_ROWS`` overrides; see
+    :func:`tilesim.shared.soc.msa_device_tile`)."""
+    return msa_device_tile("MSA_GATHER_ROWS", soc, env)
 
 
 # ----------------------------------------------------------------------------- kernel

@@ -26,12 +26,11 @@ Per-SoC key tile :data:`KTILE` (``MSA_INDEXER_KTILE``). Importing needs neither 
 
 import functools
 import numbers
-import os
 
 from tilesim.device._lazy import require, require_pypto, require_torch
 from tilesim.device.msa_decode import l0_tile
 from tilesim.shared.models import MINIMAX_M3
-from tilesim.shared.soc import DEFAULT_SOC, get_soc
+from tilesim.shared.soc import DEFAULT_SOC, MSA_DEVICE_TILES, msa_device_tile
 
 BACKENDS = ("auto", "npu", "sim")
 HEAD_REDUCES = ("max", "none")
@@ -42,26 +41,15 @@ NPAD = _CFG.index_heads_padded  # 16
 DIM = _CFG.index_dim  # 128
 TOPK = _CFG.topk_blocks  # 16
 
-#: keys per kernel step. The FP32 score tile [16, KTILE] is 32 KB at 512 (910B, 192 KB UB: in,
-#: out and double buffers fit with room to spare) and 64 KB at 1024 (950, 248 KB UB); fewer,
-#: larger steps cut the per-task overhead (cost model, nb = 40: 15.1 us with 128-key steps,
-#: 9.2 us with 512).
-KTILE = {"910b": 512, "950": 1024}
+
+#: per-SoC defaults and the env override live in :mod:`tilesim.shared.soc`
+KTILE = MSA_DEVICE_TILES["MSA_INDEXER_KTILE"][0]
 
 
 def key_tile(soc=DEFAULT_SOC, env=None) -> int:
-    """Key tile of ``soc`` (``MSA_INDEXER_KTILE`` overrides; a positive multiple of 128)."""
-    env = os.environ if env is None else env
-    raw = (env.get("MSA_INDEXER_KTILE") or "").strip()
-    if not raw:
-        return KTILE["950" if get_soc(soc).arch == "DAV_3510" else "910b"]
-    try:
-        v = int(raw, 10)
-    except ValueError:
-        raise ValueError(f"MSA_INDEXER_KTILE: expected a positive integer, got {raw!r}") from None
-    if v <= 0 or v % BY:
-        raise ValueError(f"MSA_INDEXER_KTILE: expected a positive multiple of {BY}, got {v}")
-    return v
+    """KTILE of ``soc`` (``MSA_INDEXER_KTILE`` overrides; see
+    :func:`tilesim.shared.soc.msa_device_tile`)."""
+    return msa_device_tile("MSA_INDEXER_KTILE", soc, env)
 
 
 @functools.lru_cache(maxsize=64)

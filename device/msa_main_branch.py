@@ -27,38 +27,25 @@ vector tile rows :data:`VEC_ROWS` (``MSA_VEC_ROWS``). Importing needs neither to
 
 import functools
 import math
-import os
 
 from tilesim.device._lazy import require, require_pypto, require_torch
 from tilesim.shared.models import MINIMAX_M3
-from tilesim.shared.soc import DEFAULT_SOC, get_soc
+from tilesim.shared.soc import DEFAULT_SOC, MSA_DEVICE_TILES, msa_device_tile
 from tilesim.shared.tiling import MSA_DTYPES, MsaTiling
 
 BACKENDS = ("auto", "npu", "sim")
 _CFG = MINIMAX_M3.msa
 MASK_NEG = _CFG.prefill_mask_neg  # -1e9, exact in FP32
 
-#: rows of the [rows, NTILE] FP32 vector tiles of the softmax (NTILE = 512: 2 KB a row). The
-#: score, mask and P tiles of a chunk step are live together, so three tiles must fit the UB:
-#: 910B 32 rows = 64 KB a tile (3 x 64 = 192 KB; 40 rows fails to compile there), 950 40 rows =
-#: 80 KB (3 x 80 = 240 of 248 KB; 48 rows fails). Cost model (n = 200, HQ 32, bf16): 950 with
-#: 40 rows 239 us vs 300 us with 32.
-VEC_ROWS = {"910b": 32, "950": 40}
+
+#: per-SoC defaults and the env override live in :mod:`tilesim.shared.soc`
+VEC_ROWS = MSA_DEVICE_TILES["MSA_VEC_ROWS"][0]
 
 
 def vec_rows(soc=DEFAULT_SOC, env=None) -> int:
-    """Vector tile rows of ``soc`` (``MSA_VEC_ROWS`` overrides; a positive multiple of 8)."""
-    env = os.environ if env is None else env
-    raw = (env.get("MSA_VEC_ROWS") or "").strip()
-    if not raw:
-        return VEC_ROWS["950" if get_soc(soc).arch == "DAV_3510" else "910b"]
-    try:
-        v = int(raw, 10)
-    except ValueError:
-        raise ValueError(f"MSA_VEC_ROWS: expected a positive integer, got {raw!r}") from None
-    if v <= 0 or v % 8:
-        raise ValueError(f"MSA_VEC_ROWS: expected a positive multiple of 8, got {v}")
-    return v
+    """VEC_ROWS of ``soc`` (``MSA_VEC_ROWS`` overrides; see
+    :func:`tilesim.shared.soc.msa_device_tile`)."""
+    return msa_device_tile("MSA_VEC_ROWS", soc, env)
 
 
 @functools.lru_cache(maxsize=32)

@@ -141,6 +141,47 @@ def moe_vec_tile(soc: str | SocSpec, activation: str) -> int:
     return _MOE_VEC_TILE[key]
 
 
+#: Per-SoC tile defaults of the MSA kernels: env variable -> (per-SoC default, required multiple).
+#: * ``MSA_INDEXER_KTILE`` keys per indexer step. The FP32 score tile [16, KTILE] is 32 KB at 512
+#:   (910B, 192 KB UB: in, out and double buffers fit with room to spare) and 64 KB at 1024 (950,
+#:   248 KB UB); fewer, larger steps cut the per-task overhead (cost model, nb = 40: 15.1 us with
+#:   128-key steps, 9.2 us with 512). A whole number of 128-key blocks.
+#: * ``MSA_GATHER_ROWS`` rows of K/V one decode ``gather_in_ub`` tile moves into UB (BF16, 256 B a
+#:   row): 910B 128 rows = 32 KB (K and V double-buffered stay well inside 192 KB next to the
+#:   [16, NTILE] FP32 softmax tiles); 950 256 rows = 64 KB (248 KB UB).
+#: * ``MSA_VEC_ROWS`` rows of the main branch's [rows, NTILE] FP32 vector tiles (NTILE 512: 2 KB a
+#:   row). Score, mask and P tiles are live together, so three must fit the UB: 910B 32 rows =
+#:   64 KB a tile (40 rows fails to compile), 950 40 rows = 80 KB (48 fails). Cost model (n = 200,
+#:   HQ 32, bf16): 950 with 40 rows 239 us vs 300 us with 32.
+MSA_DEVICE_TILES: dict[str, tuple[dict[str, int], int]] = {
+    "MSA_INDEXER_KTILE": ({"910b": 512, "950": 1024}, 128),
+    "MSA_GATHER_ROWS": ({"910b": 128, "950": 256}, 16),
+    "MSA_VEC_ROWS": ({"910b": 32, "950": 40}, 8),
+}
+
+
+def msa_device_tile(var: str, soc: str | SocSpec = DEFAULT_SOC, env=None) -> int:
+    """The MSA kernel tile ``var`` (a key of :data:`MSA_DEVICE_TILES`) for ``soc``; the
+    environment variable of the same name overrides it (a positive multiple of the table's
+    multiple, else ``ValueError`` naming the variable)."""
+    import os
+
+    if var not in MSA_DEVICE_TILES:
+        raise ValueError(f"var: expected one of {sorted(MSA_DEVICE_TILES)}, got {var!r}")
+    per_soc, multiple = MSA_DEVICE_TILES[var]
+    env = os.environ if env is None else env
+    raw = (env.get(var) or "").strip()
+    if not raw:
+        return per_soc["950" if get_soc(soc).arch == "DAV_3510" else "910b"]
+    try:
+        v = int(raw, 10)
+    except ValueError:
+        raise ValueError(f"{var}: expected a positive integer, got {raw!r}") from None
+    if v <= 0 or v % multiple:
+        raise ValueError(f"{var}: expected a positive multiple of {multiple}, got {v}")
+    return v
+
+
 def moe_tiling(activation: str = "silu", soc: str | SocSpec = DEFAULT_SOC, env=None):
     """:class:`~tilesim.shared.tiling.MoeTiling` for ``soc``: ``MoeTiling.from_env(activation)``
     with the SoC's vector tile width unless ``PYPTO_VEC_TILE`` is set in ``env``."""
