@@ -82,6 +82,24 @@ def l0_tile(w: int, cap: int) -> int:
     return next(t for t in (256, 128, 64, 32, 16) if t <= cap and w % t == 0)
 
 
+def merge_chunk(pypto, m, l, o, m_c, l_c, o_c, *, first: bool) -> None:
+    """Online-softmax merge of one key chunk into the running ``m, l, o`` (FP32), the order of
+    operations of the reference (``tilesim.reference.msa_common``): the first chunk is copied;
+    later ones do ``m' = max(m, m_c)``, ``a = exp(m - m')``, ``b = exp(m_c - m')``,
+    ``l = a*l + b*l_c``, ``o = o*a + o_c*b``. Shared by decode and the main branch."""
+    if first:
+        m[:] = m_c
+        l[:] = l_c
+        o[:] = o_c
+        return
+    m_new = pypto.maximum(m, m_c)
+    a = pypto.exp(m - m_new)
+    b = pypto.exp(m_c - m_new)
+    l[:] = a * l + b * l_c
+    o[:] = o * a + o_c * b
+    m[:] = m_new
+
+
 def _chunk_softmax(pypto, qg, kc, vc, keep, g: int, w: int, scale: float):
     """One chunk: scores, scale, keep-mask, chunk max / exp / row sum, bf16(P) @ V."""
     pypto.set_cube_tile_shapes([g, g], [128, 128], [l0_tile(w, 256), w])
@@ -150,17 +168,7 @@ def build_kernel(batch, hq, hkv, nb, topk, dim, ntile, gather, rows):
                 kp = pypto.view(keep, [1, w], [b, c0])
                 m_c, l_c, o_c = _chunk_softmax(pypto, qg, kc, vc, kp, g, w, scale)
                 pypto.set_vec_tile_shapes(g, dim)
-                if c == 0:
-                    m[:] = m_c
-                    l[:] = l_c
-                    o[:] = o_c
-                else:
-                    m_new = pypto.maximum(m, m_c)
-                    a = pypto.exp(m - m_new)
-                    bb = pypto.exp(m_c - m_new)
-                    l[:] = a * l + bb * l_c
-                    o[:] = o * a + o_c * bb
-                    m[:] = m_new
+                merge_chunk(pypto, m, l, o, m_c, l_c, o_c, first=c == 0)
             # a kept key scores far above -3e38, so m > -3e38 <=> the row kept a key
             res = pypto.where(pypto.gt(m, LARGE_NEG), o / l, 0.0)
             out[q0 : q0 + g, :] = pypto.cast(res, pypto.DT_BF16)

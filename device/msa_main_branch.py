@@ -29,6 +29,7 @@ import functools
 import math
 
 from tilesim.device._lazy import require, require_pypto, require_torch
+from tilesim.device.msa_decode import merge_chunk
 from tilesim.shared.models import MINIMAX_M3
 from tilesim.shared.soc import DEFAULT_SOC, MSA_DEVICE_TILES, msa_device_tile
 from tilesim.shared.tiling import MSA_DTYPES, MsaTiling
@@ -93,17 +94,7 @@ def build_kernel(n, hq, hkv, dh, kv_len, max_n, dtype, ntile, rows):
                 pypto.set_cube_tile_shapes([128, 128], [128, 128], [128, 128])
                 pv = pypto.matmul(p, vc, pypto.DT_FP32)
                 pypto.set_vec_tile_shapes(r, dh)
-                if c == 0:
-                    m[:] = m_c
-                    l[:] = l_c
-                    o[:] = pv
-                else:
-                    m_new = pypto.maximum(m, m_c)
-                    a = pypto.exp(m - m_new)
-                    b = pypto.exp(m_c - m_new)
-                    l[:] = a * l + b * l_c
-                    o[:] = o * a + pv * b
-                    m[:] = m_new
+                merge_chunk(pypto, m, l, o, m_c, l_c, pv, first=c == 0)
             pypto.assemble(pypto.where(seen, o / l, 0.0), [0, hg * dh], out)
 
     return msa_main_branch_kernel
