@@ -20,7 +20,9 @@ Two public ops:
           out = O / l                                 FP32 (output stays FP32)
 
 tilesim batches the 16 heads of a KV group (and blocks of query rows) into one matmul per
-chunk; the chunk loop stays explicit. Deliberate differences from the seeds' kernel
+chunk; the chunk loop stays explicit. K steps that no row of a row block sees (future blocks,
+padding slots) are skipped when that provably changes no bit (:func:`_may_skip_dead_keys`; never
+with a trace hook or ``seeds_compat``). Deliberate differences from the seeds' kernel
 (``docs/ops/msa.md``): a last partial chunk is processed when ``topk*bk`` is not a multiple of
 NTILE (``seeds_compat=True`` drops it, as the kernel does), and a query row that sees no
 selected key returns zeros (the kernel's arithmetic gives the mean of V there).
@@ -33,6 +35,7 @@ import math
 import numpy as np
 from tilesim.reference.msa_common import (
     F16,
+    K_STEP,
     as_array,
     back,
     check_dtype,
@@ -53,8 +56,11 @@ from tilesim.shared.tiling import MSA_DTYPES, MsaTiling
 _CFG = MINIMAX_M3.msa
 MASK_NEG = np.float32(_CFG.prefill_mask_neg)  # -1e9, exact in FP32
 
-#: query rows per batched step (no numeric effect: rows never interact)
-ROW_BLOCK = 256
+#: query rows per batched step (no numeric effect: rows never interact); one query block of the
+#: seeds' cases, so the dead-key skipping below works at block granularity
+ROW_BLOCK = 128
+#: largest ``|q|*|k|*scale`` for which a -1e9 mask entry provably gives ``exp(S - m) == 0``
+DEAD_KEY_SCORE_BOUND = 1e8
 
 
 def build_msa_block_mask(n, topk_indices, *, bk=128, topk=16):
@@ -125,6 +131,42 @@ def kernel_mask(block_mask: np.ndarray, max_n: int) -> np.ndarray:
     m2 = block_mask.transpose(0, 2, 1, 3).reshape(nbq * bk, topk * bk)
     pad = np.full((max_n - nbq * bk, topk * bk), MASK_NEG, dtype=FP32)
     return np.concatenate([m2, pad], axis=0)
+
+
+def _may_skip_dead_keys(q64, k64, v64, mask: np.ndarray, scale: np.float32) -> bool:
+    """True when dropping the K steps that every row of a row block has masked changes no bit.
+
+    A masked score is ``raw*scale + (-1e9)``; a visible one is ``raw*scale + 0``. When the mask
+    holds only 0 and -1e9 and ``|raw*scale| <= DEAD_KEY_SCORE_BOUND`` (Cauchy-Schwarz on the row
+    norms), a masked key of a row that also sees a key in the chunk gets ``P = exp(S - m) = 0``
+    exactly, so its column adds exact zeros to ``l`` and to every K step of ``P.V`` (V must be
+    finite: ``0 * inf`` is NaN). A chunk in which a row sees nothing is erased by the online merge
+    (its weight ``exp(-1e9 - m')`` is 0), whatever keys it held. Either way the output bits do not
+    depend on whether those keys were computed.
+    """
+    if not ((mask == 0) | (mask == MASK_NEG)).all():
+        return False
+    if not (np.isfinite(q64).all() and np.isfinite(k64).all() and np.isfinite(v64).all()):
+        return False
+    q_norm = float(np.sqrt((q64 * q64).sum(axis=-1)).max())
+    k_norm = float(np.sqrt((k64 * k64).sum(axis=-2)).max())  # k64 is [HKV, dh, kv]
+    return q_norm * k_norm * float(scale) * (1 + 1e-6) <= DEAD_KEY_SCORE_BOUND
+
+
+def live_key_steps(visible: np.ndarray, c0: int, w: int) -> np.ndarray | None:
+    """Key columns (chunk-relative) of the K steps some row of ``visible`` ``[rows, kv]`` sees.
+
+    Whole :data:`K_STEP` groups counted from the chunk start are kept or dropped, so the P.V
+    K-step boundaries of the kept keys are the kernel's. ``None``: every group is live.
+    """
+    seen = visible[:, c0 : c0 + w].any(axis=0)
+    starts = range(0, w, K_STEP)
+    live = [k0 for k0 in starts if seen[k0 : k0 + K_STEP].any()]
+    if len(live) == len(starts):
+        return None
+    if not live:
+        return np.empty(0, dtype=np.intp)
+    return np.concatenate([np.arange(k0, min(w, k0 + K_STEP)) for k0 in live])
 
 
 def msa_main_branch(
@@ -240,8 +282,14 @@ def msa_main_branch(
         [np.ascontiguousarray(k64[h, :, c0 : c0 + w]) for c0, w in bounds] for h in range(hkv)
     ]
     scale = np.float32(dh**-0.5)
+    # Dead keys (K steps no row of a row block sees) are skipped when that provably changes no
+    # bit; with a trace hook every chunk is computed, since the trace reports each chunk's m, l.
+    skip_dead = (
+        trace is None and not seeds_compat and _may_skip_dead_keys(q64, k64, v64, mask2d, scale)
+    )
+    visible = mask2d > MASK_NEG
 
-    out = np.empty((n, hkv, group, dh), dtype=FP32)
+    out = np.zeros((n, hkv, group, dh), dtype=FP32)
     if trace is not None:
         tr_max = np.empty((len(bounds), n, hkv, group), dtype=FP32)
         tr_sum = np.empty((len(bounds), n, hkv, group), dtype=FP32)
@@ -251,15 +299,27 @@ def msa_main_branch(
             q_blk = q64[h_kv, r0 * group : r1 * group]  # [(r1-r0)*16, dh]
             state = None
             for c, (c0, w) in enumerate(bounds):  # NTILE chunks: online softmax
-                raw = cube_matmul(q_blk, k_chunks[h_kv][c])  # [(r1-r0)*16, w]
-                s = raw.reshape(r1 - r0, group, w)  # a view: the FP32 steps run in place
+                cols = live_key_steps(visible[r0:r1], c0, w) if skip_dead else None
+                if cols is None:  # the whole chunk, as the kernel computes it
+                    k_c, v_c, mask_c = k_chunks[h_kv][c], v64[h_kv, c0 : c0 + w], mask2d[r0:r1]
+                    mask_c = mask_c[:, c0 : c0 + w]
+                elif cols.size == 0:
+                    continue  # no row of the block sees a key of this chunk: merge weight 0
+                else:  # only the live K steps (chunk-relative columns `cols`)
+                    k_c = k_chunks[h_kv][c][:, cols]
+                    v_c = v64[h_kv, c0 + cols]
+                    mask_c = mask2d[r0:r1, c0 + cols]
+                raw = cube_matmul(q_blk, k_c)  # [(r1-r0)*16, w or live keys]
+                s = raw.reshape(r1 - r0, group, -1)  # a view: the FP32 steps run in place
                 np.multiply(s, scale, out=s)
-                np.add(s, mask2d[r0:r1, None, c0 : c0 + w], out=s)  # one mask row, 16 heads
-                m_c, l_c, o_c = softmax_chunk(s, v64[h_kv, c0 : c0 + w], p_dtype)
+                np.add(s, mask_c[:, None, :], out=s)  # one mask row, 16 heads
+                m_c, l_c, o_c = softmax_chunk(s, v_c, p_dtype)
                 state = online_merge(state, m_c, l_c, o_c)
                 if trace is not None:
                     tr_max[c, r0:r1, h_kv] = m_c[..., 0]
                     tr_sum[c, r0:r1, h_kv] = l_c[..., 0]
+            if state is None:
+                continue  # the block's rows see no key at all: zeros (set again below)
             _, l_run, o_run = state
             with np.errstate(invalid="ignore", divide="ignore"):
                 out[r0:r1, h_kv] = o_run / l_run

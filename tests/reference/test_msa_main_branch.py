@@ -267,6 +267,74 @@ def test_row_blocking_is_invisible():
     assert a.tobytes() == b.tobytes()
 
 
+# ----------------------------------------------------------------------------- dead-key skipping
+def _count_key_columns(monkeypatch):
+    """Wrap the module's cube_matmul (the score matmul S = Q K^T; P.V runs in msa_common):
+    collect the key width N of every call."""
+    mod = importlib.import_module("tilesim.reference.msa_main_branch")
+    widths = []
+    real = mod.cube_matmul
+
+    def counting(a, b, *args, **kw):
+        widths.append(b.shape[-1])
+        return real(a, b, *args, **kw)
+
+    monkeypatch.setattr(mod, "cube_matmul", counting)
+    return widths
+
+
+@pytest.mark.parametrize(
+    "n, ids, topk, bk, dtype, ntile",
+    [
+        (300, [2, 0, 1], 4, 128, "bf16", 512),  # one chunk, slot 0 unseen by blocks 0-1
+        (700, [5, 2, 4, 0], 16, 128, "fp16", 512),  # 12 zero padding slots
+        (1500, None, 16, 128, "fp32", 384),  # the seeds' ids; a 128-key tail chunk
+        (700, [9, 2, 6, 0, 10], 8, 64, "bf16", 256),  # bk 64: row blocks hold 2 query blocks
+        (500, [3, 1], 16, 128, "fp32", 512),  # rows 0-127 see no key at all
+    ],
+)
+def test_dead_key_skipping_is_invisible(monkeypatch, n, ids, topk, bk, dtype, ntile):
+    """Without a trace hook, K steps that no row of a row block sees are not computed; the
+    output bits equal the all-keys computation (the trace hook forces it) and the per-head
+    loop kernel."""
+    inputs, _, ids = case(n, ids, hq=8, hkv=2, topk=topk, bk=bk, seed=12)
+    tiling = MsaTiling(ntile=ntile)
+    widths = _count_key_columns(monkeypatch)
+    fast = msa_main_branch(**inputs, dtype=dtype, max_n=2048, tiling=tiling)
+    fast_cols = sum(widths)
+    widths.clear()
+    every = msa_main_branch(**inputs, dtype=dtype, max_n=2048, tiling=tiling, trace=lambda r: None)
+    every_cols = sum(widths)
+    assert fast_cols < every_cols  # keys were skipped
+    assert fast.tobytes() == every.tobytes()
+    if dtype != "fp32":  # FP32 P.V is not exact in float64 (see test_batched_equals_...)
+        want = loop_kernel(inputs, dtype, ntile=ntile)
+        assert fast.tobytes() == want.tobytes()
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("change", ["soft_mask", "huge_scores", "inf_value"])
+def test_dead_key_skipping_off_when_not_provably_exact(monkeypatch, change):
+    """A mask with values other than 0 / -1e9, scores that could reach the mask's magnitude or
+    a non-finite V make every key computed (results as the kernel computes them)."""
+    inputs, _, ids = case(300, [2, 0, 1], hq=4, hkv=1, topk=4, seed=13)
+    inputs = {k: v.copy() for k, v in inputs.items()}
+    if change == "soft_mask":
+        inputs["block_mask"][0, 1, :, :] = np.where(inputs["block_mask"][0, 1] == 0, -3.0, NEG)
+    elif change == "huge_scores":
+        inputs["query"] *= F32(1e4)
+        inputs["key_blocks"] *= F32(1e4)
+    else:
+        inputs["value_blocks"][0, 0, 0] = np.inf  # slot 0 = block 2: unseen by blocks 0-1
+    widths = _count_key_columns(monkeypatch)
+    got = msa_main_branch(**inputs, dtype="fp32", max_n=2048, tiling=T)
+    assert sum(widths) == 3 * 512  # 3 row blocks x one 512-key chunk: nothing skipped
+    every = msa_main_branch(**inputs, dtype="fp32", max_n=2048, tiling=T, trace=lambda r: None)
+    np.testing.assert_array_equal(got, every)
+    if change == "inf_value":  # the kernel's 0 * inf in P.V reaches the rows of blocks 0-1
+        assert np.isnan(got[:256]).any()
+
+
 # ----------------------------------------------------------------------------- seeds' cases
 @pytest.mark.parametrize(
     "name", ["msa_main_unaligned_1", "msa_main_unaligned_64", "msa_main_unaligned_100"]
