@@ -63,7 +63,7 @@ def _scores(q: np.ndarray, k: np.ndarray, nb: int) -> np.ndarray:
     q_pad[: q.shape[0]] = widen64(q)
     # One cube tile per key block in the kernel; the blocks do not interact, so all of them go
     # through one matmul (K = 128 = one K step). The "* 1.0" vector stage is the identity.
-    s = cube_matmul(q_pad, np.ascontiguousarray(widen64(k).T))
+    s = cube_matmul(q_pad, widen64(k).T)  # a transposed view: BLAS reads it in place
     s = s * np.float32(1.0)
     assert s.shape == (npad, nb * by)
     return s
