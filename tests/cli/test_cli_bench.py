@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tilesim.bench import _check, flop_count, torch_golden_for
+from tilesim.bench import _check, flop_count, live_flop_count, torch_golden_for
 from tilesim.cli.registry import get_case
 from tilesim.cli.runner import build_case, run_reference
 
@@ -34,6 +34,27 @@ def test_dsa_flop_count_matches_the_library_cost_model():
     # cur_seq per token: [2048,2048],[2048,2048],[665,666],[14,15] (op-facts 5.9)
     attended = 4 * 2048 + 665 + 666 + 14 + 15
     assert flop_count(built) == 2 * 128 * attended * (576 + 512)
+
+
+@pytest.mark.parametrize(
+    "name, ids, n",
+    [
+        # the seeds' published block ids (op-facts 4.8)
+        ("msa_main_aligned_1024", [6, 7, 4, 3, 1, 5, 2, 0], 1024),
+        ("msa_main_unaligned_1500", [5, 3, 9, 8, 0, 10, 2, 1, 11, 7, 6, 4], 1500),
+    ],
+)
+def test_msa_main_live_flop_count_from_the_block_ids(name, ids, n):
+    """Live work = (query block, slot) pairs whose block is not in the future, each with the
+    query block's real rows; padding slots and future blocks are dead."""
+    built = build_case(get_case(name))
+    rows = [min(128, n - qb * 128) for qb in range(-(-n // 128))]
+    pairs_rows = sum(rows[qb] for qb in range(len(rows)) for kv in ids if kv <= qb)
+    assert live_flop_count(built) == 2 * 64 * 2 * 128 * 128 * pairs_rows
+    assert flop_count(built) == 2 * n * 64 * 16 * 128 * 2 * 128  # every slot, every row
+    assert live_flop_count(built) < flop_count(built)
+    other = build_case(get_case("sfa_bf16_b4_s2_seq64K_total_fp8_d"))
+    assert live_flop_count(other) == flop_count(other)
 
 
 @pytest.mark.torch
