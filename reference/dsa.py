@@ -14,8 +14,11 @@ Golden of the PyPTO ``sparse_attention_antiquant`` kernels (``op-facts`` §5; th
 
 Loop nest (the kernel's): batch ``b`` -> query token ``s`` (``cur_seq``) -> KV head -> group tile
 of ``g_tile`` heads -> KV tile ``t`` of ``s_kv_tile`` top-k columns. The batch and token loops
-change no numbers; heads are vectorised inside a group tile; the KV-tile loop is where the
-arithmetic happens and is emulated step by step.
+change no numbers: query tokens run on a thread pool (``TILESIM_REF_THREADS`` workers, see
+:mod:`tilesim.reference.dsa_blas`), one token per thread at a time, and ``trace`` records are
+emitted in loop order from the calling thread. A token's keys are gathered and dequantized once
+(V0 is exact) and each KV tile reads its rows. Heads are vectorised inside a group tile; the
+KV-tile loop is where the arithmetic happens and is emulated step by step.
 
 Per KV tile (FP32 unless stated; rounding points in capitals)::
 
@@ -46,9 +49,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from itertools import accumulate
 
 import numpy as np
-from tilesim.reference.dsa_blas import blas_threads
+from tilesim.reference.dsa_blas import blas_threads, pin_blas_thread, ref_workers
 from tilesim.reference.dsa_gather import (
     NO_ROW,
     PackedCache,
@@ -267,6 +272,17 @@ def progress_bar(total: int, progress, desc: str, unit: str = "token"):
     return tqdm(total=total, desc=desc, unit=unit, delay=delay, leave=False)
 
 
+def token_keys(cache, rows: np.ndarray) -> np.ndarray:
+    """V0 for all kept entries of one query token: gather + dequantize physical ``rows`` ->
+    float64 ``[n, 576]`` copy of ``[kn | kr]`` (BF16 values, widened exactly). The entries of
+    one KV tile are a contiguous run of rows, so a tile's ``K`` and ``V`` are views of it."""
+    kn, kr = cache.keys(rows)
+    k64 = np.empty((rows.size, HEAD_DIM))
+    k64[:, :NOPE] = kn
+    k64[:, NOPE:] = kr
+    return k64
+
+
 def _run(
     op: str,
     qn: np.ndarray,
@@ -296,78 +312,100 @@ def _run(
         ti, bt, ks, s1=s1, topk=topk, block_size=block_size, cache_rows=cache.rows
     )
     out = np.zeros((qn.shape[0], NOPE), dtype=BF16)
-    bar = progress_bar(n_b * s1, progress, op)
-    try:
-        for b in range(n_b):  # L0
-            for s in range(s1):  # L1
-                r = b * s1 + s
-                cur = int(cur_seq[r])
-                n_tiles = -(-cur // s_kv)
-                tiles = [phys[r, t * s_kv : min((t + 1) * s_kv, cur)] for t in range(n_tiles)]
-                live = [t for t in range(n_tiles) if (tiles[t] != NO_ROW).any()]
-                for kv in range(n_kv):  # L2
-                    for g in range(g_loops):  # L3
-                        h0 = kv * group + g * g_tile
-                        h1 = min(h0 + g_tile, (kv + 1) * group)
-                        rows = slice(r * nq + h0, r * nq + h1)
-                        q64 = np.concatenate([qn[rows], qr[rows]], axis=1).astype(np.float64)
-                        merge = merge_cls()
-                        for t in range(n_tiles):  # L4: KV tiles
-                            col = tiles[t]
-                            sel = col[col != NO_ROW]
-                            info = {
-                                "op": op,
-                                "b": b,
-                                "s": s,
-                                "kv_head": kv,
-                                "g": g,
-                                "heads": (h0, h1),
-                                "tile": t,
-                                "n_tiles": n_tiles,
-                                "cols": (t * s_kv, t * s_kv + col.size),
-                                "valid": int(sel.size),
-                                "softmax": cfg.softmax,
-                                "s_kv_tile": s_kv,
+
+    def token(r: int) -> list[dict]:
+        """L2..L4 of query token ``r = b*s1 + s``: writes its ``nq`` output rows and returns its
+        trace records (empty without ``trace``). Reads shared inputs only."""
+        b, s = divmod(r, s1)
+        records: list[dict] = []
+        cur = int(cur_seq[r])
+        n_tiles = -(-cur // s_kv)
+        used = phys[r, :cur]
+        kept = used != NO_ROW
+        valid = [int(np.count_nonzero(kept[t * s_kv : (t + 1) * s_kv])) for t in range(n_tiles)]
+        start = list(accumulate(valid, initial=0))  # tile t = rows start[t]:start[t+1] of k64
+        live = [t for t in range(n_tiles) if valid[t]]
+        if live:
+            k64 = token_keys(cache, used[kept])  # V0 of every tile (exact, so done once)
+            q_tok = np.concatenate([qn[r * nq : (r + 1) * nq], qr[r * nq : (r + 1) * nq]], axis=1)
+            q_tok = q_tok.astype(np.float64)
+        for kv in range(n_kv):  # L2
+            for g in range(g_loops):  # L3
+                h0 = kv * group + g * g_tile
+                h1 = min(h0 + g_tile, (kv + 1) * group)
+                rows = slice(r * nq + h0, r * nq + h1)
+                merge = merge_cls()
+                for t in range(n_tiles):  # L4: KV tiles
+                    info = None
+                    if trace is not None:
+                        info = {
+                            "op": op,
+                            "b": b,
+                            "s": s,
+                            "kv_head": kv,
+                            "g": g,
+                            "heads": (h0, h1),
+                            "tile": t,
+                            "n_tiles": n_tiles,
+                            "cols": (t * s_kv, min((t + 1) * s_kv, cur)),
+                            "valid": valid[t],
+                            "softmax": cfg.softmax,
+                            "s_kv_tile": s_kv,
+                        }
+                    if not valid[t]:
+                        if info is not None:
+                            records.append({**info, "branch": "skip", "flop": 0})
+                        continue
+                    first, last = t == live[0], t == live[-1]
+                    k_t = k64[start[t] : start[t + 1]]  # K = [kn | kr] of the tile's entries
+                    v64 = k_t[:, :NOPE]  # V = the dequantized nope
+                    sc = tile_scores(q_tok[h0:h1], k_t, scale)  # C1
+                    m, p, l = tile_softmax(sc)  # V1
+                    if cfg.softmax == "online":
+                        o_t = matmul_fp32(to_bf16(p), v64)  # C2
+                    else:
+                        o_t = to_bf16(matmul_fp32(to_bf16(p / l), v64))
+                    res = merge.step(o_t, l, m, last=last)  # V2
+                    if res is not None:
+                        out[rows] = res
+                    if info is not None:
+                        branch = (
+                            "first_last"
+                            if first and last
+                            else "first"
+                            if first
+                            else "last"
+                            if last
+                            else "middle"
+                        )
+                        records.append(
+                            {
+                                **info,
+                                "branch": branch,
+                                "flop": 2 * (h1 - h0) * valid[t] * (HEAD_DIM + NOPE),
+                                "row_max": m[:, 0].copy(),
+                                "row_sum": l[:, 0].copy(),
                             }
-                            if t not in live:
-                                if trace is not None:
-                                    trace({**info, "branch": "skip", "flop": 0})
-                                continue
-                            first, last = t == live[0], t == live[-1]
-                            kn, kr = cache.keys(sel)  # V0: gather + dequant
-                            v64 = kn.astype(np.float64)  # V = the dequantized nope
-                            k64 = np.concatenate([v64, kr.astype(np.float64)], axis=1)
-                            sc = tile_scores(q64, k64, scale)  # C1
-                            m, p, l = tile_softmax(sc)  # V1
-                            if cfg.softmax == "online":
-                                o_t = matmul_fp32(to_bf16(p), v64)  # C2
-                            else:
-                                o_t = to_bf16(matmul_fp32(to_bf16(p / l), v64))
-                            res = merge.step(o_t, l, m, last=last)  # V2
-                            if res is not None:
-                                out[rows] = res
-                            if trace is not None:
-                                branch = (
-                                    "first_last"
-                                    if first and last
-                                    else "first"
-                                    if first
-                                    else "last"
-                                    if last
-                                    else "middle"
-                                )
-                                trace(
-                                    {
-                                        **info,
-                                        "branch": branch,
-                                        "flop": 2 * (h1 - h0) * int(sel.size) * (HEAD_DIM + NOPE),
-                                        "row_max": m[:, 0].copy(),
-                                        "row_sum": l[:, 0].copy(),
-                                    }
-                                )
-                if bar is not None:
-                    bar.update(1)
+                        )
+        return records
+
+    # L0 (batch) x L1 (query token) change no numbers: tokens run on a thread pool (NumPy drops
+    # the GIL in matmuls and ufuncs), each token in one thread, writing only its own rows; the
+    # results are consumed in (b, s) order, so trace records keep the kernel's order.
+    n_tokens = n_b * s1
+    workers = min(ref_workers(), n_tokens)
+    bar = progress_bar(n_tokens, progress, op)
+    pool = ThreadPoolExecutor(workers, initializer=pin_blas_thread) if workers > 1 else None
+    try:
+        done = pool.map(token, range(n_tokens)) if pool is not None else map(token, range(n_tokens))
+        for records in done:
+            for rec in records:
+                trace(rec)
+            if bar is not None:
+                bar.update(1)
     finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
         if bar is not None:
             bar.close()
     return out
@@ -410,7 +448,8 @@ def sparse_attention_antiquant(
             ``SaTileShapeConfig.from_env()`` at call time (decode preset by default).
         trace: called once per (token, group tile, KV tile) with a dict (keys ``op``, ``b``,
             ``s``, ``g``, ``tile``, ``branch``, ``valid``, ``flop``, and for computed tiles
-            ``row_max`` / ``row_sum``: the tile's FP32 ``m`` and ``l`` per head, ...).
+            ``row_max`` / ``row_sum``: the tile's FP32 ``m`` and ``l`` per head, ...), in loop
+            order and from the calling thread whatever ``TILESIM_REF_THREADS`` is.
         progress: ``True`` always shows a tqdm bar, ``False`` never, ``None`` after 3 s.
 
     Returns:

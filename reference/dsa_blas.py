@@ -1,14 +1,23 @@
-"""Run NumPy's OpenBLAS with a fixed thread count inside the sparse-attention golden.
+"""Thread settings of the sparse-attention golden: OpenBLAS threads and the token worker pool.
 
 The golden's matmuls are small (at most ``[128, 576] x [576, 2048]`` per KV tile). On a busy
 2-core machine, multi-threaded OpenBLAS spends most of its time waking and parking threads:
 measured 12x slower than one thread for the ``[128,576] x [576,512]`` tile while other jobs ran.
-:func:`blas_threads` therefore sets the thread count for the duration of one op call and
-restores it afterwards. The setting is process-wide (OpenBLAS has no per-thread count), so other
-Python threads doing BLAS work at the same moment also run on that many threads meanwhile.
+The golden therefore parallelises over query tokens instead (they share no reduction) and runs
+BLAS on ``TILESIM_BLAS_THREADS`` threads (default 1) in every thread that does its matmuls:
 
-Numbers never depend on it: the golden accumulates in float64 and rounds once to FP32, and
-OpenBLAS splits GEMMs across threads along M/N, not K.
+* :func:`blas_threads` sets the count for the calling (main) thread for one op call and restores
+  it afterwards; :func:`pin_blas_thread` sets it for good in a worker thread of the pool.
+  Both use ``openblas_set_num_threads_local`` (OpenBLAS >= 0.3.27), which only affects the
+  calling thread. Without it they fall back to the process-wide setter: :func:`blas_threads`
+  then covers the workers too, and other Python threads doing BLAS work at the same moment also
+  run on that many threads meanwhile (:func:`pin_blas_thread` does nothing in that case).
+* :func:`ref_workers` is the size of the token pool: ``TILESIM_REF_THREADS`` (``1`` = serial,
+  in the calling thread), default ``min(usable CPUs, 4)``.
+
+Numbers never depend on either: the golden accumulates in float64 and rounds once to FP32,
+OpenBLAS splits GEMMs across threads along M/N, not K, and every query token is computed by one
+thread with the same operations whichever thread it is.
 
 ``TILESIM_BLAS_THREADS``: thread count to use (default 1); ``0`` leaves BLAS alone. Nothing
 happens when NumPy is not linked against OpenBLAS or the library cannot be found.
@@ -55,17 +64,45 @@ def _openblas():
     return None
 
 
-def _wanted() -> int:
-    raw = os.environ.get("TILESIM_BLAS_THREADS", "").strip()
+#: default cap of the token pool (more threads mostly wait for the GIL between matmuls)
+MAX_DEFAULT_WORKERS = 4
+
+
+def _env_int(name: str, default: int, minimum: int) -> int:
+    raw = os.environ.get(name, "").strip()
     if not raw:
-        return 1
+        return default
     try:
         n = int(raw)
     except ValueError:
-        raise ValueError(f"TILESIM_BLAS_THREADS: expected an integer >= 0, got {raw!r}") from None
-    if n < 0:
-        raise ValueError(f"TILESIM_BLAS_THREADS: expected an integer >= 0, got {raw!r}")
+        raise ValueError(f"{name}: expected an integer >= {minimum}, got {raw!r}") from None
+    if n < minimum:
+        raise ValueError(f"{name}: expected an integer >= {minimum}, got {raw!r}")
     return n
+
+
+def _wanted() -> int:
+    return _env_int("TILESIM_BLAS_THREADS", 1, 0)
+
+
+def ref_workers() -> int:
+    """Token-pool size: ``TILESIM_REF_THREADS`` (>= 1; 1 = serial), default ``min(CPUs, 4)``."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return _env_int("TILESIM_REF_THREADS", max(1, min(cpus, MAX_DEFAULT_WORKERS)), 1)
+
+
+def pin_blas_thread() -> None:
+    """Pool-worker initializer: this thread's OpenBLAS uses ``TILESIM_BLAS_THREADS`` threads.
+
+    Only with the per-thread setter; the process-wide fallback is left to :func:`blas_threads`.
+    """
+    n = _wanted()
+    fns = _openblas() if n else None
+    if fns is not None and fns[0] is not None:
+        fns[0](n)
 
 
 @contextmanager
@@ -92,4 +129,4 @@ def blas_threads():
         setter(old)
 
 
-__all__ = ["blas_threads"]
+__all__ = ["MAX_DEFAULT_WORKERS", "blas_threads", "pin_blas_thread", "ref_workers"]

@@ -18,6 +18,11 @@ import numpy as np
 from tilesim.shared.casts import BF16, FP8_E4M3, FP8_E4M3_MAX, INT8_QMAX, to_bf16, to_fp8_e4m3
 
 QUANT_GROUP = 128
+#: FP32 value of every FP8 E4M3FN bit pattern (ml_dtypes' own widening, NaNs included): a table
+#: look-up gives the same bits as ``astype(float32)`` about 10x faster
+with np.errstate(invalid="ignore"):
+    _E4M3_TO_FP32 = np.arange(256, dtype=np.uint8).view(FP8_E4M3).astype(np.float32)
+_E4M3_TO_FP32.flags.writeable = False
 
 
 def _groups(x, name: str) -> np.ndarray:
@@ -81,5 +86,9 @@ def dequantize_latent(q, scales) -> np.ndarray:
         raise ValueError(
             f"dequantize_latent(scales): expected shape {(qa.shape[0], ng)}, got {tuple(sa.shape)}"
         )
-    deq = qa.astype(np.float32).reshape(qa.shape[0], ng, QUANT_GROUP) * sa[:, :, None]
+    if qa.dtype == FP8_E4M3:
+        q32 = np.take(_E4M3_TO_FP32, qa.view(np.uint8))  # exact widening
+    else:
+        q32 = qa.astype(np.float32)
+    deq = q32.reshape(qa.shape[0], ng, QUANT_GROUP) * sa[:, :, None]
     return to_bf16(deq.reshape(qa.shape))

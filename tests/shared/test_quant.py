@@ -290,3 +290,26 @@ def test_dequantize_bad_inputs_name_the_argument():
 
 def test_group_size_constant():
     assert math.prod(quantize_latent_fp8(latent(2))[1].shape) == 2 * 512 // 128
+
+
+def test_dequantize_every_fp8_byte_against_a_bit_formula():
+    """All 256 E4M3FN bytes (zeros, subnormals, normals, NaNs) in every group and column, four
+    scales: finite bytes give BF16(FP32(value * s)) with the value decoded from the bits by hand;
+    NaN bytes give a NaN of the byte's sign."""
+    byte = np.arange(256, dtype=np.uint8)
+    q = np.tile(byte.reshape(2, 128), (2, 4)).view(FP8)  # [4, 512]
+    s = np.array([[1.0, 2.0**-9, 0.37, 3.1e-3]] * 4, np.float32)
+    s[2:] = s[2:, ::-1]
+    with np.errstate(invalid="ignore"):
+        deq = dequantize_latent(q, s).astype(np.float32).reshape(4, 4, 128)
+    b = q.view(np.uint8).astype(np.int64).reshape(4, 4, 128)
+    sign = np.where(b & 0x80, -1.0, 1.0)
+    e, m = (b >> 3) & 0xF, b & 0x7
+    mag = np.where(e == 0, m * 2.0**-9, (1 + m / 8.0) * 2.0 ** (e - 7))
+    want = (sign * mag * s[:, :, None].astype(np.float64)).astype(np.float32)  # exact, 1 round
+    want = want.astype(BF16).astype(np.float32)
+    nan = (b & 0x7F) == 0x7F
+    assert np.array_equal(deq[~nan], want[~nan])
+    assert np.array_equal(np.signbit(deq[~nan]), np.signbit(want[~nan]))  # -0 stays -0
+    assert np.isnan(deq[nan]).all()
+    assert np.array_equal(np.signbit(deq[nan]), (b[nan] & 0x80) != 0)

@@ -1,0 +1,129 @@
+"""The sparse-attention golden's token pool changes no bits and keeps the trace order.
+
+Query tokens (loops L0/L1) run on ``TILESIM_REF_THREADS`` worker threads; every token is computed
+by one thread, and trace records are emitted in the kernel's (b, s, kv, g, tile) order. Serial
+(1 worker) is the reference here: it runs in the calling thread, exactly the old loop nest.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import tilesim.reference as R
+import tilesim.reference.dsa as dsa
+from tilesim.reference.dsa_blas import MAX_DEFAULT_WORKERS, ref_workers
+from tilesim.shared.tiling import SaTileShapeConfig
+
+SMALL = dict(nq=16, topk=256, block_size=16)
+ONLINE_64 = SaTileShapeConfig.decode().replace(s_kv_tile=64)
+PER_TILE_64 = SaTileShapeConfig.prefill().replace(s_kv_tile=64)
+
+
+def bits(a) -> np.ndarray:
+    return np.asarray(a).view(np.uint16)
+
+
+def same_records(a: list[dict], b: list[dict]) -> bool:
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b, strict=True):
+        if list(x) != list(y):
+            return False
+        for k in x:
+            if isinstance(x[k], np.ndarray):
+                if x[k].dtype != y[k].dtype or not np.array_equal(
+                    x[k].view(np.uint32), y[k].view(np.uint32)
+                ):
+                    return False
+            elif x[k] != y[k]:
+                return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def ragged_case():
+    """3 batches x 3 tokens: token (0, 0) has cur_seq 0, token (1, 1) has only -1 entries,
+    token (2, 2) has an all -1 middle tile; up to 4 KV tiles of 64 with scattered -1s."""
+    case = R.dsa_make_case(
+        actual_seq=[2, 700, 1300], s1=3, topk_rule="causal", invalid_frac=0.2, seed=31, **SMALL
+    )
+    ti = case["inputs"]["topk_indices"].copy()
+    ti[4] = -1
+    ti[8, 64:128] = -1
+    case["inputs"] = dict(case["inputs"], topk_indices=ti)
+    return case
+
+
+def run(case, cfg, workers, monkeypatch, trace=None):
+    monkeypatch.setenv("TILESIM_REF_THREADS", str(workers))
+    prm = {**case["params"], "tile_config": cfg}
+    return getattr(R, case["op"])(**case["inputs"], **prm, trace=trace)
+
+
+@pytest.mark.parametrize(
+    "cfg", [ONLINE_64, PER_TILE_64, PER_TILE_64.replace(g_tile=8)], ids=["online", "per_tile", "g8"]
+)
+def test_worker_count_and_trace_change_no_bits(ragged_case, cfg, monkeypatch):
+    serial_recs: list[dict] = []
+    serial = run(ragged_case, cfg, 1, monkeypatch, trace=serial_recs.append)
+    assert np.array_equal(bits(serial), bits(run(ragged_case, cfg, 1, monkeypatch)))
+    rows = serial.astype(np.float32).reshape(9, 16, 512)
+    assert (rows[0] == 0).all() and (rows[4] == 0).all()  # empty token, all -1 token
+    assert (rows[[1, 2, 3, 5, 6, 7, 8]] != 0).any(axis=(1, 2)).all()
+    assert [r["branch"] for r in serial_recs if (r["b"], r["s"], r["g"]) == (2, 2, 0)][1] == "skip"
+    for workers in (2, 3):
+        assert np.array_equal(bits(serial), bits(run(ragged_case, cfg, workers, monkeypatch)))
+        recs: list[dict] = []
+        out = run(ragged_case, cfg, workers, monkeypatch, trace=recs.append)
+        assert np.array_equal(bits(serial), bits(out))
+        assert same_records(serial_recs, recs)
+    order = [(r["b"], r["s"], r["kv_head"], r["g"], r["tile"]) for r in serial_recs]
+    assert order == sorted(order) and len(set(order)) == len(order)
+
+
+def test_kv_split_layout_with_workers(monkeypatch):
+    case = R.dsa_make_case(
+        actual_seq=[500, 90], s1=2, layout="kv_split", invalid_frac=0.1, seed=32, **SMALL
+    )
+    a = run(case, ONLINE_64, 1, monkeypatch)
+    b = run(case, ONLINE_64, 2, monkeypatch)
+    assert np.array_equal(bits(a), bits(b))
+
+
+def test_tokens_really_run_on_worker_threads(ragged_case, monkeypatch):
+    """Negative control for the tests above: 3 workers -> 3 pool threads (not the caller) each
+    pin their BLAS; 1 worker -> no pool at all."""
+    seen: list[int] = []
+    real = dsa.pin_blas_thread
+
+    def spy():
+        seen.append(threading.get_ident())
+        real()
+
+    monkeypatch.setattr(dsa, "pin_blas_thread", spy)
+    run(ragged_case, ONLINE_64, 3, monkeypatch)
+    assert len(set(seen)) == 3 and threading.get_ident() not in seen
+    seen.clear()
+    run(ragged_case, ONLINE_64, 1, monkeypatch)
+    assert seen == []
+
+
+def test_trace_exception_propagates_and_pool_stops(ragged_case, monkeypatch):
+    def boom(rec):
+        raise RuntimeError("trace hook failed")
+
+    with pytest.raises(RuntimeError, match="trace hook failed"):
+        run(ragged_case, ONLINE_64, 2, monkeypatch, trace=boom)
+
+
+def test_ref_workers_env(monkeypatch):
+    monkeypatch.delenv("TILESIM_REF_THREADS", raising=False)
+    assert 1 <= ref_workers() <= MAX_DEFAULT_WORKERS
+    monkeypatch.setenv("TILESIM_REF_THREADS", "5")
+    assert ref_workers() == 5
+    for bad in ("0", "-2", "two"):
+        monkeypatch.setenv("TILESIM_REF_THREADS", bad)
+        with pytest.raises(ValueError, match="TILESIM_REF_THREADS: expected an integer >= 1"):
+            ref_workers()
