@@ -354,6 +354,13 @@ def _best_time(fn: Callable[[], object], *, budget: float = 2.0, max_reps: int =
     return best, cpu_best, res
 
 
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def _set_torch_threads(n: int) -> int | None:
     try:
         torch = _torch()
@@ -668,10 +675,12 @@ def write_report(
         "",
         f"Machine: {info['cpu']}, {info['cores']} cores; Python {info['python']}, NumPy "
         f"{info['numpy']}, torch {info.get('torch')}. The torch goldens run with "
-        f"{info.get('torch_threads', '?')} intra-op thread(s) (`--torch-threads`); the DeepSeek "
-        "reference runs its BLAS on one thread (`TILESIM_BLAS_THREADS`, default 1), the other "
-        "references use NumPy's default. Each case is timed in a fresh interpreter. On a 2-core "
-        "machine shared with other jobs, multi-threaded OpenMP/BLAS timings swing by 10-100x.",
+        f"{info.get('torch_threads', '?')} intra-op thread(s) (`--torch-threads`, default: every "
+        "usable core, like the references); the DeepSeek reference runs its query "
+        f"tokens on {info.get('ref_workers', '?')} worker thread(s) with one BLAS thread each "
+        "(`TILESIM_REF_THREADS`, `TILESIM_BLAS_THREADS`), the other references use NumPy's "
+        "default BLAS threads. Each case is timed in a fresh interpreter. On a 2-core machine "
+        "shared with other jobs, multi-threaded OpenMP/BLAS timings swing by 10-100x.",
         "",
         "## sgemm roofline",
         "",
@@ -806,9 +815,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--torch-threads",
         type=int,
-        default=1,
-        help="intra-op threads of the torch goldens (default 1, like the references' BLAS; "
-        "OpenMP on an oversubscribed shared machine is erratic)",
+        default=_usable_cpus(),
+        help="intra-op threads of the torch goldens (default: every usable core, as the "
+        "references use; OpenMP timings on an oversubscribed shared machine are erratic)",
     )
     p.add_argument("--no-memory", action="store_true", help="skip the b64 memory subprocess")
     p.add_argument("--memory-child", metavar="CASE", help=argparse.SUPPRESS)
@@ -849,6 +858,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"memory: {mem}", flush=True)
     info = machine_info()
     info["torch_threads"] = torch_threads
+    from tilesim.reference.dsa_blas import ref_workers
+
+    info["ref_workers"] = ref_workers()
     md = write_report(Path(args.out), results, sgemm, mem, info, started, load_before)
     print(f"wrote {md} and {md.with_suffix('.png')}")
     return 0
