@@ -148,8 +148,8 @@ def _may_skip_dead_keys(q64, k64, v64, mask: np.ndarray, scale: np.float32) -> b
         return False
     if not (np.isfinite(q64).all() and np.isfinite(k64).all() and np.isfinite(v64).all()):
         return False
-    q_norm = float(np.sqrt((q64 * q64).sum(axis=-1)).max())
-    k_norm = float(np.sqrt((k64 * k64).sum(axis=-2)).max())  # k64 is [HKV, dh, kv]
+    q_norm = float(np.sqrt(np.einsum("hrd,hrd->hr", q64, q64).max()))  # q64: [HKV, rows, dh]
+    k_norm = float(np.sqrt(np.einsum("hdk,hdk->hk", k64, k64).max()))  # k64: [HKV, dh, kv]
     return q_norm * k_norm * float(scale) * (1 + 1e-6) <= DEAD_KEY_SCORE_BOUND
 
 
