@@ -84,3 +84,43 @@ def test_torch_golden_disagreement_is_reported():
     bad = torch_golden_for(built)()
     bad[0, 0] = 1e4
     assert _check(built, ref, bad).startswith("DISAGREES")
+
+
+def test_report_flags_targets_beyond_the_sgemm_peak(tmp_path):
+    """write_report: the '10x needs' rate is 10 x live FLOPs / torch time, flagged above the
+    sgemm peak, and the Targets lines count met and missed cases."""
+    from tilesim.bench import CaseResult, write_report
+
+    def result(name, live_gflop, ref_s, torch_s):
+        flop = int(2 * live_gflop * 1e9)  # kernel count: twice the live work
+        return CaseResult(
+            name=name,
+            family="msa",
+            op="msa_main_branch",
+            flop=flop,
+            live_flop=int(live_gflop * 1e9),
+            ref_s=ref_s,
+            torch_s=torch_s,
+            ref_cpu=ref_s,
+            torch_cpu=torch_s,
+            roofline_s=flop / 250e9,
+            check="agrees",
+            build_s=0.0,
+        )
+
+    results = [
+        result("loop_bound", 1.0, 0.01, 1.0),  # 10x needs 10 GFLOP/s; 100x faster: met
+        result("blas_bound", 100.0, 2.0, 1.0),  # 10x needs 1000 GFLOP/s > 250: beyond peak
+    ]
+    assert results[0].target_rate(10.0) == pytest.approx(10.0)
+    assert results[1].target_rate(10.0) == pytest.approx(1000.0)
+    sgemm = {"rates": {"numpy 2048x2048x2048": 250.0}, "peak": 250.0}
+    info = {"cpu": "test", "cores": 2, "python": "3", "numpy": "2", "load_avg": "0"}
+    md = write_report(tmp_path, results, sgemm, None, info, 0.0, "0").read_text()
+    rows = {ln.split("|")[1].strip(): ln for ln in md.splitlines() if ln.startswith("| ")}
+    assert "| 10 |" in rows["loop_bound"] and "(> peak)" not in rows["loop_bound"]
+    assert "| 1000 (> peak) |" in rows["blas_bound"]
+    target = next(ln for ln in md.splitlines() if ln.startswith("- MSA:"))
+    assert "speed-up >= 10x on 1 of 2 cases (missed: blas_bound)" in target
+    assert "for 1 of the missed ones that speed would be above the sgemm peak" in target
+    assert (tmp_path / "reference.png").stat().st_size > 0
