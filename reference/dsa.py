@@ -15,7 +15,7 @@ Golden of the PyPTO ``sparse_attention_antiquant`` kernels (``op-facts`` §5; th
 Loop nest (the kernel's): batch ``b`` -> query token ``s`` (``cur_seq``) -> KV head -> group tile
 of ``g_tile`` heads -> KV tile ``t`` of ``s_kv_tile`` top-k columns. The batch and token loops
 change no numbers: query tokens run on a thread pool (``TILESIM_REF_THREADS`` workers, see
-:mod:`tilesim.reference.dsa_blas`), one token per thread at a time, and ``trace`` records are
+:mod:`tilesim.reference.blas_pool`), one token per thread at a time, and ``trace`` records are
 emitted in loop order from the calling thread. A token's keys are gathered and dequantized once
 (V0 is exact) and each KV tile reads its rows. Heads are vectorised inside a group tile; the
 KV-tile loop is where the arithmetic happens and is emulated step by step.
@@ -49,11 +49,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from itertools import accumulate
 
 import numpy as np
-from tilesim.reference.dsa_blas import blas_threads, pin_blas_thread, ref_workers
+from tilesim.reference.blas_pool import blas_threads, map_in_order
 from tilesim.reference.dsa_gather import (
     NO_ROW,
     PackedCache,
@@ -393,19 +392,16 @@ def _run(
     # the GIL in matmuls and ufuncs), each token in one thread, writing only its own rows; the
     # results are consumed in (b, s) order, so trace records keep the kernel's order.
     n_tokens = n_b * s1
-    workers = min(ref_workers(), n_tokens)
     bar = progress_bar(n_tokens, progress, op)
-    pool = ThreadPoolExecutor(workers, initializer=pin_blas_thread) if workers > 1 else None
+    done = map_in_order(token, range(n_tokens))
     try:
-        done = pool.map(token, range(n_tokens)) if pool is not None else map(token, range(n_tokens))
         for records in done:
             for rec in records:
                 trace(rec)
             if bar is not None:
                 bar.update(1)
     finally:
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+        done.close()  # on an error: cancel the tokens not started, wait for the running ones
         if bar is not None:
             bar.close()
     return out

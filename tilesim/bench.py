@@ -399,7 +399,7 @@ def measure_sgemm() -> dict:
         except ImportError:
             pass
     peak = max(rates.values())
-    # for context: one core's rate (the references run their BLAS on one thread, dsa_blas)
+    # for context: one core's rate (the references run their BLAS on one thread, blas_pool)
     m, k, n = shapes[0]
     a = rng.standard_normal((m, k), dtype=np.float32)
     b = rng.standard_normal((k, n), dtype=np.float32)
@@ -414,7 +414,7 @@ def _one_blas_thread():
     import contextlib
 
     try:
-        from tilesim.reference.dsa_blas import blas_threads
+        from tilesim.reference.blas_pool import blas_threads
     except ImportError:
         return contextlib.nullcontext()
     old = os.environ.get("TILESIM_BLAS_THREADS")
@@ -858,7 +858,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"memory: {mem}", flush=True)
     info = machine_info()
     info["torch_threads"] = torch_threads
-    from tilesim.reference.dsa_blas import ref_workers
+    from tilesim.reference.blas_pool import ref_workers
 
     info["ref_workers"] = ref_workers()
     md = write_report(Path(args.out), results, sgemm, mem, info, started, load_before)

@@ -23,7 +23,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import tilesim.reference as R
-from tilesim.reference.dsa_blas import blas_threads
+from tilesim.reference.blas_pool import blas_threads
 from tilesim.shared.tiling import SaTileShapeConfig
 
 BF16 = np.dtype(ml_dtypes.bfloat16)

@@ -12,8 +12,8 @@ import threading
 import numpy as np
 import pytest
 import tilesim.reference as R
-import tilesim.reference.dsa as dsa
-from tilesim.reference.dsa_blas import MAX_DEFAULT_WORKERS, ref_workers
+from tilesim.reference import blas_pool
+from tilesim.reference.blas_pool import MAX_DEFAULT_WORKERS, ref_workers
 from tilesim.shared.tiling import SaTileShapeConfig
 
 SMALL = dict(nq=16, topk=256, block_size=16)
@@ -96,13 +96,13 @@ def test_tokens_really_run_on_worker_threads(ragged_case, monkeypatch):
     """Negative control for the tests above: 3 workers -> 3 pool threads (not the caller) each
     pin their BLAS; 1 worker -> no pool at all."""
     seen: list[int] = []
-    real = dsa.pin_blas_thread
+    real = blas_pool.pin_blas_thread
 
     def spy():
         seen.append(threading.get_ident())
         real()
 
-    monkeypatch.setattr(dsa, "pin_blas_thread", spy)
+    monkeypatch.setattr(blas_pool, "pin_blas_thread", spy)
     run(ragged_case, ONLINE_64, 3, monkeypatch)
     assert len(set(seen)) == 3 and threading.get_ident() not in seen
     seen.clear()

@@ -17,6 +17,8 @@ merge), which is > 100x their size here.
 
 from __future__ import annotations
 
+import importlib
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -398,19 +400,46 @@ def test_bad_inputs(rng):
         msa_sparse_decode(q, k, v, ids, seq, seeds_compat="yes")
 
 
-@pytest.mark.slow
-def test_batch64_speed():
-    """Decode batch 64 (nb 17, topk 16): about a second on 2 idle cores (report only)."""
-    import time
+@pytest.mark.parametrize("workers, block", [(1, 1), (2, 2), (3, 1), (2, 64), (1, 3)])
+def test_batch_blocks_and_workers_are_invisible(rng, monkeypatch, workers, block):
+    """Blocks of batch rows on the worker pool change no bit and no trace record (the
+    reference for the comparison: one block holding every row, in the calling thread)."""
+    import threading
 
-    case = msa_make_case(
-        None, op="msa_sparse_decode", batch=64, nb=17, seq_len=2100, select="random", seed=3
-    )
-    t0 = time.perf_counter()
-    out = msa_sparse_decode(**case["inputs"], **case["params"], tiling=T512)
-    dt = time.perf_counter() - t0
-    assert out.shape == (64, 64, 128)
-    assert dt < 30.0, dt  # generous: shared CI machines; the report states measured numbers
+    from tilesim.reference import blas_pool
+
+    mod = importlib.import_module("tilesim.reference.msa_decode")
+    nb = 9
+    q, k, v, ids = make(rng, 5, nb, 6)
+    seq = np.array([nb * BY, 4 * BY + 3, 2 * BY, nb * BY - 5, 1])  # row 4 sees one key
+    put(ids, 1, 2, 4)
+    ids[2] = [8, 7, 6, 5, 4, 3]  # every selected block is in the future: zeros
+    monkeypatch.setenv("TILESIM_REF_THREADS", "1")
+    monkeypatch.setattr(mod, "BATCH_BLOCK", 5)
+    want_recs = []
+    want = msa_sparse_decode(q, k, v, ids, seq, tiling=T512, trace=want_recs.append)
+    threads = set()
+    real = blas_pool.pin_blas_thread
+
+    def spy():
+        threads.add(threading.get_ident())
+        real()
+
+    monkeypatch.setattr(blas_pool, "pin_blas_thread", spy)
+    monkeypatch.setenv("TILESIM_REF_THREADS", str(workers))
+    monkeypatch.setattr(mod, "BATCH_BLOCK", block)
+    recs = []
+    got = msa_sparse_decode(q, k, v, ids, seq, tiling=T512, trace=recs.append)
+    assert got.tobytes() == want.tobytes()
+    assert not got[2].astype(F32).any()
+    assert msa_sparse_decode(q, k, v, ids, seq, tiling=T512).tobytes() == want.tobytes()
+    assert len(recs) == len(want_recs) == 5 * 4 * 2
+    for a, b in zip(recs, want_recs, strict=True):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert np.array_equal(a[key], b[key]), key
+    n_items = -(-5 // block)
+    assert len(threads) == (min(workers, n_items) if min(workers, n_items) > 1 else 0)
 
 
 def test_exp_model_within_2_ulp_of_correctly_rounded():

@@ -1,10 +1,12 @@
-"""Thread settings of the sparse-attention golden: OpenBLAS threads and the token worker pool.
+"""Threads of the references: OpenBLAS threads and the worker pool for independent work items.
 
-The golden's matmuls are small (at most ``[128, 576] x [576, 2048]`` per KV tile). On a busy
-2-core machine, multi-threaded OpenBLAS spends most of its time waking and parking threads:
-measured 12x slower than one thread for the ``[128,576] x [576,512]`` tile while other jobs ran.
-The golden therefore parallelises over query tokens instead (they share no reduction) and runs
-BLAS on ``TILESIM_BLAS_THREADS`` threads (default 1) in every thread that does its matmuls:
+The references' matmuls are small (the DeepSeek golden: at most ``[128, 576] x [576, 2048]`` per
+KV tile; MSA decode: ``[16, 128] x [128, 128]`` per batch row and KV head). On a busy 2-core
+machine, multi-threaded OpenBLAS spends most of its time waking and parking threads: measured 12x
+slower than one thread for the ``[128,576] x [576,512]`` tile while other jobs ran. These
+references therefore parallelise over work items that share no reduction (DeepSeek: query
+tokens; MSA decode: blocks of batch rows) and run BLAS on ``TILESIM_BLAS_THREADS`` threads
+(default 1) in every thread that does their matmuls:
 
 * :func:`blas_threads` sets the count for the calling (main) thread for one op call and restores
   it afterwards; :func:`pin_blas_thread` sets it for good in a worker thread of the pool.
@@ -12,11 +14,13 @@ BLAS on ``TILESIM_BLAS_THREADS`` threads (default 1) in every thread that does i
   calling thread. Without it they fall back to the process-wide setter: :func:`blas_threads`
   then covers the workers too, and other Python threads doing BLAS work at the same moment also
   run on that many threads meanwhile (:func:`pin_blas_thread` does nothing in that case).
-* :func:`ref_workers` is the size of the token pool: ``TILESIM_REF_THREADS`` (``1`` = serial,
-  in the calling thread), default ``min(usable CPUs, 4)``.
+* :func:`ref_workers` is the size of the pool: ``TILESIM_REF_THREADS`` (``1`` = serial, in the
+  calling thread), default ``min(usable CPUs, 4)``.
+* :func:`map_in_order` runs a function over the work items on that pool and yields the results
+  in item order.
 
-Numbers never depend on either: the golden accumulates in float64 and rounds once to FP32,
-OpenBLAS splits GEMMs across threads along M/N, not K, and every query token is computed by one
+Numbers never depend on either: the goldens accumulate in float64 and round once to FP32,
+OpenBLAS splits GEMMs across threads along M/N, not K, and every work item is computed by one
 thread with the same operations whichever thread it is.
 
 ``TILESIM_BLAS_THREADS``: thread count to use (default 1); ``0`` leaves BLAS alone. Nothing
@@ -28,6 +32,8 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 
@@ -64,7 +70,7 @@ def _openblas():
     return None
 
 
-#: default cap of the token pool (more threads mostly wait for the GIL between matmuls)
+#: default cap of the pool (more threads mostly wait for the GIL between matmuls)
 MAX_DEFAULT_WORKERS = 4
 
 
@@ -86,7 +92,7 @@ def _wanted() -> int:
 
 
 def ref_workers() -> int:
-    """Token-pool size: ``TILESIM_REF_THREADS`` (>= 1; 1 = serial), default ``min(CPUs, 4)``."""
+    """Pool size: ``TILESIM_REF_THREADS`` (>= 1; 1 = serial), default ``min(CPUs, 4)``."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -129,4 +135,24 @@ def blas_threads():
         setter(old)
 
 
-__all__ = ["MAX_DEFAULT_WORKERS", "blas_threads", "pin_blas_thread", "ref_workers"]
+def map_in_order(fn: Callable, items: Iterable) -> Iterator:
+    """``fn(item)`` for every item, yielded in item order.
+
+    With :func:`ref_workers` > 1 (and more than one item) the calls run on a thread pool whose
+    workers pin their BLAS (:func:`pin_blas_thread`); otherwise in the calling thread. ``fn``
+    must only write state no other item touches. Closing the generator early (an exception in
+    the consumer) cancels the calls not yet started and waits for the running ones.
+    """
+    items = list(items)
+    workers = min(ref_workers(), len(items))
+    if workers <= 1:
+        yield from map(fn, items)
+        return
+    pool = ThreadPoolExecutor(workers, initializer=pin_blas_thread)
+    try:
+        yield from pool.map(fn, items)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+__all__ = ["MAX_DEFAULT_WORKERS", "blas_threads", "map_in_order", "pin_blas_thread", "ref_workers"]
