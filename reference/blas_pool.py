@@ -5,8 +5,8 @@ KV tile; MSA decode: ``[16, 128] x [128, 128]`` per batch row and KV head). On a
 machine, multi-threaded OpenBLAS spends most of its time waking and parking threads: measured 12x
 slower than one thread for the ``[128,576] x [576,512]`` tile while other jobs ran. These
 references therefore parallelise over work items that share no reduction (DeepSeek: query
-tokens; MSA decode: blocks of batch rows) and run BLAS on ``TILESIM_BLAS_THREADS`` threads
-(default 1) in every thread that does their matmuls:
+tokens; MSA decode: blocks of batch rows; MSA main branch: (KV head, query-row block)) and run
+BLAS on ``TILESIM_BLAS_THREADS`` threads (default 1) in every thread that does their matmuls:
 
 * :func:`blas_threads` sets the count for the calling (main) thread for one op call and restores
   it afterwards; :func:`pin_blas_thread` sets it for good in a worker thread of the pool.

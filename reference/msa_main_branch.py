@@ -20,9 +20,11 @@ Two public ops:
           out = O / l                                 FP32 (output stays FP32)
 
 tilesim batches the 16 heads of a KV group (and blocks of query rows) into one matmul per
-chunk; the chunk loop stays explicit. K steps that no row of a row block sees (future blocks,
-padding slots) are skipped when that provably changes no bit (:func:`_may_skip_dead_keys`; never
-with a trace hook or ``seeds_compat``). Deliberate differences from the seeds' kernel
+chunk and runs the (KV head, row block) items on the reference worker pool
+(:func:`tilesim.reference.blas_pool.map_in_order`); the chunk loop stays explicit. K steps
+that no row of a row block sees (future blocks, padding slots) are skipped when that provably
+changes no bit (:func:`_may_skip_dead_keys`; never with a trace hook or ``seeds_compat``).
+Deliberate differences from the seeds' kernel
 (``docs/ops/msa.md``): a last partial chunk is processed when ``topk*bk`` is not a multiple of
 NTILE (``seeds_compat=True`` drops it, as the kernel does), and a query row that sees no
 selected key returns zeros (the kernel's arithmetic gives the mean of V there).
@@ -33,6 +35,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from tilesim.reference.blas_pool import blas_threads, map_in_order
 from tilesim.reference.msa_common import (
     F16,
     K_STEP,
@@ -293,36 +296,47 @@ def msa_main_branch(
     if trace is not None:
         tr_max = np.empty((len(bounds), n, hkv, group), dtype=FP32)
         tr_sum = np.empty((len(bounds), n, hkv, group), dtype=FP32)
-    for h_kv in range(hkv):  # the kernel's per-head loop, one KV group (16 heads) at a time
-        for r0 in range(0, n, ROW_BLOCK):  # rows are independent: batching only
-            r1 = min(n, r0 + ROW_BLOCK)
-            q_blk = q64[h_kv, r0 * group : r1 * group]  # [(r1-r0)*16, dh]
-            state = None
-            for c, (c0, w) in enumerate(bounds):  # NTILE chunks: online softmax
-                cols = live_key_steps(visible[r0:r1], c0, w) if skip_dead else None
-                if cols is None:  # the whole chunk, as the kernel computes it
-                    k_c, v_c, mask_c = k_chunks[h_kv][c], v64[h_kv, c0 : c0 + w], mask2d[r0:r1]
-                    mask_c = mask_c[:, c0 : c0 + w]
-                elif cols.size == 0:
-                    continue  # no row of the block sees a key of this chunk: merge weight 0
-                else:  # only the live K steps (chunk-relative columns `cols`)
-                    k_c = k_chunks[h_kv][c][:, cols]
-                    v_c = v64[h_kv, c0 + cols]
-                    mask_c = mask2d[r0:r1, c0 + cols]
-                raw = cube_matmul(q_blk, k_c)  # [(r1-r0)*16, w or live keys]
-                s = raw.reshape(r1 - r0, group, -1)  # a view: the FP32 steps run in place
-                np.multiply(s, scale, out=s)
-                np.add(s, mask_c[:, None, :], out=s)  # one mask row, 16 heads
-                m_c, l_c, o_c = softmax_chunk(s, v_c, p_dtype)
-                state = online_merge(state, m_c, l_c, o_c)
-                if trace is not None:
-                    tr_max[c, r0:r1, h_kv] = m_c[..., 0]
-                    tr_sum[c, r0:r1, h_kv] = l_c[..., 0]
-            if state is None:
-                continue  # the block's rows see no key at all: zeros (set again below)
-            _, l_run, o_run = state
-            with np.errstate(invalid="ignore", divide="ignore"):
-                out[r0:r1, h_kv] = o_run / l_run
+
+    def row_block(item: tuple[int, int]) -> None:
+        """The chunk loop of KV head ``h_kv`` for query rows ``r0 .. r0+ROW_BLOCK-1``: writes
+        only those rows of ``out`` (and of the trace arrays)."""
+        h_kv, r0 = item
+        r1 = min(n, r0 + ROW_BLOCK)
+        q_blk = q64[h_kv, r0 * group : r1 * group]  # [(r1-r0)*16, dh]
+        state = None
+        for c, (c0, w) in enumerate(bounds):  # NTILE chunks: online softmax
+            cols = live_key_steps(visible[r0:r1], c0, w) if skip_dead else None
+            if cols is None:  # the whole chunk, as the kernel computes it
+                k_c, v_c = k_chunks[h_kv][c], v64[h_kv, c0 : c0 + w]
+                mask_c = mask2d[r0:r1, c0 : c0 + w]
+            elif cols.size == 0:
+                continue  # no row of the block sees a key of this chunk: merge weight 0
+            else:  # only the live K steps (chunk-relative columns `cols`)
+                k_c = k_chunks[h_kv][c][:, cols]
+                v_c = v64[h_kv, c0 + cols]
+                mask_c = mask2d[r0:r1, c0 + cols]
+            raw = cube_matmul(q_blk, k_c)  # [(r1-r0)*16, w or live keys]
+            s = raw.reshape(r1 - r0, group, -1)  # a view: the FP32 steps run in place
+            np.multiply(s, scale, out=s)
+            np.add(s, mask_c[:, None, :], out=s)  # one mask row, 16 heads
+            m_c, l_c, o_c = softmax_chunk(s, v_c, p_dtype)
+            state = online_merge(state, m_c, l_c, o_c)
+            if trace is not None:
+                tr_max[c, r0:r1, h_kv] = m_c[..., 0]
+                tr_sum[c, r0:r1, h_kv] = l_c[..., 0]
+        if state is None:
+            return  # the block's rows see no key at all: zeros (set again below)
+        _, l_run, o_run = state
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out[r0:r1, h_kv] = o_run / l_run
+
+    # The kernel's per-head loop, one KV group (16 heads) at a time, and blocks of query rows:
+    # neither shares a reduction, so the (head, row block) items run on the reference worker
+    # pool (one BLAS thread each); each item writes only its own rows.
+    items = [(h_kv, r0) for h_kv in range(hkv) for r0 in range(0, n, ROW_BLOCK)]
+    with blas_threads():  # numbers do not depend on it, speed on a busy machine does
+        for _ in map_in_order(row_block, items):
+            pass
     out = out.reshape(n, hq, dh)
 
     if not seeds_compat:

@@ -252,19 +252,33 @@ def test_batched_equals_per_head_loop(dtype):
             assert got.tobytes() == want.tobytes(), ntile
 
 
-def test_row_blocking_is_invisible():
+@pytest.mark.parametrize("workers", [1, 3])
+def test_row_blocking_and_workers_are_invisible(monkeypatch, workers):
+    """Row-block size and worker count change no bit; the (KV head, row block) items really
+    run on the pool when there are several workers."""
+    import threading
+
+    from tilesim.reference import blas_pool
+
     mod = importlib.import_module("tilesim.reference.msa_main_branch")
 
     inputs, _, ids = case(300, [2, 0, 1], hq=8, hkv=2, topk=4, seed=7)
     inputs = {k: (to_bf16(v).astype(F32) if k != "block_mask" else v) for k, v in inputs.items()}
+    monkeypatch.setenv("TILESIM_REF_THREADS", "1")
     a = msa_main_branch(**inputs, dtype="bf16", max_n=2048, tiling=T)
-    old = mod.ROW_BLOCK
-    try:
-        mod.ROW_BLOCK = 7
-        b = msa_main_branch(**inputs, dtype="bf16", max_n=2048, tiling=T)
-    finally:
-        mod.ROW_BLOCK = old
+    threads = set()
+    real = blas_pool.pin_blas_thread
+
+    def spy():
+        threads.add(threading.get_ident())
+        real()
+
+    monkeypatch.setattr(blas_pool, "pin_blas_thread", spy)
+    monkeypatch.setenv("TILESIM_REF_THREADS", str(workers))
+    monkeypatch.setattr(mod, "ROW_BLOCK", 7)
+    b = msa_main_branch(**inputs, dtype="bf16", max_n=2048, tiling=T)
     assert a.tobytes() == b.tobytes()
+    assert len(threads) == (workers if workers > 1 else 0)
 
 
 # ----------------------------------------------------------------------------- dead-key skipping
