@@ -407,6 +407,29 @@ def _run(
     return out
 
 
+def _run_op(op: str, common: tuple, cache, cfg: SaTileShapeConfig, trace, progress) -> np.ndarray:
+    """:func:`_run` on the checked arguments of :func:`_check_common` and a checked ``cache``."""
+    qn, qr, ti, bt, ks, nq, topk, block_size, scale, s1 = common
+    with blas_threads():  # numbers do not depend on it, speed on a busy machine does
+        return _run(
+            op,
+            qn,
+            qr,
+            cache,
+            ti,
+            bt,
+            ks,
+            nq=nq,
+            topk=topk,
+            block_size=block_size,
+            scale=scale,
+            s1=s1,
+            cfg=cfg,
+            trace=trace,
+            progress=progress,
+        )
+
+
 def _wrap_output(out: np.ndarray, like):
     from tilesim.reference.interop import is_torch_tensor, to_torch
 
@@ -452,7 +475,7 @@ def sparse_attention_antiquant(
         BF16 ``[T*nq, 512]`` (a NumPy array, or a CPU torch tensor when ``query_nope`` is one).
         Inputs are never modified. See the module docstring for the arithmetic.
     """
-    qn, qr, ti, bt, ks, nq, topk, block_size, scale, s1 = _check_common(
+    common = _check_common(
         query_nope,
         query_rope,
         topk_indices,
@@ -473,25 +496,14 @@ def sparse_attention_antiquant(
         raise ValueError(
             f"nope_cache: expected shape [rows, {PYPTO_ROW_BYTES}], got {tuple(nc.shape)}"
         )
-    cfg = _resolve_tile_config(tile_config)
-    with blas_threads():  # numbers do not depend on it, speed on a busy machine does
-        out = _run(
-            "sparse_attention_antiquant",
-            qn,
-            qr,
-            PackedCache(nc, layout),
-            ti,
-            bt,
-            ks,
-            nq=nq,
-            topk=topk,
-            block_size=block_size,
-            scale=scale,
-            s1=s1,
-            cfg=cfg,
-            trace=trace,
-            progress=progress,
-        )
+    out = _run_op(
+        "sparse_attention_antiquant",
+        common,
+        PackedCache(nc, layout),
+        _resolve_tile_config(tile_config),
+        trace,
+        progress,
+    )
     return _wrap_output(out, query_nope)
 
 
@@ -517,7 +529,7 @@ def sparse_attention_antiquant_kv_split(
     """:func:`sparse_attention_antiquant` over the kv_split cache: ``kn_quant [rows, 512]`` FP8
     E4M3 or INT8, ``kr [rows, 64]`` BF16, ``kn_scales [rows, 4]`` FP32. Same arithmetic, same
     bits as the packed op on the same data."""
-    qn, qr, ti, bt, ks, nq, topk, block_size, scale, s1 = _check_common(
+    common = _check_common(
         query_nope,
         query_rope,
         topk_indices,
@@ -535,25 +547,14 @@ def sparse_attention_antiquant_kv_split(
         _to_numpy(kn_scales, "kn_scales"),
         names=("kn_quant", "kr", "kn_scales"),
     )
-    cfg = _resolve_tile_config(tile_config)
-    with blas_threads():  # numbers do not depend on it, speed on a busy machine does
-        out = _run(
-            "sparse_attention_antiquant_kv_split",
-            qn,
-            qr,
-            SplitCache(kq, kra, ksc),
-            ti,
-            bt,
-            ks,
-            nq=nq,
-            topk=topk,
-            block_size=block_size,
-            scale=scale,
-            s1=s1,
-            cfg=cfg,
-            trace=trace,
-            progress=progress,
-        )
+    out = _run_op(
+        "sparse_attention_antiquant_kv_split",
+        common,
+        SplitCache(kq, kra, ksc),
+        _resolve_tile_config(tile_config),
+        trace,
+        progress,
+    )
     return _wrap_output(out, query_nope)
 
 
