@@ -64,11 +64,8 @@ def sim(session: nox.Session) -> None:
     install_cpu_torch(session)
     session.install(".[device,test]")
     # build PyPTO's interpreter back end (~30 s, cached in ~/.cache/tilesim/sim) and the 950
-    # overlay once, before pytest starts its per-test processes. Run outside the repo root:
-    # there ./tilesim (the root package's source folder) would shadow the installed tilesim.
-    session.chdir(session.create_tmp())
+    # overlay once, before pytest starts its per-test processes
     session.run("python", "-m", "tilesim.device.sim")
-    session.chdir(os.path.dirname(os.path.abspath(__file__)))
     session.run("pytest", *pytest_args(session, "-m", "sim", "tests/device"))
 
 

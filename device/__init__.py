@@ -9,16 +9,14 @@ device stack through :mod:`tilesim.device._lazy`, whose ``ImportError`` says wha
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 
 # public name -> module of this package that defines it (add one line per public kernel)
 _LAZY = {
     "moe_grouped_gemm": "moe",
-    "msa_indexer_scores": "msa_indexer",
-    "msa_indexer": "msa_indexer",
+    "msa_indexer_scores": "msa_lightning_indexer",
+    "msa_indexer": "msa_lightning_indexer",
     "msa_sparse_decode": "msa_decode",
-    "msa_main_branch": "msa_main_branch",
+    "msa_main_branch": "msa_main",
     "sparse_attention_antiquant": "sparse_attention",
     "sparse_attention_antiquant_kv_split": "sparse_attention",
 }
@@ -36,18 +34,5 @@ def __getattr__(name: str):
 def __dir__():
     return sorted(set(globals()) | set(_LAZY))
 
-
-class _Package(types.ModuleType):
-    """Keeps a kernel wrapper bound when its module has the same name (msa_indexer,
-    msa_main_branch): importing that submodule would otherwise rebind the package attribute to
-    the module. The module stays reachable through ``importlib.import_module``."""
-
-    def __setattr__(self, name, value):
-        if isinstance(value, types.ModuleType) and _LAZY.get(name) == name:
-            value = getattr(value, name)
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
 
 __all__ = [*_LAZY]

@@ -10,8 +10,6 @@ tilesim.reference`` stays cheap.
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 
 from tilesim.reference.compare import CompareReport, compare
 from tilesim.reference.numerics import (
@@ -33,11 +31,11 @@ _LAZY = {
     "moe_make_case": "moe_cases",
     "MOE_CASES": "moe_cases",
     # MiniMax-M3 MSA (docs/ops/msa.md)
-    "msa_indexer_scores": "msa_indexer",
-    "msa_indexer": "msa_indexer",
+    "msa_indexer_scores": "msa_lightning_indexer",
+    "msa_indexer": "msa_lightning_indexer",
     "msa_sparse_decode": "msa_decode",
-    "build_msa_block_mask": "msa_main_branch",
-    "msa_main_branch": "msa_main_branch",
+    "build_msa_block_mask": "msa_main",
+    "msa_main_branch": "msa_main",
     "msa_make_case": "msa_cases",
     "MSA_CASES": "msa_cases",
     # DeepSeek-V3.2 sparse MLA (docs/ops/deepseek_sparse_attention.md)
@@ -59,20 +57,6 @@ def __getattr__(name: str):
 
 def __dir__():
     return sorted(set(globals()) | set(_LAZY))
-
-
-class _Package(types.ModuleType):
-    """Keeps an op bound to its function when its module has the same name (msa_indexer,
-    msa_main_branch): importing the submodule directly would otherwise rebind the package
-    attribute to the module. The module stays reachable via ``importlib.import_module``."""
-
-    def __setattr__(self, name, value):
-        if isinstance(value, types.ModuleType) and _LAZY.get(name) == name:
-            value = getattr(value, name)
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
 
 
 __all__ = [

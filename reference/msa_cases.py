@@ -103,7 +103,7 @@ def _indexer_case(rng, *, nb, seq_len=None, head_reduce="max", scale=0.1):
 
 
 def _decode_case(rng, *, batch=1, nb=17, seq_len=None, select="indexer", scale=0.05, idx_scale=0.1):
-    from tilesim.reference.msa_indexer import msa_indexer
+    from tilesim.reference.msa_lightning_indexer import msa_indexer
 
     by, hkv, hq, d = _CFG.block_size, _CFG.num_kv_heads, _CFG.num_q_heads, _CFG.head_dim
     seq_len = nb * by if seq_len is None else seq_len
@@ -160,7 +160,7 @@ def _main_case(
     dh=128,
     topk_indices=None,
 ):
-    from tilesim.reference.msa_main_branch import build_msa_block_mask
+    from tilesim.reference.msa_main import build_msa_block_mask
 
     nb = math.ceil(n / bk)
     ids = (

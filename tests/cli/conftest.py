@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from tilesim.__main__ import main
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from tilesim.bench import _check, flop_count, live_flop_count, torch_golden_for
 from tilesim.cli.registry import get_case
 from tilesim.cli.runner import build_case, run_reference

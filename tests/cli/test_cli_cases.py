@@ -7,7 +7,6 @@ import json
 
 import numpy as np
 import pytest
-
 from tilesim.cli.registry import get_case, list_cases, load_registry
 from tilesim.cli.runner import build_case
 

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import ml_dtypes
 import numpy as np
-
 from tilesim.cli.registry import get_case
 from tilesim.cli.runner import build_case, run_reference
 

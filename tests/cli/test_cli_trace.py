@@ -6,7 +6,6 @@ import json
 
 import ml_dtypes
 import numpy as np
-
 from tilesim.cli.plot import lane_keys, save_trace_png, summarize
 
 CASE = "m3_case_smoke_edge"  # counts [1, 0, 3, 4], unroll {1, 2, 4}

@@ -189,7 +189,7 @@ def check_e2e_seed_shape(soc, seed=17) -> dict:
     draws): device indexer -> ids -> device decode, against the reference chain."""
     import torch
     from tilesim.device.msa_decode import msa_sparse_decode
-    from tilesim.device.msa_indexer import msa_indexer
+    from tilesim.device.msa_lightning_indexer import msa_indexer
     from tilesim.reference import msa_indexer as ref_indexer
     from tilesim.reference import msa_sparse_decode as ref_decode
 
@@ -368,7 +368,7 @@ def test_npu_e2e_seed_shape(gather):
     our CPU draws): device indexer ids = reference ids (as a set, the seeds' rule) and the
     decode within the seeds' max diff 5e-2 of the reference. Not run on CPU."""
     from tilesim.device.msa_decode import msa_sparse_decode
-    from tilesim.device.msa_indexer import msa_indexer
+    from tilesim.device.msa_lightning_indexer import msa_indexer
     from tilesim.reference import msa_indexer as ref_indexer
     from tilesim.reference import msa_sparse_decode as ref_decode
 

@@ -43,7 +43,7 @@ def _case(nb, data, seed):
 def check_indexer(spec, soc, seed=11) -> dict:
     import numpy as np
     import torch
-    from tilesim.device.msa_indexer import msa_indexer, msa_indexer_scores
+    from tilesim.device.msa_lightning_indexer import msa_indexer, msa_indexer_scores
     from tilesim.reference import msa_indexer as ref_ids
     from tilesim.reference import msa_indexer_scores as ref_scores
 
@@ -59,7 +59,7 @@ def check_indexer(spec, soc, seed=11) -> dict:
     per_head, _ = msa_indexer(q, k, nb, seq_len=seq_len, head_reduce="none", backend="sim", soc=soc)
     want_ph = ref_ids(q, k, nb, seq_len=seq_len, head_reduce="none")
     # the fused variant: block maxima on the device, ids from them
-    from tilesim.device.msa_indexer import _run_block_max
+    from tilesim.device.msa_lightning_indexer import _run_block_max
 
     hm, us_fused = _run_block_max(q, k, nb, seq_len, "sim", soc)
     masked = s.clone()
@@ -153,7 +153,7 @@ def _scores_from(block_scores, rng):
 def test_tail_reproduces_reference_selection(kind, nb, rng):
     """select_blocks on given scores == the reference's rule (argsort(-x, stable) + local)."""
     import numpy as np
-    from tilesim.device.msa_indexer import select_blocks
+    from tilesim.device.msa_lightning_indexer import select_blocks
 
     if kind == "ties":
         bs = np.full(nb, 0.5, dtype=np.float32)
@@ -176,7 +176,7 @@ def test_tail_reproduces_reference_selection(kind, nb, rng):
 
 @pytest.mark.torch
 def test_tail_seq_len_excludes_padding_rows(rng):
-    from tilesim.device.msa_indexer import select_blocks
+    from tilesim.device.msa_lightning_indexer import select_blocks
 
     nb = 20
     s = torch.zeros(4, nb * 128)
@@ -204,7 +204,7 @@ def test_tail_seq_len_excludes_padding_rows(rng):
     ],
 )
 def test_bad_arguments_name_the_argument(kw, exc, match):
-    from tilesim.device.msa_indexer import msa_indexer
+    from tilesim.device.msa_lightning_indexer import msa_indexer
 
     a = {"q": torch.zeros(4, 128, dtype=torch.bfloat16), "nb": 2, "backend": "sim"}
     a.update(kw)
@@ -216,7 +216,7 @@ def test_bad_arguments_name_the_argument(kw, exc, match):
 
 @pytest.mark.torch
 def test_key_tile_env_and_soc_defaults():
-    from tilesim.device.msa_indexer import KTILE, key_tile
+    from tilesim.device.msa_lightning_indexer import KTILE, key_tile
 
     assert key_tile("910b", env={}) == KTILE["910b"]
     assert key_tile("950", env={}) == KTILE["950"]
@@ -232,7 +232,7 @@ def test_key_tile_env_and_soc_defaults():
 def test_npu_indexer_seed_cases(nb):
     """The seeds' indexer cases on an NPU: ``torch.manual_seed(nb)``, idx q/k ``randn * 0.1``;
     pass rule as the seeds (shape and SET equality with the reference). Not run on CPU."""
-    from tilesim.device.msa_indexer import msa_indexer
+    from tilesim.device.msa_lightning_indexer import msa_indexer
     from tilesim.reference import msa_indexer as reference
 
     torch.manual_seed(nb)

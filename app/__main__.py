@@ -15,7 +15,6 @@ def _demo(args: argparse.Namespace) -> int:
     """Quantize a random DeepSeek latent, pack it in the PyPTO cache layout, unpack, dequantize
     and judge the round trip with the comparison utility against a float64 oracle."""
     import numpy as np
-
     from tilesim.reference import compare, to_bf16
     from tilesim.shared import (
         dequantize_latent,

@@ -260,7 +260,7 @@ def test_row_blocking_and_workers_are_invisible(monkeypatch, workers):
 
     from tilesim.reference import blas_pool
 
-    mod = importlib.import_module("tilesim.reference.msa_main_branch")
+    mod = importlib.import_module("tilesim.reference.msa_main")
 
     inputs, _, ids = case(300, [2, 0, 1], hq=8, hkv=2, topk=4, seed=7)
     inputs = {k: (to_bf16(v).astype(F32) if k != "block_mask" else v) for k, v in inputs.items()}
@@ -285,7 +285,7 @@ def test_row_blocking_and_workers_are_invisible(monkeypatch, workers):
 def _count_key_columns(monkeypatch):
     """Wrap the module's cube_matmul (the score matmul S = Q K^T; P.V runs in msa_common):
     collect the key width N of every call."""
-    mod = importlib.import_module("tilesim.reference.msa_main_branch")
+    mod = importlib.import_module("tilesim.reference.msa_main")
     widths = []
     real = mod.cube_matmul
 
@@ -531,9 +531,9 @@ def test_bad_inputs():
 
 
 def test_direct_submodule_import_keeps_the_public_function():
-    """``tilesim.reference.msa_main_branch`` / ``.msa_indexer`` name both a module and an op."""
+    """``tilesim.reference.msa_main`` / ``.msa_indexer`` name both a module and an op."""
     code = (
-        "import tilesim.reference.msa_main_branch, tilesim.reference.msa_indexer\n"
+        "import tilesim.reference.msa_main, tilesim.reference.msa_lightning_indexer\n"
         "import tilesim.reference as r\n"
         "from tilesim.reference import msa_main_branch, msa_indexer\n"
         "assert callable(msa_main_branch) and callable(msa_indexer)\n"

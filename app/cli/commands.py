@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 from tilesim.cli import CliError
 from tilesim.cli import tensorio as tio
 from tilesim.cli.registry import get_case, list_cases

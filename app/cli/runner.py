@@ -24,7 +24,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
-
 from tilesim.cli import CliError
 from tilesim.cli.registry import CaseSpec
 

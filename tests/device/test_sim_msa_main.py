@@ -1,7 +1,7 @@
 """MSA main-branch (prefill) kernel on PyPTO's CPU simulator (910B, 950) vs tilesim.reference.
 
 Budget (docs/device.md, "## MSA kernels"), FP32 output, against
-``tilesim.reference.msa_main_branch`` with the same dtype / NTILE:
+``tilesim.reference.msa_main`` with the same dtype / NTILE:
 
 1. ``max |out - golden| <= B[dtype] * max |golden|`` with B = 2**-16 (fp32), 2**-12 (fp16),
    2**-8 (bf16). The scores differ from the reference's correctly rounded dot products by a few
@@ -59,7 +59,7 @@ def check_main_branch(dtype, soc, seed=5) -> dict:
     """Runs in the isolated child: every case for one dtype."""
     import numpy as np
     import torch
-    from tilesim.device.msa_main_branch import msa_main_branch
+    from tilesim.device.msa_main import msa_main_branch
     from tilesim.reference import build_msa_block_mask
     from tilesim.reference import msa_main_branch as reference
 
@@ -130,7 +130,7 @@ def check_seed_case_m3(soc) -> dict:
     """The seeds' ``test_unaligned_100`` at the M3 shape (HQ 64 / HKV 4, topk 16 = 4 chunks):
     ``torch.manual_seed(54)``; query, key, value = randn in that order; one block, id 0."""
     import torch
-    from tilesim.device.msa_main_branch import msa_main_branch
+    from tilesim.device.msa_main import msa_main_branch
     from tilesim.reference import build_msa_block_mask
     from tilesim.reference import msa_main_branch as reference
 
@@ -216,7 +216,7 @@ def _args(n=3):
     ],
 )
 def test_bad_arguments_name_the_argument(change, kw, exc, match):
-    from tilesim.device.msa_main_branch import msa_main_branch
+    from tilesim.device.msa_main import msa_main_branch
 
     a = _args()
     a.update(change)
@@ -228,9 +228,9 @@ def test_bad_arguments_name_the_argument(change, kw, exc, match):
 @pytest.mark.torch
 def test_kernel_mask_matches_the_reference_wrapper():
     import numpy as np
-    from tilesim.device.msa_main_branch import kernel_mask
+    from tilesim.device.msa_main import kernel_mask
     from tilesim.reference import build_msa_block_mask
-    from tilesim.reference.msa_main_branch import kernel_mask as ref_kernel_mask
+    from tilesim.reference.msa_main import kernel_mask as ref_kernel_mask
 
     m = build_msa_block_mask(300, torch.tensor([2, 0], dtype=torch.int32), topk=4)
     got = kernel_mask(m, 512).numpy()
@@ -241,7 +241,7 @@ def test_kernel_mask_matches_the_reference_wrapper():
 
 @pytest.mark.torch
 def test_vec_rows_env_and_soc_defaults():
-    from tilesim.device.msa_main_branch import VEC_ROWS, vec_rows
+    from tilesim.device.msa_main import VEC_ROWS, vec_rows
 
     assert vec_rows("910b", env={}) == VEC_ROWS["910b"] == 32
     assert vec_rows("950", env={}) == VEC_ROWS["950"]
@@ -270,7 +270,7 @@ SEED_CASES = {
 def test_npu_main_branch_seed_cases(name):
     """The seeds' main-branch cases on an NPU (fp32), their data rule and their tolerance
     ``|out - e| <= 1e-3 + 1e-3*|e|`` against the reference. Not run on CPU."""
-    from tilesim.device.msa_main_branch import msa_main_branch
+    from tilesim.device.msa_main import msa_main_branch
     from tilesim.reference import build_msa_block_mask
     from tilesim.reference import msa_main_branch as reference
 

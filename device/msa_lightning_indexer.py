@@ -1,7 +1,7 @@
 """MiniMax-M3 MSA lightning indexer on Ascend — PyPTO score kernel + torch selection tail.
 
 Same names and arguments as :func:`tilesim.reference.msa_indexer_scores` and
-:func:`tilesim.reference.msa_indexer`.
+:func:`tilesim.reference.msa_lightning_indexer`.
 
 Kernel (static loop, one compile per ``nb``): the 4 index-query heads zero-padded to 16 cube
 rows; for each key tile of ``KTILE`` keys (a whole number of 128-key blocks, the last tile may

@@ -25,7 +25,6 @@ from pathlib import Path
 
 import ml_dtypes
 import numpy as np
-
 from tilesim.cli import CliError
 
 MANIFEST = "manifest.json"

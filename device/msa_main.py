@@ -1,6 +1,6 @@
 """MiniMax-M3 MSA main branch (prefill) on Ascend — PyPTO kernel + torch wrapper.
 
-Same name and arguments as :func:`tilesim.reference.msa_main_branch` (``block_mask`` from
+Same name and arguments as :func:`tilesim.reference.msa_main` (``block_mask`` from
 :func:`tilesim.reference.build_msa_block_mask`). Wrapper: ``block_mask`` transposed/reshaped to
 ``[ceil(n/bk)*bk, topk*bk]`` and padded with -1e9 rows to ``[max_n, topk*bk]``; q, k, v cast to
 FP16/BF16 (RNE) unless ``dtype="fp32"``. Kernel loop nest (the seeds' current revision)::
