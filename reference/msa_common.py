@@ -24,8 +24,9 @@ import numbers
 from collections.abc import Callable
 
 import numpy as np
+from tilesim.reference.arith import exp_fp32_numpy, matmul_fp32, tile_softmax
 from tilesim.reference.interop import is_torch_tensor, to_numpy, to_torch
-from tilesim.shared.casts import BF16, FP32, to_bf16
+from tilesim.shared.casts import BF16, to_bf16
 
 F64 = np.dtype(np.float64)
 F16 = np.dtype(np.float16)
@@ -86,31 +87,12 @@ def widen64(a: np.ndarray) -> np.ndarray:
 
 
 def cube_matmul(a64: np.ndarray, b64: np.ndarray, k_step: int = K_STEP) -> np.ndarray:
-    """``a @ b`` as the cube computes it: FP32 result, FP32 accumulation over K tiles.
-
-    ``a64`` ``[..., M, K]`` and ``b64`` ``[..., K, N]`` hold the (exactly widened) operands in
-    float64. Each ``k_step``-wide K tile is summed in float64 and rounded once to FP32; the
-    tile partials are added in FP32 in ascending K order (the rule of the MoE golden's
-    ``ktiled_matmul_fp32``). Returns FP32 ``[..., M, N]``.
-    """
-    kdim = a64.shape[-1]
-    acc = None
-    for k0 in range(0, kdim, k_step):  # K-tile loop of the cube (changes the rounding)
-        part = np.matmul(a64[..., k0 : k0 + k_step], b64[..., k0 : k0 + k_step, :])
-        part = part.astype(FP32)  # one rounding per K tile
-        acc = part if acc is None else acc + part  # FP32 accumulator update
-    return acc
+    """``a @ b`` as the cube computes it (:func:`tilesim.reference.arith.matmul_fp32` with
+    ``k_tile=k_step``): FP32 result, FP32 accumulation over K tiles."""
+    return matmul_fp32(a64, b64, k_tile=k_step)
 
 
-def exp_fp32(x32: np.ndarray) -> np.ndarray:
-    """FP32 ``exp`` of an FP32 array (NumPy float32 exp, <= 2 ulp from correctly rounded)."""
-    with np.errstate(over="ignore", under="ignore"):
-        return np.exp(x32)
-
-
-def rowsum_fp32(x32: np.ndarray) -> np.ndarray:
-    """FP32 row sum (last axis, keepdims): float64 sum rounded once to FP32."""
-    return x32.astype(F64).sum(axis=-1, keepdims=True).astype(FP32)
+exp_fp32 = exp_fp32_numpy
 
 
 def round_p(p32: np.ndarray, p_dtype: np.dtype) -> np.ndarray:
@@ -130,17 +112,12 @@ def softmax_chunk(s32: np.ndarray, v64: np.ndarray, p_dtype: np.dtype):
     """One online-softmax chunk on masked, scaled FP32 scores ``s32`` ``[..., rows, w]``
     (overwritten: it holds P afterwards).
 
-    ``m_c = rowmax(S)``; ``P = exp(S - m_c)`` (FP32 subtraction, FP32 exp);
-    ``l_c = rowsum(P)`` over the unrounded FP32 P; ``O_c = cast(P) @ V`` (cube, FP32 out, K
-    accumulated in :data:`K_STEP` steps). Returns ``(m_c, l_c, O_c)`` in FP32.
+    :func:`tilesim.reference.arith.tile_softmax` with NumPy's float32 exp gives ``m_c``, P and
+    ``l_c`` (over the unrounded P); ``O_c = cast(P) @ V`` (cube, FP32 out, K accumulated in
+    :data:`K_STEP` steps). Returns ``(m_c, l_c, O_c)`` in FP32.
     """
-    m_c = s32.max(axis=-1, keepdims=True)
-    with np.errstate(invalid="ignore", over="ignore", under="ignore"):
-        p32 = np.subtract(s32, m_c, out=s32)  # in place: s32 is consumed
-        p32 = np.exp(p32, out=p32)  # exp_fp32, in place
-    p_wide = p32.astype(F64)  # exact
-    l_c = p_wide.sum(axis=-1, keepdims=True).astype(FP32)  # rowsum_fp32 of the unrounded P
-    p64 = p_wide if p_dtype == FP32 else round_p(p32, p_dtype)
+    m_c, p32, l_c = tile_softmax(s32, exp=exp_fp32_numpy, inplace=True)
+    p64 = round_p(p32, p_dtype)
     if v64.ndim == 2:  # V shared by every row: one 2-D matmul over all rows (big cube M)
         o_c = cube_matmul(p64.reshape(-1, p64.shape[-1]), v64)
         o_c = o_c.reshape(*p64.shape[:-1], v64.shape[-1])

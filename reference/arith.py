@@ -1,0 +1,204 @@
+"""The arithmetic models of the goldens: one place for every model of a kernel's arithmetic.
+
+Every op in :mod:`tilesim.reference` computes with these functions; ``docs/numerics.md`` has
+the table of which op uses which model.
+
+* :func:`matmul_fp32` — a cube matmul with an FP32 accumulator. The K axis is cut into tiles of
+  ``k_tile`` columns (``None``: one tile). A tile's products are formed exactly and summed in
+  float64 from the exactly widened operands, then rounded ONCE to FP32; the tile partials are
+  added in FP32 in ascending K order (``acc = p0; acc = fp32(acc + p1); ...``), which is the
+  L0C accumulation over K steps. For BF16 / FP16 / FP8 / INT8 operands (and FP32 x BF16) every
+  product is exact in float64, so a tile partial is the correctly rounded FP32 value of its
+  float64 sum, whatever order the BLAS adds in (up to a double-rounding coincidence when the
+  float64 sum lands within ~2^-53 of an FP32 midpoint).
+* Two ``exp`` models, named for what they are:
+
+  - :func:`exp_fp32_correctly_rounded` — float64 ``exp`` rounded once to FP32 (the correctly
+    rounded FP32 value, except for double-rounding coincidences). Independent of the CPU.
+  - :func:`exp_fp32_numpy` — NumPy's float32 ``exp`` (a SIMD kernel on x86-64; within 2 FP32
+    ulp of correctly rounded on the softmax domain, see ``tests/reference/test_arith.py``).
+    Its last bit may depend on the CPU's SIMD width; the ops that use it (the MSA attention
+    goldens) state a budget for P, not a bit promise.
+
+* :func:`rowsum_fp32` — a float64 sum of FP32 values rounded once to FP32.
+* :func:`tile_softmax` — ``m = rowmax(S)``, ``P = exp(S - m)`` (one FP32 subtraction, the
+  chosen exp), ``l = rowsum_fp32(P)`` over the unrounded P.
+* :class:`SoftmaxMerge` — the running ``(m, l, O)`` of a flash-attention loop over key tiles,
+  in the two modes the kernels use (``"online"``: unnormalised tile outputs;
+  ``"per_tile"``: normalised tile outputs merged with softmax weights).
+
+Every other vector step of a kernel (a scale multiply, a subtraction, a division) is one IEEE
+FP32 NumPy operation in the kernel's order and is written where the op does it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+F32 = np.dtype(np.float32)
+F64 = np.dtype(np.float64)
+
+ExpModel = Callable[[np.ndarray], np.ndarray]
+
+
+# ----------------------------------------------------------------------------- matmul
+def matmul_fp32(a, b, *, k_tile: int | None) -> np.ndarray:
+    """``a [..., M, K] @ b [..., K, N]`` as the cube computes it, FP32 ``[..., M, N]``.
+
+    ``a`` and ``b`` hold values whose pairwise products are exact in float64 (BF16, FP16, FP8,
+    INT8 or FP32-times-BF16 data, in any float dtype; float64 arrays are taken to be exact
+    widenings already and are not copied). ``k_tile``: width of the cube's K tile — each tile
+    is summed in float64 and rounded once to FP32, tile partials are added in FP32 in
+    ascending K order; the last tile may be shorter. ``None``: the whole K is one tile.
+    Leading dimensions broadcast as in ``np.matmul``. ``K == 0`` gives zeros.
+    """
+    a = np.asarray(a)
+    b = np.asarray(b)
+    kdim = a.shape[-1]
+    if b.shape[-2] != kdim:
+        raise ValueError(f"matmul_fp32(b): expected {kdim} rows (the K of a), got shape {b.shape}")
+    if k_tile is not None and (isinstance(k_tile, bool) or int(k_tile) != k_tile or k_tile <= 0):
+        raise ValueError(f"matmul_fp32(k_tile): expected a positive int or None, got {k_tile!r}")
+    if kdim == 0:
+        shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
+        return np.zeros(shape, dtype=F32)
+    step = kdim if k_tile is None else int(k_tile)
+    acc = None
+    for k0 in range(0, kdim, step):  # the cube's K loop: one FP32 rounding per tile partial
+        a_t = np.asarray(a[..., k0 : k0 + step], dtype=F64)
+        b_t = np.asarray(b[..., k0 : k0 + step, :], dtype=F64)
+        part = np.matmul(a_t, b_t).astype(F32)
+        acc = part if acc is None else acc + part  # FP32 accumulator update
+    return acc
+
+
+# ----------------------------------------------------------------------------- exp
+def exp_fp32_correctly_rounded(x) -> np.ndarray:
+    """FP32 ``exp`` of FP32 ``x``: evaluated in float64, rounded once to FP32 (overflow: +inf)."""
+    with np.errstate(over="ignore", under="ignore"):
+        return np.exp(np.asarray(x).astype(F64)).astype(F32)
+
+
+def exp_fp32_numpy(x, out: np.ndarray | None = None) -> np.ndarray:
+    """NumPy's float32 ``exp`` of FP32 ``x`` (SIMD on x86-64; ``out`` as in ``np.exp``)."""
+    x = np.asarray(x)
+    if x.dtype != F32:
+        raise TypeError(f"exp_fp32_numpy(x): expected float32, got {x.dtype}")
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        return np.exp(x, out=out)
+
+
+EXP_MODELS: dict[str, ExpModel] = {
+    "correctly_rounded": exp_fp32_correctly_rounded,
+    "numpy_fp32": exp_fp32_numpy,
+}
+
+
+# ----------------------------------------------------------------------------- reductions
+def rowsum_fp32(x, axis: int = -1) -> np.ndarray:
+    """FP32 row sum over ``axis`` (kept as a length-1 axis): float64 sum, one FP32 rounding."""
+    return np.asarray(x).astype(F64).sum(axis=axis, keepdims=True).astype(F32)
+
+
+def tile_softmax(s, *, exp: ExpModel, inplace: bool = False):
+    """The softmax statistics of one key tile of FP32 scores ``s [..., rows, w]``.
+
+    ``m = rowmax(s)``; ``P = exp(s - m)`` (FP32 subtraction, then the ``exp`` model);
+    ``l = rowsum_fp32(P)`` over the unrounded P. ``inplace=True`` reuses ``s`` for P (``s`` is
+    consumed; only with :func:`exp_fp32_numpy`). Returns ``(m, P, l)``, FP32, with ``m`` and
+    ``l`` of shape ``[..., rows, 1]``.
+    """
+    m = s.max(axis=-1, keepdims=True)
+    with np.errstate(invalid="ignore", over="ignore", under="ignore"):
+        if inplace:
+            if exp is not exp_fp32_numpy:
+                raise ValueError("tile_softmax(inplace=True) needs exp=exp_fp32_numpy")
+            p = np.subtract(s, m, out=s)
+            p = exp_fp32_numpy(p, out=p)
+        else:
+            p = exp(s - m)
+    return m, p, rowsum_fp32(p)
+
+
+# ----------------------------------------------------------------------------- merge
+SOFTMAX_MERGE_MODES = ("online", "per_tile")
+
+
+class SoftmaxMerge:
+    """The running softmax state ``(M, L, O)`` of a loop over key tiles, FP32.
+
+    ``update(o_t, l_t, m_t)`` folds in one tile: its output ``o_t``, row sum ``l_t`` and row
+    max ``m_t`` (``[..., rows, 1]``). The first tile is stored as it is. Later tiles, with the
+    ``exp`` model given (every step one FP32 operation, in this order)::
+
+        M' = max(M, m_t);  a = exp(M - M');  c = exp(m_t - M')
+        online:    L = a*L + c*l_t;        O = O*a + o_t*c
+        per_tile:  A = a*L;  C = c*l_t;  L = A + C;  O = (O*A + o_t*C) / L
+
+    ``"online"``: ``o_t = P @ V`` unnormalised; the answer is ``O / L`` (:meth:`normalized`).
+    ``"per_tile"``: ``o_t`` is the tile's normalised output (FP32 or BF16, widened exactly);
+    the answer is ``O`` itself (:attr:`o`). A tile whose rows are all masked must not be
+    folded in (skip it); such rows would put ``-inf - -inf`` into ``exp``.
+    """
+
+    def __init__(self, mode: str = "online", *, exp: ExpModel = exp_fp32_correctly_rounded):
+        if mode not in SOFTMAX_MERGE_MODES:
+            raise ValueError(f"mode: expected one of {SOFTMAX_MERGE_MODES}, got {mode!r}")
+        self.mode = mode
+        self.exp = exp
+        self.m = self.l = self.o = None
+        self.tiles = 0
+
+    @property
+    def empty(self) -> bool:
+        """True until the first tile is folded in."""
+        return self.tiles == 0
+
+    def update(self, o_t, l_t, m_t) -> None:
+        """Fold one tile in (see the class docstring for the formulas)."""
+        o_t = np.asarray(o_t)
+        if self.mode == "per_tile":
+            o_t = o_t.astype(F32)
+        self.tiles += 1
+        if self.m is None:
+            self.m, self.l, self.o = m_t, l_t, o_t
+            return
+        with np.errstate(invalid="ignore", over="ignore"):
+            m_new = np.maximum(self.m, m_t)
+            a = self.exp(self.m - m_new)
+            c = self.exp(m_t - m_new)
+            if self.mode == "online":
+                self.l = a * self.l + c * l_t
+                self.o = self.o * a + o_t * c
+            else:
+                big_a = a * self.l
+                big_c = c * l_t
+                self.l = big_a + big_c
+                self.o = (self.o * big_a + o_t * big_c) / self.l
+        self.m = m_new
+
+    def normalized(self) -> np.ndarray:
+        """The FP32 attention output: ``O / L`` (online) or ``O`` (per_tile)."""
+        if self.m is None:
+            raise ValueError("SoftmaxMerge.normalized: no tile was folded in")
+        if self.mode == "per_tile":
+            return self.o
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return self.o / self.l
+
+
+__all__ = [
+    "EXP_MODELS",
+    "F32",
+    "F64",
+    "SOFTMAX_MERGE_MODES",
+    "ExpModel",
+    "SoftmaxMerge",
+    "exp_fp32_correctly_rounded",
+    "exp_fp32_numpy",
+    "matmul_fp32",
+    "rowsum_fp32",
+    "tile_softmax",
+]

@@ -1,0 +1,114 @@
+"""The one case-dict schema every case builder returns, and the named-case record.
+
+A case dict (:func:`make_case`) has exactly the keys :data:`CASE_KEYS`::
+
+    {"name":      the named case, or None for an ad-hoc one,
+     "op":        the public reference op that computes the golden,
+     "inputs":    {argument name: array (or a tuple of arrays, MoE's weights)},
+     "params":    {argument name: value} — the op's other keyword arguments,
+     "tolerance": {"atol", "rtol", "ratio", "mode"} (:func:`tolerance`),
+     "meta":      {what the case was built from: seed, builder parameters, ...}}
+
+so that ``getattr(tilesim.reference, case["op"])(**case["inputs"], **case["params"])`` is the
+golden. ``tolerance["mode"]`` says how a device result is judged against it:
+
+* ``"compare"`` — :func:`tilesim.reference.compare` (the Ascend-house rule): at most
+  ``round(ratio * numel)`` elements with ``|a - g| > atol + rtol * |g|``, no NaN/inf.
+  ``ratio = 0`` means every element must pass (numpy ``assert_allclose``).
+* ``"set"`` — index outputs: each row must hold the same set of ids as the golden's.
+* ``"ulp"`` — no published tolerance exists (ad-hoc cases); judge with the op's ULP budget
+  (``docs/ops/``). ``atol``/``rtol`` are ``None``.
+
+:class:`CaseInfo` describes one named case for the registry (``tilesim cases``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tilesim.shared.validate import check_choice, check_float
+
+CASE_KEYS = ("name", "op", "inputs", "params", "tolerance", "meta")
+TOLERANCE_MODES = ("compare", "set", "ulp")
+CASE_SIZES = ("small", "medium", "large")
+
+
+def tolerance(atol=None, rtol=None, ratio: float = 0.0, mode: str = "compare") -> dict:
+    """A checked ``{"atol", "rtol", "ratio", "mode"}`` dict (see the module docstring)."""
+    check_choice(mode, "tolerance.mode", TOLERANCE_MODES)
+    if mode == "compare":
+        atol = check_float(atol, "tolerance.atol")
+        rtol = check_float(rtol, "tolerance.rtol")
+        if atol < 0 or rtol < 0:
+            raise ValueError(f"tolerance: expected atol, rtol >= 0, got {atol}, {rtol}")
+    elif atol is not None or rtol is not None:
+        raise ValueError(f"tolerance: mode {mode!r} takes no atol/rtol, got {atol!r}, {rtol!r}")
+    ratio = check_float(ratio, "tolerance.ratio")
+    if not 0 <= ratio <= 1:
+        raise ValueError(f"tolerance.ratio: expected a fraction in [0, 1], got {ratio}")
+    return {"atol": atol, "rtol": rtol, "ratio": ratio, "mode": mode}
+
+
+def make_case(*, name, op: str, inputs: dict, params: dict, tolerance: dict, meta: dict) -> dict:
+    """A case dict with the schema's keys, checked for their types."""
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"name: expected a str or None, got {type(name).__name__}")
+    if not isinstance(op, str):
+        raise TypeError(f"op: expected a str, got {type(op).__name__}")
+    for key, v in (("inputs", inputs), ("params", params), ("meta", meta)):
+        if not isinstance(v, dict):
+            raise TypeError(f"{key}: expected a dict, got {type(v).__name__}")
+    if not isinstance(tolerance, dict) or set(tolerance) != {"atol", "rtol", "ratio", "mode"}:
+        raise ValueError(
+            f"tolerance: expected a dict with keys atol, rtol, ratio, mode, got {tolerance!r}"
+        )
+    return {
+        "name": name,
+        "op": op,
+        "inputs": inputs,
+        "params": params,
+        "tolerance": tolerance,
+        "meta": meta,
+    }
+
+
+@dataclass(frozen=True)
+class CaseInfo:
+    """One named case of a family's table, as the registry lists it.
+
+    ``family``: ``"moe"``, ``"msa"`` or ``"dsa"``; ``kind``: a sub-family (MSA: ``"indexer"``,
+    ``"decode"``, ``"main_branch"``; else ``""``); ``size``: ``"small"`` (seconds),
+    ``"medium"``, ``"large"`` (minutes or GiB); ``soc``: the seeds' SoC marks (``()``: none);
+    ``status``: what the seeds' test does with it (``"runs"``, ``"skip: ..."``, ``"tilesim
+    extra"``); ``builder``: the builder's import path (``"module:function"``);
+    ``builder_params``: extra builder arguments; ``notes``: free text by topic.
+    """
+
+    name: str
+    family: str
+    op: str
+    model: str
+    summary: str
+    seed: int
+    size: str
+    tolerance: dict
+    builder: str
+    kind: str = ""
+    soc: tuple[str, ...] = ()
+    status: str = "runs"
+    builder_params: dict = field(default_factory=dict)
+    notes: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_choice(self.size, f"CaseInfo({self.name!r}).size", CASE_SIZES)
+        check_choice(self.family, f"CaseInfo({self.name!r}).family", ("moe", "msa", "dsa"))
+
+
+__all__ = [
+    "CASE_KEYS",
+    "CASE_SIZES",
+    "TOLERANCE_MODES",
+    "CaseInfo",
+    "make_case",
+    "tolerance",
+]
