@@ -45,6 +45,7 @@ import functools
 import numbers
 
 from tilesim.device._lazy import require, require_pypto, require_torch
+from tilesim.device._msa_tiles import l0_tile, merge_chunk
 from tilesim.shared.models import MINIMAX_M3
 from tilesim.shared.soc import DEFAULT_SOC, MSA_DEVICE_TILES, msa_device_tile
 from tilesim.shared.tiling import MsaTiling
@@ -75,29 +76,6 @@ def _gather_chunk(pypto, cache, positions, table, rows: int):
     Row ``j`` of the result = ``cache[table[pos_j // 128]*128 + pos_j % 128]``."""
     pypto.set_vec_tile_shapes(rows, cache.shape[1])
     return pypto.experimental.gather_in_ub(cache, positions, table, BY, -2)
-
-
-def l0_tile(w: int, cap: int) -> int:
-    """Largest of 256/128/64/32/16 (at most ``cap``) dividing ``w``: PyPTO wants L1 % L0 == 0."""
-    return next(t for t in (256, 128, 64, 32, 16) if t <= cap and w % t == 0)
-
-
-def merge_chunk(pypto, m, l, o, m_c, l_c, o_c, *, first: bool) -> None:
-    """Online-softmax merge of one key chunk into the running ``m, l, o`` (FP32), the order of
-    operations of the reference (``tilesim.reference.msa_common``): the first chunk is copied;
-    later ones do ``m' = max(m, m_c)``, ``a = exp(m - m')``, ``b = exp(m_c - m')``,
-    ``l = a*l + b*l_c``, ``o = o*a + o_c*b``. Shared by decode and the main branch."""
-    if first:
-        m[:] = m_c
-        l[:] = l_c
-        o[:] = o_c
-        return
-    m_new = pypto.maximum(m, m_c)
-    a = pypto.exp(m - m_new)
-    b = pypto.exp(m_c - m_new)
-    l[:] = a * l + b * l_c
-    o[:] = o * a + o_c * b
-    m[:] = m_new
 
 
 def _chunk_softmax(pypto, qg, kc, vc, keep, g: int, w: int, scale: float):

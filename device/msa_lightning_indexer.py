@@ -28,7 +28,7 @@ import functools
 import numbers
 
 from tilesim.device._lazy import require, require_pypto, require_torch
-from tilesim.device.msa_decode import l0_tile
+from tilesim.device._msa_tiles import l0_tile
 from tilesim.shared.models import MINIMAX_M3
 from tilesim.shared.soc import DEFAULT_SOC, MSA_DEVICE_TILES, msa_device_tile
 

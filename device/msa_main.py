@@ -29,7 +29,7 @@ import functools
 import math
 
 from tilesim.device._lazy import require, require_pypto, require_torch
-from tilesim.device.msa_decode import merge_chunk
+from tilesim.device._msa_tiles import merge_chunk
 from tilesim.shared.models import MINIMAX_M3
 from tilesim.shared.soc import DEFAULT_SOC, MSA_DEVICE_TILES, msa_device_tile
 from tilesim.shared.tiling import MSA_DTYPES, MsaTiling

@@ -1,0 +1,34 @@
+"""PyPTO building blocks shared by the MSA kernels (lightning indexer, decode, main branch).
+
+Private to the MSA kernel modules: each function emits PyPTO tensor operations inside a
+``@pypto.frontend.jit`` body and takes the ``pypto`` module as its first argument, so that
+importing this module needs no pypto.
+"""
+
+from __future__ import annotations
+
+
+def l0_tile(w: int, cap: int) -> int:
+    """Largest of 256/128/64/32/16 (at most ``cap``) dividing ``w``: PyPTO wants L1 % L0 == 0."""
+    return next(t for t in (256, 128, 64, 32, 16) if t <= cap and w % t == 0)
+
+
+def merge_chunk(pypto, m, l, o, m_c, l_c, o_c, *, first: bool) -> None:
+    """Online-softmax merge of one key chunk into the running ``m, l, o`` (FP32), in the order
+    of operations of the reference (``tilesim.reference.arith.SoftmaxMerge``, mode
+    ``"online"``): the first chunk is copied; later ones do ``m' = max(m, m_c)``, ``a = exp(m - m')``, ``b = exp(m_c - m')``,
+    ``l = a*l + b*l_c``, ``o = o*a + o_c*b``. Shared by decode and the main branch."""
+    if first:
+        m[:] = m_c
+        l[:] = l_c
+        o[:] = o_c
+        return
+    m_new = pypto.maximum(m, m_c)
+    a = pypto.exp(m - m_new)
+    b = pypto.exp(m_c - m_new)
+    l[:] = a * l + b * l_c
+    o[:] = o * a + o_c * b
+    m[:] = m_new
+
+
+__all__ = ["l0_tile", "merge_chunk"]
