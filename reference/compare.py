@@ -1,6 +1,8 @@
 """Judge a device output against a golden: the Ascend-house rule plus a diagnostic report.
 
-Rule (pypto-gym ``common_utils.compare``, ``op-facts`` §6):
+Rule (the seeds' ``common_utils.compare``,
+``hicann/pypto-gym:src/pypto_gym/ops/pypto_tensor/common_utils/compare.py``;
+docs/sources.md#compare-rule):
 
 1. Any NaN or +-Inf in the tested tensor ``actual`` is a hard failure (``golden`` is not checked).
 2. Shapes must be equal (and dtypes, unless ``check_dtype=False``).
@@ -126,6 +128,106 @@ def _ulp_stats(a: np.ndarray, g: np.ndarray, a64: np.ndarray, g64: np.ndarray):
     return (int(d[ok].max()) if ok.any() else -1), float((a64 == g64).mean())
 
 
+def _check_arguments(a, g, atol, rtol, ratio, name, check_dtype, arithmetic, n_worst):
+    """Validate the options and the pair; return the tolerances as floats (atol, rtol, ratio)."""
+    atol = _check_tolerance("atol", atol)
+    rtol = _check_tolerance("rtol", rtol)
+    ratio = _check_tolerance("ratio", ratio, upper=1.0)
+    if arithmetic not in ("float64", "native"):
+        raise ValueError(f"arithmetic: expected 'float64' or 'native', got {arithmetic!r}")
+    if not isinstance(n_worst, int) or n_worst < 0:
+        raise ValueError(f"n_worst: expected an int >= 0, got {n_worst!r}")
+    if a.shape != g.shape:
+        raise ValueError(f"golden: expected the shape of actual {a.shape}, got {g.shape} ({name})")
+    if check_dtype and a.dtype != g.dtype:
+        raise TypeError(f"golden: expected the dtype of actual {a.dtype}, got {g.dtype} ({name})")
+    return atol, rtol, ratio
+
+
+def _element_rule(a, g, a64, g64, atol: float, rtol: float, arithmetic: str):
+    """Step 3 of the rule: ``(diff, tol, fail)`` as float64 / bool arrays of the input shape."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        if arithmetic == "native" and a.dtype in _NATIVE_FLOATS and g.dtype == a.dtype:
+            # what torch 2.13 CPU does for a low-precision tensor (measured): each op
+            # computes in float32 and rounds its result to the tensor dtype; the scalar of
+            # ``rtol * t`` enters as float32, the scalar of ``atol + t`` is first rounded to
+            # the tensor dtype
+            a32, g32 = a64.astype(np.float32), g64.astype(np.float32)
+            diff = np.abs(_round_to(a32 - g32, a.dtype))
+            rel = _round_to(np.float32(rtol) * np.abs(g32), a.dtype)
+            atol_t = _round_to(np.array(atol, dtype=np.float32), a.dtype)
+            tol = _round_to(atol_t + rel, a.dtype)
+            diff, tol = diff.astype(np.float64), tol.astype(np.float64)
+        else:
+            diff = np.abs(a64 - g64)
+            tol = atol + rtol * np.abs(g64)
+        # strict '>' in IEEE arithmetic, as the seeds: NaN diff or NaN/inf tol is not counted
+        fail = diff > tol
+    return diff, tol, fail
+
+
+def _max_abs_error(diff: np.ndarray, finite: np.ndarray):
+    """``(max finite |diff|, its index)``; ``(0.0, None)`` when empty, ``(nan, None)`` when no
+    difference is finite."""
+    if diff.size and finite.any():
+        flat = int(np.argmax(np.where(finite, diff, -1.0)))
+        pos = tuple(int(i) for i in np.unravel_index(flat, diff.shape))
+        return float(diff.reshape(-1)[flat]), pos
+    return (0.0 if not diff.size else math.nan), None
+
+
+def _cosine(a64: np.ndarray, g64: np.ndarray) -> float:
+    """Cosine similarity in float64 with non-finite entries taken as 0 (1.0 when both are 0)."""
+    fa = np.where(np.isfinite(a64), a64, 0.0).reshape(-1)
+    fg = np.where(np.isfinite(g64), g64, 0.0).reshape(-1)
+    denom = math.sqrt(float(np.dot(fa, fa))) * math.sqrt(float(np.dot(fg, fg)))
+    if denom > 0:
+        return float(np.dot(fa, fg)) / denom
+    return 1.0 if not fa.any() and not fg.any() else 0.0
+
+
+def _worst_failures(fail, finite, diff, tol, a64, g64, n_worst: int) -> list:
+    """Up to ``n_worst`` failing positions, largest ``|diff|`` first (non-finite ones first of
+    all), as ``(index, actual, golden, |diff|, tol)``."""
+    n_fail = int(fail.sum())
+    if not n_fail or not n_worst:
+        return []
+    score = np.where(fail, np.where(finite, diff, np.inf), -1.0).reshape(-1)
+    order = np.argsort(-score, kind="stable")[: min(n_worst, n_fail)]
+    worst = []
+    for f in order:
+        idx = tuple(int(i) for i in np.unravel_index(int(f), diff.shape))
+        worst.append((idx, float(a64[idx]), float(g64[idx]), float(diff[idx]), float(tol[idx])))
+    return worst
+
+
+def _verdict_reasons(n_nonfinite: int, n_fail: int, threshold: int) -> list[str]:
+    """Steps 1 and 4 of the rule: why the comparison fails (empty = pass)."""
+    reasons = []
+    if n_nonfinite:
+        reasons.append(f"{n_nonfinite} NaN/Inf in the tested tensor (hard failure)")
+    if n_fail > threshold:
+        reasons.append(f"{n_fail} failing elements > allowed {threshold}")
+    return reasons
+
+
+def _diagnostics(a, g, a64, g64, diff, tol, fail, n_worst: int) -> dict:
+    """The report fields that explain a verdict: largest error and where, ULP distance and
+    bit-exact share, cosine, the worst failing positions, NaN/Inf count of the golden."""
+    finite = np.isfinite(diff)
+    max_abs, max_pos = _max_abs_error(diff, finite)
+    max_ulp, exact = _ulp_stats(a, g, a64, g64)
+    return {
+        "max_abs_err": max_abs,
+        "max_abs_pos": max_pos,
+        "max_ulp": max_ulp,
+        "bit_exact_fraction": exact,
+        "cosine": _cosine(a64, g64),
+        "worst": _worst_failures(fail, finite, diff, tol, a64, g64, n_worst),
+        "n_golden_nonfinite": int((~np.isfinite(g64)).sum()),
+    }
+
+
 def compare(
     actual,
     golden,
@@ -150,77 +252,20 @@ def compare(
     """
     a = _as_array(actual)
     g = _as_array(golden)
-    atol = _check_tolerance("atol", atol)
-    rtol = _check_tolerance("rtol", rtol)
-    ratio = _check_tolerance("ratio", ratio, upper=1.0)
-    if arithmetic not in ("float64", "native"):
-        raise ValueError(f"arithmetic: expected 'float64' or 'native', got {arithmetic!r}")
-    if not isinstance(n_worst, int) or n_worst < 0:
-        raise ValueError(f"n_worst: expected an int >= 0, got {n_worst!r}")
-    if a.shape != g.shape:
-        raise ValueError(f"golden: expected the shape of actual {a.shape}, got {g.shape} ({name})")
-    if check_dtype and a.dtype != g.dtype:
-        raise TypeError(f"golden: expected the dtype of actual {a.dtype}, got {g.dtype} ({name})")
-
+    atol, rtol, ratio = _check_arguments(
+        a, g, atol, rtol, ratio, name, check_dtype, arithmetic, n_worst
+    )
     numel = int(a.size)
     threshold = int(round(ratio * numel))  # Python round: half to even, as the seeds
     with np.errstate(invalid="ignore", over="ignore"):
         a64 = a.astype(np.float64)
         g64 = g.astype(np.float64)
     n_nonfinite = int((~np.isfinite(a64)).sum())
-    n_golden_nonfinite = int((~np.isfinite(g64)).sum())
-
-    with np.errstate(invalid="ignore", over="ignore"):
-        if arithmetic == "native" and a.dtype in _NATIVE_FLOATS and g.dtype == a.dtype:
-            # what torch 2.13 CPU does for a low-precision tensor (measured): each op
-            # computes in float32 and rounds its result to the tensor dtype; the scalar of
-            # ``rtol * t`` enters as float32, the scalar of ``atol + t`` is first rounded to
-            # the tensor dtype
-            a32, g32 = a64.astype(np.float32), g64.astype(np.float32)
-            diff = np.abs(_round_to(a32 - g32, a.dtype))
-            rel = _round_to(np.float32(rtol) * np.abs(g32), a.dtype)
-            atol_t = _round_to(np.array(atol, dtype=np.float32), a.dtype)
-            tol = _round_to(atol_t + rel, a.dtype)
-            diff, tol = diff.astype(np.float64), tol.astype(np.float64)
-        else:
-            diff = np.abs(a64 - g64)
-            tol = atol + rtol * np.abs(g64)
-        # strict '>' in IEEE arithmetic, as the seeds: NaN diff or NaN/inf tol is not counted
-        fail = diff > tol
+    diff, tol, fail = _element_rule(a, g, a64, g64, atol, rtol, arithmetic)
     n_fail = int(fail.sum())
-
-    finite = np.isfinite(diff)
-    if numel and finite.any():
-        flat = int(np.argmax(np.where(finite, diff, -1.0)))
-        max_abs = float(diff.reshape(-1)[flat])
-        max_pos = tuple(int(i) for i in np.unravel_index(flat, a.shape))
-    else:
-        max_abs, max_pos = (0.0 if not numel else math.nan), None
-    max_ulp, exact = _ulp_stats(a, g, a64, g64)
-    fa = np.where(np.isfinite(a64), a64, 0.0).reshape(-1)
-    fg = np.where(np.isfinite(g64), g64, 0.0).reshape(-1)
-    denom = math.sqrt(float(np.dot(fa, fa))) * math.sqrt(float(np.dot(fg, fg)))
-    if denom > 0:
-        cosine = float(np.dot(fa, fg)) / denom
-    else:
-        cosine = 1.0 if not fa.any() and not fg.any() else 0.0
-
-    worst = []
-    if n_fail and n_worst:
-        score = np.where(fail, np.where(finite, diff, np.inf), -1.0).reshape(-1)
-        order = np.argsort(-score, kind="stable")[: min(n_worst, n_fail)]
-        for f in order:
-            idx = tuple(int(i) for i in np.unravel_index(int(f), a.shape))
-            worst.append((idx, float(a64[idx]), float(g64[idx]), float(diff[idx]), float(tol[idx])))
-
-    reasons = []
-    if n_nonfinite:
-        reasons.append(f"{n_nonfinite} NaN/Inf in the tested tensor (hard failure)")
-    if n_fail > threshold:
-        reasons.append(f"{n_fail} failing elements > allowed {threshold}")
-    passed = not reasons
+    reasons = _verdict_reasons(n_nonfinite, n_fail, threshold)
     return CompareReport(
-        passed=passed,
+        passed=not reasons,
         name=name,
         shape=tuple(a.shape),
         dtype=str(a.dtype),
@@ -228,15 +273,9 @@ def compare(
         n_fail=n_fail,
         threshold=threshold,
         n_nonfinite=n_nonfinite,
-        max_abs_err=max_abs,
-        max_abs_pos=max_pos,
-        max_ulp=max_ulp,
-        bit_exact_fraction=exact,
-        cosine=cosine,
         atol=atol,
         rtol=rtol,
         ratio=ratio,
         reason="; ".join(reasons),
-        worst=worst,
-        n_golden_nonfinite=n_golden_nonfinite,
+        **_diagnostics(a, g, a64, g64, diff, tol, fail, n_worst),
     )

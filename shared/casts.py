@@ -1,6 +1,6 @@
 """The conversion rules every layer uses: FP32 -> BF16, FP32 -> FP8 E4M3FN, and exact widening.
 
-Rules (see ``docs/numerics.md``):
+Rules (see ``docs/numerics.md``; public sources in docs/sources.md#casts-and-dtypes):
 
 * FP32 -> BF16: round to nearest, ties to even (torch, ml_dtypes and the Ascend default
   ``CAST_RINT`` agree). Overflow rounds to +-inf, subnormals are kept, -0 stays -0.

@@ -15,6 +15,11 @@ shape ``[rows, 656]`` whose dtype is the quantized type (float8_e4m3fn or int8),
 the tensors the kernels take. Packing and unpacking are exact byte moves. The unpackers also
 accept raw ``uint8`` bytes and then decode the nope field as float8_e4m3fn (view an INT8 cache
 as ``int8`` first).
+
+Sources: ``pypto`` = ``hicann/pypto:models/deepseek_v32_exp/sparse_attention_antiquant_impl.py``
+and the seeds' ``sparse_attention_antiquant_*`` kernels (hicann/pypto-gym); ``flashmla`` =
+``deepseek-ai/FlashMLA:README.md`` and ``tests/quant.py`` (also vLLM ``fp8_ds_mla``). See
+docs/sources.md#deepseek-sparse-attention.
 """
 
 from __future__ import annotations

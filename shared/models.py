@@ -1,7 +1,10 @@
 """Model constants of the three target models (frozen dataclasses).
 
-Values: MiniMax M2.7 / M3 configs and DeepSeek-V3.2 ``config_671B_v3.2.json`` as restated in
-``op-facts.md`` §1.2, §2.2, §3.2, §5.2 and ``anchors.md`` §4.
+Values: the MiniMax-M2 config of ``huggingface/transformers`` (M2.7 shares it), the M3
+configuration and kernels of ``hicann/pypto-gym`` and DeepSeek-V3.2's
+``deepseek-ai/DeepSeek-V3.2-Exp:inference/config_671B_v3.2.json``; each source and value is
+listed in docs/sources.md (sections "Model configs", "MSA sparse decode", "MSA main branch",
+"DeepSeek sparse attention").
 """
 
 from __future__ import annotations
@@ -117,33 +120,28 @@ class MiniMaxModel:
         )
 
 
-MINIMAX_M27 = MiniMaxModel(
-    name="MiniMax-M2.7",
-    hidden_size=3072,
-    moe_intermediate_size=1536,
-    num_experts=256,
-    top_k=8,
-    activation="silu",
-    num_attention_heads=48,
-    num_kv_heads=8,
-    head_dim=128,
-)
+#: The two MiniMax backbones side by side: field -> (M2.7, M3). Sources: the MiniMax-M2 config of
+#: huggingface/transformers and the seeds' MoE/MSA kernels and M3 configuration
+#: (docs/sources.md#model-configs).
+_MINIMAX_TABLE: dict[str, tuple] = {
+    "name": ("MiniMax-M2.7", "MiniMax-M3"),
+    "hidden_size": (3072, 6144),
+    "moe_intermediate_size": (1536, 3072),
+    "num_experts": (256, 128),
+    "top_k": (8, 4),
+    "activation": ("silu", "swigluoai"),
+    "num_attention_heads": (48, 64),
+    "num_kv_heads": (8, 4),
+    "head_dim": (128, 128),
+    "routed_scaling_factor": (1.0, 2.0),
+    "norm_topk_prob": (False, True),
+    "n_shared_experts": (0, 1),
+    "shared_intermediate_size": (0, 3072),
+    "msa": (None, MsaConfig()),
+}
 
-MINIMAX_M3 = MiniMaxModel(
-    name="MiniMax-M3",
-    hidden_size=6144,
-    moe_intermediate_size=3072,
-    num_experts=128,
-    top_k=4,
-    activation="swigluoai",
-    num_attention_heads=64,
-    num_kv_heads=4,
-    head_dim=128,
-    routed_scaling_factor=2.0,
-    norm_topk_prob=True,
-    n_shared_experts=1,
-    shared_intermediate_size=3072,
-    msa=MsaConfig(),
+MINIMAX_M27, MINIMAX_M3 = (
+    MiniMaxModel(**{field: values[i] for field, values in _MINIMAX_TABLE.items()}) for i in range(2)
 )
 
 

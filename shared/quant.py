@@ -10,6 +10,11 @@ goldens the kernels are judged against:
 * ``quantize_latent_int8`` — the 910B variant: ``s = max(amax, 1e-8) / 127``,
   ``q = int8(clamp(round_half_even(x / s), -128, 127))``.
 * ``dequantize_latent`` — what every kernel does on load: ``bf16(fp32(q) * s)``.
+
+Sources: the seeds' tests ``hicann/pypto-gym:tests/ops/experimental/ops_transformer/
+sparse_attention_antiquant_{fp8,kv_split}/``, ``deepseek-ai/FlashMLA:tests/quant.py``,
+``deepseek-ai/DeepSeek-V3.2-Exp:inference/kernel.py`` (``act_quant``); the rules side by side
+in docs/sources.md#deepseek-sparse-attention.
 """
 
 from __future__ import annotations

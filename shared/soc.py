@@ -1,6 +1,8 @@
 """Ascend SoC descriptions and per-SoC tile defaults, read by the kernels and the reports.
 
-Numbers come from ``anchors.md`` §10 (platform ``.ini`` files and announced figures):
+Numbers come from the platform ``.ini`` files (``hicann/pypto``'s
+``framework/src/platform/parser/simulation_platform/platform_config/`` and CANN's
+``Ascend910B2C.ini``) and Huawei's announced 950 figures; see docs/sources.md#ascend-socs:
 
 =========  ========  =====  ====  =========  =========  ==========  ===========
 name       arch      AIC    GHz   UB bytes   HBM TB/s   BF16 TFLOP  FP8 TFLOP
@@ -63,44 +65,23 @@ class SocSpec:
         elif dtype == "fp8":
             if not self.fp8:
                 raise ValueError(f"dtype: {self.name} has no FP8 cube, got 'fp8'")
-            peak = 2 * self.bf16_tflops
+            peak = self.fp8_tflops
         else:
             raise ValueError(f"dtype: expected 'bf16' or 'fp8', got {dtype!r}")
         return float(flops) / (peak * 1e12) * 1e6
 
 
-_SOC_950 = SocSpec(
-    name="950",
-    arch="DAV_3510",
-    soc_version="Ascend950PR_9579",
-    aic_cores=28,
-    aiv_cores=56,
-    cube_ghz=1.65,
-    ub_bytes=253952,
-    l1_bytes=524288,
-    l0c_bytes=262144,
-    hbm_tbps=1.6,
-    fp8=True,
+#: One row per SoC PyPTO's CPU path compiles for, in the field order of :class:`SocSpec`
+#: (values and sources: docs/sources.md#ascend-socs).
+_SOC_ROWS = (
+    # (name, arch, soc_version, AIC, AIV, cube GHz, UB, L1, L0C bytes, HBM TB/s, native FP8)
+    ("910b", "DAV_2201", "Ascend910B2", 24, 48, 1.8, 196608, 524288, 131072, 1.6, False),
+    ("950", "DAV_3510", "Ascend950PR_9579", 28, 56, 1.65, 253952, 524288, 262144, 1.6, True),
 )
 
-SOCS: dict[str, SocSpec] = {
-    "910b": SocSpec(
-        name="910b",
-        arch="DAV_2201",
-        soc_version="Ascend910B2",
-        aic_cores=24,
-        aiv_cores=48,
-        cube_ghz=1.8,
-        ub_bytes=196608,
-        l1_bytes=524288,
-        l0c_bytes=131072,
-        hbm_tbps=1.6,
-        fp8=False,
-    ),
-    "950": _SOC_950,
-    # the 950DT compiles like the 950PR and differs only in HBM bandwidth (HiZQ 2.0)
-    "950dt": replace(_SOC_950, name="950dt", hbm_tbps=4.0),
-}
+SOCS: dict[str, SocSpec] = {row[0]: SocSpec(*row) for row in _SOC_ROWS}
+# the 950DT compiles like the 950PR and differs only in HBM bandwidth (HiZQ 2.0)
+SOCS["950dt"] = replace(SOCS["950"], name="950dt", hbm_tbps=4.0)
 
 #: the SoCs PyPTO's CPU path can compile for (``950dt`` compiles as ``950``)
 SIM_SOCS = ("910b", "950")
@@ -120,6 +101,11 @@ def get_soc(name: str | SocSpec = DEFAULT_SOC) -> SocSpec:
 
 
 # ------------------------------------------------------------------ per-SoC tile defaults
+def _tile_family(soc: str | SocSpec) -> str:
+    """The key of the per-SoC tile tables: ``"950"`` for every DAV_3510 SoC, else ``"910b"``."""
+    return "950" if get_soc(soc).arch == "DAV_3510" else "910b"
+
+
 #: MoE activation-stage vector tile width (columns of FP32) per (soc, activation); a tile is
 #: ``[min(chunk, vt), vt]`` with chunks up to 64 rows. 910B: the seeds' values (UB 192 KB).
 #: 950: silu stays at 128 (the cost model has it 9 % faster than 256 on the M2.7 seed case),
@@ -134,8 +120,7 @@ _MOE_VEC_TILE = {
 
 def moe_vec_tile(soc: str | SocSpec, activation: str) -> int:
     """Default MoE vector tile width for ``soc`` and ``activation`` (``PYPTO_VEC_TILE`` wins)."""
-    s = get_soc(soc)
-    key = ("950" if s.arch == "DAV_3510" else "910b", activation)
+    key = (_tile_family(soc), activation)
     if key not in _MOE_VEC_TILE:
         raise ValueError(f"activation: expected 'silu' or 'swigluoai', got {activation!r}")
     return _MOE_VEC_TILE[key]
@@ -172,7 +157,7 @@ def msa_device_tile(var: str, soc: str | SocSpec = DEFAULT_SOC, env=None) -> int
     env = os.environ if env is None else env
     raw = (env.get(var) or "").strip()
     if not raw:
-        return per_soc["950" if get_soc(soc).arch == "DAV_3510" else "910b"]
+        return per_soc[_tile_family(soc)]
     try:
         v = int(raw, 10)
     except ValueError:

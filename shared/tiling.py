@@ -1,5 +1,8 @@
 """Tiling configs of the kernels, with the seeds' defaults and their environment overrides.
 
+The seeds are the public ``hicann/pypto-gym`` kernels and tests; their tile values are listed
+in docs/sources.md.
+
 Nothing is read from the environment at import time: call ``X.from_env()`` (optionally with
 your own mapping instead of ``os.environ``) to apply the overrides. A bad value raises a
 ``ValueError`` naming the variable, the expected and the actual value.
@@ -108,7 +111,8 @@ def loop_unroll_chunks(count: int, unroll: Sequence[int]) -> list[tuple[int, int
 
 @dataclass(frozen=True)
 class MoeTiling:
-    """Grouped-GEMM tiling (``op-facts`` §1.2); per-activation defaults via :meth:`default`."""
+    """Grouped-GEMM tiling of the seeds' ``minimax_grouped_gemm_impl.py`` (hicann/pypto-gym;
+    docs/sources.md#moe-grouped-gemm); per-activation defaults via :meth:`default`."""
 
     unroll: tuple[int, ...] = (64, 32, 16, 8, 4, 2, 1)
     mm1_k: int = 128
@@ -172,7 +176,11 @@ MSA_DTYPES = ("fp32", "fp16", "bf16")
 
 @dataclass(frozen=True)
 class MsaTiling:
-    """MSA tiling (``op-facts`` §3.2, §4.2): key chunk width, main-branch dtype and row budget."""
+    """MSA tiling: key chunk width, main-branch dtype and row budget.
+
+    Defaults of the seeds' MSA decode and main-branch kernels (hicann/pypto-gym; see
+    docs/sources.md#msa-sparse-decode and docs/sources.md#msa-main-branch).
+    """
 
     ntile: int = 512
     nq_tile: int = 128

@@ -78,7 +78,7 @@ def test_infinite_golden_never_counts_as_failing():
         (0.005, 100, 0),  # 0.5 (the float product is exact) -> 0
         (0.005, 300, 2),  # 1.5 -> 2
         (0.005, 500, 2),  # 2.5 -> 2
-        (0.005, 4 * 2 * 128 * 512, 2621),  # op-facts §5.8 budget of a (4,2,128,512) output
+        (0.005, 4 * 2 * 128 * 512, 2621),  # the seeds' DeepSeek budget, (4,2,128,512)
         (0.0, 1000, 0),
         (1.0, 7, 7),
     ],

@@ -1,4 +1,5 @@
-"""Model constants against the published configs (op-facts §1.2, §2.2, §3.2, §5.2; anchors §4)."""
+"""Model constants against the published configs and the seeds' kernels (hicann/pypto-gym,
+huggingface/transformers, deepseek-ai/DeepSeek-V3.2-Exp; docs/sources.md#model-configs)."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def test_minimax_m3_msa():
     assert (s.num_index_heads, s.index_heads_padded, s.index_dim) == (4, 16, 128)
     assert (s.block_size, s.topk_blocks, s.local_blocks) == (128, 16, 1)
     assert (s.num_q_heads, s.num_kv_heads, s.head_dim, s.group) == (64, 4, 128, 16)
-    assert s.softmax_scale == 0.08838834764831843  # op-facts §3.2: 1/sqrt(128)
+    assert s.softmax_scale == 0.08838834764831843  # the seeds' MSA decode SCALE, 1/sqrt(128)
     assert np.float32(s.softmax_scale) == np.float32(0.088388346)
     assert (s.decode_mask_neg, s.prefill_mask_neg) == (-3.0e38, -1.0e9)
 
@@ -50,7 +51,8 @@ def test_deepseek_v32_sparse_mla():
     )
     assert (d.fp8_max, d.int8_max) == (448.0, 127.0)
     assert d.test_softmax_scale == 0.041666666666666664  # 576^-0.5 = 1/24
-    # anchors §4.3: 192^-0.5 * mscale^2, mscale = 0.1 * ln(40) + 1 = 1.36889 -> 0.135234
+    # DeepSeek-V3.2-Exp inference/model.py: 192^-0.5 * mscale^2,
+    # mscale = 0.1 * ln(40) + 1 = 1.36889 -> 0.135234
     assert round(0.1 * math.log(40) + 1, 5) == 1.36889
     assert round(d.model_softmax_scale, 6) == 0.135234
 

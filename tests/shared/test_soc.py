@@ -1,4 +1,4 @@
-"""SoC descriptions: the ceilings the reports compare against (anchors.md §10)."""
+"""SoC descriptions: the ceilings the reports compare against (docs/sources.md#ascend-socs)."""
 
 from __future__ import annotations
 

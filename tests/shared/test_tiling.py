@@ -1,5 +1,6 @@
-"""Tiling configs: the seeds' defaults (op-facts §0, §1.2, §3.2, §4.2, §5.5, §5.6), explicit
-environment overrides, validation naming the variable, and the loop_unroll chunking rule."""
+"""Tiling configs: the seeds' defaults (hicann/pypto-gym kernels, restated in docs/sources.md),
+explicit environment overrides, validation naming the variable, and the loop_unroll chunking
+rule."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def clean_env(monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------
-# defaults (numbers restated from op-facts)
+# defaults (the seeds' numbers, as listed in docs/sources.md)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -268,7 +269,7 @@ def test_constructors_validate_and_are_frozen():
 
 
 # ---------------------------------------------------------------------------------------------
-# loop_unroll chunking (op-facts §1.4 step 3)
+# loop_unroll chunking (PyPTO loop_unroll; docs/sources.md#moe-grouped-gemm)
 # ---------------------------------------------------------------------------------------------
 
 DEFAULT_UNROLL = (1, 2, 4, 8, 16, 32, 64)

@@ -1,4 +1,5 @@
-"""MiniMax expert weights: checkpoint layout <-> grouped-GEMM kernel layout (op-facts §1.3)."""
+"""MiniMax expert weights: checkpoint layout <-> grouped-GEMM kernel layout
+(hicann/pypto-gym minimax grouped GEMM; docs/sources.md#moe-grouped-gemm)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def test_index_formula_elementwise():
     gu, dn = checkpoint(e, i, h)
     w13, w2 = convert_minimax_weights(gu, dn)
     assert w13.shape == (e * h, 2 * i) and w2.shape == (e * i, h)
-    # op-facts §1.3: w13_flat[e*H + h, j] = gate_up_proj[e, j, h],
+    # the seeds' conversion: w13_flat[e*H + h, j] = gate_up_proj[e, j, h],
     #                w2_flat[e*I + i, h] = down_proj[e, h, i]
     for ee, hh, j in itertools.product(range(e), range(h), range(2 * i)):
         assert w13[ee * h + hh, j] == gu[ee, j, hh]
