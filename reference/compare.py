@@ -86,7 +86,7 @@ class CompareReport:
 
 
 def _as_array(x) -> np.ndarray:
-    from tilesim.reference.interop import is_torch_tensor, to_numpy
+    from tilesim.shared.interop import is_torch_tensor, to_numpy
 
     return to_numpy(x) if is_torch_tensor(x) else np.asarray(x)
 
