@@ -3,9 +3,14 @@
 * ``reference`` — CPU tests of tilesim.shared + tilesim.reference (+ torch cross-checks).
 * ``lint``      — ruff check + ruff format --check.
 * ``sim``       — PyPTO kernels on the CPU (interpreter vs tilesim.reference + cost model, 910B
-  and 950); writes docs/perf/cost_model.md. See docs/device.md.
+  and 950); the tests write build/perf/cost_model.md (+ .json), the session then copies them
+  into docs/perf/. See docs/device.md.
 * ``device``    — the kernels on an Ascend NPU, with the host's own torch/torch_npu/pypto/CANN.
-* ``bench`` — added by the CLI work (see docs/index.md).
+* ``bench``     — reference timings (tests/bench, a development tool outside the package);
+  writes build/perf/reference.md (+ .png), then copies them into docs/perf/.
+
+Generated reports are written to build/perf/ (git-ignored) by the tests and tools, and only a
+session copies them into the tracked docs/perf/: running pytest never rewrites a tracked file.
 
 torch: the CPU build ``torch==2.13.0`` is installed first and explicitly, so nothing later can
 pull a multi-GB CUDA build. Where pip has no local copy of it (no ``PIP_FIND_LINKS``), the
@@ -15,6 +20,8 @@ PyTorch CPU wheel index is added; set ``TILESIM_TORCH_INDEX`` to use another ind
 from __future__ import annotations
 
 import os
+import shutil
+from pathlib import Path
 
 import nox
 
@@ -41,6 +48,22 @@ def pytest_args(session: nox.Session, *default: str) -> list[str]:
     return list(session.posargs) if session.posargs else list(default)
 
 
+BUILD_PERF = Path("build") / "perf"
+DOCS_PERF = Path("docs") / "perf"
+
+
+def publish_reports(session: nox.Session, *names: str) -> None:
+    """Copy generated reports from build/perf/ into the tracked docs/perf/ (missing: skipped)."""
+    DOCS_PERF.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        src = BUILD_PERF / name
+        if src.exists():
+            shutil.copy2(src, DOCS_PERF / name)
+            session.log(f"copied {src} -> {DOCS_PERF / name}")
+        else:
+            session.log(f"{src} was not generated; {DOCS_PERF / name} left as it was")
+
+
 @nox.session(python=PYTHON)
 def reference(session: nox.Session) -> None:
     """CPU-only tests of tilesim.shared and tilesim.reference."""
@@ -60,13 +83,14 @@ def lint(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def sim(session: nox.Session) -> None:
     """PyPTO 0.2.0 kernels on CPU for 910B and 950: interpreter output vs tilesim.reference,
-    cost-model time; regenerates docs/perf/cost_model.md."""
+    cost-model time; the tests write build/perf/cost_model.md, copied into docs/perf/ after."""
     install_cpu_torch(session)
     session.install(".[device,test]")
     # build PyPTO's interpreter back end (~30 s, cached in ~/.cache/tilesim/sim) and the 950
     # overlay once, before pytest starts its per-test processes
     session.run("python", "-m", "tilesim.device.sim")
     session.run("pytest", *pytest_args(session, "-m", "sim", "tests/device"))
+    publish_reports(session, "cost_model.md", "cost_model.json")
 
 
 _NPU_PROBE = """
@@ -104,9 +128,13 @@ def device(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
     """Reference wall time vs a seeds-style torch golden and the sgemm roofline, plus peak memory
-    of the DeepSeek b64 s2 64K golden; writes docs/perf/reference.md + .png. Not part of CI
-    (minutes of CPU; numbers are only as quiet as the machine). Extra args go to
-    ``python -m tilesim.bench`` (e.g. ``nox -s bench -- --quick``)."""
+    of the DeepSeek b64 s2 64K golden; writes build/perf/reference.md + .png and copies them into
+    docs/perf/. Not part of CI (minutes of CPU; numbers are only as quiet as the machine). The
+    bench is the ``bench`` package of tests/ (not installed); extra args go to
+    ``python -m bench`` (e.g. ``nox -s bench -- --quick``)."""
     install_cpu_torch(session)
     session.install(".[torch,cli]")
-    session.run("python", "-m", "tilesim.bench", "--out", "docs/perf", *session.posargs)
+    out = str(BUILD_PERF.resolve())
+    tests = str(Path("tests").resolve())
+    session.run("python", "-m", "bench", "--out", out, *session.posargs, env={"PYTHONPATH": tests})
+    publish_reports(session, "reference.md", "reference.png")

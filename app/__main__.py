@@ -46,18 +46,30 @@ def _demo(args: argparse.Namespace) -> int:
 def _add_parsers(sub) -> None:
     from tilesim.cli import commands as c
 
+    for add in (_add_cases, _add_golden, _add_compare, _add_trace):
+        add(sub, c)
+    p = sub.add_parser("demo", help="a small golden round trip of the DeepSeek FP8 cache layout")
+    p.add_argument("--rows", type=int, default=256)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_demo)
+
+
+def _add_cases(sub, c) -> None:
     p = sub.add_parser(
         "cases",
-        help="list the named cases (shapes, dtypes, SoC marks, tolerances)",
-        description="List the named cases of the seeds' test matrices from tilesim/cases.json.",
+        help="list the named cases (op, size, tolerances, SoC marks, the seeds' status)",
+        description="List the named cases of the seeds' test matrices (the CASE_INFO tables "
+        "of tilesim.reference.moe_cases, msa_cases and dsa_cases).",
     )
     p.add_argument(
         "--family", help="moe, msa or dsa (or an MSA kind: indexer, decode, main_branch)"
     )
-    p.add_argument("-v", "--verbose", action="store_true", help="inputs, shapes and rules per case")
+    p.add_argument("-v", "--verbose", action="store_true", help="builder, rule and notes per case")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=c.cmd_cases)
 
+
+def _add_golden(sub, c) -> None:
     p = sub.add_parser(
         "golden",
         help="build a case's inputs, run the reference, write inputs + golden + manifest",
@@ -76,9 +88,11 @@ def _add_parsers(sub) -> None:
     _progress_flags(p)
     p.set_defaults(func=c.cmd_golden)
 
+
+def _add_compare(sub, c) -> None:
     p = sub.add_parser(
         "compare",
-        help="judge ACTUAL against GOLDEN with the Ascend compare rule (exit 0 pass / 1 fail)",
+        help="judge ACTUAL against GOLDEN with the case's rule (exit 0 pass / 1 fail)",
         description="Files: .npy, .npz[:KEY], .bin (shape/dtype from a manifest), manifest.json "
         "or a golden directory. Tolerances default to the golden manifest's.",
     )
@@ -105,11 +119,14 @@ def _add_parsers(sub) -> None:
     )
     p.set_defaults(func=c.cmd_compare)
 
+
+def _add_trace(sub, c) -> None:
     p = sub.add_parser(
         "trace",
         help="run a case with the trace hook and draw its tile schedule (PNG)",
-        description="Draw which tiles ran, their sizes, per-tile softmax max/sum (attention) or "
-        "per-expert chunks (MoE); with --actual also an error heat map.",
+        description="Draw which tiles ran (one swim lane per trace-record lane, bars over each "
+        "record's key_range), per-tile softmax max/sum where the records carry them; with "
+        "--actual also an error heat map.",
     )
     p.add_argument("case", metavar="CASE")
     p.add_argument("--png", required=True, metavar="FILE")
@@ -120,11 +137,6 @@ def _add_parsers(sub) -> None:
     p.add_argument("--force", action="store_true", help="overwrite an existing PNG")
     _progress_flags(p)
     p.set_defaults(func=c.cmd_trace)
-
-    p = sub.add_parser("demo", help="a small golden round trip of the DeepSeek FP8 cache layout")
-    p.add_argument("--rows", type=int, default=256)
-    p.add_argument("--seed", type=int, default=0)
-    p.set_defaults(func=_demo)
 
 
 def _seed(text: str) -> int:

@@ -1,7 +1,10 @@
 """tilesim.device.sim — run a PyPTO 0.2.0 kernel on a CPU: compile, interpret, read back, cost.
 
-The one module with the CPU ("sim") machinery every kernel test uses. Recipe and the reasons
-behind each piece: ``pypto-on-cpu.md`` (team notes) and ``docs/device.md``.
+The one module with the CPU ("sim") machinery every kernel test uses. The recipe and the
+reasons behind each piece are written up in ``docs/device.md`` and ``docs/sources.md`` ("PyPTO
+0.2.0 on a CPU"); what it patches is PyPTO 0.2.0's own code (the ``pypto==0.2.0`` package of
+``hicann/pypto``: ``pypto/frontend/parser/entry.py``, ``pypto/lib/calculator/src/``,
+``pypto/lib/configs/``).
 
 What it does, in order:
 
@@ -497,24 +500,15 @@ def run_kernel(kernel, args, *, costmodel: bool = True, pass_filter=(), **params
 
     Returns a :class:`SimRun`. Configures the process for the default SoC if needed.
     """
-    configure()
-    _check_args(args)
-    pypto = require_pypto()
-    from pypto import pypto_impl
-
-    pypto.set_verify_options(
+    pypto_impl = _prepare(
+        args,
+        costmodel,
         enable_pass_verify=True,
         pass_verify_save_tensor=False,
         pass_verify_pass_filter=list(pass_filter),
     )
-    pypto.set_verify_golden_data(goldens=[None] * len(args))
-    _MODE["costmodel"] = costmodel
-    t0 = time.perf_counter()
-    try:
-        kernel(*args, **params)
-    except Exception as e:
-        raise SimError(f"{getattr(kernel, '__name__', kernel)}: {type(e).__name__}: {e}") from e
-    seconds = time.perf_counter() - t0
+    require_pypto().set_verify_golden_data(goldens=[None] * len(args))
+    seconds = _call(kernel, args, params)
     top = Path(pypto_impl.LogTopFolder())
     sim_dir = top / "CostModelSimulationOutput"
     us = _swim_us(sim_dir) if costmodel else None
@@ -527,19 +521,31 @@ def run_kernel(kernel, args, *, costmodel: bool = True, pass_filter=(), **params
 
 def run_compile(kernel, args, **params) -> float:
     """Compile only (tensor graph -> passes -> host control-flow code); returns seconds."""
+    pypto_impl = _prepare(args, False, enable_pass_verify=False)
+    seconds = _call(kernel, args, params)
+    _drop_output(Path(pypto_impl.LogTopFolder()))
+    return seconds
+
+
+def _prepare(args, costmodel: bool, **verify):
+    """Configure the process, check ``args``, set PyPTO's verify options; returns pypto_impl."""
     configure()
     _check_args(args)
     pypto = require_pypto()
     from pypto import pypto_impl
 
-    pypto.set_verify_options(enable_pass_verify=False)
-    _MODE["costmodel"] = False
+    pypto.set_verify_options(**verify)
+    _MODE["costmodel"] = costmodel
+    return pypto_impl
+
+
+def _call(kernel, args, params: dict) -> float:
+    """``kernel(*args, **params)`` with PyPTO's errors as :class:`SimError`; returns seconds."""
     t0 = time.perf_counter()
     try:
         kernel(*args, **params)
     except Exception as e:
         raise SimError(f"{getattr(kernel, '__name__', kernel)}: {type(e).__name__}: {e}") from e
-    _drop_output(Path(pypto_impl.LogTopFolder()))
     return time.perf_counter() - t0
 
 

@@ -16,12 +16,19 @@ from pathlib import Path
 import numpy as np
 from tilesim.cli import CliError
 from tilesim.cli import tensorio as tio
-from tilesim.cli.registry import get_case, list_cases
+from tilesim.cli.registry import (
+    get_case,
+    list_cases,
+    soc_text,
+    tolerance_rule,
+    tolerance_text,
+)
 from tilesim.cli.runner import (
     BuiltCase,
     build_case,
     has_own_progress,
     jsonable,
+    manifest_params,
     run_reference,
     tiling_used,
 )
@@ -31,10 +38,6 @@ def _version() -> str:
     import tilesim
 
     return tilesim.__version__
-
-
-def _fmt_shape(d: dict) -> str:
-    return f"{d['dtype']}[{','.join(str(s) for s in d['shape'])}]"
 
 
 def _fmt_bytes(n: int) -> str:
@@ -50,61 +53,58 @@ def _fmt_bytes(n: int) -> str:
 
 
 def cmd_cases(args: argparse.Namespace) -> int:
-    specs = list_cases(args.family)
+    infos = list_cases(args.family)
     if args.json:
-        print(json.dumps([_case_json(s) for s in specs], indent=1))
+        print(json.dumps([_case_json(i) for i in infos], indent=1))
         return 0
     rows = [
         (
-            s.name,
-            s.family + (f"/{s.kind}" if s.kind else ""),
-            _fmt_shape(s.output),
-            "set equality"
-            if s.tolerance.get("mode") == "set"
-            else f"{s.atol:g}/{s.rtol:g}/{s.ratio:g}",
-            s.soc_text(),
-            s.status,
+            i.name,
+            i.family + (f"/{i.kind}" if i.kind else ""),
+            i.op,
+            i.size,
+            tolerance_text(i.tolerance),
+            soc_text(i),
+            i.status,
         )
-        for s in specs
+        for i in infos
     ]
-    head = ("CASE", "FAMILY", "OUTPUT", "ATOL/RTOL/RATIO", "SOC", "SEEDS' STATUS")
-    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    head = ("CASE", "FAMILY", "OP", "SIZE", "ATOL/RTOL/RATIO", "SOC", "SEEDS' STATUS")
+    widths = [max(len(r[k]) for r in [head, *rows]) for k in range(len(head))]
     line = "  ".join(f"{{:<{w}}}" for w in widths)
     print(line.format(*head).rstrip())
     for r in rows:
         print(line.format(*r).rstrip())
-    if args.verbose:
-        for s in specs:
-            print(f"\n{s.name}  ({s.model}, {s.op}, seed {s.seed}, size {s.size})")
-            print(f"  {s.summary}")
-            for k, v in s.inputs.items():
-                print(f"  input  {k:<14} {_fmt_shape(v)}")
-            print(f"  output {'out':<14} {_fmt_shape(s.output)}")
-            print(f"  tolerance: {s.tolerance['rule']}")
-            if s.soc_note:
-                print(f"  soc: {s.soc_note}")
-            if s.extra.get("status_note"):
-                print(f"  status: {s.status} ({s.extra['status_note']})")
-    else:
-        print(f"\n{len(rows)} cases; `tilesim cases -v` shows inputs and rules.")
+    if not args.verbose:
+        print(f"\n{len(rows)} cases; `tilesim cases -v` shows the builder, rule and notes.")
+        return 0
+    for i in infos:
+        print(f"\n{i.name}  ({i.model}, {i.op}, seed {i.seed}, size {i.size})")
+        print(f"  {i.summary}")
+        params = f" {json.dumps(jsonable(i.builder_params))}" if i.builder_params else ""
+        print(f"  builder: {i.builder}{params}")
+        print(f"  tolerance: {tolerance_rule(i.tolerance)}")
+        for k, v in i.notes.items():
+            print(f"  {k.removesuffix('_note')}: {v}")
     return 0
 
 
-def _case_json(s) -> dict:
+def _case_json(i) -> dict:
     return {
-        "name": s.name,
-        "family": s.family,
-        "kind": s.kind,
-        "model": s.model,
-        "op": s.op,
-        "seed": s.seed,
-        "size": s.size,
-        "inputs": s.inputs,
-        "output": s.output,
-        "tolerance": s.tolerance,
-        "soc": list(s.soc),
-        "status": s.status,
-        "summary": s.summary,
+        "name": i.name,
+        "family": i.family,
+        "kind": i.kind,
+        "model": i.model,
+        "op": i.op,
+        "seed": i.seed,
+        "size": i.size,
+        "builder": i.builder,
+        "builder_params": jsonable(i.builder_params),
+        "tolerance": i.tolerance,
+        "soc": [s.upper() for s in i.soc],
+        "status": i.status,
+        "summary": i.summary,
+        "notes": i.notes,
     }
 
 
@@ -150,12 +150,12 @@ class _Progress:
             self.bar = None
 
 
-def _build_and_run(spec, seed, progress: _Progress, trace=None):
-    progress.stage(f"building inputs of {spec.name}")
+def _build_and_run(info, seed, progress: _Progress, trace=None):
+    progress.stage(f"building inputs of {info.name}")
     try:
-        built = build_case(spec, seed, progress=progress.enabled)
+        built = build_case(info, seed, progress=progress.enabled)
     except (ValueError, TypeError) as e:  # e.g. a negative --seed
-        raise CliError(f"case {spec.name}: the builder rejected its arguments: {e}") from None
+        raise CliError(f"case {info.name}: the builder rejected its arguments: {e}") from None
     progress.stage(f"running {built.op_name}")
     bar_hook = None if has_own_progress(built) else progress.tile_hook(built.op_name)
     if trace is not None and bar_hook is not None:
@@ -179,31 +179,32 @@ def _build_and_run(spec, seed, progress: _Progress, trace=None):
 
 
 def golden_header(built: BuiltCase, goldens: dict, *, run_seconds: float) -> dict:
-    s = built.spec
+    i = built.info
     return {
         "tilesim_version": _version(),
-        "case": s.name,
-        "family": s.family,
-        **({"kind": s.kind} if s.kind else {}),
-        "model": s.model,
+        "case": i.name,
+        "family": i.family,
+        **({"kind": i.kind} if i.kind else {}),
+        "model": i.model,
         "op": built.op_name,
         "seed": built.seed,
-        "seeds_status": s.status,
-        "soc": list(s.soc),
-        "summary": s.summary,
-        "builder": s.builder,
-        "params": jsonable(built.params),
-        **({"builder_meta": jsonable(built.extra["meta"])} if "meta" in built.extra else {}),
+        "seeds_status": i.status,
+        "soc": [s.upper() for s in i.soc],
+        "summary": i.summary,
+        "builder": {"function": i.builder, "params": jsonable(i.builder_params)},
+        "params": manifest_params(built),
+        "builder_meta": jsonable(built.meta),
         "tiling": tiling_used(built),
-        "tolerance": s.tolerance,
+        "tolerance": {**built.tolerance, "rule": tolerance_rule(built.tolerance)},
         "golden": sorted(goldens),
-        "reproduce": f"tilesim golden {s.name}"
-        + (f" --seed {built.seed}" if built.seed != s.seed else ""),
+        "reproduce": f"tilesim golden {i.name}"
+        + (f" --seed {built.seed}" if built.seed != i.seed else ""),
     }
 
 
 def byte_layout_notes(built: BuiltCase) -> dict:
-    """Row byte layouts of the packed MLA caches (``op-facts`` §5.2, ``tilesim.shared``)."""
+    """Row byte layouts of the packed MLA caches (``tilesim.shared.mla_cache``; the layout is
+    described in docs/sources.md, "DeepSeek sparse attention")."""
     from tilesim.shared.mla_cache import NOPE, NSCALES, ROPE
 
     if "nope_cache" not in built.inputs:
@@ -224,11 +225,11 @@ def byte_layout_notes(built: BuiltCase) -> dict:
 
 
 def cmd_golden(args: argparse.Namespace) -> int:
-    spec = get_case(args.case)
-    out_dir = Path(args.output) / spec.name
+    info = get_case(args.case)
+    out_dir = Path(args.output) / info.name
     tio.check_writable_dir(out_dir, force=args.force)
     progress = _Progress(_want_progress(args))
-    built, goldens, run_s = _build_and_run(spec, args.seed, progress)
+    built, goldens, run_s = _build_and_run(info, args.seed, progress)
     progress.stage(f"writing {args.format} files to {out_dir}")
     header = golden_header(built, goldens, run_seconds=run_s)
     manifest = tio.write_golden_dir(
@@ -239,7 +240,7 @@ def cmd_golden(args: argparse.Namespace) -> int:
         header=header,
         notes=byte_layout_notes(built),
     )
-    print(f"{spec.name}: {spec.summary}")
+    print(f"{info.name}: {info.summary}")
     print(
         f"  built inputs in {built.build_seconds:.2f} s, ran {built.op_name} in {run_s:.2f} s "
         f"(seed {built.seed})"
@@ -259,65 +260,87 @@ def cmd_golden(args: argparse.Namespace) -> int:
 # compare
 
 
-def _tolerances(args, golden: tio.Loaded) -> tuple[float, float, float, str]:
-    tol = (golden.manifest or {}).get("tolerance", {})
-    vals = {}
-    for k in ("atol", "rtol", "ratio"):
-        v = getattr(args, k)
-        if v is None:
-            v = tol.get(k)
-        if v is None and k == "ratio":
-            v = 0.0
-        if v is None:
+def _tolerance(args, golden: tio.Loaded) -> dict:
+    """The tolerance to judge with: the manifest's, with ``--atol/--rtol/--ratio`` overrides."""
+    tol = dict((golden.manifest or {}).get("tolerance") or {})
+    mode = tol.get("mode", "compare")
+    given = {k: getattr(args, k) for k in ("atol", "rtol", "ratio") if getattr(args, k) is not None}
+    if mode == "set":
+        if "atol" in given or "rtol" in given:
             raise CliError(
-                f"no {k}: pass --{k}, or compare against a golden directory / manifest.json "
-                "that states the case's tolerance"
+                "the golden's ids are judged by set equality; --atol/--rtol do not apply"
             )
-        vals[k] = float(v)
-    return vals["atol"], vals["rtol"], vals["ratio"], tol.get("mode", "elementwise")
+        return {"atol": 0.0, "rtol": 0.0, "ratio": given.get("ratio", 0.0), "mode": "set"}
+    vals = {k: given.get(k, tol.get(k)) for k in ("atol", "rtol", "ratio")}
+    vals["ratio"] = 0.0 if vals["ratio"] is None else vals["ratio"]
+    for k in ("atol", "rtol"):
+        if vals[k] is None:
+            why = " (no published tolerance: mode ulp)" if mode == "ulp" else ""
+            raise CliError(
+                f"no {k}{why}: pass --{k}, or compare against a golden directory / "
+                "manifest.json that states the case's tolerance"
+            )
+    return {**{k: float(v) for k, v in vals.items()}, "mode": "compare"}
 
 
-def cmd_compare(args: argparse.Namespace) -> int:
+def judge(actual, golden, tol: dict, *, name: str, check_dtype=True, arithmetic="float64"):
+    """The report of ``actual`` vs ``golden`` under ``tol``: the compare rule, or for mode
+    ``"set"`` equality of every row's id set (both sorted along the last axis, then exact)."""
     from tilesim.reference import compare
 
-    golden = tio.load_tensor(args.golden, dtype=args.golden_dtype)
-    actual = tio.load_tensor(args.actual, like=golden, dtype=args.actual_dtype)
-    atol, rtol, ratio, mode = _tolerances(args, golden)
+    if tol["mode"] == "set":  # block-id selections: order is not part of the contract
+        actual, golden = np.sort(actual, axis=-1), np.sort(golden, axis=-1)
+    try:
+        return compare(
+            actual,
+            golden,
+            atol=tol["atol"],
+            rtol=tol["rtol"],
+            ratio=tol["ratio"],
+            name=name,
+            check_dtype=check_dtype,
+            arithmetic=arithmetic,
+        )
+    except (ValueError, TypeError) as e:  # bad tolerance values
+        raise CliError(str(e)) from None
+
+
+def _check_pair(actual: tio.Loaded, golden: tio.Loaded, allow_dtype_mismatch: bool) -> None:
     a, g = actual.array, golden.array
     if a.shape != g.shape:
         raise CliError(
             f"mismatched files: actual {actual.source} has shape {list(a.shape)}, golden "
             f"{golden.source} has {list(g.shape)}"
         )
-    if a.dtype != g.dtype and not args.allow_dtype_mismatch:
+    if a.dtype != g.dtype and not allow_dtype_mismatch:
         raise CliError(
             f"mismatched files: actual {actual.source} is {a.dtype}, golden {golden.source} is "
             f"{g.dtype} (--allow-dtype-mismatch compares the values anyway; --actual-dtype "
             "reinterprets raw bytes)"
         )
-    if mode == "set":  # block-id selections: order is not part of the contract
-        a, g = np.sort(a, axis=-1), np.sort(g, axis=-1)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    golden = tio.load_tensor(args.golden, dtype=args.golden_dtype)
+    actual = tio.load_tensor(args.actual, like=golden, dtype=args.actual_dtype)
+    tol = _tolerance(args, golden)
+    _check_pair(actual, golden, args.allow_dtype_mismatch)
     name = (golden.manifest or {}).get("case", Path(golden.source).name)
-    try:
-        rep = compare(
-            a,
-            g,
-            atol=atol,
-            rtol=rtol,
-            ratio=ratio,
-            name=name,
-            check_dtype=not args.allow_dtype_mismatch,
-            arithmetic=args.arithmetic,
-        )
-    except (ValueError, TypeError) as e:  # bad tolerance values
-        raise CliError(str(e)) from None
+    rep = judge(
+        actual.array,
+        golden.array,
+        tol,
+        name=name,
+        check_dtype=not args.allow_dtype_mismatch,
+        arithmetic=args.arithmetic,
+    )
     if args.json:
         d = {k: jsonable(v) for k, v in vars(rep).items()}
-        d.update(actual=actual.source, golden=golden.source, mode=mode)
+        d.update(actual=actual.source, golden=golden.source, mode=tol["mode"])
         print(json.dumps(d))
         return 0 if rep.passed else 1
     print(f"actual: {actual.source}\ngolden: {golden.source}")
-    if mode == "set":
+    if tol["mode"] == "set":
         print("(ids compared as sets: both sorted along the last axis first)")
     print(rep.summary())
     return 0 if rep.passed else 1
@@ -327,54 +350,79 @@ def cmd_compare(args: argparse.Namespace) -> int:
 # trace
 
 
-def cmd_trace(args: argparse.Namespace) -> int:
-    from tilesim.cli.plot import save_trace_png, summarize
-
-    spec = get_case(args.case)
-    png = Path(args.png)
+def _check_png_path(png: Path, force: bool) -> None:
     if png.suffix.lower() != ".png":
         raise CliError(f"--png {str(png)!r}: expected a file name ending in .png")
-    if png.exists() and not args.force:
+    if png.exists() and not force:
         raise CliError(f"{str(png)!r} exists; pass --force to overwrite")
     parent = png.parent if str(png.parent) else Path(".")
     if not parent.is_dir():
         raise CliError(f"directory {str(parent)!r} of --png does not exist")
     if not os.access(parent, os.W_OK):
         raise CliError(f"directory {str(parent)!r} of --png is not writable")
+
+
+def _trace_actual(args, built: BuiltCase, goldens: dict):
+    """(actual, golden, title of the error panel) for ``--actual``; (None, None, "") without."""
+    if not args.actual:
+        return None, None, ""
+    (gname, garr), *_ = sorted(goldens.items())
+    g_loaded = tio.Loaded(garr, f"reference {gname}", None, {"name": gname})
+    act = tio.load_tensor(args.actual, like=g_loaded, dtype=args.actual_dtype)
+    if act.array.shape != garr.shape:
+        raise CliError(
+            f"mismatched file: {act.source} has shape {list(act.array.shape)}, the golden "
+            f"of {built.info.name} has {list(garr.shape)}"
+        )
+    tol = _judging_tolerance(built.tolerance)
+    rep = judge(act.array, garr, tol, name=built.info.name, check_dtype=False)
+    title = (
+        f"{act.source} vs golden: {'PASS' if rep.passed else 'FAIL'}, {rep.n_fail} failing "
+        f"(allowed {rep.threshold}), max |err| {rep.max_abs_err:.3g}"
+    )
+    return act.array, garr, title
+
+
+def _judging_tolerance(tol: dict) -> dict:
+    if tol["mode"] == "set":
+        return {"atol": 0.0, "rtol": 0.0, "ratio": tol["ratio"], "mode": "set"}
+    if tol["mode"] == "ulp":
+        raise CliError("the case has no published tolerance (mode ulp): use `tilesim compare`")
+    return tol
+
+
+def _check_records(op: str, records: list[dict]) -> None:
+    from tilesim.shared.trace import check_record
+
+    for j, r in enumerate(records):
+        try:
+            check_record(r)
+        except (TypeError, ValueError) as e:
+            raise CliError(f"{op} emitted trace record {j} outside the schema: {e}") from None
+
+
+def _write_records(path: Path, records: list[dict]) -> None:
+    with path.open("w", encoding="utf-8") as f:
+        for r in records:
+            f.write(json.dumps(jsonable(r)) + "\n")
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+    from tilesim.cli.plot import save_trace_png, summarize
+
+    info = get_case(args.case)
+    png = Path(args.png)
+    _check_png_path(png, args.force)
     records: list[dict] = []
     progress = _Progress(_want_progress(args))
-    built, goldens, run_s = _build_and_run(spec, args.seed, progress, trace=records.append)
-    info = summarize(records)
-    actual = golden = None
-    err_title = ""
-    if args.actual:
-        from tilesim.reference import compare
-
-        (gname, garr), *_ = sorted(goldens.items())
-        g_loaded = tio.Loaded(garr, f"reference {gname}", None, {"name": gname})
-        act = tio.load_tensor(args.actual, like=g_loaded, dtype=args.actual_dtype)
-        if act.array.shape != garr.shape:
-            raise CliError(
-                f"mismatched file: {act.source} has shape {list(act.array.shape)}, the golden "
-                f"of {spec.name} has {list(garr.shape)}"
-            )
-        actual, golden = act.array, garr
-        rep = compare(
-            actual,
-            golden,
-            atol=spec.atol,
-            rtol=spec.rtol,
-            ratio=spec.ratio,
-            name=spec.name,
-            check_dtype=False,
-        )
-        err_title = (
-            f"{act.source} vs golden: {'PASS' if rep.passed else 'FAIL'}, {rep.n_fail} failing "
-            f"(allowed {rep.threshold}), max |err| {rep.max_abs_err:.3g}"
-        )
+    built, goldens, run_s = _build_and_run(info, args.seed, progress, trace=records.append)
+    _check_records(built.op_name, records)
+    summary = summarize(records)
+    actual, golden, err_title = _trace_actual(args, built, goldens)
+    tol = _judging_tolerance(built.tolerance) if actual is not None else {"atol": 0, "rtol": 0}
     title = (
-        f"{spec.name}: {built.op_name}, {info['tiles']} tiles"
-        f" (sizes {', '.join(map(str, info['tile_sizes'][:8]))}), reference {run_s:.2f} s"
+        f"{info.name}: {built.op_name}, {summary['tiles']} tiles"
+        f" (sizes {', '.join(map(str, summary['tile_sizes'][:8]))}), reference {run_s:.2f} s"
     )
     save_trace_png(
         png,
@@ -382,21 +430,19 @@ def cmd_trace(args: argparse.Namespace) -> int:
         records=records,
         actual=actual,
         golden=golden,
-        atol=spec.atol,
-        rtol=spec.rtol,
+        atol=tol["atol"],
+        rtol=tol["rtol"],
         err_title=err_title,
     )
+    lanes = ", ".join(summary["lane_keys"]) or "no lane keys"
     print(
-        f"{spec.name}: {built.op_name} ran {info['tiles']} tiles in {info['lanes']} lanes "
-        f"({', '.join(info['lane_keys']) or 'no lane keys'}); tile sizes {info['tile_sizes']}"
+        f"{info.name}: {built.op_name} ran {summary['tiles']} tiles in {summary['lanes']} lanes "
+        f"({lanes}); tile sizes {summary['tile_sizes']}"
     )
     if err_title:
         print(f"  {err_title}")
     if args.records:
-        rp = Path(args.records)
-        with rp.open("w", encoding="utf-8") as f:
-            for r in records:
-                f.write(json.dumps(jsonable(r)) + "\n")
-        print(f"  trace records: {rp}")
+        _write_records(Path(args.records), records)
+        print(f"  trace records: {args.records}")
     print(f"  wrote {png} ({_fmt_bytes(png.stat().st_size)})")
     return 0

@@ -1,8 +1,12 @@
 """Pictures of a reference run: the tile schedule its trace hook recorded, per-tile softmax
-statistics for attention ops, per-expert chunks for MoE, and an error heat map.
+statistics, and an error heat map.
 
-Headless: the Agg backend is selected before pyplot is imported. Every function takes the
-plain trace dicts the reference ops emit (one per tile, key ``"op"`` always present).
+Headless: the Agg backend is selected before pyplot is imported. The functions read only the
+trace-record schema of :mod:`tilesim.shared.trace` (``op, lane, step, key_range, keys_used,
+row_max, row_sum, flop, extra``): one swim lane per distinct ``lane`` dict, one bar per record
+over its ``key_range``, coloured by ``keys_used``; below, the records' ``row_max``, ``row_sum``
+and ``extra["head_max"]`` when they carry them. ``extra["slot"]`` (indexer: the block's slot,
+-1 = dropped) and ``extra["branch"]`` (a merge branch) label the bars.
 """
 
 from __future__ import annotations
@@ -11,23 +15,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
-
-#: loop indices outside the tile loop, outer first: a lane of the schedule is one value of these
-#: (MoE: expert; MSA decode: batch, kv_head; MSA main branch: head; DeepSeek: b, s, kv_head, g)
-_LANE_ORDER = (
-    "expert",
-    "batch",
-    "b",
-    "s",
-    "token",
-    "query_block",
-    "qb",
-    "head",
-    "kv_head",
-    "h",
-    "group",
-    "g",
-)
+from tilesim.shared.trace import lane_id
 
 
 def _pyplot():
@@ -39,35 +27,30 @@ def _pyplot():
     return plt
 
 
-def _is_int(v) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
-
-
 def lane_keys(records: list[dict]) -> list[str]:
-    """The loop-index keys (see ``_LANE_ORDER``) present in the records, outer loop first."""
-    if not records:
-        return []
-    return [k for k in _LANE_ORDER if k in records[0] and _is_int(records[0][k])]
+    """The ``lane`` keys of the records (outer loop first, in first-seen order)."""
+    keys: dict[str, None] = {}
+    for r in records:
+        keys.update(dict.fromkeys(r["lane"]))
+    return list(keys)
 
 
-def tile_extent(rec: dict, seq: int) -> tuple[float, float]:
-    """(start, width) of a tile on its lane's key axis: ``kv_start``/``kv_len`` (MSA),
-    ``cols`` + ``valid`` (DeepSeek), ``row0``/``chunk`` (MoE); else the tile's index."""
-    if "kv_start" in rec and "kv_len" in rec:
-        return float(rec["kv_start"]), float(rec["kv_len"])
-    if "cols" in rec:
-        c0, c1 = rec["cols"]
-        return float(c0), float(rec.get("valid", c1 - c0))
-    if "row0" in rec and "chunk" in rec:
-        return float(rec["row0"]), float(rec["chunk"])
-    for k in ("chunk", "tile", "block"):
-        if k in rec and _is_int(rec[k]):
-            return float(rec[k]), 1.0
-    return float(seq), 1.0
+def lane_index(records: list[dict]) -> OrderedDict:
+    """``{lane id: row}``: the swim lanes in first-seen (loop) order."""
+    out: OrderedDict = OrderedDict()
+    for r in records:
+        out.setdefault(lane_id(r), len(out))
+    return out
+
+
+def tile_extent(rec: dict) -> tuple[int, int]:
+    """(start, width) of a record's ``key_range`` on its lane's key axis."""
+    start, stop = rec["key_range"]
+    return int(start), int(stop) - int(start)
 
 
 def _stat(rec: dict, key: str):
-    v = rec.get(key)
+    v = rec["extra"].get(key) if key == "head_max" else rec[key]
     if v is None:
         return None
     a = np.asarray(v, dtype=np.float64).reshape(-1)
@@ -78,70 +61,19 @@ def _stat(rec: dict, key: str):
 
 
 def summarize(records: list[dict]) -> dict:
-    """Counts for the text report: tiles, lanes, tile sizes."""
-    lanes = lane_keys(records)
-    lane_ids = {tuple(r.get(k) for k in lanes) for r in records}
-    widths = [tile_extent(r, i)[1] for i, r in enumerate(records)]
+    """Counts for the text report: tiles, lanes, lane keys, tile sizes (``keys_used``)."""
     return {
         "op": records[0]["op"] if records else None,
         "tiles": len(records),
-        "lanes": len(lane_ids),
-        "lane_keys": lanes,
-        "tile_sizes": sorted({int(w) for w in widths}),
+        "lanes": len(lane_index(records)),
+        "lane_keys": lane_keys(records),
+        "tile_sizes": sorted({int(r["keys_used"]) for r in records}),
+        "flop": sum(int(r["flop"]) for r in records),
     }
 
 
 # ---------------------------------------------------------------------------------------------
 # schedules
-
-
-def _draw_moe(fig, records: list[dict]) -> None:
-    ax, ax2 = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 1]})
-    import matplotlib
-
-    cmap = matplotlib.colormaps["viridis"]
-    sizes = sorted({int(r["chunk"]) for r in records})
-    norm = matplotlib.colors.Normalize(vmin=0, vmax=max(1, np.log2(max(sizes))))
-    experts = sorted({int(r["expert"]) for r in records})
-    for r in records:
-        c = cmap(norm(np.log2(r["chunk"])))
-        ax.broken_barh(
-            [(r["row0"], r["chunk"])],
-            (r["expert"] - 0.4, 0.8),
-            facecolors=c,
-            edgecolors="black",
-            linewidth=0.5,
-        )
-        if r["chunk"] >= 1:
-            ax.text(
-                r["row0"] + r["chunk"] / 2,
-                r["expert"],
-                str(r["chunk"]),
-                ha="center",
-                va="center",
-                fontsize=7,
-                color="white",
-            )
-    ax.set_xlabel("row of sorted_tokens")
-    ax.set_ylabel("expert")
-    ax.set_yticks(experts)
-    ax.invert_yaxis()
-    ax.set_title(f"{len(records)} tiles: chunks per expert (label = chunk rows)")
-    sm = matplotlib.cm.ScalarMappable(norm=norm, cmap=cmap)
-    fig.colorbar(sm, ax=ax, label="log2(chunk rows)")
-    per = OrderedDict((e, 0) for e in experts)
-    nt = OrderedDict((e, 0) for e in experts)
-    for r in records:
-        per[int(r["expert"])] += int(r["chunk"])
-        nt[int(r["expert"])] += 1
-    ax2.barh(list(per), list(per.values()), color="tab:blue")
-    for e in per:
-        ax2.text(per[e], e, f" {nt[e]} tiles", va="center", fontsize=7)
-    ax2.set_yticks(experts)
-    ax2.invert_yaxis()
-    ax2.set_xlabel("tokens")
-    ax2.set_title("tokens per expert")
-
 
 #: per-tile statistics drawn under the schedule when the trace records carry them
 _STAT_PANELS = (
@@ -151,48 +83,29 @@ _STAT_PANELS = (
 )
 
 
-def _draw_attention(fig, records: list[dict]) -> None:
-    import matplotlib
+def _bar_label(rec: dict, show_counts: bool) -> str | None:
+    extra = rec["extra"]
+    if "slot" in extra:
+        return f"#{extra['slot']}" if extra["slot"] >= 0 else "drop"
+    if "branch" in extra:
+        return str(extra["branch"])
+    return str(rec["keys_used"]) if show_counts else None
 
-    lanes = lane_keys(records)
-    lane_index: OrderedDict = OrderedDict()
-    for r in records:
-        lane_index.setdefault(tuple(int(r[k]) for k in lanes), len(lane_index))
-    panels = [(k, t) for k, t in _STAT_PANELS if any(k in r for r in records)]
-    panels = [p for i, p in enumerate(panels) if p[0] != "head_max" or i == 0][:2]
-    has_stats = bool(panels)
-    nrows = 1 + len(panels)
-    axes = fig.subplots(
-        nrows, 1, squeeze=False, gridspec_kw={"height_ratios": [3] + [2] * (nrows - 1)}
-    )
-    ax = axes[0, 0]
-    widths = [tile_extent(r, i)[1] for i, r in enumerate(records)]
-    norm = matplotlib.colors.Normalize(vmin=0, vmax=max(widths) if widths else 1)
-    cmap = matplotlib.colormaps["viridis"]
+
+def _draw_bars(ax, records: list[dict], lanes: OrderedDict, norm, cmap) -> None:
+    slots = any("slot" in r["extra"] for r in records)
     by_lane: dict[int, list] = {}
     colors: dict[int, list] = {}
-    for i, r in enumerate(records):
-        y = lane_index[tuple(int(r[k]) for k in lanes)]
-        x, w = tile_extent(r, i)
-        by_lane.setdefault(y, []).append((x, w))
-        if "slot" in r:  # indexer: selected (green) or dropped (grey) block
-            colors.setdefault(y, []).append("tab:green" if r["slot"] >= 0 else "lightgray")
-        else:
-            colors.setdefault(y, []).append(cmap(norm(w)))
-    thin = len(lane_index) > 40
-    if "slot" in records[0]:
-        for i, r in enumerate(records):
-            x, w = tile_extent(r, i)
-            label = f"#{r['slot']}" if r["slot"] >= 0 else "drop"
-            ax.text(
-                x + w / 2,
-                lane_index[tuple(int(r[k]) for k in lanes)],
-                label,
-                ha="center",
-                va="center",
-                fontsize=7,
-                rotation=90,
+    for r in records:
+        y = lanes[lane_id(r)]
+        by_lane.setdefault(y, []).append(tile_extent(r))
+        if slots:  # indexer: selected (green) or dropped (grey) block
+            colors.setdefault(y, []).append(
+                "tab:green" if r["extra"].get("slot", -1) >= 0 else "lightgray"
             )
+        else:
+            colors.setdefault(y, []).append(cmap(norm(r["keys_used"])))
+    thin = len(lanes) > 40
     for y, bars in by_lane.items():
         ax.broken_barh(
             bars,
@@ -201,64 +114,92 @@ def _draw_attention(fig, records: list[dict]) -> None:
             edgecolors="none" if thin else "black",
             linewidth=0.4,
         )
-    ax.set_ylim(len(lane_index) - 0.5, -0.5)
-    label = ", ".join(lanes) if lanes else "lane"
-    ax.set_ylabel(f"({label})")
-    if len(lane_index) <= 24:
-        ax.set_yticks(range(len(lane_index)))
-        ax.set_yticklabels([",".join(map(str, k)) for k in lane_index], fontsize=7)
-    ax.set_xlabel("key (top-k column) position within the lane")
-    if len(records) <= 64 and "branch" in records[0]:  # DeepSeek: the online-merge branch taken
-        for i, r in enumerate(records):
-            y = lane_index[tuple(int(r[k]) for k in lanes)]
-            x, w = tile_extent(r, i)
-            ax.text(
-                x + w / 2,
-                y,
-                r["branch"],
-                ha="center",
-                va="center",
-                fontsize=6,
-                color="white" if w > 0.3 * max(widths) else "black",
-            )
+
+
+def _draw_labels(ax, records: list[dict], lanes: OrderedDict) -> None:
+    if len(records) > 64:
+        return
+    widest = max(tile_extent(r)[1] for r in records) or 1
+    for r in records:
+        x, w = tile_extent(r)
+        text = _bar_label(r, show_counts=True)
+        if text is None:
+            continue
+        vertical = "slot" in r["extra"]
+        ax.text(
+            x + w / 2,
+            lanes[lane_id(r)],
+            text,
+            ha="center",
+            va="center",
+            fontsize=6 if not vertical else 7,
+            rotation=90 if vertical else 0,
+            color="white" if w > 0.3 * widest and not vertical else "black",
+        )
+
+
+def _draw_lanes(ax, records: list[dict]):
+    """The swim-lane panel; returns the colour scale's ScalarMappable."""
+    import matplotlib
+
+    lanes = lane_index(records)
+    used = [r["keys_used"] for r in records]
+    norm = matplotlib.colors.Normalize(vmin=0, vmax=max(used) or 1)
+    cmap = matplotlib.colormaps["viridis"]
+    _draw_bars(ax, records, lanes, norm, cmap)
+    _draw_labels(ax, records, lanes)
+    ax.set_ylim(len(lanes) - 0.5, -0.5)
+    keys = lane_keys(records)
+    ax.set_ylabel(f"lane ({', '.join(keys)})" if keys else "lane")
+    if len(lanes) <= 24:
+        ax.set_yticks(range(len(lanes)))
+        ax.set_yticklabels(
+            [" ".join(f"{k}{v}" for k, v in lid) or "-" for lid in lanes], fontsize=7
+        )
+    ax.set_xlabel("key_range on the lane's key axis (keys, top-k columns or token rows)")
     colour = (
         "green = selected block (label = slot), grey = dropped"
-        if "slot" in records[0]
-        else "colour = keys in the tile"
+        if any("slot" in r["extra"] for r in records)
+        else "colour = keys_used"
     )
-    ax.set_title(f"{len(records)} tiles in {len(lane_index)} lanes; {colour}")
-    fig.colorbar(matplotlib.cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, label="keys per tile")
-    if not has_stats:
-        return
-    seq = np.arange(len(records))
-    for j, (key, title) in enumerate(panels):
-        ax = axes[1 + j, 0]
-        st = [_stat(r, key) for r in records]
-        ok = [i for i, s in enumerate(st) if s is not None]
-        if not ok:
-            ax.set_visible(False)
-            continue
-        lo = np.array([st[i][0] for i in ok])
-        mid = np.array([st[i][1] for i in ok])
-        hi = np.array([st[i][2] for i in ok])
-        ax.vlines(seq[ok], lo, hi, color="tab:gray", linewidth=0.8)
-        ax.plot(seq[ok], mid, ".", color="tab:red", markersize=3)
-        if key == "row_sum" and lo.min() > 0:
-            ax.set_yscale("log")
-        ax.set_title(title, fontsize=9)
-        ax.set_xlabel("tile (execution order)")
+    ax.set_title(f"{len(records)} tiles in {len(lanes)} lanes; {colour}")
+    return matplotlib.cm.ScalarMappable(norm=norm, cmap=cmap)
+
+
+def _draw_stat(ax, records: list[dict], key: str, title: str) -> None:
+    st = [_stat(r, key) for r in records]
+    ok = [i for i, s in enumerate(st) if s is not None]
+    lo, mid, hi = (np.array([st[i][j] for i in ok]) for j in range(3))
+    ax.vlines(ok, lo, hi, color="tab:gray", linewidth=0.8)
+    ax.plot(ok, mid, ".", color="tab:red", markersize=3)
+    if key == "row_sum" and lo.min() > 0:
+        ax.set_yscale("log")
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel("tile (execution order)")
+
+
+def stat_panels(records: list[dict]) -> list[tuple[str, str]]:
+    """The statistics the records carry (at most two panels: row max and row sum, or the
+    indexer's head max)."""
+    have = [(k, t) for k, t in _STAT_PANELS if any(_stat(r, k) is not None for r in records)]
+    return have[:2]
 
 
 def draw_schedule(fig, records: list[dict]) -> None:
-    """Draw the schedule of one run into ``fig`` (MoE chunks or attention tiles)."""
+    """Draw the schedule of one run into ``fig``: swim lanes on top, statistics below."""
     if not records:
         ax = fig.subplots()
         ax.text(0.5, 0.5, "the reference emitted no tiles", ha="center", va="center")
         ax.set_axis_off()
-    elif "expert" in records[0] and "chunk" in records[0]:
-        _draw_moe(fig, records)
-    else:
-        _draw_attention(fig, records)
+        return
+    panels = stat_panels(records)
+    axes = fig.subplots(
+        1 + len(panels), 1, squeeze=False, gridspec_kw={"height_ratios": [3] + [2] * len(panels)}
+    )
+    mappable = _draw_lanes(axes[0, 0], records)
+    fig.colorbar(mappable, ax=axes[0, 0], label="keys_used")
+    for j, (key, title) in enumerate(panels):
+        _draw_stat(axes[1 + j, 0], records, key, title)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,88 +1,63 @@
-"""The named-case registry shipped with the package (``tilesim/cases.json``).
+"""The named-case registry: the ``CASE_INFO`` tables of the three families' case modules.
 
-Each entry names a case of the seeds' test matrices: family, op, the builder that makes its
-inputs (module, function, builder case name, extra parameters), seed, declared input/output
-shapes and dtypes, tolerance (atol, rtol, ratio + the rule in words), SoC marks and the seeds'
-status ("runs", "skip: ..."). The file is the single source the CLI and the bench session
-read; ``tests/cli`` checks the declared shapes against the builders for the small cases.
+Each family's cases module (:mod:`tilesim.reference.moe_cases`, ``msa_cases``, ``dsa_cases``)
+exports ``CASE_INFO: dict[str, tilesim.shared.case_schema.CaseInfo]`` — family, op, model,
+summary, seed, size, tolerance, builder (``"module:function"``), kind, SoC marks, the seeds'
+status and notes. The registry is their union, in family order (MoE, MSA, DeepSeek); there is
+no second copy of the table. The builder's own case name is the entry's name unless
+``builder_params`` holds ``"case"`` (``None`` = an ad-hoc builder call, e.g. a tilesim extra
+case built from parameters).
 """
 
 from __future__ import annotations
 
 import difflib
-import json
-from dataclasses import dataclass, field
+import importlib
 from functools import lru_cache
-from importlib import resources
 
 from tilesim.cli import CliError
+from tilesim.shared.case_schema import CaseInfo
 
 FAMILIES = ("moe", "msa", "dsa")
+#: where each family's ``CASE_INFO`` lives
+CASE_MODULES = {f: f"tilesim.reference.{f}_cases" for f in FAMILIES}
 
 
-@dataclass(frozen=True)
-class CaseSpec:
-    """One named case of ``cases.json`` (see the module docstring for the fields)."""
-
-    name: str
-    family: str
-    op: str
-    model: str
-    builder: dict
-    seed: int
-    size: str
-    inputs: dict
-    output: dict
-    summary: str
-    tolerance: dict
-    soc: tuple
-    status: str
-    kind: str = ""
-    soc_note: str = ""
-    extra: dict = field(default_factory=dict)
-
-    @property
-    def atol(self) -> float:
-        return float(self.tolerance["atol"])
-
-    @property
-    def rtol(self) -> float:
-        return float(self.tolerance["rtol"])
-
-    @property
-    def ratio(self) -> float:
-        return float(self.tolerance["ratio"])
-
-    def soc_text(self) -> str:
-        return ",".join(self.soc) if self.soc else "-"
+def _family_table(family: str) -> dict[str, CaseInfo]:
+    mod = importlib.import_module(CASE_MODULES[family])
+    table = getattr(mod, "CASE_INFO", None)
+    if not isinstance(table, dict):
+        raise RuntimeError(f"{CASE_MODULES[family]} exports no CASE_INFO dict")
+    return table
 
 
-_KNOWN = {f for f in CaseSpec.__dataclass_fields__ if f != "extra"}
-
-
-def _parse(doc: dict) -> dict[str, CaseSpec]:
-    out: dict[str, CaseSpec] = {}
-    for raw in doc["cases"]:
-        known = {k: v for k, v in raw.items() if k in _KNOWN}
-        extra = {k: v for k, v in raw.items() if k not in _KNOWN}
-        known["soc"] = tuple(known.get("soc", ()))
-        spec = CaseSpec(**known, extra=extra)
-        if spec.family not in FAMILIES:
-            raise ValueError(f"cases.json: case {spec.name!r} has unknown family {spec.family!r}")
-        if spec.name in out:
-            raise ValueError(f"cases.json: duplicate case name {spec.name!r}")
-        out[spec.name] = spec
+def _merge(tables: dict[str, dict[str, CaseInfo]]) -> dict[str, CaseInfo]:
+    out: dict[str, CaseInfo] = {}
+    for family, table in tables.items():
+        for key, info in table.items():
+            if not isinstance(info, CaseInfo):
+                raise TypeError(
+                    f"{CASE_MODULES[family]}.CASE_INFO[{key!r}]: expected a CaseInfo, "
+                    f"got {type(info).__name__}"
+                )
+            if key != info.name or info.family != family:
+                raise ValueError(
+                    f"{CASE_MODULES[family]}.CASE_INFO[{key!r}]: expected name {key!r} and "
+                    f"family {family!r}, got {info.name!r} / {info.family!r}"
+                )
+            if key in out:
+                raise ValueError(f"duplicate case name {key!r} in {CASE_MODULES[family]}")
+            out[key] = info
     return out
 
 
 @lru_cache(maxsize=1)
-def load_registry() -> dict[str, CaseSpec]:
-    """All named cases, in file order (``{name: CaseSpec}``)."""
-    text = resources.files("tilesim").joinpath("cases.json").read_text(encoding="utf-8")
-    return _parse(json.loads(text))
+def load_registry() -> dict[str, CaseInfo]:
+    """All named cases (``{name: CaseInfo}``): MoE, then MSA, then DeepSeek, table order."""
+    return _merge({f: _family_table(f) for f in FAMILIES})
 
 
-def list_cases(family: str | None = None) -> list[CaseSpec]:
+def list_cases(family: str | None = None) -> list[CaseInfo]:
     """The cases of one family (``moe``, ``msa``, ``dsa``; also an MSA kind such as
     ``decode``) or all of them."""
     reg = load_registry()
@@ -95,7 +70,7 @@ def list_cases(family: str | None = None) -> list[CaseSpec]:
     return [c for c in reg.values() if family in (c.family, c.kind)]
 
 
-def get_case(name: str) -> CaseSpec:
+def get_case(name: str) -> CaseInfo:
     """The case called ``name``; an unknown name raises :class:`CliError` with suggestions."""
     reg = load_registry()
     if name in reg:
@@ -103,3 +78,31 @@ def get_case(name: str) -> CaseSpec:
     close = difflib.get_close_matches(name, list(reg), n=3, cutoff=0.5)
     hint = f"; did you mean {', '.join(close)}?" if close else ""
     raise CliError(f"unknown case {name!r}{hint} (run `tilesim cases` for the list)")
+
+
+def soc_text(info: CaseInfo) -> str:
+    """The SoC marks as one upper-case word list (``"950,910B"``; ``"-"`` for none)."""
+    return ",".join(s.upper() for s in info.soc) if info.soc else "-"
+
+
+#: (short text, rule in words) of the tolerance modes without atol/rtol
+_NUMBERLESS = {
+    "set": ("set equality", "each row holds the same set of ids as the golden (order free)"),
+    "ulp": ("ulp budget", "no published tolerance: judge with the op's ULP budget (docs/ops/)"),
+}
+
+
+def tolerance_text(tol: dict) -> str:
+    """``"set equality"``, ``"ulp budget"`` or ``"atol/rtol/ratio"`` of a tolerance dict."""
+    if tol["mode"] in _NUMBERLESS:
+        return _NUMBERLESS[tol["mode"]][0]
+    return f"{tol['atol']:g}/{tol['rtol']:g}/{tol['ratio']:g}"
+
+
+def tolerance_rule(tol: dict) -> str:
+    """The tolerance's rule in words."""
+    if tol["mode"] in _NUMBERLESS:
+        return _NUMBERLESS[tol["mode"]][1]
+    if not tol["ratio"]:
+        return "every element |a-g| <= atol + rtol*|g| (numpy assert_allclose)"
+    return "at most round(ratio*numel) elements with |a-g| > atol + rtol*|g|, no NaN/inf"

@@ -1,17 +1,17 @@
-"""Build a named case's inputs with its family's builder and run the reference op on them.
+"""Build a named case with its family's builder and run the reference op on it.
 
-The builders (``moe_make_case``, ``msa_make_case``, ``dsa_make_case``) return
-``{"inputs": {...}, "params": {...}}`` (``"op"`` too for the attention families). This module
-turns that into
+Every builder (``moe_make_case``, ``msa_make_case``, ``dsa_make_case``) is called as
+``builder(name, progress=..., **builder_params)`` (plus ``seed=`` when overridden) and returns
+the case dict of :mod:`tilesim.shared.case_schema`: ``{"name", "op", "inputs", "params",
+"tolerance", "meta"}``. This module turns it into
 
 * a flat ``{name: ndarray}`` of input tensors (what a golden directory stores; a pair such as
   MoE's ``weights = (w13_flat, w2_flat)`` is stored as its two named members),
-* the op's keyword arguments (builder parameters the op does not take, e.g. the data scales,
-  are kept for the manifest only),
+* the op's keyword arguments: exactly ``{**case["inputs"], **case["params"]}``,
 * the tiling the op runs with (recorded in the manifest),
 
 and calls the op with an optional trace hook. Nothing here changes numbers: the golden is
-exactly ``op(**inputs, **params)``.
+exactly ``getattr(tilesim.reference, case["op"])(**case["inputs"], **case["params"])``.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ import importlib
 import inspect
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from tilesim.cli import CliError
-from tilesim.cli.registry import CaseSpec
+from tilesim.shared.case_schema import CASE_KEYS, CaseInfo
 
 #: inputs passed to an op as one tuple argument, stored as separately named tensors
 PACKED_INPUTS = {"weights": ("w13_flat", "w2_flat")}
@@ -33,47 +33,48 @@ PACKED_INPUTS = {"weights": ("w13_flat", "w2_flat")}
 
 @dataclass
 class BuiltCase:
-    """The inputs of one case, ready to be written or handed to the op."""
+    """One built case, ready to be written or handed to the op."""
 
-    spec: CaseSpec
+    info: CaseInfo
+    case: dict  # the builder's case dict (the schema of tilesim.shared.case_schema)
     seed: int | None
-    op_name: str
     inputs: dict  # tensor name -> ndarray (flat: packed pairs split)
-    op_args: dict  # argument name -> value, exactly what the op receives (arrays included)
-    params: dict  # every builder parameter (JSON-able form written to the manifest)
+    op_args: dict  # argument name -> value, exactly what the op receives
     build_seconds: float = 0.0
-    extra: dict = field(default_factory=dict)
+
+    @property
+    def op_name(self) -> str:
+        return self.case["op"]
+
+    @property
+    def tolerance(self) -> dict:
+        return self.case["tolerance"]
+
+    @property
+    def meta(self) -> dict:
+        return self.case["meta"]
 
 
-def _import_builder(spec: CaseSpec) -> Callable:
-    b = spec.builder
+def _import_builder(info: CaseInfo) -> Callable:
+    module, _, function = info.builder.partition(":")
     try:
-        mod = importlib.import_module(b["module"])
+        mod = importlib.import_module(module)
     except ImportError as e:
         raise CliError(
-            f"case {spec.name!r}: its builder module {b['module']} is not available ({e})"
+            f"case {info.name!r}: its builder module {module} is not available ({e})"
         ) from None
-    fn = getattr(mod, b["function"], None)
+    fn = getattr(mod, function, None)
     if fn is None:
-        raise CliError(f"case {spec.name!r}: {b['module']} has no builder {b['function']!r}")
+        raise CliError(f"case {info.name!r}: {module} has no builder {function!r}")
     return fn
 
 
 def op_callable(name: str) -> Callable:
-    """The public reference op ``name``, resolved through ``tilesim.reference``'s lazy map.
-
-    Going through the module named in ``_LAZY`` keeps this independent of the package
-    attribute, which a same-named submodule (``msa_indexer``, ``msa_main_branch``) could
-    rebind to the module itself (``tilesim.reference`` now guards against that too).
-    """
+    """The public reference op ``name`` (an attribute of :mod:`tilesim.reference`)."""
     import tilesim.reference as ref
 
     try:
-        mod_name = getattr(ref, "_LAZY", {}).get(name)
-        if mod_name is not None:
-            fn = getattr(importlib.import_module(f"tilesim.reference.{mod_name}"), name)
-        else:
-            fn = getattr(ref, name)
+        fn = getattr(ref, name)
     except (AttributeError, ImportError) as e:
         raise CliError(f"reference op {name!r} is not available ({e})") from None
     if not callable(fn) or inspect.ismodule(fn):
@@ -81,89 +82,66 @@ def op_callable(name: str) -> Callable:
     return fn
 
 
-#: run-control arguments: handed to builders/ops that take them, never written to a manifest
-RUN_CONTROL = ("progress", "trace")
+def _check_case(info: CaseInfo, case) -> dict:
+    if not isinstance(case, dict) or set(case) != set(CASE_KEYS):
+        got = sorted(case) if isinstance(case, dict) else type(case).__name__
+        raise CliError(
+            f"case {info.name!r}: builder {info.builder} returned {got}, expected the case "
+            f"schema keys {list(CASE_KEYS)} (tilesim.shared.case_schema)"
+        )
+    return case
 
 
-def _call_builder(fn: Callable, name: str, kwargs: dict, progress: bool | None) -> dict:
-    """``fn(name, **kwargs)``, plus ``progress=`` for builders that take it (DeepSeek)."""
-    if progress is None:
-        return fn(name, **kwargs)
-    try:
-        return fn(name, **kwargs, progress=progress)
-    except (TypeError, ValueError) as e:
-        if "progress" not in str(e):
-            raise
-        return fn(name, **kwargs)
+def _flatten_inputs(case_inputs: dict) -> dict:
+    """The tensors of ``case["inputs"]`` by file name (tuples split into named members)."""
+    out: dict = {}
+    for k, v in case_inputs.items():
+        if isinstance(v, (tuple, list)) and all(isinstance(m, np.ndarray) for m in v):
+            names = PACKED_INPUTS.get(k) or [f"{k}_{j}" for j in range(len(v))]
+            out.update(zip(names, v, strict=True))
+        elif isinstance(v, np.ndarray):
+            out[k] = v
+    return out
 
 
 def build_case(
-    spec: CaseSpec, seed: int | None = None, *, progress: bool | None = False
+    info: CaseInfo, seed: int | None = None, *, progress: bool | None = False
 ) -> BuiltCase:
     """Run the case's builder (``seed`` overrides the case's own seed).
 
     ``progress``: ``False`` (default) silences the progress bars of builders and ops that
     have their own (the DeepSeek ones), ``True`` shows them, ``None`` leaves their default.
     """
-    fn = _import_builder(spec)
-    kwargs = dict(spec.builder.get("params", {}))
+    fn = _import_builder(info)
+    kwargs = dict(info.builder_params)
+    name = kwargs.pop("case", info.name)
     if seed is not None:
         kwargs["seed"] = seed
     t0 = time.perf_counter()
-    raw = _call_builder(fn, spec.builder.get("case", spec.name), kwargs, progress)
+    case = _check_case(info, fn(name, progress=progress, **kwargs))
     dt = time.perf_counter() - t0
-    op_name = raw.get("op", spec.op)
-    op = op_callable(op_name)
-    accepted = set(inspect.signature(op).parameters)
-
-    inputs: dict = {}
-    op_args: dict = {}
-    for k, v in raw["inputs"].items():
-        op_args[k] = v
-        if k in PACKED_INPUTS and isinstance(v, (tuple, list)):
-            for name, member in zip(PACKED_INPUTS[k], v, strict=True):
-                inputs[name] = np.asarray(member)
-        elif isinstance(v, (tuple, list)) and all(isinstance(m, np.ndarray) for m in v):
-            for j, member in enumerate(v):
-                inputs[f"{k}_{j}"] = member
-        elif isinstance(v, np.ndarray):
-            inputs[k] = v
-        else:  # a scalar handed over as an input (e.g. seq_len)
-            op_args[k] = v
-    params = dict(raw.get("params", {}))
-    for k, v in params.items():
-        if k in accepted:
-            op_args[k] = v
-    for k in list(op_args):
-        if k not in accepted:
-            raise CliError(
-                f"case {spec.name!r}: builder input {k!r} is not an argument of {op_name}"
-            )
-    if progress is not None and "progress" in accepted:
+    op_args = {**case["inputs"], **case["params"]}
+    if "progress" in inspect.signature(op_callable(case["op"])).parameters:
         op_args["progress"] = progress
-    scalars = {
-        k: v
-        for k, v in op_args.items()
-        if (k not in raw["inputs"] or not _is_tensorish(v)) and k not in RUN_CONTROL
-    }
-    params = {k: v for k, v in params.items() if k not in RUN_CONTROL}
+    meta_seed = case["meta"].get("seed") if isinstance(case["meta"], dict) else None
     return BuiltCase(
-        spec=spec,
-        seed=seed if seed is not None else _builder_seed(raw, spec),
-        op_name=op_name,
-        inputs=inputs,
+        info=info,
+        case=case,
+        seed=seed if seed is not None else (meta_seed if meta_seed is not None else info.seed),
+        inputs=_flatten_inputs(case["inputs"]),
         op_args=op_args,
-        params={**params, **{k: v for k, v in scalars.items() if k not in params}},
         build_seconds=dt,
-        extra={"meta": raw["meta"]} if isinstance(raw.get("meta"), dict) else {},
     )
 
 
-def _builder_seed(raw: dict, spec: CaseSpec):
-    for src in (raw, raw.get("meta") or {}, raw.get("params") or {}):
-        if isinstance(src, dict) and src.get("seed") is not None:
-            return src["seed"]
-    return spec.seed
+def manifest_params(built: BuiltCase) -> dict:
+    """The op's non-tensor arguments (JSON-able), for the manifest."""
+    inputs = built.case["inputs"]
+    return {
+        k: jsonable(v)
+        for k, v in built.op_args.items()
+        if k != "progress" and not (k in inputs and _is_tensorish(v))
+    }
 
 
 def _is_tensorish(v) -> bool:
@@ -173,20 +151,18 @@ def _is_tensorish(v) -> bool:
 
 
 def tiling_used(built: BuiltCase) -> dict | None:
-    """The tiling the op runs with: its explicit argument, else the op's documented default
-    evaluated now (environment overrides included)."""
+    """The tiling the op runs with: its explicit ``tiling`` argument, else the op's
+    documented default evaluated now (environment overrides included)."""
     args = built.op_args
-    for key in ("tiling", "tile_config"):
-        if args.get(key) is not None:
-            return jsonable(args[key])
+    if args.get("tiling") is not None:
+        return jsonable(args["tiling"])
     from tilesim.shared import MoeTiling, MsaTiling, SaTileShapeConfig
 
-    fam = built.spec.family
+    fam = built.info.family
     if fam == "moe" and "dims" in args:
         return jsonable(MoeTiling.from_env(args["dims"].activation))
     if fam == "msa" and built.op_name in ("msa_sparse_decode", "msa_main_branch"):
-        t = MsaTiling.from_env()
-        d = jsonable(t)
+        d = jsonable(MsaTiling.from_env())
         if built.op_name == "msa_main_branch":
             for k in ("dtype", "max_n"):
                 if args.get(k) is not None:
@@ -204,8 +180,7 @@ def has_own_progress(built: BuiltCase) -> bool:
 
 def run_reference(built: BuiltCase, trace: Callable[[dict], None] | None = None) -> dict:
     """``{name: golden ndarray}`` of one reference run (the op's result is named ``out``)."""
-    op = op_callable(built.op_name)
-    res = op(**built.op_args, trace=trace)
+    res = op_callable(built.op_name)(**built.op_args, trace=trace)
     if isinstance(res, dict):
         return {k: np.asarray(v) for k, v in res.items()}
     if isinstance(res, tuple):

@@ -1,4 +1,4 @@
-"""`tilesim cases` and the registry (tilesim/cases.json) against the builders."""
+"""`tilesim cases` and the registry (the families' CASE_INFO tables) against the builders."""
 
 from __future__ import annotations
 
@@ -7,16 +7,18 @@ import json
 
 import numpy as np
 import pytest
-from tilesim.cli.registry import get_case, list_cases, load_registry
+from tilesim.cli.registry import (
+    CASE_MODULES,
+    _merge,
+    get_case,
+    list_cases,
+    load_registry,
+    tolerance_text,
+)
 from tilesim.cli.runner import build_case
+from tilesim.shared.case_schema import CASE_KEYS, TOLERANCE_MODES, CaseInfo, tolerance
 
 SMALL = [c.name for c in load_registry().values() if c.size == "small"]
-
-
-def _builder_table(spec):
-    mod = importlib.import_module(spec.builder["module"])
-    tables = [v for k, v in vars(mod).items() if k.endswith("_CASES") and isinstance(v, dict)]
-    return tables[0] if tables else None
 
 
 def test_registry_covers_every_family_of_the_issue():
@@ -27,10 +29,39 @@ def test_registry_covers_every_family_of_the_issue():
     kinds = {c.kind for c in reg.values() if c.family == "msa"}
     assert kinds == {"indexer", "decode", "main_branch"}
     for c in reg.values():
-        assert c.tolerance["atol"] >= 0 and c.tolerance["rtol"] >= 0
-        assert 0 <= c.tolerance["ratio"] <= 1
+        assert isinstance(c, CaseInfo)
+        t = c.tolerance
+        assert set(t) == {"atol", "rtol", "ratio", "mode"} and t["mode"] in TOLERANCE_MODES
+        if t["mode"] == "compare":
+            assert t["atol"] >= 0 and t["rtol"] >= 0
+        assert 0 <= t["ratio"] <= 1
         assert c.status == "runs" or c.status.startswith(("skip", "tilesim"))
-        assert all(s in ("910B", "950") for s in c.soc)
+        assert all(s.upper() in ("910B", "950") for s in c.soc)
+        assert ":" in c.builder
+
+
+def test_registry_is_the_union_of_the_family_tables():
+    """One source: each family module's CASE_INFO, nothing added or dropped."""
+    reg = load_registry()
+    for family, module in CASE_MODULES.items():
+        table = getattr(importlib.import_module(module), "CASE_INFO", None)
+        if table is None:  # the family has not published its table yet
+            pytest.skip(f"{module} has no CASE_INFO yet")
+        assert {n for n, c in reg.items() if c.family == family} == set(table)
+        assert all(reg[n] is table[n] for n in table)
+
+
+def test_merge_rejects_duplicates_and_misfiled_entries():
+    def info(name, family):
+        return CaseInfo(name=name, family=family, op="op", model="m", summary="s", seed=0,
+                        size="small", tolerance=tolerance(0.0, 0.0), builder="m:f")  # fmt: skip
+
+    with pytest.raises(ValueError, match="duplicate case name 'a'"):
+        _merge({"moe": {"a": info("a", "moe")}, "msa": {"a": info("a", "msa")}})
+    with pytest.raises(ValueError, match="family 'moe'"):
+        _merge({"moe": {"a": info("a", "dsa")}})
+    with pytest.raises(ValueError, match="name 'b'"):
+        _merge({"moe": {"b": info("a", "moe")}})
 
 
 def test_cases_table_lists_every_case(cli):
@@ -38,9 +69,12 @@ def test_cases_table_lists_every_case(cli):
     assert code == 0
     for name in load_registry():
         assert name in out
+    assert "set equality" in out and "0.5/0.015/0" in out
     code, out, _ = cli("cases", "--family", "moe")
     assert code == 0
     assert "m3_case_smoke_edge" in out and "sfa_bf16" not in out and "msa_" not in out
+    code, out, _ = cli("cases", "--family", "moe", "-v")
+    assert code == 0 and "builder: tilesim.reference.moe_cases:moe_make_case" in out
 
 
 def test_cases_json_and_kind_filter(cli):
@@ -49,8 +83,14 @@ def test_cases_json_and_kind_filter(cli):
     rows = json.loads(out)
     assert rows and all(r["kind"] == "main_branch" for r in rows)
     n4096 = next(r for r in rows if r["name"] == "msa_main_aligned_4096")
-    assert n4096["output"] == {"shape": [4096, 64, 128], "dtype": "float32"}
-    assert n4096["tolerance"]["atol"] == 1e-3
+    assert n4096["tolerance"] == {"atol": 1e-3, "rtol": 1e-3, "ratio": 0.0, "mode": "compare"}
+    assert "output" not in n4096  # shapes are not declared: `tilesim golden` reports them
+
+
+def test_tolerance_text():
+    assert tolerance_text(tolerance(mode="set")) == "set equality"
+    assert tolerance_text(tolerance(mode="ulp")) == "ulp budget"
+    assert tolerance_text(tolerance(1e-4, 5e-3, 5e-3)) == "0.0001/0.005/0.005"
 
 
 def test_unknown_family_and_case_are_clear_errors(cli):
@@ -61,66 +101,29 @@ def test_unknown_family_and_case_are_clear_errors(cli):
     assert "did you mean m3_case_smoke_edge" in err
 
 
-@pytest.mark.parametrize("name", [c.name for c in load_registry().values()])
-def test_registry_agrees_with_the_builders_table(name):
-    """Each registry entry names a case the builder knows, with the same seed and tolerance."""
-    spec = get_case(name)
-    table = _builder_table(spec)
-    assert table is not None, f"{spec.builder['module']} exports no *_CASES table"
-    if spec.builder.get("case") is None:  # an ad-hoc builder call (tilesim's extra cases)
-        assert spec.status.startswith("tilesim extra")
-        return
-    assert spec.builder["case"] in table
-    entry = table[spec.builder["case"]]
-
-    def field(k):
-        return entry.get(k) if isinstance(entry, dict) else getattr(entry, k, None)
-
-    if field("seed") is not None:
-        assert field("seed") == spec.seed
-    for k in ("atol", "rtol", "ratio"):
-        if field(k) is not None:
-            assert field(k) == pytest.approx(spec.tolerance[k])
-    tol = field("tolerance")
-    if isinstance(tol, dict):
-        for k, v in tol.items():
-            if k == "compare":  # a non-elementwise rule, e.g. set equality of block ids
-                assert spec.tolerance.get("mode") == v
-            else:
-                assert v == pytest.approx(spec.tolerance[k]), k
-    if field("status") is not None:
-        assert field("status") == spec.status
-    if field("soc") is not None:
-        assert {s.upper() for s in field("soc")} == set(spec.soc)
-
-
 @pytest.mark.parametrize("name", SMALL)
-def test_declared_shapes_match_what_the_builder_makes(name):
-    spec = get_case(name)
-    built = build_case(spec)
-    assert set(built.inputs) == set(spec.inputs)
-    for k, decl in spec.inputs.items():
-        a = built.inputs[k]
-        assert list(a.shape) == decl["shape"], k
-        assert a.dtype.name == decl["dtype"], k
-    assert built.seed == spec.seed
-    assert all(isinstance(a, np.ndarray) for a in built.inputs.values())
+def test_small_cases_build_the_case_schema_the_registry_describes(name):
+    """The builder's case dict follows tilesim.shared.case_schema and agrees with the entry."""
+    info = get_case(name)
+    built = build_case(info)
+    case = built.case
+    assert tuple(case) == CASE_KEYS or set(case) == set(CASE_KEYS)
+    assert case["op"] == info.op
+    assert case["tolerance"] == info.tolerance
+    assert built.seed == info.seed
+    assert built.inputs and all(isinstance(a, np.ndarray) for a in built.inputs.values())
+    assert built.op_args == {**case["inputs"], **case["params"], **(
+        {"progress": False} if "progress" in built.op_args else {})}  # fmt: skip
 
 
 def test_list_cases_filters_by_family():
     assert {c.family for c in list_cases("dsa")} == {"dsa"}
+    assert {c.kind for c in list_cases("decode")} == {"decode"}
     assert len(list_cases()) == len(load_registry())
 
 
-def test_registry_ships_with_the_package():
-    """cases.json is package data of `tilesim` and tilesim.cli is a listed package (a wheel
-    built from pyproject.toml carries both; checked by hand with `pip wheel .`)."""
-    import re
+def test_no_second_case_table_ships():
+    """cases.json is gone: the registry is built from the Python tables alone."""
     from importlib import resources
-    from pathlib import Path
 
-    assert resources.files("tilesim").joinpath("cases.json").is_file()
-    text = (Path(__file__).parents[2] / "pyproject.toml").read_text()  # no tomllib on 3.10
-    packages = re.search(r"^packages = \[(.*?)\]", text, re.M | re.S).group(1)
-    assert '"tilesim.cli"' in packages
-    assert re.search(r'^"\*" = \[.*"\*\.json"', text, re.M)
+    assert not resources.files("tilesim").joinpath("cases.json").is_file()

@@ -174,3 +174,40 @@ def test_json_report(cli, golden_dir, tmp_path):
     rep = json.loads(out)
     assert code == 1 and rep["passed"] is False and rep["n_fail"] == 1
     assert rep["worst"][0][0] == [1, 1] and rep["threshold"] == 0 and rep["atol"] == 0.5
+
+
+def _manifest_golden(tol: dict):
+    from tilesim.cli import tensorio as tio
+
+    return tio.Loaded(np.zeros(3, np.float32), "g", {"case": "x", "tolerance": tol}, None)
+
+
+def _args(**kw):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(**{"atol": None, "rtol": None, "ratio": None, **kw})
+
+
+def test_the_tolerance_mode_drives_the_rule():
+    """mode "compare": the manifest's numbers (flags override); "set": exact equality of the
+    sorted rows, atol/rtol refused; "ulp": no published numbers, flags required."""
+    from tilesim.cli import CliError
+    from tilesim.cli.commands import _tolerance, judge
+
+    g = _manifest_golden({"atol": 0.5, "rtol": 0.25, "ratio": 0.0, "mode": "compare"})
+    assert _tolerance(_args(rtol=0.0), g) == {
+        "atol": 0.5, "rtol": 0.0, "ratio": 0.0, "mode": "compare"}  # fmt: skip
+    s = _manifest_golden({"atol": None, "rtol": None, "ratio": 0.0, "mode": "set"})
+    tol = _tolerance(_args(), s)
+    assert tol["mode"] == "set"
+    ids = np.array([[3, 1, 2], [0, 5, 4]], np.int32)
+    assert judge(ids[:, ::-1].copy(), ids, tol, name="ids").passed
+    other = ids.copy()
+    other[1, 0] = 6
+    assert not judge(other, ids, tol, name="ids").passed
+    with pytest.raises(CliError, match="set equality"):
+        _tolerance(_args(atol=1.0), s)
+    u = _manifest_golden({"atol": None, "rtol": None, "ratio": 0.0, "mode": "ulp"})
+    with pytest.raises(CliError, match="no atol .*mode ulp"):
+        _tolerance(_args(), u)
+    assert _tolerance(_args(atol=1.0, rtol=0.0), u)["mode"] == "compare"

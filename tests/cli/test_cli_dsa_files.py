@@ -1,6 +1,7 @@
 """A DeepSeek golden read back the way a C++/Ascend harness would: raw .bin files, shapes and
-dtypes from manifest.json only, packed cache rows decoded from their byte offsets (op-facts
-5.2), and the golden checked against a dense float64 attention written here."""
+dtypes from manifest.json only, packed cache rows decoded from their byte offsets (the PyPTO
+row layout of docs/sources.md, "DeepSeek sparse attention"), and the golden checked against a
+dense float64 attention written here."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def test_dsa_bin_golden_against_a_dense_float64_oracle(cli, tmp_path):
     t = {e["name"]: e for e in m["tensors"]}
     assert t["nope_cache"]["dtype"] == "float8_e4m3fn" and t["nope_cache"]["shape"][1] == 656
     assert m["tiling"]["s_kv_tile"] == 2048 and m["tiling"]["softmax"] == "per_tile"
-    # the manifest documents the packed row as op-facts 5.2 does (decoded below by offsets)
+    # the manifest documents the packed row (decoded below by its byte offsets)
     fields = t["nope_cache"]["row_fields"]
     assert [f.split(":")[0] for f in fields] == ["bytes 0..511", "bytes 512..639", "bytes 640..655"]
     assert "rope" in fields[1] and "scales" in fields[2] and t["nope_cache"]["row_bytes"] == 656

@@ -19,7 +19,7 @@ def _manifest(d: Path) -> dict:
 
 
 def _swigluoai_oracle(x, w13_flat, w2_flat, cumsum, e, h, i, alpha=1.702, limit=7.0):
-    """float64 per-expert MLP written from the weight layout's definition (op-facts 1.3)."""
+    """float64 per-expert MLP written from the weight layout's definition (docs/ops/moe.md)."""
     x = x.astype(np.float64)
     out = np.zeros((x.shape[0], h))
     for k in range(e):

@@ -1,4 +1,5 @@
-"""`tilesim trace`: the PNG is real, the recorded schedule is the kernel's loop nest."""
+"""`tilesim trace` and the plotter: the PNG is real, the records follow the one trace schema
+(tilesim.shared.trace), and the recorded schedule is the kernel's loop nest."""
 
 from __future__ import annotations
 
@@ -6,23 +7,112 @@ import json
 
 import ml_dtypes
 import numpy as np
-from tilesim.cli.plot import lane_keys, save_trace_png, summarize
+import pytest
+from tilesim.cli.plot import lane_keys, save_trace_png, stat_panels, summarize, tile_extent
+from tilesim.shared.trace import TRACE_KEYS, check_record, trace_record
 
 CASE = "m3_case_smoke_edge"  # counts [1, 0, 3, 4], unroll {1, 2, 4}
 
 
 def _expected_moe_chunks(counts, unroll):
-    """Greedy largest-first split, written independently of tilesim.shared.loop_unroll_chunks."""
+    """Greedy largest-first split, written independently of tilesim.shared.loop_unroll_chunks:
+    (expert, first row of sorted_tokens, rows)."""
     out, row = [], 0
     for e, n in enumerate(counts):
         left, off = n, 0
         for f in sorted(set(unroll) | {1}, reverse=True):
             while left >= f:
-                out.append((e, off, f, row + off))
+                out.append((e, row + off, f))
                 off += f
                 left -= f
         row += n
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the plotter on schema records (no op involved)
+
+
+def _attention_records():
+    """2 batches x 2 KV heads x 3 key tiles of 512; the last tile partly used."""
+    rng = np.random.default_rng(0)
+    recs = []
+    for b in range(2):
+        for h in range(2):
+            for t in range(3):
+                used = 512 if t < 2 else 100 + 50 * b
+                recs.append(
+                    trace_record(
+                        "fake_attention",
+                        {"batch": b, "kv_head": h},
+                        t,
+                        (512 * t, 512 * t + 512),
+                        keys_used=used,
+                        row_max=rng.normal(size=16).astype(np.float32),
+                        row_sum=rng.uniform(1, used, size=16).astype(np.float32),
+                        flop=2 * 16 * used * 256,
+                    )
+                )
+    return recs
+
+
+def test_summary_reads_lanes_and_extents_from_the_schema():
+    recs = _attention_records()
+    assert all(tuple(check_record(r)) == TRACE_KEYS for r in recs)
+    assert lane_keys(recs) == ["batch", "kv_head"]
+    info = summarize(recs)
+    assert info["tiles"] == 12 and info["lanes"] == 4
+    assert info["tile_sizes"] == [100, 150, 512]  # keys_used, not the range width
+    assert info["flop"] == sum(2 * 16 * r["keys_used"] * 256 for r in recs)
+    assert [tile_extent(r) for r in recs[:3]] == [(0, 512), (512, 512), (1024, 512)]
+    assert [k for k, _ in stat_panels(recs)] == ["row_max", "row_sum"]
+
+
+def test_empty_lane_is_one_lane_and_head_max_comes_from_extra():
+    """Indexer-shaped records: lane {}, one key block each, slot and head_max in extra."""
+    recs = [
+        trace_record("fake_indexer", {}, j, (128 * j, 128 * j + 128), slot=j - 1, head_max=[j, 2])
+        for j in range(5)
+    ]
+    assert lane_keys(recs) == [] and summarize(recs)["lanes"] == 1
+    assert [k for k, _ in stat_panels(recs)] == ["head_max"]
+
+
+def test_moe_shaped_records_use_the_generic_lanes():
+    recs = [
+        trace_record("fake_moe", {"expert": e}, s, (r0, r0 + n), flop=6 * n)
+        for s, (e, r0, n) in enumerate(_expected_moe_chunks([1, 0, 3, 4], [1, 2, 4]))
+    ]
+    info = summarize(recs)
+    assert info["lane_keys"] == ["expert"] and info["lanes"] == 3  # expert 1 ran no tile
+    assert info["tile_sizes"] == [1, 2, 4] and stat_panels(recs) == []
+
+
+def test_drawings_are_real_pngs(cli, tmp_path):
+    png = tmp_path / "a.png"
+    g = np.zeros((64, 128), np.float32)
+    a = g.copy()
+    a[10:12, :] = 1e-2
+    recs = _attention_records()
+    save_trace_png(png, title="synthetic", records=recs, actual=a, golden=g, atol=1e-3, rtol=0)
+    w, h = cli.png_size(png)
+    assert png.stat().st_size > 10_000 and h > w * 0.8  # schedule + error maps
+    idx = [trace_record("i", {}, j, (j, j + 1), slot=j - 1) for j in range(4)]
+    save_trace_png(tmp_path / "i.png", title="indexer", records=idx)
+    assert cli.png_size(tmp_path / "i.png")[1] < h
+    save_trace_png(tmp_path / "empty.png", title="none", records=[])
+    assert (tmp_path / "empty.png").stat().st_size > 1_000
+
+
+def test_plotter_ignores_legacy_lane_keys():
+    """The plotter no longer guesses lanes from top-level keys such as "expert"."""
+    legacy = {"op": "x", "expert": 0, "row0": 0, "chunk": 4}
+    with pytest.raises(KeyError):
+        summarize([legacy])
+
+
+# ---------------------------------------------------------------------------------------------
+# the command (runs the ops: depends on their trace records)
 
 
 def test_trace_png_and_records(cli, tmp_path):
@@ -34,9 +124,12 @@ def test_trace_png_and_records(cli, tmp_path):
     assert 400 <= w <= 3000 and 300 <= h <= 3000
     assert png.stat().st_size > 5_000  # something was drawn
     rows = [json.loads(line) for line in rec.read_text().splitlines()]
-    got = [(r["expert"], r["token_offset"], r["chunk"], r["row0"]) for r in rows]
+    assert all(set(r) == set(TRACE_KEYS) for r in rows)
+    got = [(r["lane"]["expert"], r["key_range"][0], r["keys_used"]) for r in rows]
     assert got == _expected_moe_chunks([1, 0, 3, 4], [1, 2, 4])
+    assert all(r["key_range"][1] - r["key_range"][0] == r["keys_used"] for r in rows)
     assert all(r["op"] == "moe_grouped_gemm" for r in rows)
+    assert [r["step"] for r in rows if r["lane"]["expert"] == 3] == [0]  # one chunk of 4
     assert "ran 4 tiles" in out and "tile sizes [1, 2, 4]" in out
 
 
@@ -77,57 +170,18 @@ def test_trace_refuses_to_overwrite_and_bad_paths(cli, tmp_path):
     assert code == 2 and "unknown case" in err
 
 
-def _attention_records():
-    """Synthetic records shaped like an attention op's (2 batches x 2 heads x 3 KV tiles)."""
-    rng = np.random.default_rng(0)
-    recs = []
-    for b in range(2):
-        for h in range(2):
-            for t in range(3):
-                kv_len = 512 if t < 2 else 100 + 50 * b
-                recs.append(
-                    {
-                        "op": "fake_attention",
-                        "batch": b,
-                        "kv_head": h,
-                        "tile": t,
-                        "kv_start": 512 * t,
-                        "kv_len": kv_len,
-                        "row_max": rng.normal(size=16).astype(np.float32),
-                        "row_sum": rng.uniform(1, kv_len, size=16).astype(np.float32),
-                    }
-                )
-    return recs
-
-
-def test_attention_schedule_drawing(tmp_path):
-    recs = _attention_records()
-    assert lane_keys(recs) == ["batch", "kv_head"]
-    info = summarize(recs)
-    assert info["tiles"] == 12 and info["lanes"] == 4
-    assert info["tile_sizes"] == [100, 150, 512]
-    png = tmp_path / "a.png"
-    g = np.zeros((64, 128), np.float32)
-    a = g.copy()
-    a[10:12, :] = 1e-2
-    save_trace_png(png, title="synthetic", records=recs, actual=a, golden=g, atol=1e-3, rtol=0)
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
-    save_trace_png(tmp_path / "empty.png", title="none", records=[])
-    assert (tmp_path / "empty.png").stat().st_size > 1_000
-
-
 def test_msa_decode_trace_is_the_kernels_chunk_loop(cli, tmp_path):
-    """16 selected blocks x 128 keys in NTILE = 512 chunks, per (batch, KV head) (op-facts
-    3.4): 4 lanes x 4 chunks, each with 16 query-head row statistics."""
+    """16 selected blocks x 128 keys in NTILE = 512 chunks, per (batch, KV head)
+    (docs/ops/msa.md): 4 lanes x 4 chunks, each with 16 query-head row statistics."""
     rec = tmp_path / "r.jsonl"
     code, out, err = cli("trace", "msa_decode_partial_nb17", "--png", tmp_path / "d.png",
                          "--records", rec)  # fmt: skip
     assert code == 0, err
     rows = [json.loads(line) for line in rec.read_text().splitlines()]
-    assert [(r["batch"], r["kv_head"], r["kv_start"], r["kv_len"]) for r in rows] == [
-        (0, h, c * 512, 512) for h in range(4) for c in range(4)
+    assert [(r["lane"], tuple(r["key_range"])) for r in rows] == [
+        ({"batch": 0, "kv_head": h}, (c * 512, c * 512 + 512)) for h in range(4) for c in range(4)
     ]
     assert all(len(r["row_max"]) == 16 and len(r["row_sum"]) == 16 for r in rows)
-    # a row sum of exp(S - m) over 512 keys lies in [1, 512]
+    # a row sum of exp(S - m) over at most 512 keys lies in [1, 512]
     assert all(1.0 <= v <= 512.0 for r in rows for v in r["row_sum"])
     assert "4 lanes (batch, kv_head)" in out

@@ -1,4 +1,5 @@
-"""The cost-model report fixture: metrics and the merge rule of docs/perf/cost_model.md."""
+"""The cost-model report fixture: metrics, the merge rule, and where it writes (build/perf/,
+never the tracked docs/perf/cost_model.md)."""
 
 from __future__ import annotations
 
@@ -41,12 +42,12 @@ def test_metrics_rejects_dtype_mismatch(SimReport):
 
 def test_write_merges_by_kernel_soc_case(SimReport, tmp_path):
     path = tmp_path / "perf" / "cost_model.md"
-    r1 = SimReport(path)
+    r1 = SimReport(path, base=None)
     r1.add(kernel="a", soc="950", case="x", bit_exact=1, max_ulp=0, max_abs=0.0, us=1.5)
     r1.add(kernel="b", soc="910b", case="y", bit_exact=0.5, max_ulp=1, max_abs=0.1, us=2.0)
     r1.write()
     # a later session re-runs (b, 910b, y) and adds (b, 910b, z): "a" is kept, y is replaced
-    r2 = SimReport(path)
+    r2 = SimReport(path, base=None)
     r2.add(kernel="b", soc="910b", case="y", bit_exact=1, max_ulp=0, max_abs=0.0, us=3.0)
     r2.add(
         kernel="b",
@@ -76,3 +77,32 @@ def test_write_merges_by_kernel_soc_case(SimReport, tmp_path):
 def test_nothing_written_without_rows(SimReport, tmp_path):
     assert SimReport(tmp_path / "r.md").write() is None
     assert not (tmp_path / "r.md").exists()
+
+
+def test_the_report_goes_to_the_build_folder(sim_report):
+    """The session's report is build/perf/cost_model.md (git-ignored); docs/perf/ is only
+    written by `nox -s sim` copying it there."""
+    import os
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    if not os.environ.get("TILESIM_PERF_REPORT"):
+        assert sim_report.path == repo / "build" / "perf" / "cost_model.md"
+    assert sim_report.path.resolve().parent != (repo / "docs" / "perf").resolve()
+    assert sim_report.base == repo / "docs" / "perf" / "cost_model.md"
+
+
+def test_a_first_run_keeps_the_published_rows_without_touching_them(SimReport, tmp_path):
+    pub = tmp_path / "docs" / "cost_model.md"
+    p0 = SimReport(pub, base=None)
+    p0.add(kernel="a", soc="910b", case="x", bit_exact=1, max_ulp=0, max_abs=0.0, us=1.0)
+    p0.add(kernel="b", soc="910b", case="y", bit_exact=1, max_ulp=0, max_abs=0.0, us=2.0)
+    p0.write()
+    published = pub.read_bytes(), pub.with_suffix(".json").read_bytes()
+    out = tmp_path / "build" / "cost_model.md"
+    r = SimReport(out, base=pub)
+    r.add(kernel="b", soc="910b", case="y", bit_exact=0.5, max_ulp=3, max_abs=0.5, us=9.0)
+    r.write()
+    rows = json.loads(out.with_suffix(".json").read_text())["rows"]
+    assert [(x["kernel"], x["us"]) for x in rows] == [("a", 1.0), ("b", 9.0)]
+    assert (pub.read_bytes(), pub.with_suffix(".json").read_bytes()) == published

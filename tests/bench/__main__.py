@@ -1,0 +1,117 @@
+"""``python -m bench`` (from ``tests/``): time the references, write the report."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from bench import report, timing
+
+_DESCRIPTION = "Benchmark of the NumPy references (a development tool; see bench/__init__.py)."
+DEFAULT_OUT = Path(__file__).resolve().parents[2] / "build" / "perf"
+
+#: the seeds' cases timed per family (quick mode keeps the first of each group)
+BENCH_CASES = {
+    "moe": ["m27_case_001", "m3_case_smoke_edge"],
+    "msa": [
+        "msa_indexer_nb17",
+        "msa_decode_e2e_nb17",
+        "msa_decode_b64_nb17",
+        "msa_main_aligned_4096",
+        "msa_main_aligned_2048",
+        "msa_main_unaligned_1500",
+        "msa_main_aligned_1024",
+        "msa_main_unaligned_500",
+        "msa_main_unaligned_100",
+    ],
+    "dsa": [
+        "sfa_bf16_b4_s2_seq64K_total_fp8_d",
+        "sfa_bf16_b4_s2_seq64K_total_int8_d",
+        "sfa_bf16_b4_s2_seq64K_total_fp8_kv_split_d",
+        "sfa_bf16_b4_s2_seq64K_per_fp8_d",
+        "sfa_bf16_b64_s2_seq64K_per_fp8_d",
+    ],
+}
+QUICK_CASES = {
+    "moe": ["m3_case_smoke_edge"],
+    "msa": ["msa_indexer_nb17", "msa_main_unaligned_100"],
+    "dsa": ["sfa_bf16_b4_s2_seq64K_total_fp8_d"],
+}
+MEMORY_CASE = "sfa_bf16_b64_s2_seq64K_per_fp8_d"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench", description=_DESCRIPTION)
+    p.add_argument("--out", default=str(DEFAULT_OUT), help="directory for reference.md/.png")
+    p.add_argument("--quick", action="store_true", help="small cases only, no memory run")
+    p.add_argument("--family", action="append", choices=sorted(BENCH_CASES))
+    p.add_argument("--no-torch", action="store_true", help="skip the torch goldens")
+    p.add_argument(
+        "--torch-threads",
+        type=int,
+        default=timing.usable_cpus(),
+        help="intra-op threads of the torch goldens (default: every usable core, as the "
+        "references use; OpenMP timings on an oversubscribed shared machine are erratic)",
+    )
+    p.add_argument("--no-memory", action="store_true", help="skip the b64 memory subprocess")
+    p.add_argument("--memory-child", metavar="CASE", help=argparse.SUPPRESS)
+    p.add_argument("--case-child", metavar="CASE", help=argparse.SUPPRESS)
+    p.add_argument("--peak", type=float, help=argparse.SUPPRESS)
+    return p
+
+
+def _progress_line(name: str, r) -> str:
+    f, x = report.fmt_s, report.fmt_x
+    return (
+        f"{name:<45} ref {f(r.ref_s):>9}  torch {f(r.torch_s):>9}  speed-up "
+        f"{x(r.speedup):>7}  x roofline {x(r.roofline_ratio):>7}  {r.check}"
+    )
+
+
+def _run_all(args) -> int:
+    started = time.time()
+    load_before = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    table = QUICK_CASES if args.quick else BENCH_CASES
+    fams = args.family or list(table)
+    timing.warm_torch()
+    sgemm = timing.measure_sgemm()
+    torch_threads = timing.set_torch_threads(args.torch_threads)
+    print(f"sgemm peak {sgemm['peak']:.1f} GFLOP/s", flush=True)
+    results = []
+    for fam in fams:
+        for name in table[fam]:
+            results.append(timing.run_case_child(name, sgemm["peak"], args))
+            print(_progress_line(name, results[-1]), flush=True)
+    mem = None
+    if not args.quick and not args.no_memory and "dsa" in fams:
+        mem = timing.run_memory(MEMORY_CASE)
+        print(f"memory: {mem}", flush=True)
+    from tilesim.reference.blas_pool import ref_workers
+
+    info = {**report.machine_info(), "torch_threads": torch_threads, "ref_workers": ref_workers()}
+    md = report.write_report(Path(args.out), results, sgemm, mem, info, started, load_before)
+    print(f"wrote {md} and {md.with_suffix('.png')}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.memory_child:
+        timing.memory_child(args.memory_child)
+        return 0
+    if args.case_child:
+        timing.set_torch_threads(args.torch_threads)
+        timing.warm_torch()
+        r = timing.bench_case(args.case_child, args.peak, with_torch=not args.no_torch)
+        print(json.dumps(dataclasses.asdict(r)))
+        return 0
+    return _run_all(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
