@@ -481,8 +481,9 @@ SOURCES = {
 
 
 def jit_options(arch: str, mode: str) -> dict:
-    """``pypto.frontend.jit`` options per target and softmax mode (the seeds' choices, op-facts
-    §5.5.12 and §5.6.6): ``online`` = the ``_high`` / ``_d_950`` kernels, ``per_tile`` = ``_d``.
+    """``pypto.frontend.jit`` options per target and softmax mode (the seeds' choices, in
+    ``hicann/pypto-gym``'s DeepSeek sparse-attention kernels; ``docs/sources.md``): ``online`` =
+    the ``_high`` / ``_d_950`` kernels, ``per_tile`` = ``_d``.
     PyPTO 0.2.0 has no ``ooo_sched_mode`` pass option and no ``max_workspace_kb`` runtime
     option (the ``_high`` kernel sets both); its ``"DEFAULT"`` key is written ``-1`` here."""
     if mode == "online":

@@ -1,10 +1,11 @@
 """Golden-data generator and named cases for DeepSeek-V3.2 sparse MLA attention.
 
-:func:`dsa_make_case` builds inputs the way the seeds' tests do (``op-facts`` §5.8) and returns
-``{"op", "inputs", "params", ...}`` so that ``op(**case["inputs"], **case["params"])`` runs the
-golden (``op`` is the name of :func:`~tilesim.reference.sparse_attention_antiquant` or
-``..._kv_split`` in :mod:`tilesim.reference`). :data:`DSA_CASES` names the seeds' matrix
-(``op-facts`` §5.9) with tile config, tolerance and SoC marks.
+:func:`dsa_make_case` builds inputs the way the seeds' tests do (``hicann/pypto-gym``, the
+DeepSeek sparse-attention tests; ``docs/sources.md``) and returns the case dict of
+:func:`tilesim.shared.case_schema.make_case`, so that ``op(**case["inputs"], **case["params"])``
+runs the golden (``op`` is the name of :func:`~tilesim.reference.sparse_attention_antiquant` or
+``..._kv_split`` in :mod:`tilesim.reference`). :data:`DSA_CASES` names the seeds' test matrix
+with tile preset and SoC marks; :data:`CASE_INFO` describes each named case for the registry.
 
 Data recipe (deterministic from ``seed``; NumPy ``SeedSequence(seed).spawn`` gives one
 independent stream per component, so e.g. the top-k rule never changes the cache bytes):
@@ -45,11 +46,13 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from tilesim.reference.dsa import progress_bar
+from tilesim.shared.case_schema import CaseInfo, make_case, tolerance
 from tilesim.shared.casts import BF16, FP8_E4M3, to_bf16, to_fp8_e4m3
 from tilesim.shared.mla_cache import NOPE, NSCALES, PYPTO_ROW_BYTES, ROPE, pack_rows
 from tilesim.shared.models import DEEPSEEK_V32
@@ -60,13 +63,21 @@ from tilesim.shared.quant import (
     quantize_latent_int8,
 )
 from tilesim.shared.tiling import SaTileShapeConfig
+from tilesim.shared.validate import (
+    check_bool,
+    check_choice,
+    check_float,
+    check_instance,
+    check_int,
+    check_pos_int,
+)
 
 QUANT_RULES = ("fp8", "fp8_ue8m0", "int8", "fp8_int8grid")
 TOPK_RULES = ("seeds", "causal")
 CASE_LAYOUTS = ("pypto", "flashmla", "kv_split")
 #: rows quantized per step (bounds the temporaries at ~100 MB)
 CHUNK_ROWS = 16384
-#: the Ascend-house compare rule the seeds use for this op (op-facts §5.8, §6)
+#: the Ascend-house compare rule the seeds' tests use for this op (``docs/sources.md``)
 SEEDS_TOLERANCE = {"atol": 1e-4, "rtol": 5e-3, "ratio": 0.005}
 _GRID = 256  # values j/128, j = int8(byte)
 _AMAX_LEVELS = 129  # amax index A = max|j| in 0..128
@@ -154,7 +165,7 @@ def quantize_grid_rows(byte_rows: np.ndarray, quant: str) -> tuple[np.ndarray, n
 
 @dataclass(frozen=True)
 class DsaCase:
-    """One named case of the seeds' matrix (``op-facts`` §5.9)."""
+    """One named case of the seeds' test matrix (``docs/ops/deepseek_sparse_attention.md``)."""
 
     name: str
     b: int
@@ -166,10 +177,16 @@ class DsaCase:
     soc: tuple[str, ...]
     status: str  # what the seeds' test does with it: "runs", "skip: perf", "skip: large"
     layout: str = "pypto"
+    size: str = "large"  # CaseInfo.size: "medium" (a minute) or "large" (minutes, GB)
+
+    @property
+    def tiling(self) -> SaTileShapeConfig:
+        return SaTileShapeConfig.preset(self.preset)
 
     @property
     def tile_config(self) -> SaTileShapeConfig:
-        return SaTileShapeConfig.preset(self.preset)
+        """Deprecated alias of :attr:`tiling`."""
+        return self.tiling
 
     @property
     def tolerance(self) -> dict:
@@ -181,47 +198,104 @@ _UNIFORM_64 += (81920,) * 8 + (98304,) * 8 + (114688,) * 8
 _TOTAL_4 = (65536, 16381, 666, 15)
 
 
-# (name, b, s1, actual_seq, quant, preset, entry, soc, status, layout) — op-facts 5.9
+# (name, b, s1, actual_seq, quant, preset, entry, soc, status, layout, size)
 _HIGH = "sparse_attention_antiquant_fp8_high"  # current FP8 packed test: online, s_kv_tile 512
 _D, _P = "sparse_attention_antiquant_d", "sparse_attention_antiquant_p"  # per-tile, 2048
 _D950 = "sparse_attention_antiquant_d_950"  # INT8 online, s_kv_tile 512
 _SPLIT_D = "sparse_attention_antiquant_kv_split_d"  # older FP8 kv_split test, per-tile
 _SPLIT_P = "sparse_attention_antiquant_kv_split_p"
 _S950, _SBOTH = ("950",), ("950", "910b")
+_L, _M = "large", "medium"
 _CASE_ROWS = [
     ("sfa_bf16_b4_s2_seq64K_per_fp8_d", 4, 2, (65536,) * 4, "fp8", "decode", _HIGH, _S950,
-     "skip: large", "pypto"),
+     "skip: large", "pypto", _L),
     ("sfa_bf16_b64_s2_seq64K_per_fp8_d", 64, 2, (65536,) * 64, "fp8", "decode", _HIGH, _S950,
-     "runs", "pypto"),
+     "runs", "pypto", _L),
     ("sfa_bf16_b64_s2_seq64K_uniform_per_fp8_d", 64, 2, _UNIFORM_64, "fp8", "decode", _HIGH,
-     _S950, "skip: large", "pypto"),
+     _S950, "skip: large", "pypto", _L),
     ("sfa_bf16_b4_s2_seq64K_total_fp8_d", 4, 2, _TOTAL_4, "fp8", "prefill", _D, _S950, "runs",
-     "pypto"),
+     "pypto", _M),
     ("sfa_bf16_b1_s256_seq64K_fp8_p", 1, 256, (65536,), "fp8", "prefill", _P, _SBOTH,
-     "skip: large", "pypto"),
+     "skip: large", "pypto", _L),
     ("sfa_bf16_b4_s2_seq64K_total_int8_d", 4, 2, _TOTAL_4, "int8", "prefill", _D, _SBOTH, "runs",
-     "pypto"),
+     "pypto", _M),
     ("sfa_bf16_b4_s2_seq64K_per_int8_d", 4, 2, (65536,) * 4, "int8", "prefill", _D, _SBOTH,
-     "skip: perf", "pypto"),
+     "skip: perf", "pypto", _L),
     ("sfa_bf16_b1_s256_seq64K_int8_p", 1, 256, (65536,), "int8", "prefill", _P, _SBOTH,
-     "skip: large", "pypto"),
+     "skip: large", "pypto", _L),
     ("sfa_bf16_b64_s2_seq64K_uniform_per_int8_d_950", 64, 2, _UNIFORM_64, "int8", "decode", _D950,
-     _S950, "skip: large", "pypto"),
+     _S950, "skip: large", "pypto", _L),
     ("sfa_bf16_b4_s2_seq64K_per_int8_d_950", 4, 2, (65536,) * 4, "int8", "decode", _D950, _S950,
-     "skip: large", "pypto"),
+     "skip: large", "pypto", _L),
     ("sfa_bf16_b64_s2_seq64K_per_int8_d_950", 64, 2, (65536,) * 64, "int8", "decode", _D950,
-     _S950, "runs", "pypto"),
+     _S950, "runs", "pypto", _L),
     ("sfa_bf16_b4_s2_seq64K_total_fp8_kv_split_d", 4, 2, _TOTAL_4, "fp8_int8grid", "prefill",
-     _SPLIT_D, _S950, "runs", "kv_split"),
+     _SPLIT_D, _S950, "runs", "kv_split", _M),
     ("sfa_bf16_b4_s2_seq64K_per_fp8_kv_split_d", 4, 2, (65536,) * 4, "fp8_int8grid", "prefill",
-     _SPLIT_D, _S950, "skip: perf", "kv_split"),
+     _SPLIT_D, _S950, "skip: perf", "kv_split", _L),
     ("sfa_bf16_b1_s256_seq64K_fp8_kv_split_p", 1, 256, (65536,), "fp8_int8grid", "prefill",
-     _SPLIT_P, _S950, "skip: large", "kv_split"),
+     _SPLIT_P, _S950, "skip: large", "kv_split", _L),
 ]  # fmt: skip
 
 
-#: the seeds' named cases (op-facts §5.9); ``dsa_make_case(name)`` builds one
+#: the seeds' named cases; ``dsa_make_case(name)`` builds one
 DSA_CASES: Mapping[str, DsaCase] = {r[0]: DsaCase(*r) for r in _CASE_ROWS}
+
+_SEED_NOTE = (
+    "the seeds draw with torch.manual_seed(42); tilesim's NumPy streams (seed 0) follow the same "
+    "recipe, not the same bits"
+)
+_QUANT_TEXT = {"fp8": "FP8", "fp8_ue8m0": "FP8 (UE8M0 scales)", "int8": "INT8",
+               "fp8_int8grid": "FP8 (INT8-grid quirk)"}  # fmt: skip
+
+
+def _acts_text(acts: tuple[int, ...]) -> str:
+    """``[65536]*4``, ``8x16K,8x32K,...`` (runs of multiples of 1024) or ``[65536,16381,...]``."""
+    if len(set(acts)) == 1:
+        return f"[{acts[0]}]*{len(acts)}"
+    if all(a % 1024 == 0 for a in acts):
+        runs: list[list[int]] = []
+        for a in acts:
+            if runs and runs[-1][0] == a:
+                runs[-1][1] += 1
+            else:
+                runs.append([a, 1])
+        return ",".join(f"{n}x{a // 1024}K" for a, n in runs)
+    return "[" + ",".join(str(a) for a in acts) + "]"
+
+
+def case_summary(c: DsaCase, *, nq: int = 128, block_size: int = 128) -> str:
+    """One line describing a named case (shape, cache form, softmax mode, the seeds' entry)."""
+    blocks = sum(math.ceil(a / block_size) for a in c.actual_seq)
+    cache = "kv_split tensors" if c.layout == "kv_split" else f"{c.layout} packed cache"
+    soft = "online" if c.tiling.softmax == "online" else "per-tile"
+    return (
+        f"b {c.b}, s1 {c.s1}, nq {nq}, act {_acts_text(c.actual_seq)}, {blocks} blocks, "
+        f"{_QUANT_TEXT[c.quant]} {cache}, {soft} softmax, s_kv_tile {c.tiling.s_kv_tile} "
+        f"(seeds' entry {c.entry})"
+    )
+
+
+def _case_info(c: DsaCase) -> CaseInfo:
+    op = "sparse_attention_antiquant" + ("_kv_split" if c.layout == "kv_split" else "")
+    return CaseInfo(
+        name=c.name,
+        family="dsa",
+        op=op,
+        model="DeepSeek-V3.2",
+        summary=case_summary(c),
+        seed=0,
+        size=c.size,
+        tolerance=tolerance(**SEEDS_TOLERANCE, mode="compare"),
+        builder="tilesim.reference.dsa_cases:dsa_make_case",
+        soc=c.soc,
+        status=c.status,
+        notes={"seed_note": _SEED_NOTE},
+    )
+
+
+#: the registry's view of :data:`DSA_CASES` (``tilesim.shared.case_schema.CaseInfo``)
+CASE_INFO: dict[str, CaseInfo] = {name: _case_info(c) for name, c in DSA_CASES.items()}
 
 _DEFAULTS = {
     "b": 2,
@@ -235,6 +309,7 @@ _DEFAULTS = {
     "quant": "fp8",
     "layout": "pypto",
     "preset": "decode",
+    "tiling": None,
     "tile_config": None,
     "topk_rule": "seeds",
     "invalid_frac": 0.0,
@@ -407,19 +482,114 @@ def poison_rows(cache: dict[str, np.ndarray], mask: np.ndarray, layout: str) -> 
 
 
 def _as_actual_seq(actual_seq, b) -> tuple[int, ...]:
-    if isinstance(actual_seq, (int, np.integer)):
+    if isinstance(actual_seq, (list, tuple)) and not actual_seq:
+        raise ValueError("actual_seq: expected at least one batch")
+    if b is not None:
+        b = check_pos_int(b, "b")
+    if isinstance(actual_seq, (int, np.integer)) and not isinstance(actual_seq, bool):
         if b is None:
             raise ValueError("actual_seq: an int needs b (the batch count)")
-        acts = (int(actual_seq),) * int(b)
+        acts = (int(actual_seq),) * b
+    elif isinstance(actual_seq, (list, tuple)):
+        acts = tuple(check_int(a, "actual_seq[]") for a in actual_seq)
     else:
-        acts = tuple(int(a) for a in actual_seq)
-    if not acts:
-        raise ValueError("actual_seq: expected at least one batch")
+        raise TypeError(f"actual_seq: expected an int or a list of ints, got {actual_seq!r}")
     if any(a < 0 for a in acts):
         raise ValueError(f"actual_seq: expected lengths >= 0, got {list(acts)}")
     if b is not None and len(acts) != b:
         raise ValueError(f"actual_seq: expected {b} lengths (b = {b}), got {len(acts)}")
     return acts
+
+
+def _case_tiling(tiling, tile_config, preset) -> SaTileShapeConfig:
+    """The case's tile config: ``tiling`` (or its deprecated alias), else ``preset``'s."""
+    name = "tiling"
+    if tile_config is not None:
+        if tiling is not None:
+            raise TypeError("tiling: got tiling= and its deprecated alias tile_config=; pass one")
+        warnings.warn(
+            "tile_config= is deprecated, use tiling= (same meaning)", DeprecationWarning, 3
+        )
+        tiling, name = tile_config, "tile_config"
+    check_instance(tiling, name, SaTileShapeConfig, optional=True)
+    return SaTileShapeConfig.preset(preset) if tiling is None else tiling
+
+
+def _merged_params(name, params: dict) -> tuple[dict, DsaCase | None]:
+    """Defaults, then the named case's shape and recipe, then the caller's overrides."""
+    unknown = set(params) - set(_DEFAULTS)
+    if unknown:
+        raise TypeError(
+            f"dsa_make_case: unknown parameter(s) {sorted(unknown)}; expected some of "
+            f"{sorted(_DEFAULTS)}"
+        )
+    p = dict(_DEFAULTS)
+    case = None
+    if name is not None:
+        case = DSA_CASES.get(name)
+        if case is None:
+            raise ValueError(f"name: unknown case {name!r}; expected one of {sorted(DSA_CASES)}")
+        p.update(b=case.b, s1=case.s1, actual_seq=case.actual_seq, quant=case.quant,
+                 layout=case.layout, preset=case.preset)  # fmt: skip
+    p.update(params)
+    if "b" in params and "actual_seq" not in params and name is None:
+        p["actual_seq"] = 1000  # b sequences of 1000 tokens
+    if "actual_seq" in params and "b" not in params and isinstance(p["actual_seq"], (list, tuple)):
+        p["b"] = len(p["actual_seq"])
+    return p, case
+
+
+def _checked(p: dict) -> dict:
+    """The builder's parameters checked with :mod:`tilesim.shared.validate` (a new dict)."""
+    q = dict(p)
+    q["actual_seq"] = _as_actual_seq(p["actual_seq"], p["b"])
+    for k in ("s1", "nq", "topk", "block_size", "chunk_rows"):
+        q[k] = check_pos_int(p[k], k)
+    if check_pos_int(p["n_kv"], "n_kv") != 1:
+        raise ValueError(f"n_kv: expected 1 (one latent KV head), got {p['n_kv']!r}")
+    q["softmax_scale"] = check_float(p["softmax_scale"], "softmax_scale", positive=True, fp32=True)
+    check_choice(p["quant"], "quant", QUANT_RULES)
+    check_choice(p["layout"], "layout", CASE_LAYOUTS)
+    check_choice(p["topk_rule"], "topk_rule", TOPK_RULES)
+    q["invalid_frac"] = check_float(p["invalid_frac"], "invalid_frac")
+    if not 0 <= q["invalid_frac"] <= 1:
+        raise ValueError(f"invalid_frac: expected a fraction in [0, 1], got {p['invalid_frac']!r}")
+    check_bool(p["poison_unreached"], "poison_unreached")
+    if p["progress"] is not None:
+        check_bool(p["progress"], "progress")
+    q["tiling"] = _case_tiling(p["tiling"], q.pop("tile_config"), p["preset"])
+    return q
+
+
+def _build_inputs(p: dict, seed: int) -> tuple[dict, int, int]:
+    """``(inputs, block_num, poisoned_rows)`` from the checked parameters (module recipe)."""
+    acts, s1, nq, topk, bs = p["actual_seq"], p["s1"], p["nq"], p["topk"], p["block_size"]
+    streams = [np.random.default_rng(c) for c in np.random.SeedSequence(seed).spawn(6)]
+    rng_bt, rng_topk, rng_q, rng_nope, rng_rope, rng_invalid = streams
+    block_table, block_num = build_block_table(acts, bs, rng_bt)
+    topk_indices = build_topk_indices(
+        acts, s1, topk, p["topk_rule"], rng_topk, p["invalid_frac"], rng_invalid
+    )
+    n_q_rows = len(acts) * s1 * nq
+    q = grid_bf16(random_bytes(rng_q, n_q_rows * (NOPE + ROPE))).reshape(n_q_rows, NOPE + ROPE)
+    cache = build_cache(
+        block_num * bs, p["quant"], p["layout"], rng_nope, rng_rope,
+        chunk_rows=p["chunk_rows"], progress=p["progress"],
+    )  # fmt: skip
+    n_poisoned = 0
+    if p["poison_unreached"]:
+        hit = reached_rows(topk_indices, block_table, acts, s1, topk, bs, block_num * bs)
+        n_poisoned = int((~hit).sum())
+        poison_rows(cache, ~hit, p["layout"])
+    inputs = {
+        "query_nope": np.ascontiguousarray(q[:, :NOPE]),
+        "query_rope": np.ascontiguousarray(q[:, NOPE:]),
+        **cache,
+        "topk_indices": topk_indices,
+        "block_table": block_table,
+        "kv_act_seqs": np.asarray(acts, dtype=np.int32),
+    }
+    return inputs, block_num, n_poisoned
 
 
 def dsa_make_case(name: str | None = None, *, seed: int = 0, **params) -> dict:
@@ -432,137 +602,53 @@ def dsa_make_case(name: str | None = None, *, seed: int = 0, **params) -> dict:
         **params: overrides — ``b``, ``s1``, ``actual_seq`` (int or list; ``b`` alone gives ``b``
             sequences of 1000 tokens; no name and no ``b``: lengths 300 and 1000), ``nq``, ``n_kv``,
             ``topk``, ``block_size``, ``softmax_scale``, ``quant`` (:data:`QUANT_RULES`),
-            ``layout`` (``"pypto"``, ``"flashmla"``, ``"kv_split"``), ``preset`` or
-            ``tile_config``, ``topk_rule`` (``"seeds"``, ``"causal"``), ``invalid_frac``,
-            ``poison_unreached``, ``chunk_rows``, ``progress``.
+            ``layout`` (``"pypto"``, ``"flashmla"``, ``"kv_split"``), ``preset`` or ``tiling``
+            (``tile_config`` is its deprecated alias), ``topk_rule`` (``"seeds"``,
+            ``"causal"``), ``invalid_frac``, ``poison_unreached``, ``chunk_rows``, ``progress``
+            (a bool or None: the cache-building bar).
 
     Returns:
-        ``{"name", "op", "inputs", "params", "seed", "compare", "soc", "status", "meta"}``;
+        The case dict of :func:`tilesim.shared.case_schema.make_case`:
         ``getattr(tilesim.reference, case["op"])(**case["inputs"], **case["params"])`` is the
-        golden. ``compare`` holds the seeds' tolerance (atol 1e-4, rtol 5e-3, ratio 0.005).
+        golden; ``tolerance`` is the seeds' rule (atol 1e-4, rtol 5e-3, ratio 0.005, mode
+        ``"compare"``); ``meta`` holds the seed, the SoC marks, the seeds' status and entry, and
+        what the case was built from.
     """
-    unknown = set(params) - set(_DEFAULTS)
-    if unknown:
-        raise TypeError(
-            f"dsa_make_case: unknown parameter(s) {sorted(unknown)}; expected some of "
-            f"{sorted(_DEFAULTS)}"
-        )
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed: expected an integer >= 0, got {seed!r}")
-    p = dict(_DEFAULTS)
-    case = None
-    if name is not None:
-        case = DSA_CASES.get(name)
-        if case is None:
-            raise ValueError(f"name: unknown case {name!r}; expected one of {sorted(DSA_CASES)}")
-        p.update(
-            b=case.b,
-            s1=case.s1,
-            actual_seq=case.actual_seq,
-            quant=case.quant,
-            layout=case.layout,
-            preset=case.preset,
-        )
-    p.update(params)
-    if "b" in params and "actual_seq" not in params and name is None:
-        p["actual_seq"] = 1000  # b sequences of 1000 tokens
-    if "actual_seq" in params and "b" not in params and not isinstance(p["actual_seq"], int):
-        p["b"] = len(p["actual_seq"])
-    acts = _as_actual_seq(p["actual_seq"], p["b"])
-    n_b = len(acts)
-    for k in ("s1", "nq", "topk", "block_size", "chunk_rows"):
-        v = p[k]
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
-            raise ValueError(f"{k}: expected a positive integer, got {v!r}")
-    if p["n_kv"] != 1:
-        raise ValueError(f"n_kv: expected 1 (one latent KV head), got {p['n_kv']!r}")
-    if p["quant"] not in QUANT_RULES:
-        raise ValueError(f"quant: expected one of {QUANT_RULES}, got {p['quant']!r}")
-    if p["layout"] not in CASE_LAYOUTS:
-        raise ValueError(f"layout: expected one of {CASE_LAYOUTS}, got {p['layout']!r}")
-    if p["topk_rule"] not in TOPK_RULES:
-        raise ValueError(f"topk_rule: expected one of {TOPK_RULES}, got {p['topk_rule']!r}")
-    frac = p["invalid_frac"]
-    if not isinstance(frac, (int, float)) or not 0 <= frac <= 1:
-        raise ValueError(f"invalid_frac: expected a fraction in [0, 1], got {frac!r}")
-    tile = p["tile_config"]
-    if tile is None:
-        tile = SaTileShapeConfig.preset(p["preset"])
-    elif not isinstance(tile, SaTileShapeConfig):
-        raise TypeError(f"tile_config: expected a SaTileShapeConfig, got {type(tile).__name__}")
-
-    s1, nq, topk, bs = int(p["s1"]), int(p["nq"]), int(p["topk"]), int(p["block_size"])
-    streams = [np.random.default_rng(c) for c in np.random.SeedSequence(int(seed)).spawn(6)]
-    rng_bt, rng_topk, rng_q, rng_nope, rng_rope, rng_invalid = streams
-
-    block_table, block_num = build_block_table(acts, bs, rng_bt)
-    topk_indices = build_topk_indices(
-        acts, s1, topk, p["topk_rule"], rng_topk, float(frac), rng_invalid
-    )
-    n_q_rows = n_b * s1 * nq
-    q_bytes = random_bytes(rng_q, n_q_rows * (NOPE + ROPE))
-    q = grid_bf16(q_bytes).reshape(n_q_rows, NOPE + ROPE)
-    cache = build_cache(
-        block_num * bs,
-        p["quant"],
-        p["layout"],
-        rng_nope,
-        rng_rope,
-        chunk_rows=int(p["chunk_rows"]),
-        progress=p["progress"],
-    )
-    n_poisoned = 0
-    if p["poison_unreached"]:
-        hit = reached_rows(topk_indices, block_table, acts, s1, topk, bs, block_num * bs)
-        n_poisoned = int((~hit).sum())
-        poison_rows(cache, ~hit, p["layout"])
-
-    inputs = {
-        "query_nope": np.ascontiguousarray(q[:, :NOPE]),
-        "query_rope": np.ascontiguousarray(q[:, NOPE:]),
-        **cache,
-        "topk_indices": topk_indices,
-        "block_table": block_table,
-        "kv_act_seqs": np.asarray(acts, dtype=np.int32),
-    }
+    seed = check_int(seed, "seed", lo=0)
+    p, case = _merged_params(name, params)
+    p = _checked(p)
+    inputs, block_num, n_poisoned = _build_inputs(p, seed)
     params_out = {
-        "nq": nq,
-        "n_kv": 1,
-        "softmax_scale": float(p["softmax_scale"]),
-        "topk": topk,
-        "block_size": bs,
-        "tile_config": tile,
-    }
-    if p["layout"] == "kv_split":
-        op = "sparse_attention_antiquant_kv_split"
-    else:
+        "nq": p["nq"], "n_kv": 1, "softmax_scale": p["softmax_scale"], "topk": p["topk"],
+        "block_size": p["block_size"], "tiling": p["tiling"],
+    }  # fmt: skip
+    op = "sparse_attention_antiquant_kv_split"
+    if p["layout"] != "kv_split":
         op = "sparse_attention_antiquant"
         params_out["layout"] = p["layout"]
-    return {
-        "name": name,
-        "op": op,
-        "inputs": inputs,
-        "params": params_out,
-        "seed": int(seed),
-        "compare": dict(SEEDS_TOLERANCE),
+    meta = {
+        "seed": seed,
         "soc": case.soc if case else ("950", "910b"),
         "status": case.status if case else "ad hoc",
-        "meta": {
-            "b": n_b,
-            "s1": s1,
-            "actual_seq": list(acts),
-            "block_num": block_num,
-            "quant": p["quant"],
-            "layout": p["layout"],
-            "topk_rule": p["topk_rule"],
-            "invalid_frac": float(frac),
-            "poisoned_rows": n_poisoned,
-            "entry": case.entry if case else None,
-        },
+        "entry": case.entry if case else None,
+        "b": len(p["actual_seq"]),
+        "s1": p["s1"],
+        "actual_seq": list(p["actual_seq"]),
+        "block_num": block_num,
+        "quant": p["quant"],
+        "layout": p["layout"],
+        "topk_rule": p["topk_rule"],
+        "invalid_frac": p["invalid_frac"],
+        "poisoned_rows": n_poisoned,
     }
+    return make_case(
+        name=name, op=op, inputs=inputs, params=params_out,
+        tolerance=tolerance(**SEEDS_TOLERANCE, mode="compare"), meta=meta,
+    )  # fmt: skip
 
 
 __all__ = [
+    "CASE_INFO",
     "CASE_LAYOUTS",
     "DSA_CASES",
     "QUANT_RULES",
@@ -572,6 +658,7 @@ __all__ = [
     "build_block_table",
     "build_cache",
     "build_topk_indices",
+    "case_summary",
     "dsa_make_case",
     "grid_quant_tables",
     "quantize_grid_rows",

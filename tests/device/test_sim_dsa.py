@@ -46,7 +46,7 @@ def row_ulps(out: np.ndarray, ref: np.ndarray) -> float:
     return float((np.abs(a - g) / unit).max())
 
 
-def tile_config(spec: dict):
+def tiling_of(spec: dict):
     """The spec's preset with its ``tile`` overrides (if any)."""
     from tilesim.shared.tiling import SaTileShapeConfig
 
@@ -56,7 +56,7 @@ def tile_config(spec: dict):
 def budget_rows(spec: dict) -> float:
     """Row-ULP budget: 1, or 2 in per-tile mode when a token spans several KV tiles (each tile
     output is rounded to BF16 before the merge, and the merged output again)."""
-    cfg = tile_config(spec)
+    cfg = tiling_of(spec)
     several = min(max(spec["acts"]), spec["topk"]) > cfg.s_kv_tile
     return 2.0 if cfg.softmax == "per_tile" and several else 1.0
 
@@ -75,7 +75,7 @@ def run_case(spec: dict) -> dict:
     import torch
     from tilesim.device import sim
     from tilesim.device import sparse_attention as dev
-    from tilesim.reference.dsa_gather import cur_seq_lengths
+    from tilesim.shared.dsa_plan import cur_seq_lengths
 
     case = reference.dsa_make_case(
         seed=spec.get("seed", 7),
@@ -86,21 +86,22 @@ def run_case(spec: dict) -> dict:
         block_size=spec.get("block_size", 128),
         quant=spec["quant"],
         layout=spec["layout"],
-        tile_config=tile_config(spec),
+        tiling=tiling_of(spec),
         topk_rule="causal",
         invalid_frac=0.2 if spec.get("skips") else 0.0,
         poison_unreached=True,
     )
     inputs, params = dict(case["inputs"]), case["params"]
     if spec.get("skips"):
-        inputs["topk_indices"] = _force_skips(inputs, spec, params["tile_config"].s_kv_tile)
+        inputs["topk_indices"] = _force_skips(inputs, spec, params["tiling"].s_kv_tile)
     before = _snapshot(inputs)
     op_dev = getattr(dev, case["op"])
     rows = inputs["query_nope"].shape[0]
     out = torch.full((rows, 512), float("nan"), dtype=torch.bfloat16)
     got, us = op_dev(**inputs, **params, out=out, backend="sim", soc=spec["soc"])
     ref = getattr(reference, case["op"])(**inputs, **params)
-    rep = reference.compare(got, ref, **case["compare"])
+    tol = {k: case["tolerance"][k] for k in ("atol", "rtol", "ratio")}
+    rep = reference.compare(got, ref, **tol)
     m = spec["s1"]
     cur = cur_seq_lengths(inputs["kv_act_seqs"], m, spec["topk"])
     used = np.arange(spec["topk"])[None, :] < cur[:, None]
@@ -113,7 +114,7 @@ def run_case(spec: dict) -> dict:
         inputs["kv_act_seqs"],
         nq=params["nq"],
         topk=spec["topk"],
-        g_tile=params["tile_config"].g_tile,
+        g_tile=params["tiling"].g_tile,
     )
     res = {
         "op": case["op"],
@@ -141,7 +142,7 @@ def run_case(spec: dict) -> dict:
 def _force_skips(inputs: dict, spec: dict, s_kv_tile: int) -> np.ndarray:
     """On top of ``invalid_frac``: token 0 loses a whole KV tile (its second), token 1 its
     first tile, and the last token every entry (-> a zero row)."""
-    from tilesim.reference.dsa_gather import cur_seq_lengths
+    from tilesim.shared.dsa_plan import cur_seq_lengths
 
     ti = np.array(inputs["topk_indices"], copy=True)
     cur = cur_seq_lengths(inputs["kv_act_seqs"], spec["s1"], spec["topk"])
@@ -316,15 +317,16 @@ def _call(case, **over):
     "over,exc,match",
     [
         ({"n_kv": 2}, ValueError, "n_kv"),
-        ({"nq": 0}, ValueError, "nq: expected a positive integer"),
+        ({"nq": 0}, ValueError, r"nq: expected an int in \[1, inf\]"),
         ({"softmax_scale": float("nan")}, ValueError, "softmax_scale"),
         ({"layout": "vllm"}, ValueError, "layout"),
-        ({"tile_config": (128, 512)}, TypeError, "tile_config"),
+        ({"tiling": (128, 512)}, TypeError, "tiling: expected a SaTileShapeConfig"),
+        ({"topk_indices": [[0, 1]]}, TypeError, "topk_indices: expected a numpy array or a torch"),
         ({"topk": 128}, ValueError, r"topk_indices: expected shape"),
         ({"kv_act_seqs": np.array([300, -1], dtype=np.int32)}, ValueError, r"kv_act_seqs\[1\]"),
         ({"kv_act_seqs": np.array([300.0, 4.0])}, TypeError, "kv_act_seqs"),
         ({"block_table": np.zeros((3, 3), dtype=np.int32)}, ValueError, "block_table"),
-        ({"out": np.zeros((512, 512))}, ValueError, "out: expected a BF16 torch tensor"),
+        ({"out": np.zeros((512, 512))}, TypeError, "out: expected a BF16 torch tensor"),
         ({"backend": "gpu"}, ValueError, "backend: expected one of"),
         ({"backend": "auto"}, ValueError, "pass NPU tensors .* or backend='sim'"),
         ({"backend": "npu"}, ValueError, "backend='npu': expected torch tensors on an NPU"),
@@ -344,7 +346,7 @@ def test_bad_dtypes_name_the_argument():
     cache = case["inputs"]["nope_cache"].view(np.uint8)
     with pytest.raises(TypeError, match="nope_cache: expected dtype"):
         _call(case, nope_cache=cache)
-    with pytest.raises(ValueError, match=r"query_rope: expected shape \[512, 64\]"):
+    with pytest.raises(ValueError, match=r"query_rope: expected shape \(512, 64\)"):
         _call(case, query_rope=case["inputs"]["query_rope"][:10])
 
 
@@ -353,7 +355,7 @@ def test_group_tile_must_divide_the_heads():
 
     case = _small_case()
     with pytest.raises(ValueError, match="g_tile: expected a divisor of nq/n_kv = 128"):
-        _call(case, tile_config=SaTileShapeConfig.decode().replace(g_tile=96))
+        _call(case, tiling=SaTileShapeConfig.decode().replace(g_tile=96))
 
 
 def test_minus_one_entries_need_a_block_to_stand_in():
@@ -368,34 +370,81 @@ def test_minus_one_entries_need_a_block_to_stand_in():
         _call(case, topk_indices=ti, block_table=bt)
 
 
-def test_kernel_indices_mask_the_skipped_entries():
-    from tilesim.device.sparse_attention import _Call
+def _checked(case, **over):
+    from tilesim.shared.dsa_plan import check_dsa_args
 
-    case = _small_case(actual_seq=(300, 40), topk_rule="causal", invalid_frac=0.3)
-    inp, prm = case["inputs"], case["params"]
-    call = _Call(
+    inp, prm = {**case["inputs"], **over}, case["params"]
+    return check_dsa_args(
         inp["query_nope"], inp["query_rope"], inp["topk_indices"], inp["block_table"],
         inp["kv_act_seqs"], nq=prm["nq"], n_kv=1, softmax_scale=prm["softmax_scale"],
-        topk=prm["topk"], block_size=prm["block_size"], tile_config=prm["tile_config"],
+        topk=prm["topk"], block_size=prm["block_size"], tiling=prm["tiling"],
     )  # fmt: skip
-    call.check_entries(inp["nope_cache"].shape[0])
-    idx, col0 = call.kernel_indices(512)
+
+
+def test_kernel_indices_mask_the_skipped_entries():
+    from tilesim.device.sparse_attention import kernel_indices
+    from tilesim.shared.dsa_plan import cur_seq_lengths
+
+    case = _small_case(actual_seq=(300, 40), topk_rule="causal", invalid_frac=0.3)
+    inp = case["inputs"]
+    rows = inp["nope_cache"].shape[0]
+    idx, col0 = kernel_indices(_checked(case), rows)
     assert col0 == 512 and idx.shape == (4, 1024)
     ti = inp["topk_indices"]
-    skipped = call.skipped
-    assert skipped.any() and (ti[:, :256][skipped] == -1).all()
-    assert (idx[:, 512 : 512 + 256] == skipped).all() and not idx[:, 512 + 256 :].any()
-    assert (idx[:, :256][~skipped] == ti[~skipped]).all()
-    from tilesim.reference.dsa_gather import cur_seq_lengths
-
     cur = cur_seq_lengths(inp["kv_act_seqs"], 2, 256)
     used = np.arange(256)[None, :] < cur[:, None]
+    skipped = used & (ti[:, :256] == -1)  # written out here, not taken from the wrapper
+    assert skipped.any()
+    assert (idx[:, 512 : 512 + 256] == skipped).all() and not idx[:, 512 + 256 :].any()
+    assert (idx[:, :256][~skipped] == ti[~skipped]).all()
     assert (idx[:, :256][used] >= 0).all()  # the gather never reads a -1 (the tail is unread)
     clean = _small_case(actual_seq=(300, 40))
-    call.indices = clean["inputs"]["topk_indices"].astype(np.int64)
-    call.check_entries(inp["nope_cache"].shape[0])
-    idx, col0 = call.kernel_indices(512)
+    idx, col0 = kernel_indices(_checked(clean), rows)
     assert col0 is None and idx.shape == (4, 512)
+    assert (idx[:, :256] == clean["inputs"]["topk_indices"]).all() and not idx[:, 256:].any()
+
+
+@pytest.mark.parametrize(
+    "over",
+    [
+        {"nq": 0},
+        {"nq": True},
+        {"softmax_scale": "1/24"},
+        {"n_kv": 2},
+        {"topk": 128},
+        {"tiling": 1},
+        {"query_rope": "short"},
+        {"topk_indices": "float"},
+        {"kv_act_seqs": "neg"},
+        {"topk_indices": "bad_entry"},
+    ],
+)
+def test_reference_and_wrapper_reject_alike(over):
+    """The wrapper runs the reference's own check function: same exception, same message."""
+    import tilesim.reference as reference
+    from tilesim.device import sparse_attention as dev
+
+    case = _small_case()
+    inp = case["inputs"]
+    ti = inp["topk_indices"].copy()
+    ti[1, 3] = -4
+    bad = {
+        ("query_rope", "short"): inp["query_rope"][:10],
+        ("topk_indices", "float"): inp["topk_indices"].astype(np.float32),
+        ("kv_act_seqs", "neg"): np.array([300, -1], dtype=np.int32),
+        ("topk_indices", "bad_entry"): ti,
+    }
+    over = {k: bad.get((k, v), v) if isinstance(v, str) else v for k, v in over.items()}
+    args = {**inp, **case["params"], **over}
+    errors = []
+    for call in (
+        lambda: getattr(reference, case["op"])(**args),
+        lambda: getattr(dev, case["op"])(**args, backend="sim", soc="910b"),
+    ):
+        with pytest.raises((TypeError, ValueError)) as e:
+            call()
+        errors.append((type(e.value), str(e.value)))
+    assert errors[0] == errors[1]
 
 
 def test_out_of_range_entries_use_the_reference_checks():

@@ -200,8 +200,8 @@ def _op_overrides(op_over: dict) -> dict:
     kw = dict(op_over)
     if isinstance(kw.get("tiling"), dict):
         kw["tiling"] = MsaTiling(**kw["tiling"])
-    if isinstance(kw.get("tile_config"), dict):
-        kw["tile_config"] = SaTileShapeConfig(**kw["tile_config"])
+    if isinstance(kw.get("tile_config"), dict):  # the DeepSeek ops' tiling (named tiling=)
+        kw["tiling"] = SaTileShapeConfig(**kw.pop("tile_config"))
     return kw
 
 

@@ -11,10 +11,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 import tilesim.reference as R
-from test_dsa_oracle import check_budget, oracle
+from oracles.dsa import check_budget, oracle
 from tilesim.reference.dsa import sparse_attention_cost
 from tilesim.shared.mla_cache import pack_rows, unpack_rows
 from tilesim.shared.tiling import SaTileShapeConfig
+from tilesim.shared.trace import check_record
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 FP8 = np.dtype(ml_dtypes.float8_e4m3fn)
@@ -46,14 +47,14 @@ def test_layouts_give_identical_outputs(cfg):
     """Same seed -> same fields; PyPTO packed, FlashMLA packed and kv_split agree bit for bit,
     and so does a cache re-packed by hand from the unpacked PyPTO rows."""
     kw = dict(actual_seq=[700, 40], s1=2, topk_rule="causal", seed=12, **SMALL)
-    outs = {lay: run(R.dsa_make_case(layout=lay, **kw), tile_config=cfg) for lay in
+    outs = {lay: run(R.dsa_make_case(layout=lay, **kw), tiling=cfg) for lay in
             ("pypto", "flashmla", "kv_split")}  # fmt: skip
     assert np.array_equal(bits(outs["pypto"]), bits(outs["flashmla"]))
     assert np.array_equal(bits(outs["pypto"]), bits(outs["kv_split"]))
     case = R.dsa_make_case(layout="pypto", **kw)
     f = unpack_rows(case["inputs"]["nope_cache"], "pypto")
     flash = dict(case["inputs"], nope_cache=pack_rows(*f, "flashmla"))
-    prm = {**case["params"], "tile_config": cfg}
+    prm = {**case["params"], "tiling": cfg}
     out = R.sparse_attention_antiquant(**flash, **{**prm, "layout": "flashmla"})
     assert np.array_equal(bits(out), bits(outs["pypto"]))
     split = {k: v for k, v in case["inputs"].items() if k != "nope_cache"}
@@ -79,14 +80,14 @@ def test_int8_and_fp8_paths_agree_when_the_dequantized_keys_agree():
     int8_in = dict(case["inputs"], nope_cache=pack_rows(q8, f.rope, f.scales, "pypto"))
     fp8_in = dict(case["inputs"], nope_cache=pack_rows(q_fp8, f.rope, f.scales, "pypto"))
     for cfg in (ONLINE_64, PER_TILE_64):
-        prm = {**case["params"], "tile_config": cfg}
+        prm = {**case["params"], "tiling": cfg}
         a = R.sparse_attention_antiquant(**int8_in, **prm)
         b = R.sparse_attention_antiquant(**fp8_in, **prm)
         assert np.array_equal(bits(a), bits(b))
     # reading the same bytes as the other dtype gives a different answer (the dtype matters)
     as_fp8 = dict(int8_in, nope_cache=int8_in["nope_cache"].view(FP8))
     with np.errstate(invalid="ignore"):
-        c = R.sparse_attention_antiquant(**as_fp8, **{**case["params"], "tile_config": ONLINE_64})
+        c = R.sparse_attention_antiquant(**as_fp8, **{**case["params"], "tiling": ONLINE_64})
     assert not np.array_equal(bits(a), bits(c))
 
 
@@ -99,7 +100,7 @@ def test_query_tokens_and_short_sequences(s1):
     acts = [0, 1, 3, 5, 300]
     case = R.dsa_make_case(actual_seq=acts, s1=s1, seed=s1, topk_rule="causal", **SMALL)
     for cfg in (ONLINE_64, PER_TILE_64):
-        out = run(case, tile_config=cfg)
+        out = run(case, tiling=cfg)
         o, m1, m2 = oracle(case)
         check_budget(out, o, m1, m2)
         rows = out.astype(np.float32).reshape(len(acts), s1, 16, 512)
@@ -111,7 +112,7 @@ def test_query_tokens_and_short_sequences(s1):
 
 def test_rows_are_independent_of_the_batch_they_sit_in(small_case):
     """The batch/token loops change no numbers: running one batch alone gives its rows' bits."""
-    full = run(small_case, tile_config=ONLINE_64)
+    full = run(small_case, tiling=ONLINE_64)
     inp = small_case["inputs"]
     s1, nq = 2, 16
     for b in range(4):
@@ -121,9 +122,7 @@ def test_rows_are_independent_of_the_batch_they_sit_in(small_case):
         sub["topk_indices"] = inp["topk_indices"][b * s1 : (b + 1) * s1]
         sub["block_table"] = inp["block_table"][b : b + 1]
         sub["kv_act_seqs"] = inp["kv_act_seqs"][b : b + 1]
-        alone = R.sparse_attention_antiquant(
-            **sub, **{**small_case["params"], "tile_config": ONLINE_64}
-        )
+        alone = R.sparse_attention_antiquant(**sub, **{**small_case["params"], "tiling": ONLINE_64})
         assert np.array_equal(bits(alone), bits(full[b * s1 * nq : (b + 1) * s1 * nq]))
 
 
@@ -131,16 +130,16 @@ def test_rows_are_independent_of_the_batch_they_sit_in(small_case):
 def test_group_tiling_changes_no_bits(small_case, g_tile):
     """Heads are vectorised inside a group tile; any g_tile (dividing 16 or not) -> same bits."""
     for cfg in (ONLINE_64, PER_TILE_64):
-        ref = run(small_case, tile_config=cfg)
-        out = run(small_case, tile_config=cfg.replace(g_tile=g_tile))
+        ref = run(small_case, tiling=cfg)
+        out = run(small_case, tiling=cfg.replace(g_tile=g_tile))
         assert np.array_equal(bits(ref), bits(out))
 
 
 def test_kv_tile_size_changes_the_rounding_but_not_the_answer(small_case):
     """Different s_kv_tile -> different merge roundings (not bit-identical), both in budget."""
     o, m1, m2 = oracle(small_case)
-    a = run(small_case, tile_config=ONLINE_64)
-    b = run(small_case, tile_config=ONLINE_64.replace(s_kv_tile=32))
+    a = run(small_case, tiling=ONLINE_64)
+    b = run(small_case, tiling=ONLINE_64.replace(s_kv_tile=32))
     check_budget(a, o, m1, m2)
     check_budget(b, o, m1, m2)
     assert not np.array_equal(bits(a), bits(b))
@@ -157,11 +156,11 @@ def test_all_invalid_tile_is_skipped(cfg):
         t = ti.copy()
         t[0, dead * 64 : (dead + 1) * 64] = -1
         with_dead = R.sparse_attention_antiquant(
-            **dict(inp, topk_indices=t), **{**case["params"], "tile_config": cfg}
+            **dict(inp, topk_indices=t), **{**case["params"], "tiling": cfg}
         )
         kept = np.delete(ti, np.s_[dead * 64 : (dead + 1) * 64], axis=1)
         short = R.sparse_attention_antiquant(
-            **dict(inp, topk_indices=kept), **{**case["params"], "topk": 192, "tile_config": cfg}
+            **dict(inp, topk_indices=kept), **{**case["params"], "topk": 192, "tiling": cfg}
         )
         assert np.array_equal(bits(with_dead), bits(short))
 
@@ -190,15 +189,15 @@ def test_entries_past_cur_seq_are_never_read(small_case):
     assert np.array_equal(bits(out), bits(run(small_case)))
 
 
-def test_env_tile_config_is_read_at_call_time(small_case, monkeypatch):
-    prm = {k: v for k, v in small_case["params"].items() if k != "tile_config"}
+def test_env_tiling_is_read_at_call_time(small_case, monkeypatch):
+    prm = {k: v for k, v in small_case["params"].items() if k != "tiling"}
     monkeypatch.setenv("TILESIM_SA_PRESET", "prefill")
     monkeypatch.setenv("TILESIM_SA_S_KV_TILE", "64")
     a = R.sparse_attention_antiquant(**small_case["inputs"], **prm)
-    assert np.array_equal(bits(a), bits(run(small_case, tile_config=PER_TILE_64)))
+    assert np.array_equal(bits(a), bits(run(small_case, tiling=PER_TILE_64)))
     monkeypatch.setenv("TILESIM_SA_PRESET", "decode")
     b = R.sparse_attention_antiquant(**small_case["inputs"], **prm)
-    assert np.array_equal(bits(b), bits(run(small_case, tile_config=ONLINE_64)))
+    assert np.array_equal(bits(b), bits(run(small_case, tiling=ONLINE_64)))
     monkeypatch.setenv("TILESIM_SA_S_KV_TILE", "63")
     with pytest.raises(ValueError, match="TILESIM_SA_S_KV_TILE"):
         R.sparse_attention_antiquant(**small_case["inputs"], **prm)
@@ -207,34 +206,79 @@ def test_env_tile_config_is_read_at_call_time(small_case, monkeypatch):
 # ----------------------------------------------------------------------------- trace, cost
 
 
-def test_trace_is_called_once_per_tile_with_branches():
+def test_trace_records_follow_the_shared_schema():
     case = R.dsa_make_case(actual_seq=[256, 40, 1], s1=1, seed=3, **SMALL)
     ti = case["inputs"]["topk_indices"].copy()
     ti[0, 64:128] = -1  # tile 1 of token 0 is empty
+    ti[0, 130] = -1  # and tile 2 loses one entry
     inp = dict(case["inputs"], topk_indices=ti)
     for cfg in (ONLINE_64, PER_TILE_64.replace(g_tile=8)):
         recs = []
-        R.sparse_attention_antiquant(
-            **inp, **{**case["params"], "tile_config": cfg}, trace=recs.append
-        )
+        R.sparse_attention_antiquant(**inp, **{**case["params"], "tiling": cfg}, trace=recs.append)
+        for r in recs:
+            check_record(r)
         assert all(r["op"] == "sparse_attention_antiquant" for r in recs)
+        assert all(set(r["lane"]) == {"b", "s", "kv_head", "group"} for r in recs)
         g_loops = -(-16 // cfg.g_tile)
-        tok0 = [r["branch"] for r in recs if r["b"] == 0 and r["g"] == 0]
-        assert tok0 == ["first", "skip", "middle", "last"]
-        assert [r["branch"] for r in recs if r["b"] == 1 and r["g"] == 0] == ["first_last"]
-        assert [r["valid"] for r in recs if r["b"] == 2 and r["g"] == 0] == [1]
+        tok0 = [r for r in recs if r["lane"]["b"] == 0 and r["lane"]["group"] == 0]
+        assert [r["extra"]["branch"] for r in tok0] == ["first", "skip", "middle", "last"]
+        assert [r["step"] for r in tok0] == [0, 1, 2, 3]
+        assert [r["key_range"] for r in tok0] == [(0, 64), (64, 128), (128, 192), (192, 256)]
+        assert [r["keys_used"] for r in tok0] == [64, 0, 63, 64]
+        tok1 = [r for r in recs if r["lane"]["b"] == 1 and r["lane"]["group"] == 0]
+        assert [r["extra"]["branch"] for r in tok1] == ["first_last"]
+        assert tok1[0]["key_range"] == (0, 40) and tok1[0]["keys_used"] == 40
+        assert [
+            r["keys_used"] for r in recs if r["lane"]["b"] == 2 and r["lane"]["group"] == 0
+        ] == [1]
         assert len(recs) == (4 + 1 + 1) * g_loops
         for r in recs:
-            if r["branch"] == "skip":
-                assert "row_sum" not in r
+            if r["extra"]["branch"] == "skip":
+                assert r["row_sum"] is None and r["row_max"] is None and r["flop"] == 0
                 continue
-            assert r["row_max"].shape == r["row_sum"].shape == (r["heads"][1] - r["heads"][0],)
-            assert (r["row_sum"] >= 1).all() and (r["row_sum"] <= r["valid"]).all()
+            h0, h1 = r["extra"]["heads"]
+            assert r["row_max"].shape == r["row_sum"].shape == (h1 - h0,)
+            assert (r["row_sum"] >= 1).all() and (r["row_sum"] <= r["keys_used"]).all()
+            assert r["flop"] == 2 * (h1 - h0) * r["keys_used"] * (576 + 512)
         flop = sum(r["flop"] for r in recs)
         assert (
             flop
             == sparse_attention_cost(ti, case["inputs"]["kv_act_seqs"], nq=16, topk=256)["flop"]
         )
+
+
+def test_trace_is_checked_before_any_work(small_case, monkeypatch):
+    """A bad trace hook fails before the loop nest is built: even an index error that the
+    planning would raise is not reached."""
+    from tilesim.reference import dsa
+
+    def no_work(*a, **k):
+        raise AssertionError("the loop nest ran")
+
+    monkeypatch.setattr(dsa, "_Nest", no_work)
+    ti = small_case["inputs"]["topk_indices"].copy()
+    ti[0, 0] = -5
+    with pytest.raises(TypeError, match="trace: expected a callable or None, got str"):
+        R.sparse_attention_antiquant(
+            **dict(small_case["inputs"], topk_indices=ti), **small_case["params"], trace="print"
+        )
+    with pytest.raises(TypeError, match="progress: expected a bool"):
+        run(small_case, progress="yes")
+
+
+def test_tile_config_is_a_deprecated_alias_of_tiling(small_case):
+    prm = {k: v for k, v in small_case["params"].items() if k != "tiling"}
+    want = run(small_case, tiling=PER_TILE_64)
+    with pytest.warns(DeprecationWarning, match="tile_config= is deprecated"):
+        old = R.sparse_attention_antiquant(**small_case["inputs"], **prm, tile_config=PER_TILE_64)
+    assert np.array_equal(bits(old), bits(want))
+    with pytest.raises(TypeError, match="tiling: got tiling= and its deprecated alias"):
+        run(small_case, tiling=PER_TILE_64, tile_config=PER_TILE_64)
+    with (
+        pytest.warns(DeprecationWarning),
+        pytest.raises(TypeError, match="tile_config: expected a SaTileShapeConfig"),
+    ):
+        R.sparse_attention_antiquant(**small_case["inputs"], **prm, tile_config=(128, 512))
 
 
 def test_cost_counts_by_hand():
@@ -250,8 +294,8 @@ def test_cost_counts_by_hand():
 
 def test_inputs_unmodified_and_deterministic(small_case):
     snap = {k: np.array(v, copy=True) for k, v in small_case["inputs"].items()}
-    a = run(small_case, tile_config=ONLINE_64)
-    b = run(small_case, tile_config=ONLINE_64)
+    a = run(small_case, tiling=ONLINE_64)
+    b = run(small_case, tiling=ONLINE_64)
     assert np.array_equal(bits(a), bits(b))
     for k, v in small_case["inputs"].items():
         assert v.dtype == snap[k].dtype
@@ -267,6 +311,16 @@ def test_torch_tensors_in_torch_tensor_out(small_case):
     out = R.sparse_attention_antiquant(**t_in, **small_case["params"])
     assert isinstance(out, torch.Tensor) and out.dtype == torch.bfloat16
     assert np.array_equal(bits(to_numpy(out)), bits(run(small_case)))
+
+
+@pytest.mark.parametrize("arg", ["topk_indices", "kv_act_seqs", "query_nope"])
+def test_lists_are_rejected(small_case, arg):
+    inp = dict(small_case["inputs"])
+    inp[arg] = inp[arg].tolist() if arg != "query_nope" else inp[arg].astype(np.float32).tolist()
+    with pytest.raises(
+        TypeError, match=f"{arg}: expected a numpy array or a torch tensor, got list"
+    ):
+        R.sparse_attention_antiquant(**inp, **small_case["params"])
 
 
 def test_progress_bar_when_asked(small_case, capsys):
@@ -289,8 +343,8 @@ def test_nan_poisoning_unreached_rows_changes_nothing(layout, quant):
     dirty = R.dsa_make_case(poison_unreached=True, **kw)
     assert dirty["meta"]["poisoned_rows"] > 0
     for cfg in (ONLINE_64, PER_TILE_64):
-        a = run(clean, tile_config=cfg)
-        b = run(dirty, tile_config=cfg)
+        a = run(clean, tiling=cfg)
+        b = run(dirty, tiling=cfg)
         assert np.isfinite(b.astype(np.float32)).all()
         assert np.array_equal(bits(a), bits(b))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import subprocess
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 import tilesim.reference as R
 from tilesim.reference import dsa_cases as C
+from tilesim.shared.case_schema import CASE_KEYS, CaseInfo
 from tilesim.shared.mla_cache import unpack_kv_split, unpack_rows
 from tilesim.shared.quant import (
     quantize_latent_fp8,
@@ -203,7 +205,8 @@ def test_named_cases_match_the_seeds_matrix():
         assert len(c.actual_seq) == b
         assert sum(math.ceil(a / 128) for a in c.actual_seq) == blocks, name
         assert math.ceil(max(c.actual_seq) / 128) == width, name
-        assert (c.tile_config.softmax, c.tile_config.s_kv_tile) == (softmax, tile), name
+        assert (c.tiling.softmax, c.tiling.s_kv_tile) == (softmax, tile), name
+        assert c.tile_config == c.tiling  # the deprecated alias
         assert c.tolerance == {"atol": 1e-4, "rtol": 5e-3, "ratio": 0.005}
         assert "950" in c.soc
     uni = cases["sfa_bf16_b64_s2_seq64K_uniform_per_fp8_d"].actual_seq
@@ -213,13 +216,52 @@ def test_named_cases_match_the_seeds_matrix():
 
 def test_small_named_case_is_runnable_as_documented():
     c = R.dsa_make_case("sfa_bf16_b4_s2_seq64K_total_int8_d", seed=1)
-    assert c["params"]["tile_config"] == SaTileShapeConfig.prefill()
-    assert c["compare"] == {"atol": 1e-4, "rtol": 5e-3, "ratio": 0.005}
+    assert tuple(c) == CASE_KEYS
+    assert c["name"] == "sfa_bf16_b4_s2_seq64K_total_int8_d"
+    assert c["op"] == "sparse_attention_antiquant"
+    assert c["params"]["tiling"] == SaTileShapeConfig.prefill()
+    assert c["tolerance"] == {"atol": 1e-4, "rtol": 5e-3, "ratio": 0.005, "mode": "compare"}
+    assert c["meta"]["seed"] == 1 and c["meta"]["soc"] == ("950", "910b")
+    assert c["meta"]["status"] == "runs"
+    assert c["meta"]["entry"] == "sparse_attention_antiquant_d"
     assert c["inputs"]["nope_cache"].shape == (647 * 128, 656)
     assert c["inputs"]["topk_indices"].shape == (8, 2048)
     out = getattr(R, c["op"])(**c["inputs"], **c["params"])
     assert out.shape == (1024, 512) and out.dtype == BF16
     json.dumps(c["meta"])  # plain data
+
+
+def test_case_info_describes_every_named_case():
+    assert set(C.CASE_INFO) == set(C.DSA_CASES)
+    for name, info in C.CASE_INFO.items():
+        spec = C.DSA_CASES[name]
+        assert isinstance(info, CaseInfo) and info.name == name and info.family == "dsa"
+        assert info.op == ("sparse_attention_antiquant_kv_split" if spec.layout == "kv_split"
+                           else "sparse_attention_antiquant")  # fmt: skip
+        assert (info.soc, info.status, info.seed) == (spec.soc, spec.status, 0)
+        assert info.size == ("medium" if "total" in name else "large")
+        assert info.tolerance == {"atol": 1e-4, "rtol": 5e-3, "ratio": 0.005, "mode": "compare"}
+        assert "seed_note" in info.notes and info.model == "DeepSeek-V3.2"
+        module, func = info.builder.split(":")
+        assert getattr(importlib.import_module(module), func) is R.dsa_make_case
+    # the summary states the shape written out by hand for two cases
+    total = C.CASE_INFO["sfa_bf16_b4_s2_seq64K_total_fp8_kv_split_d"].summary
+    assert total == (
+        "b 4, s1 2, nq 128, act [65536,16381,666,15], 647 blocks, FP8 (INT8-grid quirk) "
+        "kv_split tensors, per-tile softmax, s_kv_tile 2048 (seeds' entry "
+        "sparse_attention_antiquant_kv_split_d)"
+    )
+    uni = C.CASE_INFO["sfa_bf16_b64_s2_seq64K_uniform_per_int8_d_950"].summary
+    assert uni.startswith("b 64, s1 2, nq 128, act 8x16K,8x32K,8x48K,16x64K,8x80K,8x96K,8x112K, ")
+    assert "32768 blocks, INT8 pypto packed cache, online softmax, s_kv_tile 512" in uni
+
+
+def test_progress_is_validated_and_accepted():
+    kw = dict(actual_seq=[30], s1=1, nq=2, topk=64, block_size=16)
+    for progress in (None, False, True):
+        assert R.dsa_make_case(**kw, progress=progress)["op"] == "sparse_attention_antiquant"
+    with pytest.raises(TypeError, match="progress: expected a bool"):
+        R.dsa_make_case(**kw, progress=1)
 
 
 _BIG = textwrap.dedent(

@@ -40,32 +40,40 @@ def test_the_fixture_runs(case):
 @pytest.mark.parametrize(
     "over, exc, match",
     [
-        ({"query_nope": "f32"}, TypeError, "query_nope: expected bfloat16"),
-        ({"query_nope": "cols"}, ValueError, r"query_nope: expected shape \[T\*nq, 512\]"),
-        ({"query_rope": "rows"}, ValueError, "query_rope: expected 16 rows"),
-        ({"query_rope": "f32"}, TypeError, "query_rope: expected bfloat16"),
+        ({"query_nope": "f32"}, TypeError, "query_nope: expected dtype bfloat16, got float32"),
+        ({"query_nope": "cols"}, ValueError, r"query_nope: expected shape \(16, 512\) \[T\*nq"),
+        ({"query_rope": "rows"}, ValueError, r"query_rope: expected shape \(16, 64\)"),
+        ({"query_rope": "f32"}, TypeError, "query_rope: expected dtype bfloat16"),
         ({"query_nope": "odd_rows"}, ValueError, "query_nope: expected rows = B"),
-        ({"query_nope": None}, TypeError, "query_nope: expected an array"),
-        ({"topk_indices": "float"}, TypeError, "topk_indices: expected an integer array"),
-        ({"topk_indices": "narrow"}, ValueError, r"topk_indices: expected shape \[T, n_kv\*topk\]"),
-        ({"topk_indices": "1d"}, ValueError, "topk_indices: expected 2 dimensions"),
-        ({"block_table": "1d"}, ValueError, "block_table: expected 2 dimensions"),
-        ({"block_table": "rows"}, ValueError, "block_table: expected 2 rows"),
-        ({"kv_act_seqs": "neg"}, ValueError, r"kv_act_seqs\[1\]: expected a length >= 0"),
+        ({"query_nope": None}, TypeError, "query_nope: expected a numpy array or a torch tensor"),
+        ({"topk_indices": "list"}, TypeError, "topk_indices: expected a numpy array or a torch"),
+        ({"topk_indices": "float"}, TypeError, "topk_indices: expected an integer dtype"),
+        (
+            {"topk_indices": "narrow"},
+            ValueError,
+            r"topk_indices: expected shape \(4, 64\) \[T, n_kv",
+        ),
+        ({"topk_indices": "1d"}, ValueError, r"topk_indices: expected shape \(4, 64\)"),
+        ({"block_table": "1d"}, ValueError, "block_table: expected a 2-D array"),
+        ({"block_table": "rows"}, ValueError, r"block_table: expected shape \(2, \*\)"),
+        ({"kv_act_seqs": "neg"}, ValueError, r"kv_act_seqs\[1\]: expected a value in \[0, inf\]"),
         ({"kv_act_seqs": "empty"}, ValueError, "kv_act_seqs: expected at least one batch"),
-        ({"kv_act_seqs": "float"}, TypeError, "kv_act_seqs: expected an integer array"),
-        ({"nope_cache": "bf16"}, TypeError, "nope_cache: expected float8_e4m3fn or int8"),
-        ({"nope_cache": "pitch672"}, ValueError, r"nope_cache: expected shape \[rows, 656\]"),
-        ({"nq": 0}, ValueError, "nq: expected a positive integer"),
-        ({"nq": True}, ValueError, "nq: expected a positive integer"),
+        ({"kv_act_seqs": "float"}, TypeError, "kv_act_seqs: expected an integer dtype"),
+        ({"nope_cache": "bf16"}, TypeError, "nope_cache: expected dtype float8_e4m3fn or int8"),
+        ({"nope_cache": "pitch672"}, ValueError, r"nope_cache: expected shape \(\*, 656\)"),
+        ({"nq": 0}, ValueError, r"nq: expected an int in \[1, inf\], got 0"),
+        ({"nq": True}, TypeError, "nq: expected an int, got bool"),
         ({"nq": 3}, ValueError, "query_nope: expected rows = B"),
         ({"n_kv": 2}, ValueError, "n_kv: expected 1"),
-        ({"topk": 0}, ValueError, "topk: expected a positive integer"),
-        ({"block_size": -16}, ValueError, "block_size: expected a positive integer"),
-        ({"softmax_scale": 0.0}, ValueError, "softmax_scale: expected a finite positive"),
-        ({"softmax_scale": float("nan")}, ValueError, "softmax_scale: expected a finite positive"),
-        ({"softmax_scale": "1/24"}, ValueError, "softmax_scale: expected a finite positive"),
-        ({"tile_config": (128, 512)}, TypeError, "tile_config: expected a SaTileShapeConfig"),
+        ({"topk": 0}, ValueError, r"topk: expected an int in \[1, inf\]"),
+        ({"block_size": -16}, ValueError, r"block_size: expected an int in \[1, inf\]"),
+        ({"softmax_scale": 0.0}, ValueError, "softmax_scale: expected a number > 0"),
+        ({"softmax_scale": float("nan")}, ValueError, "softmax_scale: expected a finite number"),
+        ({"softmax_scale": 1e-60}, ValueError, "softmax_scale: expected a value FP32 can hold"),
+        ({"softmax_scale": "1/24"}, TypeError, "softmax_scale: expected a real number"),
+        ({"tiling": (128, 512)}, TypeError, "tiling: expected a SaTileShapeConfig"),
+        ({"trace": 3}, TypeError, "trace: expected a callable or None"),
+        ({"progress": 1}, TypeError, "progress: expected a bool"),
         ({"layout": "vllm"}, ValueError, "layout: expected one of"),
     ],
 )
@@ -78,6 +86,7 @@ def test_bad_arguments(case, over, exc, match):
         ("query_rope", "rows"): inp["query_rope"][:-4],
         ("query_rope", "f32"): inp["query_rope"].astype(np.float32),
         ("topk_indices", "float"): inp["topk_indices"].astype(np.float32),
+        ("topk_indices", "list"): inp["topk_indices"].tolist(),
         ("topk_indices", "narrow"): inp["topk_indices"][:, :32],
         ("topk_indices", "1d"): inp["topk_indices"].reshape(-1),
         ("block_table", "1d"): inp["block_table"].reshape(-1),
@@ -98,11 +107,11 @@ def test_bad_arguments(case, over, exc, match):
 @pytest.mark.parametrize(
     "name, make, exc, match",
     [
-        ("kn_quant", lambda f: f.nope.view(np.uint8), TypeError, "kn_quant: expected float8"),
+        ("kn_quant", lambda f: f.nope.view(np.uint8), TypeError, "kn_quant: expected dtype float8"),
         ("kn_quant", lambda f: f.nope[:, :256], ValueError, r"kn_quant: expected shape"),
-        ("kr", lambda f: f.rope.astype(np.float32), TypeError, "kr: expected bfloat16"),
+        ("kr", lambda f: f.rope.astype(np.float32), TypeError, "kr: expected dtype bfloat16"),
         ("kr", lambda f: f.rope[:-1], ValueError, r"kr: expected shape"),
-        ("kn_scales", lambda f: f.scales.astype(np.float64), TypeError, "kn_scales: expected fl"),
+        ("kn_scales", lambda f: f.scales.astype(np.float64), TypeError, "kn_scales: expected dt"),
         ("kn_scales", lambda f: f.scales[:, :2], ValueError, r"kn_scales: expected shape"),
     ],
 )
@@ -176,16 +185,26 @@ def test_errors_leave_inputs_untouched(case):
         ({"layout": "paged"}, ValueError, "layout: expected one of"),
         ({"topk_rule": "random"}, ValueError, "topk_rule: expected one of"),
         ({"invalid_frac": 1.5}, ValueError, "invalid_frac: expected a fraction"),
-        ({"seed": -1}, ValueError, "seed: expected an integer >= 0"),
+        ({"seed": -1}, ValueError, r"seed: expected an int in \[0, inf\]"),
+        ({"seed": 1.5}, TypeError, "seed: expected an int"),
         ({"actual_seq": [10, -1]}, ValueError, "actual_seq: expected lengths >= 0"),
         ({"actual_seq": [10, 20], "b": 3}, ValueError, "actual_seq: expected 3 lengths"),
         ({"actual_seq": []}, ValueError, "actual_seq: expected at least one batch"),
-        ({"s1": 0}, ValueError, "s1: expected a positive integer"),
+        ({"s1": 0}, ValueError, r"s1: expected an int in \[1, inf\]"),
+        ({"progress": "yes"}, TypeError, "progress: expected a bool"),
+        ({"poison_unreached": 1}, TypeError, "poison_unreached: expected a bool"),
+        ({"tiling": "decode"}, TypeError, "tiling: expected a SaTileShapeConfig"),
         ({"n_kv": 2}, ValueError, "n_kv: expected 1"),
         ({"tile_config": "decode"}, TypeError, "tile_config: expected a SaTileShapeConfig"),
+        (
+            {"tiling": SaTileShapeConfig.decode(), "tile_config": SaTileShapeConfig.decode()},
+            TypeError,
+            "tiling: got tiling= and its deprecated alias",
+        ),
         ({"preset": "train"}, ValueError, "preset: expected 'decode' or 'prefill'"),
     ],
 )
+@pytest.mark.filterwarnings("ignore:tile_config= is deprecated:DeprecationWarning")
 def test_bad_generator_arguments(kwargs, exc, match):
     kwargs = dict(kwargs)
     name = kwargs.pop("name", None)
@@ -193,7 +212,11 @@ def test_bad_generator_arguments(kwargs, exc, match):
         R.dsa_make_case(name, **kwargs)
 
 
-def test_generator_accepts_a_tile_config():
+def test_generator_accepts_a_tiling_and_the_deprecated_alias():
     cfg = SaTileShapeConfig.prefill().replace(s_kv_tile=64)
-    c = R.dsa_make_case(actual_seq=[30], s1=1, nq=2, topk=64, block_size=16, tile_config=cfg)
-    assert c["params"]["tile_config"] is cfg
+    kw = dict(actual_seq=[30], s1=1, nq=2, topk=64, block_size=16)
+    c = R.dsa_make_case(**kw, tiling=cfg)
+    assert c["params"]["tiling"] is cfg and "tile_config" not in c["params"]
+    with pytest.warns(DeprecationWarning, match="tile_config= is deprecated"):
+        old = R.dsa_make_case(**kw, tile_config=cfg)
+    assert old["params"]["tiling"] is cfg

@@ -1,8 +1,9 @@
-"""Independent float64 oracle for DeepSeek-V3.2 sparse attention, and the reference judged by it.
+"""The DeepSeek-V3.2 sparse-attention golden judged by the independent float64 oracle.
 
-The oracle shares no code with ``tilesim.reference.dsa*``: it decodes the cache bytes itself,
-walks the block table with plain Python, dequantizes (``bf16(fp32(q) * scale)``, the defined
-rounding point of the cache), and runs one dense float64 softmax per query token, no tiling.
+The oracle (``tests/oracles/dsa.py``) shares no code with ``tilesim.reference.dsa*``: it decodes
+the cache bytes itself, walks the block table with plain Python, dequantizes (``bf16(fp32(q) *
+scale)``, the defined rounding point of the cache), and runs one dense float64 softmax per query
+token, no tiling.
 
 Error budget of the reference against it (``docs/ops/deepseek_sparse_attention.md``), per
 element, with ``u = 2^-8`` the BF16 unit roundoff, ``p`` the exact softmax weights, ``v`` the
@@ -23,90 +24,15 @@ import ml_dtypes
 import numpy as np
 import pytest
 import tilesim.reference as R
-from tilesim.reference.blas_pool import blas_threads
+from oracles.dsa import U, check_budget, decode_rows, oracle
 from tilesim.shared.tiling import SaTileShapeConfig
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
-U = 2.0**-8
-
-# byte offsets of (nope, rope, scales) per packed layout, written out independently
-_OFFSETS = {"pypto": (0, 512, 640), "flashmla": (0, 528, 512)}
-
-
-def _decode_rows(inputs: dict, layout: str, rows: list[int]):
-    """(quantized nope as float32 [n,512], rope float64 [n,64], scales float32 [n,4])."""
-    if "kn_quant" in inputs:
-        q = inputs["kn_quant"][rows].astype(np.float32)
-        rope = inputs["kr"][rows].astype(np.float64)
-        sc = inputs["kn_scales"][rows].astype(np.float32)
-        return q, rope, sc
-    cache = inputs["nope_cache"]
-    raw = cache.view(np.uint8)[rows]
-    o_n, o_r, o_s = _OFFSETS[layout]
-    q = raw[:, o_n : o_n + 512].copy().view(cache.dtype).astype(np.float32)
-    rope = raw[:, o_r : o_r + 128].copy().view("<u2").view(BF16).astype(np.float64)
-    sc = raw[:, o_s : o_s + 16].copy().view("<f4").astype(np.float32)
-    return q, rope, sc
-
-
-def oracle(case: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """See :func:`_oracle` (BLAS pinned to one thread: small GEMMs on a busy box)."""
-    with blas_threads():
-        return _oracle(case)
-
-
-def _oracle(case: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """float64 ``(o, m1, m2)``, each ``[T*nq, 512]``: the exact output, ``sum p|v|`` and
-    ``sqrt(sum p^2 v^2)``."""
-    inp, prm = case["inputs"], case["params"]
-    layout = prm.get("layout", "kv_split")
-    nq, topk, bs = prm["nq"], prm["topk"], prm["block_size"]
-    acts = [int(a) for a in inp["kv_act_seqs"]]
-    s1 = inp["topk_indices"].shape[0] // len(acts)
-    qn = inp["query_nope"].astype(np.float64)
-    qr = inp["query_rope"].astype(np.float64)
-    o = np.zeros((qn.shape[0], 512))
-    m1 = np.zeros_like(o)
-    m2 = np.zeros_like(o)
-    for b, act in enumerate(acts):
-        for s in range(s1):
-            r = b * s1 + s
-            cur = min(max(act - s1 + 1 + s, 0), topk)
-            pos = [int(p) for p in inp["topk_indices"][r, :cur] if p != -1]
-            if not pos:
-                continue
-            rows = [int(inp["block_table"][b, p // bs]) * bs + p % bs for p in pos]
-            q, rope, sc = _decode_rows(inp, layout, rows)
-            kn = (q.reshape(-1, 4, 128) * sc[:, :, None]).reshape(-1, 512)
-            kn = kn.astype(BF16).astype(np.float64)
-            keys = np.concatenate([kn, rope], axis=1)
-            hs = slice(r * nq, (r + 1) * nq)
-            qq = np.concatenate([qn[hs], qr[hs]], axis=1)
-            logits = qq @ keys.T * prm["softmax_scale"]
-            w = np.exp(logits - logits.max(axis=1, keepdims=True))
-            w /= w.sum(axis=1, keepdims=True)
-            o[hs] = w @ kn
-            m1[hs] = w @ np.abs(kn)
-            m2[hs] = np.sqrt((w * w) @ (kn * kn))
-    return o, m1, m2
 
 
 def run(case: dict, **over) -> np.ndarray:
     op = getattr(R, case["op"])
     return op(**case["inputs"], **{**case["params"], **over})
-
-
-def check_budget(ref: np.ndarray, o: np.ndarray, m1: np.ndarray, m2: np.ndarray) -> dict:
-    """Assert the hard and typical budgets; return statistics."""
-    err = np.abs(ref.astype(np.float64) - o)
-    hard = U * np.abs(o) + 1.02 * 2 * U * m1
-    assert np.isfinite(ref.astype(np.float32)).all()
-    worst = float(np.max(err / np.maximum(hard, 1e-300)))
-    assert (err <= hard).all(), f"hard budget exceeded: max err/budget {worst:.3f}"
-    typical = U * np.abs(o) + 4 * U * m2
-    frac_out = float((err > typical).mean())
-    assert frac_out <= 1e-3, f"{100 * frac_out:.3f}% of elements beyond the typical budget"
-    return {"worst_hard": worst, "beyond_typical": frac_out}
 
 
 SMALL = dict(nq=16, topk=256, block_size=16)
@@ -126,7 +52,7 @@ def test_reference_within_oracle_budget(quant, cfg):
         seed=7,
         **SMALL,
     )
-    ref = run(case, tile_config=cfg)
+    ref = run(case, tiling=cfg)
     o, m1, m2 = oracle(case)
     check_budget(ref, o, m1, m2)
 
@@ -137,12 +63,12 @@ def test_seed_case_total_fp8_within_budget_both_modes():
     case = R.dsa_make_case("sfa_bf16_b4_s2_seq64K_total_fp8_d")
     o, m1, m2 = oracle(case)
     per_tile = run(case)
-    online = run(case, tile_config=SaTileShapeConfig.decode())
+    online = run(case, tiling=SaTileShapeConfig.decode())
     check_budget(per_tile, o, m1, m2)
     check_budget(online, o, m1, m2)
     diff = np.abs(per_tile.astype(np.float64) - online.astype(np.float64))
     assert (diff <= U * np.abs(o) + 1.02 * 2 * U * m1).all()
-    # they are genuinely different roundings (op-facts 5.7): not bit-identical
+    # they are genuinely different roundings (two merge orders): not bit-identical
     assert (diff > 0).mean() > 0.01
 
 
@@ -156,7 +82,7 @@ def test_constant_keys_give_the_key_exactly():
     inp["nope_cache"] = cache
     want = oracle({**case, "inputs": inp})[0]
     for cfg in (ONLINE_64, PER_TILE_64):
-        out = R.sparse_attention_antiquant(**inp, **{**case["params"], "tile_config": cfg})
+        out = R.sparse_attention_antiquant(**inp, **{**case["params"], "tiling": cfg})
         assert np.array_equal(out.astype(np.float64), want)
 
 
@@ -172,13 +98,13 @@ def test_dominant_key_is_returned_exactly(cfg, winner_col):
     pos = int(inp["topk_indices"][0, winner_col])
     bt = inp["block_table"][0]
     row = int(bt[pos // 16]) * 16 + pos % 16
-    q, _, sc = _decode_rows(inp, "pypto", [row])
+    q, _, sc = decode_rows(inp, "pypto", [row])
     kn = (q.reshape(1, 4, 128) * sc[:, :, None]).reshape(1, 512).astype(BF16)
     # make that key dominate for every head: query = that key's nope, large scale
     inp2 = dict(inp)
     inp2["query_nope"] = np.repeat(kn, 4, axis=0)
     inp2["query_rope"] = np.zeros((4, 64), dtype=BF16)
-    prm = {**case["params"], "softmax_scale": 1e4, "tile_config": cfg}
+    prm = {**case["params"], "softmax_scale": 1e4, "tiling": cfg}
     out = R.sparse_attention_antiquant(**inp2, **prm)
     want, _, _ = oracle({**case, "inputs": inp2, "params": prm})
     assert np.array_equal(out.astype(np.float64), want)
@@ -235,6 +161,6 @@ def test_flashmla_style_corners(block_size, s1):
         SaTileShapeConfig.decode().replace(s_kv_tile=48),
         SaTileShapeConfig.prefill().replace(s_kv_tile=48),
     ):
-        ref = run(case, tile_config=cfg)
+        ref = run(case, tiling=cfg)
         check_budget(ref, o, m1, m2)
         assert (ref[-8:].astype(np.float32) == 0).all()

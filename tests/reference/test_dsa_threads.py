@@ -1,8 +1,9 @@
 """The sparse-attention golden's token pool changes no bits and keeps the trace order.
 
-Query tokens (loops L0/L1) run on ``TILESIM_REF_THREADS`` worker threads; every token is computed
-by one thread, and trace records are emitted in the kernel's (b, s, kv, g, tile) order. Serial
-(1 worker) is the reference here: it runs in the calling thread, exactly the old loop nest.
+Query tokens (loops L0/L1) run on ``TILESIM_REF_THREADS`` worker threads when the private
+switch ``tilesim.reference.dsa._POOL`` is on (the default); every token is computed by one
+thread, and trace records are emitted in the kernel's (b, s, kv, g, tile) order. The plain path
+(``_POOL = False``, or 1 worker) runs in the calling thread and is the reference here.
 """
 
 from __future__ import annotations
@@ -25,21 +26,25 @@ def bits(a) -> np.ndarray:
     return np.asarray(a).view(np.uint16)
 
 
+def same_value(x, y) -> bool:
+    if isinstance(x, dict):
+        return isinstance(y, dict) and list(x) == list(y) and all(same_value(x[k], y[k]) for k in x)
+    if isinstance(x, np.ndarray):
+        return (
+            isinstance(y, np.ndarray)
+            and x.dtype == y.dtype
+            and np.array_equal(x.view(np.uint32), y.view(np.uint32))
+        )
+    return type(x) is type(y) and x == y
+
+
 def same_records(a: list[dict], b: list[dict]) -> bool:
-    if len(a) != len(b):
-        return False
-    for x, y in zip(a, b, strict=True):
-        if list(x) != list(y):
-            return False
-        for k in x:
-            if isinstance(x[k], np.ndarray):
-                if x[k].dtype != y[k].dtype or not np.array_equal(
-                    x[k].view(np.uint32), y[k].view(np.uint32)
-                ):
-                    return False
-            elif x[k] != y[k]:
-                return False
-    return True
+    return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b, strict=True))
+
+
+def lane_step(r: dict) -> tuple:
+    ln = r["lane"]
+    return (ln["b"], ln["s"], ln["kv_head"], ln["group"], r["step"])
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +63,7 @@ def ragged_case():
 
 def run(case, cfg, workers, monkeypatch, trace=None):
     monkeypatch.setenv("TILESIM_REF_THREADS", str(workers))
-    prm = {**case["params"], "tile_config": cfg}
+    prm = {**case["params"], "tiling": cfg}
     return getattr(R, case["op"])(**case["inputs"], **prm, trace=trace)
 
 
@@ -72,15 +77,51 @@ def test_worker_count_and_trace_change_no_bits(ragged_case, cfg, monkeypatch):
     rows = serial.astype(np.float32).reshape(9, 16, 512)
     assert (rows[0] == 0).all() and (rows[4] == 0).all()  # empty token, all -1 token
     assert (rows[[1, 2, 3, 5, 6, 7, 8]] != 0).any(axis=(1, 2)).all()
-    assert [r["branch"] for r in serial_recs if (r["b"], r["s"], r["g"]) == (2, 2, 0)][1] == "skip"
+    tok = [r for r in serial_recs if lane_step(r)[:4] == (2, 2, 0, 0)]
+    assert tok[1]["extra"]["branch"] == "skip"
     for workers in (2, 3):
         assert np.array_equal(bits(serial), bits(run(ragged_case, cfg, workers, monkeypatch)))
         recs: list[dict] = []
         out = run(ragged_case, cfg, workers, monkeypatch, trace=recs.append)
         assert np.array_equal(bits(serial), bits(out))
         assert same_records(serial_recs, recs)
-    order = [(r["b"], r["s"], r["kv_head"], r["g"], r["tile"]) for r in serial_recs]
+    order = [lane_step(r) for r in serial_recs]
     assert order == sorted(order) and len(set(order)) == len(order)
+
+
+@pytest.mark.parametrize("cfg", [ONLINE_64, PER_TILE_64], ids=["online", "per_tile"])
+def test_pool_switch_changes_no_bits_and_no_records(ragged_case, cfg, monkeypatch):
+    """The speed path (``_POOL``) against the plain path, with several workers available."""
+    from tilesim.reference import dsa
+
+    outs, recs = {}, {}
+    for pool in (False, True):
+        monkeypatch.setattr(dsa, "_POOL", pool)
+        recs[pool] = []
+        outs[pool] = run(ragged_case, cfg, 3, monkeypatch, trace=recs[pool].append)
+    assert np.array_equal(bits(outs[False]), bits(outs[True]))
+    assert recs[False] and same_records(recs[False], recs[True])
+    # negative control: the comparison sees a changed record
+    changed = [dict(r) for r in recs[True]]
+    changed[3] = {**changed[3], "keys_used": changed[3]["keys_used"] + 1}
+    assert not same_records(recs[False], changed)
+
+
+def test_plain_path_uses_no_pool(ragged_case, monkeypatch):
+    """With ``_POOL = False`` no worker thread is started, whatever TILESIM_REF_THREADS says."""
+    from tilesim.reference import dsa
+
+    seen: list[int] = []
+    real = blas_pool.pin_blas_thread
+
+    def spy():
+        seen.append(threading.get_ident())
+        real()
+
+    monkeypatch.setattr(blas_pool, "pin_blas_thread", spy)
+    monkeypatch.setattr(dsa, "_POOL", False)
+    run(ragged_case, ONLINE_64, 3, monkeypatch)
+    assert seen == []
 
 
 def test_kv_split_layout_with_workers(monkeypatch):
