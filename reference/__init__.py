@@ -25,6 +25,8 @@ _LAZY = {
     # MiniMax MoE grouped GEMM (docs/ops/moe.md)
     "moe_grouped_gemm": "moe",
     "MoeTileRecord": "moe",
+    "moe_flop_count": "moe",
+    "moe_tile_schedule": "moe",
     "moe_dispatch": "moe_routing",
     "moe_combine": "moe_routing",
     "MoeDispatch": "moe_routing",

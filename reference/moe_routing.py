@@ -1,5 +1,7 @@
 """Host glue around the grouped GEMM: MiniMax routing + token sort (dispatch) and the weighted
-unpermute-and-sum (combine), so a whole routed-MoE layer golden can be built (``op-facts`` §1.5).
+unpermute-and-sum (combine), so a whole routed-MoE layer golden can be built (the seeds' host
+code: hicann/pypto-gym, src/pypto_gym/transformers/minimax_m3/modeling_minimax_m3.py and the
+grouped-GEMM tests; docs/ops/moe.md).
 
 Dispatch (:func:`moe_dispatch`), all in FP32:
 
@@ -22,17 +24,33 @@ outputs back to ``[N, k, H]`` (BF16), multiply by the routing weights rounded to
 rounding per product), sum over ``k`` in FP32 in slot order and round once to BF16, multiply
 by ``routed_scaling_factor`` (one BF16 rounding) and add the shared expert's output (one BF16
 rounding).
+
+Arguments follow :mod:`tilesim.shared.validate` (NumPy or torch arrays). :class:`MoeDispatch` is
+a host plan and holds NumPy arrays whatever came in; :func:`moe_combine` returns the kind of
+``expert_out``. Each op sends one :mod:`tilesim.shared.trace` record (lane ``{}``, step 0,
+``key_range`` = the ``N*k`` routed rows of ``sorted_tokens``, ``flop`` 0; extra
+``num_tokens``, ``top_k`` and, for dispatch, ``counts``).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
-from tilesim.reference.interop import is_torch_tensor, to_numpy
 from tilesim.shared.casts import BF16, to_bf16, widen_to_fp32
+from tilesim.shared.trace import Trace, emit
+from tilesim.shared.validate import (
+    as_array,
+    check_bool,
+    check_choice,
+    check_finite,
+    check_float,
+    check_instance,
+    check_int,
+    check_trace,
+    same_kind,
+)
 
 _F32 = np.float32
 SCORE_KINDS = ("logits", "probabilities")
@@ -74,25 +92,70 @@ class MoeDispatch:
         return self.counts.shape[0]
 
 
-def _np(x):
-    return to_numpy(x) if is_torch_tensor(x) else x
-
-
-def _require(name: str, a, dtype, shape_desc: str, ndim: int) -> np.ndarray:
-    if not isinstance(a, np.ndarray):
-        raise TypeError(f"{name}: expected a numpy array (or CPU torch tensor), got {type(a)}")
-    if a.dtype != dtype:
-        raise TypeError(f"{name}: expected dtype {np.dtype(dtype)}, got {a.dtype}")
-    if a.ndim != ndim:
-        raise ValueError(f"{name}: expected shape {shape_desc}, got {a.shape}")
-    return a
-
-
 def sigmoid_fp32(x) -> np.ndarray:
     """Correctly rounded FP32 sigmoid (evaluated in float64, rounded once)."""
     x64 = np.asarray(x, dtype=np.float64)
     with np.errstate(over="ignore"):
         return (1.0 / (1.0 + np.exp(-x64))).astype(_F32)
+
+
+class _DispatchArgs(NamedTuple):
+    x: np.ndarray  # [N, H] BF16
+    logits: np.ndarray  # [N, E] FP32
+    bias: np.ndarray  # [E] FP32
+    top_k: int
+    normalize: bool
+    scores: str
+    pad_rows: int
+
+
+def _check_dispatch(hidden_states, router_logits, top_k, correction_bias, normalize, scores,
+                    pad_rows, trace) -> _DispatchArgs:  # fmt: skip
+    x = as_array(hidden_states, "hidden_states", dtype=BF16, ndim=2, layout="[N, H]")
+    logits = as_array(router_logits, "router_logits", dtype=np.float32, ndim=2, layout="[N, E]")
+    n, e = logits.shape
+    if n != x.shape[0]:
+        raise ValueError(
+            f"router_logits: expected {x.shape[0]} rows (one per token of hidden_states), "
+            f"got shape {logits.shape}"
+        )
+    if e == 0:
+        raise ValueError("router_logits: expected at least one expert column, got 0")
+    top_k = check_int(top_k, "top_k", lo=1, hi=e)
+    check_choice(scores, "scores", SCORE_KINDS)
+    normalize = check_bool(normalize, "normalize")
+    pad_rows = check_int(pad_rows, "pad_rows", lo=0)
+    check_finite(logits, "router_logits")
+    if scores == "probabilities" and logits.size and (logits.min() < 0 or logits.max() > 1):
+        raise ValueError(
+            f"router_logits: expected values in [0, 1] with scores='probabilities', got range "
+            f"[{float(logits.min())}, {float(logits.max())}]"
+        )
+    if correction_bias is None:
+        bias = np.zeros(e, dtype=_F32)
+    else:
+        bias = as_array(correction_bias, "correction_bias", dtype=np.float32, shape=(e,),
+                        layout="[E]")  # fmt: skip
+        check_finite(bias, "correction_bias")
+    check_trace(trace)
+    return _DispatchArgs(x, logits, bias, top_k, normalize, scores, pad_rows)
+
+
+def _route(a: _DispatchArgs) -> tuple[np.ndarray, np.ndarray]:
+    """(topk_ids [N, k] int64, topk_weights [N, k] FP32): steps 1-3 of the module docstring."""
+    w = sigmoid_fp32(a.logits) if a.scores == "logits" else a.logits.copy()
+    choice = w + a.bias  # FP32 add
+    # descending selection score; the stable sort keeps the lower expert id first on ties
+    order = np.argsort(-choice, axis=1, kind="stable")
+    topk_ids = np.ascontiguousarray(order[:, : a.top_k]).astype(np.int64)
+    topk_w = np.take_along_axis(w, topk_ids, axis=1)  # FP32, without the bias
+    if a.normalize:
+        total = np.zeros(topk_w.shape[0], dtype=_F32)
+        for j in range(a.top_k):  # sequential FP32 sum in slot order
+            total = total + topk_w[:, j]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            topk_w = topk_w / total[:, None]
+    return topk_ids, topk_w.astype(_F32)
 
 
 def moe_dispatch(
@@ -104,7 +167,7 @@ def moe_dispatch(
     normalize: bool = False,
     scores: str = "logits",
     pad_rows: int = 0,
-    trace: Callable[[dict], None] | None = None,
+    trace: Trace = None,
 ) -> MoeDispatch:
     """MiniMax routing and the expert-sorted token layout the grouped GEMM expects.
 
@@ -117,60 +180,16 @@ def moe_dispatch(
         normalize: divide the chosen weights by their FP32 sum (M3 ``norm_topk_prob``).
         pad_rows: zero rows appended to ``sorted_tokens`` (the seeds' host pads 64 so the
             kernel's tail prefetch stays in bounds); ``expert_cumsum`` does not cover them.
-        trace: called once with ``{"op": "moe_dispatch", "num_tokens", "top_k", "counts"}``.
+        trace: called once with a :mod:`tilesim.shared.trace` record (op ``"moe_dispatch"``,
+            extra ``num_tokens``, ``top_k``, ``counts``).
 
     Returns:
-        :class:`MoeDispatch`. Inputs are never modified.
+        :class:`MoeDispatch` (NumPy arrays). Inputs are never modified.
     """
-    x = _require("hidden_states", _np(hidden_states), BF16, "[N, H]", 2)
-    logits = _require("router_logits", _np(router_logits), np.float32, "[N, E]", 2)
-    n, _h = x.shape
-    if logits.shape[0] != n:
-        raise ValueError(
-            f"router_logits: expected {n} rows (one per token of hidden_states), "
-            f"got shape {logits.shape}"
-        )
-    e = logits.shape[1]
-    if e == 0:
-        raise ValueError("router_logits: expected at least one expert column, got 0")
-    if not isinstance(top_k, int) or isinstance(top_k, bool) or not 1 <= top_k <= e:
-        raise ValueError(f"top_k: expected an int in [1, E = {e}], got {top_k!r}")
-    if scores not in SCORE_KINDS:
-        raise ValueError(f"scores: expected one of {SCORE_KINDS}, got {scores!r}")
-    if not isinstance(normalize, bool):
-        raise TypeError(f"normalize: expected a bool, got {normalize!r}")
-    if not isinstance(pad_rows, int) or isinstance(pad_rows, bool) or pad_rows < 0:
-        raise ValueError(f"pad_rows: expected a non-negative int, got {pad_rows!r}")
-    if not np.all(np.isfinite(logits)):
-        raise ValueError("router_logits: expected finite values, got NaN or inf")
-    if scores == "probabilities" and logits.size and (logits.min() < 0 or logits.max() > 1):
-        raise ValueError(
-            f"router_logits: scores='probabilities' expects values in [0, 1], got range "
-            f"[{float(logits.min())}, {float(logits.max())}]"
-        )
-    if correction_bias is None:
-        bias = np.zeros(e, dtype=_F32)
-    else:
-        bias = _require("correction_bias", _np(correction_bias), np.float32, f"[E = {e}]", 1)
-        if bias.shape != (e,):
-            raise ValueError(f"correction_bias: expected shape ({e},), got {bias.shape}")
-        if not np.all(np.isfinite(bias)):
-            raise ValueError("correction_bias: expected finite values, got NaN or inf")
-
-    w = sigmoid_fp32(logits) if scores == "logits" else logits.copy()
-    choice = w + bias  # FP32 add
-    # descending selection score; the stable sort keeps the lower expert id first on ties
-    order = np.argsort(-choice, axis=1, kind="stable")
-    topk_ids = np.ascontiguousarray(order[:, :top_k]).astype(np.int64)
-    topk_w = np.take_along_axis(w, topk_ids, axis=1)  # FP32, without the bias
-    if normalize:
-        total = np.zeros(n, dtype=_F32)
-        for j in range(top_k):  # sequential FP32 sum in slot order
-            total = total + topk_w[:, j]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            topk_w = topk_w / total[:, None]
-    topk_w = topk_w.astype(_F32)
-
+    a = _check_dispatch(hidden_states, router_logits, top_k, correction_bias, normalize, scores,
+                        pad_rows, trace)  # fmt: skip
+    n, e = a.logits.shape
+    topk_ids, topk_w = _route(a)
     flat = topk_ids.reshape(-1)
     perm = np.argsort(flat, kind="stable").astype(np.int64)
     inv = np.empty_like(perm)
@@ -178,10 +197,10 @@ def moe_dispatch(
     counts = np.bincount(flat, minlength=e).astype(np.int64)
     cumsum = np.zeros(e + 1, dtype=np.int32)
     cumsum[1:] = np.cumsum(counts)
-    sorted_tokens = np.zeros((perm.size + pad_rows, x.shape[1]), dtype=BF16)
-    sorted_tokens[: perm.size] = x[perm // top_k]
-    if trace is not None:
-        trace({"op": "moe_dispatch", "num_tokens": n, "top_k": top_k, "counts": counts.tolist()})
+    sorted_tokens = np.zeros((perm.size + a.pad_rows, a.x.shape[1]), dtype=BF16)
+    sorted_tokens[: perm.size] = a.x[perm // a.top_k]
+    emit(trace, "moe_dispatch", {}, 0, (0, perm.size), num_tokens=n, top_k=a.top_k,
+         counts=counts.tolist())  # fmt: skip
     return MoeDispatch(
         sorted_tokens=sorted_tokens,
         expert_cumsum=cumsum,
@@ -193,58 +212,62 @@ def moe_dispatch(
     )
 
 
+class _CombineArgs(NamedTuple):
+    y_sorted: np.ndarray  # [>= N*k, H] BF16
+    scale: float
+    shared: np.ndarray | None  # [N, H] BF16
+
+
+def _check_combine(expert_out, dispatch, routed_scaling_factor, shared_expert_out,
+                   trace) -> _CombineArgs:  # fmt: skip
+    y_sorted = as_array(expert_out, "expert_out", dtype=BF16, ndim=2, layout="[N*k, H]")
+    check_instance(dispatch, "dispatch", MoeDispatch)
+    n, k = dispatch.topk_ids.shape
+    if y_sorted.shape[0] < n * k:
+        raise ValueError(
+            f"expert_out: expected at least N*k = {n * k} rows, got shape {y_sorted.shape}"
+        )
+    scale = check_float(routed_scaling_factor, "routed_scaling_factor", fp32=True)
+    shared = None
+    if shared_expert_out is not None:
+        shared = as_array(shared_expert_out, "shared_expert_out", dtype=BF16,
+                          shape=(n, y_sorted.shape[1]), layout="[N, H]")  # fmt: skip
+    check_trace(trace)
+    return _CombineArgs(y_sorted, scale, shared)
+
+
 def moe_combine(
     expert_out,
     dispatch: MoeDispatch,
     *,
     routed_scaling_factor: float = 1.0,
     shared_expert_out=None,
-    trace: Callable[[dict], None] | None = None,
-) -> np.ndarray:
+    trace: Trace = None,
+):
     """Unpermute, weight and sum the grouped GEMM's output: ``[N*k(+pad), H]`` -> ``[N, H]`` BF16.
 
     ``y[t] = bf16(bf16(sum_j fp32(bf16(out[inv[t*k+j]] * bf16(w[t, j])))) * scale)``, then
     ``bf16(y + shared_expert_out)`` when a shared expert output ``[N, H]`` BF16 is given. The
     sum over slots ``j`` is sequential in FP32 in slot order. Rows of ``expert_out`` past
     ``N*k`` (padding) are ignored. ``routed_scaling_factor`` is applied as an FP32 multiply
-    (exact for 1.0 and 2.0, M3's value). ``trace`` is called once with ``{"op": "moe_combine"}``.
+    (exact for 1.0 and 2.0, M3's value). ``trace`` gets one record (op ``"moe_combine"``).
+    The result is a torch tensor when ``expert_out`` is one, else a NumPy array.
     """
-    if not isinstance(dispatch, MoeDispatch):
-        raise TypeError(f"dispatch: expected a MoeDispatch, got {type(dispatch)}")
-    y_sorted = _require("expert_out", _np(expert_out), BF16, "[N*k, H]", 2)
+    a = _check_combine(expert_out, dispatch, routed_scaling_factor, shared_expert_out, trace)
     n, k = dispatch.topk_ids.shape
-    if y_sorted.shape[0] < n * k:
-        raise ValueError(
-            f"expert_out: expected at least N*k = {n * k} rows, got shape {y_sorted.shape}"
-        )
-    h = y_sorted.shape[1]
-    if (
-        not isinstance(routed_scaling_factor, (int, float))
-        or isinstance(routed_scaling_factor, bool)
-        or not math.isfinite(routed_scaling_factor)
-    ):
-        raise ValueError(
-            f"routed_scaling_factor: expected a finite number, got {routed_scaling_factor!r}"
-        )
-    shared = None
-    if shared_expert_out is not None:
-        shared = _require("shared_expert_out", _np(shared_expert_out), BF16, f"[{n}, {h}]", 2)
-        if shared.shape != (n, h):
-            raise ValueError(f"shared_expert_out: expected shape {(n, h)}, got {shared.shape}")
-
-    gathered = widen_to_fp32(y_sorted[dispatch.inv_perm]).reshape(n, k, h)
+    h = a.y_sorted.shape[1]
+    gathered = widen_to_fp32(a.y_sorted[dispatch.inv_perm]).reshape(n, k, h)
     w_bf16 = widen_to_fp32(to_bf16(dispatch.topk_weights))  # the host's .to(hidden dtype)
     prods = widen_to_fp32(to_bf16(gathered * w_bf16[:, :, None]))  # BF16 multiply
     acc = np.zeros((n, h), dtype=_F32)
     for j in range(k):  # FP32 sum over the top-k slots, slot order
         acc = acc + prods[:, j]
     routed = to_bf16(acc)
-    routed = to_bf16(widen_to_fp32(routed) * _F32(routed_scaling_factor))
-    if shared is not None:
-        routed = to_bf16(widen_to_fp32(routed) + widen_to_fp32(shared))
-    if trace is not None:
-        trace({"op": "moe_combine", "num_tokens": n, "top_k": k})
-    return routed
+    routed = to_bf16(widen_to_fp32(routed) * _F32(a.scale))
+    if a.shared is not None:
+        routed = to_bf16(widen_to_fp32(routed) + widen_to_fp32(a.shared))
+    emit(trace, "moe_combine", {}, 0, (0, n * k), num_tokens=n, top_k=k)
+    return same_kind(routed, expert_out)
 
 
-__all__ = ["MoeDispatch", "moe_combine", "moe_dispatch", "sigmoid_fp32"]
+__all__ = ["SCORE_KINDS", "MoeDispatch", "moe_combine", "moe_dispatch", "sigmoid_fp32"]

@@ -11,7 +11,8 @@ with the same tiling:
    itself.
 
 The checks run in a spawned process per case (``tilesim.device.sim.isolated``) and return
-plain numbers.
+plain numbers. The seed case ``m3_case_smoke_edge`` goes in as NumPy arrays (the wrapper's
+NumPy-in, NumPy-out rule), the others as torch tensors.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ CASES = {
         0.5,
         0.3,
     ),
-    # the M3 seed case: counts [1,0,3,4], unroll "1,2,4" (chunks 2+1, 4), clamp exercised
+    # the M3 seed case: counts [1,0,3,4], unroll "1,2,4" (chunks 2+1, 4), clamp exercised;
+    # passed to the wrapper as NumPy arrays
     "m3_case_smoke_edge": ("seed", "m3_case_smoke_edge"),
 }
 SLOW_CASES = {
@@ -98,11 +100,32 @@ def _ulp_bf16(v: np.ndarray) -> np.ndarray:
     return 2.0 ** (e - 7)
 
 
+def _device_run(x, w13, w2, cs, dims, tiling, sentinel, soc, numpy_io):
+    """The wrapper on the simulator with torch tensors, or with NumPy arrays (``numpy_io``);
+    returns (out as a torch tensor, cost µs, trace records)."""
+    from tilesim.device import moe_grouped_gemm
+    from tilesim.shared.interop import to_numpy, to_torch
+
+    dev_trace = []
+    args = [x, (w13, w2), cs]
+    out = sentinel.clone()
+    if numpy_io:
+        args = [to_numpy(x).copy(), tuple(to_numpy(w).copy() for w in (w13, w2)),
+                to_numpy(cs).copy()]  # fmt: skip
+        out = to_numpy(out).copy()
+    got, us = moe_grouped_gemm(*args, dims, tiling=tiling, out=out, backend="sim", soc=soc,
+                               trace=dev_trace.append)  # fmt: skip
+    assert got is out, "the wrapper must return the given out"
+    if numpy_io:
+        assert isinstance(got, np.ndarray)
+        got = to_torch(got)
+    return got, us, dev_trace
+
+
 def check_moe(spec, soc) -> dict:
     """Runs in the isolated child: kernel in the simulator, reference, metrics."""
     import ml_dtypes
     import torch
-    from tilesim.device import moe_grouped_gemm
     from tilesim.reference import moe_grouped_gemm as reference
     from tilesim.reference.numerics import ulp_distance
 
@@ -110,18 +133,9 @@ def check_moe(spec, soc) -> dict:
     h, i = dims.hidden_size, dims.intermediate_size
     before = [t.clone() for t in (x, w13, w2, cs)]
     sentinel = torch.full_like(x, -3.0)
-    dev_trace, ref_trace = [], []
-    out, us = moe_grouped_gemm(
-        x,
-        (w13, w2),
-        cs,
-        dims,
-        tiling=tiling,
-        out=sentinel.clone(),
-        backend="sim",
-        soc=soc,
-        trace=dev_trace.append,
-    )
+    numpy_io = spec == ("seed", "m3_case_smoke_edge")
+    out, us, dev_trace = _device_run(x, w13, w2, cs, dims, tiling, sentinel, soc, numpy_io)
+    ref_trace = []
     gold = reference(
         x, (w13, w2), cs, dims, tiling=tiling, out=sentinel.clone(), trace=ref_trace.append
     )
@@ -265,6 +279,12 @@ def test_bad_arguments_name_the_argument():
         moe_grouped_gemm(x, (w13, w2), bad, dims, backend="sim")
     with pytest.raises(ValueError, match="round_activation"):
         moe_grouped_gemm(x, (w13, w2), cs, dims, backend="sim", round_activation=False)
+    with pytest.raises(TypeError, match="sorted_tokens: expected a numpy array or a torch"):
+        moe_grouped_gemm(x.tolist(), (w13, w2), cs, dims, backend="sim")
+    with pytest.raises(TypeError, match="trace: expected a callable"):
+        moe_grouped_gemm(x, (w13, w2), cs, dims, backend="sim", trace="print")
+    with pytest.raises(ValueError, match="out: expected memory of its own"):
+        moe_grouped_gemm(x, (w13, w2), cs, dims, backend="sim", out=x)
     with pytest.raises(ValueError, match="gate_up_layout"):
         moe_grouped_gemm(
             x,
@@ -286,3 +306,19 @@ def test_no_tokens_launches_nothing():
     out = torch.full_like(x, 2.0)
     got, us = moe_grouped_gemm(x, (w13, w2), cs, MoeDims(2, 32, 16), out=out, backend="sim")
     assert got is out and us == 0.0 and bool((out == 2.0).all())
+
+
+@pytest.mark.torch
+def test_numpy_in_numpy_out_without_tokens():
+    from tilesim.device import moe_grouped_gemm
+    from tilesim.shared.interop import to_numpy
+    from tilesim.shared.models import MoeDims
+
+    x, w13, w2, _ = _case_tensors([0, 0], 32, 16, 1.0, 1.0, 0)
+    args = [to_numpy(t).copy() for t in (x, w13, w2)]
+    cs = np.zeros(3, dtype=np.int32)
+    seen = []
+    got, us = moe_grouped_gemm(args[0], (args[1], args[2]), cs, MoeDims(2, 32, 16),
+                               backend="sim", trace=seen.append)  # fmt: skip
+    assert isinstance(got, np.ndarray) and got.shape == (3, 32) and us == 0.0
+    assert not got.astype(np.float32).any() and seen == []

@@ -1,9 +1,10 @@
-"""moe_grouped_gemm: independent float64 oracle with a derived error bound, bit-exact K-tile
-accumulation model, loop-nest properties, bad inputs, interop.
+"""moe_grouped_gemm: independent float64 oracle with a derived error bound, the loop nest
+written out with math.fsum, loop-nest properties, the trace schema, bad inputs, interop.
 
-The float64 oracle (:func:`oracle64`) is written per expert with full-K float64 matmuls and the
-activation formulas in float64; it shares no code with the golden. Its error bound
-(:func:`oracle_bound`) follows from the golden's documented rounding points:
+The oracles live in tests/oracles/moe.py. The float64 oracle (``oracle64``) is written per
+expert with full-K float64 matmuls and the activation formulas in float64; it shares no code
+with the golden. Its error bound
+(``oracle_bound``) follows from the golden's documented rounding points:
 
 * mm1/mm2 with ``nk`` K tiles: each tile partial is rounded once to FP32 and ``nk - 1`` FP32
   adds follow, so ``|GU32 - GU| <= (nk1 + 1) 2^-24 S1`` with ``S1 = |x| @ |W13|`` (same for mm2
@@ -24,113 +25,30 @@ import math
 import ml_dtypes
 import numpy as np
 import pytest
+import tilesim.reference.moe as moe_mod
+from oracles.moe import (
+    assert_within_oracle,
+    chunk_loop_golden,
+    half_bf16_spacing,
+    oracle64,
+    torch_seed_golden,
+)
 from tilesim.reference import MOE_CASES, moe_grouped_gemm, moe_make_case, ulp_distance
 from tilesim.reference.moe import (
     MoeTileRecord,
-    ktiled_matmul_fp32,
     moe_activation,
+    moe_flop_count,
     moe_tile_schedule,
 )
-from tilesim.shared import MoeDims, MoeTiling, to_bf16, widen_to_fp32
+from tilesim.shared import MoeDims, MoeTiling, loop_unroll_chunks, to_bf16
+from tilesim.shared.trace import check_record
 
 BF = ml_dtypes.bfloat16
 U32 = 2.0**-24
 
 
-# --------------------------------------------------------------------------- oracle
-
-
 def _f64(a):
     return np.asarray(a).astype(np.float32).astype(np.float64)
-
-
-def _split(gu, layout, i):
-    if layout == "halves":
-        return gu[:, :i], gu[:, i:]
-    return gu[:, 0::2], gu[:, 1::2]
-
-
-def oracle64(case, round_activation=None):
-    """Float64 per-expert reference. Returns (D64 [N, H], bound-ingredients per expert)."""
-    inp, p = case["inputs"], case["params"]
-    d: MoeDims = p["dims"]
-    rnd = p["round_activation"] if round_activation is None else round_activation
-    x = _f64(inp["sorted_tokens"])
-    w13, w2 = (_f64(w) for w in inp["weights"])
-    cs = np.asarray(inp["expert_cumsum"]).astype(np.int64)
-    h, i = d.hidden_size, d.intermediate_size
-    out = np.zeros((x.shape[0], h))
-    parts = []
-    for e in range(d.num_experts):
-        rows = slice(cs[e], cs[e + 1])
-        if cs[e + 1] == cs[e]:
-            continue
-        xe = x[rows]
-        w13e, w2e = w13[e * h : (e + 1) * h], w2[e * i : (e + 1) * i]
-        gate, up = _split(xe @ w13e, d.gate_up_layout, i)
-        s1g, s1u = _split(np.abs(xe) @ np.abs(w13e), d.gate_up_layout, i)
-        if d.activation == "silu":
-            g, u = gate, up
-            a = g * up / (1.0 + np.exp(-g))
-            rel = 8.0 + 0.0 * g
-            dg = 1.1 * np.abs(u)
-        else:
-            g = np.minimum(gate, d.limit)
-            u = np.clip(up, -d.limit, d.limit)
-            with np.errstate(over="ignore"):
-                a = (u + d.beta) * g / (1.0 + np.exp(-d.alpha * g))
-            rel = 2.0 * np.abs(d.alpha * g) + 8.0
-            dg = (np.abs(u) + abs(d.beta)) * (1.0 + d.alpha * np.abs(g) / 4.0)
-        dup = np.abs(g) + 1.0
-        parts.append((rows, a, rel, dg, dup, s1g, s1u, w2e))
-        a_used = a.astype(BF).astype(np.float64) if rnd else a
-        out[rows] = a_used @ w2e
-    return out, parts
-
-
-def oracle_bound(case, parts, round_activation=None):
-    """Per-element bound E on |D32 - D64| (see the module docstring)."""
-    p = case["params"]
-    d, t = p["dims"], p["tiling"]
-    rnd = p["round_activation"] if round_activation is None else round_activation
-    nk1 = math.ceil(d.hidden_size / t.mm1_k)
-    nk2 = math.ceil(d.intermediate_size / t.mm2_k)
-    g1, g2 = (nk1 + 1) * U32 * 1.01, (nk2 + 1) * U32 * 1.01
-    n = case["inputs"]["sorted_tokens"].shape[0]
-    bound = np.zeros((n, d.hidden_size))
-    for rows, a, rel, dg, dup, s1g, s1u, w2e in parts:
-        da = rel * U32 * np.abs(a) + 1.1 * g1 * (dg * s1g + dup * s1u) + 1e-30
-        if rnd:
-            lo = (a - da).astype(BF).astype(np.float64)
-            hi = (a + da).astype(BF).astype(np.float64)
-            da = hi - lo  # 0 unless a BF16 rounding boundary lies within a +- da
-            a_used = a.astype(BF).astype(np.float64)
-        else:
-            a_used = a
-        s2 = (np.abs(a_used) + da) @ np.abs(w2e)  # >= |A_golden| @ |W2|
-        bound[rows] = da @ np.abs(w2e) + g2 * s2
-    return bound
-
-
-def half_bf16_spacing(y: np.ndarray) -> np.ndarray:
-    """Half the BF16 spacing at |y| (>= half the smallest subnormal)."""
-    m = np.abs(y.astype(np.float64))
-    e = np.floor(np.log2(np.maximum(m, 2.0**-126)))
-    return 0.5 * 2.0 ** np.maximum(e - 7, -133)
-
-
-def assert_within_oracle(case, y, round_activation=None):
-    d64, parts = oracle64(case, round_activation)
-    bound = oracle_bound(case, parts, round_activation)
-    err = np.abs(y.astype(np.float64) - d64)
-    allowed = half_bf16_spacing(y) + bound
-    bad = err > allowed
-    worst = np.unravel_index(np.argmax(err - allowed), err.shape)
-    assert not bad.any(), (
-        f"{int(bad.sum())} elements outside the bound; worst excess "
-        f"{float((err - allowed).max()):.3g} at {worst}"
-    )
-    return d64
 
 
 def run(case, **over):
@@ -146,34 +64,22 @@ def o1_case(activation="silu", layout="halves", seed=0, **kw):
     return moe_make_case(None, seed=seed, activation=activation, gate_up_layout=layout, **kw)
 
 
-# --------------------------------------------------------------------------- K-tile model
+# --------------------------------------------------------------------------- loop nest model
 
 
-def test_ktiled_matmul_matches_exact_per_tile_rounding():
-    """Each tile partial = exact sum (math.fsum) rounded to FP32; FP32 adds in tile order."""
-    rng = np.random.default_rng(5)
-    m, k, n, kt = 3, 200, 5, 48
-    x = widen_to_fp32(to_bf16(rng.standard_normal((m, k), dtype=np.float32)))
-    w = widen_to_fp32(to_bf16(rng.standard_normal((k, n), dtype=np.float32)))
-    got = ktiled_matmul_fp32(x, w, kt)
-    for r in range(m):
-        for c in range(n):
-            acc = None
-            for k0 in range(0, k, kt):
-                terms = [float(x[r, j]) * float(w[j, c]) for j in range(k0, min(k0 + kt, k))]
-                part = np.float32(math.fsum(terms))
-                acc = part if acc is None else np.float32(acc + part)
-            assert got[r, c].tobytes() == acc.tobytes(), (r, c, got[r, c], acc)
-
-
-def test_ktiled_matmul_single_tile_is_one_rounding_of_the_exact_sum():
-    rng = np.random.default_rng(6)
-    x = widen_to_fp32(to_bf16(rng.standard_normal((4, 64), dtype=np.float32)))
-    w = widen_to_fp32(to_bf16(rng.standard_normal((64, 7), dtype=np.float32)))
-    exact = np.array(
-        [[math.fsum(x[r] * w[:, c].astype(np.float64)) for c in range(7)] for r in range(4)]
-    )
-    np.testing.assert_array_equal(ktiled_matmul_fp32(x, w, 64), exact.astype(np.float32))
+@pytest.mark.parametrize("activation", ["silu", "swigluoai"])
+@pytest.mark.parametrize("round_activation", [True, False])
+def test_golden_equals_the_chunk_loop_written_out_with_fsum(activation, round_activation):
+    """The whole loop nest, chunk by chunk, with math.fsum K-tile partials (oracles.moe)."""
+    case = moe_make_case(
+        None, seed=2, activation=activation, hidden_size=48, intermediate_size=32,
+        counts=(5, 0, 3, 1), mm1_k=16, mm2_k=16, unroll=(1, 2, 4),
+        input_scale=1.0 if activation == "silu" else 3.0, weight_scale=0.25,
+        round_activation=round_activation,
+    )  # fmt: skip
+    unroll = case["params"]["tiling"].unroll
+    want = chunk_loop_golden(case, lambda n: loop_unroll_chunks(n, unroll))
+    assert run(case).tobytes() == want.tobytes()
 
 
 # --------------------------------------------------------------------------- activation
@@ -336,7 +242,7 @@ def test_zero_token_experts_are_skipped_even_with_nan_weights():
         inp["sorted_tokens"], (w13, w2), inp["expert_cumsum"], **case["params"], trace=seen.append
     )
     assert np.isfinite(y.astype(np.float32)).all()
-    assert {r["expert"] for r in seen} == {0, 2}
+    assert {r["lane"]["expert"] for r in seen} == {0, 2}
     assert y.tobytes() == run(case).tobytes()
 
 
@@ -388,15 +294,50 @@ def test_trace_follows_loop_unroll_and_schedule():
     case = o1_case("silu", seed=15, counts=(63, 0, 100, 3), hidden_size=32, intermediate_size=16)
     seen = []
     run(case, trace=seen.append)
-    sizes = [(r["expert"], r["chunk"]) for r in seen]
+    for r in seen:
+        check_record(r)
+    sizes = [(r["lane"]["expert"], r["extra"]["chunk"]) for r in seen]
     assert sizes == [(0, 32), (0, 16), (0, 8), (0, 4), (0, 2), (0, 1), (2, 64), (2, 32), (2, 4),
                      (3, 2), (3, 1)]  # fmt: skip
+    assert [r["step"] for r in seen] == [0, 1, 2, 3, 4, 5, 0, 1, 2, 0, 1]
     assert all(r["op"] == "moe_grouped_gemm" for r in seen)
-    assert [r["row0"] for r in seen][:3] == [0, 32, 48]
-    assert seen[6]["row0"] == 63 and seen[7]["token_offset"] == 64 and seen[7]["row0"] == 127
+    assert [r["key_range"] for r in seen][:3] == [(0, 32), (32, 48), (48, 56)]
+    assert seen[6]["key_range"] == (63, 127) and seen[7]["extra"]["token_offset"] == 64
+    assert seen[7]["key_range"][0] == 127
+    assert all(r["keys_used"] == r["extra"]["chunk"] for r in seen)
+    assert all(r["row_max"] is None and r["row_sum"] is None for r in seen)
+    # per chunk: mm1 [tb, 32] @ [32, 32] and mm2 [tb, 16] @ [16, 32], 2 FLOPs per multiply-add
+    assert all(r["flop"] == r["keys_used"] * (2 * 32 * 32 + 2 * 16 * 32) for r in seen)
     sched = moe_tile_schedule(case["inputs"]["expert_cumsum"], case["params"]["tiling"].unroll)
-    assert [s.as_trace() for s in sched] == seen
+    assert [s.as_trace(case["params"]["dims"]) for s in sched] == seen
     assert isinstance(sched[0], MoeTileRecord)
+
+
+def test_flop_count_is_the_sum_of_the_trace_and_the_published_m27_figure():
+    case = o1_case("swigluoai", seed=5, counts=(7, 0, 9, 2), hidden_size=64, intermediate_size=32)
+    seen = []
+    run(case, trace=seen.append)
+    cs, dims = case["inputs"]["expert_cumsum"], case["params"]["dims"]
+    assert moe_flop_count(cs, dims) == sum(r["flop"] for r in seen) == 18 * 6 * 64 * 32
+    # m27_case_001: 63 rows, H 3072, I 1536, "about 1.8 GFLOP" (issue 3 of this project)
+    m27 = MoeDims(8, 3072, 1536)
+    cs27 = np.concatenate([[0], np.cumsum([0, 1, 2, 4, 8, 16, 32, 0])]).astype(np.int32)
+    assert 1.7e9 < moe_flop_count(cs27, m27) < 1.9e9
+    with pytest.raises(ValueError, match="non-decreasing"):
+        moe_flop_count(np.array([0, 3, 2], np.int32), MoeDims(2, 32, 16))
+
+
+@pytest.mark.parametrize("activation", ["silu", "swigluoai"])
+def test_fast_path_equals_the_chunk_loop(activation, monkeypatch):
+    """_FAST (one product per expert) vs the plain chunk loop: same bits, same records."""
+    case = o1_case(activation, seed=21, counts=(63, 0, 100, 3))
+    t1, t2 = [], []
+    monkeypatch.setattr(moe_mod, "_FAST", True)
+    fast = run(case, trace=t1.append)
+    monkeypatch.setattr(moe_mod, "_FAST", False)
+    plain = run(case, trace=t2.append)
+    assert fast.tobytes() == plain.tobytes()
+    assert t1 == t2 and len(t1) == 11
 
 
 def test_tiling_none_reads_env_at_call_time(monkeypatch):
@@ -405,14 +346,19 @@ def test_tiling_none_reads_env_at_call_time(monkeypatch):
     monkeypatch.setenv("PYPTO_UNROLL", "1")
     seen = []
     moe_grouped_gemm(**case["inputs"], **params, trace=seen.append)
-    assert [r["chunk"] for r in seen] == [1] * 6
+    assert [r["extra"]["chunk"] for r in seen] == [1] * 6
     monkeypatch.setenv("PYPTO_UNROLL", "1,2,4")
     seen.clear()
     moe_grouped_gemm(**case["inputs"], **params, trace=seen.append)
-    assert [r["chunk"] for r in seen] == [2, 1, 2, 1]
+    assert [r["extra"]["chunk"] for r in seen] == [2, 1, 2, 1]
 
 
 # --------------------------------------------------------------------------- bad input
+
+
+def _read_only(a):
+    a.flags.writeable = False
+    return a
 
 
 def _small():
@@ -428,17 +374,17 @@ def _small():
         (lambda i, p: i.update(sorted_tokens=i["sorted_tokens"][None]), ValueError,
          "sorted_tokens: expected a 2-D"),
         (lambda i, p: i.update(sorted_tokens=i["sorted_tokens"][:, :16]), ValueError,
-         "sorted_tokens: expected \\[N_total, H = 32\\]"),
+         "sorted_tokens: expected shape \\(\\*, 32\\) \\[N_total, H\\]"),
         (lambda i, p: i.update(sorted_tokens=[[1.0]]), TypeError,
-         "sorted_tokens: expected a numpy"),
+         "sorted_tokens: expected a numpy array or a torch tensor, got list"),
         (lambda i, p: i.update(weights=i["weights"][0]), TypeError, "weights: expected a"),
         (lambda i, p: i.update(weights=(i["weights"][0],)), TypeError, "of length 1"),
         (lambda i, p: i.update(weights=(i["weights"][0].astype(np.float32), i["weights"][1])),
          TypeError, "w13_flat: expected dtype bfloat16"),
         (lambda i, p: i.update(weights=(i["weights"][0][:-1], i["weights"][1])), ValueError,
-         "w13_flat: expected shape \\(E\\*H, 2I\\) = \\(128, 32\\)"),
+         "w13_flat: expected shape \\(128, 32\\) \\[E\\*H, 2I\\]"),
         (lambda i, p: i.update(weights=(i["weights"][0], i["weights"][1][:, :-1])), ValueError,
-         "w2_flat: expected shape \\(E\\*I, H\\) = \\(64, 32\\)"),
+         "w2_flat: expected shape \\(64, 32\\) \\[E\\*I, H\\]"),
         (lambda i, p: i.update(weights=(i["weights"][0], i["weights"][1].astype(np.float16))),
          TypeError, "w2_flat: expected dtype bfloat16"),
         (lambda i, p: i.update(expert_cumsum=i["expert_cumsum"].astype(np.int64)), TypeError,
@@ -446,7 +392,7 @@ def _small():
         (lambda i, p: i.update(expert_cumsum=i["expert_cumsum"][:-1]), ValueError,
          "expert_cumsum: expected length E\\+1 = 5"),
         (lambda i, p: i.update(expert_cumsum=i["expert_cumsum"] + np.int32(1)), ValueError,
-         "expert_cumsum\\[0\\] == 0"),
+         "expected expert_cumsum\\[0\\] == 0, got 1"),
         (lambda i, p: i.update(expert_cumsum=np.array([0, 2, 1, 3, 4], np.int32)), ValueError,
          "non-decreasing"),
         (lambda i, p: i.update(expert_cumsum=np.array([0, 2, 2, 3, 5], np.int32)), ValueError,
@@ -460,10 +406,18 @@ def _small():
         (lambda i, p: p.update(out=np.zeros((4, 32), np.float32)), TypeError,
          "out: expected dtype bfloat16"),
         (lambda i, p: p.update(out=np.zeros((5, 32), BF)), ValueError, "out: expected shape"),
-        (lambda i, p: p.update(out=i["sorted_tokens"]), ValueError, "out: must not share"),
+        (lambda i, p: p.update(out=i["sorted_tokens"]), ValueError,
+         "out: expected memory of its own, got memory shared with sorted_tokens"),
+        (lambda i, p: p.update(out=_read_only(np.zeros((4, 32), BF))), ValueError,
+         "out: expected a writeable"),
+        (lambda i, p: p.update(round_activation="yes"), TypeError,
+         "round_activation: expected a bool"),
+        (lambda i, p: i.update(weights=[i["weights"][0].tolist(), i["weights"][1]]), TypeError,
+         "w13_flat: expected a numpy array or a torch tensor, got list"),
     ],
 )  # fmt: skip
 def test_bad_inputs_raise_clear_errors(mutate, exc, match):
+    """Every bad argument is named; trace is checked with the rest, before any work."""
     inp, params = _small()
     mutate(inp, params)
     with pytest.raises(exc, match=match):
@@ -498,10 +452,10 @@ def test_moedims_itself_rejects_unknown_activation_and_non_finite():
 def test_swiglu_tiling_override_must_agree_with_dims(monkeypatch):
     inp, _ = _small()
     dims = MoeDims(4, 32, 16, "swigluoai")
-    with pytest.raises(ValueError, match="tiling.swiglu_alpha = 1.5"):
+    with pytest.raises(ValueError, match="tiling.swiglu_alpha: expected the default 1.702 or dims"):
         moe_grouped_gemm(**inp, dims=dims, tiling=MoeTiling(swiglu_alpha=1.5))
     monkeypatch.setenv("PYPTO_SWIGLU_LIMIT", "6.0")
-    with pytest.raises(ValueError, match="swiglu_limit"):
+    with pytest.raises(ValueError, match="tiling.swiglu_limit: .*got 6.0 \\(PYPTO_SWIGLU_LIMIT\\)"):
         moe_grouped_gemm(**inp, dims=dims)
     dims6 = MoeDims(4, 32, 16, "swigluoai", limit=6.0)
     moe_grouped_gemm(**inp, dims=dims6)  # agreeing override is fine
@@ -515,7 +469,7 @@ def test_swiglu_tiling_override_must_agree_with_dims(monkeypatch):
 @pytest.mark.torch
 def test_torch_tensors_in_torch_tensor_out():
     import torch
-    from tilesim.reference.interop import to_numpy, to_torch
+    from tilesim.shared.interop import to_numpy, to_torch
 
     case = o1_case("swigluoai", seed=17, hidden_size=64, intermediate_size=32)
     inp = case["inputs"]
@@ -528,54 +482,38 @@ def test_torch_tensors_in_torch_tensor_out():
     )
     assert isinstance(yt, torch.Tensor) and yt.dtype == torch.bfloat16
     assert to_numpy(yt).tobytes() == y.tobytes()
-    # a non-contiguous torch `out` is written back; untouched rows are kept
+    # the first array argument decides: NumPy tokens with torch weights give NumPy
+    y_np = moe_grouped_gemm(inp["sorted_tokens"], tuple(to_torch(w) for w in inp["weights"]),
+                            to_torch(inp["expert_cumsum"]), **case["params"])  # fmt: skip
+    assert isinstance(y_np, np.ndarray) and y_np.tobytes() == y.tobytes()
+    # a non-contiguous torch `out` is written back and returned; untouched rows are kept
     n, h = y.shape
     big = torch.full((h, n + 2), 5.0, dtype=torch.bfloat16)
-    out_t = big.t()[: n + 0]  # [n, h] view, not contiguous
+    out_t = big.t()[:n]  # [n, h] view, not contiguous
     assert not out_t.is_contiguous()
-    got = moe_grouped_gemm(to_torch(inp["sorted_tokens"]), inp["weights"], inp["expert_cumsum"],
+    got = moe_grouped_gemm(inp["sorted_tokens"], inp["weights"], inp["expert_cumsum"],
                            **case["params"], out=out_t)  # fmt: skip
     assert got is out_t
     assert to_numpy(out_t).tobytes() == y.tobytes()
+    assert bool((big.t()[n:] == 5.0).all())
+
+
+@pytest.mark.torch
+def test_torch_out_sharing_an_input_is_rejected():
+    from tilesim.shared.interop import to_torch
+
+    inp, params = _small()
+    x_t = to_torch(inp["sorted_tokens"])
+    with pytest.raises(ValueError, match="out: expected memory of its own"):
+        moe_grouped_gemm(x_t, inp["weights"], inp["expert_cumsum"], **params, out=x_t)
 
 
 # --------------------------------------------------------------------------- the seeds' cases
 
 
-def _torch_seed_golden(case, round_activation):
-    """The seeds' golden procedure (op-facts §1.7) in torch F.linear, checkpoint layout."""
-    import torch
-    import torch.nn.functional as F
-    from tilesim.reference.interop import to_numpy, to_torch
-    from tilesim.shared import unconvert_minimax_weights
-
-    inp, d = case["inputs"], case["params"]["dims"]
-    gate_up, down = unconvert_minimax_weights(*inp["weights"], d.num_experts)
-    x = to_torch(inp["sorted_tokens"]).float()
-    gu_t, dn_t = to_torch(gate_up).float(), to_torch(down).float()
-    cs = inp["expert_cumsum"].tolist()
-    out = torch.zeros(x.shape, dtype=torch.bfloat16)
-    i = d.intermediate_size
-    for e in range(d.num_experts):
-        if cs[e + 1] == cs[e]:
-            continue
-        gu = F.linear(x[cs[e] : cs[e + 1]], gu_t[e])
-        gate, up = gu[:, :i], gu[:, i:]
-        if d.activation == "silu":
-            act = F.silu(gate) * up
-        else:
-            g = gate.clamp(max=d.limit)
-            u = up.clamp(-d.limit, d.limit)
-            act = (u + d.beta) * (g * torch.sigmoid(d.alpha * g))
-        if round_activation:
-            act = act.to(torch.bfloat16).float()
-        out[cs[e] : cs[e + 1]] = F.linear(act, dn_t[e]).to(torch.bfloat16)
-    return to_numpy(out)
-
-
 @pytest.fixture(scope="module")
 def case_001():
-    """The seeds' M2.7 case (data ~2.5 s to build) and the kernel emulation's output."""
+    """The seeds' M2.7 case and the kernel emulation's output."""
     case = moe_make_case("m27_case_001")
     return case, run(case)
 
@@ -585,7 +523,7 @@ def test_m27_case_001_at_seed_tolerance(case_001):
     case, y = case_001  # y: the kernel emulation (activation rounded to BF16)
     spec = MOE_CASES["m27_case_001"]
     assert y.shape == (63, 3072)
-    golden = _torch_seed_golden(case, round_activation=spec["seed_golden_round_activation"])
+    golden = torch_seed_golden(case, round_activation=spec["seed_golden_round_activation"])
     np.testing.assert_allclose(
         y.astype(np.float32), golden.astype(np.float32), rtol=spec["rtol"], atol=spec["atol"]
     )
@@ -604,7 +542,7 @@ def test_m27_case_001_kernel_emulation_vs_torch_with_rounded_activation(case_001
     # can flip one BF16 rounding and move a whole output row a little (~0.8% of the elements
     # off by >= 1 ULP here); the rigorous check is test_case_001_within_oracle_bound
     case, y = case_001
-    u = ulp_distance(y, _torch_seed_golden(case, round_activation=True))
+    u = ulp_distance(y, torch_seed_golden(case, round_activation=True))
     assert np.mean(u == 0) > 0.98 and np.mean(u <= 1) > 0.99, np.bincount(u.ravel())
 
 
@@ -612,8 +550,8 @@ def test_m27_case_001_kernel_emulation_vs_torch_with_rounded_activation(case_001
 def test_m3_case_smoke_edge_at_seed_tolerance_and_clamp_fires():
     import torch
     import torch.nn.functional as F
-    from tilesim.reference.interop import to_torch
     from tilesim.shared import unconvert_minimax_weights
+    from tilesim.shared.interop import to_torch
 
     spec = MOE_CASES["m3_case_smoke_edge"]
     case = moe_make_case("m3_case_smoke_edge")
@@ -621,7 +559,7 @@ def test_m3_case_smoke_edge_at_seed_tolerance_and_clamp_fires():
     assert case["params"]["tiling"].unroll == (4, 2, 1)
     y = run(case)
     assert y.shape == (8, 256)
-    golden = _torch_seed_golden(case, round_activation=True)
+    golden = torch_seed_golden(case, round_activation=True)
     np.testing.assert_allclose(
         y.astype(np.float32), golden.astype(np.float32), rtol=spec["rtol"], atol=spec["atol"]
     )

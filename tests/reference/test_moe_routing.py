@@ -1,5 +1,6 @@
 """moe_dispatch / moe_combine: MiniMax routing and the host combine vs torch versions of the
-seeds' host code, ordering rules, whole-layer golden vs a float64 dense oracle, bad inputs."""
+seeds' host code (tests/oracles/moe.py), ordering rules, whole-layer golden vs a float64 dense
+oracle, trace records, bad inputs."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import math
 import ml_dtypes
 import numpy as np
 import pytest
+from oracles.moe import dense_layer_oracle64, torch_host_combine, torch_seed_routing
 from tilesim.reference import (
     MoeDispatch,
     moe_combine,
@@ -16,6 +18,7 @@ from tilesim.reference import (
     moe_make_case,
 )
 from tilesim.shared import MoeDims, MoeTiling, to_bf16, unconvert_minimax_weights, widen_to_fp32
+from tilesim.shared.trace import check_record
 
 BF = ml_dtypes.bfloat16
 
@@ -40,18 +43,10 @@ def _inputs(n=12, h=16, e=8, seed=0, bias_like_m3=False):
 @pytest.mark.parametrize("normalize", [False, True])
 @pytest.mark.parametrize("bias_like_m3", [False, True])
 def test_dispatch_matches_seed_routing_in_torch(normalize, bias_like_m3):
-    import torch
-
     x, logits, bias = _inputs(n=40, e=16, seed=1, bias_like_m3=bias_like_m3)
     k = 4
     d = moe_dispatch(x, logits, k, correction_bias=bias, normalize=normalize)
-    # the seeds' route_tokens_to_experts, written with torch ops
-    w = torch.sigmoid(torch.from_numpy(logits).float())
-    choice = w + torch.from_numpy(bias)
-    _, idx = torch.topk(choice, k, dim=-1, sorted=False)
-    tw = w.gather(1, idx)
-    if normalize:
-        tw = tw / tw.sum(dim=-1, keepdim=True)
+    idx, tw = torch_seed_routing(logits, bias, k, normalize)
     for t in range(40):
         ours = dict(zip(d.topk_ids[t].tolist(), d.topk_weights[t].tolist(), strict=True))
         theirs = dict(zip(idx[t].tolist(), tw[t].tolist(), strict=True))
@@ -148,17 +143,21 @@ def test_dispatch_does_not_modify_inputs_and_is_deterministic():
         ({"router_logits": np.zeros((4, 8), np.float64)}, TypeError, "router_logits: exp"),
         ({"router_logits": np.zeros((4, 8), BF)}, TypeError, "dtype float32, got bfloat16"),
         ({"router_logits": np.zeros((5, 8), np.float32)}, ValueError, "expected 4 rows"),
-        ({"router_logits": np.zeros(8, np.float32)}, ValueError, "router_logits: expected shape"),
+        ({"router_logits": np.zeros(8, np.float32)}, ValueError, "router_logits: expected a 2-D"),
+        ({"router_logits": [[0.0] * 8] * 4}, TypeError, "router_logits: expected a numpy array"),
         ({"router_logits": np.full((4, 8), np.nan, np.float32)}, ValueError, "finite"),
-        ({"top_k": 0}, ValueError, "top_k: expected an int in \\[1, E = 8\\], got 0"),
+        ({"top_k": 0}, ValueError, "top_k: expected an int in \\[1, 8\\], got 0"),
         ({"top_k": 9}, ValueError, "top_k"),
-        ({"top_k": 2.0}, ValueError, "top_k"),
+        ({"top_k": 2.0}, TypeError, "top_k: expected an int, got float"),
+        ({"top_k": True}, TypeError, "top_k: expected an int, got bool"),
         ({"scores": "softmax"}, ValueError, "scores: expected one of"),
-        ({"scores": "probabilities"}, ValueError, "expects values in \\[0, 1\\]"),
+        ({"scores": "probabilities"}, ValueError, "expected values in \\[0, 1\\]"),
         ({"correction_bias": np.zeros(7, np.float32)}, ValueError, "correction_bias: expected s"),
         ({"correction_bias": np.zeros(8, np.float64)}, TypeError, "correction_bias: expected d"),
         ({"normalize": 1}, TypeError, "normalize"),
         ({"pad_rows": -1}, ValueError, "pad_rows"),
+        ({"correction_bias": np.full(8, np.inf, np.float32)}, ValueError, "correction_bias: e"),
+        ({"trace": "log"}, TypeError, "trace: expected a callable"),
     ],
 )  # fmt: skip
 def test_dispatch_bad_inputs(kw, exc, match):
@@ -176,22 +175,6 @@ def test_dispatch_bad_inputs(kw, exc, match):
 # --------------------------------------------------------------------------- combine
 
 
-def _torch_host_combine(out_sorted, d, factor, shared):
-    """The seeds' host post-processing (op-facts §1.5.6) in torch."""
-    import torch
-    from tilesim.reference.interop import to_numpy, to_torch
-
-    n, k = d.topk_ids.shape
-    o = to_torch(out_sorted)[: n * k]
-    w = torch.from_numpy(d.topk_weights).to(torch.bfloat16)  # top_k_weights.to(hidden dtype)
-    inv = torch.from_numpy(d.inv_perm)
-    y = o[inv].view(n, k, -1).type(w.dtype).mul_(w.reshape(n, k).unsqueeze(-1)).sum(dim=1)
-    y = y.type(torch.bfloat16) * factor
-    if shared is not None:
-        y = y + to_torch(shared)
-    return to_numpy(y)
-
-
 @pytest.mark.torch
 @pytest.mark.parametrize("factor, with_shared", [(1.0, False), (2.0, True), (0.7, True)])
 def test_combine_matches_seed_host_code_in_torch(factor, with_shared):
@@ -201,7 +184,7 @@ def test_combine_matches_seed_host_code_in_torch(factor, with_shared):
     out_sorted = to_bf16(rng.standard_normal((24 * 4 + 64, 32), dtype=np.float32))
     shared = to_bf16(rng.standard_normal((24, 32), dtype=np.float32)) if with_shared else None
     got = moe_combine(out_sorted, d, routed_scaling_factor=factor, shared_expert_out=shared)
-    want = _torch_host_combine(out_sorted, d, factor, shared)
+    want = torch_host_combine(out_sorted, d.topk_weights, d.inv_perm, factor, shared)
     assert got.dtype == BF and got.shape == (24, 32)
     assert got.tobytes() == want.tobytes()
 
@@ -232,6 +215,10 @@ def test_combine_bad_inputs():
         moe_combine(ok[:7], d)
     with pytest.raises(ValueError, match="routed_scaling_factor"):
         moe_combine(ok, d, routed_scaling_factor=float("inf"))
+    with pytest.raises(TypeError, match="routed_scaling_factor: expected a real number"):
+        moe_combine(ok, d, routed_scaling_factor="2")
+    with pytest.raises(TypeError, match="trace: expected a callable"):
+        moe_combine(ok, d, trace=1)
     with pytest.raises(ValueError, match="shared_expert_out: expected shape"):
         moe_combine(ok, d, shared_expert_out=ok)
     with pytest.raises(TypeError, match="shared_expert_out: expected dtype"):
@@ -259,25 +246,8 @@ def test_whole_layer_golden_vs_float64_dense_oracle():
     tiling = MoeTiling.default(dims.activation)
     y_sorted = moe_grouped_gemm(d.sorted_tokens, (w13, w2), d.expert_cumsum, dims, tiling=tiling)
     y = moe_combine(y_sorted, d, routed_scaling_factor=2.0).astype(np.float64)
-    # dense float64 oracle, per token and slot, checkpoint layout
-    gate_up, down = (
-        widen_to_fp32(a).astype(np.float64) for a in unconvert_minimax_weights(w13, w2, 8)
-    )
-    xf = widen_to_fp32(x).astype(np.float64)
-    ref = np.zeros_like(xf)
-    mag = np.zeros_like(xf)
-    for t in range(x.shape[0]):
-        for j in range(k):
-            e = d.topk_ids[t, j]
-            gu = gate_up[e] @ xf[t]
-            g = np.minimum(gu[:32], dims.limit)
-            u = np.clip(gu[32:], -dims.limit, dims.limit)
-            a = (u + dims.beta) * g / (1.0 + np.exp(-dims.alpha * g))
-            o = down[e] @ a
-            ref[t] += float(d.topk_weights[t, j]) * o
-            mag[t] += abs(float(d.topk_weights[t, j])) * (np.abs(down[e]) @ np.abs(a))
-    ref *= 2.0
-    mag *= 2.0
+    gate_up, down = unconvert_minimax_weights(w13, w2, 8)
+    ref, mag = dense_layer_oracle64(x, gate_up, down, d.topk_ids, d.topk_weights, dims, 2.0)
     # BF16 roundings: activation, expert output, weight, product, sum, scaling (each <= 2^-9
     # relative of what it rounds) -> a few BF16 ULPs of the magnitude sum
     assert (np.abs(y - ref) <= 6 * 2.0**-9 * mag + 2.0**-133).all()
@@ -311,12 +281,29 @@ def test_whole_layer_does_not_depend_on_row_order_inside_an_expert():
 
 @pytest.mark.torch
 def test_dispatch_and_combine_accept_torch_tensors():
-    from tilesim.reference.interop import to_torch
+    import torch
+    from tilesim.shared.interop import to_numpy, to_torch
 
     x, logits, bias = _inputs(n=6, h=8, e=4, seed=11)
     d_np = moe_dispatch(x, logits, 2, correction_bias=bias)
     d_t = moe_dispatch(to_torch(x), to_torch(logits), 2, correction_bias=to_torch(bias))
+    assert isinstance(d_t.sorted_tokens, np.ndarray)  # the dispatch plan is host data
     assert d_t.sorted_tokens.tobytes() == d_np.sorted_tokens.tobytes()
     assert d_t.topk_weights.tobytes() == d_np.topk_weights.tobytes()
     out = to_bf16(np.random.default_rng(1).standard_normal((12, 8), dtype=np.float32))
-    assert moe_combine(to_torch(out), d_np).tobytes() == moe_combine(out, d_np).tobytes()
+    y_t = moe_combine(to_torch(out), d_np)  # torch in, torch out
+    assert isinstance(y_t, torch.Tensor)
+    assert to_numpy(y_t).tobytes() == moe_combine(out, d_np).tobytes()
+
+
+def test_dispatch_and_combine_trace_records():
+    x, logits, _ = _inputs(n=5, h=8, e=4, seed=12)
+    seen = []
+    d = moe_dispatch(x, logits, 2, trace=seen.append)
+    moe_combine(d.sorted_tokens, d, trace=seen.append)
+    assert [check_record(r)["op"] for r in seen] == ["moe_dispatch", "moe_combine"]
+    rd, rc = seen
+    assert (rd["lane"], rd["step"], rd["key_range"], rd["keys_used"]) == ({}, 0, (0, 10), 10)
+    assert rd["extra"] == {"num_tokens": 5, "top_k": 2, "counts": d.counts.tolist()}
+    assert sum(rd["extra"]["counts"]) == 10
+    assert (rc["key_range"], rc["extra"]) == ((0, 10), {"num_tokens": 5, "top_k": 2})

@@ -1,0 +1,235 @@
+"""Host rules of the MoE grouped GEMM, written once for the golden and the kernel wrapper.
+
+* :func:`check_moe_args` — the argument checks both ``tilesim.reference.moe_grouped_gemm``
+  and ``tilesim.device.moe_grouped_gemm`` apply (policy: :mod:`tilesim.shared.validate`);
+  metadata checks only, plus the host values of ``expert_cumsum``.
+* :func:`check_moe_tiling` — the swiglu constants of a resolved tiling must agree with ``dims``.
+* :func:`moe_tile_schedule` — the chunk schedule of the kernel: per expert, the token range
+  split as ``pypto.loop_unroll`` splits it (:func:`tilesim.shared.tiling.loop_unroll_chunks`).
+* :func:`emit_moe_schedule` — the trace records of a schedule (:mod:`tilesim.shared.trace`):
+  lane ``{"expert": e}``, ``step`` = chunk index within the expert, ``key_range`` = rows
+  ``[row0, row0 + chunk)`` of ``sorted_tokens``, ``keys_used`` = ``chunk``, ``flop`` = the
+  chunk's mm1 + mm2 FLOPs (:func:`moe_chunk_flop`), extra ``token_offset`` and ``chunk``.
+
+The kernel and its schedule: hicann/pypto-gym,
+src/pypto_gym/ops/pypto_tensor/minimax/minimax_grouped_gemm_impl.py (docs/ops/moe.md).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from tilesim.shared.casts import BF16
+from tilesim.shared.interop import is_torch_tensor, to_numpy
+from tilesim.shared.models import ACTIVATIONS, GATE_UP_LAYOUTS, MoeDims
+from tilesim.shared.tiling import MoeTiling, loop_unroll_chunks
+from tilesim.shared.trace import Trace, emit, trace_record
+from tilesim.shared.validate import (
+    check_array,
+    check_bool,
+    check_choice,
+    check_float,
+    check_instance,
+    check_trace,
+    host_ints,
+    shape_of,
+)
+
+OP_NAME = "moe_grouped_gemm"
+
+
+# ----------------------------------------------------------------------------- schedule
+class MoeTileRecord(NamedTuple):
+    """One chunk of the kernel's schedule: the ``step``-th chunk of ``expert``, ``chunk`` rows
+    from its ``token_offset``, i.e. rows ``row0 : row0 + chunk`` of ``sorted_tokens``."""
+
+    expert: int
+    step: int
+    token_offset: int
+    chunk: int
+    row0: int
+
+    def as_trace(self, dims: MoeDims) -> dict:
+        """The trace record of this chunk (:func:`tilesim.shared.trace.trace_record`)."""
+        return trace_record(OP_NAME, **self._record_fields(dims))
+
+    def _record_fields(self, dims: MoeDims) -> dict:
+        return {
+            "lane": {"expert": self.expert},
+            "step": self.step,
+            "key_range": (self.row0, self.row0 + self.chunk),
+            "keys_used": self.chunk,
+            "flop": moe_chunk_flop(self.chunk, dims),
+            "token_offset": self.token_offset,
+            "chunk": self.chunk,
+        }
+
+
+def moe_chunk_flop(rows: int, dims: MoeDims) -> int:
+    """Matmul FLOPs of ``rows`` token rows: mm1 ``2*H*2I`` plus mm2 ``2*I*H`` per row."""
+    h, i = dims.hidden_size, dims.intermediate_size
+    return int(rows) * (2 * h * 2 * i + 2 * i * h)
+
+
+def check_cumsum_values(cs: np.ndarray, name: str = "expert_cumsum") -> None:
+    """``ValueError`` unless host int array ``cs`` starts at 0 and never decreases."""
+    if cs.size == 0 or cs[0] != 0:
+        got = int(cs[0]) if cs.size else "an empty array"
+        raise ValueError(f"{name}: expected {name}[0] == 0, got {got}")
+    steps = np.diff(cs)
+    if np.any(steps < 0):
+        e = int(np.argmax(steps < 0))
+        raise ValueError(
+            f"{name}: expected non-decreasing values, got {int(cs[e])} then "
+            f"{int(cs[e + 1])} at index {e}"
+        )
+
+
+def moe_tile_schedule(expert_cumsum, unroll) -> list[MoeTileRecord]:
+    """The chunk schedule the kernel runs for ``expert_cumsum`` (a 1-D integer array, NumPy
+    or torch, starting at 0 and non-decreasing) and an unroll list, in loop order."""
+    cs = host_ints(expert_cumsum, "expert_cumsum", ndim=1)
+    check_cumsum_values(cs)
+    records = []
+    for e in range(cs.size - 1):
+        start = int(cs[e])
+        chunks = loop_unroll_chunks(int(cs[e + 1]) - start, unroll)
+        for step, (tok, tb) in enumerate(chunks):
+            records.append(MoeTileRecord(e, step, tok, tb, start + tok))
+    return records
+
+
+def emit_moe_schedule(trace: Trace, schedule, dims: MoeDims) -> None:
+    """Send the records of ``schedule`` (:class:`MoeTileRecord`s) to ``trace``, in order."""
+    if trace is None:
+        return
+    for rec in schedule:
+        emit(trace, OP_NAME, **rec._record_fields(dims))
+
+
+# ----------------------------------------------------------------------------- checks
+class MoeArgs(NamedTuple):
+    """What :func:`check_moe_args` found: the weights pair, the host ``expert_cumsum``
+    (int64), ``N_total`` and the tiling as given (``None`` or a :class:`MoeTiling`)."""
+
+    w13: object
+    w2: object
+    cs: np.ndarray
+    n_total: int
+    tiling: MoeTiling | None
+
+
+def check_moe_dims(dims) -> MoeDims:
+    """A :class:`MoeDims` whose fields are valid (rechecked: ``MoeDims``' own checks can be
+    bypassed with ``object.__setattr__``)."""
+    check_instance(dims, "dims", MoeDims)
+    check_choice(dims.activation, "dims.activation", ACTIVATIONS)
+    check_choice(dims.gate_up_layout, "dims.gate_up_layout", GATE_UP_LAYOUTS)
+    for name in ("alpha", "limit", "beta"):
+        check_float(getattr(dims, name), f"dims.{name}", fp32=True)
+    if not dims.limit > 0:
+        raise ValueError(f"dims.limit: expected a number > 0, got {dims.limit!r}")
+    return dims
+
+
+def _check_weights(weights, dims: MoeDims):
+    if not isinstance(weights, (tuple, list)) or len(weights) != 2:
+        size = f" of length {len(weights)}" if isinstance(weights, (tuple, list)) else ""
+        raise TypeError(
+            f"weights: expected a (w13_flat, w2_flat) pair, got {type(weights).__name__}{size}"
+        )
+    e, h, i = dims.num_experts, dims.hidden_size, dims.intermediate_size
+    w13, w2 = weights
+    check_array(w13, "w13_flat", dtype=BF16, ndim=2, shape=(e * h, 2 * i), layout="[E*H, 2I]")
+    check_array(w2, "w2_flat", dtype=BF16, ndim=2, shape=(e * i, h), layout="[E*I, H]")
+    return w13, w2
+
+
+def _check_cumsum(expert_cumsum, dims: MoeDims, n_total: int) -> np.ndarray:
+    e = dims.num_experts
+    check_array(expert_cumsum, "expert_cumsum", dtype=np.int32, ndim=1)
+    if shape_of(expert_cumsum, "expert_cumsum") != (e + 1,):
+        raise ValueError(
+            f"expert_cumsum: expected length E+1 = {e + 1}, got shape {tuple(expert_cumsum.shape)}"
+        )
+    cs = host_ints(expert_cumsum, "expert_cumsum")
+    check_cumsum_values(cs)
+    if cs[-1] > n_total:
+        raise ValueError(
+            f"expert_cumsum: expected the last value <= N_total = {n_total}, got {int(cs[-1])}"
+        )
+    return cs
+
+
+def _storage(x):
+    """A host view of ``x`` to test overlap with (``None`` when there is none to test)."""
+    if isinstance(x, np.ndarray):
+        return x
+    if is_torch_tensor(x) and x.device.type == "cpu" and x.is_contiguous():
+        return to_numpy(x)
+    return None
+
+
+def _check_out(out, n_total: int, h: int, inputs: dict) -> None:
+    if out is None:
+        return
+    check_array(out, "out", dtype=BF16, ndim=2, shape=(n_total, h), layout="[N_total, H]")
+    if isinstance(out, np.ndarray) and not out.flags.writeable:
+        raise ValueError("out: expected a writeable array, got a read-only one")
+    o = _storage(out)
+    for name, a in inputs.items():
+        b = _storage(a)
+        if o is not None and b is not None and np.may_share_memory(o, b):
+            raise ValueError(f"out: expected memory of its own, got memory shared with {name}")
+
+
+def check_moe_args(
+    sorted_tokens, weights, expert_cumsum, dims, tiling, out, round_activation, trace
+) -> MoeArgs:
+    """The grouped GEMM's argument checks (reference and device), in argument order, before
+    any work. Arrays: NumPy or torch (any device; only ``expert_cumsum`` is read)."""
+    check_moe_dims(dims)
+    h = dims.hidden_size
+    check_array(sorted_tokens, "sorted_tokens", dtype=BF16, ndim=2, shape=(None, h),
+                layout="[N_total, H]")  # fmt: skip
+    n_total = shape_of(sorted_tokens, "sorted_tokens")[0]
+    w13, w2 = _check_weights(weights, dims)
+    cs = _check_cumsum(expert_cumsum, dims, n_total)
+    check_instance(tiling, "tiling", MoeTiling, optional=True)
+    inputs = {"sorted_tokens": sorted_tokens, "w13_flat": w13, "w2_flat": w2}
+    _check_out(out, n_total, h, inputs)
+    check_bool(round_activation, "round_activation")
+    check_trace(trace)
+    return MoeArgs(w13, w2, cs, n_total, tiling)
+
+
+def check_moe_tiling(tiling: MoeTiling, dims: MoeDims) -> MoeTiling:
+    """For ``swigluoai``: a tiling whose ``swiglu_alpha`` / ``swiglu_limit`` differ from the
+    defaults must equal ``dims.alpha`` / ``dims.limit`` (the kernel takes the constants from
+    its tiling, the golden from ``dims``; the two must not silently differ)."""
+    if dims.activation != "swigluoai":
+        return tiling
+    default = MoeTiling()
+    for t_name, d_name in (("swiglu_alpha", "alpha"), ("swiglu_limit", "limit")):
+        t_val, d_val = getattr(tiling, t_name), getattr(dims, d_name)
+        if t_val != getattr(default, t_name) and t_val != d_val:
+            raise ValueError(
+                f"tiling.{t_name}: expected the default {getattr(default, t_name)} or "
+                f"dims.{d_name} = {d_val}, got {t_val} (PYPTO_{t_name.upper()}); make them agree"
+            )
+    return tiling
+
+
+__all__ = [
+    "OP_NAME",
+    "MoeArgs",
+    "MoeTileRecord",
+    "check_cumsum_values",
+    "check_moe_args",
+    "check_moe_dims",
+    "check_moe_tiling",
+    "emit_moe_schedule",
+    "moe_chunk_flop",
+    "moe_tile_schedule",
+]
