@@ -15,7 +15,7 @@ def l0_tile(w: int, cap: int) -> int:
 
 def merge_chunk(pypto, m, l, o, m_c, l_c, o_c, *, first: bool) -> None:
     """Online-softmax merge of one key chunk into the running ``m, l, o`` (FP32), in the order
-    of operations of the reference (``tilesim.reference.arith.SoftmaxMerge``, mode
+    of operations of the reference (``reference/arith.py``, ``SoftmaxMerge``, mode
     ``"online"``): the first chunk is copied; later ones do ``m' = max(m, m_c)``,
     ``a = exp(m - m')``, ``b = exp(m_c - m')``, ``l = a*l + b*l_c``, ``o = o*a + o_c*b``.
     Shared by decode and the main branch."""

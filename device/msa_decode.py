@@ -1,15 +1,20 @@
-"""MiniMax-M3 MSA block-sparse decode on Ascend — PyPTO kernel + torch wrapper.
+"""MiniMax-M3 MSA block-sparse decode on Ascend — PyPTO kernel + wrapper.
 
-Same name and arguments as :func:`tilesim.reference.msa_sparse_decode`. Kernel loop nest (static
-loops, one compile per shape), per batch row ``b`` and KV head ``h`` (``outer = b*HKV + h``), the
-``G = HQ/HKV`` (16) query heads of the group on the cube M axis::
+Same name and arguments as the golden ``msa_sparse_decode`` (``reference/msa_decode.py``),
+plus ``gather`` / ``backend`` / ``soc``; NumPy arrays or torch tensors in, the same kind out
+(:mod:`tilesim.device.backend`). The arguments are checked and the keep-mask is built by
+:mod:`tilesim.shared.msa_select`, the functions the reference uses (host NumPy).
+
+Kernel loop nest (static loops, one compile per shape), per batch row ``b`` and KV head ``h``
+(``outer = b*HKV + h``), the ``G = HQ/HKV`` (16) query heads of the group on the cube M axis::
 
     for c in NTILE-wide chunks of the topk*128 selected keys (the last one may be partial):
         K_c, V_c = the chunk's keys/values            gather="device": gather_in_ub + block
                                                       table; gather="host": compact copy
         S   = fp32(Q[G,128] @ K_c^T)                  cube, FP32 out
         S   = S * SCALE                               FP32, SCALE = fp32(1/sqrt(128))
-        S   = S*m + (m*(-1) + 1)*(-3e38)              FP32, m = host keep-mask (1/0)
+        S   = S*m + (m*(-1) + 1)*(-3e38)              FP32, m = host keep-mask (1/0,
+                                                      shared.msa_select.decode_keep_mask)
         m_c = rowmax(S); P = exp(S - m_c); l_c = rowsum(P)     FP32, P unrounded
         O_c = fp32(bf16(P) @ V_c)                     cube, FP32 accumulation
         chunk 0 stores (m_c, l_c, O_c); later chunks merge online (FP32)
@@ -42,16 +47,18 @@ Importing this module needs neither torch nor pypto.
 """
 
 import functools
-import numbers
 
-from tilesim.device._lazy import require, require_pypto, require_torch
+import numpy as np
+from tilesim.device._lazy import require_pypto, require_torch
 from tilesim.device._msa_tiles import l0_tile, merge_chunk
+from tilesim.device.backend import Target, finish, launch, resolve, to_tensors
 from tilesim.shared.models import MINIMAX_M3
+from tilesim.shared.msa_select import DecodeInputs, check_decode_inputs, decode_keep_mask
 from tilesim.shared.soc import DEFAULT_SOC, MSA_DEVICE_TILES, msa_device_tile
 from tilesim.shared.tiling import MsaTiling
+from tilesim.shared.validate import check_choice, check_instance
 
 OP_NAME = "msa_sparse_decode"
-BACKENDS = ("auto", "npu", "sim")
 GATHERS = ("device", "paged", "host")
 _CFG = MINIMAX_M3.msa
 BY = _CFG.block_size  # 128 keys per block
@@ -155,83 +162,37 @@ def build_kernel(batch, hq, hkv, nb, topk, dim, ntile, gather, rows):
 
 
 # ----------------------------------------------------------------------------- host side
-def _check(q, k_blocks, v_blocks, block_ids, seq_len):
-    torch = require_torch()
-    for name, t in (("q", q), ("k_blocks", k_blocks), ("v_blocks", v_blocks)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-        if t.dtype != torch.bfloat16:
-            raise TypeError(f"{name}: expected dtype torch.bfloat16, got {t.dtype}")
-    if q.dim() != 3 or min(q.shape) < 1:
-        raise ValueError(f"q: expected a non-empty [B, HQ, D] tensor, got {tuple(q.shape)}")
-    batch, hq, dim = q.shape
-    if k_blocks.dim() != 5:
-        raise ValueError(f"k_blocks: expected [B, HKV, nb, 128, D], got {tuple(k_blocks.shape)}")
-    kb, hkv, nb, by, kd = k_blocks.shape
-    if kb != batch or by != BY or kd != dim or hkv < 1 or nb < 1:
-        raise ValueError(
-            f"k_blocks: expected shape ({batch}, HKV, nb, {BY}, {dim}), got {tuple(k_blocks.shape)}"
-        )
-    if hq % hkv:
-        raise ValueError(f"q: expected HQ a multiple of HKV={hkv}, got HQ={hq}")
-    if tuple(v_blocks.shape) != tuple(k_blocks.shape):
-        raise ValueError(
-            f"v_blocks: expected shape {tuple(k_blocks.shape)}, got {tuple(v_blocks.shape)}"
-        )
-    if not isinstance(block_ids, torch.Tensor):
-        raise TypeError(f"block_ids: expected a torch.Tensor, got {type(block_ids).__name__}")
-    if block_ids.dtype.is_floating_point or block_ids.dtype in (torch.bool, torch.complex64):
-        raise TypeError(f"block_ids: expected an integer dtype, got {block_ids.dtype}")
-    if block_ids.dim() != 2 or block_ids.shape[0] != batch or block_ids.shape[1] < 1:
-        raise ValueError(
-            f"block_ids: expected shape ({batch}, topk>=1), got {tuple(block_ids.shape)}"
-        )
-    ids = block_ids.detach().cpu().to(torch.int64)
-    if int(ids.min()) < 0 or int(ids.max()) >= nb:
-        raise ValueError(
-            f"block_ids: expected ids in [0, nb={nb}), got min {int(ids.min())} "
-            f"max {int(ids.max())}"
-        )
-    srt = ids.sort(dim=1).values
-    dup = (srt[:, 1:] == srt[:, :-1]).any(dim=1)
-    if bool(dup.any()):
-        b = int(dup.nonzero()[0, 0])
-        raise ValueError(f"block_ids: expected unique ids per row, row {b} is {ids[b].tolist()}")
-    if isinstance(seq_len, bool):
-        raise TypeError(f"seq_len: expected an int or {batch} ints, got {seq_len!r}")
-    if isinstance(seq_len, numbers.Integral):
-        seq = torch.full((batch,), int(seq_len), dtype=torch.int64)
-    else:
-        seq = torch.as_tensor(seq_len)
-        if seq.dtype.is_floating_point or seq.dtype == torch.bool:
-            raise TypeError(f"seq_len: expected an int or integer values, got dtype {seq.dtype}")
-        if tuple(seq.shape) != (batch,):
-            raise ValueError(f"seq_len: expected one int or shape ({batch},), got {seq.shape}")
-        seq = seq.to(torch.int64)
-    bad = (seq < 1) | (seq > nb * BY)
-    if bool(bad.any()):
-        b = int(bad.nonzero()[0, 0])
-        raise ValueError(
-            f"seq_len: expected 1 <= seq_len <= nb*{BY} = {nb * BY}, got {int(seq[b])} "
-            f"(batch row {b})"
-        )
-    return ids, seq
+#: the keep-mask of :mod:`tilesim.shared.msa_select` under its former name here
+keep_mask = decode_keep_mask
 
 
-def keep_mask(ids, seq):
-    """FP32 ``[B, topk*128]`` keep-mask (the seeds' host rule, per batch row): slot holding the
-    current block ``(seq_len-1)//128`` keeps its first ``seq_len - 128*cur`` tokens, slots holding
-    later blocks are dropped, earlier blocks kept whole."""
+def _cache_rows(k_blocks, v_blocks, table, gather: str, dim: int):
+    """K / V as the kernel reads them: the paged cache as rows (``"device"``, ``"paged"``) or
+    the seeds' compact copy of the selected blocks (``"host"``), ``[rows, D]``."""
     torch = require_torch()
-    cur = (seq - 1) // BY
-    t = torch.arange(BY)
-    is_cur = (ids == cur[:, None])[:, :, None]
-    keep = torch.where(
-        is_cur,
-        t[None, None, :] < (seq - cur * BY)[:, None, None],
-        ids[:, :, None] < cur[:, None, None],
-    )
-    return keep.reshape(ids.shape[0], -1).to(torch.float32)
+    if gather in ("device", "paged"):  # the paged cache as rows; the kernel gathers
+        return k_blocks.contiguous().reshape(-1, dim), v_blocks.contiguous().reshape(-1, dim)
+    dev = k_blocks.device
+    bi = torch.arange(k_blocks.shape[0], device=dev)[:, None, None]
+    hi = torch.arange(k_blocks.shape[1], device=dev)[None, :, None]
+    sel = table.to(torch.int64)[:, None, :]
+    return k_blocks[bi, hi, sel].reshape(-1, dim), v_blocks[bi, hi, sel].reshape(-1, dim)
+
+
+def _run(q, k_blocks, v_blocks, d: DecodeInputs, ntile: int, gather: str, target: Target):
+    """Launch the kernel on tensors; BF16 ``[B, HQ, D]`` and the cost-model µs."""
+    torch = require_torch()
+    dev = q.device
+    keep = torch.from_numpy(decode_keep_mask(d.ids, d.seq, BY)).to(dev)
+    table = torch.from_numpy(d.ids.astype(np.int32)).to(dev)
+    positions = torch.arange(d.topk * BY, dtype=torch.int32, device=dev).reshape(1, -1)
+    k2, v2 = _cache_rows(k_blocks, v_blocks, table, gather, d.dim)
+    rows = gather_rows(target.soc)
+    kernel = build_kernel(d.batch, d.hq, d.hkv, d.nb, d.topk, d.dim, ntile, gather, rows)
+    q2 = q.contiguous().reshape(-1, d.dim)
+    out = torch.zeros(d.batch * d.hq, d.dim, dtype=torch.bfloat16, device=dev)
+    us = launch(kernel, [q2, k2, v2, table, positions, keep], [out], target)
+    return out.reshape(d.batch, d.hq, d.dim), us
 
 
 def msa_sparse_decode(
@@ -251,70 +212,29 @@ def msa_sparse_decode(
     Args:
         q: ``[B, HQ, 128]`` BF16 (HQ = 64 in M3); k_blocks, v_blocks: ``[B, HKV, nb, 128, 128]``
             BF16 paged cache; block_ids: ``[B, topk]`` integer ids, unique per row, in
-            ``[0, nb)``; seq_len: KV length incl. the current token, one int or ``B`` ints.
+            ``[0, nb)``; seq_len: KV length incl. the current token, one int or an integer
+            array / tensor of ``B`` values. NumPy arrays or torch tensors; checked by
+            :func:`tilesim.shared.msa_select.check_decode_inputs` as in the reference.
         tiling: :class:`MsaTiling` (``ntile``); ``None`` = ``MsaTiling.from_env()``.
         gather: ``"device"`` (gather_in_ub + block table in the kernel), ``"paged"`` (page
             views at block-table offsets) or ``"host"`` (the seeds' compact K/V copies); same
             numbers, different data movement.
-        backend: ``"auto"`` (NPU tensors -> ``"npu"``, else an error naming both), ``"npu"``,
-            ``"sim"`` (CPU tensors through :mod:`tilesim.device.sim`).
-        soc: ``"910b"`` / ``"950"``: simulator target and tile defaults (``"sim"`` only).
+        backend, soc: :func:`tilesim.device.backend.resolve` (``"auto"``: NPU tensors ->
+            ``"npu"``, else an error naming both; ``"sim"``: PyPTO's CPU simulator for ``soc``).
 
     Returns:
-        BF16 ``[B, HQ, 128]``; ``backend="sim"`` returns ``(out, cost_us)``. Inputs are never
-        modified. Budget against the reference: ``docs/device.md`` (## MSA kernels).
+        BF16 ``[B, HQ, 128]`` of the kind of ``q``; ``backend="sim"`` returns
+        ``(out, cost_us)``. Inputs are never modified. Budget against the reference:
+        ``docs/device.md`` (## MSA kernels).
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
-    if gather not in GATHERS:
-        raise ValueError(f"gather: expected one of {GATHERS}, got {gather!r}")
+    check_choice(gather, "gather", GATHERS)
     tiling = MsaTiling.from_env() if tiling is None else tiling
-    if not isinstance(tiling, MsaTiling):
-        raise TypeError(f"tiling: expected a MsaTiling or None, got {type(tiling).__name__}")
-    ids, seq = _check(q, k_blocks, v_blocks, block_ids, seq_len)
-    torch = require_torch()
-    if backend == "auto":
-        if q.device.type == "npu":
-            backend = "npu"
-        else:
-            raise ValueError(
-                f"backend: tensors are on {q.device}; pass NPU tensors (torch_npu) or "
-                "backend='sim' to run PyPTO's CPU simulator"
-            )
-    if backend == "npu":
-        require("torch_npu")
-        soc = "950" if require_pypto().platform.npuarch == "DAV_3510" else "910b"
-    batch, hq, dim = q.shape
-    _, hkv, nb, _, _ = k_blocks.shape
-    topk = ids.shape[1]
-    dev = q.device
-    keep = keep_mask(ids, seq).to(dev)
-    table = ids.to(torch.int32).to(dev)
-    positions = torch.arange(topk * BY, dtype=torch.int32, device=dev).reshape(1, -1)
-    if gather in ("device", "paged"):  # the paged cache as rows; the kernel gathers
-        k2 = k_blocks.contiguous().reshape(-1, dim)
-        v2 = v_blocks.contiguous().reshape(-1, dim)
-    else:  # the seeds' host compaction [B, HKV, topk, 128, D] -> rows
-        bi = torch.arange(batch, device=dev)[:, None, None]
-        hi = torch.arange(hkv, device=dev)[None, :, None]
-        sel = table.to(torch.int64)[:, None, :]
-        k2 = k_blocks[bi, hi, sel].reshape(-1, dim)
-        v2 = v_blocks[bi, hi, sel].reshape(-1, dim)
-    if backend == "sim":  # choose the SoC before pypto is imported (the 950 is an overlay)
-        from tilesim.device import sim
-
-        sim.configure(soc)
-    kernel = build_kernel(batch, hq, hkv, nb, topk, dim, tiling.ntile, gather, gather_rows(soc))
-    q2 = q.contiguous().reshape(-1, dim)
-    out = torch.zeros(batch * hq, dim, dtype=torch.bfloat16, device=dev)
-    if backend == "sim":
-        args = [t.detach().clone() for t in (q2, k2, v2, table, positions, keep)]
-        if any(t.device.type != "cpu" for t in args):
-            raise ValueError("backend='sim': expected CPU tensors")
-        run = sim.run_kernel(kernel, [*args, out])
-        return out.reshape(batch, hq, dim), run.us
-    kernel(q2, k2, v2, table, positions, keep, out)
-    return out.reshape(batch, hq, dim)
+    check_instance(tiling, "tiling", MsaTiling)
+    d = check_decode_inputs(q, k_blocks, v_blocks, block_ids, seq_len, block_size=BY)
+    target = resolve(backend, soc, q)
+    qt, kt, vt = to_tensors(q, k_blocks, v_blocks)
+    out, us = _run(qt, kt, vt, d, tiling.ntile, gather, target)
+    return finish(out, us, target)
 
 
 __all__ = ["GATHER_ROWS", "build_kernel", "gather_rows", "keep_mask", "msa_sparse_decode"]

@@ -1,20 +1,21 @@
-"""MiniMax-M3 MSA lightning indexer on Ascend — PyPTO score kernel + torch selection tail.
+"""MiniMax-M3 MSA lightning indexer on Ascend — PyPTO score kernel + the shared host tail.
 
-Same names and arguments as :func:`tilesim.reference.msa_indexer_scores` and
-:func:`tilesim.reference.msa_lightning_indexer`.
+Same names and arguments as the goldens ``msa_indexer_scores`` and ``msa_indexer``
+(``reference/msa_lightning_indexer.py``), plus ``block_max`` / ``backend`` / ``soc``; NumPy
+arrays or torch tensors in, the same kind out (:mod:`tilesim.device.backend`).
 
 Kernel (static loop, one compile per ``nb``): the 4 index-query heads zero-padded to 16 cube
 rows; for each key tile of ``KTILE`` keys (a whole number of 128-key blocks, the last tile may
 be shorter) ``S = fp32(q_pad @ K_tile^T)`` (cube, FP32 out, one K step of 128), times 1.0 on the
 vector unit, written into the FP32 ``[16, nb*128]`` score buffer. Every score is one 128-term
-dot product, so the key tile width changes the data movement, not the numbers: the scores are
-the reference's (correctly rounded FP32 dot products of BF16 inputs) whatever the tile.
+dot product, so the key tile width changes the data movement, not the numbers.
 
-Tail (torch, host): rows >= ``seq_len`` to -inf, block score = max over the block's keys and
-then over the 4 heads, the top 15 non-local blocks by a STABLE sort of the negated scores
-(score descending, equal scores -> lower block id first), then the local block ``nb-1``;
-``nb <= 16`` gives ``arange(nb)``; ``head_reduce="none"`` one selection per index head. This is
-the reference's deterministic rule, so identical FP32 scores give identical ids.
+Tail (host, NumPy): :mod:`tilesim.shared.msa_select` — the very rule of the reference (keys
+at or beyond ``seq_len`` out of the block max, max over keys then heads, the top 15 non-local
+blocks by a stable sort of the negated scores, then the local block ``nb-1``; ``nb <= 16``
+gives ``arange(nb)``), applied to a host copy of the kernel's output. Identical FP32 scores
+give identical ids. :func:`select_blocks` / :func:`select_from_head_max` are that module's
+functions, re-exported under their former names here.
 
 ``block_max="device"`` (beyond the seeds, their listed next step): a second kernel
 (:func:`build_block_max_kernel`) adds a 0/-inf key bias for ``seq_len`` and writes only the
@@ -25,21 +26,30 @@ Per-SoC key tile :data:`KTILE` (``MSA_INDEXER_KTILE``). Importing needs neither 
 """
 
 import functools
-import numbers
 
-from tilesim.device._lazy import require, require_pypto, require_torch
+import numpy as np
+from tilesim.device._lazy import require_pypto, require_torch
 from tilesim.device._msa_tiles import l0_tile
+from tilesim.device.backend import Target, finish, launch, resolve, to_tensors
 from tilesim.shared.models import MINIMAX_M3
+from tilesim.shared.msa_select import (
+    HEAD_REDUCES,
+    IndexerArgs,
+    block_head_max,
+    check_indexer,
+    select_blocks,
+    select_from_head_max,
+)
 from tilesim.shared.soc import DEFAULT_SOC, MSA_DEVICE_TILES, msa_device_tile
+from tilesim.shared.validate import check_choice, host_array
 
-BACKENDS = ("auto", "npu", "sim")
-HEAD_REDUCES = ("max", "none")
 _CFG = MINIMAX_M3.msa
 BY = _CFG.block_size  # 128
 NIDX = _CFG.num_index_heads  # 4
 NPAD = _CFG.index_heads_padded  # 16
 DIM = _CFG.index_dim  # 128
 TOPK = _CFG.topk_blocks  # 16
+BLOCK_MAX = ("host", "device")
 
 
 #: per-SoC defaults and the env override live in :mod:`tilesim.shared.soc`
@@ -52,12 +62,26 @@ def key_tile(soc=DEFAULT_SOC, env=None) -> int:
     return msa_device_tile("MSA_INDEXER_KTILE", soc, env)
 
 
+def _key_tiles(nb: int, ktile: int) -> list[tuple[int, int]]:
+    """``[(k0, w), ...]``: key tiles of ``ktile`` keys over ``nb*128`` keys (last may be short)."""
+    nkeys = nb * BY
+    return [(k0, min(ktile, nkeys - k0)) for k0 in range(0, nkeys, ktile)]
+
+
+def _tile_scores(pypto, q_pad, idx_k, k0: int, w: int):
+    """Inside a kernel body: ``fp32(q_pad @ idx_k[k0:k0+w]^T)`` ``[16, w]`` (one K step)."""
+    kt = pypto.view(idx_k, [w, DIM], [k0, 0])
+    pypto.set_cube_tile_shapes([NPAD, NPAD], [DIM, DIM], [l0_tile(w, 256), w])
+    s = pypto.matmul(q_pad, kt, pypto.DT_FP32, b_trans=True)
+    pypto.set_vec_tile_shapes(NPAD, w)
+    return s
+
+
 @functools.lru_cache(maxsize=64)
 def build_kernel(nb: int, ktile: int):
     """The ``@pypto.frontend.jit`` score kernel for ``nb`` key blocks (cached)."""
     pypto = require_pypto()
-    nkeys = nb * BY
-    tiles = [(k0, min(ktile, nkeys - k0)) for k0 in range(0, nkeys, ktile)]
+    tiles = _key_tiles(nb, ktile)
 
     @pypto.frontend.jit
     def msa_indexer_scores_kernel(
@@ -68,10 +92,7 @@ def build_kernel(nb: int, ktile: int):
         for t in range(len(tiles)):  # key tiles (static)
             k0 = tiles[t][0]
             w = tiles[t][1]
-            kt = pypto.view(idx_k, [w, DIM], [k0, 0])
-            pypto.set_cube_tile_shapes([NPAD, NPAD], [DIM, DIM], [l0_tile(w, 256), w])
-            s = pypto.matmul(q_pad, kt, pypto.DT_FP32, b_trans=True)
-            pypto.set_vec_tile_shapes(NPAD, w)
+            s = _tile_scores(pypto, q_pad, idx_k, k0, w)
             scores[:, k0 : k0 + w] = s * 1.0
 
     return msa_indexer_scores_kernel
@@ -84,8 +105,7 @@ def build_block_max_kernel(nb: int, ktile: int):
     then the max over each 128-key block, written to ``[16, nb]`` FP32. ``max`` is exact, so the
     result equals the block max of the full scores; the output shrinks 128-fold (cached)."""
     pypto = require_pypto()
-    nkeys = nb * BY
-    tiles = [(k0, min(ktile, nkeys - k0)) for k0 in range(0, nkeys, ktile)]
+    tiles = _key_tiles(nb, ktile)
 
     @pypto.frontend.jit
     def msa_indexer_block_max_kernel(
@@ -97,10 +117,7 @@ def build_block_max_kernel(nb: int, ktile: int):
         for t in range(len(tiles)):  # key tiles (static)
             k0 = tiles[t][0]
             w = tiles[t][1]
-            kt = pypto.view(idx_k, [w, DIM], [k0, 0])
-            pypto.set_cube_tile_shapes([NPAD, NPAD], [DIM, DIM], [l0_tile(w, 256), w])
-            s = pypto.matmul(q_pad, kt, pypto.DT_FP32, b_trans=True)
-            pypto.set_vec_tile_shapes(NPAD, w)
+            s = _tile_scores(pypto, q_pad, idx_k, k0, w)
             s = s + pypto.view(key_bias, [1, w], [0, k0])
             for j in range(w // BY):  # the blocks of this tile
                 pypto.set_vec_tile_shapes(NPAD, BY)
@@ -110,155 +127,49 @@ def build_block_max_kernel(nb: int, ktile: int):
     return msa_indexer_block_max_kernel
 
 
-def _check(idx_q, idx_k, nb):
+def _padded_query(q):
+    """``[16, 128]`` BF16: the 4 index heads and 12 zero rows (the cube's M)."""
     torch = require_torch()
-    for name, t in (("idx_q", idx_q), ("idx_k", idx_k)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-        if t.dtype != torch.bfloat16:
-            raise TypeError(f"{name}: expected dtype torch.bfloat16, got {t.dtype}")
-    if isinstance(nb, bool) or not isinstance(nb, numbers.Integral) or nb <= 0:
-        raise ValueError(f"nb: expected a positive int, got {nb!r}")
-    nb = int(nb)
-    if tuple(idx_q.shape) != (NIDX, DIM):
-        raise ValueError(f"idx_q: expected shape ({NIDX}, {DIM}), got {tuple(idx_q.shape)}")
-    if tuple(idx_k.shape) != (nb * BY, DIM):
-        raise ValueError(
-            f"idx_k: expected shape ({nb * BY}, {DIM}) for nb={nb}, got {tuple(idx_k.shape)}"
-        )
-    for name, t in (("idx_q", idx_q), ("idx_k", idx_k)):
-        if not bool(torch.isfinite(t).all()):
-            raise ValueError(f"{name}: expected finite values (a NaN/inf makes the ranking void)")
-    return nb
+    q_pad = torch.zeros(NPAD, DIM, dtype=torch.bfloat16, device=q.device)
+    q_pad[:NIDX] = q
+    return q_pad
 
 
-def _resolve_backend(backend, device, soc):
-    if backend not in BACKENDS:
-        raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
-    if backend == "auto":
-        if device.type != "npu":
-            raise ValueError(
-                f"backend: tensors are on {device}; pass NPU tensors (torch_npu) or "
-                "backend='sim' to run PyPTO's CPU simulator"
-            )
-        backend = "npu"
-    if backend == "npu":
-        require("torch_npu")
-        soc = "950" if require_pypto().platform.npuarch == "DAV_3510" else "910b"
-    return backend, soc
-
-
-def _run_scores(idx_q, idx_k, nb, backend, soc):
-    """FP32 ``[4, nb*128]`` kernel scores and the cost-model µs (``None`` on the NPU)."""
+def _run_scores(q, k, nb: int, target: Target):
+    """FP32 ``[4, nb*128]`` kernel scores (tensor) and the cost-model µs (``None`` on the NPU)."""
     torch = require_torch()
-    backend, soc = _resolve_backend(backend, idx_q.device, soc)
-    q_pad = torch.zeros(NPAD, DIM, dtype=torch.bfloat16, device=idx_q.device)
-    q_pad[:NIDX] = idx_q
-    scores = torch.zeros(NPAD, nb * BY, dtype=torch.float32, device=idx_q.device)
-    if backend == "sim":  # choose the SoC before pypto is imported (the 950 is an overlay)
-        from tilesim.device import sim
+    scores = torch.zeros(NPAD, nb * BY, dtype=torch.float32, device=q.device)
+    kernel = build_kernel(nb, key_tile(target.soc))
+    us = launch(kernel, [_padded_query(q), k.contiguous()], [scores], target)
+    return scores[:NIDX].contiguous(), us
 
-        sim.configure(soc)
-    kernel = build_kernel(nb, key_tile(soc))
-    if backend == "sim":
-        if idx_k.device.type != "cpu" or idx_q.device.type != "cpu":
-            raise ValueError("backend='sim': expected CPU tensors")
-        run = sim.run_kernel(kernel, [q_pad, idx_k.detach().contiguous().clone(), scores])
-        return scores[:NIDX].contiguous(), run.us
-    kernel(q_pad, idx_k.contiguous(), scores)
-    return scores[:NIDX].contiguous(), None
+
+def _run_block_max(q, k, args: IndexerArgs, target: Target):
+    """FP32 ``[4, nb]`` per-head block maxima from the fused kernel, and the cost-model µs."""
+    torch = require_torch()
+    nb = args.nb
+    bias = torch.zeros(1, nb * BY, dtype=torch.float32, device=q.device)
+    bias[0, args.valid :] = -torch.inf  # keys at or beyond seq_len take no part in the max
+    block_max = torch.zeros(NPAD, nb, dtype=torch.float32, device=q.device)
+    kernel = build_block_max_kernel(nb, key_tile(target.soc))
+    us = launch(kernel, [_padded_query(q), k.contiguous(), bias], [block_max], target)
+    return block_max[:NIDX].contiguous(), us
 
 
 def msa_indexer_scores(idx_q, idx_k, nb, *, backend="auto", soc=DEFAULT_SOC):
     """Lightning-indexer scores on the device: FP32 ``[4, nb*128]``.
 
-    ``idx_q`` ``[4, 128]`` BF16, ``idx_k`` ``[nb*128, 128]`` BF16 torch tensors. ``backend``
-    / ``soc`` as in :mod:`tilesim.device.msa_decode`; ``"sim"`` returns ``(scores, cost_us)``.
-    Promise: bit-identical to the reference (each score is one correctly rounded 128-term
-    FP32 dot product); checked by ``tests/device/test_sim_msa_indexer.py``.
+    ``idx_q`` ``[4, 128]`` BF16, ``idx_k`` ``[nb*128, 128]`` BF16 (NumPy or torch; checked by
+    :func:`tilesim.shared.msa_select.check_indexer`, as in the reference). ``backend`` /
+    ``soc``: :func:`tilesim.device.backend.resolve`; ``"sim"`` returns ``(scores, cost_us)``.
+    Promise: within the FP32 dot-product bound of the reference
+    (``tests/device/test_sim_msa_lightning_indexer.py``).
     """
-    nb = _check(idx_q, idx_k, nb)
-    s, us = _run_scores(idx_q, idx_k, nb, backend, soc)
-    return (s, us) if backend == "sim" else s
-
-
-def _check_seq_len(seq_len, nb):
-    if seq_len is None:
-        return nb * BY
-    if (
-        isinstance(seq_len, bool)
-        or not isinstance(seq_len, numbers.Integral)
-        or not (nb - 1) * BY < seq_len <= nb * BY
-    ):
-        raise ValueError(
-            f"seq_len: expected an int with {(nb - 1) * BY} < seq_len <= {nb * BY} "
-            f"(nb = {nb} blocks of {BY}), got {seq_len!r}"
-        )
-    return int(seq_len)
-
-
-def _top_blocks(score, nb: int, ksel: int):
-    """Top ``ksel-1`` of blocks ``0..nb-2`` (stable sort of -score: descending, lower id
-    first on ties), then the local block ``nb-1``; INT32."""
-    torch = require_torch()
-    order = torch.sort(-score[: nb - 1], stable=True).indices[: ksel - 1]
-    return torch.cat([order, torch.tensor([nb - 1])]).to(torch.int32)
-
-
-def select_from_head_max(head_max, nb: int, *, head_reduce="max"):
-    """The ranking on FP32 per-head block maxima ``[4, nb]`` (torch) -> INT32 ``[1 or 4, k]``:
-    block score = max over heads; top 15 of blocks ``0..nb-2`` (descending, lower id first on
-    ties), then ``nb-1``; ``nb <= 16`` -> ``arange(nb)``."""
-    torch = require_torch()
-    if head_reduce not in HEAD_REDUCES:
-        raise ValueError(f"head_reduce: expected one of {HEAD_REDUCES}, got {head_reduce!r}")
-    ksel = min(TOPK, nb)
-    if nb <= TOPK:
-        sel = torch.arange(nb, dtype=torch.int32)
-        return sel[None, :] if head_reduce == "max" else sel[None, :].repeat(NIDX, 1)
-    head_max = head_max.detach().to("cpu", torch.float32)
-    if head_reduce == "max":
-        return _top_blocks(head_max.amax(dim=0), nb, ksel)[None, :]
-    return torch.stack([_top_blocks(head_max[h], nb, ksel) for h in range(NIDX)])
-
-
-def select_blocks(scores, nb: int, *, seq_len=None, head_reduce="max"):
-    """The host tail on FP32 ``[4, nb*128]`` scores (torch) -> INT32 ids ``[1 or 4, k]``:
-    keys at or beyond ``seq_len`` to -inf, max over each block's keys, then
-    :func:`select_from_head_max`."""
-    torch = require_torch()
-    valid = _check_seq_len(seq_len, nb)
-    s = scores.detach().to("cpu", torch.float32).clone()
-    s[:, valid:] = -torch.inf  # keys at or beyond seq_len take no part in the max
-    head_max = s.reshape(NIDX, nb, BY).amax(dim=2)  # [4, nb]
-    return select_from_head_max(head_max, nb, head_reduce=head_reduce)
-
-
-def _run_block_max(idx_q, idx_k, nb, seq_len, backend, soc):
-    """FP32 ``[4, nb]`` per-head block maxima from the fused kernel, and the cost-model µs."""
-    torch = require_torch()
-    backend, soc = _resolve_backend(backend, idx_q.device, soc)
-    dev = idx_q.device
-    q_pad = torch.zeros(NPAD, DIM, dtype=torch.bfloat16, device=dev)
-    q_pad[:NIDX] = idx_q
-    bias = torch.zeros(1, nb * BY, dtype=torch.float32, device=dev)
-    bias[0, _check_seq_len(seq_len, nb) :] = -torch.inf
-    block_max = torch.zeros(NPAD, nb, dtype=torch.float32, device=dev)
-    if backend == "sim":  # choose the SoC before pypto is imported (the 950 is an overlay)
-        from tilesim.device import sim
-
-        sim.configure(soc)
-    kernel = build_block_max_kernel(nb, key_tile(soc))
-    if backend == "sim":
-        if idx_k.device.type != "cpu" or dev.type != "cpu":
-            raise ValueError("backend='sim': expected CPU tensors")
-        run = sim.run_kernel(kernel, [q_pad, idx_k.detach().contiguous().clone(), bias, block_max])
-        return block_max[:NIDX].contiguous(), run.us
-    kernel(q_pad, idx_k.contiguous(), bias, block_max)
-    return block_max[:NIDX].contiguous(), None
-
-
-BLOCK_MAX = ("host", "device")
+    args = check_indexer(idx_q, idx_k, nb)
+    target = resolve(backend, soc, idx_q)
+    q, k = to_tensors(idx_q, idx_k)
+    s, us = _run_scores(q, k, args.nb, target)
+    return finish(s, us, target)
 
 
 def msa_indexer(
@@ -272,39 +183,38 @@ def msa_indexer(
     backend="auto",
     soc=DEFAULT_SOC,
 ):
-    """Lightning-indexer block selection: device scores + the deterministic torch tail.
+    """Lightning-indexer block selection: device scores + the shared host tail.
 
     ``block_max="host"`` (the seeds' split): the kernel writes the ``[16, nb*128]`` scores and
-    torch takes the block max; ``"device"``: the fused kernel
+    the host takes the block max; ``"device"``: the fused kernel
     (:func:`build_block_max_kernel`) writes only the ``[16, nb]`` block maxima (the seq_len
     rule applied in the kernel as a -inf key bias). Same ids either way (max is exact).
 
-    Returns INT32 ``[1, min(16, nb)]`` (``head_reduce="none"``: ``[4, min(16, nb)]``) on the
-    CPU; ``backend="sim"`` returns ``(ids, cost_us)``. ``nb <= 16`` launches no kernel (the
-    answer is ``arange(nb)``; ``cost_us`` 0.0).
+    Returns INT32 ``[1, min(16, nb)]`` (``head_reduce="none"``: ``[4, min(16, nb)]``), a CPU
+    tensor for tensor input, a NumPy array for NumPy input; ``backend="sim"`` returns
+    ``(ids, cost_us)``. ``nb <= 16`` launches no kernel (the answer is ``arange(nb)``;
+    ``cost_us`` 0.0).
     """
-    nb = _check(idx_q, idx_k, nb)
-    _check_seq_len(seq_len, nb)
-    if head_reduce not in HEAD_REDUCES:
-        raise ValueError(f"head_reduce: expected one of {HEAD_REDUCES}, got {head_reduce!r}")
-    if block_max not in BLOCK_MAX:
-        raise ValueError(f"block_max: expected one of {BLOCK_MAX}, got {block_max!r}")
-    if nb <= TOPK:  # nothing to rank (the seeds' short-context guard)
-        _resolve_backend(backend, idx_q.device, soc)
-        torch = require_torch()
-        ids = select_from_head_max(torch.zeros(NIDX, nb), nb, head_reduce=head_reduce)
-        return (ids, 0.0) if backend == "sim" else ids
-    if block_max == "device":
-        hm, us = _run_block_max(idx_q, idx_k, nb, seq_len, backend, soc)
-        ids = select_from_head_max(hm, nb, head_reduce=head_reduce)
+    args = check_indexer(idx_q, idx_k, nb, seq_len=seq_len, head_reduce=head_reduce)
+    check_choice(block_max, "block_max", BLOCK_MAX)
+    target = resolve(backend, soc, idx_q)
+    q, k = to_tensors(idx_q, idx_k)
+    us = None
+    if args.nb <= TOPK:  # nothing to rank (the seeds' short-context guard)
+        head_max = np.zeros((NIDX, args.nb), dtype=np.float32)
+    elif block_max == "device":
+        hm, us = _run_block_max(q, k, args, target)
+        head_max = host_array(hm, "block_max")
     else:
-        s, us = _run_scores(idx_q, idx_k, nb, backend, soc)
-        ids = select_blocks(s, nb, seq_len=seq_len, head_reduce=head_reduce)
-    return (ids, us) if backend == "sim" else ids
+        s, us = _run_scores(q, k, args.nb, target)
+        head_max = block_head_max(host_array(s, "scores"), args.nb, args.valid)
+    ids = select_from_head_max(head_max, args.nb, head_reduce=args.head_reduce)
+    return finish(require_torch().from_numpy(ids), us, target)
 
 
 __all__ = [
     "BLOCK_MAX",
+    "HEAD_REDUCES",
     "KTILE",
     "build_block_max_kernel",
     "build_kernel",

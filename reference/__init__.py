@@ -36,6 +36,8 @@ _LAZY = {
     "msa_indexer_scores": "msa_lightning_indexer",
     "msa_indexer": "msa_lightning_indexer",
     "msa_sparse_decode": "msa_decode",
+    "msa_indexer_flop": "msa_lightning_indexer",
+    "msa_sparse_decode_flop": "msa_decode",
     "build_msa_block_mask": "msa_main",
     "msa_main_branch": "msa_main",
     "msa_make_case": "msa_cases",

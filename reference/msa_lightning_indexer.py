@@ -1,4 +1,4 @@
-"""MiniMax-M3 MSA lightning indexer: decode block selection (``op-facts`` §2, anchors §1.6).
+"""MiniMax-M3 MSA lightning indexer: decode block selection (``docs/ops/msa.md``).
 
 Two public ops:
 
@@ -6,123 +6,134 @@ Two public ops:
   rows, times every 128-key block of the index keys, FP32 out. One tile per key block.
 * :func:`msa_indexer` — kernel plus host tail: block score = max over the block's keys, then
   over the index heads; the top 15 non-local blocks (score descending, ties to the LOWER block
-  id) followed by the local (last) block. ``nb <= 16`` returns ``arange(nb)``.
+  id) followed by the local (last) block. ``nb <= 16`` returns ``arange(nb)``. The tail is
+  :mod:`tilesim.shared.msa_select`, the rule the device wrapper applies too.
 
-Differences from the seeds' host tail (all documented in ``docs/ops/msa.md``): ties are broken
-deterministically (the seeds use an unsorted ``torch.topk``), the returned order is defined,
-``seq_len`` keeps key rows at or beyond it out of the block max (the seeds score the zero
-padding of the partial last block), and ``head_reduce="none"`` gives MiniMax's per-index-head
-selection.
+Source: ``hicann/pypto-gym`` (the MiniMax-M3 lightning-indexer kernel and its host tail; see
+``docs/sources.md``, "MSA lightning indexer"). Differences from the seeds' host tail (all in
+``docs/ops/msa.md``): ties are broken deterministically (the seeds use an unsorted
+``torch.topk``), the returned order is defined, ``seq_len`` keeps key rows at or beyond it
+out of the block max (the seeds score the zero padding of the partial last block), and
+``head_reduce="none"`` gives MiniMax's per-index-head selection.
 """
 
 from __future__ import annotations
 
-import numbers
+from typing import NamedTuple
 
 import numpy as np
-from tilesim.reference.msa_common import (
-    as_array,
-    back,
-    check_dtype,
-    check_pos_int,
-    check_trace,
-    cube_matmul,
-    widen64,
-)
-from tilesim.shared.casts import BF16, FP32
+from tilesim.reference.arith import F64, matmul_fp32
+from tilesim.reference.msa_common import K_STEP
 from tilesim.shared.models import MINIMAX_M3
+from tilesim.shared.msa_select import (
+    HEAD_REDUCES,
+    IndexerArgs,
+    block_head_max,
+    check_indexer,
+    select_from_head_max,
+    selection_slots,
+)
+from tilesim.shared.trace import emit
+from tilesim.shared.validate import check_trace, host_array, same_kind
 
 _CFG = MINIMAX_M3.msa
-HEAD_REDUCES = ("max", "none")
+BY, NIDX, NPAD, DIM = (
+    _CFG.block_size,
+    _CFG.num_index_heads,
+    _CFG.index_heads_padded,
+    _CFG.index_dim,
+)
 
 
-def _check_index_inputs(idx_q, idx_k, nb):
-    q, q_torch = as_array(idx_q, "idx_q")
-    k, k_torch = as_array(idx_k, "idx_k")
-    nb = check_pos_int(nb, "nb")
-    nidx, dim, by = _CFG.num_index_heads, _CFG.index_dim, _CFG.block_size
-    check_dtype(q, "idx_q", (BF16,))
-    check_dtype(k, "idx_k", (BF16,))
-    if q.shape != (nidx, dim):
-        raise ValueError(f"idx_q: expected shape ({nidx}, {dim}) [index heads, dim], got {q.shape}")
-    if k.shape != (nb * by, dim):
-        raise ValueError(
-            f"idx_k: expected shape ({nb * by}, {dim}) [nb*{by} keys, dim] for nb={nb}, "
-            f"got {k.shape}"
-        )
-    for name, a in (("idx_q", q), ("idx_k", k)):
-        if not np.isfinite(a.astype(FP32)).all():
-            raise ValueError(f"{name}: expected finite values (a NaN/inf makes the ranking void)")
-    return q, k, nb, q_torch or k_torch
+def msa_indexer_flop(nb: int, *, padded: bool = True) -> int:
+    """Matmul FLOPs of the score kernel over ``nb`` key blocks (2 per multiply-add).
+
+    ``padded=True``: as the cube runs it, 16 rows (4 index heads + 12 zero rows) per block;
+    ``False``: the 4 real heads only. One block's share is ``msa_indexer_flop(1)``.
+    """
+    rows = NPAD if padded else NIDX
+    return 2 * rows * nb * BY * DIM
 
 
-def _scores(q: np.ndarray, k: np.ndarray, nb: int) -> np.ndarray:
-    """FP32 ``[16, nb*128]`` kernel scores (pad rows included)."""
-    npad, by = _CFG.index_heads_padded, _CFG.block_size
-    q_pad = np.zeros((npad, q.shape[1]), dtype=np.float64)
-    q_pad[: q.shape[0]] = widen64(q)
+class _Inputs(NamedTuple):
+    q: np.ndarray  # host BF16 [4, 128]
+    k: np.ndarray  # host BF16 [nb*128, 128]
+    args: IndexerArgs
+
+
+def _check(idx_q, idx_k, nb, trace, **kw) -> _Inputs:
+    check_trace(trace)
+    args = check_indexer(idx_q, idx_k, nb, **kw)
+    return _Inputs(host_array(idx_q, "idx_q"), host_array(idx_k, "idx_k"), args)
+
+
+def _scores(q: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """FP32 ``[4, nb*128]`` kernel scores (the 12 zero pad rows computed, then dropped)."""
+    q_pad = np.zeros((NPAD, q.shape[1]), dtype=F64)
+    q_pad[: q.shape[0]] = q.astype(F64)
     # One cube tile per key block in the kernel; the blocks do not interact, so all of them go
     # through one matmul (K = 128 = one K step). The "* 1.0" vector stage is the identity.
-    s = cube_matmul(q_pad, widen64(k).T)  # a transposed view: BLAS reads it in place
+    s = matmul_fp32(q_pad, k.astype(F64).T, k_tile=K_STEP)  # a transposed view, read in place
     s = s * np.float32(1.0)
-    assert s.shape == (npad, nb * by)
-    return s
+    return np.ascontiguousarray(s[:NIDX])
 
 
 def msa_indexer_scores(idx_q, idx_k, nb, *, trace=None):
     """Lightning-indexer kernel scores.
 
     Args:
-        idx_q: ``[4, 128]`` BF16 index-query heads (numpy/ml_dtypes or torch CPU).
+        idx_q: ``[4, 128]`` BF16 index-query heads (NumPy/ml_dtypes or torch).
         idx_k: ``[nb*128, 128]`` BF16 index keys (one MQA key per position).
         nb: number of 128-key blocks.
-        trace: called once per 128-key block (kernel tile) with
-            ``{"op": "msa_indexer_scores", "block", "kv_start", "kv_len", "row_max"}``
-            (``row_max``: FP32 ``[4]`` max of the block's scores per index head).
+        trace: called once per 128-key block (kernel tile) with a
+            :func:`tilesim.shared.trace.trace_record`: ``lane {}``, ``step`` = block,
+            ``key_range`` = the block's keys, ``row_max`` = FP32 ``[4]`` block max per index
+            head, ``flop`` = the block's cube FLOPs (16 rows).
 
     Returns:
         FP32 ``[4, nb*128]``: ``scores[h, j] = fp32(sum_d q[h,d]*k[j,d])``. BF16 products are
         exact and the 128-term sum is formed exactly (float64) and rounded once to FP32, i.e.
         the correctly rounded FP32 dot product (the cube's single K step). Rows 4..15 of the
-        kernel's padded output are dropped. Same kind (numpy/torch) as the inputs.
+        kernel's padded output are dropped. Same kind (NumPy/torch) as ``idx_q``.
     """
-    check_trace(trace)
-    q, k, nb, torch_out = _check_index_inputs(idx_q, idx_k, nb)
-    s = _scores(q, k, nb)[: _CFG.num_index_heads]
+    inp = _check(idx_q, idx_k, nb, trace)
+    s = _scores(inp.q, inp.k)
     if trace is not None:
-        by = _CFG.block_size
-        for blk in range(nb):  # the kernel's static block loop
-            tile = s[:, blk * by : (blk + 1) * by]
-            trace(
-                dict(
-                    op="msa_indexer_scores",
-                    block=blk,
-                    kv_start=blk * by,
-                    kv_len=by,
-                    row_max=tile.max(axis=1),
-                )
+        for blk in range(inp.args.nb):  # the kernel's static block loop
+            tile = s[:, blk * BY : (blk + 1) * BY]
+            emit(
+                trace,
+                "msa_indexer_scores",
+                {},
+                blk,
+                (blk * BY, (blk + 1) * BY),
+                row_max=tile.max(axis=1),
+                flop=msa_indexer_flop(1),
             )
-    return back(np.ascontiguousarray(s), torch_out)
+    return same_kind(s, idx_q)
 
 
-def _select(block_score: np.ndarray, nb: int, ksel: int) -> np.ndarray:
-    """Top ``ksel-1`` of blocks ``0..nb-2`` (score descending, lower id first), then ``nb-1``."""
-    order = np.argsort(-block_score[: nb - 1], kind="stable")
-    return np.concatenate([order[: ksel - 1], [nb - 1]]).astype(np.int32)
-
-
-def _check_seq_len(seq_len, nb: int) -> int:
-    by = _CFG.block_size
-    if (
-        isinstance(seq_len, (bool, np.bool_))
-        or not isinstance(seq_len, numbers.Integral)
-        or not (nb - 1) * by < seq_len <= nb * by
-    ):
-        raise ValueError(
-            f"seq_len: expected an int with {(nb - 1) * by} < seq_len <= {nb * by} "
-            f"(nb = ceil(seq_len/{by}) = {nb} blocks), got {seq_len!r}"
+def _trace_blocks(trace, head_max: np.ndarray, args: IndexerArgs) -> None:
+    """One record per key block: the keys that count, the maxima, the block's slot."""
+    nb = args.nb
+    slots = selection_slots(head_max, nb)
+    block_score = head_max.max(axis=0)
+    for blk in range(nb):
+        hm = head_max[:, blk].copy()
+        emit(
+            trace,
+            "msa_indexer",
+            {},
+            blk,
+            (blk * BY, (blk + 1) * BY),
+            keys_used=int(np.clip(args.valid - blk * BY, 0, BY)),
+            row_max=hm,
+            flop=msa_indexer_flop(1),
+            head_max=hm,
+            block_score=block_score[blk],
+            local=blk == nb - 1,
+            slot=int(slots[blk]),
         )
-    return int(seq_len)
 
 
 def msa_indexer(idx_q, idx_k, nb, *, seq_len=None, head_reduce="max", trace=None):
@@ -134,10 +145,12 @@ def msa_indexer(idx_q, idx_k, nb, *, seq_len=None, head_reduce="max", trace=None
             it take no part in the block max (``None``: every row counts, as in the seeds).
         head_reduce: ``"max"`` — block score = max over index heads, one selection
             ``[1, k]``; ``"none"`` — one selection per index head ``[4, k]`` (MiniMax MSA).
-        trace: called once per 128-key block with ``{"op": "msa_indexer", "block",
-            "kv_start", "kv_len" (keys that count), "head_max" (FP32 [4], -inf when no key
-            counts), "block_score" (max over heads), "local", "slot"}`` (``slot``: position
-            of the block in the ``head_reduce="max"`` selection, -1 when not selected).
+        trace: called once per 128-key block with a trace record: ``lane {}``, ``step`` =
+            block, ``key_range`` = the block's keys, ``keys_used`` = the keys that count,
+            ``row_max`` = FP32 ``[4]`` per-head max of those keys (-inf when none counts),
+            ``flop``, and ``extra`` ``{"head_max" (= row_max), "block_score" (max over heads),
+            "local", "slot"}`` (``slot``: the block's position in the ``head_reduce="max"``
+            selection, -1 when not selected).
 
     Returns:
         INT32 ``[1, k]`` (or ``[4, k]``), ``k = min(16, nb)``. ``nb > 16``: the 15 best
@@ -145,42 +158,13 @@ def msa_indexer(idx_q, idx_k, nb, *, seq_len=None, head_reduce="max", trace=None
         the local block ``nb-1``. ``nb <= 16``: ``arange(nb)``. Scores are the FP32 kernel
         scores of :func:`msa_indexer_scores` (no softmax scale: ranking is scale-free).
     """
-    check_trace(trace)
-    q, k, nb, torch_out = _check_index_inputs(idx_q, idx_k, nb)
-    if head_reduce not in HEAD_REDUCES:
-        raise ValueError(f"head_reduce: expected one of {HEAD_REDUCES}, got {head_reduce!r}")
-    by, nidx = _CFG.block_size, _CFG.num_index_heads
-    valid = nb * by if seq_len is None else _check_seq_len(seq_len, nb)
-    ksel = min(_CFG.topk_blocks, nb)
-
-    s = _scores(q, k, nb)[:nidx].copy()
-    s[:, valid:] = -np.inf  # seq_len masking (the seeds keep the zero padding's scores)
-    head_max = s.reshape(nidx, nb, by).max(axis=2)  # [4, nb]
-    block_score = head_max.max(axis=0)  # [nb]
-
-    if nb <= _CFG.topk_blocks:
-        sel = np.arange(nb, dtype=np.int32)
-        ids = sel[None, :] if head_reduce == "max" else np.tile(sel, (nidx, 1))
-    elif head_reduce == "max":
-        sel = _select(block_score, nb, ksel)
-        ids = sel[None, :]
-    else:
-        sel = _select(block_score, nb, ksel)
-        ids = np.stack([_select(head_max[h], nb, ksel) for h in range(nidx)])
-
+    inp = _check(idx_q, idx_k, nb, trace, seq_len=seq_len, head_reduce=head_reduce)
+    args = inp.args
+    head_max = block_head_max(_scores(inp.q, inp.k), args.nb, args.valid)  # [4, nb]
+    ids = select_from_head_max(head_max, args.nb, head_reduce=args.head_reduce)
     if trace is not None:
-        slot_of = {int(b): i for i, b in enumerate(sel)}
-        for blk in range(nb):
-            trace(
-                dict(
-                    op="msa_indexer",
-                    block=blk,
-                    kv_start=blk * by,
-                    kv_len=int(np.clip(valid - blk * by, 0, by)),
-                    head_max=head_max[:, blk].copy(),
-                    block_score=block_score[blk],
-                    local=blk == nb - 1,
-                    slot=slot_of.get(blk, -1),
-                )
-            )
-    return back(np.ascontiguousarray(ids, dtype=np.int32), torch_out)
+        _trace_blocks(trace, head_max, args)
+    return same_kind(ids, idx_q)
+
+
+__all__ = ["HEAD_REDUCES", "msa_indexer", "msa_indexer_flop", "msa_indexer_scores"]

@@ -10,8 +10,11 @@ Budget (docs/device.md, "## MSA kernels"), against ``tilesim.reference.msa_index
 2. block ids: identical to the reference's (same ids, same order) on every case;
 3. ``block_max="device"`` (block max fused into the kernel): per-head block maxima equal to
    those of the unfused kernel's scores bit for bit, ids identical to the reference's;
-4. the torch tail alone (:func:`select_blocks`) reproduces the reference's selection exactly
-   when fed the reference's scores -- including ties, +-1e20 and one-BF16-step neighbours.
+4. the host tail (:func:`tilesim.shared.msa_select.select_blocks`, the one rule the reference
+   and the wrapper both apply, re-exported by the device module) reproduces an independent
+   Python ``sorted`` selection on given scores -- including ties, +-1e20 and one-BF16-step
+   neighbours -- for torch and NumPy scores alike;
+5. the wrapper takes NumPy arrays as well as torch tensors and returns the same kind.
 """
 
 from __future__ import annotations
@@ -43,9 +46,12 @@ def _case(nb, data, seed):
 def check_indexer(spec, soc, seed=11) -> dict:
     import numpy as np
     import torch
-    from tilesim.device.msa_lightning_indexer import msa_indexer, msa_indexer_scores
+    from tilesim.device.backend import resolve
+    from tilesim.device.msa_lightning_indexer import _run_block_max, msa_indexer, msa_indexer_scores
     from tilesim.reference import msa_indexer as ref_ids
     from tilesim.reference import msa_indexer_scores as ref_scores
+    from tilesim.shared.interop import to_numpy
+    from tilesim.shared.msa_select import check_indexer
 
     nb, seq_len, data = spec
     q, k = _case(nb, data, seed)
@@ -56,12 +62,15 @@ def check_indexer(spec, soc, seed=11) -> dict:
     err = (s.double() - gold.double()).abs()
     ids, us_ids = msa_indexer(q, k, nb, seq_len=seq_len, backend="sim", soc=soc)
     want = ref_ids(q, k, nb, seq_len=seq_len)
-    per_head, _ = msa_indexer(q, k, nb, seq_len=seq_len, head_reduce="none", backend="sim", soc=soc)
+    # NumPy in -> NumPy out (the reference's input policy)
+    q_np, k_np = to_numpy(q), to_numpy(k)
+    per_head, _ = msa_indexer(
+        q_np, k_np, nb, seq_len=seq_len, head_reduce="none", backend="sim", soc=soc
+    )
     want_ph = ref_ids(q, k, nb, seq_len=seq_len, head_reduce="none")
     # the fused variant: block maxima on the device, ids from them
-    from tilesim.device.msa_lightning_indexer import _run_block_max
-
-    hm, us_fused = _run_block_max(q, k, nb, seq_len, "sim", soc)
+    args = check_indexer(q, k, nb, seq_len=seq_len)
+    hm, us_fused = _run_block_max(q, k, args, resolve("sim", soc, q))
     masked = s.clone()
     masked[:, seq_len or nb * 128 :] = -torch.inf
     ids_f, _ = msa_indexer(q, k, nb, seq_len=seq_len, block_max="device", backend="sim", soc=soc)
@@ -80,7 +89,9 @@ def check_indexer(spec, soc, seed=11) -> dict:
         "max_ulp": int(_ulp32(s, gold)),
         "ids": ids.tolist(),
         "same_ids": bool(torch.equal(ids, want)),
-        "same_per_head": bool(torch.equal(per_head, want_ph)),
+        "same_per_head": isinstance(per_head, np.ndarray)
+        and per_head.dtype == np.int32
+        and np.array_equal(per_head, want_ph.numpy()),
         "ids_dtype": str(ids.dtype),
         "inputs_kept": torch.equal(before[0], q) and torch.equal(before[1], k),
     }
@@ -151,9 +162,10 @@ def _scores_from(block_scores, rng):
 @pytest.mark.parametrize("kind", ["ties", "huge", "bf16_neighbours", "random", "zeros_signed"])
 @pytest.mark.parametrize("nb", [17, 18, 32, 33])
 def test_tail_reproduces_reference_selection(kind, nb, rng):
-    """select_blocks on given scores == the reference's rule (argsort(-x, stable) + local)."""
+    """select_blocks on given scores == an independent rule (Python sort on (-score, id))."""
     import numpy as np
     from tilesim.device.msa_lightning_indexer import select_blocks
+    from tilesim.shared import msa_select
 
     if kind == "ties":
         bs = np.full(nb, 0.5, dtype=np.float32)
@@ -172,6 +184,9 @@ def test_tail_reproduces_reference_selection(kind, nb, rng):
     ranked = sorted(range(nb - 1), key=lambda b: (-float(bs[b]), b))[:15]
     assert got.tolist() == [ranked + [nb - 1]]
     assert got.dtype == torch.int32
+    assert select_blocks is msa_select.select_blocks  # one rule, not a torch twin
+    got_np = select_blocks(s.numpy(), nb)  # NumPy scores -> NumPy ids
+    assert isinstance(got_np, np.ndarray) and got_np.tolist() == got.tolist()
 
 
 @pytest.mark.torch
@@ -193,13 +208,17 @@ def test_tail_seq_len_excludes_padding_rows(rng):
 @pytest.mark.parametrize(
     ("kw", "exc", "match"),
     [
-        ({"nb": 0}, ValueError, "nb: expected a positive int"),
+        ({"nb": 0}, ValueError, r"nb: expected an int in \[1, inf\]"),
+        ({"nb": 2.0}, TypeError, "nb: expected an int"),
         ({"nb": 3}, ValueError, r"idx_k: expected shape \(384, 128\)"),
         ({"seq_len": 128}, ValueError, "seq_len: expected an int with 128 < seq_len <= 256"),
         ({"head_reduce": "mean"}, ValueError, "head_reduce: expected one of"),
         ({"block_max": "npu"}, ValueError, "block_max: expected one of"),
         ({"backend": "tpu"}, ValueError, "backend: expected one of"),
-        ({"q": torch.zeros(4, 128)}, TypeError, "idx_q: expected dtype torch.bfloat16"),
+        ({"q": torch.zeros(4, 128)}, TypeError, "idx_q: expected dtype bfloat16"),
+        ({"q": [[0.0] * 128] * 4}, TypeError, "idx_q: expected a numpy array or a torch tensor"),
+        ({"seq_len": 200.0}, TypeError, "seq_len: expected an int"),
+        ({"backend": "auto"}, ValueError, "backend='sim'"),
         ({"q": torch.zeros(5, 128, dtype=torch.bfloat16)}, ValueError, "idx_q: expected shape"),
     ],
 )

@@ -1,18 +1,10 @@
 """MSA block-sparse decode: oracles, kernel-loop equivalence, the seeds' cases, edge cases.
 
-Oracles:
+Oracles (``tests/oracles/msa.py``, with the error budget's derivation):
 * ``dense_oracle`` — float64 softmax attention over the gathered keys whose token position
   ``block*128 + t`` is ``< seq_len`` (the mask rule restated by position), no chunks.
 * ``loop_kernel`` — the kernel written the plain way: one (batch row, KV head) at a time,
   Python loops over chunks and K steps. The op batches (b, h) and must equal it bit for bit.
-
-Error budget against the float64 oracle (O(1) data), per output element::
-
-    |out - ref| <= 2^-8 |ref| + 2^-8 (1 + 2^-6) A,   A = sum_i p_i |v_i| / sum_i p_i
-
-BF16's unit roundoff is 2^-8 (8 significant bits): 2^-8|ref| is the final BF16 rounding,
-2^-8 A the BF16 rounding of P before P.V, 2^-14 A covers every FP32 step (scores, exp, sums,
-merge), which is > 100x their size here.
 """
 
 from __future__ import annotations
@@ -24,9 +16,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from oracles.msa import assert_in_budget, dense_oracle, loop_kernel
 from tilesim.reference import msa_make_case, msa_sparse_decode
+from tilesim.reference.msa_decode import msa_sparse_decode_flop
 from tilesim.shared.casts import to_bf16
 from tilesim.shared.tiling import MsaTiling
+from tilesim.shared.trace import check_record
 
 BF = ml_dtypes.bfloat16
 BY = 128
@@ -52,91 +47,6 @@ def put(ids, b, slot, blk):
     if where.size:
         row[where[0]] = row[slot]
     row[slot] = blk
-
-
-def dense_oracle(q, k, v, ids, seq):
-    """float64 reference; returns (out, A, visible_any) with out/A ``[B, HQ, D]``."""
-    batch, hq, d = q.shape
-    hkv = k.shape[1]
-    g = hq // hkv
-    seq = np.broadcast_to(np.asarray(seq), (batch,))
-    out = np.zeros((batch, hq, d))
-    amag = np.zeros((batch, hq, d))
-    any_vis = np.zeros(batch, bool)
-    for b in range(batch):
-        pos = (ids[b].astype(np.int64)[:, None] * BY + np.arange(BY)).reshape(-1)
-        vis = pos < seq[b]
-        any_vis[b] = vis.any()
-        if not vis.any():
-            continue
-        kk = k[b][:, ids[b]].reshape(hkv, -1, d).astype(F64)[:, vis]
-        vv = v[b][:, ids[b]].reshape(hkv, -1, d).astype(F64)[:, vis]
-        head_kv = np.arange(hq) // g
-        s = np.einsum("hd,hld->hl", q[b].astype(F64), kk[head_kv]) / np.sqrt(d)
-        p = np.exp(s - s.max(axis=1, keepdims=True))
-        den = p.sum(axis=1, keepdims=True)
-        out[b] = np.einsum("hl,hld->hd", p, vv[head_kv]) / den
-        amag[b] = np.einsum("hl,hld->hd", p, np.abs(vv[head_kv])) / den
-    return out, amag, any_vis
-
-
-def assert_in_budget(out, ref, amag):
-    err = np.abs(out.astype(F64) - ref)
-    budget = 2.0**-8 * np.abs(ref) + 2.0**-8 * (1 + 2.0**-6) * amag
-    ratio = np.divide(err, budget, out=np.where(err > 0, np.inf, 0.0), where=budget > 0)
-    worst = np.max(ratio)
-    assert worst <= 1.0, f"error {worst:.3f} x budget"
-    return worst
-
-
-def loop_kernel(q, k, v, ids, seq, ntile=512, seeds_compat=False):
-    """The kernel, one (batch row, KV head) at a time, every loop spelled out."""
-    batch, hq, d = q.shape
-    hkv = k.shape[1]
-    g = hq // hkv
-    topk = ids.shape[1]
-    sel = topk * BY
-    seq = np.broadcast_to(np.asarray(seq), (batch,))
-    scale, neg = F32(1 / np.sqrt(d)), F32(-3.0e38)
-    out = np.zeros((batch, hq, d), F32)
-    stop = sel - sel % ntile if seeds_compat else sel
-    for b in range(batch):
-        cur = (int(seq[b]) - 1) // BY
-        cur_valid = int(seq[b]) - cur * BY
-        mask = np.ones(sel, F32)
-        for j, blk in enumerate(ids[b]):
-            if blk == cur:
-                mask[j * BY + cur_valid : (j + 1) * BY] = 0
-            elif blk > cur:
-                mask[j * BY : (j + 1) * BY] = 0
-        for h in range(hkv):
-            kk = np.concatenate([k[b, h, blk] for blk in ids[b]]).astype(F64)
-            vv = np.concatenate([v[b, h, blk] for blk in ids[b]]).astype(F64)
-            qq = q[b, h * g : (h + 1) * g].astype(F64)
-            m = l = o = None
-            for c0 in range(0, stop, ntile):
-                kc, vc, mc = kk[c0 : c0 + ntile], vv[c0 : c0 + ntile], mask[c0 : c0 + ntile]
-                s = (qq @ kc.T).astype(F32) * scale
-                s = s * mc + (mc * F32(-1) + F32(1)) * neg
-                mx = s.max(axis=1, keepdims=True)
-                p = np.exp(s - mx)
-                ls = p.astype(F64).sum(axis=1, keepdims=True).astype(F32)
-                pb = p.astype(BF).astype(F64)
-                oc = None
-                for k0 in range(0, kc.shape[0], 128):
-                    part = pb[:, k0 : k0 + 128] @ vc[k0 : k0 + 128]
-                    oc = part.astype(F32) if oc is None else oc + part.astype(F32)
-                if m is None:
-                    m, l, o = mx, ls, oc
-                else:
-                    mn = np.maximum(m, mx)
-                    a, bb = np.exp(m - mn), np.exp(mx - mn)
-                    m, l, o = mn, a * l + bb * ls, o * a + oc * bb
-            res = o / l
-            if not seeds_compat and not mask.any():
-                res[:] = 0
-            out[b, h * g : (h + 1) * g] = res
-    return out.astype(BF)
 
 
 T512 = MsaTiling(ntile=512)
@@ -258,7 +168,7 @@ def test_per_row_seq_len_equals_separate_calls(rng):
     seq = np.array([nb * BY, 7 * BY + 1, 9 * BY + 64])
     put(ids, 1, 0, 7)
     put(ids, 2, 5, 9)
-    together = msa_sparse_decode(q, k, v, ids, seq.tolist(), tiling=T512)
+    together = msa_sparse_decode(q, k, v, ids, seq, tiling=T512)
     same = msa_sparse_decode(q, k, v, ids, np.full(3, 9 * BY + 64), tiling=T512)
     assert (
         same.tobytes()
@@ -306,13 +216,21 @@ def test_trace_records(rng):
     recs = []
     msa_sparse_decode(q, k, v, ids, seq, tiling=T512, trace=recs.append)
     assert len(recs) == 2 * 4 * 2
-    order = [(r["batch"], r["kv_head"], r["chunk"]) for r in recs]
+    order = [(r["lane"]["batch"], r["lane"]["kv_head"], r["step"]) for r in recs]
     assert order == [(b, h, c) for b in range(2) for h in range(4) for c in range(2)]
     for r in recs:
-        assert r["op"] == "msa_sparse_decode"
-        assert (r["kv_start"], r["kv_len"]) == ((0, 512) if r["chunk"] == 0 else (512, 256))
-        assert r["q_start"] == r["batch"] * 64 + r["kv_head"] * 16
+        check_record(r)
+        assert r["op"] == "msa_sparse_decode" and set(r["lane"]) == {"batch", "kv_head"}
+        assert r["key_range"] == ((0, 512) if r["step"] == 0 else (512, 768))
         assert r["row_max"].shape == (16,) and r["row_sum"].shape == (16,)
+        width = r["key_range"][1] - r["key_range"][0]
+        assert r["flop"] == 2 * 2 * 16 * width * 128  # Q K^T and P V of one KV head's group
+        # kept keys, by position: key t of slot j is block ids[b, j], token t
+        b = r["lane"]["batch"]
+        pos = (ids[b][:, None] * BY + np.arange(BY)).reshape(-1)[slice(*r["key_range"])]
+        assert r["keys_used"] == int((pos < seq[b]).sum())
+        assert r["extra"] == {}
+    assert sum(r["flop"] for r in recs) == msa_sparse_decode_flop(2, 64, 6 * BY, 128)
     # merged statistics agree with the float64 softmax denominator of the oracle
     for b in range(2):
         pos = (ids[b][:, None] * BY + np.arange(BY)).reshape(-1)
@@ -323,7 +241,7 @@ def test_trace_records(rng):
             s = np.where(vis, s, -np.inf)
             mx = s.max(axis=1)
             den = np.exp(s - mx[:, None]).sum(axis=1)
-            rs = [r for r in recs if r["batch"] == b and r["kv_head"] == h]
+            rs = [r for r in recs if r["lane"] == {"batch": b, "kv_head": h}]
             m_all = np.max([r["row_max"] for r in rs], axis=0).astype(F64)
             np.testing.assert_allclose(m_all, mx, rtol=1e-6, atol=1e-6)
             tot = sum(np.exp(r["row_max"].astype(F64) - m_all) * r["row_sum"] for r in rs)
@@ -346,7 +264,7 @@ def test_torch_in_torch_out(rng):
         tiling=T512,
     )
     assert isinstance(out, torch.Tensor) and out.dtype == torch.bfloat16
-    ref = msa_sparse_decode(q, k, v, ids, [5 * BY, 3 * BY], tiling=T512)
+    ref = msa_sparse_decode(q, k, v, ids, np.array([5 * BY, 3 * BY]), tiling=T512)
     assert out.view(torch.int16).numpy().tobytes() == ref.tobytes()
 
 
@@ -378,11 +296,14 @@ def _bad(q, k, v, ids, seq):
         ((q, k, v, np.array([[0, 1, 1], [2, 3, 4]]), seq), ValueError, "unique ids per row, row 0"),
         ((q, k, v, ids, 0), ValueError, "seq_len: expected 1 <= seq_len <= nb"),
         ((q, k, v, ids, 6 * BY + 1), ValueError, "seq_len"),
-        ((q, k, v, ids, [700, -1]), ValueError, "batch row 1"),
-        ((q, k, v, ids, [700]), ValueError, r"seq_len: expected one int or shape \(2,\)"),
+        ((q, k, v, ids, np.array([700, -1])), ValueError, "batch row 1"),
+        ((q, k, v, ids, np.array([700])), ValueError, r"seq_len: expected one int or shape \(2,"),
+        ((q, k, v, ids, np.array([700.0, 1.0])), TypeError, "seq_len: expected an integer"),
+        ((q, k, v, ids, [700, 700]), TypeError, "seq_len: expected an int or an integer array"),
         ((q, k, v, ids, 700.0), TypeError, "seq_len"),
         ((q, k, v, ids, True), TypeError, "seq_len"),
         ((q.tolist(), k, v, ids, seq), TypeError, "q: expected a numpy array"),
+        ((q, k, v, ids.tolist(), seq), TypeError, "block_ids: expected a numpy array"),
     ]
 
 
@@ -396,14 +317,17 @@ def test_bad_inputs(rng):
         msa_sparse_decode(q, k, v, ids, seq, tiling="512")
     with pytest.raises(TypeError, match="trace"):
         msa_sparse_decode(q, k, v, ids, seq, trace=[])
+    with pytest.raises(TypeError, match="trace"):  # checked before anything else
+        msa_sparse_decode(None, k, v, ids, 0, trace=[])
     with pytest.raises(TypeError, match="seeds_compat"):
         msa_sparse_decode(q, k, v, ids, seq, seeds_compat="yes")
 
 
 @pytest.mark.parametrize("workers, block", [(1, 1), (2, 2), (3, 1), (2, 64), (1, 3)])
 def test_batch_blocks_and_workers_are_invisible(rng, monkeypatch, workers, block):
-    """Blocks of batch rows on the worker pool change no bit and no trace record (the
-    reference for the comparison: one block holding every row, in the calling thread)."""
+    """The speed path (blocks of batch rows on the worker pool) changes no bit and no trace
+    record: compared with the plain path (private switch ``_FAST = False``: one batch row at
+    a time, in the calling thread)."""
     import threading
 
     from tilesim.reference import blas_pool
@@ -414,10 +338,11 @@ def test_batch_blocks_and_workers_are_invisible(rng, monkeypatch, workers, block
     seq = np.array([nb * BY, 4 * BY + 3, 2 * BY, nb * BY - 5, 1])  # row 4 sees one key
     put(ids, 1, 2, 4)
     ids[2] = [8, 7, 6, 5, 4, 3]  # every selected block is in the future: zeros
-    monkeypatch.setenv("TILESIM_REF_THREADS", "1")
-    monkeypatch.setattr(mod, "BATCH_BLOCK", 5)
+    monkeypatch.setattr(mod, "_FAST", False)
     want_recs = []
     want = msa_sparse_decode(q, k, v, ids, seq, tiling=T512, trace=want_recs.append)
+    assert msa_sparse_decode(q, k, v, ids, seq, tiling=T512).tobytes() == want.tobytes()
+    monkeypatch.setattr(mod, "_FAST", True)
     threads = set()
     real = blas_pool.pin_blas_thread
 
@@ -430,6 +355,7 @@ def test_batch_blocks_and_workers_are_invisible(rng, monkeypatch, workers, block
     monkeypatch.setattr(mod, "BATCH_BLOCK", block)
     recs = []
     got = msa_sparse_decode(q, k, v, ids, seq, tiling=T512, trace=recs.append)
+    pool_threads = len(threads)  # the worker threads of this one call
     assert got.tobytes() == want.tobytes()
     assert not got[2].astype(F32).any()
     assert msa_sparse_decode(q, k, v, ids, seq, tiling=T512).tobytes() == want.tobytes()
@@ -437,15 +363,18 @@ def test_batch_blocks_and_workers_are_invisible(rng, monkeypatch, workers, block
     for a, b in zip(recs, want_recs, strict=True):
         assert a.keys() == b.keys()
         for key in a:
-            assert np.array_equal(a[key], b[key]), key
+            if isinstance(a[key], np.ndarray):
+                assert a[key].tobytes() == b[key].tobytes(), key
+            else:
+                assert a[key] == b[key], key
     n_items = -(-5 // block)
-    assert len(threads) == (min(workers, n_items) if min(workers, n_items) > 1 else 0)
+    assert pool_threads == (min(workers, n_items) if min(workers, n_items) > 1 else 0)
 
 
 def test_exp_model_within_2_ulp_of_correctly_rounded():
-    """P = exp(S - m) uses NumPy's float32 exp: <= 2 ulp from the correctly rounded value on
-    the softmax domain [-104, 0] (below -103.3 exp is 0 in FP32)."""
-    from tilesim.reference.msa_common import exp_fp32
+    """P = exp(S - m) uses NumPy's float32 exp (``arith.exp_fp32_numpy``): <= 2 ulp from the
+    correctly rounded value on the softmax domain [-104, 0] (below -103.3 exp is 0 in FP32)."""
+    from tilesim.reference.arith import exp_fp32_numpy as exp_fp32
     from tilesim.reference.numerics import ulp_distance
 
     lo = np.float32(-104.0).view(np.uint32)

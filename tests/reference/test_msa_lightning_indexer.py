@@ -1,10 +1,11 @@
 """MSA lightning indexer: kernel scores and block selection.
 
-Oracles: exact dot products (``math.fsum`` / float64 matmul of BF16 values, which is exact for
-these data), a brute-force per-block max written with Python loops, and the selection rule
-as a Python ``sorted`` on ``(-score, block id)`` (MiniMax's exact top-k contract).
-Adversarial scores are injected exactly: ``idx_q`` holds unit vectors and ``idx_k`` carries
-the wanted BF16 scores in the matching column, so ``score[h, t] = idx_k[t, h]`` exactly.
+Oracles (``tests/oracles/msa.py``): exact dot products (``math.fsum`` / float64 matmul of BF16
+values, which is exact for these data), a brute-force per-block max written with Python loops,
+and the selection rule as a Python ``sorted`` on ``(-score, block id)`` (MiniMax's exact top-k
+contract). Adversarial scores are injected exactly (:func:`oracles.msa.inject`): ``idx_q``
+holds unit vectors and ``idx_k`` carries the wanted BF16 scores in the matching column, so
+``score[h, t] = idx_k[t, h]`` exactly.
 """
 
 from __future__ import annotations
@@ -16,8 +17,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from oracles.msa import inject, oracle_select
 from tilesim.reference import msa_indexer, msa_indexer_scores
+from tilesim.reference.msa_lightning_indexer import msa_indexer_flop
 from tilesim.shared.casts import to_bf16
+from tilesim.shared.trace import check_record
 
 BF = ml_dtypes.bfloat16
 BY = 128
@@ -27,42 +31,6 @@ def make(rng, nb, scale=0.1):
     q = to_bf16((rng.standard_normal((4, 128)) * scale).astype(np.float32))
     k = to_bf16((rng.standard_normal((nb * BY, 128)) * scale).astype(np.float32))
     return q, k
-
-
-def inject(scores_per_head: np.ndarray):
-    """idx_q/idx_k whose kernel scores are exactly ``scores_per_head`` ``[4, nb*128]`` (BF16)."""
-    nkeys = scores_per_head.shape[1]
-    q = np.zeros((4, 128), dtype=np.float32)
-    q[np.arange(4), np.arange(4)] = 1.0
-    k = np.zeros((nkeys, 128), dtype=np.float32)
-    k[:, :4] = scores_per_head.T
-    return to_bf16(q), to_bf16(k)
-
-
-def oracle_select(scores, nb, seq_len=None, per_head=False):
-    """Brute force: per-block max with Python loops, then sorted() by (-score, id)."""
-    scores = np.asarray(scores, dtype=np.float64)
-    valid = nb * BY if seq_len is None else seq_len
-
-    def block_max(rows):
-        out = []
-        for j in range(nb):
-            best = -math.inf
-            for h in rows:
-                for t in range(j * BY, min((j + 1) * BY, valid)):
-                    best = max(best, scores[h, t])
-            out.append(best)
-        return out
-
-    def pick(bs):
-        if nb <= 16:
-            return list(range(nb))
-        ranked = sorted(range(nb - 1), key=lambda j: (-bs[j], j))
-        return ranked[:15] + [nb - 1]
-
-    if per_head:
-        return [pick(block_max([h])) for h in range(4)]
-    return [pick(block_max(range(4)))]
 
 
 # ----------------------------------------------------------------------------- scores
@@ -83,11 +51,16 @@ def test_scores_trace_one_record_per_block(rng):
     q, k = make(rng, nb)
     recs = []
     s = msa_indexer_scores(q, k, nb, trace=recs.append)
-    assert [r["block"] for r in recs] == list(range(nb))
+    assert [r["step"] for r in recs] == list(range(nb))
     for r in recs:
-        assert r["op"] == "msa_indexer_scores" and r["kv_len"] == BY
-        blk = s[:, r["kv_start"] : r["kv_start"] + BY]
+        check_record(r)
+        assert r["op"] == "msa_indexer_scores" and r["lane"] == {}
+        assert r["key_range"] == (r["step"] * BY, (r["step"] + 1) * BY) and r["keys_used"] == BY
+        blk = s[:, r["key_range"][0] : r["key_range"][1]]
         np.testing.assert_array_equal(r["row_max"], blk.max(axis=1))
+        assert r["flop"] == 2 * 16 * BY * 128  # the cube's 16 rows x 128 keys x K 128
+    assert sum(r["flop"] for r in recs) == msa_indexer_flop(nb)
+    assert msa_indexer_flop(nb, padded=False) == 2 * 4 * nb * BY * 128
 
 
 # ----------------------------------------------------------------------------- selection
@@ -171,18 +144,29 @@ def test_seq_len_keeps_padding_out_of_the_block_max():
     a = msa_indexer(q, k, nb, trace=recs_seed.append)
     b = msa_indexer(q, k, nb, seq_len=seq_len, trace=recs_len.append)
     assert a.tolist() == b.tolist()  # the local block is forced, never ranked
-    assert len(recs_len) == nb and [r["block"] for r in recs_len] == list(range(nb))
-    assert recs_seed[-1]["block_score"] == 0.0  # the seeds' rule scores the padding
-    assert recs_len[-1]["block_score"] == -1.0
-    assert recs_len[-1]["kv_len"] == 10 and recs_seed[-1]["kv_len"] == BY
-    np.testing.assert_array_equal(recs_len[-1]["head_max"], [-3.0, -1.0, -3.0, -3.0])
-    assert recs_len[-1]["local"] and recs_len[-1]["slot"] == 15
-    slots = [r["slot"] for r in recs_len if r["slot"] >= 0]
+    assert len(recs_len) == nb and [r["step"] for r in recs_len] == list(range(nb))
+    for r in recs_len + recs_seed:
+        check_record(r)
+        assert r["op"] == "msa_indexer" and r["lane"] == {}
+        assert r["key_range"] == (r["step"] * BY, (r["step"] + 1) * BY)
+    last, last_seed = recs_len[-1], recs_seed[-1]
+    assert last_seed["extra"]["block_score"] == 0.0  # the seeds' rule scores the padding
+    assert last["extra"]["block_score"] == -1.0
+    assert last["keys_used"] == 10 and last_seed["keys_used"] == BY
+    np.testing.assert_array_equal(last["extra"]["head_max"], [-3.0, -1.0, -3.0, -3.0])
+    np.testing.assert_array_equal(last["row_max"], last["extra"]["head_max"])
+    assert last["extra"]["local"] and last["extra"]["slot"] == 15
+    assert not any(r["extra"]["local"] for r in recs_len[:-1])
+    slots = [r["extra"]["slot"] for r in recs_len if r["extra"]["slot"] >= 0]
     assert sorted(slots) == list(range(16))
+    # slot order = the returned order of the "max" selection
+    by_slot = sorted((r["extra"]["slot"], r["step"]) for r in recs_len if r["extra"]["slot"] >= 0)
+    assert [blk for _, blk in by_slot] == b[0].tolist()
 
 
 def test_seed_cases_set_equal_to_bf16_reference():
-    """The seeds' rule: set equality with a BF16-matmul reference (op-facts §2.7)."""
+    """The seeds' rule: set equality with a BF16-matmul reference (hicann/pypto-gym's indexer
+    test; docs/ops/msa.md, "Cases")."""
     from tilesim.reference import msa_make_case
 
     for name, nb in (("msa_indexer_nb8", 8), ("msa_indexer_nb17", 17)):
@@ -211,6 +195,9 @@ def test_torch_in_torch_out(rng):
     s = msa_indexer_scores(to_torch(q), to_torch(k), nb)
     assert isinstance(s, torch.Tensor)
     np.testing.assert_array_equal(s.numpy(), msa_indexer_scores(q, k, nb))
+    # the output kind follows the first array argument (idx_q)
+    assert isinstance(msa_indexer(q, to_torch(k), nb), np.ndarray)
+    assert isinstance(msa_indexer(to_torch(q), k, nb), torch.Tensor)
 
 
 test_torch_in_torch_out = pytest.mark.torch(test_torch_in_torch_out)
@@ -235,9 +222,11 @@ def test_inputs_unmodified_and_deterministic(rng):
         (lambda q, k, nb: (q, k.astype(np.float16), nb), TypeError, ["idx_k", "float16"]),
         (lambda q, k, nb: (q[:3], k, nb), ValueError, ["idx_q", "(4, 128)"]),
         (lambda q, k, nb: (q, k[:-1], nb), ValueError, ["idx_k", "(2176, 128)"]),
-        (lambda q, k, nb: (q, k, 0), ValueError, ["nb", "positive"]),
-        (lambda q, k, nb: (q, k, 17.0), ValueError, ["nb"]),
-        (lambda q, k, nb: (q.tolist(), k, nb), TypeError, ["idx_q"]),
+        (lambda q, k, nb: (q, k, 0), ValueError, ["nb", "[1, inf]"]),
+        (lambda q, k, nb: (q, k, 17.0), TypeError, ["nb", "float"]),
+        (lambda q, k, nb: (q, k, "17"), TypeError, ["nb", "str"]),
+        (lambda q, k, nb: (q.tolist(), k, nb), TypeError, ["idx_q", "list"]),
+        (lambda q, k, nb: (q, list(k), nb), TypeError, ["idx_k", "list"]),
     ],
 )
 def test_bad_inputs(rng, mutate, exc, words):
@@ -252,13 +241,18 @@ def test_bad_inputs(rng, mutate, exc, words):
 
 def test_bad_options(rng):
     q, k = make(rng, 17)
-    for bad in (0, -1, 16 * BY, 17 * BY + 1, 2.5, True):
-        with pytest.raises(ValueError, match="seq_len"):
+    for bad in (0, -1, 16 * BY, 17 * BY + 1):
+        with pytest.raises(ValueError, match=r"seq_len: expected an int with 2048 < seq_len"):
+            msa_indexer(q, k, 17, seq_len=bad)
+    for bad in (2.5, True, "2100"):
+        with pytest.raises(TypeError, match="seq_len: expected an int"):
             msa_indexer(q, k, 17, seq_len=bad)
     with pytest.raises(ValueError, match="head_reduce"):
         msa_indexer(q, k, 17, head_reduce="mean")
     with pytest.raises(TypeError, match="trace"):
         msa_indexer(q, k, 17, trace=3)
+    with pytest.raises(TypeError, match="trace"):  # checked before anything else
+        msa_indexer(q.tolist(), k, 0, trace=3)
     k_nan = k.copy()
     k_nan[5, 5] = np.nan
     with pytest.raises(ValueError, match="idx_k.*finite"):
