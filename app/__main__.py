@@ -8,6 +8,7 @@ codes (0 ok / pass, 1 compare failed, 2 usage or input error).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -49,8 +50,8 @@ def _add_parsers(sub) -> None:
     for add in (_add_cases, _add_golden, _add_compare, _add_trace):
         add(sub, c)
     p = sub.add_parser("demo", help="a small golden round trip of the DeepSeek FP8 cache layout")
-    p.add_argument("--rows", type=int, default=256)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rows", type=_rows, default=256, help="latent rows, 1..65536")
+    p.add_argument("--seed", type=_seed, default=0)
     p.set_defaults(func=_demo)
 
 
@@ -72,11 +73,23 @@ def _add_cases(sub, c) -> None:
 def _add_golden(sub, c) -> None:
     p = sub.add_parser(
         "golden",
-        help="build a case's inputs, run the reference, write inputs + golden + manifest",
-        description="Write DIR/CASE/{manifest.json, inputs + golden} for a named case.",
+        help="build a case's inputs (or read captured ones), run the reference, write the golden",
+        description="Write DIR/CASE/{manifest.json, inputs + golden} for a named case, or "
+        "DIR/NAME/{manifest.json, golden} for captured inputs (--inputs FILE --op OP "
+        "--params JSON: replay a failing device case).",
     )
-    p.add_argument("case", metavar="CASE")
+    p.add_argument("case", metavar="CASE", nargs="?", help="a named case (`tilesim cases`)")
     p.add_argument("-o", "--output", required=True, metavar="DIR", help="parent directory")
+    r = p.add_argument_group("replay captured inputs (instead of CASE)")
+    r.add_argument(
+        "--inputs",
+        metavar="FILE",
+        help=".npz, a directory of .npy, a manifest (or its directory) of .bin files, or .pt",
+    )
+    r.add_argument("--op", help="the reference op to run (e.g. msa_indexer)")
+    r.add_argument("--params", metavar="JSON", help="the op's other arguments: JSON text or file")
+    r.add_argument("--like", metavar="CASE", help="record the tolerance of this named case")
+    r.add_argument("--name", help="output sub-directory (default: the inputs' file name)")
     p.add_argument(
         "--format",
         choices=("npz", "bin"),
@@ -117,6 +130,8 @@ def _add_compare(sub, c) -> None:
         action="store_true",
         help="compare values even when the dtypes differ",
     )
+    p.add_argument("--png", metavar="FILE", help="write a ULP histogram and an error heat map")
+    p.add_argument("--force", action="store_true", help="overwrite an existing PNG")
     p.set_defaults(func=c.cmd_compare)
 
 
@@ -129,23 +144,29 @@ def _add_trace(sub, c) -> None:
         "--actual also an error heat map.",
     )
     p.add_argument("case", metavar="CASE")
-    p.add_argument("--png", required=True, metavar="FILE")
+    p.add_argument(
+        "--png", metavar="FILE", help="draw the schedule (needs matplotlib; else a text report)"
+    )
     p.add_argument("--actual", metavar="FILE", help="device output to map against the golden")
     p.add_argument("--actual-dtype", help="reinterpret ACTUAL's bytes as this dtype")
     p.add_argument("--seed", type=_seed, help="override the case's seed (an integer >= 0)")
     p.add_argument("--records", metavar="FILE", help="also write the trace records as JSON lines")
-    p.add_argument("--force", action="store_true", help="overwrite an existing PNG")
+    p.add_argument("--force", action="store_true", help="overwrite an existing PNG / records")
     _progress_flags(p)
     p.set_defaults(func=c.cmd_trace)
 
 
 def _seed(text: str) -> int:
-    try:
-        v = int(text, 10)
-    except ValueError:
-        v = -1
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    # ASCII digits only: int() would also take "1_000", " 7" and non-ASCII digits
+    if not (text.isascii() and text.isdigit()) or int(text) >= 2**63:
+        raise argparse.ArgumentTypeError(f"expected an integer in 0..2**63-1, got {text!r}")
+    return int(text)
+
+
+def _rows(text: str) -> int:
+    v = int(text) if text.isascii() and text.isdigit() and len(text) < 8 else 0
+    if not 1 <= v <= 65536:
+        raise argparse.ArgumentTypeError(f"expected an integer in 1..65536, got {text!r}")
     return v
 
 
@@ -185,6 +206,22 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("tilesim: interrupted", file=sys.stderr)
         return 130
+    except MemoryError:
+        print(f"tilesim {args.command}: error: not enough memory", file=sys.stderr)
+        return 2
+    except OSError as e:  # e.g. a full disk while writing
+        print(f"tilesim {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # a bug: still one line and exit 2, never 1 (= "compare failed")
+        if os.environ.get("TILESIM_DEBUG"):
+            raise
+        msg = str(e).splitlines()[0] if str(e) else ""
+        print(
+            f"tilesim {args.command}: internal error: {type(e).__name__}: {msg} "
+            "(please report it; TILESIM_DEBUG=1 shows the traceback)",
+            file=sys.stderr,
+        )
+        return 2
 
 
 def _version() -> str:

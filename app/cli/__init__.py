@@ -5,21 +5,41 @@ Sub-modules, one job each:
 * :mod:`~tilesim.cli.registry` — the named cases (the families' ``CASE_INFO`` tables).
 * :mod:`~tilesim.cli.runner` — build a case's inputs with its family's builder and run the
   reference op (optionally with its trace hook).
+* :mod:`~tilesim.cli.replay` — a golden from the user's own captured inputs.
 * :mod:`~tilesim.cli.tensorio` — golden files: ``.npz`` / raw little-endian ``.bin`` +
-  ``manifest.json``, and reading any of ``.npy``, ``.npz[:key]``, ``.bin`` back.
+  ``manifest.json``, and reading any of ``.npy``, ``.npz[:key]``, ``.bin``, ``.pt`` back.
+* :mod:`~tilesim.cli.dumps` — device dumps (CANN's npy naming, multi-output files) matched to
+  a golden's outputs.
+* :mod:`~tilesim.cli.judging` — the verdict: the compare rule, the tie-aware id compare, the
+  error distribution.
+* :mod:`~tilesim.cli.outputs` — all-or-nothing output files (``--force``, no partial files).
 * :mod:`~tilesim.cli.commands` — the sub-commands ``cases``, ``golden``, ``compare``,
   ``trace``.
-* :mod:`~tilesim.cli.plot` — the tile-schedule and error-map pictures (matplotlib, Agg),
-  read from the trace-record schema of :mod:`tilesim.shared.trace`.
+* :mod:`~tilesim.cli.plot` — the tile-schedule and error pictures (matplotlib, Agg), read
+  from the trace-record schema of :mod:`tilesim.shared.trace`.
 """
 
 from __future__ import annotations
 
+import importlib
+
 
 class CliError(Exception):
-    """A user-facing error: printed as ``tilesim: error: <message>``, exit code 2."""
+    """A user-facing error: printed as ``tilesim CMD: error: <message>``, exit code 2."""
 
     exit_code = 2
 
 
-__all__ = ["CliError"]
+def require(module: str, purpose: str, *, extra: str = "cli"):
+    """Import an optional dependency or fail with a one-line :class:`CliError` naming the
+    install (``pip install 'tilesim[cli]'`` for matplotlib/tqdm, ``[torch]`` for torch)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise CliError(
+            f"{purpose} needs {module.split('.')[0]}, which is not installed: "
+            f"pip install 'tilesim[{extra}]'"
+        ) from None
+
+
+__all__ = ["CliError", "require"]

@@ -1,7 +1,8 @@
 """The ``tilesim`` sub-commands: ``cases``, ``golden``, ``compare``, ``trace``.
 
 Exit codes: 0 success / comparison passed, 1 comparison failed, 2 usage or input error
-(unknown case, unwritable directory, mismatched file, existing output without ``--force``).
+(unknown case, unwritable directory, bad or mismatched file, existing output without
+``--force``, a missing optional dependency).
 """
 
 from __future__ import annotations
@@ -13,9 +14,17 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-from tilesim.cli import CliError
+from tilesim.cli import CliError, require
 from tilesim.cli import tensorio as tio
+from tilesim.cli.dumps import GoldenSet, load_goldens, match_actuals
+from tilesim.cli.judging import (
+    distribution,
+    distribution_text,
+    judge,
+    judge_ids,
+    ulp_distances,
+)
+from tilesim.cli.outputs import Outputs
 from tilesim.cli.registry import (
     get_case,
     list_cases,
@@ -23,6 +32,7 @@ from tilesim.cli.registry import (
     tolerance_rule,
     tolerance_text,
 )
+from tilesim.cli.replay import indexer_block_scores
 from tilesim.cli.runner import (
     BuiltCase,
     build_case,
@@ -114,6 +124,8 @@ def _case_json(i) -> dict:
 
 def _want_progress(args: argparse.Namespace) -> bool:
     if getattr(args, "progress", None) is not None:
+        if args.progress:
+            require("tqdm", "--progress")
         return args.progress
     return tio.stderr_is_tty() and not os.environ.get("CI")
 
@@ -224,28 +236,42 @@ def byte_layout_notes(built: BuiltCase) -> dict:
     return {"nope_cache": {"row_layout": layout, "row_bytes": end, "row_fields": desc}}
 
 
-def cmd_golden(args: argparse.Namespace) -> int:
-    info = get_case(args.case)
-    out_dir = Path(args.output) / info.name
-    tio.check_writable_dir(out_dir, force=args.force)
-    progress = _Progress(_want_progress(args))
-    built, goldens, run_s = _build_and_run(info, args.seed, progress)
-    progress.stage(f"writing {args.format} files to {out_dir}")
-    header = golden_header(built, goldens, run_seconds=run_s)
-    manifest = tio.write_golden_dir(
-        out_dir,
-        fmt=args.format,
-        inputs=built.inputs,
-        goldens=goldens,
-        header=header,
-        notes=byte_layout_notes(built),
-    )
-    print(f"{info.name}: {info.summary}")
-    print(
-        f"  built inputs in {built.build_seconds:.2f} s, ran {built.op_name} in {run_s:.2f} s "
-        f"(seed {built.seed})"
-    )
-    files = {}
+def _early_check(out_dir: Path, fmt: str, force: bool) -> None:
+    """Before the (possibly long) run: refuse an existing golden or the files we know of."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise CliError(f"output {str(out_dir)!r} exists and is not a directory")
+    known = [tio.MANIFEST] + (["inputs.npz", "golden.npz"] if fmt == "npz" else [])
+    there = [f for f in known if (out_dir / f).exists()]
+    if there and not force:
+        what = f"a golden ({tio.MANIFEST})" if tio.MANIFEST in there else "files"
+        raise CliError(
+            f"{str(out_dir)!r} already holds {what}: {', '.join(there)}; pass --force to overwrite"
+        )
+    p = out_dir
+    while not p.exists() and p.parent != p:
+        p = p.parent
+    if p.exists() and not p.is_dir():
+        raise CliError(f"cannot create output directory {str(out_dir)!r}: Not a directory")
+    if p.is_dir() and not os.access(p, os.W_OK | os.X_OK):
+        raise CliError(f"output directory {str(p)!r} is not writable")
+
+
+def _write_golden(out_dir: Path, *, fmt: str, groups: dict, header: dict, force: bool, notes=None):
+    """Check every target, write all files to temporaries, rename them at the end; with
+    ``--force`` also remove the files of the previous manifest the new golden does not write."""
+    with Outputs(force=force) as outputs:
+        tio.declare_golden_dir(outputs, out_dir, fmt=fmt, groups=groups)
+        stale = tio.stale_files(out_dir, set(tio.golden_files(fmt, groups)) | {tio.MANIFEST})
+        manifest = tio.write_golden_dir(
+            outputs, out_dir, fmt=fmt, groups=groups, header=header, notes=notes
+        )
+    for p in stale:
+        p.unlink(missing_ok=True)
+    return manifest
+
+
+def _print_files(out_dir: Path, manifest: dict) -> None:
+    files: dict[str, list] = {}
     for t in manifest["tensors"]:
         files.setdefault(t["file"], []).append(t)
     for f, ts in files.items():
@@ -253,6 +279,92 @@ def cmd_golden(args: argparse.Namespace) -> int:
         desc = ", ".join(f"{t['name']} {t['dtype']}{t['shape']}" for t in ts)
         print(f"  {out_dir / f}  ({_fmt_bytes(size)}): {desc}")
     print(f"  {out_dir / tio.MANIFEST}")
+
+
+def cmd_golden(args: argparse.Namespace) -> int:
+    if args.inputs is not None:
+        return _golden_replay(args)
+    if args.case is None:
+        raise CliError("name a CASE, or give --inputs FILE --op OP (replay captured inputs)")
+    if args.op is not None or args.params is not None or args.like is not None:
+        raise CliError("--op/--params/--like go with --inputs (a replay), not with a CASE")
+    info = get_case(args.case)
+    out_dir = Path(args.output) / info.name
+    _early_check(out_dir, args.format, args.force)
+    progress = _Progress(_want_progress(args))
+    built, goldens, run_s = _build_and_run(info, args.seed, progress)
+    progress.stage(f"writing {args.format} files to {out_dir}")
+    header = golden_header(built, goldens, run_seconds=run_s)
+    groups = {"input": built.inputs, "golden": goldens}
+    scores = indexer_block_scores(built.op_name, built.op_args)
+    if scores:
+        groups["scores"] = scores
+    manifest = _write_golden(
+        out_dir,
+        fmt=args.format,
+        groups=groups,
+        header=header,
+        force=args.force,
+        notes=byte_layout_notes(built),
+    )
+    print(f"{info.name}: {info.summary}")
+    print(
+        f"  built inputs in {built.build_seconds:.2f} s, ran {built.op_name} in {run_s:.2f} s "
+        f"(seed {built.seed})"
+    )
+    _print_files(out_dir, manifest)
+    return 0
+
+
+def _golden_replay(args: argparse.Namespace) -> int:
+    from tilesim.cli import replay as rp
+
+    if args.case is not None or args.seed is not None:
+        raise CliError("--inputs replays captured inputs: give no CASE and no --seed")
+    if args.op is None:
+        raise CliError(f"--inputs needs --op (one of {', '.join(rp.registry_ops())})")
+    if args.op not in rp.registry_ops():
+        raise CliError(f"--op {args.op!r}: expected one of {', '.join(rp.registry_ops())}")
+    src = Path(args.inputs)
+    name = args.name or (src.name if src.is_dir() else src.stem) or "replay"
+    if Path(name).name != name or name in (".", ".."):
+        raise CliError(f"--name {name!r}: expected a plain directory name")
+    out_dir = Path(args.output) / name
+    params, manifest_tol = rp.read_params(args.params)
+    if manifest_tol is not None and args.like is None:
+        tol, tol_src = manifest_tol, f"from {args.params}"
+    else:
+        tol, tol_src = rp.op_tolerance(args.op, args.like)
+    _early_check(out_dir, args.format, args.force)
+    inputs = rp.read_inputs(args.inputs)
+    op_args = rp.op_arguments(args.op, inputs, params)
+    t0 = time.perf_counter()
+    goldens = rp.run_op(args.op, op_args)
+    run_s = time.perf_counter() - t0
+    groups = {"golden": goldens}
+    scores = rp.indexer_block_scores(args.op, op_args)
+    if scores:
+        groups["scores"] = scores
+    header = {
+        "tilesim_version": _version(),
+        "case": name,
+        "op": args.op,
+        "replay": {"inputs": str(args.inputs), "tolerance_from": tol_src},
+        "params": jsonable({k: v for k, v in op_args.items() if k in params}),
+        "inputs": rp.input_records(inputs, str(args.inputs)),
+        "tolerance": {**tol, "rule": tolerance_rule(tol)},
+        "golden": list(goldens),
+        "reproduce": f"tilesim golden --inputs {args.inputs} --op {args.op} --params <params>",
+    }
+    manifest = _write_golden(
+        out_dir, fmt=args.format, groups=groups, header=header, force=args.force
+    )
+    print(
+        f"{name}: {args.op} on {len(inputs)} captured inputs from {args.inputs}, "
+        f"ran in {run_s:.2f} s"
+    )
+    print(f"  tolerance: {tolerance_text(tol)} ({tol_src})")
+    _print_files(out_dir, manifest)
     return 0
 
 
@@ -260,9 +372,10 @@ def cmd_golden(args: argparse.Namespace) -> int:
 # compare
 
 
-def _tolerance(args, golden: tio.Loaded) -> dict:
+def _tolerance(args, golden) -> dict:
     """The tolerance to judge with: the manifest's, with ``--atol/--rtol/--ratio`` overrides."""
-    tol = dict((golden.manifest or {}).get("tolerance") or {})
+    manifest = golden.manifest if golden is not None else None
+    tol = tio.check_tolerance_fields((manifest or {}).get("tolerance"), "manifest")
     mode = tol.get("mode", "compare")
     given = {k: getattr(args, k) for k in ("atol", "rtol", "ratio") if getattr(args, k) is not None}
     if mode == "set":
@@ -283,28 +396,6 @@ def _tolerance(args, golden: tio.Loaded) -> dict:
     return {**{k: float(v) for k, v in vals.items()}, "mode": "compare"}
 
 
-def judge(actual, golden, tol: dict, *, name: str, check_dtype=True, arithmetic="float64"):
-    """The report of ``actual`` vs ``golden`` under ``tol``: the compare rule, or for mode
-    ``"set"`` equality of every row's id set (both sorted along the last axis, then exact)."""
-    from tilesim.reference import compare
-
-    if tol["mode"] == "set":  # block-id selections: order is not part of the contract
-        actual, golden = np.sort(actual, axis=-1), np.sort(golden, axis=-1)
-    try:
-        return compare(
-            actual,
-            golden,
-            atol=tol["atol"],
-            rtol=tol["rtol"],
-            ratio=tol["ratio"],
-            name=name,
-            check_dtype=check_dtype,
-            arithmetic=arithmetic,
-        )
-    except (ValueError, TypeError) as e:  # bad tolerance values
-        raise CliError(str(e)) from None
-
-
 def _check_pair(actual: tio.Loaded, golden: tio.Loaded, allow_dtype_mismatch: bool) -> None:
     a, g = actual.array, golden.array
     if a.shape != g.shape:
@@ -320,46 +411,118 @@ def _check_pair(actual: tio.Loaded, golden: tio.Loaded, allow_dtype_mismatch: bo
         )
 
 
-def cmd_compare(args: argparse.Namespace) -> int:
-    golden = tio.load_tensor(args.golden, dtype=args.golden_dtype)
-    actual = tio.load_tensor(args.actual, like=golden, dtype=args.actual_dtype)
-    tol = _tolerance(args, golden)
-    _check_pair(actual, golden, args.allow_dtype_mismatch)
-    name = (golden.manifest or {}).get("case", Path(golden.source).name)
-    rep = judge(
-        actual.array,
-        golden.array,
-        tol,
-        name=name,
-        check_dtype=not args.allow_dtype_mismatch,
-        arithmetic=args.arithmetic,
-    )
-    if args.json:
-        d = {k: jsonable(v) for k, v in vars(rep).items()}
-        d.update(actual=actual.source, golden=golden.source, mode=tol["mode"])
-        print(json.dumps(d))
-        return 0 if rep.passed else 1
-    print(f"actual: {actual.source}\ngolden: {golden.source}")
+def _judge_pair(args, gs: GoldenSet, g: tio.Loaded, a: tio.Loaded, tol: dict, name: str):
+    """(report, distribution, TieResult or None) of one golden output."""
+    scores = gs.scores.get("block_scores") if len(gs.outputs) == 1 else None
+    check = not args.allow_dtype_mismatch
+    if tol["mode"] == "set" and scores is not None:
+        rep, ties = judge_ids(a.array, g.array, scores, tol, name=name, check_dtype=check)
+    else:
+        rep = judge(a.array, g.array, tol, name=name, check_dtype=check, arithmetic=args.arithmetic)
+        ties = None
+    dist = distribution(a.array, g.array) if tol["mode"] != "set" else None
+    return rep, dist, ties
+
+
+def _report_json(rep, dist, ties, a, g, tol) -> dict:
+    d = {k: jsonable(v) for k, v in vars(rep).items()}
+    d.update(actual=a.source, golden=g.source, mode=tol["mode"])
+    if dist is not None:
+        d["distribution"] = dist
+    if ties is not None:
+        d["ties"] = {
+            "accepted_rows": ties.accepted,
+            "mismatched_rows": ties.mismatched,
+            "rows": [jsonable(vars(t)) for t in ties.ties],
+        }
+    return d
+
+
+def _print_report(rep, dist, ties, a, g, tol, scores_missing: bool) -> None:
+    print(f"actual: {a.source}\ngolden: {g.source}")
     if tol["mode"] == "set":
-        print("(ids compared as sets: both sorted along the last axis first)")
+        how = "tie-aware: the golden's block scores" if ties is not None else "sorted rows"
+        print(f"(ids compared as sets, {how})")
+        if scores_missing:
+            print("(the golden stores no block scores: ties cannot be recognised)")
     print(rep.summary())
-    return 0 if rep.passed else 1
+    if dist is not None:
+        print(distribution_text(dist))
+    if ties is not None:
+        for t in ties.ties:
+            print(t.text())
+        if ties.accepted:
+            print(f"  {len(ties.accepted)} row(s) differ from the golden only among tied blocks")
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    png = Path(args.png) if args.png else None
+    if png is not None:
+        _check_png_arg(png)
+        from tilesim.cli.plot import require_matplotlib
+
+        require_matplotlib("compare --png")
+    gs = load_goldens(args.golden, dtype=args.golden_dtype)
+    pairs, notes = match_actuals(args.actual, gs, dtype=args.actual_dtype)
+    tol = _tolerance(args, gs.outputs[0])
+    for a, g in ((a, g) for g, a in pairs):
+        _check_pair(a, g, args.allow_dtype_mismatch)
+    outputs = Outputs(force=args.force)
+    if png is not None:
+        outputs.add(png)
+        outputs.check()
+    case = (gs.manifest or {}).get("case", Path(gs.outputs[0].source).name)
+    results, passed = [], True
+    for g, a in pairs:
+        name = case if len(gs.outputs) == 1 else f"{case}:{g.name}"
+        rep, dist, ties = _judge_pair(args, gs, g, a, tol, name)
+        results.append((rep, dist, ties, a, g))
+        passed = passed and rep.passed
+    if args.json:
+        reps = [_report_json(*r, tol) for r in results]
+        print(json.dumps(reps[0] if len(reps) == 1 else {"passed": passed, "outputs": reps}))
+    else:
+        missing = tol["mode"] == "set" and "block_scores" not in gs.scores
+        for r in results:
+            _print_report(*r, tol, missing)
+        for n in notes:
+            print(f"note: {n}")
+    if png is not None:
+        _compare_png(outputs, png, results[0], tol)
+        print(f"  wrote {png} ({_fmt_bytes(png.stat().st_size)})")
+    return 0 if passed else 1
+
+
+def _compare_png(outputs: Outputs, png: Path, result, tol) -> None:
+    from tilesim.cli.plot import save_compare_png
+
+    rep, _, _, a, g = result
+    title = (
+        f"{rep.name}: {'PASS' if rep.passed else 'FAIL'}, {rep.n_fail} failing "
+        f"(allowed {rep.threshold}), max |err| {rep.max_abs_err:.3g}, max ULP {rep.max_ulp}"
+    )
+    with outputs:
+        save_compare_png(
+            outputs.temp(png),
+            actual=a.array,
+            golden=g.array,
+            ulps=ulp_distances(a.array, g.array),
+            atol=tol["atol"],
+            rtol=tol["rtol"],
+            title=title,
+        )
 
 
 # ---------------------------------------------------------------------------------------------
 # trace
 
 
-def _check_png_path(png: Path, force: bool) -> None:
+def _check_png_arg(png: Path) -> None:
     if png.suffix.lower() != ".png":
         raise CliError(f"--png {str(png)!r}: expected a file name ending in .png")
-    if png.exists() and not force:
-        raise CliError(f"{str(png)!r} exists; pass --force to overwrite")
     parent = png.parent if str(png.parent) else Path(".")
     if not parent.is_dir():
         raise CliError(f"directory {str(parent)!r} of --png does not exist")
-    if not os.access(parent, os.W_OK):
-        raise CliError(f"directory {str(parent)!r} of --png is not writable")
 
 
 def _trace_actual(args, built: BuiltCase, goldens: dict):
@@ -408,32 +571,33 @@ def _write_records(path: Path, records: list[dict]) -> None:
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
-    from tilesim.cli.plot import save_trace_png, summarize
+    from tilesim.cli.plot import summarize
 
     info = get_case(args.case)
-    png = Path(args.png)
-    _check_png_path(png, args.force)
+    png = Path(args.png) if args.png else None
+    outputs = Outputs(force=args.force)
+    if png is not None:
+        _check_png_arg(png)
+        from tilesim.cli.plot import require_matplotlib
+
+        require_matplotlib("trace --png")
+        outputs.add(png)
+    if args.records:
+        outputs.add(Path(args.records))
+    outputs.check()
+    if args.actual:  # a missing or unreadable ACTUAL fails before the run
+        tio._resolve(args.actual)
     records: list[dict] = []
     progress = _Progress(_want_progress(args))
     built, goldens, run_s = _build_and_run(info, args.seed, progress, trace=records.append)
     _check_records(built.op_name, records)
     summary = summarize(records)
     actual, golden, err_title = _trace_actual(args, built, goldens)
-    tol = _judging_tolerance(built.tolerance) if actual is not None else {"atol": 0, "rtol": 0}
-    title = (
-        f"{info.name}: {built.op_name}, {summary['tiles']} tiles"
-        f" (sizes {', '.join(map(str, summary['tile_sizes'][:8]))}), reference {run_s:.2f} s"
-    )
-    save_trace_png(
-        png,
-        title=title,
-        records=records,
-        actual=actual,
-        golden=golden,
-        atol=tol["atol"],
-        rtol=tol["rtol"],
-        err_title=err_title,
-    )
+    with outputs:
+        if png is not None:
+            _trace_png(outputs.temp(png), built, records, summary, run_s, actual, golden, err_title)
+        if args.records:
+            _write_records(outputs.temp(Path(args.records)), records)
     lanes = ", ".join(summary["lane_keys"]) or "no lane keys"
     print(
         f"{info.name}: {built.op_name} ran {summary['tiles']} tiles in {summary['lanes']} lanes "
@@ -442,7 +606,27 @@ def cmd_trace(args: argparse.Namespace) -> int:
     if err_title:
         print(f"  {err_title}")
     if args.records:
-        _write_records(Path(args.records), records)
         print(f"  trace records: {args.records}")
-    print(f"  wrote {png} ({_fmt_bytes(png.stat().st_size)})")
+    if png is not None:
+        print(f"  wrote {png} ({_fmt_bytes(png.stat().st_size)})")
     return 0
+
+
+def _trace_png(path, built, records, summary, run_s, actual, golden, err_title) -> None:
+    from tilesim.cli.plot import save_trace_png
+
+    tol = _judging_tolerance(built.tolerance) if actual is not None else {"atol": 0, "rtol": 0}
+    title = (
+        f"{built.info.name}: {built.op_name}, {summary['tiles']} tiles"
+        f" (sizes {', '.join(map(str, summary['tile_sizes'][:8]))}), reference {run_s:.2f} s"
+    )
+    save_trace_png(
+        path,
+        title=title,
+        records=records,
+        actual=actual,
+        golden=golden,
+        atol=tol["atol"],
+        rtol=tol["rtol"],
+        err_title=err_title,
+    )

@@ -18,9 +18,16 @@ import numpy as np
 from tilesim.shared.trace import lane_id
 
 
-def _pyplot():
-    import matplotlib
+def require_matplotlib(purpose: str = "drawing a PNG"):
+    """matplotlib (Agg backend), or a one-line CliError naming the install."""
+    from tilesim.cli import require
 
+    matplotlib = require("matplotlib", purpose)
+    return matplotlib
+
+
+def _pyplot():
+    matplotlib = require_matplotlib()
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
@@ -296,6 +303,42 @@ def save_trace_png(
     draw_schedule(top, records)
     if with_err:
         draw_error_map(bottom, actual, golden, atol=atol, rtol=rtol, title=err_title)
+    _save_small_png(fig, path)
+    plt.close(fig)
+
+
+def draw_ulp_histogram(ax, ulps: np.ndarray, dtype: str) -> None:
+    """Counts of elements per ULP distance (log-spaced bins above 8 ULP, log count axis)."""
+    u = ulps[ulps >= 0]
+    top = int(u.max()) if u.size else 0
+    edges = np.arange(-0.5, min(top, 8) + 1.5)
+    if top > 8:
+        edges = np.unique(np.concatenate([edges, np.geomspace(9, top + 1, 24).round() - 0.5]))
+    counts, edges = np.histogram(u, bins=edges)
+    ax.bar(edges[:-1], counts, width=np.diff(edges), align="edge", color="tab:blue", log=True)
+    if top > 8:
+        ax.set_xscale("symlog", linthresh=8)
+    ax.set_xlabel(f"ULP distance in {dtype} (0 = bit-exact)")
+    ax.set_ylabel("elements")
+    nan = int((ulps < 0).sum())
+    extra = f", {nan} NaN pairs left out" if nan else ""
+    ax.set_title(f"ULP histogram: {u.size} elements, max {top}{extra}", fontsize=9)
+
+
+def save_compare_png(
+    path: Path, *, actual, golden, ulps, atol: float, rtol: float, title: str
+) -> None:
+    """One PNG for ``tilesim compare --png``: the ULP histogram on top (when the output is a
+    float), the error heat maps below."""
+    plt = _pyplot()
+    fig = plt.figure(figsize=(11, 8 if ulps is not None else 4.5), dpi=90, layout="constrained")
+    if ulps is not None:
+        top, bottom = fig.subfigures(2, 1, height_ratios=[1, 1.1])
+        draw_ulp_histogram(top.subplots(), ulps, str(actual.dtype))
+    else:
+        bottom = fig
+    draw_error_map(bottom, actual, golden, atol=atol, rtol=rtol)
+    fig.suptitle(title, fontsize=10)
     _save_small_png(fig, path)
     plt.close(fig)
 

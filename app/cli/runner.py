@@ -180,7 +180,13 @@ def has_own_progress(built: BuiltCase) -> bool:
 
 def run_reference(built: BuiltCase, trace: Callable[[dict], None] | None = None) -> dict:
     """``{name: golden ndarray}`` of one reference run (the op's result is named ``out``)."""
-    res = op_callable(built.op_name)(**built.op_args, trace=trace)
+    return run_reference_call(built.op_name, built.op_args, trace=trace)
+
+
+def run_reference_call(op: str, args: dict, trace: Callable[[dict], None] | None = None) -> dict:
+    """``{name: ndarray}`` of ``tilesim.reference.OP(**args, trace=trace)``: ``out`` for one
+    result, ``out0, out1, ...`` for a tuple, the keys of a dict (the op's output order)."""
+    res = op_callable(op)(**args, trace=trace)
     if isinstance(res, dict):
         return {k: np.asarray(v) for k, v in res.items()}
     if isinstance(res, tuple):
