@@ -1,8 +1,11 @@
 """MiniMax-M3 MSA main branch (prefill) on Ascend — PyPTO kernel + torch wrapper.
 
-Same name and arguments as :func:`tilesim.reference.msa_main` (``block_mask`` from
-:func:`tilesim.reference.build_msa_block_mask`). Wrapper: ``block_mask`` transposed/reshaped to
-``[ceil(n/bk)*bk, topk*bk]`` and padded with -1e9 rows to ``[max_n, topk*bk]``; q, k, v cast to
+Same name and arguments as the reference op (``reference/msa_main.py``; ``block_mask`` from
+:func:`tilesim.shared.msa_mask.build_msa_block_mask`), the same argument rules
+(:func:`tilesim.shared.msa_mask.check_msa_main_args`) and the same input policy: NumPy arrays or
+torch tensors in, output of the kind of ``query``; the back end comes from
+:mod:`tilesim.device.backend`. Wrapper: the kernel mask ``[max_n, topk*bk]`` of
+:func:`tilesim.shared.msa_mask.kernel_mask` (the reference's, built on the host); q, k, v cast to
 FP16/BF16 (RNE) unless ``dtype="fp32"``. Kernel loop nest (the seeds' current revision)::
 
     seen = rowmax(mask[:n]) > -1e9                     per query row: sees some selected key
@@ -26,17 +29,17 @@ vector tile rows :data:`VEC_ROWS` (``MSA_VEC_ROWS``). Importing needs neither to
 """
 
 import functools
-import math
+from typing import NamedTuple
 
-from tilesim.device._lazy import require, require_pypto, require_torch
+from tilesim.device._lazy import require_pypto, require_torch
 from tilesim.device._msa_tiles import merge_chunk
-from tilesim.shared.models import MINIMAX_M3
+from tilesim.device.backend import Target, finish, launch, resolve, to_tensors
+from tilesim.shared.msa_mask import MASK_NEG as _MASK_NEG
+from tilesim.shared.msa_mask import MainBranchArgs, check_msa_main_args, kernel_mask
 from tilesim.shared.soc import DEFAULT_SOC, MSA_DEVICE_TILES, msa_device_tile
-from tilesim.shared.tiling import MSA_DTYPES, MsaTiling
+from tilesim.shared.tiling import MsaTiling
 
-BACKENDS = ("auto", "npu", "sim")
-_CFG = MINIMAX_M3.msa
-MASK_NEG = _CFG.prefill_mask_neg  # -1e9, exact in FP32
+MASK_NEG = float(_MASK_NEG)  # -1e9, exact in FP32 (a Python float for the kernel body)
 
 
 #: per-SoC defaults and the env override live in :mod:`tilesim.shared.soc`
@@ -100,65 +103,22 @@ def build_kernel(n, hq, hkv, dh, kv_len, max_n, dtype, ntile, rows):
     return msa_main_branch_kernel
 
 
-def _check(query, key_blocks, value_blocks, block_mask):
-    torch = require_torch()
-    floats = (torch.float32, torch.float16, torch.bfloat16)
-    for name, t in (
-        ("query", query),
-        ("key_blocks", key_blocks),
-        ("value_blocks", value_blocks),
-        ("block_mask", block_mask),
-    ):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-        allowed = (torch.float32,) if name == "block_mask" else floats
-        if t.dtype not in allowed:
-            raise TypeError(
-                f"{name}: expected dtype {' or '.join(map(str, allowed))}, got {t.dtype}"
-            )
-    if query.dim() != 3 or min(query.shape) < 1:
-        raise ValueError(
-            f"query: expected a non-empty [n, HQ, dh] tensor, got {tuple(query.shape)}"
-        )
-    n, hq, dh = query.shape
-    if dh != 128:
-        raise ValueError(f"query: expected head dim 128 (the kernel's tiles), got {dh}")
-    if block_mask.dim() != 4:
-        raise ValueError(
-            f"block_mask: expected [ceil(n/bk), topk, bk, bk], got {tuple(block_mask.shape)}"
-        )
-    nbq, topk, bk, bk2 = block_mask.shape
-    if bk2 != bk or bk < 1 or topk < 1 or nbq != math.ceil(n / bk):
-        raise ValueError(
-            f"block_mask: expected shape ({math.ceil(n / max(bk, 1))}, topk, bk, bk) for n={n}, "
-            f"got {tuple(block_mask.shape)}"
-        )
-    if key_blocks.dim() != 3:
-        raise ValueError(f"key_blocks: expected [topk*bk, HKV, dh], got {tuple(key_blocks.shape)}")
-    kv_len, hkv, kdh = key_blocks.shape
-    if kv_len != topk * bk or kdh != dh or hkv < 1:
-        raise ValueError(
-            f"key_blocks: expected shape ({topk * bk}, HKV, {dh}), got {tuple(key_blocks.shape)}"
-        )
-    if hq % hkv:
-        raise ValueError(f"query: expected HQ a multiple of HKV={hkv}, got HQ={hq}")
-    if tuple(value_blocks.shape) != tuple(key_blocks.shape):
-        raise ValueError(
-            f"value_blocks: expected shape {tuple(key_blocks.shape)}, got "
-            f"{tuple(value_blocks.shape)}"
-        )
-    if not bool(torch.isfinite(block_mask).all()):
-        raise ValueError("block_mask: expected finite values (masked keys carry -1e9, not -inf)")
-    return n, hq, dh, nbq, topk, bk, kv_len, hkv
+class _Call(NamedTuple):
+    """The checked arguments of one wrapper call."""
+
+    args: MainBranchArgs
+    target: Target
 
 
-def kernel_mask(block_mask, max_n: int):
-    """The wrapper's ``[max_n, topk*bk]`` FP32 mask: transpose(1, 2), reshape, -1e9 rows."""
-    torch = require_torch()
-    nbq, topk, bk, _ = block_mask.shape
-    m2 = block_mask.transpose(1, 2).reshape(nbq * bk, topk * bk)
-    pad = torch.full((max_n - nbq * bk, topk * bk), MASK_NEG, dtype=torch.float32, device=m2.device)
-    return torch.cat([m2, pad]).contiguous()
+def _check(query, key_blocks, value_blocks, block_mask, dtype, max_n, tiling, backend, soc):
+    """Every argument check (the reference's rules, :func:`check_msa_main_args`, plus the
+    kernel's head dim and the back end), before any work."""
+    a = check_msa_main_args(
+        query, key_blocks, value_blocks, block_mask, dtype=dtype, max_n=max_n, tiling=tiling
+    )
+    if a.dh != 128:
+        raise ValueError(f"query: expected head dim 128 (the kernel's tiles), got {a.dh}")
+    return _Call(a, resolve(backend, soc, query))
 
 
 def msa_main_branch(
@@ -177,71 +137,40 @@ def msa_main_branch(
 
     Args:
         query: ``[n, HQ, 128]`` (HQ = 64 in M3); key_blocks, value_blocks ``[topk*bk, HKV, 128]``
-            (FP32, FP16 or BF16 torch tensors); block_mask FP32 ``[ceil(n/bk), topk, bk, bk]``.
+            (FP32, FP16 or BF16; NumPy arrays or torch tensors); block_mask FP32
+            ``[ceil(n/bk), topk, bk, bk]``. Same rules as the reference.
         dtype: ``"fp32"`` / ``"fp16"`` / ``"bf16"`` (the cast of q, k, v and of P before P.V);
             ``None`` = ``tiling.dtype`` (``MSA_DTYPE``).
         max_n: rows of the kernel mask, a multiple of bk and ``>= ceil(n/bk)*bk``; ``None`` =
             ``tiling.max_n`` (``MSA_MAX_N``).
         tiling: :class:`MsaTiling`; ``None`` = ``MsaTiling.from_env()``.
-        backend, soc: as in :mod:`tilesim.device.msa_decode`.
+        backend, soc: :func:`tilesim.device.backend.resolve`.
 
     Returns:
-        FP32 ``[n, HQ, 128]``; ``backend="sim"`` returns ``(out, cost_us)``. Inputs are never
-        modified. Budget against the reference: ``docs/device.md`` (## MSA kernels).
+        FP32 ``[n, HQ, 128]``, of the kind of ``query`` (NumPy or torch); ``backend="sim"``
+        returns ``(out, cost_us)``. Inputs are never modified. Budget against the reference:
+        ``docs/device.md`` (## MSA kernels).
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend: expected one of {BACKENDS}, got {backend!r}")
-    tiling = MsaTiling.from_env() if tiling is None else tiling
-    if not isinstance(tiling, MsaTiling):
-        raise TypeError(f"tiling: expected a MsaTiling or None, got {type(tiling).__name__}")
-    dtype = tiling.dtype if dtype is None else dtype
-    if dtype not in MSA_DTYPES:
-        raise ValueError(f"dtype: expected one of {MSA_DTYPES}, got {dtype!r}")
-    n, hq, dh, nbq, topk, bk, kv_len, hkv = _check(query, key_blocks, value_blocks, block_mask)
-    max_n = tiling.max_n if max_n is None else max_n
-    if isinstance(max_n, bool) or not isinstance(max_n, int) or max_n <= 0:
-        raise ValueError(f"max_n: expected a positive int, got {max_n!r}")
-    if max_n % bk or max_n < nbq * bk:
-        raise ValueError(
-            f"max_n: expected a multiple of bk={bk} and >= ceil(n/bk)*bk = {nbq * bk}, got {max_n}"
-        )
+    call = _check(query, key_blocks, value_blocks, block_mask, dtype, max_n, tiling, backend, soc)
+    a, target = call
     torch = require_torch()
-    if backend == "auto":
-        if query.device.type != "npu":
-            raise ValueError(
-                f"backend: tensors are on {query.device}; pass NPU tensors (torch_npu) or "
-                "backend='sim' to run PyPTO's CPU simulator"
-            )
-        backend = "npu"
-    if backend == "npu":
-        require("torch_npu")
-        soc = "950" if require_pypto().platform.npuarch == "DAV_3510" else "910b"
-    tdt = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    q, k, v = to_tensors(query, key_blocks, value_blocks)
+    tdt = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[a.dtype]
 
     def cast(t):  # FP32 first (exact widening), then one RNE rounding to the kernel dtype
         return t.detach().to(torch.float32).to(tdt).contiguous()
 
-    q2 = cast(query).reshape(n, hq * dh)
-    k2 = cast(key_blocks).reshape(kv_len, hkv * dh)
-    v2 = cast(value_blocks).reshape(kv_len, hkv * dh)
-    mask = kernel_mask(block_mask.detach(), max_n)
-    out = torch.zeros(n, hq * dh, dtype=torch.float32, device=query.device)
-    if backend == "sim":  # choose the SoC before pypto is imported (the 950 is an overlay)
-        from tilesim.device import sim
-
-        sim.configure(soc)
-    kernel = build_kernel(n, hq, hkv, dh, kv_len, max_n, dtype, tiling.ntile, vec_rows(soc))
-    if backend == "sim":
-        args = [q2, k2, v2, mask]
-        if any(t.device.type != "cpu" for t in args):
-            raise ValueError("backend='sim': expected CPU tensors")
-        # the casts/reshape above may be views of the caller's tensors: the simulator writes
-        # every argument back, so hand it private copies
-        args = [t.clone() for t in args]
-        run = sim.run_kernel(kernel, [*args, out])
-        return out.reshape(n, hq, dh), run.us
-    kernel(q2, k2, v2, mask, out)
-    return out.reshape(n, hq, dh)
+    q2 = cast(q).reshape(a.n, a.hq * a.dh)
+    k2 = cast(k).reshape(a.kv_len, a.hkv * a.dh)
+    v2 = cast(v).reshape(a.kv_len, a.hkv * a.dh)
+    (mask,) = to_tensors(kernel_mask(a.block_mask, a.max_n))
+    mask = mask.to(q.device)
+    out = torch.zeros(a.n, a.hq * a.dh, dtype=torch.float32, device=q.device)
+    kernel = build_kernel(
+        a.n, a.hq, a.hkv, a.dh, a.kv_len, a.max_n, a.dtype, a.tiling.ntile, vec_rows(target.soc)
+    )
+    us = launch(kernel, [q2, k2, v2, mask], [out], target)
+    return finish(out.reshape(a.n, a.hq, a.dh), us, target)
 
 
 __all__ = ["VEC_ROWS", "build_kernel", "kernel_mask", "msa_main_branch", "vec_rows"]

@@ -1,13 +1,10 @@
-"""MiniMax-M3 MSA main branch: prefill attention over the selected blocks (``op-facts`` §4).
+"""MiniMax-M3 MSA main branch: prefill attention over the selected blocks.
 
-Two public ops:
+Public names:
 
-* :func:`build_msa_block_mask` — the host's FP32 additive mask ``[ceil(n/bk), topk, bk, bk]``
-  (future block -1e9, diagonal block lower-triangular, past blocks 0, rows past ``n`` and
-  padding slots -1e9).
-* :func:`msa_main_branch` — the kernel behind its wrapper. Wrapper: ``block_mask`` transposed
-  to ``[ceil(n/bk)*bk, topk*bk]`` and padded with -1e9 rows to ``[max_n, topk*bk]``; q, k, v cast
-  to FP16/BF16 unless ``dtype="fp32"``. Kernel loop nest::
+* :func:`msa_main_branch` — the kernel behind its wrapper. Wrapper: the kernel mask
+  (:func:`tilesim.shared.msa_mask.kernel_mask`) and the cast of q, k, v to FP16/BF16 unless
+  ``dtype="fp32"``. Kernel loop nest::
 
       for hg in 64 query heads (h_kv = hg // 16), all query rows on the cube M axis:
           for c in NTILE-wide key chunks:                        (online softmax)
@@ -19,124 +16,179 @@ Two public ops:
               merge (m, l, O)                         FP32
           out = O / l                                 FP32 (output stays FP32)
 
-tilesim batches the 16 heads of a KV group (and blocks of query rows) into one matmul per
-chunk and runs the (KV head, row block) items on the reference worker pool
-(:func:`tilesim.reference.blas_pool.map_in_order`); the chunk loop stays explicit. K steps
-that no row of a row block sees (future blocks, padding slots) are skipped when that provably
-changes no bit (:func:`_may_skip_dead_keys`; never with a trace hook or ``seeds_compat``).
-Deliberate differences from the seeds' kernel
-(``docs/ops/msa.md``): a last partial chunk is processed when ``topk*bk`` is not a multiple of
-NTILE (``seeds_compat=True`` drops it, as the kernel does), and a query row that sees no
-selected key returns zeros (the kernel's arithmetic gives the mean of V there).
+* :func:`build_msa_block_mask`, :func:`kernel_mask` — the host rules, defined in
+  :mod:`tilesim.shared.msa_mask` and re-exported here.
+* :func:`msa_main_flop_count` / :func:`msa_main_live_flop_count` — the kernel's matmul FLOPs
+  and the share of them no golden can avoid (the trace's ``flop`` field; the bench).
+
+Arithmetic: :mod:`tilesim.reference.arith` (``matmul_fp32`` with 128-column K tiles, NumPy's
+float32 exp, ``SoftmaxMerge("online")``). Both paths batch the 16 heads of a KV group into one
+matmul per chunk. The speed path (:data:`_FAST`, or ``_fast=`` per call) adds blocks of
+:data:`ROW_BLOCK` query rows run as (KV head, row block) items on the reference worker pool
+(:func:`tilesim.reference.blas_pool.map_in_order`) and skips the K steps no row of a row
+block sees when that provably changes no bit (:func:`_may_skip_dead_keys`). The plain path
+runs one item per KV head over all rows, serially, every key. Both give the same bits and,
+with a trace hook, the same records: skipping would leave out the per-chunk ``m_c`` / ``l_c``
+of the rows it skips, so it is not done when a hook is set (pool and row blocks still are).
+
+Deliberate differences from the seeds' kernel (``docs/ops/msa.md``): a last partial chunk is
+processed when ``topk*bk`` is not a multiple of NTILE (``seeds_compat=True`` drops it, as the
+kernel does), and a query row that sees no selected key returns zeros (the kernel's
+arithmetic gives the mean of V there).
 """
 
 from __future__ import annotations
 
-import math
+from functools import partial
+from typing import NamedTuple
 
 import numpy as np
+from tilesim.reference.arith import F64, SoftmaxMerge, exp_fp32_numpy, matmul_fp32
 from tilesim.reference.blas_pool import blas_threads, map_in_order
-from tilesim.reference.msa_common import (
-    F16,
-    K_STEP,
-    as_array,
-    back,
-    check_dtype,
-    check_int_array,
-    check_ndim,
-    check_pos_int,
-    check_trace,
-    chunk_bounds,
-    cube_matmul,
-    online_merge,
-    softmax_chunk,
-    widen64,
-)
+from tilesim.reference.msa_common import K_STEP, chunk_bounds, softmax_chunk
 from tilesim.shared.casts import BF16, FP32, to_bf16, widen_to_fp32
-from tilesim.shared.models import MINIMAX_M3
-from tilesim.shared.tiling import MSA_DTYPES, MsaTiling
+from tilesim.shared.msa_mask import (
+    MASK_NEG,
+    MainBranchArgs,
+    build_msa_block_mask,
+    check_msa_main_args,
+    kernel_mask,
+)
+from tilesim.shared.tiling import MsaTiling
+from tilesim.shared.trace import Trace, emit
+from tilesim.shared.validate import check_bool, check_trace, host_array, same_kind
 
-_CFG = MINIMAX_M3.msa
-MASK_NEG = np.float32(_CFG.prefill_mask_neg)  # -1e9, exact in FP32
+OP = "msa_main_branch"
+F16 = np.dtype(np.float16)
+_P_DTYPES = {"fp32": FP32, "fp16": F16, "bf16": BF16}
 
-#: query rows per batched step (no numeric effect: rows never interact); one query block of the
-#: seeds' cases, so the dead-key skipping below works at block granularity
+#: the speed path (row blocks on the worker pool, dead-key skipping) is on by default
+_FAST = True
+#: query rows per item of the speed path (no numeric effect: rows never interact); one query
+#: block of the seeds' cases, so dead-key skipping works at block granularity
 ROW_BLOCK = 128
 #: largest ``|q|*|k|*scale`` for which a -1e9 mask entry provably gives ``exp(S - m) == 0``
 DEAD_KEY_SCORE_BOUND = 1e8
 
 
-def build_msa_block_mask(n, topk_indices, *, bk=128, topk=16):
-    """The host's additive block mask of the main branch (``op-facts`` §4.4).
+# ----------------------------------------------------------------------------- FLOP counts
+def msa_main_flop_count(n: int, hq: int, dh: int, kv_len: int) -> int:
+    """The kernel's matmul FLOPs (2 per multiply-add): ``S = Q K^T`` and ``P V`` for ``n``
+    rows of ``hq`` heads over ``kv_len`` keys, masked keys included (one trace record:
+    ``hq=1`` and the chunk's width)."""
+    return 2 * n * hq * kv_len * 2 * dh
 
-    Args:
-        n: query (= key) length of the sequence, ``>= 1``.
-        topk_indices: 1-D integer ids of the ``ksel <= topk`` selected blocks in slot order,
-            unique, each in ``[0, ceil(n/bk))`` (numpy or torch CPU).
-        bk: block size; topk: slots (slots ``>= ksel`` are zero padding).
 
-    Returns:
-        FP32 ``[ceil(n/bk), topk, bk, bk]``: entry ``[qb, i, r, c]`` is 0 when slot ``i`` is
-        real, query row ``qb*bk + r < n`` and block ``topk_indices[i]`` is before ``qb``, or
-        equals ``qb`` with ``c <= r``; -1e9 otherwise. Same kind as ``topk_indices``.
-    """
-    n = check_pos_int(n, "n")
-    bk = check_pos_int(bk, "bk")
-    topk = check_pos_int(topk, "topk")
-    ids, torch_out = as_array(topk_indices, "topk_indices")
-    check_int_array(ids, "topk_indices")
-    check_ndim(ids, "topk_indices", 1, "[ksel] of selected block ids")
-    nbq = math.ceil(n / bk)
-    ksel = ids.shape[0]
-    if not 1 <= ksel <= topk:
-        raise ValueError(f"topk_indices: expected 1..topk={topk} ids, got {ksel}")
-    if ids.min() < 0 or ids.max() >= nbq:
+def msa_main_live_flop_count(n: int, hq: int, dh: int, block_mask) -> int:
+    """The part of :func:`msa_main_flop_count` any golden has to do: the ``(query block,
+    slot)`` pairs in which some entry of ``block_mask [nbq, topk, bk, bk]`` is visible
+    (> -1e9), each with the query block's real rows (< ``n``) and ``bk`` keys. Future blocks
+    and padding slots are dead work."""
+    mask = host_array(block_mask, "block_mask")
+    nbq, _, bk, _ = mask.shape
+    rows = np.minimum(bk, n - np.arange(nbq) * bk)  # real query rows per query block
+    live = (mask > MASK_NEG).any(axis=(2, 3))  # [nbq, topk]
+    return int(2 * hq * 2 * dh * bk * (rows[:, None] * live).sum())
+
+
+# ----------------------------------------------------------------------------- checks
+class _Call(NamedTuple):
+    """The checked arguments of one call."""
+
+    args: MainBranchArgs
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    bounds: list[tuple[int, int]]  #: ``(start, width)`` of the NTILE chunks
+    seeds_compat: bool
+    fast: bool
+    trace: Trace
+
+
+def _check(
+    query, key_blocks, value_blocks, block_mask, dtype, max_n, tiling, seeds_compat, trace, fast
+) -> _Call:
+    """Every argument check, before any work."""
+    check_trace(trace)
+    seeds_compat = check_bool(seeds_compat, "seeds_compat")
+    fast = _FAST if fast is None else check_bool(fast, "_fast")
+    a = check_msa_main_args(
+        query, key_blocks, value_blocks, block_mask, dtype=dtype, max_n=max_n, tiling=tiling
+    )
+    bounds = chunk_bounds(a.kv_len, a.tiling.ntile, seeds_compat=seeds_compat)
+    if not bounds:
         raise ValueError(
-            f"topk_indices: expected ids in [0, ceil(n/bk)={nbq}), got min {ids.min()} "
-            f"max {ids.max()}"
+            f"seeds_compat=True: kv_len = topk*bk = {a.kv_len} is less than one NTILE chunk "
+            f"({a.tiling.ntile}); the seeds' kernel runs no chunk (0/0 output)"
         )
-    if np.unique(ids).size != ksel:
-        raise ValueError(f"topk_indices: expected unique ids, got {ids.tolist()}")
-
-    last_valid = n - (nbq - 1) * bk  # rows of the last query block
-    mask = np.full((nbq, topk, bk, bk), MASK_NEG, dtype=FP32)
-    r = np.arange(bk)[:, None]
-    c = np.arange(bk)[None, :]
-    for qb in range(nbq):
-        qb_valid = last_valid if qb == nbq - 1 else bk
-        for i in range(ksel):
-            kv = int(ids[i])
-            if kv > qb:
-                continue  # future block: stays masked
-            if kv == qb:
-                allowed = c <= r  # diagonal block: causal
-            else:
-                allowed = np.ones((bk, bk), dtype=bool)
-            allowed = allowed & (r < qb_valid)
-            mask[qb, i][allowed] = 0.0
-    return back(mask, torch_out)
+    q, k, v = (
+        host_array(x, name)
+        for x, name in (
+            (query, "query"),
+            (key_blocks, "key_blocks"),
+            (value_blocks, "value_blocks"),
+        )
+    )
+    return _Call(a, q, k, v, bounds, seeds_compat, fast, trace)
 
 
+# ----------------------------------------------------------------------------- the wrapper
 def _cast_inputs(a: np.ndarray, dtype: str) -> np.ndarray:
-    """The wrapper's cast of q / k / v (FP32 mode: exact widening only)."""
+    """The wrapper's cast of q / k / v, widened exactly to float64 (FP32 mode: no rounding)."""
     a32 = widen_to_fp32(a)
     if dtype == "fp16":
         with np.errstate(over="ignore"):
-            return a32.astype(F16)
-    if dtype == "bf16":
-        return to_bf16(a32)
-    return a32
+            a32 = a32.astype(F16)
+    elif dtype == "bf16":
+        a32 = to_bf16(a32)
+    return a32.astype(F64)
 
 
-def kernel_mask(block_mask: np.ndarray, max_n: int) -> np.ndarray:
-    """The wrapper's ``[max_n, topk*bk]`` FP32 mask: transpose(1, 2), reshape, pad with -1e9."""
-    nbq, topk, bk, _ = block_mask.shape
-    m2 = block_mask.transpose(0, 2, 1, 3).reshape(nbq * bk, topk * bk)
-    pad = np.full((max_n - nbq * bk, topk * bk), MASK_NEG, dtype=FP32)
-    return np.concatenate([m2, pad], axis=0)
+class _Plan(NamedTuple):
+    """The kernel's operands after the wrapper, in the layouts the loop reads."""
+
+    q64: np.ndarray  #: ``[HKV, n*16, dh]``: a block of query rows is one contiguous slab
+    k64: np.ndarray  #: ``[HKV, dh, kv_len]``
+    k_chunks: list  #: ``[HKV][chunk]`` -> ``[dh, w]`` (contiguous copies of ``k64``)
+    v64: np.ndarray  #: ``[HKV, kv_len, dh]``
+    mask2d: np.ndarray  #: ``[n, kv_len]`` FP32 rows of the kernel mask
+    visible: np.ndarray  #: ``mask2d > -1e9``
+    bounds: list
+    scale: np.float32
+    p_dtype: np.dtype
+    group: int  #: query heads per KV head
 
 
-def _may_skip_dead_keys(q64, k64, v64, mask: np.ndarray, scale: np.float32) -> bool:
+def _plan(call: _Call) -> _Plan:
+    """The wrapper: kernel mask rows ``< n`` (the rest never reach the output) and casts."""
+    a = call.args
+    n, hkv, dh = a.n, a.hkv, a.dh
+    group = a.hq // hkv
+    mask2d = kernel_mask(a.block_mask, a.max_n)[:n]
+    q64 = _cast_inputs(call.q, a.dtype).reshape(n, hkv, group, dh)
+    q64 = np.ascontiguousarray(q64.transpose(1, 0, 2, 3)).reshape(hkv, n * group, dh)
+    k64 = np.ascontiguousarray(_cast_inputs(call.k, a.dtype).transpose(1, 2, 0))  # [HKV,dh,kv]
+    v64 = np.ascontiguousarray(_cast_inputs(call.v, a.dtype).transpose(1, 0, 2))  # [HKV,kv,dh]
+    k_chunks = [
+        [np.ascontiguousarray(k64[h, :, c0 : c0 + w]) for c0, w in call.bounds] for h in range(hkv)
+    ]
+    scale = np.float32(dh**-0.5)
+    return _Plan(
+        q64,
+        k64,
+        k_chunks,
+        v64,
+        mask2d,
+        mask2d > MASK_NEG,
+        call.bounds,
+        scale,
+        _P_DTYPES[a.dtype],
+        group,
+    )
+
+
+# ----------------------------------------------------------------------------- speed path rules
+def _may_skip_dead_keys(plan: _Plan) -> bool:
     """True when dropping the K steps that every row of a row block has masked changes no bit.
 
     A masked score is ``raw*scale + (-1e9)``; a visible one is ``raw*scale + 0``. When the mask
@@ -147,13 +199,14 @@ def _may_skip_dead_keys(q64, k64, v64, mask: np.ndarray, scale: np.float32) -> b
     (its weight ``exp(-1e9 - m')`` is 0), whatever keys it held. Either way the output bits do not
     depend on whether those keys were computed.
     """
+    mask, q64, k64, v64 = plan.mask2d, plan.q64, plan.k64, plan.v64
     if not ((mask == 0) | (mask == MASK_NEG)).all():
         return False
     if not (np.isfinite(q64).all() and np.isfinite(k64).all() and np.isfinite(v64).all()):
         return False
     q_norm = float(np.sqrt(np.einsum("hrd,hrd->hr", q64, q64).max()))  # q64: [HKV, rows, dh]
     k_norm = float(np.sqrt(np.einsum("hdk,hdk->hk", k64, k64).max()))  # k64: [HKV, dh, kv]
-    return q_norm * k_norm * float(scale) * (1 + 1e-6) <= DEAD_KEY_SCORE_BOUND
+    return q_norm * k_norm * float(plan.scale) * (1 + 1e-6) <= DEAD_KEY_SCORE_BOUND
 
 
 def live_key_steps(visible: np.ndarray, c0: int, w: int) -> np.ndarray | None:
@@ -172,6 +225,92 @@ def live_key_steps(visible: np.ndarray, c0: int, w: int) -> np.ndarray | None:
     return np.concatenate([np.arange(k0, min(w, k0 + K_STEP)) for k0 in live])
 
 
+# ----------------------------------------------------------------------------- the loop nest
+def _chunk_operands(plan: _Plan, h_kv: int, c: int, r0: int, r1: int, skip_dead: bool):
+    """``(K_c [dh, keys], V_c [keys, dh], mask_c [rows, keys])`` of chunk ``c`` for rows
+    ``r0:r1``: every key, or only the live K steps; ``None`` when no row sees a key of it."""
+    c0, w = plan.bounds[c]
+    cols = live_key_steps(plan.visible[r0:r1], c0, w) if skip_dead else None
+    if cols is None:  # the whole chunk, as the kernel computes it
+        return plan.k_chunks[h_kv][c], plan.v64[h_kv, c0 : c0 + w], plan.mask2d[r0:r1, c0 : c0 + w]
+    if cols.size == 0:
+        return None  # the chunk's merge weight is 0 for every row of the block
+    return plan.k_chunks[h_kv][c][:, cols], plan.v64[h_kv, c0 + cols], plan.mask2d[r0:r1, c0 + cols]
+
+
+def _rows_item(plan: _Plan, out: np.ndarray, stats, skip_dead: bool, item) -> None:
+    """The chunk loop of KV head ``h_kv`` (its 16 query heads) for query rows ``r0:r1``;
+    writes only those rows of ``out [n, HKV, 16, dh]`` and of ``stats`` (``(m_c, l_c)``
+    arrays ``[chunk, n, HKV, 16]`` or ``None``)."""
+    h_kv, r0, r1 = item
+    g = plan.group
+    q_blk = plan.q64[h_kv, r0 * g : r1 * g]  # [(r1-r0)*16, dh]
+    merge = SoftmaxMerge("online", exp=exp_fp32_numpy)
+    for c in range(len(plan.bounds)):  # NTILE chunks: online softmax
+        operands = _chunk_operands(plan, h_kv, c, r0, r1, skip_dead)
+        if operands is None:
+            continue
+        k_c, v_c, mask_c = operands
+        s = matmul_fp32(q_blk, k_c, k_tile=K_STEP).reshape(r1 - r0, g, -1)  # a view
+        np.multiply(s, plan.scale, out=s)  # the FP32 steps run in place
+        np.add(s, mask_c[:, None, :], out=s)  # one mask row, 16 heads
+        m_c, l_c, o_c = softmax_chunk(s, v_c, plan.p_dtype)
+        merge.update(o_c, l_c, m_c)
+        if stats is not None:
+            stats[0][c, r0:r1, h_kv] = m_c[..., 0]
+            stats[1][c, r0:r1, h_kv] = l_c[..., 0]
+    if not merge.empty:  # else: the block's rows see no key at all (zeros)
+        out[r0:r1, h_kv] = merge.normalized()
+
+
+def _run(call: _Call, plan: _Plan):
+    """The kernel's loop nest over every (KV head, row block) item: ``(out [n, HQ, dh],
+    stats)``. Items share no reduction; each writes only its own rows."""
+    a = call.args
+    n, hkv, g = a.n, a.hkv, plan.group
+    out = np.zeros((n, hkv, g, a.dh), dtype=FP32)
+    stats = None
+    if call.trace is not None:
+        stats = tuple(np.empty((len(plan.bounds), n, hkv, g), dtype=FP32) for _ in range(2))
+    rows = ROW_BLOCK if call.fast else n
+    items = [(h, r0, min(n, r0 + rows)) for h in range(hkv) for r0 in range(0, n, rows)]
+    skip_dead = (
+        call.fast and call.trace is None and not call.seeds_compat and _may_skip_dead_keys(plan)
+    )
+    body = partial(_rows_item, plan, out, stats, skip_dead)
+    if call.fast:
+        with blas_threads():  # numbers do not depend on it, speed on a busy machine does
+            for _ in map_in_order(body, items):
+                pass
+    else:
+        for item in items:
+            body(item)
+    out = out.reshape(n, a.hq, a.dh)
+    if not call.seeds_compat:
+        out[~plan.visible.any(axis=1)] = 0.0  # a row that sees no key: zeros
+    return out, stats
+
+
+def _emit_records(call: _Call, plan: _Plan, stats) -> None:
+    """One record per (query head, chunk), in the kernel's order (head-major)."""
+    a = call.args
+    g = plan.group
+    seen_cols = plan.visible.any(axis=0)  # keys some query row sees
+    for hg in range(a.hq):
+        for c, (c0, w) in enumerate(plan.bounds):
+            emit(
+                call.trace,
+                OP,
+                {"head": hg, "kv_head": hg // g},
+                c,
+                (c0, c0 + w),
+                keys_used=int(seen_cols[c0 : c0 + w].sum()),
+                row_max=stats[0][c, :, hg // g, hg % g].copy(),
+                row_sum=stats[1][c, :, hg // g, hg % g].copy(),
+                flop=msa_main_flop_count(a.n, 1, a.dh, w),
+            )
+
+
 def msa_main_branch(
     query,
     key_blocks,
@@ -183,6 +322,7 @@ def msa_main_branch(
     tiling: MsaTiling | None = None,
     seeds_compat: bool = False,
     trace=None,
+    _fast: bool | None = None,
 ):
     """MSA prefill attention with a precomputed block mask.
 
@@ -200,163 +340,47 @@ def msa_main_branch(
         seeds_compat: ``True`` reproduces the seeds' kernel where tilesim deliberately differs:
             the ``topk*bk mod NTILE`` tail keys are dropped (``ValueError`` when no whole chunk
             fits) and a row that sees no key keeps the kernel's arithmetic (mean of V).
-        trace: called once per (query head, chunk), in the kernel's order, with
-            ``{"op": "msa_main_branch", "head", "kv_head", "chunk", "kv_start", "kv_len",
-            "row_max", "row_sum"}`` (``row_max``/``row_sum``: the chunk's FP32 ``m_c``/``l_c``
-            for the ``n`` query rows).
+        trace: called once per (query head, chunk), in the kernel's order, with a
+            :func:`tilesim.shared.trace.trace_record`: lane ``{"head", "kv_head"}``, step = the
+            chunk, ``key_range`` its keys, ``keys_used`` those some query row sees, ``row_max``
+            / ``row_sum`` the chunk's FP32 ``m_c`` / ``l_c`` for the ``n`` rows, ``flop``
+            :func:`msa_main_flop_count` of the chunk for one head.
+        _fast: private: the speed path (``None``: :data:`_FAST`); same bits and records.
 
     Returns:
-        FP32 ``[n, HQ, dh]`` (same kind, numpy or torch, as ``query``).
+        FP32 ``[n, HQ, dh]`` (same kind, NumPy or torch, as ``query``).
 
     Rounding points: inputs cast to ``dtype``; scores FP32 (float64 sum of exact products,
     rounded once); scale multiply and mask add FP32; exp FP32; P cast to ``dtype``; P.V FP32
     accumulation per 128-key K step; merge and final division FP32.
     """
-    check_trace(trace)
-    tiling = MsaTiling.from_env() if tiling is None else tiling
-    if not isinstance(tiling, MsaTiling):
-        raise TypeError(f"tiling: expected a MsaTiling or None, got {type(tiling).__name__}")
-    if not isinstance(seeds_compat, (bool, np.bool_)):
-        raise TypeError(f"seeds_compat: expected a bool, got {seeds_compat!r}")
-    dtype = tiling.dtype if dtype is None else dtype
-    if dtype not in MSA_DTYPES:
-        raise ValueError(f"dtype: expected one of {MSA_DTYPES}, got {dtype!r}")
-
-    qa, q_torch = as_array(query, "query")
-    ka, k_torch = as_array(key_blocks, "key_blocks")
-    va, v_torch = as_array(value_blocks, "value_blocks")
-    ma, m_torch = as_array(block_mask, "block_mask")
-    torch_out = q_torch or k_torch or v_torch or m_torch
-    floats = (FP32, F16, BF16)
-    for name, a in (("query", qa), ("key_blocks", ka), ("value_blocks", va)):
-        check_dtype(a, name, floats)
-    check_dtype(ma, "block_mask", (FP32,))
-    check_ndim(qa, "query", 3, "[n, HQ, dh]")
-    check_ndim(ka, "key_blocks", 3, "[topk*bk, HKV, dh]")
-    check_ndim(ma, "block_mask", 4, "[ceil(n/bk), topk, bk, bk]")
-    n, hq, dh = qa.shape
-    if n < 1 or hq < 1 or dh < 1:
-        raise ValueError(f"query: expected a non-empty [n, HQ, dh] array, got shape {qa.shape}")
-    nbq, topk, bk, bk2 = ma.shape
-    if bk2 != bk or bk < 1 or topk < 1 or nbq != math.ceil(n / bk):
-        raise ValueError(
-            f"block_mask: expected shape ({math.ceil(n / max(bk, 1))}, topk, bk, bk) for "
-            f"n={n}, got {ma.shape}"
-        )
-    kv_len, hkv, kdh = ka.shape
-    if kv_len != topk * bk or kdh != dh or hkv < 1:
-        raise ValueError(
-            f"key_blocks: expected shape ({topk * bk}, HKV, {dh}) (topk*bk rows, query's dh), "
-            f"got {ka.shape}"
-        )
-    if hq % hkv:
-        raise ValueError(f"query: expected HQ a multiple of HKV={hkv}, got HQ={hq}")
-    if va.shape != ka.shape:
-        raise ValueError(
-            f"value_blocks: expected the shape of key_blocks {ka.shape}, got {va.shape}"
-        )
-    if not np.isfinite(ma).all():
-        raise ValueError("block_mask: expected finite values (masked keys carry -1e9, not -inf)")
-    max_n = tiling.max_n if max_n is None else max_n
-    max_n = check_pos_int(max_n, "max_n")
-    if max_n % bk or max_n < nbq * bk:
-        raise ValueError(
-            f"max_n: expected a multiple of bk={bk} and >= ceil(n/bk)*bk = {nbq * bk}, got {max_n}"
-        )
-    bounds = chunk_bounds(kv_len, tiling.ntile, seeds_compat=bool(seeds_compat))
-    if not bounds:
-        raise ValueError(
-            f"seeds_compat=True: kv_len = topk*bk = {kv_len} is less than one NTILE chunk "
-            f"({tiling.ntile}); the seeds' kernel runs no chunk (0/0 output)"
-        )
-
-    # Wrapper: kernel mask [max_n, kv_len] and dtype casts; rows >= n are outside the valid
-    # shape and never reach the output.
-    mask2d = kernel_mask(ma, max_n)[:n]
-    p_dtype = {"fp32": FP32, "fp16": F16, "bf16": BF16}[dtype]
-    group = hq // hkv
-    # Q as [HKV, n*16, dh] with the 16 heads of a KV group adjacent per row: a block of query
-    # rows is one contiguous [rows*16, dh] slab, i.e. one big cube M axis.
-    q64 = widen64(_cast_inputs(qa, dtype)).reshape(n, hkv, group, dh)
-    q64 = np.ascontiguousarray(q64.transpose(1, 0, 2, 3)).reshape(hkv, n * group, dh)
-    k64 = np.ascontiguousarray(widen64(_cast_inputs(ka, dtype)).transpose(1, 2, 0))  # [HKV,dh,kv]
-    v64 = np.ascontiguousarray(widen64(_cast_inputs(va, dtype)).transpose(1, 0, 2))  # [HKV,kv,dh]
-    k_chunks = [
-        [np.ascontiguousarray(k64[h, :, c0 : c0 + w]) for c0, w in bounds] for h in range(hkv)
-    ]
-    scale = np.float32(dh**-0.5)
-    # Dead keys (K steps no row of a row block sees) are skipped when that provably changes no
-    # bit; with a trace hook every chunk is computed, since the trace reports each chunk's m, l.
-    skip_dead = (
-        trace is None and not seeds_compat and _may_skip_dead_keys(q64, k64, v64, mask2d, scale)
+    call = _check(
+        query,
+        key_blocks,
+        value_blocks,
+        block_mask,
+        dtype,
+        max_n,
+        tiling,
+        seeds_compat,
+        trace,
+        _fast,
     )
-    visible = mask2d > MASK_NEG
-
-    out = np.zeros((n, hkv, group, dh), dtype=FP32)
+    plan = _plan(call)
+    out, stats = _run(call, plan)
     if trace is not None:
-        tr_max = np.empty((len(bounds), n, hkv, group), dtype=FP32)
-        tr_sum = np.empty((len(bounds), n, hkv, group), dtype=FP32)
+        _emit_records(call, plan, stats)
+    return same_kind(out, query)
 
-    def row_block(item: tuple[int, int]) -> None:
-        """The chunk loop of KV head ``h_kv`` for query rows ``r0 .. r0+ROW_BLOCK-1``: writes
-        only those rows of ``out`` (and of the trace arrays)."""
-        h_kv, r0 = item
-        r1 = min(n, r0 + ROW_BLOCK)
-        q_blk = q64[h_kv, r0 * group : r1 * group]  # [(r1-r0)*16, dh]
-        state = None
-        for c, (c0, w) in enumerate(bounds):  # NTILE chunks: online softmax
-            cols = live_key_steps(visible[r0:r1], c0, w) if skip_dead else None
-            if cols is None:  # the whole chunk, as the kernel computes it
-                k_c, v_c = k_chunks[h_kv][c], v64[h_kv, c0 : c0 + w]
-                mask_c = mask2d[r0:r1, c0 : c0 + w]
-            elif cols.size == 0:
-                continue  # no row of the block sees a key of this chunk: merge weight 0
-            else:  # only the live K steps (chunk-relative columns `cols`)
-                k_c = k_chunks[h_kv][c][:, cols]
-                v_c = v64[h_kv, c0 + cols]
-                mask_c = mask2d[r0:r1, c0 + cols]
-            raw = cube_matmul(q_blk, k_c)  # [(r1-r0)*16, w or live keys]
-            s = raw.reshape(r1 - r0, group, -1)  # a view: the FP32 steps run in place
-            np.multiply(s, scale, out=s)
-            np.add(s, mask_c[:, None, :], out=s)  # one mask row, 16 heads
-            m_c, l_c, o_c = softmax_chunk(s, v_c, p_dtype)
-            state = online_merge(state, m_c, l_c, o_c)
-            if trace is not None:
-                tr_max[c, r0:r1, h_kv] = m_c[..., 0]
-                tr_sum[c, r0:r1, h_kv] = l_c[..., 0]
-        if state is None:
-            return  # the block's rows see no key at all: zeros (set again below)
-        _, l_run, o_run = state
-        with np.errstate(invalid="ignore", divide="ignore"):
-            out[r0:r1, h_kv] = o_run / l_run
 
-    # The kernel's per-head loop, one KV group (16 heads) at a time, and blocks of query rows:
-    # neither shares a reduction, so the (head, row block) items run on the reference worker
-    # pool (one BLAS thread each); each item writes only its own rows.
-    items = [(h_kv, r0) for h_kv in range(hkv) for r0 in range(0, n, ROW_BLOCK)]
-    with blas_threads():  # numbers do not depend on it, speed on a busy machine does
-        for _ in map_in_order(row_block, items):
-            pass
-    out = out.reshape(n, hq, dh)
-
-    if not seeds_compat:
-        # a query row that sees no selected key: zeros (the kernel's arithmetic: mean of V)
-        empty = ~(mask2d > MASK_NEG).any(axis=1)
-        out[empty] = 0.0
-
-    if trace is not None:
-        for hg in range(hq):  # kernel order: head-major, then chunks
-            for c, (c0, w) in enumerate(bounds):
-                trace(
-                    dict(
-                        op="msa_main_branch",
-                        head=hg,
-                        kv_head=hg // group,
-                        chunk=c,
-                        kv_start=c0,
-                        kv_len=w,
-                        row_max=tr_max[c, :, hg // group, hg % group].copy(),
-                        row_sum=tr_sum[c, :, hg // group, hg % group].copy(),
-                    )
-                )
-    return back(out, torch_out)
+__all__ = [
+    "DEAD_KEY_SCORE_BOUND",
+    "MASK_NEG",
+    "ROW_BLOCK",
+    "build_msa_block_mask",
+    "kernel_mask",
+    "live_key_steps",
+    "msa_main_branch",
+    "msa_main_flop_count",
+    "msa_main_live_flop_count",
+]

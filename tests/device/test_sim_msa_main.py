@@ -9,9 +9,10 @@ Budget (docs/device.md, "## MSA kernels"), FP32 output, against
    can flip P's rounding, worth up to one ULP of P's dtype in the output. The bit-exact fraction
    is reported, not promised;
 2. rows that see no selected key are exactly +0;
-3. an independent float64 oracle (dense attention over the visible keys, written from the
-   block-causal rule, not from the mask) agrees within the seeds' tolerance
-   ``1e-3 + 1e-3*|e|`` for fp32 (``2e-2`` absolute for the 16-bit modes).
+3. an independent float64 oracle (``oracles.msa_main.torch_dense_oracle``: dense attention
+   over the visible keys, written from the block-causal rule, not from the mask) agrees
+   within the seeds' tolerance ``1e-3 + 1e-3*|e|`` for fp32 (``2e-2`` absolute for the
+   16-bit modes).
 
 Shapes are kept small for the CPU (the interpreter costs ~0.1-0.3 s per head and chunk): HQ = 32
 query heads on HKV = 2 KV heads (two KV groups, so the ``hg // 16`` head mapping is exercised),
@@ -34,31 +35,11 @@ CASES = {
 }
 
 
-def _oracle(q, kb, vb, n, ids):
-    """float64 attention of each query row over the visible keys of the selected blocks."""
-    import torch
-
-    hq, hkv = q.shape[1], kb.shape[1]
-    g = hq // hkv
-    out = torch.zeros(n, hq, 128, dtype=torch.float64)
-    keys = torch.cat([i * 128 + torch.arange(128) for i in ids])  # key positions, slot order
-    rows = torch.cat([torch.arange(s * 128, (s + 1) * 128) for s in range(len(ids))])
-    for i in range(n):
-        vis = keys <= i  # causal within the diagonal block, past blocks whole
-        if not bool(vis.any()):
-            continue
-        for h in range(hq):
-            k = kb[rows[vis], h // g].double()
-            v = vb[rows[vis], h // g].double()
-            s = (q[i, h].double() @ k.T) / 128**0.5
-            out[i, h] = torch.softmax(s, dim=-1) @ v
-    return out
-
-
 def check_main_branch(dtype, soc, seed=5) -> dict:
     """Runs in the isolated child: every case for one dtype."""
     import numpy as np
     import torch
+    from oracles.msa_main import torch_dense_oracle
     from tilesim.device.msa_main import msa_main_branch
     from tilesim.reference import build_msa_block_mask
     from tilesim.reference import msa_main_branch as reference
@@ -77,7 +58,7 @@ def check_main_branch(dtype, soc, seed=5) -> dict:
         gold = reference(q, kb, vb, mask, dtype=dtype)
         tdt = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
         cast = [t.to(tdt).float() for t in (q, kb, vb)]
-        oracle = _oracle(*cast, n, ids)
+        oracle = torch_dense_oracle(*cast, n, ids)
         err = (out.double() - gold.double()).abs()
         atol, rtol = ORACLE[dtype]
         oerr = (out.double() - oracle).abs() - (atol + rtol * oracle.abs())
@@ -96,6 +77,12 @@ def check_main_branch(dtype, soc, seed=5) -> dict:
                 torch.equal(p, t) for p, t in zip(before, (q, kb, vb, mask), strict=True)
             ),
         }
+        if dtype == "fp32" and n == 200:  # NumPy in -> NumPy out, the same bits
+            np_out, np_us = msa_main_branch(
+                *(t.numpy() for t in (q, kb, vb, mask)), dtype=dtype, backend="sim", soc=soc
+            )
+            res[name]["numpy_io"] = isinstance(np_out, np.ndarray) and np_us > 0.0
+            res[name]["numpy_same"] = np_out.tobytes() == out.numpy().tobytes()
     return res
 
 
@@ -124,6 +111,9 @@ def test_main_branch_kernel_matches_reference(dtype, sim_soc, sim_report):
         assert r["empty_zero"], (name, "rows that see no key must be exactly +0")
         assert r["us"] > 0.0
     assert res["unaligned n200 ids[1]"]["empty_rows"] == 128
+    if dtype == "fp32":
+        r = res["unaligned n200 ids[1]"]
+        assert r["numpy_io"] and r["numpy_same"], r
 
 
 def check_seed_case_m3(soc) -> dict:
@@ -181,6 +171,9 @@ def test_main_branch_seed_case_at_m3_shape(sim_soc, sim_report):
 torch = pytest.importorskip("torch")
 
 
+_zeros = torch.zeros
+
+
 def _args(n=3):
     from tilesim.reference import build_msa_block_mask
 
@@ -194,11 +187,27 @@ def _args(n=3):
 @pytest.mark.parametrize(
     ("change", "kw", "exc", "match"),
     [
-        ({"q": torch.zeros(3, 16, 64)}, {}, ValueError, "query: expected head dim 128"),
+        (
+            {
+                "q": torch.zeros(3, 16, 64),
+                "k": torch.zeros(256, 1, 64),
+                "v": torch.zeros(256, 1, 64),
+            },
+            {},
+            ValueError,
+            "query: expected head dim 128",
+        ),
+        ({"q": torch.zeros(3, 16, 128).tolist()}, {}, TypeError, "query: expected a numpy array"),
+        (
+            {"mask": torch.full((1, 2, 128, 128), -torch.inf)},
+            {},
+            ValueError,
+            "block_mask: expected finite",
+        ),
         ({"q": torch.zeros(3, 16, 128, dtype=torch.int32)}, {}, TypeError, "query: expected dtype"),
         ({"mask": torch.zeros(2, 2, 128, 128)}, {}, ValueError, "block_mask: expected shape"),
         ({"k": torch.zeros(128, 1, 128)}, {}, ValueError, "key_blocks: expected shape"),
-        ({"v": torch.zeros(256, 2, 128)}, {}, ValueError, "value_blocks: expected shape"),
+        ({"v": torch.zeros(256, 2, 128)}, {}, ValueError, "value_blocks: expected the shape"),
         (
             {
                 "q": torch.zeros(3, 15, 128),
@@ -226,17 +235,23 @@ def test_bad_arguments_name_the_argument(change, kw, exc, match):
 
 
 @pytest.mark.torch
-def test_kernel_mask_matches_the_reference_wrapper():
+def test_kernel_mask_is_the_shared_host_rule():
+    """The wrapper's kernel mask is the one host implementation (shared/msa_mask.py), checked
+    against the mask built element by element: ``[qb*bk + r, i*bk + c] = block_mask[qb, i, r,
+    c]``, rows past ``ceil(n/bk)*bk`` -1e9."""
     import numpy as np
-    from tilesim.device.msa_main import kernel_mask
-    from tilesim.reference import build_msa_block_mask
-    from tilesim.reference.msa_main import kernel_mask as ref_kernel_mask
+    from tilesim.device import msa_main as dev
+    from tilesim.shared import msa_mask
 
-    m = build_msa_block_mask(300, torch.tensor([2, 0], dtype=torch.int32), topk=4)
-    got = kernel_mask(m, 512).numpy()
-    np.testing.assert_array_equal(got, ref_kernel_mask(m.numpy(), 512))
-    # entry [qb*bk + r, i*bk + c] = block_mask[qb, i, r, c]
-    assert got[128 + 5, 1 * 128 + 7] == m[1, 1, 5, 7] and got.shape == (512, 512)
+    assert dev.kernel_mask is msa_mask.kernel_mask
+    m = msa_mask.build_msa_block_mask(300, torch.tensor([2, 0], dtype=torch.int32), topk=4)
+    got = dev.kernel_mask(m, 512)
+    want = np.full((512, 4 * 128), -1e9, dtype=np.float32)
+    for qb in range(3):
+        for i in range(4):
+            want[qb * 128 : (qb + 1) * 128, i * 128 : (i + 1) * 128] = m[qb, i].numpy()
+    assert isinstance(got, np.ndarray) and got.dtype == np.float32
+    np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.torch
@@ -251,7 +266,7 @@ def test_vec_rows_env_and_soc_defaults():
 
 
 # ----------------------------------------------------------------------------- NPU (nox -s device)
-# the seeds' matrix (op-facts 4.8): n, seed, max_n, selected block ids in slot order
+# the seeds' matrix (docs/sources.md, "MSA main branch"): n, seed, max_n, block ids in slot order
 SEED_CASES = {
     "aligned_4096": (4096, 55, 4096, [19, 21, 14, 3, 7, 13, 1, 22, 28, 0, 10, 8, 31, 20, 24, 16]),
     "aligned_2048": (2048, 42, 2048, [7, 9, 5, 6, 14, 10, 12, 8, 1, 2, 13, 15, 4, 11, 0, 3]),

@@ -1,24 +1,8 @@
-"""MSA main branch (prefill): block mask, oracles, kernel-loop equivalence, the seeds' cases.
+"""MSA main branch (prefill): block mask, oracles, kernel-loop equivalence, fast == plain path,
+trace records, FLOP counts, the seeds' cases.
 
-Oracles:
-* ``mask_oracle`` — the block mask from token positions (slot real, query row < n, key
-  position <= query position), no block cases.
-* ``dense_oracle`` — float64 softmax attention over the gathered keys, visibility from token
-  positions (not from ``block_mask``), on the inputs after the wrapper's dtype cast.
-* ``loop_kernel`` — the kernel one query head at a time with explicit chunk and K-step loops
-  and the wrapper's mask built element by element.
-
-Error budget against the float64 oracle (O(1) data; u = 2^-24, R = max |scaled score| of the
-row's visible keys, A = sum p|v| / sum p, V1 = sum |v| / sum p)::
-
-    fp32: |out - ref| <= u ((32 R + 32) A + |ref|)
-    bf16: fp32 budget + 2^-8 A                 (P rounded to BF16, unit roundoff 2^-8)
-    fp16: fp32 budget + 2^-11 A + 2^-25 V1     (P rounded to FP16, unit roundoff 2^-11;
-                                                subnormals below 2^-14 carry 2^-25 absolute)
-
-The FP32 term bounds the relative error of every weight p_i (scores 3u|s|, subtraction,
-exp <= 2 ulp, rescale factors) by u(16R + 8) and the sums/merges/division by 16u; a weighted
-mean with weights perturbed by e moves by at most 2 e A.
+The oracles (token-position mask, float64 dense attention with its error budget, the per-head
+loop kernel) are in ``tests/oracles/msa_main.py``.
 """
 
 from __future__ import annotations
@@ -28,17 +12,23 @@ import math
 import subprocess
 import sys
 
-import ml_dtypes
 import numpy as np
 import pytest
+from oracles.msa_main import (
+    NEG,
+    assert_in_budget,
+    dense_oracle,
+    live_pairs_rows,
+    loop_kernel,
+    mask_oracle,
+)
 from tilesim.reference import build_msa_block_mask, msa_main_branch, msa_make_case
 from tilesim.reference.msa_cases import seeds_topk_indices
 from tilesim.shared.casts import to_bf16
 from tilesim.shared.tiling import MsaTiling
+from tilesim.shared.trace import check_record
 
-BF = ml_dtypes.bfloat16
 F32, F64 = np.float32, np.float64
-NEG = F32(-1e9)
 T = MsaTiling(ntile=512, max_n=2048)
 
 
@@ -53,121 +43,10 @@ def case(n, ids=None, *, hq=64, hkv=4, dh=128, topk=16, bk=128, seed=1, max_n=No
         dh=dh,
         topk=topk,
         bk=bk,
-        topk_indices=ids,
+        topk_indices=None if ids is None else np.asarray(ids, dtype=np.int32),
         max_n=max_n,
     )
     return c["inputs"], c["params"], c["meta"]["topk_indices"]
-
-
-def mask_oracle(n, ids, bk=128, topk=16):
-    nbq = -(-n // bk)
-    qpos = np.arange(nbq * bk).reshape(nbq, 1, bk, 1)
-    slot = np.arange(topk).reshape(1, topk, 1, 1)
-    ids_pad = np.concatenate([np.asarray(ids), np.full(topk - len(ids), -1)])
-    kpos = ids_pad.reshape(1, topk, 1, 1) * bk + np.arange(bk).reshape(1, 1, 1, bk)
-    ok = (slot < len(ids)) & (qpos < n) & (kpos <= qpos)
-    return np.where(ok, 0.0, -1e9).astype(F32)
-
-
-def cast(a, dtype):
-    a = np.asarray(a, F32)
-    if dtype == "fp16":
-        return a.astype(np.float16).astype(F64)
-    if dtype == "bf16":
-        return a.astype(BF).astype(F64)
-    return a.astype(F64)
-
-
-def dense_oracle(inputs, ids, dtype="fp32", keep_slots=None):
-    """(ref, A, V1, R, seen) in float64; ``keep_slots`` limits the visible slots."""
-    q = cast(inputs["query"], dtype)
-    kb = cast(inputs["key_blocks"], dtype)
-    vb = cast(inputs["value_blocks"], dtype)
-    n, hq, dh = q.shape
-    bk = inputs["block_mask"].shape[2]
-    hkv = kb.shape[1]
-    ksel = len(ids) if keep_slots is None else min(len(ids), keep_slots)
-    kpos = (np.asarray(ids[:ksel])[:, None] * bk + np.arange(bk)).reshape(-1)
-    vis = kpos[None, :] <= np.arange(n)[:, None]  # [n, ksel*bk]
-    seen = vis.any(axis=1)
-    ref, amag, v1 = (np.zeros((n, hq, dh)) for _ in range(3))
-    rmax = np.zeros((n, hq))
-    for h in range(hq):
-        hk = h // (hq // hkv)
-        kk, vv = kb[: ksel * bk, hk], vb[: ksel * bk, hk]
-        s = q[:, h] @ kk.T / math.sqrt(dh)
-        s = np.where(vis, s, -np.inf)
-        mx = np.where(seen, s.max(axis=1), 0.0)
-        p = np.exp(s - mx[:, None])
-        den = np.where(seen, p.sum(axis=1), 1.0)[:, None]
-        ref[:, h] = p @ vv / den
-        amag[:, h] = p @ np.abs(vv) / den
-        v1[:, h] = vis.astype(F64) @ np.abs(vv) / den
-        rmax[:, h] = np.where(seen, np.abs(np.where(vis, s, 0.0)).max(axis=1), 0.0)
-    return ref, amag, v1, rmax, seen
-
-
-def budget(ref, amag, v1, rmax, dtype):
-    u = 2.0**-24
-    b = u * ((32 * rmax[..., None] + 32) * amag + np.abs(ref))
-    if dtype == "bf16":
-        b = b + 2.0**-8 * amag
-    if dtype == "fp16":
-        b = b + 2.0**-11 * amag + 2.0**-25 * v1
-    return b
-
-
-def assert_in_budget(out, orc, dtype="fp32"):
-    ref, amag, v1, rmax, _ = orc
-    err = np.abs(np.asarray(out, F64) - ref)
-    b = budget(ref, amag, v1, rmax, dtype)
-    ratio = np.divide(err, b, out=np.where(err > 0, np.inf, 0.0), where=b > 0)
-    worst = float(ratio.max())
-    assert worst <= 1.0, f"error {worst:.3f} x budget"
-    return worst
-
-
-def loop_kernel(inputs, dtype="fp32", ntile=512, max_n=2048, seeds_compat=False):
-    """The kernel one query head at a time; the wrapper's mask built element by element."""
-    q, kb, vb, bm = (inputs[k] for k in ("query", "key_blocks", "value_blocks", "block_mask"))
-    n, hq, dh = q.shape
-    nbq, topk, bk, _ = bm.shape
-    hkv = kb.shape[1]
-    mask = np.full((max_n, topk * bk), NEG, F32)
-    for qb in range(nbq):
-        for i in range(topk):
-            mask[qb * bk : (qb + 1) * bk, i * bk : (i + 1) * bk] = bm[qb, i]
-    pdt = {"fp32": F32, "fp16": np.float16, "bf16": BF}[dtype]
-    qc, kc, vc = (cast(a, dtype) for a in (q, kb, vb))
-    scale = F32(1 / math.sqrt(dh))
-    out = np.zeros((n, hq, dh), F32)
-    kv_len = topk * bk
-    stop = kv_len - kv_len % ntile if seeds_compat else kv_len
-    for h in range(hq):
-        hk = h // (hq // hkv)
-        m = l = o = None
-        for c0 in range(0, stop, ntile):
-            w = min(ntile, kv_len - c0)
-            raw = (qc[:, h] @ kc[c0 : c0 + w, hk].T).astype(F32)
-            s = raw * scale + mask[:n, c0 : c0 + w]
-            mx = s.max(axis=1, keepdims=True)
-            p = np.exp(s - mx)
-            ls = p.astype(F64).sum(axis=1, keepdims=True).astype(F32)
-            pc = p.astype(pdt).astype(F64)
-            oc = None
-            for k0 in range(0, w, 128):
-                part = pc[:, k0 : k0 + 128] @ vc[c0 + k0 : c0 + min(w, k0 + 128), hk]
-                oc = part.astype(F32) if oc is None else oc + part.astype(F32)
-            if m is None:
-                m, l, o = mx, ls, oc
-            else:
-                mn = np.maximum(m, mx)
-                a, b = np.exp(m - mn), np.exp(mx - mn)
-                m, l, o = mn, a * l + b * ls, o * a + oc * b
-        out[:, h] = o / l
-    if not seeds_compat:
-        out[~(mask[:n] > NEG).any(axis=1)] = 0
-    return out
 
 
 # ----------------------------------------------------------------------------- block mask
@@ -204,21 +83,23 @@ def test_block_mask_torch():
 @pytest.mark.parametrize(
     "args, kw, exc, msg",
     [
-        ((0, [0]), {}, ValueError, "n: expected a positive int"),
-        ((100, [1]), {}, ValueError, r"topk_indices: expected ids in \[0, ceil\(n/bk\)=1\)"),
-        ((300, [-1]), {}, ValueError, "topk_indices: expected ids in"),
+        ((0, [0]), {}, ValueError, r"n: expected an int in \[1, inf\], got 0"),
+        ((100, [1]), {}, ValueError, r"topk_indices\[0\]: expected a value in \[0, 0\], got 1"),
+        ((300, [0, -1]), {}, ValueError, r"topk_indices\[1\]: expected a value in \[0, 2\]"),
         ((300, [1, 1]), {}, ValueError, "topk_indices: expected unique ids"),
         ((300, [[0, 1]]), {}, ValueError, "topk_indices: expected a 1-D"),
         ((300, np.array([0.0, 1.0])), {}, TypeError, "topk_indices: expected an integer"),
         ((300, []), {}, ValueError, "topk_indices"),
         ((300, [0, 1, 2]), {"topk": 2}, ValueError, "1..topk=2 ids, got 3"),
-        ((300, [0]), {"bk": 0}, ValueError, "bk: expected a positive int"),
-        ((300, [0]), {"topk": 1.5}, ValueError, "topk"),
+        ((300, [0]), {"bk": 0}, ValueError, r"bk: expected an int in \[1"),
+        ((300, [0]), {"topk": 1.5}, TypeError, "topk: expected an int"),
+        ((300, [0, 1]), {}, TypeError, "topk_indices: expected a numpy array"),
     ],
 )
 def test_block_mask_bad_inputs(args, kw, exc, msg):
     n, ids = args
-    ids = np.asarray(ids, dtype=np.int64) if isinstance(ids, list) else ids
+    if isinstance(ids, list) and msg != "topk_indices: expected a numpy array":
+        ids = np.asarray(ids, dtype=np.int64)
     with pytest.raises(exc, match=msg):
         build_msa_block_mask(n, ids, **kw)
 
@@ -279,21 +160,71 @@ def test_row_blocking_and_workers_are_invisible(monkeypatch, workers):
     b = msa_main_branch(**inputs, dtype="bf16", max_n=2048, tiling=T)
     assert a.tobytes() == b.tobytes()
     assert len(threads) == (workers if workers > 1 else 0)
+    threads.clear()
+    plain = msa_main_branch(**inputs, dtype="bf16", max_n=2048, tiling=T, _fast=False)
+    assert plain.tobytes() == a.tobytes() and not threads  # the plain path: no pool
+
+
+# ----------------------------------------------------------------------------- fast == plain
+FAST_PLAIN_CASES = [
+    # n, ids, topk, bk, dtype, ntile, seeds_compat
+    (300, [2, 0, 1], 4, 128, "fp32", 512, False),  # raw FP32 data: inexact float64 sums
+    (700, [5, 2, 4, 0], 16, 128, "fp16", 512, False),  # 12 zero padding slots
+    (1500, None, 16, 128, "bf16", 384, False),  # the seeds' ids; a 128-key tail chunk
+    (700, [9, 2, 6, 0, 10], 8, 64, "fp32", 256, False),  # bk 64
+    (500, [3, 1], 16, 128, "fp32", 512, False),  # rows 0-127 see no key at all
+    (500, [3, 1], 5, 128, "bf16", 256, True),  # seeds_compat: tail dropped, mean of V
+]
+
+
+def _records_bytes(recs):
+    """Records with their arrays as bytes (for an exact comparison)."""
+    out = []
+    for r in recs:
+        check_record(r)
+        r = dict(r)
+        r["row_max"], r["row_sum"] = r["row_max"].tobytes(), r["row_sum"].tobytes()
+        out.append(r)
+    return out
+
+
+@pytest.mark.parametrize("n, ids, topk, bk, dtype, ntile, seeds_compat", FAST_PLAIN_CASES)
+def test_fast_path_equals_plain_path(monkeypatch, n, ids, topk, bk, dtype, ntile, seeds_compat):
+    """The speed path (row blocks on the pool, dead-key skipping) and the plain path (one item
+    per KV head over all rows, serial, every key) give the same output bits, with or without
+    a trace hook, and the same trace records; the module flag ``_FAST`` picks the path."""
+    mod = importlib.import_module("tilesim.reference.msa_main")
+    monkeypatch.setenv("TILESIM_REF_THREADS", "2")
+    inputs, _, ids = case(n, ids, hq=8, hkv=2, topk=topk, bk=bk, seed=16)
+    kw = dict(dtype=dtype, max_n=2048, tiling=MsaTiling(ntile=ntile), seeds_compat=seeds_compat)
+    fast = msa_main_branch(**inputs, **kw, _fast=True)
+    plain = msa_main_branch(**inputs, **kw, _fast=False)
+    assert fast.tobytes() == plain.tobytes()
+    rec_fast, rec_plain = [], []
+    traced_fast = msa_main_branch(**inputs, **kw, _fast=True, trace=rec_fast.append)
+    traced_plain = msa_main_branch(**inputs, **kw, _fast=False, trace=rec_plain.append)
+    assert traced_fast.tobytes() == traced_plain.tobytes() == fast.tobytes()
+    assert rec_fast and _records_bytes(rec_fast) == _records_bytes(rec_plain)
+    monkeypatch.setattr(mod, "_FAST", False)
+    widths = _count_key_columns(monkeypatch)
+    assert msa_main_branch(**inputs, **kw).tobytes() == plain.tobytes()
+    keys = topk * bk - (topk * bk) % ntile if seeds_compat else topk * bk
+    assert sum(widths) == 2 * keys  # the flag's plain path: every key of both KV heads
 
 
 # ----------------------------------------------------------------------------- dead-key skipping
 def _count_key_columns(monkeypatch):
-    """Wrap the module's cube_matmul (the score matmul S = Q K^T; P.V runs in msa_common):
+    """Wrap the module's matmul_fp32 (the score matmul S = Q K^T; P.V runs in msa_common):
     collect the key width N of every call."""
     mod = importlib.import_module("tilesim.reference.msa_main")
     widths = []
-    real = mod.cube_matmul
+    real = mod.matmul_fp32
 
     def counting(a, b, *args, **kw):
         widths.append(b.shape[-1])
         return real(a, b, *args, **kw)
 
-    monkeypatch.setattr(mod, "cube_matmul", counting)
+    monkeypatch.setattr(mod, "matmul_fp32", counting)
     return widths
 
 
@@ -308,19 +239,23 @@ def _count_key_columns(monkeypatch):
     ],
 )
 def test_dead_key_skipping_is_invisible(monkeypatch, n, ids, topk, bk, dtype, ntile):
-    """Without a trace hook, K steps that no row of a row block sees are not computed; the
-    output bits equal the all-keys computation (the trace hook forces it) and the per-head
-    loop kernel."""
+    """On the speed path without a trace hook, K steps that no row of a row block sees are
+    not computed; the output bits equal the plain path's all-keys computation, the speed path
+    with a trace hook (every key: the records need each chunk's m, l) and the per-head loop
+    kernel."""
     inputs, _, ids = case(n, ids, hq=8, hkv=2, topk=topk, bk=bk, seed=12)
     tiling = MsaTiling(ntile=ntile)
     widths = _count_key_columns(monkeypatch)
     fast = msa_main_branch(**inputs, dtype=dtype, max_n=2048, tiling=tiling)
     fast_cols = sum(widths)
     widths.clear()
-    every = msa_main_branch(**inputs, dtype=dtype, max_n=2048, tiling=tiling, trace=lambda r: None)
+    every = msa_main_branch(**inputs, dtype=dtype, max_n=2048, tiling=tiling, _fast=False)
     every_cols = sum(widths)
-    assert fast_cols < every_cols  # keys were skipped
-    assert fast.tobytes() == every.tobytes()
+    widths.clear()
+    traced = msa_main_branch(**inputs, dtype=dtype, max_n=2048, tiling=tiling, trace=lambda r: 0)
+    # with a hook: every key of every row block; without: fewer (keys were skipped)
+    assert fast_cols < sum(widths) == every_cols * -(-n // 128)
+    assert fast.tobytes() == every.tobytes() == traced.tobytes()
     if dtype != "fp32":  # FP32 P.V is not exact in float64 (see test_batched_equals_...)
         want = loop_kernel(inputs, dtype, ntile=ntile)
         assert fast.tobytes() == want.tobytes()
@@ -343,7 +278,7 @@ def test_dead_key_skipping_off_when_not_provably_exact(monkeypatch, change):
     widths = _count_key_columns(monkeypatch)
     got = msa_main_branch(**inputs, dtype="fp32", max_n=2048, tiling=T)
     assert sum(widths) == 3 * 512  # 3 row blocks x one 512-key chunk: nothing skipped
-    every = msa_main_branch(**inputs, dtype="fp32", max_n=2048, tiling=T, trace=lambda r: None)
+    every = msa_main_branch(**inputs, dtype="fp32", max_n=2048, tiling=T, _fast=False)
     np.testing.assert_array_equal(got, every)
     if change == "inf_value":  # the kernel's 0 * inf in P.V reaches the rows of blocks 0-1
         assert np.isnan(got[:256]).any()
@@ -453,14 +388,31 @@ def test_env_defaults_read_at_call_time(monkeypatch):
 
 
 def test_trace_records():
+    """Records of the shared schema: lane (head, kv_head), step = chunk, key_range on the slot
+    axis, keys_used = keys some query row sees (from token positions), FLOPs of the chunk."""
     inputs, _, ids = case(200, [1, 0], hq=8, hkv=2, seed=12)
     recs = []
     msa_main_branch(**inputs, dtype="fp32", max_n=2048, tiling=T, trace=recs.append)
-    assert [(r["head"], r["chunk"]) for r in recs] == [(h, c) for h in range(8) for c in range(4)]
+    assert [(r["lane"]["head"], r["step"]) for r in recs] == [
+        (h, c) for h in range(8) for c in range(4)
+    ]
+    # slot axis -> token position (padding slots: none); a key is used when position < n
+    pos = np.concatenate([i * 128 + np.arange(128) for i in ids] + [np.full(14 * 128, 10**9)])
     for r in recs:
-        assert r["op"] == "msa_main_branch" and r["kv_head"] == r["head"] // 4
-        assert (r["kv_start"], r["kv_len"]) == (512 * r["chunk"], 512)
+        check_record(r)
+        c = r["step"]
+        assert r["op"] == "msa_main_branch" and r["lane"] == {
+            "head": r["lane"]["head"],
+            "kv_head": r["lane"]["head"] // 4,
+        }
+        assert r["key_range"] == (512 * c, 512 * c + 512) and r["extra"] == {}
+        assert r["keys_used"] == int((pos[512 * c : 512 * c + 512] < 200).sum())
+        assert r["flop"] == 2 * 200 * 512 * 128 * 2  # S = Q K^T and P V, one head
         assert r["row_max"].shape == (200,) and r["row_sum"].shape == (200,)
+    assert recs[0]["keys_used"] == 72 + 128 and recs[1]["keys_used"] == 0
+    assert sum(r["flop"] for r in recs) == 2 * 200 * 8 * 2048 * 2 * 128
+    for r in recs:
+        r.update(head=r["lane"]["head"], kv_head=r["lane"]["kv_head"], chunk=r["step"])
     # chunk 0 holds both selected blocks: its max is the row's max visible score
     q = inputs["query"].astype(F64)
     kk = inputs["key_blocks"].astype(F64)
@@ -473,6 +425,26 @@ def test_trace_records():
     for r in recs:
         if r["chunk"] > 0:
             assert (r["row_max"] == NEG).all() and (r["row_sum"] == 512).all()
+
+
+@pytest.mark.parametrize(
+    "n, ids",
+    [
+        (1024, [6, 7, 4, 3, 1, 5, 2, 0]),  # the seeds' published ids
+        (1500, [5, 3, 9, 8, 0, 10, 2, 1, 11, 7, 6, 4]),
+        (300, [2, 0, 1]),
+    ],
+)
+def test_flop_counts(n, ids):
+    """The kernel's count covers every row and slot; the live count only the (query block,
+    slot) pairs whose block is not in the future, each with the query block's real rows."""
+    from tilesim.reference.msa_main import msa_main_flop_count, msa_main_live_flop_count
+
+    mask = build_msa_block_mask(n, np.array(ids))
+    live = msa_main_live_flop_count(n, 64, 128, mask)
+    assert live == 2 * 64 * 2 * 128 * 128 * live_pairs_rows(n, ids)
+    assert msa_main_flop_count(n, 64, 128, 16 * 128) == 2 * n * 64 * 16 * 128 * 2 * 128
+    assert live < msa_main_flop_count(n, 64, 128, 16 * 128)
 
 
 # ----------------------------------------------------------------------------- contract
@@ -522,6 +494,7 @@ def test_bad_inputs():
         ((q, kb, vb, bm), {"tiling": 512}, TypeError, "tiling"),
         ((q, kb, vb, bm), {"trace": 1}, TypeError, "trace"),
         ((q, kb, vb, bm), {"seeds_compat": 1}, TypeError, "seeds_compat"),
+        ((q, kb, vb, bm), {"_fast": "yes"}, TypeError, "_fast: expected a bool"),
         ((q.tolist(), kb, vb, bm), {}, TypeError, "query: expected a numpy array"),
     ]
     for args, kw, exc, msg in bad:
@@ -550,7 +523,9 @@ def test_matches_torch_sdpa_float64():
     import torch.nn.functional as F
 
     n, ids = 333, [2, 0]
-    c = msa_make_case(None, op="msa_main_branch", seed=21, n=n, hq=8, hkv=2, topk_indices=ids)
+    c = msa_make_case(
+        None, op="msa_main_branch", seed=21, n=n, hq=8, hkv=2, topk_indices=np.array(ids)
+    )
     out = msa_main_branch(**c["inputs"], **c["params"], tiling=T)
     rng = np.random.default_rng(21)  # the builder's stream: query, key, value
     q = rng.standard_normal((n, 8, 128), dtype=F32)
