@@ -28,8 +28,10 @@ matmul per chunk. The speed path (:data:`_FAST`, or ``_fast=`` per call) adds bl
 (:func:`tilesim.reference.blas_pool.map_in_order`) and skips the K steps no row of a row
 block sees when that provably changes no bit (:func:`_may_skip_dead_keys`). The plain path
 runs one item per KV head over all rows, serially, every key. Both give the same bits and,
-with a trace hook, the same records: skipping would leave out the per-chunk ``m_c`` / ``l_c``
-of the rows it skips, so it is not done when a hook is set (pool and row blocks still are).
+with a trace hook, the same records. The path is chosen by the switch alone, never by
+``trace``: when the speed path skipped dead keys (which leaves out the per-chunk ``m_c`` /
+``l_c`` of the rows it skips), a trace hook adds a statistics pass of the plain path over all
+keys, so tracing costs about one more run.
 
 Deliberate differences from the seeds' kernel (``docs/ops/msa.md``): a last partial chunk is
 processed when ``topk*bk`` is not a multiple of NTILE (``seeds_compat=True`` drops it, as the
@@ -263,20 +265,22 @@ def _rows_item(plan: _Plan, out: np.ndarray, stats, skip_dead: bool, item) -> No
         out[r0:r1, h_kv] = merge.normalized()
 
 
-def _run(call: _Call, plan: _Plan):
+def _run(call: _Call, plan: _Plan, *, want_stats: bool):
     """The kernel's loop nest over every (KV head, row block) item: ``(out [n, HQ, dh],
-    stats)``. Items share no reduction; each writes only its own rows."""
+    stats)``. Items share no reduction; each writes only its own rows.
+
+    ``stats`` (the per-chunk ``(m_c, l_c)`` of every row) when ``want_stats`` and no chunk was
+    skipped, else ``None``: dead-key skipping leaves out the statistics of the rows it skips.
+    """
     a = call.args
     n, hkv, g = a.n, a.hkv, plan.group
     out = np.zeros((n, hkv, g, a.dh), dtype=FP32)
-    stats = None
-    if call.trace is not None:
-        stats = tuple(np.empty((len(plan.bounds), n, hkv, g), dtype=FP32) for _ in range(2))
     rows = ROW_BLOCK if call.fast else n
     items = [(h, r0, min(n, r0 + rows)) for h in range(hkv) for r0 in range(0, n, rows)]
-    skip_dead = (
-        call.fast and call.trace is None and not call.seeds_compat and _may_skip_dead_keys(plan)
-    )
+    skip_dead = call.fast and not call.seeds_compat and _may_skip_dead_keys(plan)
+    stats = None
+    if want_stats and not skip_dead:
+        stats = tuple(np.empty((len(plan.bounds), n, hkv, g), dtype=FP32) for _ in range(2))
     body = partial(_rows_item, plan, out, stats, skip_dead)
     if call.fast:
         with blas_threads():  # numbers do not depend on it, speed on a busy machine does
@@ -367,8 +371,10 @@ def msa_main_branch(
         _fast,
     )
     plan = _plan(call)
-    out, stats = _run(call, plan)
+    out, stats = _run(call, plan, want_stats=trace is not None)
     if trace is not None:
+        if stats is None:  # the speed path skipped dead keys: a statistics pass over all keys
+            _, stats = _run(call._replace(fast=False), plan, want_stats=True)
         _emit_records(call, plan, stats)
     return same_kind(out, query)
 

@@ -239,10 +239,10 @@ def _count_key_columns(monkeypatch):
     ],
 )
 def test_dead_key_skipping_is_invisible(monkeypatch, n, ids, topk, bk, dtype, ntile):
-    """On the speed path without a trace hook, K steps that no row of a row block sees are
-    not computed; the output bits equal the plain path's all-keys computation, the speed path
-    with a trace hook (every key: the records need each chunk's m, l) and the per-head loop
-    kernel."""
+    """On the speed path, K steps that no row of a row block sees are not computed, with or
+    without a trace hook (the switch alone picks the path); the output bits equal the plain
+    path's all-keys computation and the per-head loop kernel. A trace hook adds one statistics
+    pass of the plain path (the records need each chunk's m, l over every key)."""
     inputs, _, ids = case(n, ids, hq=8, hkv=2, topk=topk, bk=bk, seed=12)
     tiling = MsaTiling(ntile=ntile)
     widths = _count_key_columns(monkeypatch)
@@ -253,8 +253,11 @@ def test_dead_key_skipping_is_invisible(monkeypatch, n, ids, topk, bk, dtype, nt
     every_cols = sum(widths)
     widths.clear()
     traced = msa_main_branch(**inputs, dtype=dtype, max_n=2048, tiling=tiling, trace=lambda r: 0)
-    # with a hook: every key of every row block; without: fewer (keys were skipped)
-    assert fast_cols < sum(widths) == every_cols * -(-n // 128)
+    # the plain path is one item per KV head over all rows (every key once per KV head); the
+    # speed path runs row blocks of 128 rows and skips some keys in some of them
+    assert fast_cols < every_cols * -(-n // 128)
+    # with a hook: the same skipping run, then the plain statistics pass
+    assert sum(widths) == fast_cols + every_cols
     assert fast.tobytes() == every.tobytes() == traced.tobytes()
     if dtype != "fp32":  # FP32 P.V is not exact in float64 (see test_batched_equals_...)
         want = loop_kernel(inputs, dtype, ntile=ntile)
