@@ -27,12 +27,20 @@ and the worst positions.
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass, field
 
 import numpy as np
 from tilesim.reference.numerics import _ULP_DTYPES, ulp_distance
 from tilesim.shared.casts import BF16, FP8_E4M3
+from tilesim.shared.validate import (
+    check_bool,
+    check_choice,
+    check_float,
+    check_int,
+    check_real,
+    check_str,
+    host_data,
+)
 
 
 @dataclass
@@ -85,12 +93,6 @@ class CompareReport:
         return "\n".join(lines)
 
 
-def _as_array(x) -> np.ndarray:
-    from tilesim.shared.interop import is_torch_tensor, to_numpy
-
-    return to_numpy(x) if is_torch_tensor(x) else np.asarray(x)
-
-
 _NATIVE_FLOATS = (BF16, FP8_E4M3, np.dtype(np.float16), np.dtype(np.float32))
 
 
@@ -102,12 +104,11 @@ def _round_to(x32: np.ndarray, dtype: np.dtype) -> np.ndarray:
 
 
 def _check_tolerance(name: str, v, upper: float | None = None) -> float:
-    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
-        raise TypeError(f"{name}: expected a real number, got {v!r}")
-    if not math.isfinite(v) or v < 0 or (upper is not None and v > upper):
-        rng = f"[0, {upper:g}]" if upper is not None else ">= 0 and finite"
+    f = check_float(v, name)  # a real, finite number (bool, str, NaN, inf, overflow refused)
+    if f < 0 or (upper is not None and f > upper):
+        rng = f"[0, {upper:g}]" if upper is not None else ">= 0"
         raise ValueError(f"{name}: expected a number {rng}, got {v!r}")
-    return float(v)
+    return f
 
 
 def _ulp_stats(a: np.ndarray, g: np.ndarray, a64: np.ndarray, g64: np.ndarray):
@@ -128,20 +129,25 @@ def _ulp_stats(a: np.ndarray, g: np.ndarray, a64: np.ndarray, g64: np.ndarray):
     return (int(d[ok].max()) if ok.any() else -1), float((a64 == g64).mean())
 
 
-def _check_arguments(a, g, atol, rtol, ratio, name, check_dtype, arithmetic, n_worst):
-    """Validate the options and the pair; return the tolerances as floats (atol, rtol, ratio)."""
+def _check_arguments(actual, golden, atol, rtol, ratio, name, check_dtype, arithmetic, n_worst):
+    """Validate the options and the pair; return ``(a, g, atol, rtol, ratio)``: the pair as
+    host NumPy arrays, the tolerances as floats."""
     atol = _check_tolerance("atol", atol)
     rtol = _check_tolerance("rtol", rtol)
     ratio = _check_tolerance("ratio", ratio, upper=1.0)
-    if arithmetic not in ("float64", "native"):
-        raise ValueError(f"arithmetic: expected 'float64' or 'native', got {arithmetic!r}")
-    if not isinstance(n_worst, int) or n_worst < 0:
-        raise ValueError(f"n_worst: expected an int >= 0, got {n_worst!r}")
+    check_str(name, "name", nonempty=False)
+    check_bool(check_dtype, "check_dtype")
+    check_choice(arithmetic, "arithmetic", ("float64", "native"))
+    check_int(n_worst, "n_worst", lo=0)
+    a = host_data(actual, "actual", scalars=True)
+    g = host_data(golden, "golden", scalars=True)
+    check_real(a, "actual")  # complex would lose its imaginary part in float64
+    check_real(g, "golden")
     if a.shape != g.shape:
         raise ValueError(f"golden: expected the shape of actual {a.shape}, got {g.shape} ({name})")
     if check_dtype and a.dtype != g.dtype:
         raise TypeError(f"golden: expected the dtype of actual {a.dtype}, got {g.dtype} ({name})")
-    return atol, rtol, ratio
+    return a, g, atol, rtol, ratio
 
 
 def _element_rule(a, g, a64, g64, atol: float, rtol: float, arithmetic: str):
@@ -242,18 +248,19 @@ def compare(
 ) -> CompareReport:
     """Compare ``actual`` (device output) with ``golden`` under the Ascend-house rule.
 
-    ``actual`` and ``golden``: NumPy/ml_dtypes arrays or CPU torch tensors of equal shape (and
-    dtype unless ``check_dtype=False``). Neither is modified. Returns a :class:`CompareReport`
-    (truthy when it passes); raises ``ValueError``/``TypeError`` naming the bad argument.
+    ``actual`` and ``golden``: NumPy/ml_dtypes arrays (or NumPy scalars) or torch tensors
+    (``requires_grad`` and BF16/FP8 included; tensors on another device are copied to the
+    host) of a real dtype (float, integer or bool; complex is refused) and equal shape (and
+    dtype unless ``check_dtype=False``). Neither is modified; lists are refused. Returns a
+    :class:`CompareReport` (truthy when it passes); raises ``ValueError``/``TypeError``
+    naming the bad argument.
 
     ``max_ulp`` / ``bit_exact_fraction`` are measured in the dtype of ``actual``; a golden of
     another dtype is first rounded to it (RNE). NaN in either tensor counts as not bit-exact
     and has no ULP distance (``max_ulp`` is -1 when no position has one).
     """
-    a = _as_array(actual)
-    g = _as_array(golden)
-    atol, rtol, ratio = _check_arguments(
-        a, g, atol, rtol, ratio, name, check_dtype, arithmetic, n_worst
+    a, g, atol, rtol, ratio = _check_arguments(
+        actual, golden, atol, rtol, ratio, name, check_dtype, arithmetic, n_worst
     )
     numel = int(a.size)
     threshold = int(round(ratio * numel))  # Python round: half to even, as the seeds

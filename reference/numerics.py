@@ -9,18 +9,28 @@ One rule per conversion, shared with :mod:`tilesim.shared.casts` (the same funct
 * :func:`bf16_round_trip` — ``fp32(bf16(x))``, the "cast to BF16 and back" a kernel does
   between two stages that both compute in FP32.
 
-See ``docs/numerics.md`` for the policy and the oracles the tests use.
+See ``docs/numerics.md`` for the policy and the oracles the tests use. Arguments follow
+:mod:`tilesim.shared.validate` (NumPy arrays or scalars, or torch tensors; NumPy results).
 """
 
 from __future__ import annotations
 
 import numpy as np
-from tilesim.shared.casts import BF16, FP8_E4M3, to_bf16, to_fp8_e4m3, widen_to_fp32
+from tilesim.shared.casts import (
+    BF16,
+    FP8_E4M3,
+    _as_fp32_source,
+    to_bf16,
+    to_fp8_e4m3,
+    widen_to_fp32,
+)
+from tilesim.shared.validate import host_data
 
 
 def bf16_round_trip(x) -> np.ndarray:
     """``float32(bf16(x))``: round an FP32 array to BF16 precision, keep it in FP32."""
-    return to_bf16(x).astype(np.float32)
+    name = "bf16_round_trip(x)"
+    return to_bf16(_as_fp32_source(host_data(x, name, scalars=True), name)).astype(np.float32)
 
 
 _ULP_DTYPES = (
@@ -41,15 +51,15 @@ def ulp_distance(a, b) -> np.ndarray:
     negative to the smallest positive subnormal. Returns int64; NaN in either input gives
     ``-1`` (float64 distances above 2**63-1 saturate there).
     """
-    a = np.asarray(a)
-    b = np.asarray(b)
-    if a.dtype != b.dtype:
-        raise TypeError(f"ulp_distance(b): expected the dtype of a ({a.dtype}), got {b.dtype}")
+    a = host_data(a, "ulp_distance(a)", scalars=True)
+    b = host_data(b, "ulp_distance(b)", scalars=True)
     if a.dtype not in _ULP_DTYPES:
         raise TypeError(
             "ulp_distance(a): expected float64, float32, float16, bfloat16 or float8_e4m3fn, "
             f"got {a.dtype}"
         )
+    if a.dtype != b.dtype:
+        raise TypeError(f"ulp_distance(b): expected the dtype of a ({a.dtype}), got {b.dtype}")
     if a.shape != b.shape:
         raise ValueError(f"ulp_distance(b): expected the shape of a {a.shape}, got {b.shape}")
     nbits = 8 * a.dtype.itemsize

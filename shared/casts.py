@@ -15,6 +15,9 @@ Rules (see ``docs/numerics.md``; public sources in docs/sources.md#casts-and-dty
   rule applies: |x| <= 464 rounds to 448, |x| > 464 and +-inf give NaN (0x7F / 0xFF).
 * Only float32 (and the narrower float types, which widen exactly) are accepted as the source
   of a rounding: a float64 source would round once from double, which no kernel does.
+* Arguments follow :mod:`tilesim.shared.validate`: NumPy arrays or scalars, or torch tensors
+  (read through ``detach()`` and integer views, other devices copied to the host); the result
+  is always a NumPy array. Lists, Python numbers and ``None`` raise ``TypeError``.
 """
 
 from __future__ import annotations
@@ -33,8 +36,19 @@ _NARROW_FLOATS = (BF16, FP8_E4M3, np.dtype(np.float16))
 _EXACT_TO_FP32 = (BF16, FP8_E4M3, np.dtype(np.float16), np.dtype(np.int8), np.dtype(np.uint8))
 
 
+def _validate():
+    # imported here: validate imports this module (for BF16 / FP8_E4M3) through interop
+    from tilesim.shared import validate
+
+    return validate
+
+
+def _host(x, name: str) -> np.ndarray:
+    return _validate().host_data(x, name, scalars=True)
+
+
 def _as_fp32_source(x, name: str) -> np.ndarray:
-    a = np.asarray(x)
+    a = _host(x, name)
     if a.dtype == FP32:
         return a
     if a.dtype in _NARROW_FLOATS:
@@ -52,8 +66,7 @@ def to_bf16(x, *, nan: str = "keep") -> np.ndarray:
     ``nan="keep"`` keeps the NaN sign (ml_dtypes); ``nan="canonical"`` maps every NaN to
     0x7FC0 (torch). The input is never modified.
     """
-    if nan not in ("keep", "canonical"):
-        raise ValueError(f"nan: expected 'keep' or 'canonical', got {nan!r}")
+    _validate().check_choice(nan, "nan", ("keep", "canonical"))
     a = _as_fp32_source(x, "to_bf16(x)")
     with np.errstate(invalid="ignore", over="ignore"):
         out = a.astype(BF16)
@@ -68,8 +81,7 @@ def to_fp8_e4m3(x, *, saturate: bool = True) -> np.ndarray:
     ``saturate=True`` clamps to +-448 before the cast (inf -> +-448, NaN stays NaN);
     ``saturate=False`` follows ml_dtypes (|x| > 464 or inf -> NaN).
     """
-    if not isinstance(saturate, (bool, np.bool_)):
-        raise TypeError(f"saturate: expected a bool, got {saturate!r}")
+    _validate().check_bool(saturate, "saturate")
     a = _as_fp32_source(x, "to_fp8_e4m3(x)")
     with np.errstate(invalid="ignore", over="ignore"):
         if saturate:
@@ -85,7 +97,7 @@ def widen_to_fp32(x) -> np.ndarray:
     move up 16 places, as in torch); FP8 NaNs widen to the quiet NaN 0x7FC00000 / 0xFFC00000
     (torch 2.13 gives 0x7FF00000 / 0xFFF00000). A float32 input is returned as is (no copy).
     """
-    a = np.asarray(x)
+    a = _host(x, "widen_to_fp32(x)")
     if a.dtype == FP32:
         return a
     if a.dtype in _EXACT_TO_FP32:

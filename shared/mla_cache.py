@@ -14,7 +14,9 @@ Rows are 656 bytes in memory; PyPTO kernels pad each row to a 672-byte pitch in 
 shape ``[rows, 656]`` whose dtype is the quantized type (float8_e4m3fn or int8), exactly like
 the tensors the kernels take. Packing and unpacking are exact byte moves. The unpackers also
 accept raw ``uint8`` bytes and then decode the nope field as float8_e4m3fn (view an INT8 cache
-as ``int8`` first).
+as ``int8`` first). Arguments follow :mod:`tilesim.shared.validate`: NumPy arrays or torch
+tensors (FP8/BF16 and ``requires_grad`` tensors included, read without writing); the results
+are NumPy arrays.
 
 Sources: ``pypto`` = ``hicann/pypto:models/deepseek_v32_exp/sparse_attention_antiquant_impl.py``
 and the seeds' ``sparse_attention_antiquant_*`` kernels (hicann/pypto-gym); ``flashmla`` =
@@ -28,6 +30,7 @@ from typing import NamedTuple
 
 import numpy as np
 from tilesim.shared.casts import BF16, FP8_E4M3
+from tilesim.shared.validate import check_array, check_choice, host_data, shape_of
 
 NOPE = 512
 ROPE = 64
@@ -60,22 +63,16 @@ def check_cache_fields(
     """Validate the three cache fields (dtype and shape, errors name ``names``) and return them
     as NumPy arrays. Used by the packers here and by ops taking the kv_split triple."""
     n_name, r_name, s_name = names
-    n = np.asarray(nope)
-    r = np.asarray(rope)
-    s = np.asarray(scales)
-    if n.dtype not in QUANT_DTYPES:
-        raise TypeError(f"{n_name}: expected float8_e4m3fn or int8, got dtype {n.dtype}")
-    if n.ndim != 2 or n.shape[1] != NOPE:
-        raise ValueError(f"{n_name}: expected shape [rows, {NOPE}], got {tuple(n.shape)}")
-    rows = n.shape[0]
-    if r.dtype != BF16:
-        raise TypeError(f"{r_name}: expected bfloat16, got dtype {r.dtype}")
-    if r.shape != (rows, ROPE):
-        raise ValueError(f"{r_name}: expected shape {(rows, ROPE)}, got {tuple(r.shape)}")
-    if s.dtype != np.float32:
-        raise TypeError(f"{s_name}: expected float32, got dtype {s.dtype}")
-    if s.shape != (rows, NSCALES):
-        raise ValueError(f"{s_name}: expected shape {(rows, NSCALES)}, got {tuple(s.shape)}")
+    check_array(nope, n_name, dtype=QUANT_DTYPES)
+    nshape = shape_of(nope, n_name)
+    if len(nshape) != 2 or nshape[1] != NOPE:
+        raise ValueError(f"{n_name}: expected shape [rows, {NOPE}], got {nshape}")
+    rows = nshape[0]
+    check_array(rope, r_name, dtype=BF16, shape=(rows, ROPE), layout="[rows, 64]")
+    check_array(scales, s_name, dtype=np.float32, shape=(rows, NSCALES), layout="[rows, 4]")
+    n = host_data(nope, n_name)
+    r = host_data(rope, r_name)
+    s = host_data(scales, s_name)
     return MlaCacheRows(n, r, s)
 
 
@@ -85,7 +82,7 @@ _check_fields = check_cache_fields
 def _le_bytes(a: np.ndarray) -> np.ndarray:
     """Row-wise little-endian bytes of a 2-D array as uint8 ``[rows, cols*itemsize]``."""
     a = np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<") if a.dtype.itemsize > 1 else None)
-    return a.view(np.uint8).reshape(a.shape[0], -1)
+    return a.view(np.uint8).reshape(a.shape[0], a.shape[1] * a.dtype.itemsize)
 
 
 def _pack(layout: str, nope, rope, scales) -> np.ndarray:
@@ -100,14 +97,13 @@ def _pack(layout: str, nope, rope, scales) -> np.ndarray:
 
 
 def _unpack(layout: str, cache) -> MlaCacheRows:
-    c = np.asarray(cache)
-    if c.dtype not in QUANT_DTYPES + (np.dtype(np.uint8),):
-        raise TypeError(f"cache: expected float8_e4m3fn, int8 or uint8 bytes, got dtype {c.dtype}")
-    if c.ndim != 2 or c.shape[1] != PYPTO_ROW_BYTES:
+    check_array(cache, "cache", dtype=QUANT_DTYPES + (np.dtype(np.uint8),))
+    cshape = shape_of(cache, "cache")
+    if len(cshape) != 2 or cshape[1] != PYPTO_ROW_BYTES:
         raise ValueError(
-            f"cache: expected shape [rows, {PYPTO_ROW_BYTES}] ({layout} layout), "
-            f"got {tuple(c.shape)}"
+            f"cache: expected shape [rows, {PYPTO_ROW_BYTES}] ({layout} layout), got {cshape}"
         )
+    c = host_data(cache, "cache")
     qdtype = c.dtype if c.dtype in QUANT_DTYPES else FP8_E4M3
     b = np.ascontiguousarray(c).view(np.uint8)
     fields = _FIELDS[layout]
@@ -150,15 +146,13 @@ def unpack_kv_split(kn_quant, kr, kn_scales) -> MlaCacheRows:
 
 def unpack_rows(cache, layout: str) -> MlaCacheRows:
     """Unpack a packed cache in ``layout`` (``"pypto"`` or ``"flashmla"``)."""
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
+    check_choice(layout, "layout", LAYOUTS)
     return _unpack(layout, cache)
 
 
 def pack_rows(nope, rope, scales, layout: str) -> np.ndarray:
     """Pack fields in ``layout`` (``"pypto"`` or ``"flashmla"``)."""
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
+    check_choice(layout, "layout", LAYOUTS)
     return _pack(layout, nope, rope, scales)
 
 
@@ -168,7 +162,6 @@ def convert_cache_layout(cache, *, src: str, dst: str) -> np.ndarray:
     A pure byte move (no value is decoded): the result has the dtype of ``cache`` (uint8 input
     gives float8_e4m3fn, as :func:`unpack_rows`). ``src == dst`` returns a fresh copy.
     """
-    for nm, v in (("src", src), ("dst", dst)):
-        if v not in LAYOUTS:
-            raise ValueError(f"{nm}: expected one of {LAYOUTS}, got {v!r}")
+    check_choice(src, "src", LAYOUTS)
+    check_choice(dst, "dst", LAYOUTS)
     return _pack(dst, *_unpack(src, cache))

@@ -5,15 +5,50 @@ configuration and kernels of ``hicann/pypto-gym`` and DeepSeek-V3.2's
 ``deepseek-ai/DeepSeek-V3.2-Exp:inference/config_671B_v3.2.json``; each source and value is
 listed in docs/sources.md (sections "Model configs", "MSA sparse decode", "MSA main branch",
 "DeepSeek sparse attention").
+
+Every dataclass checks its fields on construction with :mod:`tilesim.shared.validate`
+(``TypeError`` for a wrong type, ``ValueError`` for a wrong value, the field named as
+``Class.field``); integer fields are stored as Python ints.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+
+from tilesim.shared.validate import (
+    INT32_MAX,
+    check_bool,
+    check_choice,
+    check_float,
+    check_instance,
+    check_int,
+    check_str,
+)
 
 ACTIVATIONS = ("silu", "swigluoai")
 GATE_UP_LAYOUTS = ("halves", "interleaved")
+
+
+def _check_fields(obj, *, ints=(), zero_ok=(), floats=(), positive=()) -> None:
+    """Check (and store as ``int``) the integer fields ``ints`` (>= 1, or >= 0 for the names in
+    ``zero_ok``; at most 2**31 - 1) and the real, finite, FP32-representable ``floats``
+    (> 0 for the names in ``positive``) of the frozen dataclass ``obj``."""
+    cls = type(obj).__name__
+    for name in ints:
+        lo = 0 if name in zero_ok else 1
+        v = check_int(getattr(obj, name), f"{cls}.{name}", lo=lo, hi=INT32_MAX)
+        object.__setattr__(obj, name, v)
+    for name in floats:
+        check_float(getattr(obj, name), f"{cls}.{name}", positive=name in positive, fp32=True)
+
+
+def _check_multiple(obj, name: str, of: str) -> None:
+    """``ValueError`` unless field ``name`` of ``obj`` is a multiple of its field ``of``."""
+    v, m = getattr(obj, name), getattr(obj, of)
+    if v % m:
+        cls = type(obj).__name__
+        raise ValueError(f"{cls}.{name}: expected a multiple of {of} ({m}), got {v}")
 
 
 @dataclass(frozen=True)
@@ -36,25 +71,14 @@ class MoeDims:
     gate_up_layout: str = "halves"
 
     def __post_init__(self) -> None:
-        for name in ("num_experts", "hidden_size", "intermediate_size"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise ValueError(f"MoeDims.{name} must be a positive int, got {v!r}")
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(
-                f"MoeDims.activation must be one of {ACTIVATIONS}, got {self.activation!r}"
-            )
-        if self.gate_up_layout not in GATE_UP_LAYOUTS:
-            raise ValueError(
-                f"MoeDims.gate_up_layout must be one of {GATE_UP_LAYOUTS}, "
-                f"got {self.gate_up_layout!r}"
-            )
-        for name in ("alpha", "limit", "beta"):
-            v = getattr(self, name)
-            if not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise ValueError(f"MoeDims.{name} must be a finite number, got {v!r}")
-        if self.limit <= 0:
-            raise ValueError(f"MoeDims.limit must be > 0, got {self.limit!r}")
+        _check_fields(
+            self,
+            ints=("num_experts", "hidden_size", "intermediate_size"),
+            floats=("alpha", "limit", "beta"),
+            positive=("limit",),
+        )
+        check_choice(self.activation, "MoeDims.activation", ACTIVATIONS)
+        check_choice(self.gate_up_layout, "MoeDims.gate_up_layout", GATE_UP_LAYOUTS)
 
 
 @dataclass(frozen=True)
@@ -72,6 +96,16 @@ class MsaConfig:
     head_dim: int = 128
     decode_mask_neg: float = -3.0e38  # LARGE_NEG of the decode kernel
     prefill_mask_neg: float = -1.0e9  # MASK_NEG of the main-branch block mask
+
+    def __post_init__(self) -> None:
+        ints = tuple(f.name for f in fields(self) if f.type == "int")
+        negs = ("decode_mask_neg", "prefill_mask_neg")
+        _check_fields(self, ints=ints, zero_ok=("local_blocks",), floats=negs)
+        for name in negs:
+            v = getattr(self, name)
+            if not v < 0:
+                raise ValueError(f"MsaConfig.{name}: expected a number < 0, got {v!r}")
+        _check_multiple(self, "num_q_heads", "num_kv_heads")
 
     @property
     def group(self) -> int:
@@ -106,6 +140,21 @@ class MiniMaxModel:
     n_shared_experts: int = 0
     shared_intermediate_size: int = 0
     msa: MsaConfig | None = None
+
+    def __post_init__(self) -> None:
+        check_str(self.name, "MiniMaxModel.name")
+        ints = tuple(f.name for f in fields(self) if f.type == "int")
+        floats = tuple(f.name for f in fields(self) if f.type == "float")
+        zero_ok = ("n_shared_experts", "shared_intermediate_size")
+        _check_fields(self, ints=ints, zero_ok=zero_ok, floats=floats, positive=("swiglu_limit",))
+        check_choice(self.activation, "MiniMaxModel.activation", ACTIVATIONS)
+        check_bool(self.norm_topk_prob, "MiniMaxModel.norm_topk_prob")
+        check_instance(self.msa, "MiniMaxModel.msa", MsaConfig, optional=True)
+        if self.top_k > self.num_experts:
+            raise ValueError(
+                f"MiniMaxModel.top_k: expected at most num_experts ({self.num_experts}), "
+                f"got {self.top_k}"
+            )
 
     def moe_dims(self, num_experts: int | None = None) -> MoeDims:
         """The :class:`MoeDims` of this model (optionally with fewer experts, as in tests)."""
@@ -158,6 +207,12 @@ class DeepSeekV32Sparse:
     quant_group: int = 128  # one FP32 scale per 128 latent values
     fp8_max: float = 448.0
     int8_max: float = 127.0
+
+    def __post_init__(self) -> None:
+        ints = tuple(f.name for f in fields(self) if f.type == "int")
+        floats = ("fp8_max", "int8_max")
+        _check_fields(self, ints=ints, floats=floats, positive=floats)
+        _check_multiple(self, "kv_lora_rank", "quant_group")
 
     @property
     def head_dim(self) -> int:

@@ -15,12 +15,16 @@ Sources: the seeds' tests ``hicann/pypto-gym:tests/ops/experimental/ops_transfor
 sparse_attention_antiquant_{fp8,kv_split}/``, ``deepseek-ai/FlashMLA:tests/quant.py``,
 ``deepseek-ai/DeepSeek-V3.2-Exp:inference/kernel.py`` (``act_quant``); the rules side by side
 in docs/sources.md#deepseek-sparse-attention.
+
+Arguments follow :mod:`tilesim.shared.validate` (NumPy arrays or torch tensors, BF16/FP8 and
+``requires_grad`` tensors included; the results are NumPy arrays; inputs are never written).
 """
 
 from __future__ import annotations
 
 import numpy as np
 from tilesim.shared.casts import BF16, FP8_E4M3, FP8_E4M3_MAX, INT8_QMAX, to_bf16, to_fp8_e4m3
+from tilesim.shared.validate import check_array, check_finite, host_data, shape_of
 
 QUANT_GROUP = 128
 #: FP32 value of every FP8 E4M3FN bit pattern (ml_dtypes' own widening, NaNs included): a table
@@ -32,15 +36,12 @@ _E4M3_TO_FP32.flags.writeable = False
 
 def _groups(x, name: str) -> np.ndarray:
     """``x [rows, 128*g]`` (BF16 or FP32) -> FP32 view ``[rows, g, 128]``."""
-    a = np.asarray(x)
-    if a.dtype not in (BF16, np.dtype(np.float32)):
-        raise TypeError(f"{name}: expected bfloat16 or float32, got dtype {a.dtype}")
-    if a.ndim != 2 or a.shape[1] % QUANT_GROUP or a.shape[1] == 0:
-        raise ValueError(
-            f"{name}: expected shape [rows, 128*g] (e.g. [rows, 512]), got {tuple(a.shape)}"
-        )
-    if not np.isfinite(a).all():
-        raise ValueError(f"{name}: contains NaN or Inf; quantizers need finite input")
+    check_array(x, name, dtype=(BF16, np.float32))
+    shp = shape_of(x, name)
+    if len(shp) != 2 or shp[1] % QUANT_GROUP or shp[1] == 0:
+        raise ValueError(f"{name}: expected shape [rows, 128*g] (e.g. [rows, 512]), got {shp}")
+    a = host_data(x, name)
+    check_finite(a, name)  # quantizers need finite input
     return a.astype(np.float32).reshape(a.shape[0], a.shape[1] // QUANT_GROUP, QUANT_GROUP)
 
 
@@ -53,7 +54,7 @@ def quantize_latent_fp8(x) -> tuple[np.ndarray, np.ndarray]:
     g = _groups(x, "quantize_latent_fp8(x)")
     scale = np.maximum(_amax(g), np.float32(1e-8)) / np.float32(FP8_E4M3_MAX)
     q = to_fp8_e4m3(g / scale[:, :, None], saturate=True)
-    return q.reshape(g.shape[0], -1), scale.astype(np.float32)
+    return q.reshape(g.shape[0], g.shape[1] * QUANT_GROUP), scale.astype(np.float32)
 
 
 def quantize_latent_fp8_ue8m0(x) -> tuple[np.ndarray, np.ndarray]:
@@ -65,7 +66,7 @@ def quantize_latent_fp8_ue8m0(x) -> tuple[np.ndarray, np.ndarray]:
     exp = e - (m == 0.5)
     scale = np.ldexp(np.float32(1.0), exp).astype(np.float32)
     q = to_fp8_e4m3(g / scale[:, :, None], saturate=True)
-    return q.reshape(g.shape[0], -1), scale
+    return q.reshape(g.shape[0], g.shape[1] * QUANT_GROUP), scale
 
 
 def quantize_latent_int8(x) -> tuple[np.ndarray, np.ndarray]:
@@ -73,24 +74,22 @@ def quantize_latent_int8(x) -> tuple[np.ndarray, np.ndarray]:
     g = _groups(x, "quantize_latent_int8(x)")
     scale = np.maximum(_amax(g), np.float32(1e-8)) / np.float32(INT8_QMAX)
     q = np.clip(np.rint(g / scale[:, :, None]), -128, 127).astype(np.int8)
-    return q.reshape(g.shape[0], -1), scale.astype(np.float32)
+    return q.reshape(g.shape[0], g.shape[1] * QUANT_GROUP), scale.astype(np.float32)
 
 
 def dequantize_latent(q, scales) -> np.ndarray:
     """``bf16(fp32(q) * scale_g)`` for ``q [rows, D]`` (e4m3 or int8), ``scales [rows, D/128]``."""
-    qa = np.asarray(q)
-    sa = np.asarray(scales)
-    if qa.dtype not in (FP8_E4M3, np.dtype(np.int8)):
-        raise TypeError(f"dequantize_latent(q): expected float8_e4m3fn or int8, got {qa.dtype}")
-    if sa.dtype != np.float32:
-        raise TypeError(f"dequantize_latent(scales): expected float32, got {sa.dtype}")
-    if qa.ndim != 2 or qa.shape[1] % QUANT_GROUP:
-        raise ValueError(f"dequantize_latent(q): expected [rows, 128*g], got {tuple(qa.shape)}")
-    ng = qa.shape[1] // QUANT_GROUP
-    if sa.shape != (qa.shape[0], ng):
-        raise ValueError(
-            f"dequantize_latent(scales): expected shape {(qa.shape[0], ng)}, got {tuple(sa.shape)}"
-        )
+    q_name, s_name = "dequantize_latent(q)", "dequantize_latent(scales)"
+    check_array(q, q_name, dtype=(FP8_E4M3, np.int8))
+    check_array(scales, s_name, dtype=np.float32)
+    qs = shape_of(q, q_name)
+    if len(qs) != 2 or qs[1] % QUANT_GROUP:
+        raise ValueError(f"{q_name}: expected shape [rows, 128*g], got {qs}")
+    ng = qs[1] // QUANT_GROUP
+    check_array(scales, s_name, shape=(qs[0], ng), layout="[rows, D/128]")
+    # scales are not checked for NaN: unread (poisoned) cache rows may hold anything
+    qa = host_data(q, q_name)
+    sa = host_data(scales, s_name)
     if qa.dtype == FP8_E4M3:
         q32 = np.take(_E4M3_TO_FP32, qa.view(np.uint8))  # exact widening
     else:

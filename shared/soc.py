@@ -24,6 +24,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from tilesim.shared.validate import (
+    check_bool,
+    check_choice,
+    check_float,
+    check_int,
+    check_str,
+    env_int,
+    env_mapping,
+    env_text,
+)
+
 #: the cost model of PyPTO 0.2.0 converts cycles to microseconds at this rate for every SoC
 COST_MODEL_CYCLES_PER_US = 1800.0
 
@@ -44,6 +55,15 @@ class SocSpec:
     hbm_tbps: float
     fp8: bool  # native FP8 E4M3 cube
 
+    def __post_init__(self) -> None:
+        for name in ("name", "arch", "soc_version"):
+            check_str(getattr(self, name), f"SocSpec.{name}")
+        for name in ("aic_cores", "aiv_cores", "ub_bytes", "l1_bytes", "l0c_bytes"):
+            object.__setattr__(self, name, check_int(getattr(self, name), f"SocSpec.{name}", lo=1))
+        for name in ("cube_ghz", "hbm_tbps"):
+            check_float(getattr(self, name), f"SocSpec.{name}", positive=True)
+        object.__setattr__(self, "fp8", check_bool(self.fp8, "SocSpec.fp8"))
+
     @property
     def bf16_tflops(self) -> float:
         """Dense BF16 cube peak in TFLOP/s (16x16x16 MACs per AIC per cycle)."""
@@ -56,19 +76,25 @@ class SocSpec:
 
     def hbm_bound_us(self, nbytes: float) -> float:
         """Time to move ``nbytes`` through HBM at the peak bandwidth, in microseconds."""
-        return float(nbytes) / (self.hbm_tbps * 1e12) * 1e6
+        nbytes = _check_amount(nbytes, "nbytes")
+        return nbytes / (self.hbm_tbps * 1e12) * 1e6
 
     def cube_bound_us(self, flops: float, dtype: str = "bf16") -> float:
         """Time to do ``flops`` (2 per MAC) at the cube peak of ``dtype`` ('bf16' or 'fp8')."""
-        if dtype == "bf16":
-            peak = self.bf16_tflops
-        elif dtype == "fp8":
-            if not self.fp8:
-                raise ValueError(f"dtype: {self.name} has no FP8 cube, got 'fp8'")
-            peak = self.fp8_tflops
-        else:
-            raise ValueError(f"dtype: expected 'bf16' or 'fp8', got {dtype!r}")
-        return float(flops) / (peak * 1e12) * 1e6
+        flops = _check_amount(flops, "flops")
+        check_choice(dtype, "dtype", ("bf16", "fp8"))
+        if dtype == "fp8" and not self.fp8:
+            raise ValueError(f"dtype: expected 'bf16' ({self.name} has no FP8 cube), got 'fp8'")
+        peak = self.fp8_tflops if dtype == "fp8" else self.bf16_tflops
+        return flops / (peak * 1e12) * 1e6
+
+
+def _check_amount(v, name: str) -> float:
+    """A finite count (bytes, FLOPs) >= 0 -> float; bool, str, NaN, inf, negatives refused."""
+    f = check_float(v, name)
+    if f < 0:
+        raise ValueError(f"{name}: expected a number >= 0, got {v!r}")
+    return f
 
 
 #: One row per SoC PyPTO's CPU path compiles for, in the field order of :class:`SocSpec`
@@ -94,7 +120,8 @@ def get_soc(name: str | SocSpec = DEFAULT_SOC) -> SocSpec:
         return name
     if not isinstance(name, str):
         raise TypeError(f"soc: expected a str like '910b' or '950', got {type(name).__name__}")
-    key = name.strip().lower()
+    key = name.strip(" \t\r\n")
+    key = key.lower() if key.isascii() else key
     if key not in SOCS:
         raise ValueError(f"soc: expected one of {sorted(SOCS)}, got {name!r}")
     return SOCS[key]
@@ -120,10 +147,8 @@ _MOE_VEC_TILE = {
 
 def moe_vec_tile(soc: str | SocSpec, activation: str) -> int:
     """Default MoE vector tile width for ``soc`` and ``activation`` (``PYPTO_VEC_TILE`` wins)."""
-    key = (_tile_family(soc), activation)
-    if key not in _MOE_VEC_TILE:
-        raise ValueError(f"activation: expected 'silu' or 'swigluoai', got {activation!r}")
-    return _MOE_VEC_TILE[key]
+    check_choice(activation, "activation", ("silu", "swigluoai"))
+    return _MOE_VEC_TILE[(_tile_family(soc), activation)]
 
 
 #: Per-SoC tile defaults of the MSA kernels: env variable -> (per-SoC default, required multiple).
@@ -149,34 +174,21 @@ def msa_device_tile(var: str, soc: str | SocSpec = DEFAULT_SOC, env=None) -> int
     """The MSA kernel tile ``var`` (a key of :data:`MSA_DEVICE_TILES`) for ``soc``; the
     environment variable of the same name overrides it (a positive multiple of the table's
     multiple, else ``ValueError`` naming the variable)."""
-    import os
-
-    if var not in MSA_DEVICE_TILES:
-        raise ValueError(f"var: expected one of {sorted(MSA_DEVICE_TILES)}, got {var!r}")
+    check_choice(var, "var", tuple(sorted(MSA_DEVICE_TILES)))
     per_soc, multiple = MSA_DEVICE_TILES[var]
-    env = os.environ if env is None else env
-    raw = (env.get(var) or "").strip()
-    if not raw:
-        return per_soc[_tile_family(soc)]
-    try:
-        v = int(raw, 10)
-    except ValueError:
-        raise ValueError(f"{var}: expected a positive integer, got {raw!r}") from None
-    if v <= 0 or v % multiple:
-        raise ValueError(f"{var}: expected a positive multiple of {multiple}, got {v}")
-    return v
+    default = per_soc[_tile_family(soc)]
+    return env_int(env_mapping(env), var, default, multiple_of=multiple)
 
 
 def moe_tiling(activation: str = "silu", soc: str | SocSpec = DEFAULT_SOC, env=None):
     """:class:`~tilesim.shared.tiling.MoeTiling` for ``soc``: ``MoeTiling.from_env(activation)``
     with the SoC's vector tile width unless ``PYPTO_VEC_TILE`` is set in ``env``."""
-    import os
-
     from tilesim.shared.tiling import MoeTiling
 
-    env = os.environ if env is None else env
+    env = env_mapping(env)
+    get_soc(soc)  # checked before the environment is read
     t = MoeTiling.from_env(activation, env)
-    if (env.get("PYPTO_VEC_TILE") or "").strip():
+    if env_text(env, "PYPTO_VEC_TILE") is not None:
         return t
     return t.replace(vec_tile=moe_vec_tile(soc, activation))
 

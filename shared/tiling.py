@@ -5,7 +5,11 @@ in docs/sources.md.
 
 Nothing is read from the environment at import time: call ``X.from_env()`` (optionally with
 your own mapping instead of ``os.environ``) to apply the overrides. A bad value raises a
-``ValueError`` naming the variable, the expected and the actual value.
+``ValueError`` naming the variable, the expected and the actual value. Values are parsed by
+:mod:`tilesim.shared.validate` (``env_int`` / ``env_float`` / ``env_choice``): ASCII digits
+only, no sign, underscore or inner blank, at most 2**31 - 1; floats finite in FP32.
+Constructor fields are checked the same way (``TypeError`` for a wrong type, ``ValueError``
+for a wrong value); integer fields are stored as Python ints.
 
 * :class:`MoeTiling` — grouped GEMM: ``PYPTO_UNROLL``, ``PYPTO_MM1_K``, ``PYPTO_MM1_N``,
   ``PYPTO_MM2_K``, ``PYPTO_MM2_N``, ``PYPTO_VEC_TILE``, ``PYPTO_CUBE_NBUFFER``,
@@ -19,74 +23,63 @@ your own mapping instead of ``os.environ``) to apply the overrides. A bad value 
 
 from __future__ import annotations
 
-import math
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-import numpy as np
+from tilesim.shared.validate import (
+    INT32_MAX,
+    check_choice,
+    check_float,
+    check_int,
+    check_int_sequence,
+    check_str,
+    env_choice,
+    env_float,
+    env_int,
+    env_mapping,
+    env_text,
+    parse_int_text,
+)
 
 #: cube and vector tiles of BF16 data must be multiples of 16 elements (32-byte blocks)
 ALIGN = 16
+#: :func:`loop_unroll_chunks` refuses to list more chunks than this (a bound, not a MemoryError)
+MAX_UNROLL_CHUNKS = 1 << 20
 
 
-def _env_int(env: Mapping[str, str], var: str, default: int, *, multiple_of: int = 1) -> int:
-    raw = env.get(var)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        v = int(raw.strip(), 10)
-    except ValueError:
-        raise ValueError(f"{var}: expected a positive integer, got {raw!r}") from None
-    _check_positive_multiple(var, v, multiple_of)
-    return v
-
-
-def _env_float(env: Mapping[str, str], var: str, default: float, *, positive: bool) -> float:
-    raw = env.get(var)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        v = float(raw)
-    except ValueError:
-        raise ValueError(f"{var}: expected a finite number, got {raw!r}") from None
-    if not math.isfinite(v) or (positive and v <= 0):
-        kind = "a finite positive number" if positive else "a finite number"
-        raise ValueError(f"{var}: expected {kind}, got {raw!r}")
-    return v
-
-
-def _check_positive_multiple(name: str, v, multiple_of: int = 1) -> None:
-    if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v <= 0:
-        raise ValueError(f"{name}: expected a positive integer, got {v!r}")
+def _check_positive_multiple(name: str, v, multiple_of: int = 1) -> int:
+    """A Python/NumPy int in ``[1, 2**31 - 1]`` that is a multiple of ``multiple_of`` -> int."""
+    v = check_int(v, name, lo=1, hi=INT32_MAX)
     if v % multiple_of:
-        raise ValueError(f"{name}: expected a multiple of {multiple_of}, got {v}")
+        raise ValueError(f"{name}: expected a positive multiple of {multiple_of}, got {v}")
+    return v
 
 
 def parse_unroll_list(raw: str, var: str = "PYPTO_UNROLL") -> tuple[int, ...]:
-    """``"1,2,4"`` -> ``(4, 2, 1)``: de-duplicated, sorted descending, 1 always present."""
-    items = [t.strip() for t in raw.split(",") if t.strip()]
-    if not items:
+    """``"1,2,4"`` -> ``(4, 2, 1)``: de-duplicated, sorted descending, 1 always present.
+
+    Each item is ASCII digits (blanks around it ignored); an empty item (``"1,,2"``) is an
+    error, as is any value :func:`~tilesim.shared.validate.parse_int_text` refuses."""
+    check_str(raw, var)
+    items = raw.split(",")
+    if not raw.strip(" \t\r\n") or any(not t.strip(" \t\r\n") for t in items):
         raise ValueError(f"{var}: expected comma-separated positive integers, got {raw!r}")
     vals = []
-    for t in items:
+    for k, t in enumerate(items):
         try:
-            v = int(t, 10)
+            vals.append(parse_int_text(t, var))
         except ValueError:
             raise ValueError(
-                f"{var}: expected comma-separated positive integers, got {raw!r}"
+                f"{var}: expected comma-separated positive integers <= {INT32_MAX}, "
+                f"got {raw!r} (item {k}: {t!r})"
             ) from None
-        if v <= 0:
-            raise ValueError(f"{var}: every factor must be positive, got {v} in {raw!r}")
-        vals.append(v)
     return normalize_unroll(vals)
 
 
 def normalize_unroll(factors: Sequence[int]) -> tuple[int, ...]:
     """PyPTO ``loop_unroll``'s rule: de-duplicate, sort descending, always include 1."""
-    for f in factors:
-        _check_positive_multiple("unroll factor", f)
-    return tuple(sorted(set(factors) | {1}, reverse=True))
+    vals = check_int_sequence(factors, "unroll factor", lo=1, hi=INT32_MAX)
+    return tuple(sorted(set(vals) | {1}, reverse=True))
 
 
 def loop_unroll_chunks(count: int, unroll: Sequence[int]) -> list[tuple[int, int]]:
@@ -94,14 +87,23 @@ def loop_unroll_chunks(count: int, unroll: Sequence[int]) -> list[tuple[int, int
 
     Each factor (largest first) runs as many whole chunks as fit in what is left, so 63 with
     ``1,2,4,8,16,32,64`` gives chunks 32,16,8,4,2,1 and 100 gives 64,32,4. Returns
-    ``[(offset, size), ...]`` in execution order.
+    ``[(offset, size), ...]`` in execution order. ``count`` is an int in ``[0, 2**31 - 1]``;
+    more than :data:`MAX_UNROLL_CHUNKS` chunks raise ``ValueError`` before any is listed.
     """
-    if not isinstance(count, (int, np.integer)) or isinstance(count, bool) or count < 0:
-        raise ValueError(f"count: expected a non-negative int, got {count!r}")
-    count = int(count)
+    count = check_int(count, "count", lo=0, hi=INT32_MAX)
+    factors = normalize_unroll(unroll)
+    n_chunks, left = 0, count
+    for f in factors:
+        n_chunks += left // f
+        left %= f
+    if n_chunks > MAX_UNROLL_CHUNKS:
+        raise ValueError(
+            f"count: expected at most {MAX_UNROLL_CHUNKS} chunks of {factors}, "
+            f"got {n_chunks} for count {count}"
+        )
     chunks = []
     off = 0
-    for f in normalize_unroll(unroll):
+    for f in factors:
         n, _ = divmod(count - off, f)
         for _ in range(n):
             chunks.append((off, f))
@@ -129,42 +131,46 @@ class MoeTiling:
     def __post_init__(self) -> None:
         object.__setattr__(self, "unroll", normalize_unroll(self.unroll))
         for name in ("mm1_k", "mm1_n", "mm2_k", "mm2_n", "vec_tile"):
-            _check_positive_multiple(f"MoeTiling.{name}", getattr(self, name), ALIGN)
+            v = _check_positive_multiple(f"MoeTiling.{name}", getattr(self, name), ALIGN)
+            object.__setattr__(self, name, v)
         for name in ("cube_nbuffer", "vec_nbuffer", "l1_reuse"):
-            _check_positive_multiple(f"MoeTiling.{name}", getattr(self, name))
+            v = _check_positive_multiple(f"MoeTiling.{name}", getattr(self, name))
+            object.__setattr__(self, name, v)
         for name in ("swiglu_alpha", "swiglu_limit"):
-            v = getattr(self, name)
-            if not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-                raise ValueError(f"MoeTiling.{name}: expected a finite positive number, got {v!r}")
+            # validated only: the value is kept as given (the kernel rounds it to FP32)
+            check_float(getattr(self, name), f"MoeTiling.{name}", positive=True, fp32=True)
 
     @classmethod
     def default(cls, activation: str = "silu") -> MoeTiling:
         """The seeds' defaults: silu vt 128 / nbuf 2,2 / l1 2; swigluoai vt 256 / 4,1 / 3."""
+        check_choice(activation, "activation", ("silu", "swigluoai"))
         if activation == "silu":
             return cls()
-        if activation == "swigluoai":
-            return cls(vec_tile=256, cube_nbuffer=4, vec_nbuffer=1, l1_reuse=3)
-        raise ValueError(f"activation: expected 'silu' or 'swigluoai', got {activation!r}")
+        return cls(vec_tile=256, cube_nbuffer=4, vec_nbuffer=1, l1_reuse=3)
 
     @classmethod
     def from_env(cls, activation: str = "silu", env: Mapping[str, str] | None = None) -> MoeTiling:
         """Defaults for ``activation`` overridden by the ``PYPTO_*`` variables in ``env``."""
-        env = os.environ if env is None else env
+        env = env_mapping(env)
         d = cls.default(activation)
-        raw_unroll = env.get("PYPTO_UNROLL")
-        unroll = d.unroll if not raw_unroll else parse_unroll_list(raw_unroll)
+        raw_unroll = env_text(env, "PYPTO_UNROLL")
+        unroll = d.unroll if raw_unroll is None else parse_unroll_list(raw_unroll)
+
+        def aligned(var: str, default: int) -> int:
+            return env_int(env, var, default, multiple_of=ALIGN)
+
         return cls(
             unroll=unroll,
-            mm1_k=_env_int(env, "PYPTO_MM1_K", d.mm1_k, multiple_of=ALIGN),
-            mm1_n=_env_int(env, "PYPTO_MM1_N", d.mm1_n, multiple_of=ALIGN),
-            mm2_k=_env_int(env, "PYPTO_MM2_K", d.mm2_k, multiple_of=ALIGN),
-            mm2_n=_env_int(env, "PYPTO_MM2_N", d.mm2_n, multiple_of=ALIGN),
-            vec_tile=_env_int(env, "PYPTO_VEC_TILE", d.vec_tile, multiple_of=ALIGN),
-            cube_nbuffer=_env_int(env, "PYPTO_CUBE_NBUFFER", d.cube_nbuffer),
-            vec_nbuffer=_env_int(env, "PYPTO_VEC_NBUFFER", d.vec_nbuffer),
-            l1_reuse=_env_int(env, "PYPTO_L1_REUSE", d.l1_reuse),
-            swiglu_alpha=_env_float(env, "PYPTO_SWIGLU_ALPHA", d.swiglu_alpha, positive=True),
-            swiglu_limit=_env_float(env, "PYPTO_SWIGLU_LIMIT", d.swiglu_limit, positive=True),
+            mm1_k=aligned("PYPTO_MM1_K", d.mm1_k),
+            mm1_n=aligned("PYPTO_MM1_N", d.mm1_n),
+            mm2_k=aligned("PYPTO_MM2_K", d.mm2_k),
+            mm2_n=aligned("PYPTO_MM2_N", d.mm2_n),
+            vec_tile=aligned("PYPTO_VEC_TILE", d.vec_tile),
+            cube_nbuffer=env_int(env, "PYPTO_CUBE_NBUFFER", d.cube_nbuffer),
+            vec_nbuffer=env_int(env, "PYPTO_VEC_NBUFFER", d.vec_nbuffer),
+            l1_reuse=env_int(env, "PYPTO_L1_REUSE", d.l1_reuse),
+            swiglu_alpha=env_float(env, "PYPTO_SWIGLU_ALPHA", d.swiglu_alpha),
+            swiglu_limit=env_float(env, "PYPTO_SWIGLU_LIMIT", d.swiglu_limit),
         )
 
     def replace(self, **changes) -> MoeTiling:
@@ -189,28 +195,23 @@ class MsaTiling:
     block_size: int = 128
 
     def __post_init__(self) -> None:
-        _check_positive_multiple("MsaTiling.ntile", self.ntile, ALIGN)
-        _check_positive_multiple("MsaTiling.nq_tile", self.nq_tile, ALIGN)
-        _check_positive_multiple("MsaTiling.block_size", self.block_size, ALIGN)
-        _check_positive_multiple("MsaTiling.max_n", self.max_n, self.block_size)
-        if self.dtype not in MSA_DTYPES:
-            raise ValueError(f"MsaTiling.dtype: expected one of {MSA_DTYPES}, got {self.dtype!r}")
+        for name in ("ntile", "nq_tile", "block_size"):
+            v = _check_positive_multiple(f"MsaTiling.{name}", getattr(self, name), ALIGN)
+            object.__setattr__(self, name, v)
+        v = _check_positive_multiple("MsaTiling.max_n", self.max_n, self.block_size)
+        object.__setattr__(self, "max_n", v)
+        check_choice(self.dtype, "MsaTiling.dtype", MSA_DTYPES)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> MsaTiling:
         """Defaults overridden by ``MSA_NTILE``, ``MSA_NQ_TILE``, ``MSA_DTYPE``, ``MSA_MAX_N``."""
-        env = os.environ if env is None else env
+        env = env_mapping(env)
         d = cls()
-        dtype = (env.get("MSA_DTYPE") or d.dtype).strip().lower()
-        if dtype not in MSA_DTYPES:
-            raise ValueError(
-                f"MSA_DTYPE: expected one of {MSA_DTYPES}, got {env.get('MSA_DTYPE')!r}"
-            )
         return cls(
-            ntile=_env_int(env, "MSA_NTILE", d.ntile, multiple_of=ALIGN),
-            nq_tile=_env_int(env, "MSA_NQ_TILE", d.nq_tile, multiple_of=ALIGN),
-            dtype=dtype,
-            max_n=_env_int(env, "MSA_MAX_N", d.max_n, multiple_of=d.block_size),
+            ntile=env_int(env, "MSA_NTILE", d.ntile, multiple_of=ALIGN),
+            nq_tile=env_int(env, "MSA_NQ_TILE", d.nq_tile, multiple_of=ALIGN),
+            dtype=env_choice(env, "MSA_DTYPE", d.dtype, MSA_DTYPES),
+            max_n=env_int(env, "MSA_MAX_N", d.max_n, multiple_of=d.block_size),
         )
 
     def replace(self, **changes) -> MsaTiling:
@@ -218,6 +219,7 @@ class MsaTiling:
 
 
 SA_SOFTMAX_MODES = ("online", "per_tile")
+SA_PRESETS = ("decode", "prefill")
 
 
 @dataclass(frozen=True)
@@ -237,22 +239,23 @@ class SaTileShapeConfig:
     c2_tile: tuple[int, ...] = (128, 128, 128, 128, 256, 256)
     v2_tile: tuple[int, ...] = (128, 128)
     softmax: str = "online"
+    #: split-KV (flash-decoding): a token's KV tiles in this many ranges, merged at the end
+    kv_splits: int = 1
 
     def __post_init__(self) -> None:
-        _check_positive_multiple("SaTileShapeConfig.g_tile", self.g_tile)
-        _check_positive_multiple("SaTileShapeConfig.s_kv_tile", self.s_kv_tile, ALIGN)
+        k = _check_positive_multiple("SaTileShapeConfig.kv_splits", self.kv_splits)
+        object.__setattr__(self, "kv_splits", k)
+        g = _check_positive_multiple("SaTileShapeConfig.g_tile", self.g_tile)
+        s = _check_positive_multiple("SaTileShapeConfig.s_kv_tile", self.s_kv_tile, ALIGN)
+        object.__setattr__(self, "g_tile", g)
+        object.__setattr__(self, "s_kv_tile", s)
         for name, n in (("c1_tile", 6), ("v1_tile", 2), ("c2_tile", 6), ("v2_tile", 2)):
-            v = tuple(getattr(self, name))
+            full = f"SaTileShapeConfig.{name}"
+            v = check_int_sequence(getattr(self, name), full, lo=1, hi=INT32_MAX)
             if len(v) != n:
-                raise ValueError(f"SaTileShapeConfig.{name}: expected {n} integers, got {v!r}")
-            for x in v:
-                _check_positive_multiple(f"SaTileShapeConfig.{name}", x)
+                raise ValueError(f"{full}: expected {n} integers, got {v!r}")
             object.__setattr__(self, name, v)
-        if self.softmax not in SA_SOFTMAX_MODES:
-            raise ValueError(
-                f"SaTileShapeConfig.softmax: expected one of {SA_SOFTMAX_MODES}, "
-                f"got {self.softmax!r}"
-            )
+        check_choice(self.softmax, "SaTileShapeConfig.softmax", SA_SOFTMAX_MODES)
 
     @classmethod
     def decode(cls) -> SaTileShapeConfig:
@@ -274,11 +277,10 @@ class SaTileShapeConfig:
 
     @classmethod
     def preset(cls, name: str) -> SaTileShapeConfig:
-        if name == "decode":
-            return cls.decode()
-        if name == "prefill":
-            return cls.prefill()
-        raise ValueError(f"preset: expected 'decode' or 'prefill', got {name!r}")
+        """``"decode"`` or ``"prefill"`` -> that preset."""
+        if not (isinstance(name, str) and name in SA_PRESETS):
+            raise ValueError(f"preset: expected 'decode' or 'prefill', got {name!r}")
+        return cls.decode() if name == "decode" else cls.prefill()
 
     @classmethod
     def from_env(
@@ -286,15 +288,13 @@ class SaTileShapeConfig:
     ) -> SaTileShapeConfig:
         """``preset`` (or ``TILESIM_SA_PRESET``) with ``TILESIM_SA_G_TILE`` /
         ``TILESIM_SA_S_KV_TILE`` overrides."""
-        env = os.environ if env is None else env
-        name = (env.get("TILESIM_SA_PRESET") or preset).strip()
-        if name not in ("decode", "prefill"):
-            raise ValueError(f"TILESIM_SA_PRESET: expected 'decode' or 'prefill', got {name!r}")
-        d = cls.preset(name)
+        cls.preset(preset)  # checked before the environment is read
+        env = env_mapping(env)
+        d = cls.preset(env_choice(env, "TILESIM_SA_PRESET", preset, SA_PRESETS))
         return replace(
             d,
-            g_tile=_env_int(env, "TILESIM_SA_G_TILE", d.g_tile),
-            s_kv_tile=_env_int(env, "TILESIM_SA_S_KV_TILE", d.s_kv_tile, multiple_of=ALIGN),
+            g_tile=env_int(env, "TILESIM_SA_G_TILE", d.g_tile),
+            s_kv_tile=env_int(env, "TILESIM_SA_S_KV_TILE", d.s_kv_tile, multiple_of=ALIGN),
         )
 
     def as_tuple(self) -> tuple:

@@ -17,6 +17,14 @@ Policy (``docs/index.md``, "Argument checks"):
   underflow to 0 when rounded to FP32.
 * **Flags** are ``bool`` (or ``numpy.bool_``) only; a truthy string is an error.
 * ``trace`` is checked with the other arguments, before any work.
+* **Host helpers** (casts, quantizers, cache packers, :func:`~tilesim.reference.compare`)
+  read their array arguments with :func:`host_data` and always return NumPy; complex, object,
+  string and structured dtypes are refused by :func:`check_real`.
+* **Environment values** (:func:`env_int`, :func:`env_float`, :func:`env_choice`) are ``str``
+  only; surrounding ASCII blanks are ignored and an all-blank value means "unset". Integers
+  are ASCII digits only (no sign, underscore, non-ASCII digit or inner blank) and at most
+  2**31 - 1; floats are ASCII decimal literals (no ``nan``/``inf``/underscore) that stay
+  finite. Messages name the variable.
 
 Every message names the argument, the expected value and the actual one:
 ``"<name>: expected <what>, got <actual>"``.
@@ -26,15 +34,20 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Iterable
+import os
+import re
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 from tilesim.shared.casts import BF16, FP8_E4M3
 from tilesim.shared.interop import is_torch_tensor, to_numpy, to_torch, torch_dtype_to_numpy
 
 _INT64_MAX = np.iinfo(np.int64).max
+INT32_MAX = int(np.iinfo(np.int32).max)
 _FP32_MAX = float(np.finfo(np.float32).max)
 _FP32_TINY = float(np.finfo(np.float32).smallest_subnormal)
+#: the smallest magnitude that rounds to inf in FP32 (RNE): FP32_MAX + half an ULP
+_FP32_OVERFLOW = 2.0**128 - 2.0**103
 
 
 def _kind(x) -> str:
@@ -130,9 +143,45 @@ def host_array(x, name: str) -> np.ndarray:
     require_array(x, name)
     if isinstance(x, np.ndarray):
         return x
+    if x.layout != _torch_strided():
+        raise TypeError(f"{name}: expected a dense (strided) tensor, got layout {x.layout}")
+    if x.device.type == "meta":
+        raise ValueError(f"{name}: expected a tensor holding data, got device meta")
+    dtype_of(x, name)  # a dtype NumPy can represent, named, before any copy
     if x.device.type != "cpu":
         x = x.detach().to("cpu")
     return to_numpy(x)
+
+
+def _torch_strided():
+    import torch
+
+    return torch.strided
+
+
+def host_data(x, name: str, *, scalars: bool = False) -> np.ndarray:
+    """The data of an array argument of a host helper, as a NumPy array.
+
+    NumPy arrays are returned as they are (never written); with ``scalars=True`` a NumPy scalar
+    (``np.float32(1.5)``) is taken as a 0-d array; torch tensors are read as
+    :func:`host_array` does (``detach()``, BF16/FP8 through integer views, other devices
+    copied to the host). Python lists, tuples, numbers, strings and ``None`` raise
+    ``TypeError`` naming the argument.
+    """
+    if scalars and isinstance(x, np.generic):
+        return np.asarray(x)
+    return host_array(x, name)
+
+
+def check_real(x, name: str, *, bool_ok: bool = True) -> np.dtype:
+    """``TypeError`` unless ``x`` holds real numbers: a float dtype (bfloat16 and
+    float8_e4m3fn included), an integer dtype or (``bool_ok``) bool. Complex, object, string,
+    datetime and structured dtypes are refused, so no imaginary part is ever dropped."""
+    dt = dtype_of(x, name)
+    if dt.kind in ("fiub" if bool_ok else "fiu") or dt in (BF16, FP8_E4M3):
+        return dt
+    what = "float, integer or bool" if bool_ok else "float or integer"
+    raise TypeError(f"{name}: expected a real ({what}) dtype, got {dt}")
 
 
 def as_array(x, name: str, *, dtype=None, ndim: int | None = None, shape=None, layout=""):
@@ -157,7 +206,9 @@ def check_finite(a: np.ndarray, name: str) -> None:
     bad = ~np.isfinite(a)
     if bad.any():
         idx = tuple(int(i) for i in np.argwhere(bad)[0])
-        raise ValueError(f"{name}: expected finite values, got {a[idx]!r} at index {list(idx)}")
+        raise ValueError(
+            f"{name}: expected finite values, got {float(a[idx])!r} at index {list(idx)}"
+        )
 
 
 def host_ints(x, name: str, *, ndim: int | None = None, shape=None, layout="") -> np.ndarray:
@@ -218,12 +269,15 @@ def check_float(v, name: str, *, positive: bool = False, fp32: bool = False) -> 
     """
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
         raise TypeError(f"{name}: expected a real number, got {_kind(v)} {v!r}")
-    f = float(v)
+    try:
+        f = float(v)
+    except OverflowError:  # a Python int (or Fraction) beyond the float64 range
+        raise ValueError(f"{name}: expected a finite number, got {v!r}") from None
     if not math.isfinite(f):
         raise ValueError(f"{name}: expected a finite number, got {v!r}")
     if positive and not f > 0:
         raise ValueError(f"{name}: expected a number > 0, got {v!r}")
-    if fp32 and f != 0 and not (_FP32_TINY / 2 < abs(f) < _FP32_MAX):
+    if fp32 and f != 0 and not (_FP32_TINY / 2 < abs(f) < _FP32_OVERFLOW):
         raise ValueError(
             f"{name}: expected a value FP32 can hold (|x| in [{_FP32_TINY:.3g}, "
             f"{_FP32_MAX:.4g}]), got {v!r}"
@@ -256,13 +310,115 @@ def check_instance(v, name: str, cls, *, optional: bool = False):
     return v
 
 
+def check_str(v, name: str, *, nonempty: bool = True) -> str:
+    """``TypeError`` unless ``v`` is a ``str``; ``ValueError`` when empty (``nonempty``)."""
+    if not isinstance(v, str):
+        raise TypeError(f"{name}: expected a str, got {_kind(v)} {v!r}")
+    if nonempty and not v:
+        raise ValueError(f"{name}: expected a non-empty str, got ''")
+    return v
+
+
+def check_int_sequence(v, name: str, *, lo: int | None = None, hi: int | None = None) -> tuple:
+    """A list/tuple (or 1-D integer array) of ints, each checked as :func:`check_int` (errors
+    name ``name[i]``) -> ``tuple`` of ``int``. A ``str`` is not a sequence here."""
+    if isinstance(v, np.ndarray) and v.ndim == 1 and v.dtype.kind in "iu":
+        v = v.tolist()
+    if not isinstance(v, (list, tuple)):
+        raise TypeError(f"{name}: expected a tuple or list of ints, got {_kind(v)} {v!r}")
+    return tuple(check_int(x, f"{name}[{i}]", lo=lo, hi=hi) for i, x in enumerate(v))
+
+
 def check_trace(trace) -> None:
     """``TypeError`` unless ``trace`` is a callable or ``None``."""
     if trace is not None and not callable(trace):
         raise TypeError(f"trace: expected a callable or None, got {_kind(trace)}")
 
 
+# ----------------------------------------------------------------------------- environment
+_ASCII_BLANKS = " \t\r\n"
+_ASCII_UINT = re.compile(r"[0-9]+\Z")
+_ASCII_FLOAT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\Z")
+
+
+def env_mapping(env) -> Mapping:
+    """``os.environ`` for ``None``, else ``env`` itself once it is checked to be a mapping."""
+    if env is None:
+        return os.environ
+    if not isinstance(env, Mapping):
+        raise TypeError(f"env: expected a mapping of str to str, or None, got {_kind(env)}")
+    return env
+
+
+def env_text(env: Mapping, var: str) -> str | None:
+    """The value of ``var`` in ``env`` without surrounding ASCII blanks; ``None`` when unset or
+    all blank. ``TypeError`` naming ``var`` when the value is not a ``str``."""
+    raw = env.get(var)
+    if raw is None:
+        return None
+    if not isinstance(raw, str):
+        raise TypeError(f"{var}: expected a str, got {_kind(raw)} {raw!r}")
+    return raw.strip(_ASCII_BLANKS) or None
+
+
+def parse_int_text(
+    raw: str, name: str, *, lo: int = 1, hi: int = INT32_MAX, multiple_of: int = 1
+) -> int:
+    """An integer written in ASCII digits (surrounding ASCII blanks ignored) in ``[lo, hi]`` and
+    a multiple of ``multiple_of``. Signs, underscores, non-ASCII digits, inner blanks, ``0x``
+    prefixes and fractions are refused; the range is checked on the Python int."""
+    s = raw.strip(_ASCII_BLANKS) if isinstance(raw, str) else None
+    what = "a positive integer" if lo == 1 else f"an integer >= {lo}"
+    if s is None or not _ASCII_UINT.match(s):
+        raise ValueError(f"{name}: expected {what} (ASCII digits), got {raw!r}")
+    v = int(s, 10)
+    if v < lo or v > hi:
+        raise ValueError(f"{name}: expected {what} <= {hi}, got {raw!r}")
+    if v % multiple_of:
+        raise ValueError(f"{name}: expected a positive multiple of {multiple_of}, got {v}")
+    return v
+
+
+def env_int(env: Mapping, var: str, default: int, *, lo: int = 1, multiple_of: int = 1) -> int:
+    """``var`` of ``env`` read by :func:`parse_int_text`; ``default`` when unset or blank."""
+    raw = env_text(env, var)
+    return default if raw is None else parse_int_text(raw, var, lo=lo, multiple_of=multiple_of)
+
+
+def env_float(
+    env: Mapping, var: str, default: float, *, positive: bool = True, fp32: bool = True
+) -> float:
+    """``var`` of ``env`` as a finite decimal literal in ASCII (``fp32``: finite and non-zero in
+    FP32 as well); ``default`` when unset or blank."""
+    raw = env_text(env, var)
+    if raw is None:
+        return default
+    kind = "a finite positive number" if positive else "a finite number"
+    if not _ASCII_FLOAT.match(raw):
+        raise ValueError(f"{var}: expected {kind} (ASCII decimal), got {raw!r}")
+    v = float(raw)
+    bad_fp32 = fp32 and v != 0 and not (_FP32_TINY / 2 < abs(v) < _FP32_OVERFLOW)
+    if not math.isfinite(v) or (positive and not v > 0) or bad_fp32:
+        fp = " FP32 can hold" if fp32 else ""
+        raise ValueError(f"{var}: expected {kind}{fp}, got {raw!r}")
+    return v
+
+
+def env_choice(env: Mapping, var: str, default: str, choices: Iterable[str]) -> str:
+    """``var`` of ``env`` (ASCII, case-insensitive) as one of ``choices``; ``default`` when
+    unset or blank."""
+    choices = tuple(choices)
+    raw = env_text(env, var)
+    if raw is None:
+        return default
+    key = raw.lower() if raw.isascii() else raw
+    if key not in choices:
+        raise ValueError(f"{var}: expected one of {choices}, got {env.get(var)!r}")
+    return key
+
+
 __all__ = [
+    "INT32_MAX",
     "as_array",
     "check_array",
     "check_bool",
@@ -272,15 +428,25 @@ __all__ = [
     "check_float",
     "check_instance",
     "check_int",
+    "check_int_sequence",
     "check_ndim",
     "check_pos_int",
     "check_range",
+    "check_real",
     "check_shape",
+    "check_str",
     "check_trace",
     "dtype_of",
+    "env_choice",
+    "env_float",
+    "env_int",
+    "env_mapping",
+    "env_text",
     "host_array",
+    "host_data",
     "host_ints",
     "is_array",
+    "parse_int_text",
     "require_array",
     "same_kind",
     "shape_of",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import ml_dtypes
 import numpy as np
@@ -256,3 +257,145 @@ def test_native_arithmetic_counts_match_torch(seed):
         want = int((torch.abs(ta - tg) > atol + rtol * torch.abs(tg)).sum())
         got = compare(a, g, atol=atol, rtol=rtol, arithmetic="native")
         assert got.n_fail == want
+
+
+# ---------------------------------------------------------------------------------------------
+# input policy (shared/validate.py): one grid per class of bad input, naming the argument
+# ---------------------------------------------------------------------------------------------
+def _pair():
+    rng = np.random.default_rng(15)
+    g = bf(rng.standard_normal((4, 8)))
+    a = bf(g.astype(np.float32) * np.float32(1.01))
+    return a, g
+
+
+def _report_image(r: CompareReport) -> str:
+    return repr(r)  # every field, NaN-safe (nan != nan would defeat ==)
+
+
+@pytest.mark.parametrize("bad", [None, [1.0, 2.0], (1.0,), "x", 1.5, {"a": 1}], ids=repr)
+@pytest.mark.parametrize("which", ["actual", "golden"])
+def test_policy_non_arrays_are_refused(which, bad):
+    a, g = _pair()
+    kw = {"actual": a, "golden": g, which: bad}
+    with pytest.raises(
+        TypeError,
+        match=rf"^{which}: expected a numpy array or a torch tensor, got {type(bad).__name__}",
+    ):
+        compare(**kw, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("check_dtype", [True, False])
+@pytest.mark.parametrize("dtype", [np.complex64, np.complex128, "U1", object, "datetime64[s]"])
+@pytest.mark.parametrize("which", ["actual", "golden"])
+def test_policy_complex_and_non_numeric_dtypes_are_refused(which, dtype, check_dtype):
+    # a complex golden 1+1j against a real 1: float64 conversion would drop the 1j and pass
+    x = np.ones(3, np.complex128) + 1j if np.dtype(dtype).kind == "c" else np.zeros(3, dtype)
+    x = x.astype(dtype)
+    other = np.ones(3, np.float32)
+    kw = {"actual": other, "golden": other, which: x}
+    dt = re.escape(str(np.dtype(dtype)))
+    with pytest.raises(TypeError, match=rf"^{which}: expected a real .*dtype, got {dt}$"):
+        compare(**kw, atol=0, rtol=0, check_dtype=check_dtype)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("which", ["actual", "golden"])
+def test_policy_complex_and_meta_tensors_are_refused(which):
+    import torch
+
+    one = torch.ones(3)
+    with pytest.raises(TypeError, match=rf"^{which}: expected a real .*complex64"):
+        compare(**{"actual": one, "golden": one, which: one.to(torch.complex64)}, atol=0, rtol=0)
+    meta = torch.empty(3, device="meta")
+    with pytest.raises(ValueError, match=rf"^{which}: expected a tensor holding data"):
+        compare(**{"actual": one, "golden": one, which: meta}, atol=0, rtol=0)
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("grad", [False, True])
+@pytest.mark.parametrize("dtype", ["bf16", "fp8", "fp32"])
+def test_policy_torch_tensors_give_the_numpy_report_and_are_not_written(dtype, grad):
+    import torch
+    from tilesim.shared.casts import to_fp8_e4m3
+    from tilesim.shared.interop import to_numpy, to_torch
+
+    a, g = _pair()
+    if dtype == "fp8":
+        a, g = to_fp8_e4m3(a.astype(np.float32)), to_fp8_e4m3(g.astype(np.float32))
+    elif dtype == "fp32":
+        a, g = a.astype(np.float32), g.astype(np.float32)
+    want = _report_image(compare(a, g, atol=1e-3, rtol=1e-3, ratio=0.1))
+    ta, tg = to_torch(a.copy()), to_torch(g.copy())
+    if grad and ta.dtype != torch.float8_e4m3fn:
+        ta, tg = ta.requires_grad_(True), tg.requires_grad_(True)
+    before = (to_numpy(ta).tobytes(), to_numpy(tg).tobytes())
+    got = compare(ta, tg, atol=1e-3, rtol=1e-3, ratio=0.1)
+    assert _report_image(got) == want
+    assert (to_numpy(ta).tobytes(), to_numpy(tg).tobytes()) == before
+
+
+@pytest.mark.parametrize("bad", ["yes", "False", 1, 0, None, np.array(True)], ids=repr)
+def test_policy_check_dtype_is_a_bool(bad):
+    a, g = _pair()
+    with pytest.raises(TypeError, match=r"^check_dtype: expected a bool, got "):
+        compare(a, g, atol=0, rtol=0, check_dtype=bad)
+
+
+@pytest.mark.parametrize(
+    ("bad", "exc"),
+    [
+        (math.nan, ValueError),
+        (math.inf, ValueError),
+        (-math.inf, ValueError),
+        (10**400, ValueError),
+        (-1e-9, ValueError),
+        ("0.1", TypeError),
+        (True, TypeError),
+        (None, TypeError),
+        (1j, TypeError),
+        (np.array(0.1), TypeError),
+    ],
+    ids=repr,
+)
+@pytest.mark.parametrize("which", ["atol", "rtol", "ratio"])
+def test_policy_tolerances_are_real_finite_and_non_negative(which, bad, exc):
+    a, g = _pair()
+    kw = {"atol": 0.0, "rtol": 0.0, "ratio": 0.0, which: bad}
+    with pytest.raises(exc, match=rf"^{which}: expected "):
+        compare(a, g, **kw)
+
+
+@pytest.mark.parametrize(
+    ("kw", "exc", "pattern"),
+    [
+        ({"n_worst": True}, TypeError, r"^n_worst: expected an int, got bool"),
+        ({"n_worst": 1.5}, TypeError, r"^n_worst: expected an int, got float"),
+        ({"n_worst": "3"}, TypeError, r"^n_worst: expected an int, got str"),
+        ({"n_worst": -1}, ValueError, r"^n_worst: expected an int in \[0, inf\], got -1"),
+        ({"name": 3}, TypeError, r"^name: expected a str, got int"),
+        ({"name": None}, TypeError, r"^name: expected a str, got NoneType"),
+        ({"arithmetic": "FLOAT64"}, ValueError, r"^arithmetic: expected one of"),
+        ({"arithmetic": None}, ValueError, r"^arithmetic: expected one of"),
+    ],
+)
+def test_policy_options_are_named(kw, exc, pattern):
+    a, g = _pair()
+    with pytest.raises(exc, match=pattern):
+        compare(a, g, atol=0, rtol=0, **kw)
+
+
+def test_policy_checks_come_before_any_work():
+    # a bad option is reported even when the arrays are also bad: nothing was converted
+    with pytest.raises(ValueError, match="^atol"):
+        compare([1.0], None, atol=math.nan, rtol=0)
+
+
+def test_policy_read_only_inputs_and_numpy_scalars():
+    a, g = _pair()
+    want = _report_image(compare(a, g, atol=1e-3, rtol=1e-3))
+    ra, rg = a.copy(), g.copy()
+    ra.flags.writeable = rg.flags.writeable = False
+    assert _report_image(compare(ra, rg, atol=1e-3, rtol=1e-3)) == want
+    r = compare(np.float32(1.0), np.float32(1.5), atol=0.1, rtol=0)
+    assert not r.passed and r.shape == () and r.max_abs_err == 0.5

@@ -67,18 +67,29 @@ def test_moe_dims_from_models():
 @pytest.mark.parametrize(
     ("kwargs", "pattern"),
     [
-        ({"num_experts": 0}, "MoeDims.num_experts must be a positive int, got 0"),
-        ({"hidden_size": 3072.0}, "MoeDims.hidden_size"),
-        ({"intermediate_size": True}, "MoeDims.intermediate_size"),
-        ({"activation": "gelu"}, "MoeDims.activation must be one of"),
+        ({"num_experts": 0}, r"MoeDims.num_experts: expected an int in \[1, 2147483647\], got 0"),
+        ({"activation": "gelu"}, "MoeDims.activation: expected one of"),
         ({"gate_up_layout": "mixed"}, "MoeDims.gate_up_layout"),
-        ({"alpha": float("nan")}, "MoeDims.alpha must be a finite number"),
-        ({"limit": 0.0}, "MoeDims.limit must be > 0"),
+        ({"alpha": float("nan")}, "MoeDims.alpha: expected a finite number, got nan"),
+        ({"limit": 0.0}, "MoeDims.limit: expected a number > 0, got 0.0"),
     ],
 )
 def test_moe_dims_validation(kwargs, pattern):
     base = {"num_experts": 2, "hidden_size": 16, "intermediate_size": 8}
     with pytest.raises(ValueError, match=pattern):
+        MoeDims(**{**base, **kwargs})
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "pattern"),
+    [
+        ({"hidden_size": 3072.0}, "MoeDims.hidden_size: expected an int, got float 3072.0"),
+        ({"intermediate_size": True}, "MoeDims.intermediate_size: expected an int, got bool"),
+    ],
+)
+def test_moe_dims_wrong_types(kwargs, pattern):
+    base = {"num_experts": 2, "hidden_size": 16, "intermediate_size": 8}
+    with pytest.raises(TypeError, match=pattern):
         MoeDims(**{**base, **kwargs})
 
 
