@@ -7,7 +7,10 @@ MSA-specific pieces only:
 * :func:`softmax_chunk` — one online-softmax key chunk:
   :func:`tilesim.reference.arith.tile_softmax` with NumPy's float32 exp, then ``cast(P) @ V``
   with :func:`tilesim.reference.arith.matmul_fp32` in :data:`K_STEP` K tiles;
-* :func:`chunk_bounds` — the NTILE chunks of a key range (tail kept, or dropped as the seeds do).
+* :func:`chunk_bounds` — the NTILE chunks of a key range (tail kept, or dropped as the seeds do);
+* :func:`select_masked`, :func:`zero_unread_rows` — NaN-robust masking: a masked score is SET
+  to the mask constant (a select, never ``S*m + (1-m)*neg``, whose ``0 * NaN`` is NaN), and the
+  V rows of masked keys are zeroed before P.V (``P = 0`` times a NaN V row is NaN again).
 
 The arithmetic models are :mod:`tilesim.reference.arith`, the argument checks
 :mod:`tilesim.shared.validate`, the MSA host rules :mod:`tilesim.shared.msa_select` (indexer
@@ -57,6 +60,28 @@ def softmax_chunk(s32: np.ndarray, v64: np.ndarray, p_dtype: np.dtype):
     return m_c, l_c, o_c
 
 
+def select_masked(s32: np.ndarray, keep: np.ndarray, fill: np.float32) -> np.ndarray:
+    """Masking by select, in place: ``s32`` keeps its value where ``keep`` (bool, broadcast to
+    ``s32``) is True and becomes ``fill`` elsewhere, whatever it held (NaN, inf). Returns ``s32``.
+
+    On finite scores this is bit-identical to the multiply form ``S*m + (1-m)*fill``
+    (``m`` = 1.0/0.0): ``S*1 + (-0.0) = S`` and ``S*0 + fill = fill`` exactly in FP32.
+    """
+    np.copyto(s32, fill, where=~np.asarray(keep, dtype=bool))
+    return s32
+
+
+def zero_unread_rows(v: np.ndarray, read: np.ndarray) -> np.ndarray:
+    """Zero, in place, the rows of ``v [..., keys, D]`` whose key is not read (``read`` bool
+    ``[..., keys]``, broadcast over the leading axes). Returns ``v``.
+
+    A masked key's ``P`` is exactly 0, so its P.V terms are ``0 * V = ±0`` on finite V and
+    NaN on a NaN row; with the row zeroed they are ``+0`` whatever the slot held.
+    """
+    np.copyto(v, v.dtype.type(0), where=~np.asarray(read, dtype=bool)[..., None])
+    return v
+
+
 def chunk_bounds(total: int, ntile: int, *, seeds_compat: bool) -> list[tuple[int, int]]:
     """``[(start, width), ...]`` of the NTILE-wide key chunks over ``total`` keys.
 
@@ -70,4 +95,12 @@ def chunk_bounds(total: int, ntile: int, *, seeds_compat: bool) -> list[tuple[in
     return bounds
 
 
-__all__ = ["F16", "K_STEP", "chunk_bounds", "round_p", "softmax_chunk"]
+__all__ = [
+    "F16",
+    "K_STEP",
+    "chunk_bounds",
+    "round_p",
+    "select_masked",
+    "softmax_chunk",
+    "zero_unread_rows",
+]

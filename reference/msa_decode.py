@@ -8,9 +8,10 @@ of the group on the cube M axis)::
     for c in chunks of NTILE keys:                               (online softmax, visible below)
         S   = fp32(Q[16,128] @ K_c^T)        cube, FP32 out
         S   = S * SCALE                       FP32 (SCALE = fp32(1/sqrt(128)))
-        S   = S*m + (1-m)*(-3e38)             FP32, m = valid mask (1 keep / 0 drop)
+        S   = where(keep, S, -3e38)           FP32 select (keep-mask: 1 keep / 0 drop)
         m_c = rowmax(S); P = exp(S - m_c); l_c = rowsum(P)       FP32, unrounded P
-        O_c = fp32(bf16(P) @ V_c)             cube, FP32 accumulation in 128-key K steps
+        O_c = fp32(bf16(P) @ V_c)             cube, FP32 accumulation in 128-key K steps;
+                                              V rows of dropped keys zeroed beforehand
         merge (m, l, O) with (m_c, l_c, O_c)  FP32
     out = bf16(O / l)
 
@@ -18,6 +19,15 @@ Arithmetic: :mod:`tilesim.reference.arith` — ``matmul_fp32`` with 128-key K ti
 float32 ``exp`` (:func:`~tilesim.reference.arith.exp_fp32_numpy`), ``SoftmaxMerge("online")``.
 The keep-mask and the argument checks are :mod:`tilesim.shared.msa_select` (the device
 wrapper uses the same functions).
+
+NaN-robust masking (``docs/ops/msa.md``, "Masking and NaN"): the seeds' kernel masks by
+multiplying, ``S*m + (1-m)*(-3e38)``, so a NaN score stays NaN (``0 * NaN``) and a dropped
+key's ``P = 0`` times a NaN V row is NaN again. Here a dropped score is selected to -3e38
+(:func:`~tilesim.reference.msa_common.select_masked`) and the dropped keys' V rows are zeroed
+(:func:`~tilesim.reference.msa_common.zero_unread_rows`, rows from
+:func:`~tilesim.shared.msa_select.decode_read_mask`) before P.V. On finite inputs the bits are
+those of the multiply form; whatever the masked tail of the current block, a selected future
+block or an unselected block holds (NaN, inf), the output does not change.
 
 The (b, h) pairs of a group of batch rows and the 16-head group go through one matmul per
 chunk; the chunk loop (which changes the numbers) stays explicit. Speed path (private switch
@@ -39,10 +49,21 @@ from typing import NamedTuple
 import numpy as np
 from tilesim.reference.arith import F32, F64, SoftmaxMerge, exp_fp32_numpy, matmul_fp32
 from tilesim.reference.blas_pool import blas_threads, map_in_order
-from tilesim.reference.msa_common import K_STEP, chunk_bounds, softmax_chunk
+from tilesim.reference.msa_common import (
+    K_STEP,
+    chunk_bounds,
+    select_masked,
+    softmax_chunk,
+    zero_unread_rows,
+)
 from tilesim.shared.casts import BF16, to_bf16
 from tilesim.shared.models import MINIMAX_M3
-from tilesim.shared.msa_select import DecodeInputs, check_decode_inputs, decode_keep_mask
+from tilesim.shared.msa_select import (
+    DecodeInputs,
+    check_decode_inputs,
+    decode_keep_mask,
+    decode_read_mask,
+)
 from tilesim.shared.tiling import MsaTiling
 from tilesim.shared.trace import emit
 from tilesim.shared.validate import check_bool, check_instance, check_trace, host_array, same_kind
@@ -67,7 +88,7 @@ def msa_sparse_decode_flop(batch: int, hq: int, keys: int, dim: int) -> int:
 
 
 class _Call(NamedTuple):
-    """A checked call: host inputs, sizes, chunk bounds and the keep-mask."""
+    """A checked call: host inputs, sizes, chunk bounds, the keep-mask and the V rows read."""
 
     q: np.ndarray
     k: np.ndarray
@@ -75,7 +96,8 @@ class _Call(NamedTuple):
     d: DecodeInputs
     bounds: list
     seeds_compat: bool
-    mask: np.ndarray  # FP32 [B, topk*by]
+    keep: np.ndarray  # bool [B, topk*by]: the key's score counts
+    read: np.ndarray  # bool [B, topk*by]: the key's gathered V row is read (else zeroed)
 
 
 def _check(q, k_blocks, v_blocks, block_ids, seq_len, tiling, seeds_compat, trace) -> _Call:
@@ -93,8 +115,9 @@ def _check(q, k_blocks, v_blocks, block_ids, seq_len, tiling, seeds_compat, trac
         )
     named = (("q", q), ("k_blocks", k_blocks), ("v_blocks", v_blocks))
     hosts = [host_array(x, name) for name, x in named]
-    mask = decode_keep_mask(d.ids, d.seq, d.by)
-    return _Call(*hosts, d, bounds, seeds_compat, mask)
+    keep = decode_keep_mask(d.ids, d.seq, d.by)
+    read = decode_read_mask(keep, seeds_compat=seeds_compat)
+    return _Call(*hosts, d, bounds, seeds_compat, keep > 0, read)
 
 
 def _rows(c: _Call, rows: slice) -> tuple[np.ndarray, list]:
@@ -107,6 +130,7 @@ def _rows(c: _Call, rows: slice) -> tuple[np.ndarray, list]:
     hi = np.arange(d.hkv)[None, :, None]
     k_cmp = c.k[bi, hi, c.d.ids[rows, None, :]].reshape(n, d.hkv, sel, d.dim)
     v_cmp = c.v[bi, hi, c.d.ids[rows, None, :]].reshape(n, d.hkv, sel, d.dim)
+    zero_unread_rows(v_cmp, c.read[rows, None, :])  # a fresh gather: zeroed in place
     q64 = c.q[rows].astype(F64).reshape(n, d.hkv, d.group, d.dim)  # 16 query rows per KV head
     scale, neg = np.float32(d.dim**-0.5), np.float32(_CFG.decode_mask_neg)
     merge = SoftmaxMerge("online", exp=exp_fp32_numpy)
@@ -116,15 +140,14 @@ def _rows(c: _Call, rows: slice) -> tuple[np.ndarray, list]:
         # S = Q K_c^T [n, HKV, 16, w] FP32, formed 128 keys at a time: the same dot products
         # (same values) as one matmul, in (b, h) gemms that stay in cache
         s = np.empty((n, d.hkv, d.group, w), dtype=F32)
-        for n0 in range(0, w, _N_SPLIT):
-            s[..., n0 : n0 + _N_SPLIT] = matmul_fp32(
-                q64, k_c[..., n0 : n0 + _N_SPLIT], k_tile=K_STEP
-            )
+        with np.errstate(invalid="ignore", over="ignore"):  # NaN/inf in dropped keys: selected
+            for n0 in range(0, w, _N_SPLIT):  # away below, so no warning for them
+                s[..., n0 : n0 + _N_SPLIT] = matmul_fp32(
+                    q64, k_c[..., n0 : n0 + _N_SPLIT], k_tile=K_STEP
+                )
         s = s * scale
-        m = c.mask[rows, None, None, c0 : c0 + w]  # broadcast over KV heads and the 16 rows
-        one_minus_m = m * np.float32(-1) + np.float32(1)
-        with np.errstate(invalid="ignore", over="ignore"):
-            s = s * m + one_minus_m * neg
+        # the keep-mask broadcast over KV heads and the 16 rows; a select, NaN-robust
+        select_masked(s, c.keep[rows, None, None, c0 : c0 + w], neg)
         m_c, l_c, o_c = softmax_chunk(s, v_cmp[:, :, c0 : c0 + w].astype(F64), BF16)
         merge.update(o_c, l_c, m_c)
         stats.append((m_c[..., 0], l_c[..., 0]))
@@ -162,7 +185,7 @@ def _trace(trace, c: _Call, stats: list) -> None:
                     {"batch": b, "kv_head": h},
                     i,
                     (c0, c0 + w),
-                    keys_used=int(np.count_nonzero(c.mask[b, c0 : c0 + w])),
+                    keys_used=int(np.count_nonzero(c.keep[b, c0 : c0 + w])),
                     row_max=stats[i][0][b, h].copy(),
                     row_sum=stats[i][1][b, h].copy(),
                     flop=msa_sparse_decode_flop(1, d.group, w, d.dim),
@@ -213,7 +236,7 @@ def msa_sparse_decode(
     out, stats = _run(c)
     if not c.seeds_compat:
         # a batch row with no valid key: zeros (the kernel's arithmetic gives mean(V))
-        out[~(c.mask > 0).any(axis=1)] = 0.0
+        out[~c.keep.any(axis=1)] = 0.0
     if trace is not None:
         _trace(trace, c, stats)
     return same_kind(to_bf16(out).reshape(c.d.batch, c.d.hq, c.d.dim), q)

@@ -13,9 +13,12 @@ device's host tail apply literally the same rule (``docs/ops/msa.md``):
   block ``cur`` keeps its first ``seq_len - by*cur`` keys, a slot holding a later block is
   dropped, earlier blocks are kept whole (key ``t`` of block ``b`` is kept iff
   ``by*b + t < seq_len``). The current block is recognised by id, so slot order is free.
+  Masking is NaN-robust: a dropped key's score is SET to the mask constant (a select) and its
+  V row is zeroed before P.V (:func:`decode_read_mask` says which gathered V rows are read), so
+  whatever a dropped slot holds (NaN, inf, garbage) never reaches the output.
 * **Argument checks** (:func:`check_indexer`, :func:`check_decode_inputs`) with the policy of
   :mod:`tilesim.shared.validate`; they read only metadata, except the value checks (block ids,
-  ``seq_len``, finite index data), which copy those arrays to the host.
+  ``seq_len``, finite index data below ``seq_len``), which copy those arrays to the host.
 
 Functions taking an array return the kind (NumPy or torch) of their first array argument.
 """
@@ -76,8 +79,10 @@ def check_indexer(idx_q, idx_k, nb, *, seq_len=None, head_reduce="max") -> Index
     """Checks of ``msa_indexer`` / ``msa_indexer_scores`` (reference and device).
 
     ``idx_q`` BF16 ``[4, 128]``, ``idx_k`` BF16 ``[nb*128, 128]``, ``nb >= 1``, finite index
-    data (a NaN/inf makes the ranking void), ``seq_len`` (:func:`check_indexer_seq_len`) and
-    ``head_reduce`` in :data:`HEAD_REDUCES`.
+    data where it counts (a NaN/inf makes the ranking void: ``idx_q`` and the key rows below
+    ``seq_len``; rows at or beyond it are never read by the selection, so they may hold
+    anything), ``seq_len`` (:func:`check_indexer_seq_len`) and ``head_reduce`` in
+    :data:`HEAD_REDUCES`.
     """
     check_array(idx_q, "idx_q", dtype=BF16, shape=(NIDX, DIM), layout="[index heads, dim]")
     check_array(idx_k, "idx_k", dtype=BF16)
@@ -85,8 +90,8 @@ def check_indexer(idx_q, idx_k, nb, *, seq_len=None, head_reduce="max") -> Index
     check_array(idx_k, "idx_k", shape=(nb * BY, DIM), layout=f"[nb*{BY} keys, dim] for nb={nb}")
     valid = check_indexer_seq_len(seq_len, nb)
     check_choice(head_reduce, "head_reduce", HEAD_REDUCES)
-    for name, x in (("idx_q", idx_q), ("idx_k", idx_k)):
-        check_finite(host_array(x, name), name)
+    check_finite(host_array(idx_q, "idx_q"), "idx_q")
+    check_finite(host_array(idx_k, "idx_k")[:valid], "idx_k")  # rows read by the selection
     return IndexerArgs(nb, valid, head_reduce)
 
 
@@ -255,6 +260,18 @@ def decode_keep_mask(block_ids, seq_len, by: int = BY):
     return same_kind(keep.reshape(ids.shape[0], -1).astype(np.float32), block_ids)
 
 
+def decode_read_mask(keep, *, seeds_compat: bool = False) -> np.ndarray:
+    """bool ``[B, topk*by]``: the gathered V rows P.V reads, from the keep-mask ``keep``
+    (:func:`decode_keep_mask`, FP32 1/0 or bool; host data). The other rows are zeroed before
+    P.V. A kept key is read; a dropped key is not, except in a batch row with no kept key under
+    ``seeds_compat=True``: there the seeds' kernel's arithmetic (P uniform, the mean of the
+    gathered V) is reproduced, so every gathered row is read."""
+    k = np.asarray(host_array(keep, "keep")) > 0
+    if seeds_compat:
+        k = k | ~k.any(axis=1, keepdims=True)
+    return k
+
+
 __all__ = [
     "BY",
     "HEAD_REDUCES",
@@ -268,6 +285,7 @@ __all__ = [
     "check_indexer",
     "check_indexer_seq_len",
     "decode_keep_mask",
+    "decode_read_mask",
     "select_blocks",
     "select_from_head_max",
     "selection_slots",
