@@ -1,0 +1,116 @@
+"""The repository's structural rules (issue 12), checked on the source tree.
+
+* ``device/`` never imports ``tilesim.reference``; device modules import no other public
+  device module sideways (only the back end, the simulator, the lazy imports and private
+  ``_``-modules).
+* No function in ``reference/``, ``device/``, ``shared/`` is longer than 80 lines, apart from
+  ``@pypto.frontend.jit`` kernel bodies.
+* Code and docs cite public sources or the project's docs, never the team's private notes.
+* ``import tilesim.tests`` fails: no folder of the checkout is a half of the package.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LAYERS = ("reference", "device", "shared")
+MAX_LINES = 80
+#: device modules any device module may import
+DEVICE_COMMON = {"backend", "sim", "_lazy"}
+
+
+def _py_files(*folders):
+    for folder in folders:
+        yield from sorted((ROOT / folder).rglob("*.py"))
+
+
+def _imports(tree: ast.AST):
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            yield node.module
+            for alias in node.names:
+                yield f"{node.module}.{alias.name}"
+
+
+@pytest.mark.parametrize("path", list(_py_files("device")), ids=lambda p: p.name)
+def test_device_imports_no_reference_and_no_sibling(path):
+    mods = set(_imports(ast.parse(path.read_text())))
+    assert not [m for m in mods if m.startswith("tilesim.reference")], mods
+    own = path.stem
+    siblings = {
+        m.split(".")[2] for m in mods if m.startswith("tilesim.device.") and len(m.split(".")) > 2
+    }
+    bad = {
+        s
+        for s in siblings
+        if s != own and s not in DEVICE_COMMON and not s.startswith("_") and s[0].isalpha()
+        and (ROOT / "device" / f"{s}.py").exists()
+    }  # fmt: skip
+    assert not bad, f"{path.name} imports device modules sideways: {sorted(bad)}"
+
+
+def _long_functions(path: Path):
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            if any("jit" in ast.unparse(d) for d in node.decorator_list):
+                continue
+            body = [n for n in node.body if not isinstance(n, (ast.FunctionDef,))]
+            jit_inner = [
+                n
+                for n in node.body
+                if isinstance(n, ast.FunctionDef)
+                and any("jit" in ast.unparse(d) for d in n.decorator_list)
+            ]
+            length = node.end_lineno - node.lineno + 1
+            length -= sum(n.end_lineno - n.lineno + 1 for n in jit_inner)
+            if length > MAX_LINES and body:
+                yield f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({length} lines)"
+
+
+def test_no_long_functions():
+    found = [f for p in _py_files(*LAYERS) for f in _long_functions(p)]
+    assert not found, "\n".join(found)
+
+
+_NOTE_CITATION = re.compile(r"op-facts|anchors\s*§|anchors\.md|pypto-on-cpu|team notes?\b")
+
+
+def test_no_citations_of_private_team_notes():
+    files = [
+        p
+        for p in ROOT.rglob("*")
+        if p.is_file()
+        and p.suffix in {".py", ".md", ".toml", ".json", ".cfg", ".txt"}
+        and not any(part.startswith(".") or part in {"build", "__pycache__"} for part in p.parts)
+        and p != Path(__file__).resolve()
+    ]
+    bad = []
+    for p in files:
+        for i, line in enumerate(p.read_text(errors="replace").splitlines(), 1):
+            if _NOTE_CITATION.search(line):
+                bad.append(f"{p.relative_to(ROOT)}:{i}: {line.strip()[:90]}")
+    assert not bad, "\n".join(bad)
+
+
+def test_import_tilesim_tests_fails_in_a_checkout():
+    code = "import tilesim.tests"
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode != 0 and "No module named 'tilesim.tests'" in res.stderr
+    res = subprocess.run(
+        [sys.executable, "-c", "import tilesim.reference, tilesim.shared, tilesim.cli"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert res.returncode == 0, res.stderr
