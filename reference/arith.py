@@ -44,6 +44,11 @@ ExpModel = Callable[[np.ndarray], np.ndarray]
 
 
 # ----------------------------------------------------------------------------- matmul
+def _check_k_tile(k_tile) -> None:
+    if k_tile is not None and (isinstance(k_tile, bool) or int(k_tile) != k_tile or k_tile <= 0):
+        raise ValueError(f"matmul_fp32(k_tile): expected a positive int or None, got {k_tile!r}")
+
+
 def matmul_fp32(a, b, *, k_tile: int | None) -> np.ndarray:
     """``a [..., M, K] @ b [..., K, N]`` as the cube computes it, FP32 ``[..., M, N]``.
 
@@ -59,8 +64,7 @@ def matmul_fp32(a, b, *, k_tile: int | None) -> np.ndarray:
     kdim = a.shape[-1]
     if b.shape[-2] != kdim:
         raise ValueError(f"matmul_fp32(b): expected {kdim} rows (the K of a), got shape {b.shape}")
-    if k_tile is not None and (isinstance(k_tile, bool) or int(k_tile) != k_tile or k_tile <= 0):
-        raise ValueError(f"matmul_fp32(k_tile): expected a positive int or None, got {k_tile!r}")
+    _check_k_tile(k_tile)
     if kdim == 0:
         shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
         return np.zeros(shape, dtype=F32)
@@ -72,6 +76,48 @@ def matmul_fp32(a, b, *, k_tile: int | None) -> np.ndarray:
         part = np.matmul(a_t, b_t).astype(F32)
         acc = part if acc is None else acc + part  # FP32 accumulator update
     return acc
+
+
+def matmul_fp32_widening(a, b, *, k_tile: int | None, out: np.ndarray | None = None):
+    """:func:`matmul_fp32` for 2-D ``a [M, K]`` and ``b [K, N]``, same model and same bits,
+    with bounded work memory: ``b`` (e.g. BF16 weights) is widened to float64 one K tile at a
+    time into one reused ``[k_tile, N]`` buffer instead of all at once, ``a`` is widened once
+    (not copied when it is float64 already), and the tile partials go through reused buffers.
+
+    ``out``: optional FP32 ``[M, N]`` array (a view is fine) that receives the result; the
+    accumulator lives in it. Returns the result (``out`` when given).
+    """
+    a = np.asarray(a)
+    b = np.asarray(b)
+    if a.ndim != 2 or b.ndim != 2:
+        raise ValueError(f"matmul_fp32_widening: expected 2-D a and b, got {a.shape}, {b.shape}")
+    (m, kdim), n = a.shape, b.shape[1]
+    if out is None:
+        out = np.empty((m, n), dtype=F32)
+    elif out.shape != (m, n) or out.dtype != F32:
+        raise ValueError(f"matmul_fp32_widening(out): expected float32 {(m, n)}, got "
+                         f"{out.dtype} {out.shape}")  # fmt: skip
+    if b.shape[0] != kdim:
+        raise ValueError(f"matmul_fp32(b): expected {kdim} rows (the K of a), got shape {b.shape}")
+    _check_k_tile(k_tile)
+    if kdim == 0:
+        out[...] = 0
+        return out
+    step = kdim if k_tile is None else int(k_tile)
+    a64 = np.asarray(a, dtype=F64)
+    b64 = np.empty((min(step, kdim), n), dtype=F64)  # the reused widened K tile
+    part64 = np.empty((m, n), dtype=F64)
+    part32 = np.empty((m, n), dtype=F32)
+    for k0 in range(0, kdim, step):  # the cube's K loop, ascending
+        w = min(step, kdim - k0)
+        np.copyto(b64[:w], b[k0 : k0 + w], casting="unsafe")  # exact widening
+        np.matmul(a64[:, k0 : k0 + w], b64[:w], out=part64)
+        if k0 == 0:
+            np.copyto(out, part64, casting="same_kind")  # the first partial, rounded once
+        else:
+            np.copyto(part32, part64, casting="same_kind")  # one FP32 rounding per tile
+            np.add(out, part32, out=out)  # FP32 accumulator update
+    return out
 
 
 # ----------------------------------------------------------------------------- exp
@@ -199,6 +245,7 @@ __all__ = [
     "exp_fp32_correctly_rounded",
     "exp_fp32_numpy",
     "matmul_fp32",
+    "matmul_fp32_widening",
     "rowsum_fp32",
     "tile_softmax",
 ]

@@ -27,8 +27,10 @@ order.
 Tiles that change nothing are batched: N tiles (``mm1_n``, ``mm2_n``) and vector tiles
 (``vec_tile``) only partition independent columns/elements, and with the speed switch
 ``_FAST`` (on) one product covers all rows of an expert instead of one per ``loop_unroll``
-chunk. The trace records are the chunk schedule either way; a test proves both paths give
-the same bits.
+chunk, its BF16 weights widened one K tile at a time
+(:func:`~tilesim.reference.arith.matmul_fp32_widening`) and the experts run on the reference
+worker pool. The trace records are the chunk schedule either way; tests prove both paths give
+the same bits (tests/reference/test_moe_speed_path.py).
 """
 
 from __future__ import annotations
@@ -37,7 +39,12 @@ import itertools
 from typing import NamedTuple
 
 import numpy as np
-from tilesim.reference.arith import exp_fp32_correctly_rounded, matmul_fp32
+from tilesim.reference.arith import (
+    exp_fp32_correctly_rounded,
+    matmul_fp32,
+    matmul_fp32_widening,
+)
+from tilesim.reference.blas_pool import blas_threads, map_in_order
 from tilesim.shared.casts import BF16, to_bf16, widen_to_fp32
 from tilesim.shared.interop import is_torch_tensor, to_torch
 from tilesim.shared.models import ACTIVATIONS, GATE_UP_LAYOUTS, MoeDims
@@ -59,7 +66,8 @@ from tilesim.shared.validate import host_array, host_ints, same_kind
 _F32 = np.float32
 _F64 = np.float64
 
-#: speed switch: one K-tiled product per expert (all its rows) instead of one per chunk.
+#: speed switch: one K-tiled product per expert (all its rows) instead of one per chunk,
+#: weights widened per K tile, experts in parallel.
 #: Rows are independent, so the bits are the same (tests/reference/test_moe.py proves it).
 _FAST = True
 
@@ -173,15 +181,35 @@ def _expert_weights(call: _MoeCall, e: int) -> tuple[np.ndarray, np.ndarray]:
     return call.w13[e * h : (e + 1) * h].astype(_F64), call.w2[e * i : (e + 1) * i].astype(_F64)
 
 
-def _expert_ffn(call: _MoeCall, rows: slice, w13_e, w2_e) -> None:
-    """``out[rows] = bf16(A @ W2_e)`` with ``A = act(X @ W13_e)``: the kernel's rounding points."""
+def _expert_ffn(call: _MoeCall, rows: slice, w13_e, w2_e, matmul=matmul_fp32) -> None:
+    """``out[rows] = bf16(A @ W2_e)`` with ``A = act(X @ W13_e)``: the kernel's rounding points.
+    ``matmul``: :func:`matmul_fp32` (weights widened already) or
+    :func:`matmul_fp32_widening` (BF16 weights widened one K tile at a time) — same bits."""
     x = call.x[rows].astype(_F64)  # exact
-    gu = matmul_fp32(x, w13_e, k_tile=call.tiling.mm1_k)  # mm1, FP32 [rows, 2I]
+    gu = matmul(x, w13_e, k_tile=call.tiling.mm1_k)  # mm1, FP32 [rows, 2I]
     act = moe_activation(gu, call.dims)  # FP32 [rows, I]
     if call.round_activation:
         act = widen_to_fp32(to_bf16(act))  # A = bf16(a)
-    d = matmul_fp32(act, w2_e, k_tile=call.tiling.mm2_k)  # mm2, FP32 [rows, H]
+    d = matmul(act, w2_e, k_tile=call.tiling.mm2_k)  # mm2, FP32 [rows, H]
     call.result[rows] = to_bf16(d)  # the one output rounding
+
+
+def _expert_ffn_fast(call: _MoeCall, chunks: list[MoeTileRecord]) -> None:
+    """The speed path of one expert: all its rows in one product, its BF16 weights widened
+    one K tile at a time (bounded memory: ``8 * k_tile * max(H, 2I)`` bytes per product)."""
+    e, h, i = chunks[0].expert, call.dims.hidden_size, call.dims.intermediate_size
+    rows = slice(chunks[0].row0, chunks[-1].row0 + chunks[-1].chunk)
+    w13_e, w2_e = call.w13[e * h : (e + 1) * h], call.w2[e * i : (e + 1) * i]
+    _expert_ffn(call, rows, w13_e, w2_e, matmul_fp32_widening)
+
+
+def _run_fast(call: _MoeCall, experts: list[list[MoeTileRecord]], trace: Trace) -> None:
+    """Experts as independent work items on the reference pool (one BLAS thread each); the
+    trace records are emitted in schedule order, as the chunk loop emits them."""
+    with blas_threads():
+        done = map_in_order(lambda chunks: _expert_ffn_fast(call, chunks), experts)
+        for chunks, _ in zip(experts, done, strict=True):
+            emit_moe_schedule(trace, chunks, call.dims)
 
 
 def _deliver(call: _MoeCall, out, like):
@@ -240,14 +268,12 @@ def moe_grouped_gemm(
         sorted_tokens, weights, expert_cumsum, dims, tiling, out, round_activation, trace
     )
     schedule = moe_tile_schedule(call.cs, call.tiling.unroll)
-    for e, group in itertools.groupby(schedule, key=lambda r: r.expert):  # expert loop
-        chunks = list(group)
-        w13_e, w2_e = _expert_weights(call, e)
-        if _FAST:  # all the expert's rows in one product: same bits, fewer calls
-            emit_moe_schedule(trace, chunks, dims)
-            _expert_ffn(call, slice(chunks[0].row0, chunks[-1].row0 + chunks[-1].chunk),
-                        w13_e, w2_e)  # fmt: skip
-            continue
+    experts = [list(g) for _, g in itertools.groupby(schedule, key=lambda r: r.expert)]
+    if _FAST:  # each expert's rows in one product, experts in parallel: same bits
+        _run_fast(call, experts, trace)
+        return _deliver(call, out, sorted_tokens)
+    for chunks in experts:  # expert loop
+        w13_e, w2_e = _expert_weights(call, chunks[0].expert)
         for c in chunks:  # loop_unroll chunks
             emit_moe_schedule(trace, [c], dims)
             _expert_ffn(call, slice(c.row0, c.row0 + c.chunk), w13_e, w2_e)

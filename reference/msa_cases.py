@@ -363,7 +363,7 @@ def _case_info() -> dict[str, CaseInfo]:
         _info("msa_decode_b64_nb17", dec, 0, "medium",
               "B 64, nb 17, seq_len 2176, topk 16 (indexer selection per row), q/k/v randn*0.05",
               status="tilesim extra", status_note="issue 4's speed case (a decode batch of 64)",
-              builder_params={"op": dec, "batch": 64, "nb": 17, "seq_len": 2176}),
+              builder_params={"case": None, "op": dec, "batch": 64, "nb": 17, "seq_len": 2176}),
     ]  # fmt: skip
     for name, n, seed, max_n in _MAIN_TABLE:
         nb = math.ceil(n / 128)
@@ -377,7 +377,8 @@ def _case_info() -> dict[str, CaseInfo]:
 
 
 #: every named MSA case (the :data:`MSA_CASES` entries and ``msa_decode_b64_nb17``, an ad-hoc
-#: build registered by name: ``msa_make_case(None, seed=info.seed, **info.builder_params)``)
+#: build registered by name: ``builder_params["case"] = None`` tells the CLI runner to call
+#: ``msa_make_case(None, seed=info.seed, **other builder_params)``)
 CASE_INFO: dict[str, CaseInfo] = _case_info()
 
 __all__ = ["CASE_INFO", "MSA_CASES", "TOLERANCES", "msa_make_case", "seeds_topk_indices"]

@@ -17,7 +17,7 @@ DEFAULT_OUT = Path(__file__).resolve().parents[2] / "build" / "perf"
 
 #: the seeds' cases timed per family (quick mode keeps the first of each group)
 BENCH_CASES = {
-    "moe": ["m27_case_001", "m3_case_smoke_edge"],
+    "moe": ["m27_case_001", timing.M3_SIZE_CASE, "m3_case_smoke_edge"],
     "msa": [
         "msa_indexer_nb17",
         "msa_decode_e2e_nb17",
@@ -69,7 +69,8 @@ def _progress_line(name: str, r) -> str:
     f, x = report.fmt_s, report.fmt_x
     return (
         f"{name:<45} ref {f(r.ref_s):>9}  torch {f(r.torch_s):>9}  speed-up "
-        f"{x(r.speedup):>7}  x roofline {x(r.roofline_ratio):>7}  {r.check}"
+        f"{x(r.speedup):>7}  x roofline {x(r.roofline_ratio):>7}  x floor "
+        f"{x(r.floor_ratio):>6}  {r.check}"
     )
 
 
@@ -81,11 +82,22 @@ def _run_all(args) -> int:
     timing.warm_torch()
     sgemm = timing.measure_sgemm()
     torch_threads = timing.set_torch_threads(args.torch_threads)
-    print(f"sgemm peak {sgemm['peak']:.1f} GFLOP/s", flush=True)
-    results = []
+    print(
+        f"sgemm peak {sgemm['peak']:.1f} GFLOP/s, dgemm peak {sgemm['dgemm_peak']:.1f} "
+        f"GFLOP/s, widening {sgemm['widen']['best'] / 1e9:.2f} G elements/s",
+        flush=True,
+    )
+    results, failed = [], []
     for fam in fams:
         for name in table[fam]:
-            results.append(timing.run_case_child(name, sgemm["peak"], args))
+            try:
+                r = timing.run_case_child(name, sgemm["peak"], args)
+            except RuntimeError as err:  # one broken case must not lose the whole run
+                failed.append((name, str(err).strip().splitlines()[-1]))
+                print(f"{name:<45} FAILED: {failed[-1][1]}", flush=True)
+                continue
+            r.floor_s = timing.design_floor_s(r, sgemm)
+            results.append(r)
             print(_progress_line(name, results[-1]), flush=True)
     mem = None
     if not args.quick and not args.no_memory and "dsa" in fams:
@@ -94,6 +106,7 @@ def _run_all(args) -> int:
     from tilesim.reference.blas_pool import ref_workers
 
     info = {**report.machine_info(), "torch_threads": torch_threads, "ref_workers": ref_workers()}
+    info["failed"] = failed
     md = report.write_report(Path(args.out), results, sgemm, mem, info, started, load_before)
     print(f"wrote {md} and {md.with_suffix('.png')}")
     return 0

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from bench import goldens
-from bench.flops import flop_count, live_flop_count
+from bench.flops import flop_count, live_flop_count, widen_count
 
 #: interleaved timing rounds of a small case (see bench_case)
 ROUNDS = 3
@@ -111,7 +111,57 @@ def measure_sgemm() -> dict:
     with _one_blas_thread():
         t, _, _ = _best_time(lambda: a @ b, budget=3.0)
     rates[f"numpy {m}x{k}x{n}, 1 thread (not used as the roofline)"] = 2 * m * k * n / t / 1e9
-    return {"rates": rates, "peak": peak}
+    dgemm = measure_dgemm()
+    return {"rates": rates, "peak": peak, **dgemm, "widen": measure_widening()}
+
+
+def measure_dgemm() -> dict:
+    """Best float64 GEMM rate of NumPy (the goldens' K-tile sums; GFLOP/s)."""
+    rng = np.random.default_rng(1)
+    rates = {}
+    for m, k, n in ((2048, 2048, 2048), (4096, 1024, 4096)):
+        a, b = rng.standard_normal((m, k)), rng.standard_normal((k, n))
+        t, _, _ = _best_time(lambda a=a, b=b: a @ b, budget=3.0)
+        rates[f"numpy float64 {m}x{k}x{n}"] = 2 * m * k * n / t / 1e9
+    return {"dgemm_rates": rates, "dgemm_peak": max(rates.values())}
+
+
+def _widen_tiles(w: np.ndarray) -> None:
+    """Widen BF16 ``w`` to float64 one 128-row tile at a time into one reused buffer (what
+    reference.arith.matmul_fp32_widening does)."""
+    buf = np.empty((128, w.shape[1]), dtype=np.float64)
+    for k0 in range(0, w.shape[0], 128):
+        np.copyto(buf, w[k0 : k0 + 128], casting="unsafe")
+
+
+def measure_widening() -> dict:
+    """BF16 -> float64 widening rate (elements/s) into a cache-resident reused buffer, on one
+    thread and on every usable core at once (the best is the floor's rate)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import ml_dtypes
+
+    cores = usable_cpus()
+    rng = np.random.default_rng(2)
+    ws = [rng.standard_normal((3072, 3072), dtype=np.float32).astype(ml_dtypes.bfloat16)
+          for _ in range(cores)]  # fmt: skip
+    n = ws[0].size
+    t1, _, _ = _best_time(lambda: _widen_tiles(ws[0]), budget=2.0)
+    rates = {"1 thread": n / t1}
+    if cores > 1:
+        with ThreadPoolExecutor(cores) as pool:
+            tn, _, _ = _best_time(lambda: list(pool.map(_widen_tiles, ws)), budget=2.0)
+        rates[f"{cores} threads"] = cores * n / tn
+    return {"rates": rates, "best": max(rates.values())}
+
+
+def design_floor_s(r: CaseResult, sgemm: dict) -> float | None:
+    """The design floor of one case: the live FLOPs at this machine's dgemm rate (every K-tile
+    sum is float64) plus the operand elements the golden widens to float64 at the measured
+    widening rate; both rates measured in the same run. ``None`` without the rates."""
+    if "dgemm_peak" not in sgemm or "widen" not in sgemm:
+        return None
+    return r.live_flop / (sgemm["dgemm_peak"] * 1e9) + r.widen_elems / sgemm["widen"]["best"]
 
 
 def _one_blas_thread():
@@ -148,6 +198,8 @@ class CaseResult:
     check: str
     build_s: float
     notes: list = field(default_factory=list)
+    widen_elems: int = 0
+    floor_s: float | None = None  # design floor (design_floor_s), set by the parent process
 
     @property
     def speedup(self) -> float | None:
@@ -157,6 +209,10 @@ class CaseResult:
     def roofline_ratio(self) -> float:
         return self.ref_s / self.roofline_s if self.roofline_s > 0 else math.inf
 
+    @property
+    def floor_ratio(self) -> float | None:
+        return None if not self.floor_s else self.ref_s / self.floor_s
+
     def target_rate(self, speedup: float) -> float | None:
         """GFLOP/s (of the live work) of a reference ``speedup`` x faster than the torch loop."""
         if self.torch_s is None or not math.isfinite(self.torch_s):
@@ -164,11 +220,46 @@ class CaseResult:
         return speedup * self.live_flop / self.torch_s / 1e9
 
 
-def bench_case(name: str, peak_gflops: float, *, with_torch: bool = True) -> CaseResult:
+def _bench_only_cases() -> dict:
+    """Cases the bench times that are not in the registry (built by the family builder)."""
+    from tilesim.shared.case_schema import CaseInfo
+
+    m3 = {"num_experts": 8, "hidden_size": 6144, "intermediate_size": 3072,
+          "activation": "swigluoai", "counts": (32,) * 8, "seed": 7, "input_scale": 0.5,
+          "weight_scale": 0.02, "rtol": 0.015, "atol": 0.5}  # fmt: skip
+    return {
+        M3_SIZE_CASE: CaseInfo(
+            name=M3_SIZE_CASE,
+            family="moe",
+            op="moe_grouped_gemm",
+            model="MiniMax-M3",
+            summary="M3-size: E 8, H 6144, I 3072, swigluoai, 32 rows per expert",
+            seed=7,
+            size="medium",
+            tolerance={"mode": "compare", "atol": 0.5, "rtol": 0.015, "ratio": 0.0},
+            builder="tilesim.reference.moe_cases:moe_make_case",
+            status="tilesim extra",
+            builder_params={"case": None, **m3},
+        )
+    }
+
+
+#: an M3-size grouped GEMM (the issue's second MoE case), built with moe_make_case
+M3_SIZE_CASE = "bench_m3_e8_h6144_i3072_r256"
+
+
+def case_info(name: str):
+    """The registry's case, or one of the bench's own (:func:`_bench_only_cases`)."""
     from tilesim.cli.registry import get_case
+
+    extra = _bench_only_cases()
+    return extra[name] if name in extra else get_case(name)
+
+
+def bench_case(name: str, peak_gflops: float, *, with_torch: bool = True) -> CaseResult:
     from tilesim.cli.runner import build_case, run_reference
 
-    built = build_case(get_case(name))
+    built = build_case(case_info(name))
     flop = flop_count(built)
     # Small cases: three interleaved rounds (reference, torch, reference, torch, ...) of
     # best-of timing, so a burst of load from other users hits both sides alike; the minimum
@@ -200,6 +291,7 @@ def bench_case(name: str, peak_gflops: float, *, with_torch: bool = True) -> Cas
         roofline_s=flop / (peak_gflops * 1e9),
         check=check,
         build_s=built.build_seconds,
+        widen_elems=widen_count(built),
     )
 
 
