@@ -15,12 +15,21 @@ One loop nest serves every cache form (:func:`attention_nest`)::
       L4z  (1 - min(bn, 1)) trips  cur_seq = 0: write zeros (the seeds' kernels write nothing)
       L4 t < bn                    KV tile of s_kv_tile top-k columns, `valid` of them used
           V0  gather + dequant     kn = BF16(FP32(q) * scale_g) [valid, 512], kr BF16 [valid, 64]
-          C1  S = Q @ [kn|kr]^T    FP32 [g_tile, valid]
+          C1  S = Q @ [kn|kr]^T    FP32 [g_tile, valid]; Q = a view of the [T*nq, 576] query
           V1  S *= scale; [masked: S -= 3e38 at skipped entries]; m = rowmax
               [masked: m = max(m, -1e30)]; P = exp(S - m); l = rowsum(P)
           C2  online:   O_t = BF16(P) @ kn (FP32)
               per_tile: O_t = BF16(BF16(P / l) @ kn)
           V2  first / middle / last merge (pypto.cond on is_loop_begin / is_loop_end)
+
+Split-KV (``kv_splits > 1``, online; :func:`split_tiles`): L4 becomes one loop per split
+``j`` (unrolled at trace time) over tiles ``j*tps ..``, each merging into its own FP32 state
+``(O, L, M)``; an empty split stores the neutral state; then a combine loop
+(:func:`combine_splits`, skipped when ``cur_seq = 0``) folds the states in split order and
+writes ``BF16(O / L)``. The query is ONE ``[T*nq, 576]`` tensor (the wrapper concatenates
+``query_nope`` and ``query_rope``) so that C1 reads Q from an input: a Q assembled per group
+tile was a task with ~129 successor edges whose resolution stalled the schedule (docs/device.md,
+"Where the time goes"). :func:`probe_matmuls` is the matmul-only probe of the same tiles.
 
 The V0 stage differs per cache form (``load_*`` below). Where PyPTO 0.2.0 cannot express the
 seeds' formulation, the replacement is used on every target (sim and NPU) and documented at the
@@ -47,6 +56,10 @@ UB_PITCH = 672  # packed row padded to a 32-byte multiple in UB (the seeds' pitc
 TAIL_BYTES = 144  # rope (128 B) + scales (16 B) of a packed row, bytes 512..655
 TAIL_PITCH = 160  # 144 padded to a 32-byte multiple
 SCALE_PITCH = 8  # 4 FP32 scales padded to 32 bytes (kv_split)
+#: rows per vector tile of the V0 gathers / casts: each tile is one task of the schedule, and
+#: every task costs the device a fixed submit + dispatch + completion overhead (docs/device.md)
+GATHER_ROWS = 64
+CAST_ROWS = 32
 MASK_BIAS = 3.0e38  # subtracted from the scores of skipped entries (masked builds)
 MASK_FLOOR = 1.0e30  # row max of an all-skipped tile is clamped to -MASK_FLOOR (masked builds)
 
@@ -62,10 +75,11 @@ class NestParams:
     never collide."""
 
     def __init__(
-        self, *, nq, n_kv, softmax_scale, topk, block_size, tile, online, quant, layout, mask_col0
-    ):
+        self, *, nq, n_kv, softmax_scale, topk, block_size, tile, online, quant, layout, mask_col0,
+        kv_splits=1, tiles_per_split=None,
+    ):  # fmt: skip
         self._key = (nq, n_kv, repr(softmax_scale), topk, block_size, repr(tile), online, quant)
-        self._key += (layout, mask_col0)
+        self._key += (layout, mask_col0, kv_splits, tiles_per_split)
         self.nq = nq
         self.n_kv = n_kv
         self.softmax_scale = softmax_scale
@@ -83,10 +97,13 @@ class NestParams:
         # masked builds: topk_indices columns mask_col0.. hold 1 at skipped (-1) entries
         self.mask_col0 = mask_col0
         self.masked = mask_col0 is not None
+        # split-KV: kv_splits ranges of tiles_per_split KV tiles (tilesim.shared.dsa_split)
+        self.kv_splits = kv_splits
+        self.tps = tiles_per_split
 
     def __repr__(self) -> str:
         names = ("nq", "n_kv", "scale", "topk", "block_size", "tile", "online", "quant", "layout")
-        names += ("mask_col0",)
+        names += ("mask_col0", "kv_splits", "tiles_per_split")
         return (
             "NestParams("
             + ", ".join(f"{n}={v}" for n, v in zip(names, self._key, strict=True))
@@ -124,12 +141,12 @@ def load_packed_int8(cache, idx, bt, valid, p):
     a ``[s_kv_tile, 672]`` UB tile (656 valid bytes), then byte views: nope INT8 -> FP32, rope
     viewed as BF16, scales viewed as FP32. Returns ``(kn BF16, kr BF16)`` with ``valid`` rows."""
     t = p.s_kv_tile
-    pypto.set_vec_tile_shapes(16, UB_PITCH)
+    pypto.set_vec_tile_shapes(GATHER_ROWS, UB_PITCH)
     rows_view = pypto.view(
         cache, [cache.shape[0], UB_PITCH], [0, 0], valid_shape=[cache.shape[0], ROW_BYTES]
     )
     rows = gather_in_ub(rows_view, idx, bt, p.block_size, -2)
-    pypto.set_vec_tile_shapes(16, NOPE)
+    pypto.set_vec_tile_shapes(CAST_ROWS, NOPE)
     q8 = pypto.view(rows, [t, NOPE], [0, 0], valid_shape=[valid, NOPE])
     sc8 = pypto.view(rows, [t, 4 * NSCALES], [0, p.scale_off], valid_shape=[valid, 4 * NSCALES])
     kr8 = pypto.view(rows, [t, 2 * ROPE], [0, p.rope_off], valid_shape=[valid, 2 * ROPE])
@@ -146,16 +163,17 @@ def load_packed_fp8(cache, cache_fp8, idx, bt, valid, p):
     512..655 (rope + scales, padded to 160) from the INT8 view. Same HBM bytes as one gather;
     twice the descriptors. Used on CPU and NPU alike."""
     t = p.s_kv_tile
-    pypto.set_vec_tile_shapes(16, NOPE)
+    pypto.set_vec_tile_shapes(GATHER_ROWS, NOPE)
     nope_view = pypto.view(cache_fp8, [cache_fp8.shape[0], NOPE], [0, 0])
     qf8 = gather_in_ub(nope_view, idx, bt, p.block_size, -2)
+    pypto.set_vec_tile_shapes(CAST_ROWS, NOPE)
     q32 = pypto.cast(qf8, pypto.DT_FP32)
-    pypto.set_vec_tile_shapes(16, TAIL_PITCH)
+    pypto.set_vec_tile_shapes(GATHER_ROWS, TAIL_PITCH)
     tail_view = pypto.view(
         cache, [cache.shape[0], TAIL_PITCH], [0, NOPE], valid_shape=[cache.shape[0], TAIL_BYTES]
     )
     tail = gather_in_ub(tail_view, idx, bt, p.block_size, -2)
-    pypto.set_vec_tile_shapes(16, NOPE)
+    pypto.set_vec_tile_shapes(CAST_ROWS, NOPE)
     so, ro = p.scale_off - NOPE, p.rope_off - NOPE
     sc8 = pypto.view(tail, [t, 4 * NSCALES], [0, so], valid_shape=[valid, 4 * NSCALES])
     kr8 = pypto.view(tail, [t, 2 * ROPE], [0, ro], valid_shape=[valid, 2 * ROPE])
@@ -168,12 +186,13 @@ def load_split(kn_quant, kr, kn_scales, idx, bt, valid, p):
     or INT8), ``kr [rows, 64]`` BF16, ``kn_scales [rows, 4]`` FP32 (gathered as a 32-byte
     ``[rows, 8]`` view with 4 valid columns)."""
     t = p.s_kv_tile
-    pypto.set_vec_tile_shapes(16, NOPE)
+    pypto.set_vec_tile_shapes(GATHER_ROWS, NOPE)
     qk = gather_in_ub(kn_quant, idx, bt, p.block_size, -2)
+    pypto.set_vec_tile_shapes(CAST_ROWS, NOPE)
     q32 = int8_to_fp32(qk) if p.quant == "int8" else pypto.cast(qk, pypto.DT_FP32)
-    pypto.set_vec_tile_shapes(16, ROPE)
+    pypto.set_vec_tile_shapes(GATHER_ROWS, ROPE)
     kr_rows = gather_in_ub(kr, idx, bt, p.block_size, -2)
-    pypto.set_vec_tile_shapes(16, SCALE_PITCH)
+    pypto.set_vec_tile_shapes(GATHER_ROWS, SCALE_PITCH)
     sc_view = pypto.view(
         kn_scales,
         [kn_scales.shape[0], SCALE_PITCH],
@@ -182,7 +201,7 @@ def load_split(kn_quant, kr, kn_scales, idx, bt, valid, p):
     )
     sc_rows = gather_in_ub(sc_view, idx, bt, p.block_size, -2)
     sc = pypto.view(sc_rows, [t, NSCALES], [0, 0], valid_shape=[valid, NSCALES])
-    pypto.set_vec_tile_shapes(16, NOPE)
+    pypto.set_vec_tile_shapes(CAST_ROWS, NOPE)
     kn = dequant_nope(q32, sc, valid, p)
     return kn, pypto.view(kr_rows, [t, ROPE], [0, 0], valid_shape=[valid, ROPE])
 
@@ -313,19 +332,140 @@ def merge_per_tile(t, o_t, l, m, acc, out, row0, p):
 # ----------------------------------------------------------------------------- the loop nest
 
 
-def attention_nest(query_nope, query_rope, topk_indices, block_table, kv_act_seqs, out, load, p):
-    """The 5-level loop nest (module docstring). ``load(idx, bt, valid) -> (kn, kr)`` is the V0
-    stage of the cache form."""
+class _Token:
+    """The symbolic scalars of one (b, s, n, g) iteration the tile loops read."""
+
+    def __init__(self, b, s, n, s1, cur_seq, row0, rows):
+        self.b, self.s, self.n, self.s1 = b, s, n, s1
+        self.cur_seq, self.row0, self.rows = cur_seq, row0, rows
+
+
+def kv_tile(query, topk_indices, block_table, tok, t, load, p):
+    """V0 + C1 + V1 + C2 of KV tile ``t`` of a token -> ``(o_t, l, m)``."""
+    st = p.s_kv_tile
+    valid = (tok.cur_seq - t * st).min(st)
+    pypto.set_semantic_label("Sa_V0")
+    col0 = tok.n * p.topk + t * st
+    idx = pypto.view(topk_indices, [1, st], [tok.b * tok.s1 + tok.s, col0], valid_shape=[1, valid])
+    bt = pypto.view(block_table, [1, block_table.shape[1]], [tok.b, 0])
+    skip = None
+    if p.masked:
+        skip = pypto.view(
+            topk_indices,
+            [1, st],
+            [tok.b * tok.s1 + tok.s, p.mask_col0 + col0],
+            valid_shape=[1, valid],
+        )
+    kn, kr = load(idx, bt, valid)
+    kj = assemble_keys(kn, kr, valid, p)
+    # Q is a view of the kernel's [T*nq, 576] query: no per-group-tile copy (docs/device.md)
+    qi = pypto.view(query, [p.g_tile, HEAD], [tok.row0, 0])
+    return tile_attention(qi, kn, kj, skip, valid, p)
+
+
+def store_state(acc, o, l, m):
+    """Keep ``(O, L, M)`` in a split's FP32 state tensors."""
+    acc[0][:] = o
+    acc[1][:] = l
+    acc[2][:] = m
+
+
+def merge_split(t, o_t, l, m, acc, p):
+    """V2 inside one split (online): first / middle / last, all kept in the split's state
+    ``acc`` (no division and no output: the combine stage reads the state)."""
+    o_acc, l_acc, m_acc = acc
+    if pypto.cond(pypto.is_loop_begin(t)):
+        store_state(acc, o_t, l, m)
+    else:
+        m_new = pypto.maximum(m_acc, m)
+        a = pypto.exp(pypto.sub(m_acc, m_new))
+        big_a = pypto.mul(a, l_acc)
+        c = pypto.exp(pypto.sub(m, m_new))
+        l_new = pypto.add(big_a, pypto.mul(c, l))
+        store_state(acc, pypto.add(pypto.mul(o_acc, a), pypto.mul(o_t, c)), l_new, m_new)
+
+
+def combine_splits(states, out, tok, p):
+    """The combine stage: fold the ``kv_splits`` split states of one group tile in split
+    order (``M' = max(M, m)``, ``a = exp(M - M')``, ``c = exp(m - M')``, ``L = a*L + c*l``,
+    ``O = O*a + O_j*c``), then write ``BF16(O / L)``. An empty split holds the neutral state
+    ``(0, 0, -MASK_FLOOR)``, which the fold leaves unchanged bit for bit (``a = 1, c = 0``
+    after a real state; ``a = 0, c = 1`` before the first one)."""
+    pypto.set_semantic_label("Sa_V3")
+    pypto.set_vec_tile_shapes(p.v2[0], p.v2[1])
+    o_acc, l_acc, m_acc = states[0]
+    for o_j, l_j, m_j in states[1:]:
+        m_new = pypto.maximum(m_acc, m_j)
+        a = pypto.exp(pypto.sub(m_acc, m_new))
+        c = pypto.exp(pypto.sub(m_j, m_new))
+        l_acc = pypto.add(pypto.mul(a, l_acc), pypto.mul(c, l_j))
+        o_acc = pypto.add(pypto.mul(o_acc, a), pypto.mul(o_j, c))
+        m_acc = m_new
+    write_rows(pypto.div(o_acc, safe_sum(l_acc, p)), out, tok.row0)
+
+
+def state_tensors(gt, tag=""):
+    """FP32 ``(O [gt, 512], L [gt, 1], M [gt, 1])`` scratch of one merge."""
+    return (
+        pypto.tensor([gt, NOPE], pypto.DT_FP32, "o_acc" + tag),
+        pypto.tensor([gt, 1], pypto.DT_FP32, "l_acc" + tag),
+        pypto.tensor([gt, 1], pypto.DT_FP32, "m_acc" + tag),
+    )
+
+
+def split_tiles(query, topk_indices, block_table, out, tok, bn, load, p):
+    """Split-KV: ``kv_splits`` tile loops, one per split (unrolled here, so each split has its
+    own state tensors and no loop iteration depends on another split's); split ``j`` runs
+    tiles ``j*tps ..`` of the token. Then the combine (skipped when ``cur_seq = 0``)."""
+    gt = p.g_tile
+    states = []
+    for j in range(p.kv_splits):
+        acc = state_tensors(gt, f"_{j}")
+        states.append(acc)
+        nt = (bn - j * p.tps).max(0).min(p.tps)
+        nt.as_variable()
+        for _e in pypto.loop(0, 1 - nt.min(1), 1, name=f"LOOP_L4e{j}_SA", idx_name=f"e{j}"):
+            pypto.set_vec_tile_shapes(p.v2[0], p.v2[1])
+            store_state(
+                acc,
+                pypto.full([gt, NOPE], 0.0, pypto.DT_FP32),
+                pypto.full([gt, 1], 0.0, pypto.DT_FP32),
+                pypto.full([gt, 1], -MASK_FLOOR, pypto.DT_FP32),
+            )
+        for tt in pypto.loop(0, nt, 1, name=f"LOOP_L4s{j}_SA", idx_name=f"t{j}"):
+            t = j * p.tps + tt
+            o_t, l, m = kv_tile(query, topk_indices, block_table, tok, t, load, p)
+            pypto.set_semantic_label("Sa_V2")
+            pypto.set_vec_tile_shapes(p.v2[0], p.v2[1])
+            merge_split(tt, o_t, l, m, acc, p)
+    for _c in pypto.loop(0, bn.min(1), 1, name="LOOP_L5c_SA", idx_name="c"):
+        combine_splits(states, out, tok, p)
+
+
+def whole_tiles(query, topk_indices, block_table, out, tok, bn, load, p):
+    """``kv_splits = 1``: the token's tiles in one loop, merged as they come (the last tile
+    writes the output rows)."""
+    gt = p.g_tile
+    merge = merge_online if p.online else merge_per_tile
+    acc = state_tensors(gt)
+    for t in pypto.loop(0, bn, 1, name="LOOP_L4_s2_SA", idx_name="t"):
+        o_t, l, m = kv_tile(query, topk_indices, block_table, tok, t, load, p)
+        pypto.set_semantic_label("Sa_V2")
+        pypto.set_vec_tile_shapes(p.v2[0], p.v2[1])
+        merge(t, o_t, l, m, acc, out, tok.row0, p)
+
+
+def attention_nest(query, topk_indices, block_table, kv_act_seqs, out, load, p):
+    """The loop nest (module docstring). ``load(idx, bt, valid) -> (kn, kr)`` is the V0 stage
+    of the cache form."""
     nq = p.nq
     group = nq // p.n_kv
     gt = p.g_tile
-    g_loops = group // gt
     st = p.s_kv_tile
     n_b = kv_act_seqs.shape[0]
-    rows_per_b = query_nope.shape[0] // n_b
+    rows = query.shape[0]
+    rows_per_b = rows // n_b
     s1 = rows_per_b // nq
-    max_blocks = block_table.shape[1]
-    merge = merge_online if p.online else merge_per_tile
     for b in pypto.loop(0, n_b, 1, name="LOOP_L0_b_SA", idx_name="b"):
         act = kv_act_seqs[b]
         for s in pypto.loop(0, s1, 1, name="LOOP_L1_s1_SA", idx_name="s"):
@@ -333,49 +473,21 @@ def attention_nest(query_nope, query_rope, topk_indices, block_table, kv_act_seq
             cur_seq.as_variable()
             bn = (cur_seq + st - 1) // st
             for n in pypto.loop(0, p.n_kv, 1, name="LOOP_L2_n_kv_SA", idx_name="n"):
-                for g in pypto.loop(0, g_loops, 1, name="LOOP_L3_g_SA", idx_name="g"):
+                for g in pypto.loop(0, group // gt, 1, name="LOOP_L3_g_SA", idx_name="g"):
                     row0 = b * rows_per_b + s * nq + n * group + g * gt
+                    tok = _Token(b, s, n, s1, cur_seq, row0, rows)
                     # cur_seq = 0: no key to attend -> zeros (a 0- or 1-trip loop)
                     for _z in pypto.loop(0, 1 - bn.min(1), 1, name="LOOP_L4z_SA", idx_name="z"):
                         pypto.set_vec_tile_shapes(min(gt, 64), NOPE)
                         pypto.assemble(pypto.full([gt, NOPE], 0.0, pypto.DT_BF16), [row0, 0], out)
-                    pypto.set_vec_tile_shapes(min(gt, 64), HEAD)
-                    qi = pypto.tensor([gt, HEAD], pypto.DT_BF16, "qi")
-                    pypto.assemble(pypto.view(query_nope, [gt, NOPE], [row0, 0]), [0, 0], qi)
-                    pypto.assemble(pypto.view(query_rope, [gt, ROPE], [row0, 0]), [0, NOPE], qi)
-                    acc = (
-                        pypto.tensor([gt, NOPE], pypto.DT_FP32, "o_acc"),
-                        pypto.tensor([gt, 1], pypto.DT_FP32, "l_acc"),
-                        pypto.tensor([gt, 1], pypto.DT_FP32, "m_acc"),
-                    )
-                    for t in pypto.loop(0, bn, 1, name="LOOP_L4_s2_SA", idx_name="t"):
-                        valid = (cur_seq - t * st).min(st)
-                        pypto.set_semantic_label("Sa_V0")
-                        idx = pypto.view(
-                            topk_indices,
-                            [1, st],
-                            [b * s1 + s, n * p.topk + t * st],
-                            valid_shape=[1, valid],
-                        )
-                        bt = pypto.view(block_table, [1, max_blocks], [b, 0])
-                        skip = None
-                        if p.masked:
-                            skip = pypto.view(
-                                topk_indices,
-                                [1, st],
-                                [b * s1 + s, p.mask_col0 + n * p.topk + t * st],
-                                valid_shape=[1, valid],
-                            )
-                        kn, kr = load(idx, bt, valid)
-                        kj = assemble_keys(kn, kr, valid, p)
-                        o_t, l, m = tile_attention(qi, kn, kj, skip, valid, p)
-                        pypto.set_semantic_label("Sa_V2")
-                        pypto.set_vec_tile_shapes(p.v2[0], p.v2[1])
-                        merge(t, o_t, l, m, acc, out, row0, p)
+                    if p.kv_splits > 1:
+                        split_tiles(query, topk_indices, block_table, out, tok, bn, load, p)
+                    else:
+                        whole_tiles(query, topk_indices, block_table, out, tok, bn, load, p)
 
 
-def packed_nest(query_nope, query_rope, nope_cache, cache_fp8, topk_indices, block_table,
-                kv_act_seqs, attention_out, p):  # fmt: skip
+def packed_nest(query, nope_cache, cache_fp8, topk_indices, block_table, kv_act_seqs,
+                attention_out, p):  # fmt: skip
     """Packed cache (INT8 bytes; FP8 also through ``cache_fp8``)."""
     pypto.experimental.set_operation_options(combine_axis=True)
     if p.quant == "fp8":
@@ -387,20 +499,18 @@ def packed_nest(query_nope, query_rope, nope_cache, cache_fp8, topk_indices, blo
         def load(idx, bt, valid):
             return load_packed_int8(nope_cache, idx, bt, valid, p)
 
-    attention_nest(query_nope, query_rope, topk_indices, block_table, kv_act_seqs,
-                   attention_out, load, p)  # fmt: skip
+    attention_nest(query, topk_indices, block_table, kv_act_seqs, attention_out, load, p)
 
 
-def split_nest(query_nope, query_rope, kn_quant, kr, kn_scales, topk_indices, block_table,
-               kv_act_seqs, attention_out, p):  # fmt: skip
+def split_nest(query, kn_quant, kr, kn_scales, topk_indices, block_table, kv_act_seqs,
+               attention_out, p):  # fmt: skip
     """kv_split cache."""
     pypto.experimental.set_operation_options(combine_axis=True)
 
     def load(idx, bt, valid):
         return load_split(kn_quant, kr, kn_scales, idx, bt, valid, p)
 
-    attention_nest(query_nope, query_rope, topk_indices, block_table, kv_act_seqs,
-                   attention_out, load, p)  # fmt: skip
+    attention_nest(query, topk_indices, block_table, kv_act_seqs, attention_out, load, p)
 
 
 # ----------------------------------------------------------------------------- kernel sources
@@ -409,8 +519,7 @@ def split_nest(query_nope, query_rope, kn_quant, kr, kn_scales, topk_indices, bl
 
 
 def sa_packed_int8(
-    query_nope: pypto.Tensor([pypto.DYNAMIC, NOPE], pypto.DT_BF16),
-    query_rope: pypto.Tensor([pypto.DYNAMIC, ROPE], pypto.DT_BF16),
+    query: pypto.Tensor([pypto.DYNAMIC, HEAD], pypto.DT_BF16),
     nope_cache: pypto.Tensor([pypto.STATIC, ROW_BYTES], pypto.DT_INT8),
     topk_indices: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_INT32),
     block_table: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_INT32),
@@ -418,13 +527,12 @@ def sa_packed_int8(
     attention_out: pypto.Tensor([pypto.DYNAMIC, NOPE], pypto.DT_BF16),
     params,
 ):
-    packed_nest(query_nope, query_rope, nope_cache, None, topk_indices, block_table,
-                kv_act_seqs, attention_out, params)  # fmt: skip
+    packed_nest(query, nope_cache, None, topk_indices, block_table, kv_act_seqs,
+                attention_out, params)  # fmt: skip
 
 
 def sa_packed_fp8(
-    query_nope: pypto.Tensor([pypto.DYNAMIC, NOPE], pypto.DT_BF16),
-    query_rope: pypto.Tensor([pypto.DYNAMIC, ROPE], pypto.DT_BF16),
+    query: pypto.Tensor([pypto.DYNAMIC, HEAD], pypto.DT_BF16),
     nope_cache: pypto.Tensor([pypto.STATIC, ROW_BYTES], pypto.DT_INT8),
     nope_cache_fp8: pypto.Tensor([pypto.STATIC, ROW_BYTES], pypto.DT_FP8E4M3),
     topk_indices: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_INT32),
@@ -433,13 +541,12 @@ def sa_packed_fp8(
     attention_out: pypto.Tensor([pypto.DYNAMIC, NOPE], pypto.DT_BF16),
     params,
 ):
-    packed_nest(query_nope, query_rope, nope_cache, nope_cache_fp8, topk_indices, block_table,
-                kv_act_seqs, attention_out, params)  # fmt: skip
+    packed_nest(query, nope_cache, nope_cache_fp8, topk_indices, block_table, kv_act_seqs,
+                attention_out, params)  # fmt: skip
 
 
 def sa_split_fp8(
-    query_nope: pypto.Tensor([pypto.DYNAMIC, NOPE], pypto.DT_BF16),
-    query_rope: pypto.Tensor([pypto.DYNAMIC, ROPE], pypto.DT_BF16),
+    query: pypto.Tensor([pypto.DYNAMIC, HEAD], pypto.DT_BF16),
     kn_quant: pypto.Tensor([pypto.STATIC, NOPE], pypto.DT_FP8E4M3),
     kr: pypto.Tensor([pypto.STATIC, ROPE], pypto.DT_BF16),
     kn_scales: pypto.Tensor([pypto.STATIC, NSCALES], pypto.DT_FP32),
@@ -449,13 +556,12 @@ def sa_split_fp8(
     attention_out: pypto.Tensor([pypto.DYNAMIC, NOPE], pypto.DT_BF16),
     params,
 ):
-    split_nest(query_nope, query_rope, kn_quant, kr, kn_scales, topk_indices, block_table,
-               kv_act_seqs, attention_out, params)  # fmt: skip
+    split_nest(query, kn_quant, kr, kn_scales, topk_indices, block_table, kv_act_seqs,
+               attention_out, params)  # fmt: skip
 
 
 def sa_split_int8(
-    query_nope: pypto.Tensor([pypto.DYNAMIC, NOPE], pypto.DT_BF16),
-    query_rope: pypto.Tensor([pypto.DYNAMIC, ROPE], pypto.DT_BF16),
+    query: pypto.Tensor([pypto.DYNAMIC, HEAD], pypto.DT_BF16),
     kn_quant: pypto.Tensor([pypto.STATIC, NOPE], pypto.DT_INT8),
     kr: pypto.Tensor([pypto.STATIC, ROPE], pypto.DT_BF16),
     kn_scales: pypto.Tensor([pypto.STATIC, NSCALES], pypto.DT_FP32),
@@ -465,8 +571,72 @@ def sa_split_int8(
     attention_out: pypto.Tensor([pypto.DYNAMIC, NOPE], pypto.DT_BF16),
     params,
 ):
-    split_nest(query_nope, query_rope, kn_quant, kr, kn_scales, topk_indices, block_table,
-               kv_act_seqs, attention_out, params)  # fmt: skip
+    split_nest(query, kn_quant, kr, kn_scales, topk_indices, block_table, kv_act_seqs,
+               attention_out, params)  # fmt: skip
+
+
+def probe_matmuls(
+    query: pypto.Tensor([pypto.DYNAMIC, HEAD], pypto.DT_BF16),
+    keys: pypto.Tensor([pypto.DYNAMIC, HEAD], pypto.DT_BF16),
+    probs: pypto.Tensor([pypto.STATIC, pypto.STATIC], pypto.DT_BF16),
+    scores_out: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_FP32),
+    o_out: pypto.Tensor([pypto.DYNAMIC, NOPE], pypto.DT_FP32),
+    params,
+):
+    """The matmul-only probe: per (token, group tile, KV tile) the kernel's C1
+    (``Q [g_tile, 576] @ K_t^T``, cube tiles ``c1``) and C2 (``P [g_tile, s_kv_tile] BF16 @
+    V_t [s_kv_tile, 512]``, cube tiles ``c2``) on tiles of the same shapes, in the kernel's
+    loops (tokens, group tiles, KV tiles), and nothing else: the keys are a dense
+    ``[T * tiles * s_kv_tile, 576]`` BF16 tensor (no gather, no dequant), ``P`` one fixed BF16
+    tile (no softmax), each product written to its own rows (no merge)."""
+    p = params
+    gt, st = p.g_tile, p.s_kv_tile
+    n_tok = query.shape[0] // p.nq
+    n_t = p.n_tiles
+    for r in pypto.loop(0, n_tok, 1, name="LOOP_P0_tok", idx_name="r"):
+        for g in pypto.loop(0, p.nq // gt, 1, name="LOOP_P1_g", idx_name="g"):
+            row0 = r * p.nq + g * gt
+            for t in pypto.loop(0, n_t, 1, name="LOOP_P2_t", idx_name="t"):
+                pypto.set_vec_tile_shapes(min(gt, 64), HEAD)
+                qi = pypto.view(query, [gt, HEAD], [row0, 0])
+                key0 = (r * n_t + t) * st
+                kj = pypto.view(keys, [st, HEAD], [key0, 0])
+                pypto.set_semantic_label("Sa_C1")
+                cube_tiles(p.c1)
+                s = pypto.matmul(qi, kj, pypto.DT_FP32, a_trans=False, b_trans=True)
+                orow = ((r * (p.nq // gt) + g) * n_t + t) * gt
+                pypto.set_vec_tile_shapes(p.v1[0], p.v1[1])
+                pypto.assemble(s, [orow, 0], scores_out)
+                pypto.set_semantic_label("Sa_C2")
+                cube_tiles(p.c2)
+                pypto.set_matrix_size([gt, st, NOPE])
+                vj = pypto.view(keys, [st, NOPE], [key0, 0])
+                o_t = pypto.matmul(probs, vj, pypto.DT_FP32)
+                pypto.set_vec_tile_shapes(p.v2[0], p.v2[1])
+                pypto.assemble(o_t, [orow, 0], o_out)
+
+
+class ProbeParams:
+    """Static parameters of the probe (``repr`` keys pypto's compiled-kernel cache)."""
+
+    def __init__(self, *, nq, tile, n_tiles):
+        self.nq, self.n_tiles = nq, n_tiles
+        self.g_tile, self.s_kv_tile = tile[0], tile[1]
+        self.c1, self.v1, self.c2, self.v2 = tile[2], tile[3], tile[4], tile[5]
+
+    def __repr__(self) -> str:
+        tile = (self.g_tile, self.s_kv_tile, self.c1, self.v1, self.c2, self.v2)
+        return f"ProbeParams(nq={self.nq}, tile={tile!r}, n_tiles={self.n_tiles})"
+
+
+def build_probe():
+    """The jit probe kernel (decode-mode options; cached)."""
+    key = ("probe", pypto.platform.npuarch)
+    if key not in _BUILT:
+        opts = jit_options(key[1], "online")
+        opts["runtime_options"].pop("ready_on_host_tensors")  # the probe has no such inputs
+        _BUILT[key] = pypto.frontend.jit(**opts)(probe_matmuls)
+    return _BUILT[key]
 
 
 SOURCES = {

@@ -53,16 +53,19 @@ from tilesim.shared.dsa_plan import (
     check_split_cache,
     cur_seq_lengths,
     plan_physical_rows,
+    resolve_tiling,
     stand_in_positions,
 )
+from tilesim.shared.dsa_split import kv_tiles, tiles_per_split
 from tilesim.shared.interop import is_torch_tensor
 from tilesim.shared.mla_cache import NOPE, PYPTO_ROW_BYTES, ROPE
 from tilesim.shared.soc import DEFAULT_SOC
 from tilesim.shared.tiling import SaTileShapeConfig
-from tilesim.shared.validate import check_array, host_ints
+from tilesim.shared.validate import check_array, check_pos_int, host_ints
 
 __all__ = [
     "kernel_indices",
+    "matmul_probe",
     "sparse_attention_antiquant",
     "sparse_attention_antiquant_kv_split",
     "sparse_attention_traffic",
@@ -137,12 +140,16 @@ def _launch(a: DsaArgs, form: str, quant: str, layout: str, caches: tuple, plan,
     from tilesim.device import _dsa_kernels as kernels
 
     idx, mask_col0 = plan
+    k = a.tiling.kv_splits
     params = kernels.NestParams(
         nq=a.nq, n_kv=1, softmax_scale=float(a.softmax_scale), topk=a.topk,
         block_size=a.block_size, tile=a.tiling.as_tuple(), online=a.tiling.softmax == "online",
-        quant=quant, layout=layout, mask_col0=mask_col0,
+        quant=quant, layout=layout, mask_col0=mask_col0, kv_splits=k,
+        tiles_per_split=tiles_per_split(a.topk, a.tiling.s_kv_tile, k) if k > 1 else None,
     )  # fmt: skip
-    tensors = [t.contiguous() for t in _backend.to_tensors(a.query_nope, a.query_rope, *caches)]
+    qn, qr, *cache_t = _backend.to_tensors(a.query_nope, a.query_rope, *caches)
+    # one [T*nq, 576] query (an exact copy): C1 reads its Q tile straight from an input
+    tensors = [torch.cat([qn, qr], dim=1).contiguous(), *(t.contiguous() for t in cache_t)]
     if form == "packed":
         cache = tensors.pop()
         tensors.append(cache.view(torch.int8))
@@ -282,3 +289,37 @@ def sparse_attention_traffic(
         "flop": g_loops * attention_flop(g_tile, total_cur),
         "keys": total_cur,
     }
+
+
+def matmul_probe(tokens: int, *, nq: int = 128, topk: int = 2048, tiling=None,
+                 backend: str = "sim", soc: str = DEFAULT_SOC, seed: int = 0):  # fmt: skip
+    """The matmul-only probe of the kernel: its C1 and C2 on tiles of the same shapes, and
+    nothing else (:func:`tilesim.device._dsa_kernels.probe_matmuls`), for ``tokens`` query
+    tokens that each use ``topk`` keys. Returns ``(o, cost_us)`` on the simulator (``o`` the
+    FP32 C2 products, ``[tokens * nq/g_tile * tiles * g_tile, 512]``), so a report can state a
+    kernel's time as a multiple of what the cost model charges for its matmuls alone. Inputs
+    are random BF16 on the grid ``j/128`` (``seed``); the values do not matter to the cost."""
+    torch = require_torch()
+    from tilesim.device import _dsa_kernels as kernels
+
+    tokens = check_pos_int(tokens, "tokens")
+    nq, topk = check_pos_int(nq, "nq"), check_pos_int(topk, "topk")
+    cfg = resolve_tiling(tiling)
+    if nq % cfg.g_tile:
+        raise ValueError(f"tiling.g_tile: expected a divisor of nq = {nq}, got {cfg.g_tile}")
+    target = _backend.resolve(backend, soc, np.zeros(1))
+    n_t = kv_tiles(topk, cfg.s_kv_tile)
+    gen = torch.Generator().manual_seed(seed)
+
+    def grid(*shape):
+        return (torch.randint(-128, 128, shape, generator=gen) / 128).to(torch.bfloat16)
+
+    n_out = tokens * (nq // cfg.g_tile) * n_t * cfg.g_tile
+    args = [grid(tokens * nq, NOPE + ROPE), grid(tokens * n_t * cfg.s_kv_tile, NOPE + ROPE),
+            grid(cfg.g_tile, cfg.s_kv_tile)]  # fmt: skip
+    outs = [torch.zeros((n_out, cfg.s_kv_tile), dtype=torch.float32),
+            torch.zeros((n_out, NOPE), dtype=torch.float32)]  # fmt: skip
+    params = kernels.ProbeParams(nq=nq, tile=cfg.as_tuple(), n_tiles=n_t)
+    us = _backend.launch(functools.partial(kernels.build_probe(), params=params), args, outs,
+                         target)  # fmt: skip
+    return _backend.finish(outs[1], us, target)

@@ -38,6 +38,13 @@ CPU); row sums are :func:`~tilesim.reference.arith.rowsum_fp32`; ``exp`` is
 :func:`~tilesim.reference.arith.exp_fp32_correctly_rounded`. Every other FP32 operation is a
 single IEEE FP32 operation, in the kernel's order.
 
+Split-KV (``tiling.kv_splits > 1``, online mode; :mod:`tilesim.shared.dsa_split`): the
+token's tiles are grouped into splits of ``tiles_per_split`` consecutive tiles, each split
+folded by its own ``SoftmaxMerge("online")`` (state ``O, L, M`` unnormalised), and the
+non-empty splits' states folded in split order by a combine ``SoftmaxMerge("online")``, whose
+``normalized()`` is rounded to BF16 -- the kernel's split and combine, step for step.
+``kv_splits = 1`` is the unsplit loop above (same bits).
+
 Policies beyond the seeds: ``-1`` entries are skipped (a tile whose columns are all ``-1`` is
 skipped entirely: it is neither the first nor the last tile); a query token with no usable entry
 (``cur_seq = 0`` or all ``-1``) outputs zeros; in per-tile mode with several tiles the
@@ -78,6 +85,7 @@ from tilesim.shared.dsa_plan import (
     cur_seq_lengths,
     plan_physical_rows,
 )
+from tilesim.shared.dsa_split import tiles_per_split
 from tilesim.shared.mla_cache import NOPE, PYPTO_ROW_BYTES
 from tilesim.shared.tiling import SaTileShapeConfig
 from tilesim.shared.trace import trace_record
@@ -160,6 +168,8 @@ class _Nest:
             s1=a.s1, topk=a.topk, block_size=a.block_size, cache_rows=cache.rows,
         )  # fmt: skip
         self.out = np.zeros((a.rows, NOPE), dtype=BF16)
+        #: KV tiles per split (all of a token's tiles when kv_splits = 1)
+        self.tps = tiles_per_split(a.topk, self.cfg.s_kv_tile, self.cfg.kv_splits)
 
     def plan(self, r: int) -> _TokenPlan:
         s_kv = self.cfg.s_kv_tile
@@ -191,38 +201,64 @@ class _Nest:
         return records
 
     def group_tile(self, r, kv, g, heads, q_tok, k64, plan: _TokenPlan, records) -> None:
-        """L4 (KV tiles) of one group tile of heads ``[h0, h1)``; writes its output rows."""
+        """L4 (KV tiles) of one group tile of heads ``[h0, h1)``; writes its output rows.
+
+        With ``kv_splits > 1`` the tiles are folded split by split (each split its own
+        :class:`SoftmaxMerge`), then the splits' unnormalised states are folded in split order
+        by a combine :class:`SoftmaxMerge` (:mod:`tilesim.shared.dsa_split`)."""
         h0, h1 = heads
+        n_tiles, tps = len(plan.valid), self.tps
+        splits = []
+        for t0 in range(0, n_tiles, tps):
+            tiles = range(t0, min(t0 + tps, n_tiles))
+            merge = SoftmaxMerge(self.cfg.softmax, exp=exp_fp32_correctly_rounded)
+            live = [t for t in tiles if plan.valid[t]]
+            for t in tiles:
+                m = l = None
+                if plan.valid[t]:
+                    k_t = k64[plan.start[t] : plan.start[t + 1]]  # K = [kn | kr] of the tile
+                    o_t, l, m = tile_attention(q_tok[h0:h1], k_t, self.a.softmax_scale, merge.mode)
+                    merge.update(o_t, l, m)  # V2
+                if self.tracing:
+                    branch = _branch(t, live) if plan.valid[t] else "skip"
+                    records.append(self.record(r, (kv, g, heads), t, plan, (m, l), branch))
+            splits.append(merge)
+        done = [mg for mg in splits if not mg.empty]
+        if not done:
+            return
+        if len(splits) == 1:
+            result = done[0].normalized()
+        else:  # the combine stage: fold the splits' (O, L, M) in split order
+            combine = SoftmaxMerge("online", exp=exp_fp32_correctly_rounded)
+            for mg in done:
+                combine.update(mg.o, mg.l, mg.m)
+            result = combine.normalized()
+        base = r * self.a.nq
+        self.out[base + h0 : base + h1] = to_bf16(result)
+
+    def record(self, r, where, t, plan: _TokenPlan, ml, branch) -> dict:
+        """The trace record of KV tile ``t`` of a group tile (``where = (kv, g, heads)``)."""
+        kv, g, heads = where
+        m, l = ml
         s_kv = self.cfg.s_kv_tile
-        merge = SoftmaxMerge(self.cfg.softmax, exp=exp_fp32_correctly_rounded)
-        for t in range(len(plan.valid)):
-            m = l = None
-            if plan.valid[t]:
-                k_t = k64[plan.start[t] : plan.start[t + 1]]  # K = [kn | kr] of the tile
-                o_t, l, m = tile_attention(q_tok[h0:h1], k_t, self.a.softmax_scale, merge.mode)
-                merge.update(o_t, l, m)  # V2
-            if self.tracing:
-                b, s = divmod(r, self.a.s1)
-                records.append(
-                    trace_record(
-                        self.op,
-                        {"b": b, "s": s, "kv_head": kv, "group": g},
-                        t,
-                        (t * s_kv, min((t + 1) * s_kv, plan.cur)),
-                        keys_used=plan.valid[t],
-                        row_max=None if m is None else m[:, 0].copy(),
-                        row_sum=None if l is None else l[:, 0].copy(),
-                        flop=attention_flop(h1 - h0, plan.valid[t]),
-                        heads=heads,
-                        branch=_branch(t, plan.live) if plan.valid[t] else "skip",
-                        n_tiles=len(plan.valid),
-                        softmax=self.cfg.softmax,
-                        s_kv_tile=s_kv,
-                    )
-                )
-        if not merge.empty:
-            base = r * self.a.nq
-            self.out[base + h0 : base + h1] = to_bf16(merge.normalized())
+        b, s = divmod(r, self.a.s1)
+        extra = {"kv_split": t // self.tps} if self.cfg.kv_splits > 1 else {}
+        return trace_record(
+            self.op,
+            {"b": b, "s": s, "kv_head": kv, "group": g},
+            t,
+            (t * s_kv, min((t + 1) * s_kv, plan.cur)),
+            keys_used=plan.valid[t],
+            row_max=None if m is None else m[:, 0].copy(),
+            row_sum=None if l is None else l[:, 0].copy(),
+            flop=attention_flop(heads[1] - heads[0], plan.valid[t]),
+            heads=heads,
+            branch=branch,
+            n_tiles=len(plan.valid),
+            softmax=self.cfg.softmax,
+            s_kv_tile=s_kv,
+            **extra,
+        )
 
 
 def _run(op: str, a: DsaArgs, cache, trace, progress) -> np.ndarray:
@@ -281,7 +317,8 @@ def sparse_attention_antiquant(
         block_table: int ``[B, max_blocks]``; kv_act_seqs: int ``[B]``.
         nq, n_kv, softmax_scale, topk, block_size: as in the kernel (``n_kv`` must be 1).
         tiling: :class:`~tilesim.shared.tiling.SaTileShapeConfig`; ``None`` reads
-            ``SaTileShapeConfig.from_env()`` at call time (decode preset by default).
+            ``SaTileShapeConfig.from_env()`` at call time (decode preset by default); its
+            ``kv_splits`` selects split-KV (module docstring).
             ``tile_config=`` is a deprecated alias of it (passing both is a ``TypeError``).
         trace: called once per (token, group tile, KV tile) with a
             :func:`tilesim.shared.trace.trace_record` (lane ``{"b", "s", "kv_head", "group"}``,

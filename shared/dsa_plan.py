@@ -129,6 +129,11 @@ def check_dsa_args(
     block_size = check_pos_int(block_size, "block_size")
     scale = np.float32(check_float(softmax_scale, "softmax_scale", positive=True, fp32=True))
     cfg = resolve_tiling(tiling, tile_config)
+    if cfg.kv_splits > 1 and cfg.softmax != "online":
+        raise ValueError(
+            f"tiling.kv_splits: expected 1 with softmax 'per_tile' (split-KV combines "
+            f"unnormalised online states), got {cfg.kv_splits}"
+        )
     check_trace(trace)
     if progress is not None:
         check_bool(progress, "progress")

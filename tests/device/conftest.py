@@ -31,6 +31,16 @@ REPO = Path(__file__).resolve().parents[2]
 REPORT_MD = REPO / "build" / "perf" / "cost_model.md"
 #: the published table (tracked): the rows a partial run keeps, read only
 PUBLISHED_MD = REPO / "docs" / "perf" / "cost_model.md"
+#: extra columns that come first, in this order, when any row has them: the physical bounds,
+#: then the matmul-only probe and the kernel's multiple of it
+BOUND_COLUMNS = (
+    "row-wise ULP",
+    "HBM-bound µs",
+    "HBM-bound µs 950DT",
+    "cube-peak µs",
+    "probe µs",
+    "kernel / probe",
+)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -90,8 +100,10 @@ class SimReport:
     ``bit_exact`` is the fraction (0..1) of output elements whose bits equal the golden's,
     ``max_ulp`` the largest distance in units in the last place of the output dtype,
     ``max_abs`` the largest absolute error, ``us`` the cost-model time in µs. ``extra`` adds
-    optional columns (any key; the union of keys becomes the extra columns, in first-seen
-    order). :meth:`metrics` computes the first three from an output and its golden::
+    optional columns (any key; the union of keys becomes the extra columns: those of
+    ``BOUND_COLUMNS`` first in that order -- incl. ``"probe µs"`` and ``"kernel / probe"`` --,
+    then the others in first-seen order). :meth:`metrics` computes the first three from an
+    output and its golden::
 
         sim_report.add(kernel=..., soc=..., case=..., us=run_us, **sim_report.metrics(out, gold))
 
@@ -196,7 +208,7 @@ class SimReport:
         if not self.rows:
             return None
         rows = self._merged()
-        extras: list[str] = []
+        extras = [k for k in BOUND_COLUMNS if any(k in r["extra"] for r in rows)]
         for r in rows:
             for k in r["extra"]:
                 if k not in extras:
@@ -221,6 +233,9 @@ class SimReport:
             "See [../device.md](../device.md) for what each kernel promises. `max ULP` is in the",
             "output dtype; `n/a` where it is not meaningful (FP32 outputs judged by",
             "`err / max|golden|` instead) or where a position is NaN.",
+            "`probe µs` = the same session's matmul-only probe of the kernel (its C1/C2 matmuls",
+            "on the same tiles, nothing else); `kernel / probe` = cost-model µs / probe µs, how",
+            "close the kernel is to what the model charges for its matmuls alone.",
             "",
             "| " + " | ".join(head) + " |",
             "|" + "|".join("---" for _ in head) + "|",

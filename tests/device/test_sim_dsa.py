@@ -141,14 +141,17 @@ def run_case(spec: dict) -> dict:
 
 def _force_skips(inputs: dict, spec: dict, s_kv_tile: int) -> np.ndarray:
     """On top of ``invalid_frac``: token 0 loses a whole KV tile (its second), token 1 its
-    first tile, and the last token every entry (-> a zero row)."""
+    first tile (with kv_splits 2: its first two, a whole split), and the last token every
+    entry (-> a zero row)."""
     from tilesim.shared.dsa_plan import cur_seq_lengths
 
     ti = np.array(inputs["topk_indices"], copy=True)
     cur = cur_seq_lengths(inputs["kv_act_seqs"], spec["s1"], spec["topk"])
     assert cur[0] > s_kv_tile and cur[1] > s_kv_tile, "skip pattern needs two tiles"
     ti[0, s_kv_tile : 2 * s_kv_tile] = -1
-    ti[1, :s_kv_tile] = -1
+    # split builds: token 1 loses its whole first split (tiles_per_split tiles), not one tile
+    lost = 2 if spec.get("tile", {}).get("kv_splits", 1) > 1 else 1
+    ti[1, : lost * s_kv_tile] = -1
     ti[-1, : cur[-1]] = -1
     return ti
 
@@ -235,6 +238,20 @@ _C = {
         soc="950", quant="int8", layout="pypto", preset="decode", s1=2, acts=(1000, 1),
         topk=2048, block_size=64,
     ),
+    # split-KV (tiling.kv_splits): 2 tiles per split, so the splits merge inside and the
+    # combine re-associates; the reference twin splits the same way
+    "fp8-packed-decode-s1-splits2": dict(
+        soc="950", quant="fp8", layout="pypto", preset="decode", s1=1, acts=(2048, 1500),
+        topk=2048, tile=dict(kv_splits=2),
+    ),
+    "int8-packed-decode-s2-splits2-skips": dict(  # -1 entries: a whole split of token 1
+        soc="910b", quant="int8", layout="pypto", preset="decode", s1=2, acts=(2100, 1500),
+        topk=2048, skips=True, tile=dict(kv_splits=2),  # 2 tiles per split
+    ),
+    "int8-kv_split-decode-s1-splits4-short": dict(  # 70 keys: shorter than one split
+        soc="910b", quant="int8", layout="kv_split", preset="decode", s1=1, acts=(1200, 70),
+        topk=2048, tile=dict(kv_splits=4),
+    ),
 }  # fmt: skip
 
 
@@ -261,6 +278,7 @@ def test_sim_matches_reference(name, spec, sim_report):
     assert r["empty_zero"], "rows with cur_seq = 0 must be zeros"
     assert r["seeds_rule"], f"seeds' compare rule failed: {r['n_fail']} elements"
     assert r["row_ulps"] <= budget_rows(spec), f"{r['row_ulps']} row-ULPs off the reference"
+    assert r["bit_exact"] >= 0.99, f"{r['bit_exact']:.4%} bit-exact"
     assert 0.0 < r["us"] < 1e5
     if spec.get("try_fp8_here"):
         assert r["fp8_error"].startswith("nope_cache: FP8 E4M3 needs the Ascend 950")
@@ -280,8 +298,11 @@ def test_sim_matches_reference(name, spec, sim_report):
         case += f" block {spec['block_size']}"
     if spec.get("skips"):
         case += " with -1 entries"
-    if "tile" in spec:
-        case += f" g_tile {spec['tile']['g_tile']} s_kv_tile {spec['tile']['s_kv_tile']}"
+    tile = spec.get("tile", {})
+    if "g_tile" in tile:
+        case += f" g_tile {tile['g_tile']} s_kv_tile {tile['s_kv_tile']}"
+    if tile.get("kv_splits", 1) > 1:
+        case += f" kv_splits {tile['kv_splits']}"
     sim_report.add(
         kernel=r["op"],
         soc=spec["soc"],

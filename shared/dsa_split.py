@@ -1,0 +1,93 @@
+"""Split-KV (flash-decoding) for DeepSeek sparse attention: which KV tiles form which split.
+
+A query token's ``cur_seq`` used top-k entries are cut into KV tiles of ``s_kv_tile`` columns
+(``ceil(cur_seq / s_kv_tile)`` of them). With ``tiling.kv_splits = k`` the tiles are grouped
+into ranges of ``tiles_per_split(topk, s_kv_tile, k)`` consecutive tiles: split ``j`` holds
+tiles ``j*tps .. (j+1)*tps - 1`` of the token (those that exist). Each split folds its tiles
+into its own softmax state (FP32 ``O``, ``L``, ``M``, unnormalised), independently of the other
+splits; a combine stage then folds the splits' states in split order ``0, 1, ..`` with the
+same online-merge formulas and writes ``BF16(O / L)``. The split layout depends on ``topk``
+only (not on the token), so a short token simply has fewer (or one) non-empty splits.
+
+``kv_splits = 1`` is the unsplit loop (one range = every tile; no combine). Both the golden
+(``tilesim.reference.dsa``) and the kernel (``tilesim.device.sparse_attention``) take the
+split from the tile config they are given; :func:`default_kv_splits` is the rule that picks
+it for a call shape and SoC, and :func:`split_tiling` applies it to a tile config. The rule is
+applied only where asked for (a tile config is never changed behind the caller's back, so the
+golden and the kernel always see the same split). ``docs/ops/deepseek_sparse_attention.md``
+("Split-KV").
+"""
+
+from __future__ import annotations
+
+from tilesim.shared.soc import get_soc
+from tilesim.shared.tiling import SaTileShapeConfig
+from tilesim.shared.validate import check_instance, check_pos_int
+
+__all__ = [
+    "default_kv_splits",
+    "effective_kv_splits",
+    "kv_tiles",
+    "merge_chain",
+    "split_tiling",
+    "tiles_per_split",
+]
+
+
+def kv_tiles(topk: int, s_kv_tile: int) -> int:
+    """KV tiles of a token that uses all ``topk`` entries: ``ceil(topk / s_kv_tile)``."""
+    return -(-check_pos_int(topk, "topk") // check_pos_int(s_kv_tile, "s_kv_tile"))
+
+
+def tiles_per_split(topk: int, s_kv_tile: int, kv_splits: int) -> int:
+    """Tiles per split: ``ceil(kv_tiles(topk, s_kv_tile) / kv_splits)`` (at least 1)."""
+    return -(-kv_tiles(topk, s_kv_tile) // check_pos_int(kv_splits, "kv_splits"))
+
+
+def effective_kv_splits(topk: int, s_kv_tile: int, kv_splits: int) -> int:
+    """How many splits can be non-empty: ``ceil(kv_tiles / tiles_per_split)`` (<= kv_splits).
+    E.g. 4 tiles and ``kv_splits = 3`` give 2 tiles per split, so 2 splits."""
+    n = kv_tiles(topk, s_kv_tile)
+    return -(-n // tiles_per_split(topk, s_kv_tile, kv_splits))
+
+
+def merge_chain(n_tiles: int, kv_splits: int) -> int:
+    """Dependent merge stages on one token's longest chain: ``tps - 1`` merges inside a split,
+    then, when there are several splits, the combine: one more stage (it waits for every
+    split) that folds the ``splits - 1`` other states one after the other. Unsplit:
+    ``n_tiles - 1``."""
+    tps = -(-n_tiles // kv_splits)
+    splits = -(-n_tiles // tps)
+    return (tps - 1) + (splits if splits > 1 else 0)
+
+
+def default_kv_splits(*, tokens: int, nq: int, topk: int, tiling: SaTileShapeConfig,
+                      soc: str) -> int:  # fmt: skip
+    """The split count for a call: a pure function of the shape and the SoC's cube cores.
+
+    ``items = tokens * (nq / g_tile)`` independent (token, group tile) work items. When they
+    fill the cube cores (``items >= aic_cores``), or a token has one KV tile, or the softmax
+    mode is ``per_tile`` (the split is built for the online merge), the answer is 1.
+    Otherwise the smallest ``k <= min(kv_tiles, aic_cores // items)`` (every range can have
+    a core) with the shortest dependent chain :func:`merge_chain` (about ``sqrt(kv_tiles)``
+    splits), in whole ranges. Decode preset: 2048 keys = 4 tiles: chain 3 unsplit, 3 with 2
+    splits, 4 with 4 -> 1 (no split pays); 4096 keys (8 tiles) B 1 -> 2 (chain 5 instead of
+    7); 8192 keys (16 tiles) B 1 -> 4 (7 instead of 15).
+    """
+    check_instance(tiling, "tiling", SaTileShapeConfig)
+    items = check_pos_int(tokens, "tokens") * max(check_pos_int(nq, "nq") // tiling.g_tile, 1)
+    cores = get_soc(soc).aic_cores
+    n_tiles = kv_tiles(topk, tiling.s_kv_tile)
+    if items >= cores or n_tiles == 1 or tiling.softmax != "online":
+        return 1
+    want = min(n_tiles, cores // items)
+    best = min(range(1, want + 1), key=lambda k: (merge_chain(n_tiles, k), k))
+    return effective_kv_splits(topk, tiling.s_kv_tile, best)
+
+
+def split_tiling(tiling: SaTileShapeConfig, *, tokens: int, nq: int, topk: int,
+                 soc: str) -> SaTileShapeConfig:  # fmt: skip
+    """``tiling`` with ``kv_splits`` set by :func:`default_kv_splits` (pass the result to both
+    the golden and the kernel)."""
+    k = default_kv_splits(tokens=tokens, nq=nq, topk=topk, tiling=tiling, soc=soc)
+    return tiling.replace(kv_splits=k)

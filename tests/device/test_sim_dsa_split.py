@@ -1,0 +1,94 @@
+"""DeepSeek sparse attention on the cost model: the decode shapes of issue 13 against the
+matmul-only probe, with the split-KV default rule.
+
+Per SoC (910B INT8, 950 FP8 packed cache, decode preset, one query token per batch row, 2048
+keys): B 1 and B 8 through the kernel with ``tiling = split_tiling(decode, ...)`` (the default
+rule of :mod:`tilesim.shared.dsa_split`), compared with the reference twin given the same
+tiling (>= 99 % bit-exact, <= 1 row-ULP), and the probe
+(:func:`tilesim.device.sparse_attention.matmul_probe`: the same C1/C2 matmuls on the same
+tiles, nothing else) in the same process. The rows go to the cost-model report with "probe µs"
+and "kernel / probe"; the test asserts numbers (agreement, split counts), never times.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_sim_dsa import row_ulps
+from tilesim.shared.soc import get_soc
+
+
+def run_decode(soc: str, quant: str, b: int) -> dict:
+    """Child process: kernel + reference twin + probe for one shape."""
+    import tilesim.reference as reference
+    from tilesim.device import sparse_attention as dev
+    from tilesim.reference.numerics import ulp_distance
+    from tilesim.shared.dsa_split import split_tiling
+    from tilesim.shared.tiling import SaTileShapeConfig
+
+    cfg = split_tiling(SaTileShapeConfig.decode(), tokens=b, nq=128, topk=2048, soc=soc)
+    case = reference.dsa_make_case(
+        seed=3, b=b, s1=1, actual_seq=[2048] * b, topk=2048, quant=quant, layout="pypto",
+        tiling=cfg, topk_rule="causal",
+    )  # fmt: skip
+    inp, prm = case["inputs"], case["params"]
+    got, us = dev.sparse_attention_antiquant(**inp, **prm, backend="sim", soc=soc)
+    ref = reference.sparse_attention_antiquant(**inp, **prm)
+    _, probe_us = dev.matmul_probe(b, nq=128, topk=2048, tiling=cfg, backend="sim", soc=soc)
+    traffic = dev.sparse_attention_traffic(inp["topk_indices"], inp["kv_act_seqs"])
+    return {
+        "kv_splits": prm["tiling"].kv_splits,
+        "us": us,
+        "probe_us": probe_us,
+        "bit_exact": float(np.mean(got.view(np.uint16) == ref.view(np.uint16))),
+        "row_ulps": row_ulps(got, ref),
+        "max_ulp": int(ulp_distance(got, ref).max()),
+        "max_abs": float(np.abs(got.astype(np.float64) - ref.astype(np.float64)).max()),
+        "nan": int(np.isnan(got.astype(np.float32)).sum()),
+        "bytes": traffic["bytes"],
+        "flop": traffic["flop"],
+    }
+
+
+_SHAPES = [
+    pytest.param("910b", "int8", 1, 1, marks=pytest.mark.soc_910b, id="910b-int8-b1"),
+    pytest.param("910b", "int8", 8, 1, marks=pytest.mark.soc_910b, id="910b-int8-b8"),
+    pytest.param("950", "fp8", 1, 1, marks=pytest.mark.soc_950, id="950-fp8-b1"),
+    pytest.param("950", "fp8", 8, 1, marks=pytest.mark.soc_950, id="950-fp8-b8"),
+]
+
+
+@pytest.mark.sim
+@pytest.mark.torch
+@pytest.mark.parametrize("soc,quant,b,splits", _SHAPES)
+def test_decode_against_probe(soc, quant, b, splits, sim_report):
+    from tilesim.device import sim
+
+    r = sim.isolated(run_decode, soc, quant, b, soc=soc, timeout=2400)
+    assert r["kv_splits"] == splits  # the default rule (worked out in test_dsa_split.py)
+    assert r["nan"] == 0
+    assert r["bit_exact"] >= 0.99, f"{r['bit_exact']:.4%} bit-exact"
+    assert r["row_ulps"] <= 1.0, f"{r['row_ulps']} row-ULPs off the reference twin"
+    assert r["us"] > 0 and r["probe_us"] > 0
+    spec = get_soc(soc)
+    sim_report.add(
+        kernel="sparse_attention_antiquant",
+        soc=soc,
+        case=f"{quant} pypto decode b{b} s1 acts 2048 topk 2048 kv_splits {splits} (default rule)",
+        bit_exact=r["bit_exact"],
+        max_ulp=r["max_ulp"],
+        max_abs=r["max_abs"],
+        us=r["us"],
+        extra={
+            "row-wise ULP": r["row_ulps"],
+            "HBM-bound µs": spec.hbm_bound_us(r["bytes"]),
+            "cube-peak µs": spec.cube_bound_us(r["flop"], "bf16"),
+            **(
+                {"HBM-bound µs 950DT": get_soc("950dt").hbm_bound_us(r["bytes"])}
+                if soc == "950"
+                else {}
+            ),
+            "probe µs": r["probe_us"],
+            "kernel / probe": r["us"] / r["probe_us"],
+        },
+    )
