@@ -4,40 +4,59 @@ Same name and arguments as the reference op (``reference/msa_main.py``; ``block_
 :func:`tilesim.shared.msa_mask.build_msa_block_mask`), the same argument rules
 (:func:`tilesim.shared.msa_mask.check_msa_main_args`) and the same input policy: NumPy arrays or
 torch tensors in, output of the kind of ``query``; the back end comes from
-:mod:`tilesim.device.backend`. Wrapper: the kernel mask ``[max_n, topk*bk]`` of
-:func:`tilesim.shared.msa_mask.kernel_mask` (the reference's, built on the host); q, k, v cast to
-FP16/BF16 (RNE) unless ``dtype="fp32"``. Kernel loop nest (the seeds' current revision)::
+:mod:`tilesim.device.backend`. Wrapper (on the inputs' device, the masks on the host): the
+kernel mask rows ``< n`` of :func:`tilesim.shared.msa_mask.kernel_mask` padded with -1e9 rows
+to ``n_pad = ceil(n/128)*128``; q, k, v cast to FP16/BF16 (RNE) unless ``dtype="fp32"``, q
+zero-padded to ``n_pad`` rows; the K and V rows of keys no query row sees (padding slots,
+positions past ``n``: :func:`tilesim.shared.msa_mask.read_keys`) set to zero by a select, so
+NaN or garbage there never reaches the output; afterwards the rows that see no key set to +0.
+Kernel loop nest::
 
-    seen = rowmax(mask[:n]) > -1e9                     per query row: sees some selected key
-    for hg in pypto.loop(HQ):                          one query head, all n rows on cube M
-        h_kv = hg // (HQ/HKV)
-        for c in NTILE-wide key chunks (static; the last one may be partial):
-            S   = fp32(Q_h @ K_c^T) * scale + mask[:, chunk]       FP32
-            m_c = rowmax(S); P = exp(S - m_c); l_c = rowsum(P)      FP32
-            PV  = fp32(cast(P) @ V_c)                 cast: none / FP16 / BF16
-            chunk 0 stores (m_c, l_c, PV); later chunks merge online (FP32)
-        out[:, hg] = O / l where seen, +0 elsewhere     FP32
+    for hg in pypto.loop(HQ):                          one query head (h_kv = hg // (HQ/HKV))
+        for rb in pypto.loop(n_pad // 128):            runtime trip count: n is not compiled in
+            for c in NTILE-wide key chunks (static; the last one may be partial):
+                S   = fp32(Q[rb, hg] @ K_c^T) * scale + mask[rb, chunk]   FP32
+                m_c = rowmax(S); P = exp(S - m_c); l_c = rowsum(P)          FP32
+                PV  = fp32(cast(P) @ V_c)             cast: none / FP16 / BF16
+                chunk 0 stores (m_c, l_c, PV); later chunks merge online (FP32)
+            out[rb, hg] = O / l                       FP32
 
 Same rounding points as the reference. Where the seeds' kernel is wrong at the edges this one is
 right: rows that see no selected key give zeros (the seeds' arithmetic gives the mean of V),
 and a last partial chunk is processed when ``topk*bk`` is not a multiple of NTILE (the seeds
-drop it). The kernel compiles per ``(n, HQ, HKV, topk*bk, max_n, dtype)``; the seeds compile
-``n`` as a dynamic dimension -- on the CPU every call recompiles anyway.
+drop it). One compile per model configuration and tiling (``compile_stats()`` name
+``"msa_main_branch"``; key: HQ, HKV, dh, topk*bk, dtype, NTILE, VEC_ROWS, jit options, SoC).
+The seeds' kernel (hicann/pypto-gym,
+src/pypto_gym/ops/pypto_tensor/minimax/msa_main_branch_impl.py) makes ``n`` a
+``pypto.DYNAMIC`` axis too, but walks it as one ``[max_n, .]`` view with ``valid_shape`` n;
+in PyPTO 0.2.0's cost model that costs the full ``max_n`` rows whatever ``n`` is, so this
+kernel loops over 128-row blocks instead (docs/device.md, "Main branch").
 
 Tiling: ``MsaTiling.from_env()`` (``MSA_NTILE``, ``MSA_DTYPE``, ``MSA_MAX_N``) and the per-SoC
 vector tile rows :data:`VEC_ROWS` (``MSA_VEC_ROWS``). Importing needs neither torch nor pypto.
 """
 
-import functools
 from typing import NamedTuple
 
+import numpy as np
 from tilesim.device._lazy import require_pypto, require_torch
-from tilesim.device._msa_tiles import merge_chunk
-from tilesim.device.backend import Target, finish, launch, resolve, to_tensors
+from tilesim.device._msa_tiles import jit_options, merge_chunk, operation_options
+from tilesim.device.backend import (
+    BACKENDS,
+    compile_once,
+    finish,
+    graph_safe,
+    is_shape_only,
+    launch,
+    resolve,
+    standin,
+    to_tensors,
+)
 from tilesim.shared.msa_mask import MASK_NEG as _MASK_NEG
-from tilesim.shared.msa_mask import MainBranchArgs, check_msa_main_args, kernel_mask
-from tilesim.shared.soc import DEFAULT_SOC, MSA_DEVICE_TILES, msa_device_tile
+from tilesim.shared.msa_mask import MainBranchArgs, check_msa_main_args, kernel_mask, read_keys
+from tilesim.shared.soc import DEFAULT_SOC, MSA_DEVICE_TILES, get_soc, msa_device_tile
 from tilesim.shared.tiling import MsaTiling
+from tilesim.shared.validate import check_choice, is_array
 
 MASK_NEG = float(_MASK_NEG)  # -1e9, exact in FP32 (a Python float for the kernel body)
 
@@ -52,53 +71,82 @@ def vec_rows(soc=DEFAULT_SOC, env=None) -> int:
     return msa_device_tile("MSA_VEC_ROWS", soc, env)
 
 
-@functools.lru_cache(maxsize=32)
-def build_kernel(n, hq, hkv, dh, kv_len, max_n, dtype, ntile, rows):
-    """The ``@pypto.frontend.jit`` kernel for one shape/dtype/tiling (cached)."""
+#: the seeds' jit options of the main-branch kernel (hicann/pypto-gym,
+#: src/pypto_gym/ops/pypto_tensor/minimax/msa_main_branch_impl.py) that PyPTO 0.2.0 accepts, as a
+#: hashable spec (:func:`tilesim.device._msa_tiles.jit_options`). Not accepted by 0.2.0 and left
+#: out: pass ``ooo_sched_mode`` / ``sg_set_tunevf_mode``, codegen ``vf_options``,
+#: ``pypto.experimental.auto_mix_partition``; host ``compile_timeout`` changes no kernel. The
+#: cost-model sweep and the verdict: docs/device.md, "Main branch".
+SEED_JIT = (
+    ("runtime", "device_sched_mode", 1),
+    ("runtime", "stitch_function_max_num", 64),
+    ("pass", "vec_nbuffer_setting", ((-1, 1),)),
+    ("pass", "cube_l1_reuse_setting", ((-1, 2),)),
+    ("pass", "cube_nbuffer_setting", ((-1, 2),)),
+)
+#: the options the kernel runs with per SoC (the sweep's verdict, docs/device.md, "Main
+#: branch"): the seeds' five on both; ``combine_axis`` only on the 950 (slower on the 910B)
+JIT = {"910b": SEED_JIT, "950": (*SEED_JIT, ("operation", "combine_axis", True))}
+
+
+#: query rows per row block of the kernel (the cube's M tile); the wrapper pads ``n`` up to a
+#: multiple of it
+ROW_TILE = 128
+
+
+@compile_once("msa_main_branch")
+def build_kernel(hq, hkv, dh, kv_len, dtype, ntile, rows, jit=SEED_JIT):
+    """The ``@pypto.frontend.jit`` kernel for one model configuration and tiling, built once
+    (:func:`tilesim.device.backend.compiled`). The prefill length is a runtime value: ``q``,
+    ``mask`` and ``out`` have a dynamic first axis of ``ceil(n/128)*128`` rows, walked by a
+    ``pypto.loop`` over :data:`ROW_TILE`-row blocks with a symbolic trip count."""
     pypto = require_pypto()
     dt = {"fp32": pypto.DT_FP32, "fp16": pypto.DT_FP16, "bf16": pypto.DT_BF16}[dtype]
     group = hq // hkv
     bounds = [(c0, min(ntile, kv_len - c0)) for c0 in range(0, kv_len, ntile)]
     scale = dh**-0.5
-    r = min(rows, n)
+    combine = bool(operation_options(jit).get("combine_axis", False))
+    bq = ROW_TILE
 
-    @pypto.frontend.jit
+    @pypto.frontend.jit(**jit_options(jit))
     def msa_main_branch_kernel(
-        q: pypto.Tensor([], dt),  # [n, HQ*dh]
-        k: pypto.Tensor([], dt),  # [kv_len, HKV*dh]
-        v: pypto.Tensor([], dt),  # [kv_len, HKV*dh]
-        mask: pypto.Tensor([], pypto.DT_FP32),  # [max_n, kv_len]
-        out: pypto.Tensor([], pypto.DT_FP32),  # [n, HQ*dh]
+        q: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], dt),  # [n_pad, HQ*dh]
+        k: pypto.Tensor([pypto.STATIC, pypto.STATIC], dt),  # [kv_len, HKV*dh]
+        v: pypto.Tensor([pypto.STATIC, pypto.STATIC], dt),  # [kv_len, HKV*dh]
+        mask: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_FP32),  # [n_pad, kv_len]
+        out: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_FP32),  # [n_pad, HQ*dh]
     ):
-        pypto.set_vec_tile_shapes(r, min(ntile, kv_len))
-        row_max = pypto.amax(pypto.view(mask, [n, kv_len], [0, 0]), dim=-1, keepdim=True)
-        seen = pypto.gt(row_max, MASK_NEG)  # [n, 1]: the row sees some selected key
+        pypto.experimental.set_operation_options(combine_axis=combine)
+        blocks = q.shape[0] // bq
         for hg in pypto.loop(hq, name="LOOP_HG", idx_name="hg"):
             h_kv = hg // group
-            qh = pypto.view(q, [n, dh], [0, hg * dh])
-            m = pypto.tensor([n, 1], pypto.DT_FP32, "m")
-            l = pypto.tensor([n, 1], pypto.DT_FP32, "l")
-            o = pypto.tensor([n, dh], pypto.DT_FP32, "o")
-            for c in range(len(bounds)):  # NTILE chunks: online softmax
-                c0 = bounds[c][0]
-                w = bounds[c][1]
-                kc = pypto.view(k, [w, dh], [c0, h_kv * dh])
-                vc = pypto.view(v, [w, dh], [c0, h_kv * dh])
-                pypto.set_cube_tile_shapes([128, 128], [128, 128], [128, 128])
-                s = pypto.matmul(qh, kc, pypto.DT_FP32, b_trans=True)
-                pypto.set_vec_tile_shapes(r, w)
-                s = s * scale
-                s = s + pypto.view(mask, [n, w], [0, c0])
-                m_c = pypto.amax(s, dim=-1, keepdim=True)
-                p = pypto.exp(s - m_c)
-                l_c = pypto.sum(p, dim=-1, keepdim=True)
-                if dtype != "fp32":
-                    p = pypto.cast(p, dt)
-                pypto.set_cube_tile_shapes([128, 128], [128, 128], [128, 128])
-                pv = pypto.matmul(p, vc, pypto.DT_FP32)
-                pypto.set_vec_tile_shapes(r, dh)
-                merge_chunk(pypto, m, l, o, m_c, l_c, pv, first=c == 0)
-            pypto.assemble(pypto.where(seen, o / l, 0.0), [0, hg * dh], out)
+            for rb in pypto.loop(0, blocks, 1, name="LOOP_QB", idx_name="rb"):
+                r0 = rb * bq
+                pypto.set_vec_tile_shapes(rows, dh)
+                qh = pypto.view(q, [bq, dh], [r0, hg * dh])
+                m = pypto.tensor([bq, 1], pypto.DT_FP32, "m")
+                l = pypto.tensor([bq, 1], pypto.DT_FP32, "l")
+                o = pypto.tensor([bq, dh], pypto.DT_FP32, "o")
+                for c in range(len(bounds)):  # NTILE chunks: online softmax (static)
+                    c0 = bounds[c][0]
+                    w = bounds[c][1]
+                    kc = pypto.view(k, [w, dh], [c0, h_kv * dh])
+                    vc = pypto.view(v, [w, dh], [c0, h_kv * dh])
+                    pypto.set_cube_tile_shapes([128, 128], [128, 128], [128, 128])
+                    s = pypto.matmul(qh, kc, pypto.DT_FP32, b_trans=True)
+                    pypto.set_vec_tile_shapes(rows, w)
+                    s = s * scale
+                    s = s + pypto.view(mask, [bq, w], [r0, c0])
+                    m_c = pypto.amax(s, dim=-1, keepdim=True)
+                    p = pypto.exp(s - m_c)
+                    l_c = pypto.sum(p, dim=-1, keepdim=True)
+                    if dtype != "fp32":
+                        p = pypto.cast(p, dt)
+                    pypto.set_cube_tile_shapes([128, 128], [128, 128], [128, 128])
+                    pv = pypto.matmul(p, vc, pypto.DT_FP32)
+                    pypto.set_vec_tile_shapes(rows, dh)
+                    merge_chunk(pypto, m, l, o, m_c, l_c, pv, first=c == 0)
+                pypto.assemble(o / l, [r0, hg * dh], out)  # empty rows: zeroed by the wrapper
 
     return msa_main_branch_kernel
 
@@ -107,20 +155,60 @@ class _Call(NamedTuple):
     """The checked arguments of one wrapper call."""
 
     args: MainBranchArgs
-    target: Target
+    shape_only: bool  #: FakeTensor / ``meta`` inputs: metadata only, no data read
 
 
-def _check(query, key_blocks, value_blocks, block_mask, dtype, max_n, tiling, backend, soc):
+def _check(query, key_blocks, value_blocks, block_mask, dtype, max_n, tiling, backend):
     """Every argument check (the reference's rules, :func:`check_msa_main_args`, plus the
-    kernel's head dim and the back end), before any work."""
+    kernel's head dim and the back end's name), before any work. On shape-only inputs the
+    finiteness check of ``block_mask`` runs on a zero stand-in (no data read)."""
+    check_choice(backend, "backend", BACKENDS)
+    shape_only = is_shape_only(query, key_blocks, value_blocks, block_mask)
+    mask = standin(block_mask) if shape_only and is_array(block_mask) else block_mask
     a = check_msa_main_args(
-        query, key_blocks, value_blocks, block_mask, dtype=dtype, max_n=max_n, tiling=tiling
+        query, key_blocks, value_blocks, mask, dtype=dtype, max_n=max_n, tiling=tiling
     )
     if a.dh != 128:
         raise ValueError(f"query: expected head dim 128 (the kernel's tiles), got {a.dh}")
-    return _Call(a, resolve(backend, soc, query))
+    return _Call(a, shape_only)
 
 
+def _operands(a: MainBranchArgs, query, key_blocks, value_blocks):
+    """The kernel's tensors on the inputs' device: q ``[n, HQ*dh]``, k, v ``[kv_len,
+    HKV*dh]`` cast to ``a.dtype`` (FP32 first: exact widening, then one RNE rounding) with the
+    rows of keys no query row sees zeroed (:func:`read_keys`: a select, so NaN or garbage in a
+    padding slot or past ``n`` never reaches the kernel), and the FP32 kernel mask; and the host
+    indices of the query rows that see no key."""
+    torch = require_torch()
+    q, k, v = to_tensors(query, key_blocks, value_blocks)
+    tdt = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[a.dtype]
+    n_pad = -(-a.n // ROW_TILE) * ROW_TILE
+    rows = np.full((n_pad, a.kv_len), _MASK_NEG, dtype=np.float32)  # padding rows: -1e9
+    rows[: a.n] = kernel_mask(a.block_mask, a.max_n)[: a.n]
+    visible = rows[: a.n] > _MASK_NEG
+    read, mask = to_tensors(read_keys(rows[: a.n]), rows)
+    read = read.to(q.device).reshape(-1, 1, 1)
+
+    def cast(t, rows):
+        t = t.detach().to(torch.float32).to(tdt)
+        return torch.where(read, t, torch.zeros((), dtype=tdt, device=t.device)) if rows else t
+
+    q2 = torch.zeros(n_pad, a.hq * a.dh, dtype=tdt, device=q.device)
+    q2[: a.n] = cast(q, False).reshape(a.n, a.hq * a.dh)
+    k2 = cast(k, True).contiguous().reshape(a.kv_len, a.hkv * a.dh)
+    v2 = cast(v, True).contiguous().reshape(a.kv_len, a.hkv * a.dh)
+    return (q2, k2, v2, mask.to(q.device)), np.flatnonzero(~visible.any(axis=1))
+
+
+def kernel_for(a: MainBranchArgs, soc: str, jit=None):
+    """The compiled kernel of a call's model configuration and tiling (built once per key:
+    :func:`build_kernel`; ``n`` is not part of it). ``jit``: an option spec, default
+    ``JIT[soc]`` (:data:`JIT`)."""
+    jit = JIT["950" if get_soc(soc).arch == "DAV_3510" else "910b"] if jit is None else jit
+    return build_kernel(a.hq, a.hkv, a.dh, a.kv_len, a.dtype, a.tiling.ntile, vec_rows(soc), jit)
+
+
+@graph_safe
 def msa_main_branch(
     query,
     key_blocks,
@@ -138,39 +226,60 @@ def msa_main_branch(
     Args:
         query: ``[n, HQ, 128]`` (HQ = 64 in M3); key_blocks, value_blocks ``[topk*bk, HKV, 128]``
             (FP32, FP16 or BF16; NumPy arrays or torch tensors); block_mask FP32
-            ``[ceil(n/bk), topk, bk, bk]``. Same rules as the reference.
+            ``[ceil(n/bk), topk, bk, bk]``. Same rules as the reference. Key rows that no query
+            row sees (padding slots, positions past ``n``) are never read: any value there,
+            NaN included, gives the same output bits.
         dtype: ``"fp32"`` / ``"fp16"`` / ``"bf16"`` (the cast of q, k, v and of P before P.V);
             ``None`` = ``tiling.dtype`` (``MSA_DTYPE``).
         max_n: rows of the kernel mask, a multiple of bk and ``>= ceil(n/bk)*bk``; ``None`` =
-            ``tiling.max_n`` (``MSA_MAX_N``).
+            ``tiling.max_n`` (``MSA_MAX_N``). Part of the compile key (the static bound of
+            ``n``); ``n`` itself is a runtime value (one compile for every ``n <= max_n``).
         tiling: :class:`MsaTiling`; ``None`` = ``MsaTiling.from_env()``.
         backend, soc: :func:`tilesim.device.backend.resolve`.
 
     Returns:
         FP32 ``[n, HQ, 128]``, of the kind of ``query`` (NumPy or torch); ``backend="sim"``
-        returns ``(out, cost_us)``. Inputs are never modified. Budget against the reference:
-        ``docs/device.md`` (## MSA kernels).
+        returns ``(out, cost_us)``. FakeTensor / ``meta`` inputs (torch.compile tracing): an
+        empty FP32 ``[n, HQ, 128]`` tensor, no data read. Inputs are never modified. Budget
+        against the reference: ``docs/device.md`` (## MSA kernels).
     """
-    call = _check(query, key_blocks, value_blocks, block_mask, dtype, max_n, tiling, backend, soc)
-    a, target = call
+    a, shape_only = _check(query, key_blocks, value_blocks, block_mask, dtype, max_n, tiling,
+                           backend)  # fmt: skip
+    if shape_only:
+        return query.new_empty((a.n, a.hq, a.dh), dtype=require_torch().float32)
+    target = resolve(backend, soc, query)
     torch = require_torch()
-    q, k, v = to_tensors(query, key_blocks, value_blocks)
-    tdt = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[a.dtype]
-
-    def cast(t):  # FP32 first (exact widening), then one RNE rounding to the kernel dtype
-        return t.detach().to(torch.float32).to(tdt).contiguous()
-
-    q2 = cast(q).reshape(a.n, a.hq * a.dh)
-    k2 = cast(k).reshape(a.kv_len, a.hkv * a.dh)
-    v2 = cast(v).reshape(a.kv_len, a.hkv * a.dh)
-    (mask,) = to_tensors(kernel_mask(a.block_mask, a.max_n))
-    mask = mask.to(q.device)
-    out = torch.zeros(a.n, a.hq * a.dh, dtype=torch.float32, device=q.device)
-    kernel = build_kernel(
-        a.n, a.hq, a.hkv, a.dh, a.kv_len, a.max_n, a.dtype, a.tiling.ntile, vec_rows(target.soc)
-    )
-    us = launch(kernel, [q2, k2, v2, mask], [out], target)
-    return finish(out.reshape(a.n, a.hq, a.dh), us, target)
+    operands, empty = _operands(a, query, key_blocks, value_blocks)
+    out = torch.zeros(operands[0].shape[0], a.hq * a.dh, dtype=torch.float32,
+                      device=operands[0].device)  # fmt: skip
+    us = launch(kernel_for(a, target.soc), list(operands), [out], target)
+    if empty.size:  # rows that see no selected key: +0 (the kernel's arithmetic: mean of V)
+        out[torch.from_numpy(empty).to(out.device)] = 0.0
+    return finish(out[: a.n].reshape(a.n, a.hq, a.dh), us, target)
 
 
-__all__ = ["VEC_ROWS", "build_kernel", "kernel_mask", "msa_main_branch", "vec_rows"]
+def npu_launch_args(n: int, max_n: int, soc: str, *, jit=None):
+    """``(kernel, args)`` of the wrapper's launch at the shape of an NPU test (M3: HQ 64, HKV 4,
+    topk 16, fp32, NTILE from the environment) with zero data, for a compile-only check
+    (:func:`tilesim.device.sim.run_compile`) on the CPU."""
+    torch = require_torch()
+    mask = np.zeros((-(-n // 128), 16, 128, 128), dtype=np.float32)
+    q = torch.zeros(n, 64, 128)
+    kb = torch.zeros(16 * 128, 4, 128)
+    a = check_msa_main_args(q, kb, kb, mask, dtype="fp32", max_n=max_n)
+    operands = _operands(a, q, kb, kb)[0]
+    out = torch.zeros(operands[0].shape[0], 64 * 128)
+    return kernel_for(a, soc, jit), [*operands, out]
+
+
+__all__ = [
+    "JIT",
+    "SEED_JIT",
+    "VEC_ROWS",
+    "build_kernel",
+    "kernel_for",
+    "kernel_mask",
+    "msa_main_branch",
+    "npu_launch_args",
+    "vec_rows",
+]

@@ -176,6 +176,21 @@ def _resolve(a: DsaArgs, quant: str, cache_name: str, backend_name: str, soc: st
     return target
 
 
+def _checked_call(a, form: str, layout: str, caches: tuple, out, backend, soc):
+    """The rest of a call once the shared arguments ``a`` are checked: the cache (``form``
+    ``"packed"``: ``(nope_cache,)`` in ``layout``; ``"split"``: ``(kn_quant, kr, kn_scales)``),
+    the kernel's limits, the index plan, ``out``, the target; then the launch."""
+    if form == "packed":
+        rows, quant = check_packed_cache(caches[0], layout)
+    else:
+        rows, quant = check_split_cache(*caches)
+    _check_kernel_limits(a)
+    plan = kernel_indices(a, rows)
+    _check_out(out, a.rows)
+    target = _resolve(a, quant, "nope_cache" if form == "packed" else "kn_quant", backend, soc)
+    return _launch(a, form, quant, layout, caches, plan, out, target)
+
+
 # ----------------------------------------------------------------------------- public ops
 def sparse_attention_antiquant(
     query_nope,
@@ -221,12 +236,7 @@ def sparse_attention_antiquant(
         nq=nq, n_kv=n_kv, softmax_scale=softmax_scale, topk=topk, block_size=block_size,
         tiling=tiling, tile_config=tile_config,
     )  # fmt: skip
-    rows, quant = check_packed_cache(nope_cache, layout)
-    _check_kernel_limits(a)
-    plan = kernel_indices(a, rows)
-    _check_out(out, a.rows)
-    target = _resolve(a, quant, "nope_cache", backend, soc)
-    return _launch(a, "packed", quant, layout, (nope_cache,), plan, out, target)
+    return _checked_call(a, "packed", layout, (nope_cache,), out, backend, soc)
 
 
 def sparse_attention_antiquant_kv_split(
@@ -258,12 +268,7 @@ def sparse_attention_antiquant_kv_split(
         nq=nq, n_kv=n_kv, softmax_scale=softmax_scale, topk=topk, block_size=block_size,
         tiling=tiling, tile_config=tile_config,
     )  # fmt: skip
-    rows, quant = check_split_cache(kn_quant, kr, kn_scales)
-    _check_kernel_limits(a)
-    plan = kernel_indices(a, rows)
-    _check_out(out, a.rows)
-    target = _resolve(a, quant, "kn_quant", backend, soc)
-    return _launch(a, "split", quant, "pypto", (kn_quant, kr, kn_scales), plan, out, target)
+    return _checked_call(a, "split", "pypto", (kn_quant, kr, kn_scales), out, backend, soc)
 
 
 def sparse_attention_traffic(

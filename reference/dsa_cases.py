@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import functools
 import math
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -54,6 +53,7 @@ import numpy as np
 from tilesim.reference.dsa import progress_bar
 from tilesim.shared.case_schema import CaseInfo, make_case, tolerance
 from tilesim.shared.casts import BF16, FP8_E4M3, to_bf16, to_fp8_e4m3
+from tilesim.shared.dsa_plan import tiling_argument
 from tilesim.shared.mla_cache import NOPE, NSCALES, PYPTO_ROW_BYTES, ROPE, pack_rows
 from tilesim.shared.models import DEEPSEEK_V32
 from tilesim.shared.quant import (
@@ -67,7 +67,6 @@ from tilesim.shared.validate import (
     check_bool,
     check_choice,
     check_float,
-    check_instance,
     check_int,
     check_pos_int,
 )
@@ -503,15 +502,7 @@ def _as_actual_seq(actual_seq, b) -> tuple[int, ...]:
 
 def _case_tiling(tiling, tile_config, preset) -> SaTileShapeConfig:
     """The case's tile config: ``tiling`` (or its deprecated alias), else ``preset``'s."""
-    name = "tiling"
-    if tile_config is not None:
-        if tiling is not None:
-            raise TypeError("tiling: got tiling= and its deprecated alias tile_config=; pass one")
-        warnings.warn(
-            "tile_config= is deprecated, use tiling= (same meaning)", DeprecationWarning, 3
-        )
-        tiling, name = tile_config, "tile_config"
-    check_instance(tiling, name, SaTileShapeConfig, optional=True)
+    tiling = tiling_argument(tiling, tile_config)
     return SaTileShapeConfig.preset(preset) if tiling is None else tiling
 
 

@@ -201,15 +201,8 @@ def moe_dispatch(
     sorted_tokens[: perm.size] = a.x[perm // a.top_k]
     emit(trace, "moe_dispatch", {}, 0, (0, perm.size), num_tokens=n, top_k=a.top_k,
          counts=counts.tolist())  # fmt: skip
-    return MoeDispatch(
-        sorted_tokens=sorted_tokens,
-        expert_cumsum=cumsum,
-        counts=counts,
-        perm=perm,
-        inv_perm=inv,
-        topk_ids=topk_ids,
-        topk_weights=topk_w,
-    )
+    # the fields in their declared order (see MoeDispatch)
+    return MoeDispatch(sorted_tokens, cumsum, counts, perm, inv, topk_ids, topk_w)
 
 
 class _CombineArgs(NamedTuple):

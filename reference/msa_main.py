@@ -47,7 +47,7 @@ from typing import NamedTuple
 import numpy as np
 from tilesim.reference.arith import F64, SoftmaxMerge, exp_fp32_numpy, matmul_fp32
 from tilesim.reference.blas_pool import blas_threads, map_in_order
-from tilesim.reference.msa_common import K_STEP, chunk_bounds, softmax_chunk
+from tilesim.reference.msa_common import K_STEP, chunk_bounds, softmax_chunk, zero_unread_rows
 from tilesim.shared.casts import BF16, FP32, to_bf16, widen_to_fp32
 from tilesim.shared.msa_mask import (
     MASK_NEG,
@@ -55,6 +55,7 @@ from tilesim.shared.msa_mask import (
     build_msa_block_mask,
     check_msa_main_args,
     kernel_mask,
+    read_keys,
 )
 from tilesim.shared.tiling import MsaTiling
 from tilesim.shared.trace import Trace, emit
@@ -169,8 +170,13 @@ def _plan(call: _Call) -> _Plan:
     mask2d = kernel_mask(a.block_mask, a.max_n)[:n]
     q64 = _cast_inputs(call.q, a.dtype).reshape(n, hkv, group, dh)
     q64 = np.ascontiguousarray(q64.transpose(1, 0, 2, 3)).reshape(hkv, n * group, dh)
-    k64 = np.ascontiguousarray(_cast_inputs(call.k, a.dtype).transpose(1, 2, 0))  # [HKV,dh,kv]
-    v64 = np.ascontiguousarray(_cast_inputs(call.v, a.dtype).transpose(1, 0, 2))  # [HKV,kv,dh]
+    read = read_keys(mask2d)  # keys no row sees (padding, past n): K and V rows zeroed
+    k_kv, v_kv = (
+        zero_unread_rows(_cast_inputs(x, a.dtype).transpose(1, 0, 2), read)
+        for x in (call.k, call.v)
+    )  # [HKV, kv, dh] views of new arrays
+    k64 = np.ascontiguousarray(k_kv.transpose(0, 2, 1))  # [HKV, dh, kv]
+    v64 = np.ascontiguousarray(v_kv)  # [HKV, kv, dh]
     k_chunks = [
         [np.ascontiguousarray(k64[h, :, c0 : c0 + w]) for c0, w in call.bounds] for h in range(hkv)
     ]

@@ -76,19 +76,24 @@ class DsaArgs(NamedTuple):
 
 
 # ----------------------------------------------------------------------------- checks
-def resolve_tiling(tiling, tile_config=None) -> SaTileShapeConfig:
-    """The tile config of a call: ``tiling``, or the deprecated alias ``tile_config`` (a
-    ``DeprecationWarning``; both given: ``TypeError``); ``None`` reads
-    ``SaTileShapeConfig.from_env()`` now."""
+def tiling_argument(tiling, tile_config=None, *, stacklevel: int = 4):
+    """The ``tiling`` argument of a call, or its deprecated alias ``tile_config`` (a
+    ``DeprecationWarning``; both given: ``TypeError``): a ``SaTileShapeConfig`` or ``None``."""
     name = "tiling"
     if tile_config is not None:
         if tiling is not None:
             raise TypeError("tiling: got tiling= and its deprecated alias tile_config=; pass one")
         warnings.warn(
-            "tile_config= is deprecated, use tiling= (same meaning)", DeprecationWarning, 3
+            "tile_config= is deprecated, use tiling= (same meaning)", DeprecationWarning, stacklevel
         )
         tiling, name = tile_config, "tile_config"
-    check_instance(tiling, name, SaTileShapeConfig, optional=True)
+    return check_instance(tiling, name, SaTileShapeConfig, optional=True)
+
+
+def resolve_tiling(tiling, tile_config=None) -> SaTileShapeConfig:
+    """The tile config of a call (:func:`tiling_argument`); ``None`` reads
+    ``SaTileShapeConfig.from_env()`` now."""
+    tiling = tiling_argument(tiling, tile_config)
     return SaTileShapeConfig.from_env() if tiling is None else tiling
 
 
@@ -321,5 +326,6 @@ __all__ = [
     "cur_seq_lengths",
     "plan_physical_rows",
     "resolve_tiling",
+    "tiling_argument",
     "stand_in_positions",
 ]

@@ -4,6 +4,8 @@
 * :func:`build_msa_block_mask` — the host's FP32 additive block mask
   ``[ceil(n/bk), topk, bk, bk]`` built from the selected block ids.
 * :func:`kernel_mask` — the wrapper's ``[max_n, topk*bk]`` FP32 kernel mask made from it.
+* :func:`read_keys` — the keys some query row sees; the K and V rows of the others (padding
+  slots, token positions past ``n``) are zeroed before the kernel, whatever they held (NaN).
 * :func:`check_msa_main_args` — the argument rules the reference and the wrapper share
   (dtypes, the shape relations between query, key/value blocks and block mask, ``dtype``,
   ``max_n``, ``tiling``), returning a :class:`MainBranchArgs`.
@@ -95,6 +97,17 @@ def kernel_mask(block_mask, max_n: int) -> np.ndarray:
     return np.concatenate([m2, pad], axis=0)
 
 
+def read_keys(mask_rows: np.ndarray) -> np.ndarray:
+    """bool ``[topk*bk]``: the keys that some query row sees (an entry > -1e9 in its column)
+    of the kernel mask rows ``mask_rows [n, topk*bk]`` (the rows ``< n``).
+
+    The other keys are read by nobody: a padding slot, a token position past ``n`` in the last
+    block. Reference and wrapper zero their K and V rows (a select, so NaN or garbage there
+    cannot reach a score or P.V); their scores are then ``0*scale + mask = mask`` exactly.
+    """
+    return (np.asarray(mask_rows) > MASK_NEG).any(axis=0)
+
+
 class MainBranchArgs(NamedTuple):
     """The checked arguments of a main-branch call (shapes from the inputs' metadata)."""
 
@@ -174,4 +187,5 @@ __all__ = [
     "build_msa_block_mask",
     "check_msa_main_args",
     "kernel_mask",
+    "read_keys",
 ]

@@ -363,6 +363,55 @@ def test_rows_that_see_no_key_return_zeros():
     np.testing.assert_array_equal(kern[128:], out[128:])
 
 
+def _unread_key_rows(n, ids, topk, bk=128):
+    """bool ``[topk*bk]`` from the ids (not from the mask): padding slots and token positions
+    past ``n`` -- the key rows no query row may see."""
+    slot = np.arange(topk * bk) // bk
+    ids_pad = np.concatenate([np.asarray(ids), np.zeros(topk - len(ids), dtype=int)])
+    return (slot >= len(ids)) | (ids_pad[slot] * bk + np.arange(topk * bk) % bk >= n)
+
+
+POISON_CASES = [  # n, ids, topk, dtype, ntile, seeds_compat, fast
+    (200, [1, 0], 4, "fp32", 512, False, True),  # padding slots + rows 200..255
+    (200, [0, 1], 4, "bf16", 128, False, False),  # every chunk its own; the plain path
+    (500, [3, 1], 5, "fp16", 256, False, True),  # rows 0..127 see nothing; a partial chunk
+    (700, [5, 2, 0], 4, "fp32", 512, True, True),  # seeds_compat (no empty row)
+    (1, [0], 16, "bf16", 512, False, True),  # one query row: 127 dead rows in its block
+]
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+@pytest.mark.parametrize("n, ids, topk, dtype, ntile, seeds_compat, fast", POISON_CASES)
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf, 3e38])
+def test_unread_key_rows_never_reach_the_output(n, ids, topk, dtype, ntile, seeds_compat, fast,
+                                                value):  # fmt: skip
+    """NaN-robust masking (issue 15): the K and V rows of keys no query row sees are zeroed
+    (a select), so NaN, inf or huge garbage there gives the same output bits and the same
+    trace records as zeros; a poisoned key that IS seen shows up (the control)."""
+    inputs, _, _ = case(n, ids, hq=8, hkv=2, topk=topk, seed=n + topk)
+    tiling = MsaTiling(ntile=ntile, max_n=-(-n // 128) * 128)
+    unread = _unread_key_rows(n, ids, topk)
+    assert unread.sum() >= 127
+    kw = dict(dtype=dtype, tiling=tiling, seeds_compat=seeds_compat, _fast=fast)
+    want_rec, got_rec = [], []
+    want = msa_main_branch(**inputs, **kw, trace=want_rec.append)
+    bad = dict(inputs)
+    for name, sign in (("key_blocks", 1), ("value_blocks", -1)):
+        bad[name] = inputs[name].copy()
+        bad[name][unread] = sign * value
+    got = msa_main_branch(**bad, **kw, trace=got_rec.append)
+    assert np.isfinite(want).all()
+    np.testing.assert_array_equal(got.view(np.int32), want.view(np.int32))
+    assert len(got_rec) == len(want_rec)
+    for a, b in zip(got_rec, want_rec, strict=True):
+        for f in ("row_max", "row_sum"):
+            np.testing.assert_array_equal(a[f].view(np.int32), b[f].view(np.int32))
+    seen_key = int(np.flatnonzero(~unread)[0])  # the control: a key some row sees
+    bad["value_blocks"] = inputs["value_blocks"].copy()
+    bad["value_blocks"][seen_key] = np.nan
+    assert np.isnan(msa_main_branch(**bad, **kw)).any()
+
+
 def test_partial_chunk_processed_seeds_compat_drops_it():
     inputs, _, ids = case(700, [5, 1, 3, 0, 2], hq=8, hkv=2, topk=5, seed=9)  # 640 keys
     full = msa_main_branch(**inputs, dtype="fp32", max_n=768, tiling=T)
