@@ -44,6 +44,39 @@ def _demo(args: argparse.Namespace) -> int:
     return 0 if rep.passed else 1
 
 
+#: sub-command -> (its line in ``tilesim --help``, the description of ``tilesim CMD --help``)
+_COMMAND_TEXT = {
+    "cases": (
+        "list the named cases (op, size, tolerances, SoC marks, the seeds' status)",
+        "List the named cases of the seeds' test matrices (the CASE_INFO tables "
+        "of tilesim.reference.moe_cases, msa_cases and dsa_cases).",
+    ),
+    "golden": (
+        "build a case's inputs (or read captured ones), run the reference, write the golden",
+        "Write DIR/CASE/{manifest.json, inputs + golden} for a named case, or "
+        "DIR/NAME/{manifest.json, golden} for captured inputs (--inputs FILE --op OP "
+        "--params JSON: replay a failing device case).",
+    ),
+    "compare": (
+        "judge ACTUAL against GOLDEN with the case's rule (exit 0 pass / 1 fail)",
+        "Files: .npy, .npz[:KEY], .bin (shape/dtype from a manifest), manifest.json "
+        "or a golden directory. Tolerances default to the golden manifest's.",
+    ),
+    "trace": (
+        "run a case with the trace hook and draw its tile schedule (PNG)",
+        "Draw which tiles ran (one swim lane per trace-record lane, bars over each "
+        "record's key_range), per-tile softmax max/sum where the records carry them; with "
+        "--actual also an error heat map.",
+    ),
+}
+
+
+def _command(sub, name: str) -> argparse.ArgumentParser:
+    """One sub-command's parser, with its texts from :data:`_COMMAND_TEXT`."""
+    summary, description = _COMMAND_TEXT[name]
+    return sub.add_parser(name, help=summary, description=description)
+
+
 def _add_parsers(sub) -> None:
     from tilesim.cli import commands as c
 
@@ -56,12 +89,7 @@ def _add_parsers(sub) -> None:
 
 
 def _add_cases(sub, c) -> None:
-    p = sub.add_parser(
-        "cases",
-        help="list the named cases (op, size, tolerances, SoC marks, the seeds' status)",
-        description="List the named cases of the seeds' test matrices (the CASE_INFO tables "
-        "of tilesim.reference.moe_cases, msa_cases and dsa_cases).",
-    )
+    p = _command(sub, "cases")
     p.add_argument(
         "--family", help="moe, msa or dsa (or an MSA kind: indexer, decode, main_branch)"
     )
@@ -71,13 +99,7 @@ def _add_cases(sub, c) -> None:
 
 
 def _add_golden(sub, c) -> None:
-    p = sub.add_parser(
-        "golden",
-        help="build a case's inputs (or read captured ones), run the reference, write the golden",
-        description="Write DIR/CASE/{manifest.json, inputs + golden} for a named case, or "
-        "DIR/NAME/{manifest.json, golden} for captured inputs (--inputs FILE --op OP "
-        "--params JSON: replay a failing device case).",
-    )
+    p = _command(sub, "golden")
     p.add_argument("case", metavar="CASE", nargs="?", help="a named case (`tilesim cases`)")
     p.add_argument("-o", "--output", required=True, metavar="DIR", help="parent directory")
     r = p.add_argument_group("replay captured inputs (instead of CASE)")
@@ -103,12 +125,7 @@ def _add_golden(sub, c) -> None:
 
 
 def _add_compare(sub, c) -> None:
-    p = sub.add_parser(
-        "compare",
-        help="judge ACTUAL against GOLDEN with the case's rule (exit 0 pass / 1 fail)",
-        description="Files: .npy, .npz[:KEY], .bin (shape/dtype from a manifest), manifest.json "
-        "or a golden directory. Tolerances default to the golden manifest's.",
-    )
+    p = _command(sub, "compare")
     p.add_argument("actual", metavar="ACTUAL")
     p.add_argument("golden", metavar="GOLDEN")
     p.add_argument("--atol", type=float, help="absolute tolerance (default: the manifest's)")
@@ -136,13 +153,7 @@ def _add_compare(sub, c) -> None:
 
 
 def _add_trace(sub, c) -> None:
-    p = sub.add_parser(
-        "trace",
-        help="run a case with the trace hook and draw its tile schedule (PNG)",
-        description="Draw which tiles ran (one swim lane per trace-record lane, bars over each "
-        "record's key_range), per-tile softmax max/sum where the records carry them; with "
-        "--actual also an error heat map.",
-    )
+    p = _command(sub, "trace")
     p.add_argument("case", metavar="CASE")
     p.add_argument(
         "--png", metavar="FILE", help="draw the schedule (needs matplotlib; else a text report)"
