@@ -4,6 +4,10 @@ Importing this package needs neither torch, torch_npu nor pypto: the kernel modu
 imported on first use of one of their public names (``_LAZY`` below), and they import the
 device stack through :mod:`tilesim.device._lazy`, whose ``ImportError`` says what to install.
 :mod:`tilesim.device.sim` runs any kernel on a CPU (PyPTO's interpreter + cost model).
+
+Also public here (from :mod:`tilesim.device.backend`): ``compile_stats()`` -> {kernel name:
+distinct compiled variants}, ``reset_compile_stats()``, and ``allow_in_graph()`` (registers
+every wrapper with ``torch._dynamo.allow_in_graph`` for torch.compile).
 """
 
 from __future__ import annotations
@@ -19,6 +23,9 @@ _LAZY = {
     "msa_main_branch": "msa_main",
     "sparse_attention_antiquant": "sparse_attention",
     "sparse_attention_antiquant_kv_split": "sparse_attention",
+    "compile_stats": "backend",
+    "reset_compile_stats": "backend",
+    "allow_in_graph": "backend",
 }
 
 

@@ -6,9 +6,8 @@ and E, H, I are read from the argument shapes inside the kernel.
 """
 
 # no `from __future__ import annotations`: the frontend evaluates the pypto.Tensor annotations
-import functools
-
 import pypto
+from tilesim.device.backend import compile_once
 
 ND = pypto.TileOpFormat.TILEOP_ND
 
@@ -41,7 +40,7 @@ def _swiglu_oai(gu, inter: int, alpha: float, limit: float, beta: float):
 _ACTIVATIONS = {"silu": _silu_glu, "swigluoai": _swiglu_oai}
 
 
-@functools.lru_cache(maxsize=32)
+@compile_once("moe_grouped_gemm")
 def build_kernel(
     activation: str,
     unroll: tuple,
@@ -57,7 +56,9 @@ def build_kernel(
     limit: float,
     beta: float,
 ):
-    """A ``@pypto.frontend.jit`` grouped-GEMM kernel for one configuration (cached).
+    """A ``@pypto.frontend.jit`` grouped-GEMM kernel for one configuration, built once
+    (:func:`tilesim.device.backend.compiled`; N_total is a dynamic axis, E / H / I come from
+    the argument shapes: one compile per model configuration and tiling).
 
     Kernel arguments (torch tensors, all in/out buffers): ``sorted_tokens [N, H]`` BF16,
     ``w13_flat [E*H, 2I]`` BF16, ``w2_flat [E*I, H]`` BF16, ``expert_cumsum [E+1]`` INT32

@@ -13,6 +13,32 @@ def l0_tile(w: int, cap: int) -> int:
     return next(t for t in (256, 128, 64, 32, 16) if t <= cap and w % t == 0)
 
 
+def jit_options(spec: tuple) -> dict:
+    """``pypto.frontend.jit`` keyword arguments from a hashable option ``spec`` (part of a
+    compile key): ``(("runtime", name, value), ("pass", name, ((scope, n), ...)), ...)``; pass
+    settings become ``{scope: n}`` dicts. ``("operation", "combine_axis", True)`` entries are
+    not jit arguments (the kernel body sets them; see :func:`operation_options`)."""
+    kw: dict = {}
+    for kind, name, value in spec:
+        if kind == "runtime":
+            kw.setdefault("runtime_options", {})[name] = value
+        elif kind == "pass":
+            kw.setdefault("pass_options", {})[name] = dict(value)
+        elif kind != "operation":
+            raise ValueError(f"jit option kind: expected runtime/pass/operation, got {kind!r}")
+    return kw
+
+
+def operation_options(spec: tuple) -> dict:
+    """The ``set_operation_options`` keywords of an option ``spec`` (see :func:`jit_options`)."""
+    return {name: value for kind, name, value in spec if kind == "operation"}
+
+
+def without(spec: tuple, *names: str) -> tuple:
+    """``spec`` without the options called ``names`` (the cost-model sweep's variants)."""
+    return tuple(o for o in spec if o[1] not in names)
+
+
 def merge_chunk(pypto, m, l, o, m_c, l_c, o_c, *, first: bool) -> None:
     """Online-softmax merge of one key chunk into the running ``m, l, o`` (FP32), in the order
     of operations of the reference (``reference/arith.py``, ``SoftmaxMerge``, mode
@@ -32,4 +58,4 @@ def merge_chunk(pypto, m, l, o, m_c, l_c, o_c, *, first: bool) -> None:
     m[:] = m_new
 
 
-__all__ = ["l0_tile", "merge_chunk"]
+__all__ = ["jit_options", "l0_tile", "merge_chunk", "operation_options", "without"]

@@ -19,11 +19,26 @@ A wrapper does, in this order (each step here, once):
 4. :func:`finish` — the ``(out, cost_us)`` convention: the simulator returns the pair, the NPU
    the output alone.
 
+And, for every kernel, written once here:
+
+* **the compile registry** — :func:`compiled` (or the :func:`compile_once` decorator on a
+  ``build_kernel(*key)`` factory) builds a kernel once per ``(name, key, SoC)`` and counts
+  it; :func:`compile_stats` / :func:`reset_compile_stats` (public as
+  ``tilesim.device.compile_stats``) report {kernel name: distinct compiled variants}. A
+  key holds only model constants, tiles, dtypes and options (the SoC is added here);
+  sequence lengths, ``nb`` and batch are runtime values of the kernels (dynamic axes).
+* **torch.compile** — :func:`graph_safe` marks a wrapper for ``torch._dynamo.allow_in_graph``
+  (registered at once when dynamo is loaded, else by :func:`allow_in_graph`), and
+  :func:`is_shape_only` / :func:`standin` let a wrapper answer FakeTensor or ``meta`` inputs
+  with correctly shaped outputs without reading any data.
+
 Importing this module needs neither torch nor pypto.
 """
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -125,14 +140,144 @@ def finish(out, cost_us: float | None, target: Target):
     return (out, 0.0 if cost_us is None else cost_us) if target.sim else out
 
 
+# ----------------------------------------------------------------------------- compile registry
+_KERNELS: dict[tuple, object] = {}  # (name, key, arch) -> built kernel
+_BUILDS: dict[str, int] = {}  # name -> kernels built since the last reset
+
+
+def _check_key(key, name: str) -> tuple:
+    """A compile key: a tuple of hashable constants (numbers, strings, tuples of them)."""
+    if not isinstance(key, tuple):
+        raise TypeError(f"{name}: expected the compile key as a tuple, got {type(key).__name__}")
+    try:
+        hash(key)
+    except TypeError as e:
+        raise TypeError(f"{name}: expected a hashable compile key, got {key!r}") from e
+    return key
+
+
+def compiled(name: str, key: tuple, build: Callable[[], object]):
+    """The kernel ``name`` for ``key`` on this process's target, built by ``build()`` once.
+
+    ``key`` holds what the kernel is specialised on -- model constants, tiles, dtypes,
+    options -- never a runtime size (sequence length, ``nb``, batch: dynamic axes of the
+    kernel). The target's arch (``pypto.platform.npuarch``) is added to the key here. Every
+    build is counted under ``name`` (:func:`compile_stats`).
+    """
+    key = _check_key(key, name)
+    full = (name, key, require_pypto().platform.npuarch)
+    kernel = _KERNELS.get(full)
+    if kernel is None:
+        kernel = build()
+        _KERNELS[full] = kernel
+        _BUILDS[name] = _BUILDS.get(name, 0) + 1
+    return kernel
+
+
+def compile_once(name: str):
+    """Decorator form of :func:`compiled` for a factory ``build_kernel(*key)``: each distinct
+    positional argument tuple is built once (keyword arguments are refused)."""
+
+    def wrap(factory):
+        def build_kernel(*key):
+            return compiled(name, key, lambda: factory(*key))
+
+        build_kernel.__name__ = factory.__name__
+        build_kernel.__qualname__ = factory.__qualname__
+        build_kernel.__doc__ = factory.__doc__
+        build_kernel.__wrapped__ = factory
+        return build_kernel
+
+    return wrap
+
+
+def compile_stats() -> dict[str, int]:
+    """{kernel name: distinct compiled variants} since the process started or the last
+    :func:`reset_compile_stats` (kernel names: ``docs/device.md``, "Compile once")."""
+    return dict(sorted(_BUILDS.items()))
+
+
+def reset_compile_stats() -> None:
+    """Forget every built kernel and zero the counts (the next call of each builds anew)."""
+    _KERNELS.clear()
+    _BUILDS.clear()
+
+
+# ----------------------------------------------------------------------------- torch.compile
+_GRAPH_SAFE: list = []  # wrappers to hand to torch._dynamo.allow_in_graph
+
+
+def _register(fn) -> None:
+    import torch._dynamo  # noqa: PLC0415 -- only when dynamo is (being) used
+
+    torch._dynamo.allow_in_graph(fn)
+
+
+def graph_safe(fn):
+    """Mark a wrapper as ``allow_in_graph``-safe: torch.compile then puts the call into the
+    graph as it is, and traces it with FakeTensors (the wrapper answers those through
+    :func:`is_shape_only`). Registered with dynamo at once when ``torch._dynamo`` is already
+    imported (importing it costs seconds, so it is never imported for this), else by
+    :func:`allow_in_graph`."""
+    _GRAPH_SAFE.append(fn)
+    if "torch._dynamo" in sys.modules:
+        _register(fn)
+    return fn
+
+
+def allow_in_graph() -> list[str]:
+    """Register every wrapper marked :func:`graph_safe` with ``torch._dynamo.allow_in_graph``
+    (imports the kernel modules and dynamo); returns their names. Needed only when dynamo
+    was not yet imported when the wrappers were."""
+    import importlib
+
+    from tilesim import device
+
+    for mod in sorted(set(device._LAZY.values())):
+        importlib.import_module(f"tilesim.device.{mod}")
+    for fn in _GRAPH_SAFE:
+        _register(fn)
+    return sorted({fn.__name__ for fn in _GRAPH_SAFE})
+
+
+def is_shape_only(*arrays) -> bool:
+    """True when any argument is a tensor without data to read: a FakeTensor (torch.compile's
+    tracing) or a ``meta`` tensor. A wrapper then checks metadata only and returns empty
+    outputs of the right shape, dtype and device (no kernel, no host copy)."""
+    if not any(is_torch_tensor(a) for a in arrays):
+        return False
+    from torch._subclasses.fake_tensor import is_fake  # noqa: PLC0415 -- torch is loaded
+
+    return any(is_torch_tensor(a) and (a.device.type == "meta" or is_fake(a)) for a in arrays)
+
+
+def standin(x, fill=None):
+    """A host NumPy array with the shape and dtype of ``x`` (no data read) to give a value
+    check when the data cannot or should not be read (:func:`is_shape_only`,
+    ``validate=False``). ``fill``: ``None`` zeros, or a function ``shape -> array`` of values
+    the check accepts."""
+    from tilesim.shared.validate import dtype_of, shape_of
+
+    shape, dt = shape_of(x, "x"), dtype_of(x, "x")
+    return (np.zeros(shape, dt) if fill is None else np.asarray(fill(shape))).astype(dt)
+
+
 __all__ = [
     "ARCH_950",
     "BACKENDS",
     "DEFAULT_SOC",
     "Target",
+    "allow_in_graph",
+    "compile_once",
+    "compile_stats",
+    "compiled",
     "finish",
+    "graph_safe",
+    "is_shape_only",
     "launch",
     "npu_soc",
+    "reset_compile_stats",
     "resolve",
+    "standin",
     "to_tensors",
 ]

@@ -27,7 +27,17 @@ from typing import NamedTuple
 
 import numpy as np
 from tilesim.device._lazy import require_torch
-from tilesim.device.backend import Target, finish, launch, resolve, to_tensors
+from tilesim.device.backend import (
+    BACKENDS,
+    Target,
+    finish,
+    graph_safe,
+    is_shape_only,
+    launch,
+    resolve,
+    standin,
+    to_tensors,
+)
 from tilesim.shared.interop import to_numpy
 from tilesim.shared.models import MoeDims
 from tilesim.shared.moe_schedule import (
@@ -36,9 +46,10 @@ from tilesim.shared.moe_schedule import (
     emit_moe_schedule,
     moe_tile_schedule,
 )
-from tilesim.shared.soc import DEFAULT_SOC, moe_tiling
+from tilesim.shared.soc import DEFAULT_SOC, SIM_SOCS, moe_tiling
 from tilesim.shared.tiling import MoeTiling
 from tilesim.shared.trace import Trace
+from tilesim.shared.validate import check_bool, check_choice, is_array
 
 #: zero rows appended on the NPU path: dynamic-offset tiles may touch up to one max chunk past
 #: the last logical row (the seeds' host glue pads the same way)
@@ -46,17 +57,21 @@ NPU_PAD_ROWS = 64
 
 
 class _MoeLaunch(NamedTuple):
-    """The checked call: where it runs, the resolved tiling, the host ``expert_cumsum``."""
+    """The checked call: where it runs, the resolved tiling, the host ``expert_cumsum``
+    (``None`` when it was not read: ``validate=False`` or shape-only inputs)."""
 
     target: Target
     tiling: MoeTiling
-    cs: np.ndarray
+    cs: np.ndarray | None
 
 
 def _check(sorted_tokens, weights, expert_cumsum, dims, tiling, out, round_activation, trace,
-           backend, soc) -> _MoeLaunch:  # fmt: skip
+           backend, soc, read) -> _MoeLaunch:  # fmt: skip
+    """The shared checks; ``read=False`` gives them a metadata stand-in for ``expert_cumsum``
+    (same shape and dtype, zeros), so its values are not copied to the host."""
+    cs_arg = expert_cumsum if read else _cumsum_standin(expert_cumsum)
     args = check_moe_args(
-        sorted_tokens, weights, expert_cumsum, dims, tiling, out, round_activation, trace
+        sorted_tokens, weights, cs_arg, dims, tiling, out, round_activation, trace
     )
     if dims.gate_up_layout != "halves":
         raise ValueError(
@@ -68,13 +83,25 @@ def _check(sorted_tokens, weights, expert_cumsum, dims, tiling, out, round_activ
             "round_activation: expected True (the kernel always rounds the activation to BF16 "
             f"before mm2), got {round_activation!r}"
         )
-    target = resolve(backend, soc, sorted_tokens, configure=False)  # no pypto import yet
+    if is_shape_only(sorted_tokens):
+        check_choice(backend, "backend", BACKENDS)
+        check_choice(soc, "soc", SIM_SOCS)
+        target = Target("npu" if backend != "sim" else "sim", soc, False)
+    else:
+        target = resolve(backend, soc, sorted_tokens, configure=False)  # no pypto import yet
     if tiling is None:
         tiling = moe_tiling(dims.activation, target.soc)
-    return _MoeLaunch(target, check_moe_tiling(tiling, dims), args.cs)
+    return _MoeLaunch(target, check_moe_tiling(tiling, dims), args.cs if read else None)
 
 
-def _kernel_config(dims: MoeDims, tiling: MoeTiling) -> tuple:
+def _cumsum_standin(expert_cumsum):
+    """Zeros of the shape and dtype of ``expert_cumsum`` when it is an array (the metadata
+    checks still see the real one's shape/dtype); anything else is passed on to be refused."""
+    return standin(expert_cumsum) if is_array(expert_cumsum) else expert_cumsum
+
+
+def kernel_config(dims: MoeDims, tiling: MoeTiling) -> tuple:
+    """The compile key of the grouped-GEMM kernel: activation, tiles, buffers, constants."""
     return (
         dims.activation,
         tuple(tiling.unroll),
@@ -92,18 +119,24 @@ def _kernel_config(dims: MoeDims, tiling: MoeTiling) -> tuple:
     )
 
 
-def _run(kernel, args: list, out_t, target: Target) -> float | None:
-    """Launch; on the NPU with :data:`NPU_PAD_ROWS` zero rows after the tokens and the output
-    (edge tiles stay inside the buffers), the rows copied back afterwards."""
-    if target.sim:
-        return launch(kernel, args, [out_t], target)
+def npu_buffers(args: list, out_t) -> tuple[list, object]:
+    """The NPU path's kernel buffers: ``[sorted_tokens, w13, w2, cumsum]`` with
+    :data:`NPU_PAD_ROWS` zero rows after the tokens, and the output scratch padded alike
+    (edge tiles at dynamic offsets stay inside the buffers)."""
     torch = require_torch()
     x = args[0]
     pad = x.new_zeros((NPU_PAD_ROWS, x.shape[1]))
     padded = [torch.cat([x.contiguous(), pad]), *(t.contiguous() for t in args[1:])]
-    res = torch.cat([out_t.contiguous(), pad])
+    return padded, torch.cat([out_t.contiguous(), pad])
+
+
+def _run(kernel, args: list, out_t, target: Target) -> float | None:
+    """Launch; on the NPU through :func:`npu_buffers`, the rows copied back afterwards."""
+    if target.sim:
+        return launch(kernel, args, [out_t], target)
+    padded, res = npu_buffers(args, out_t)
     us = launch(kernel, padded, [res], target)
-    out_t.copy_(res[: x.shape[0]])
+    out_t.copy_(res[: args[0].shape[0]])
     return us
 
 
@@ -120,6 +153,7 @@ def _deliver(out, out_t, us, target: Target):
     return (out, res[1]) if target.sim else out
 
 
+@graph_safe
 def moe_grouped_gemm(
     sorted_tokens,
     weights,
@@ -132,6 +166,7 @@ def moe_grouped_gemm(
     trace: Trace = None,
     backend: str = "auto",
     soc: str = DEFAULT_SOC,
+    validate: bool = True,
 ):
     """Grouped GEMM of the MiniMax routed experts on Ascend (or PyPTO's CPU simulator).
 
@@ -146,34 +181,47 @@ def moe_grouped_gemm(
             of empty experts and rows past ``c[E]`` keep their values); default a fresh zero
             array of the kind of ``sorted_tokens``.
         round_activation: must be ``True`` (the kernel always rounds the activation to BF16).
-        trace: called once per chunk with the reference's records, before the kernel runs.
+        trace: called once per chunk with the reference's records, before the kernel runs
+            (reads ``expert_cumsum`` on the host even with ``validate=False``).
         backend: ``"auto"`` / ``"npu"`` / ``"sim"`` (see the module docstring).
         soc: ``"910b"`` or ``"950"``: the simulator's compile target and tile defaults
             (``"sim"`` only; the NPU path takes both from the host's pypto/CANN).
+        validate: ``True`` (default) copies ``expert_cumsum`` to the host to check its values
+            (``c[0] == 0``, non-decreasing, ``c[E] <= N_total``) and skips the launch when it
+            holds no token; ``False`` checks metadata only (no host copy; the kernel's
+            ``ready_on_host`` read of the cumsum is then the call's only one).
 
     Returns:
         ``out`` (NPU), or ``(out, cost_us)`` for ``backend="sim"`` where ``cost_us`` is the
-        cost model's AICore time in microseconds.
+        cost model's AICore time in microseconds. FakeTensor / ``meta`` inputs (torch.compile
+        tracing): ``out`` (or a fresh empty ``[N_total, H]`` BF16 tensor), no data read.
 
     Numerics: as the reference (FP32 matmul accumulation, FP32 activation, BF16 activation,
     BF16 output). The budget against ``tilesim.reference.moe_grouped_gemm`` is stated and
     enforced in ``docs/device.md`` / ``tests/device/test_sim_moe.py``.
     """
+    check_bool(validate, "validate")
+    pair = weights if isinstance(weights, (tuple, list)) else ()
+    shape_only = is_shape_only(sorted_tokens, *pair, expert_cumsum, out)
+    read = not shape_only and (validate or trace is not None)
     target, tiling, cs = _check(sorted_tokens, weights, expert_cumsum, dims, tiling, out,
-                                round_activation, trace, backend, soc)  # fmt: skip
-    emit_moe_schedule(trace, moe_tile_schedule(cs, tiling.unroll), dims)
+                                round_activation, trace, backend, soc, read)  # fmt: skip
+    if shape_only:
+        return out if out is not None else sorted_tokens.new_empty(tuple(sorted_tokens.shape))
+    if trace is not None:
+        emit_moe_schedule(trace, moe_tile_schedule(cs, tiling.unroll), dims)
     torch = require_torch()
     x, w13, w2, cs_t, out_t = to_tensors(sorted_tokens, *weights, expert_cumsum, out)
     if out_t is None:
         out_t = torch.zeros(tuple(x.shape), dtype=x.dtype, device=x.device)
     us = None
-    if cs[-1] > 0:  # no tokens at all: nothing to launch (and pypto is not imported)
+    if cs is None or cs[-1] > 0:  # no tokens at all: nothing to launch (pypto not imported)
         resolve(backend, soc, sorted_tokens)  # the simulator: configure it for its SoC now
         from tilesim.device._moe_kernel import build_kernel
 
-        kernel = build_kernel(*_kernel_config(dims, tiling))
+        kernel = build_kernel(*kernel_config(dims, tiling))
         us = _run(kernel, [x, w13, w2, cs_t], out_t, target)
     return _deliver(out, out_t, us, target)
 
 
-__all__ = ["NPU_PAD_ROWS", "moe_grouped_gemm"]
+__all__ = ["NPU_PAD_ROWS", "kernel_config", "moe_grouped_gemm", "npu_buffers"]

@@ -2,19 +2,22 @@
 
 Same name and arguments as the golden ``msa_sparse_decode`` (``reference/msa_decode.py``),
 plus ``gather`` / ``backend`` / ``soc``; NumPy arrays or torch tensors in, the same kind out
-(:mod:`tilesim.device.backend`). The arguments are checked and the keep-mask is built by
-:mod:`tilesim.shared.msa_select`, the functions the reference uses (host NumPy).
+(:mod:`tilesim.device.backend`). The arguments are checked by :mod:`tilesim.shared.msa_select`,
+the functions the reference uses (``validate=False``: metadata only, no host copy); the
+keep-mask (the same rule, tested equal) and the page table are built on the inputs' device.
 
-Kernel loop nest (static loops, one compile per shape), per batch row ``b`` and KV head ``h``
-(``outer = b*HKV + h``), the ``G = HQ/HKV`` (16) query heads of the group on the cube M axis::
+Kernel loop nest (one compile per model configuration and tiling: batch and ``nb`` are
+runtime values), a ``pypto.loop`` over the dynamic ``B*HKV`` rows of the page table, per batch
+row ``b`` and KV head ``h`` (``outer = b*HKV + h``), the ``G = HQ/HKV`` (16) query heads of the
+group on the cube M axis::
 
     for c in NTILE-wide chunks of the topk*128 selected keys (the last one may be partial):
         K_c, V_c = the chunk's keys/values            gather="device": gather_in_ub + block
                                                       table; gather="host": compact copy
         S   = fp32(Q[G,128] @ K_c^T)                  cube, FP32 out
         S   = S * SCALE                               FP32, SCALE = fp32(1/sqrt(128))
-        S   = S*m + (m*(-1) + 1)*(-3e38)              FP32, m = host keep-mask (1/0,
-                                                      shared.msa_select.decode_keep_mask)
+        S   = S*m + (m*(-1) + 1)*(-3e38)              FP32, m = keep-mask (1/0, built on
+                                                      the device: device_keep_mask)
         m_c = rowmax(S); P = exp(S - m_c); l_c = rowsum(P)     FP32, P unrounded
         O_c = fp32(bf16(P) @ V_c)                     cube, FP32 accumulation
         chunk 0 stores (m_c, l_c, O_c); later chunks merge online (FP32)
@@ -24,14 +27,15 @@ The rounding points are the reference's one for one. Two ways to bring the selec
 
 * ``gather="device"`` (default): the kernel reads the paged cache itself. ``k_blocks`` is viewed
   as rows ``[(b*HKV + h)*nb*128 + blk*128 + t]``; per chunk ``gather_in_ub`` takes the chunk's
-  logical key positions (``slot*128 + t``) and the batch row's block table (``block_ids[b]``)
-  and fetches the rows into UB (:func:`_gather_chunk`). No K/V copy on the host.
+  logical key positions (``slot*128 + t``) and the pair's row of the global page table
+  (:func:`page_table`: ``(b*HKV + h)*nb + block_ids[b]``, built on the inputs' device) and
+  fetches the rows into UB (:func:`_gather_chunk`). No K/V copy.
 * ``gather="paged"``: the same cache view, but each slot's whole 128-key page is read with a
-  view whose row offset comes from the block table (``block_ids[b, slot]``, read by the control
-  flow) and assembled into the chunk's K/V tiles -- no gather instruction, pages are contiguous.
+  view whose row offset comes from the page table (read by the control flow) and assembled
+  into the chunk's K/V tiles -- no gather instruction, pages are contiguous.
 * ``gather="host"``: the seeds' scheme — the wrapper copies the selected blocks into compact
-  ``[B*HKV*topk*128, 128]`` K/V buffers (a host gather of ``2*B*HKV*topk*32 KB``) and the kernel
-  views them.
+  ``[B*HKV*topk*128, 128]`` K/V buffers (a torch gather of ``2*B*HKV*topk*32 KB`` on the
+  inputs' device) and the kernel views them.
 
 All three give identical bits (tested); the cost-model comparison is in ``docs/device.md``.
 
@@ -46,17 +50,28 @@ changes the numbers) and the per-SoC gather tile :data:`GATHER_ROWS` (``MSA_GATH
 Importing this module needs neither torch nor pypto.
 """
 
-import functools
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 from tilesim.device._lazy import require_pypto, require_torch
-from tilesim.device._msa_tiles import l0_tile, merge_chunk
-from tilesim.device.backend import Target, finish, launch, resolve, to_tensors
+from tilesim.device._msa_tiles import jit_options, l0_tile, merge_chunk, operation_options, without
+from tilesim.device.backend import (
+    BACKENDS,
+    compile_once,
+    finish,
+    graph_safe,
+    is_shape_only,
+    launch,
+    resolve,
+    standin,
+    to_tensors,
+)
 from tilesim.shared.models import MINIMAX_M3
-from tilesim.shared.msa_select import DecodeInputs, check_decode_inputs, decode_keep_mask
+from tilesim.shared.msa_select import check_decode_inputs, decode_keep_mask
 from tilesim.shared.soc import DEFAULT_SOC, MSA_DEVICE_TILES, msa_device_tile
 from tilesim.shared.tiling import MsaTiling
-from tilesim.shared.validate import check_choice, check_instance
+from tilesim.shared.validate import check_bool, check_choice, check_instance, is_array, shape_of
 
 OP_NAME = "msa_sparse_decode"
 GATHERS = ("device", "paged", "host")
@@ -101,62 +116,112 @@ def _chunk_softmax(pypto, qg, kc, vc, keep, g: int, w: int, scale: float):
     return m_c, l_c, o_c
 
 
-@functools.lru_cache(maxsize=32)
-def build_kernel(batch, hq, hkv, nb, topk, dim, ntile, gather, rows):
-    """The ``@pypto.frontend.jit`` kernel for one shape/tiling (cached)."""
-    pypto = require_pypto()
-    g = hq // hkv
-    sel = topk * BY
-    bounds = [(c0, min(ntile, sel - c0)) for c0 in range(0, sel, ntile)]  # tail chunk kept
-    scale = dim**-0.5
+#: the seeds' jit options of the decode kernel (hicann/pypto-gym,
+#: src/pypto_gym/ops/pypto_tensor/minimax/minimax_m3_msa_sparse_attention_impl.py), as a
+#: hashable spec (:func:`tilesim.device._msa_tiles.jit_options`); the cost-model sweep and
+#: which of them are kept: docs/device.md, "JIT options of the MSA kernels"
+SEED_JIT = (
+    ("runtime", "device_sched_mode", 1),
+    ("runtime", "stitch_function_max_num", 64),
+    ("pass", "cube_l1_reuse_setting", ((-1, 3),)),
+    ("pass", "cube_nbuffer_setting", ((-1, 4),)),
+    ("pass", "vec_nbuffer_setting", ((-1, 1),)),
+    ("operation", "combine_axis", True),
+)
+#: the options the kernel runs with, the sweep's verdict (docs/device.md): the seeds' runtime
+#: options, which the cost model is indifferent to; their pass options and combine_axis make
+#: the model slower on at least one SoC or case and are left out
+JIT = without(SEED_JIT, "cube_l1_reuse_setting", "cube_nbuffer_setting", "vec_nbuffer_setting",
+              "combine_axis")  # fmt: skip
 
-    @pypto.frontend.jit
+
+@dataclass(frozen=True)
+class _Static:
+    """What a decode kernel is specialised on (closed over by its body; a dataclass, since the
+    jit parser turns a tuple -- NamedTuple included -- into a plain tuple)."""
+
+    hkv: int
+    g: int  #: query heads per KV head (cube M)
+    dim: int
+    topk: int
+    bounds: tuple  #: ``((c0, w), ...)`` key chunks of the topk*128 selected keys
+    gather: str
+    rows: int  #: gather tile rows
+    scale: float
+
+
+def _chunk_kv(pypto, k, v, block_table, positions, outer, c0: int, w: int, p: _Static):
+    """The chunk's K / V ``[w, D]`` BF16 tiles of pair ``outer`` by the ``gather`` variant."""
+    if p.gather == "device":
+        table = pypto.view(block_table, [1, p.topk], [outer, 0])
+        pos = pypto.view(positions, [1, w], [0, c0])
+        return (_gather_chunk(pypto, k, pos, table, p.rows),
+                _gather_chunk(pypto, v, pos, table, p.rows))  # fmt: skip
+    if p.gather == "paged":
+        kc = pypto.tensor([w, p.dim], pypto.DT_BF16, "kc")
+        vc = pypto.tensor([w, p.dim], pypto.DT_BF16, "vc")
+        pypto.set_vec_tile_shapes(BY, p.dim)
+        for j in range(w // BY):  # one whole 128-key page per slot
+            row = block_table[outer, c0 // BY + j] * BY
+            pypto.assemble(pypto.view(k, [BY, p.dim], [row, 0]), [j * BY, 0], kc)
+            pypto.assemble(pypto.view(v, [BY, p.dim], [row, 0]), [j * BY, 0], vc)
+        return kc, vc
+    row = outer * p.topk * BY + c0  # "host": the compact copies
+    return pypto.view(k, [w, p.dim], [row, 0]), pypto.view(v, [w, p.dim], [row, 0])
+
+
+def _decode_pair(pypto, q, k, v, block_table, positions, keep, out, b, outer, p: _Static):
+    """Inside a kernel body: one (batch row ``b``, KV head) pair ``outer = b*HKV + h``, its G
+    query heads over the selected keys, chunk by chunk (online softmax), into ``out``."""
+    q0 = outer * p.g
+    pypto.set_vec_tile_shapes(p.g, p.dim)
+    qg = pypto.view(q, [p.g, p.dim], [q0, 0])
+    m = pypto.tensor([p.g, 1], pypto.DT_FP32, "m")
+    l = pypto.tensor([p.g, 1], pypto.DT_FP32, "l")
+    o = pypto.tensor([p.g, p.dim], pypto.DT_FP32, "o")
+    for c, (c0, w) in enumerate(p.bounds):  # static chunk loop
+        kc, vc = _chunk_kv(pypto, k, v, block_table, positions, outer, c0, w, p)
+        kp = pypto.view(keep, [1, w], [b, c0])
+        m_c, l_c, o_c = _chunk_softmax(pypto, qg, kc, vc, kp, p.g, w, p.scale)
+        pypto.set_vec_tile_shapes(p.g, p.dim)
+        merge_chunk(pypto, m, l, o, m_c, l_c, o_c, first=c == 0)
+    # a kept key scores far above -3e38, so m > -3e38 <=> the row kept a key
+    res = pypto.where(pypto.gt(m, LARGE_NEG), o / l, 0.0)
+    pypto.assemble(pypto.cast(res, pypto.DT_BF16), [q0, 0], out)
+
+
+def _decode_nest(pypto, q, k, v, block_table, positions, keep, out, p: _Static):
+    """The loop nest: a ``pypto.loop`` over the batch rows (``keep``'s dynamic first axis),
+    the row's KV heads static inside it (independent bodies)."""
+    for b in pypto.loop(0, keep.shape[0], 1, name="LOOP_B", idx_name="b"):
+        for h in range(p.hkv):
+            _decode_pair(pypto, q, k, v, block_table, positions, keep, out, b, b * p.hkv + h, p)
+
+
+@compile_once("msa_sparse_decode")
+def build_kernel(hq, hkv, topk, dim, ntile, gather, rows, jit=JIT):
+    """The ``@pypto.frontend.jit`` kernel for one model configuration and tiling, built once
+    (:func:`tilesim.device.backend.compiled`). Batch and ``nb`` are runtime values: a
+    ``pypto.loop`` over the batch rows (``keep``'s dynamic first axis), the KV heads static
+    inside it, and the cache addressed through the global page ids of ``block_table``."""
+    pypto = require_pypto()
+    sel = topk * BY
+    bounds = tuple((c0, min(ntile, sel - c0)) for c0 in range(0, sel, ntile))  # tail kept
+    p = _Static(hkv, hq // hkv, dim, topk, bounds, gather, rows, dim**-0.5)
+    combine = bool(operation_options(jit).get("combine_axis", False))
+
+    @pypto.frontend.jit(**jit_options(jit))
     def msa_sparse_decode_kernel(
-        q: pypto.Tensor([], pypto.DT_BF16),  # [B*HQ, D]
-        k: pypto.Tensor([], pypto.DT_BF16),  # device: [B*HKV*nb*128, D]; host: [B*HKV*sel, D]
-        v: pypto.Tensor([], pypto.DT_BF16),
-        block_table: pypto.Tensor([], pypto.DT_INT32),  # [B, topk]
-        positions: pypto.Tensor([], pypto.DT_INT32),  # [1, sel] = 0 .. sel-1
-        keep: pypto.Tensor([], pypto.DT_FP32),  # [B, sel]
-        out: pypto.Tensor([], pypto.DT_BF16),  # [B*HQ, D]
+        q: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_BF16),  # [B*HQ, D]
+        k: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_BF16),  # pages as rows
+        v: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_BF16),
+        block_table: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_INT32),  # [B*HKV, topk]
+        positions: pypto.Tensor([pypto.STATIC, pypto.STATIC], pypto.DT_INT32),  # [1, sel]
+        keep: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_FP32),  # [B, sel]
+        out: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_BF16),  # [B*HQ, D]
     ):
-        for outer in range(batch * hkv):  # (batch row, KV head)
-            b = outer // hkv
-            q0 = outer * g
-            pypto.set_vec_tile_shapes(g, dim)
-            qg = pypto.view(q, [g, dim], [q0, 0])
-            m = pypto.tensor([g, 1], pypto.DT_FP32, "m")
-            l = pypto.tensor([g, 1], pypto.DT_FP32, "l")
-            o = pypto.tensor([g, dim], pypto.DT_FP32, "o")
-            if gather == "device":
-                table = pypto.view(block_table, [1, topk], [b, 0])
-                k_cache = pypto.view(k, [nb * BY, dim], [outer * nb * BY, 0])
-                v_cache = pypto.view(v, [nb * BY, dim], [outer * nb * BY, 0])
-            for c in range(len(bounds)):  # online softmax over the chunks
-                c0 = bounds[c][0]
-                w = bounds[c][1]
-                if gather == "device":
-                    pos = pypto.view(positions, [1, w], [0, c0])
-                    kc = _gather_chunk(pypto, k_cache, pos, table, rows)
-                    vc = _gather_chunk(pypto, v_cache, pos, table, rows)
-                elif gather == "paged":
-                    kc = pypto.tensor([w, dim], pypto.DT_BF16, "kc")
-                    vc = pypto.tensor([w, dim], pypto.DT_BF16, "vc")
-                    pypto.set_vec_tile_shapes(BY, dim)
-                    for j in range(w // BY):  # one whole 128-key page per slot
-                        row = (block_table[b, c0 // BY + j] + outer * nb) * BY
-                        pypto.assemble(pypto.view(k, [BY, dim], [row, 0]), [j * BY, 0], kc)
-                        pypto.assemble(pypto.view(v, [BY, dim], [row, 0]), [j * BY, 0], vc)
-                else:
-                    kc = pypto.view(k, [w, dim], [outer * sel + c0, 0])
-                    vc = pypto.view(v, [w, dim], [outer * sel + c0, 0])
-                kp = pypto.view(keep, [1, w], [b, c0])
-                m_c, l_c, o_c = _chunk_softmax(pypto, qg, kc, vc, kp, g, w, scale)
-                pypto.set_vec_tile_shapes(g, dim)
-                merge_chunk(pypto, m, l, o, m_c, l_c, o_c, first=c == 0)
-            # a kept key scores far above -3e38, so m > -3e38 <=> the row kept a key
-            res = pypto.where(pypto.gt(m, LARGE_NEG), o / l, 0.0)
-            out[q0 : q0 + g, :] = pypto.cast(res, pypto.DT_BF16)
+        pypto.experimental.set_operation_options(combine_axis=combine)
+        _decode_nest(pypto, q, k, v, block_table, positions, keep, out, p)
 
     return msa_sparse_decode_kernel
 
@@ -166,35 +231,107 @@ def build_kernel(batch, hq, hkv, nb, topk, dim, ntile, gather, rows):
 keep_mask = decode_keep_mask
 
 
-def _cache_rows(k_blocks, v_blocks, table, gather: str, dim: int):
+def device_keep_mask(ids, seq):
+    """FP32 ``[B, topk*128]`` keep-mask built where ``ids`` live (torch, no host copy): key
+    ``t`` of the block in a slot is kept iff ``128*block + t < seq_len`` -- the per-token form
+    of :func:`tilesim.shared.msa_select.decode_keep_mask` (tested equal to it). ``ids``:
+    integer ``[B, topk]`` tensor, ``seq``: integer ``[B]`` tensor on the same device."""
+    torch = require_torch()
+    t = torch.arange(BY, device=ids.device, dtype=torch.int64)
+    pos = ids.to(torch.int64)[:, :, None] * BY + t  # [B, topk, 128] absolute key positions
+    keep = pos < seq.to(torch.int64).reshape(-1, 1, 1)
+    return keep.reshape(ids.shape[0], -1).to(torch.float32)
+
+
+def page_table(ids, hkv: int, nb: int):
+    """INT32 ``[B*HKV, topk]`` global page ids, computed where ``ids`` live: row ``b*HKV + h``
+    holds ``(b*HKV + h)*nb + block_ids[b]`` -- the pages of (batch row, KV head) in the cache
+    viewed as ``[B*HKV*nb*128, 128]`` rows."""
+    torch = require_torch()
+    batch = ids.shape[0]
+    base = torch.arange(batch * hkv, device=ids.device, dtype=torch.int64).reshape(batch, hkv, 1)
+    return (ids.to(torch.int64)[:, None, :] + base * nb).reshape(batch * hkv, -1).to(torch.int32)
+
+
+def _cache_rows(k_blocks, v_blocks, ids, gather: str, dim: int):
     """K / V as the kernel reads them: the paged cache as rows (``"device"``, ``"paged"``) or
-    the seeds' compact copy of the selected blocks (``"host"``), ``[rows, D]``."""
+    the seeds' compact copy of the selected blocks (``"host"``, a device-side gather),
+    ``[rows, D]``."""
     torch = require_torch()
     if gather in ("device", "paged"):  # the paged cache as rows; the kernel gathers
         return k_blocks.contiguous().reshape(-1, dim), v_blocks.contiguous().reshape(-1, dim)
     dev = k_blocks.device
     bi = torch.arange(k_blocks.shape[0], device=dev)[:, None, None]
     hi = torch.arange(k_blocks.shape[1], device=dev)[None, :, None]
-    sel = table.to(torch.int64)[:, None, :]
+    sel = ids.to(torch.int64)[:, None, :]
     return k_blocks[bi, hi, sel].reshape(-1, dim), v_blocks[bi, hi, sel].reshape(-1, dim)
 
 
-def _run(q, k_blocks, v_blocks, d: DecodeInputs, ntile: int, gather: str, target: Target):
-    """Launch the kernel on tensors; BF16 ``[B, HQ, D]`` and the cost-model µs."""
+def _seq_tensor(seq_len, batch: int, dev):
+    """``seq_len`` (one int, or an integer array / tensor of ``B`` values) as int64 ``[B]`` on
+    ``dev`` (a tensor on ``dev`` is used as it is: no host copy)."""
+    torch = require_torch()
+    if is_array(seq_len):
+        (s,) = to_tensors(seq_len)
+        return s.to(device=dev, dtype=torch.int64).reshape(-1).expand(batch)
+    return torch.full((batch,), int(seq_len), dtype=torch.int64, device=dev)
+
+
+class CallShape(NamedTuple):
+    """The sizes of a call and the compile key's shape part."""
+
+    batch: int
+    hq: int
+    hkv: int
+    nb: int
+    dim: int
+    topk: int
+
+
+def decode_launch(q, k_blocks, v_blocks, ids, seq, sh: CallShape, ntile: int, gather: str,
+                  soc: str):  # fmt: skip
+    """``(kernel, inputs, outputs)`` of one call, built on the inputs' device (no host copy):
+    the keep-mask (:func:`device_keep_mask`), the page table (:func:`page_table`), the
+    positions ``0 .. topk*128-1``, K / V as the ``gather`` variant reads them, and the zeroed
+    BF16 ``[B*HQ, D]`` output. ``soc``: the gather tile's SoC."""
     torch = require_torch()
     dev = q.device
-    keep = torch.from_numpy(decode_keep_mask(d.ids, d.seq, BY)).to(dev)
-    table = torch.from_numpy(d.ids.astype(np.int32)).to(dev)
-    positions = torch.arange(d.topk * BY, dtype=torch.int32, device=dev).reshape(1, -1)
-    k2, v2 = _cache_rows(k_blocks, v_blocks, table, gather, d.dim)
-    rows = gather_rows(target.soc)
-    kernel = build_kernel(d.batch, d.hq, d.hkv, d.nb, d.topk, d.dim, ntile, gather, rows)
-    q2 = q.contiguous().reshape(-1, d.dim)
-    out = torch.zeros(d.batch * d.hq, d.dim, dtype=torch.bfloat16, device=dev)
-    us = launch(kernel, [q2, k2, v2, table, positions, keep], [out], target)
-    return out.reshape(d.batch, d.hq, d.dim), us
+    keep = device_keep_mask(ids, seq)
+    table = page_table(ids, sh.hkv, sh.nb)
+    positions = torch.arange(sh.topk * BY, dtype=torch.int32, device=dev).reshape(1, -1)
+    k2, v2 = _cache_rows(k_blocks, v_blocks, ids, gather, sh.dim)
+    kernel = build_kernel(sh.hq, sh.hkv, sh.topk, sh.dim, ntile, gather, gather_rows(soc))
+    q2 = q.contiguous().reshape(-1, sh.dim)
+    out = torch.zeros(sh.batch * sh.hq, sh.dim, dtype=torch.bfloat16, device=dev)
+    return kernel, [q2, k2, v2, table, positions, keep], [out]
 
 
+def _ids_standin(block_ids, k_blocks):
+    """Host stand-in of ``block_ids`` for the shared checks when its values are not read:
+    ``0 .. topk-1`` per row (valid and unique whenever ``topk <= nb``)."""
+    nb = shape_of(k_blocks, "k_blocks")[2] if len(shape_of(k_blocks, "k_blocks")) == 5 else 1
+    if len(shape_of(block_ids, "block_ids")) != 2:
+        return standin(block_ids)
+    return standin(block_ids, lambda sh: np.tile(np.arange(sh[1]) % max(nb, 1), (sh[0], 1)))
+
+
+def _check(q, k_blocks, v_blocks, block_ids, seq_len, tiling, gather, validate):
+    """The shared checks (:func:`tilesim.shared.msa_select.check_decode_inputs`); without
+    ``validate`` (or on shape-only inputs) on metadata stand-ins for the value arrays."""
+    check_choice(gather, "gather", GATHERS)
+    tiling = MsaTiling.from_env() if tiling is None else tiling
+    check_instance(tiling, "tiling", MsaTiling)
+    check_bool(validate, "validate")
+    ids, seq = block_ids, seq_len
+    shape_only = is_shape_only(q, k_blocks, v_blocks, block_ids, seq_len)
+    if (shape_only or not validate) and is_array(block_ids) and is_array(k_blocks):
+        ids = _ids_standin(block_ids, k_blocks)
+        seq = standin(seq_len, lambda sh: np.ones(sh)) if is_array(seq_len) else seq_len
+    d = check_decode_inputs(q, k_blocks, v_blocks, ids, seq, block_size=BY)
+    return tiling, CallShape(d.batch, d.hq, d.hkv, d.nb, d.dim, d.topk), shape_only
+
+
+@graph_safe
 def msa_sparse_decode(
     q,
     k_blocks,
@@ -206,6 +343,7 @@ def msa_sparse_decode(
     gather: str = "device",
     backend: str = "auto",
     soc: str = DEFAULT_SOC,
+    validate: bool = True,
 ):
     """Block-sparse decode attention over the selected key blocks (PyPTO kernel).
 
@@ -217,24 +355,46 @@ def msa_sparse_decode(
             :func:`tilesim.shared.msa_select.check_decode_inputs` as in the reference.
         tiling: :class:`MsaTiling` (``ntile``); ``None`` = ``MsaTiling.from_env()``.
         gather: ``"device"`` (gather_in_ub + block table in the kernel), ``"paged"`` (page
-            views at block-table offsets) or ``"host"`` (the seeds' compact K/V copies); same
-            numbers, different data movement.
+            views at block-table offsets) or ``"host"`` (the seeds' compact K/V copies, made
+            by a device-side gather); same numbers, different data movement.
         backend, soc: :func:`tilesim.device.backend.resolve` (``"auto"``: NPU tensors ->
             ``"npu"``, else an error naming both; ``"sim"``: PyPTO's CPU simulator for ``soc``).
+        validate: ``True`` (default) copies ``block_ids`` and a ``seq_len`` array to the host
+            for the value checks (range, unique per row, ``1 <= seq_len <= nb*128``);
+            ``False`` checks metadata only -- no host copy at all (the keep-mask and the page
+            table are built on the inputs' device); out-of-range ids are then undefined.
 
     Returns:
         BF16 ``[B, HQ, 128]`` of the kind of ``q``; ``backend="sim"`` returns
-        ``(out, cost_us)``. Inputs are never modified. Budget against the reference:
-        ``docs/device.md`` (## MSA kernels).
+        ``(out, cost_us)``. FakeTensor / ``meta`` inputs (torch.compile tracing): an empty
+        ``[B, HQ, 128]`` BF16 tensor, no data read. Inputs are never modified. Budget against
+        the reference: ``docs/device.md`` (## MSA kernels).
     """
-    check_choice(gather, "gather", GATHERS)
-    tiling = MsaTiling.from_env() if tiling is None else tiling
-    check_instance(tiling, "tiling", MsaTiling)
-    d = check_decode_inputs(q, k_blocks, v_blocks, block_ids, seq_len, block_size=BY)
+    tiling, sh, shape_only = _check(q, k_blocks, v_blocks, block_ids, seq_len, tiling, gather,
+                                    validate)  # fmt: skip
+    if shape_only:
+        check_choice(backend, "backend", BACKENDS)
+        return q.new_empty((sh.batch, sh.hq, sh.dim))
     target = resolve(backend, soc, q)
-    qt, kt, vt = to_tensors(q, k_blocks, v_blocks)
-    out, us = _run(qt, kt, vt, d, tiling.ntile, gather, target)
-    return finish(out, us, target)
+    qt, kt, vt, ids = to_tensors(q, k_blocks, v_blocks, block_ids)
+    seq = _seq_tensor(seq_len, sh.batch, qt.device)
+    kernel, ins, outs = decode_launch(qt, kt, vt, ids.to(qt.device), seq, sh, tiling.ntile,
+                                      gather, target.soc)  # fmt: skip
+    us = launch(kernel, ins, outs, target)
+    return finish(outs[0].reshape(sh.batch, sh.hq, sh.dim), us, target)
 
 
-__all__ = ["GATHER_ROWS", "build_kernel", "gather_rows", "keep_mask", "msa_sparse_decode"]
+__all__ = [
+    "GATHERS",
+    "GATHER_ROWS",
+    "CallShape",
+    "JIT",
+    "SEED_JIT",
+    "build_kernel",
+    "decode_launch",
+    "device_keep_mask",
+    "gather_rows",
+    "keep_mask",
+    "msa_sparse_decode",
+    "page_table",
+]

@@ -4,11 +4,12 @@ Same names and arguments as the goldens ``msa_indexer_scores`` and ``msa_indexer
 (``reference/msa_lightning_indexer.py``), plus ``block_max`` / ``backend`` / ``soc``; NumPy
 arrays or torch tensors in, the same kind out (:mod:`tilesim.device.backend`).
 
-Kernel (static loop, one compile per ``nb``): the 4 index-query heads zero-padded to 16 cube
-rows; for each key tile of ``KTILE`` keys (a whole number of 128-key blocks, the last tile may
-be shorter) ``S = fp32(q_pad @ K_tile^T)`` (cube, FP32 out, one K step of 128), times 1.0 on the
-vector unit, written into the FP32 ``[16, nb*128]`` score buffer. Every score is one 128-term
-dot product, so the key tile width changes the data movement, not the numbers.
+Kernel (one compile per key tile and SoC; ``nb`` is a runtime value: ``idx_k``'s first axis
+is dynamic): the 4 index-query heads zero-padded to 16 cube rows; a ``pypto.loop`` over the
+whole key tiles of ``KTILE`` keys, then one over the remaining 128-key blocks, each step
+``S = fp32(q_pad @ K_tile^T)`` (cube, FP32 out, one K step of 128), times 1.0 on the vector
+unit, assembled into the FP32 ``[16, nb*128]`` score buffer. Every score is one 128-term dot
+product, so the key tile width changes the data movement, not the numbers.
 
 Tail (host, NumPy): :mod:`tilesim.shared.msa_select` — the very rule of the reference (keys
 at or beyond ``seq_len`` out of the block max, max over keys then heads, the top 15 non-local
@@ -25,12 +26,21 @@ exact, so the ids are the same as with the host block max.
 Per-SoC key tile :data:`KTILE` (``MSA_INDEXER_KTILE``). Importing needs neither torch nor pypto.
 """
 
-import functools
-
 import numpy as np
 from tilesim.device._lazy import require_pypto, require_torch
-from tilesim.device._msa_tiles import l0_tile
-from tilesim.device.backend import Target, finish, launch, resolve, to_tensors
+from tilesim.device._msa_tiles import jit_options, l0_tile, without
+from tilesim.device.backend import (
+    BACKENDS,
+    Target,
+    compile_once,
+    finish,
+    graph_safe,
+    is_shape_only,
+    launch,
+    resolve,
+    standin,
+    to_tensors,
+)
 from tilesim.shared.models import MINIMAX_M3
 from tilesim.shared.msa_select import (
     HEAD_REDUCES,
@@ -41,7 +51,7 @@ from tilesim.shared.msa_select import (
     select_from_head_max,
 )
 from tilesim.shared.soc import DEFAULT_SOC, MSA_DEVICE_TILES, msa_device_tile
-from tilesim.shared.validate import check_choice, host_array
+from tilesim.shared.validate import check_bool, check_choice, host_array, is_array
 
 _CFG = MINIMAX_M3.msa
 BY = _CFG.block_size  # 128
@@ -62,13 +72,21 @@ def key_tile(soc=DEFAULT_SOC, env=None) -> int:
     return msa_device_tile("MSA_INDEXER_KTILE", soc, env)
 
 
-def _key_tiles(nb: int, ktile: int) -> list[tuple[int, int]]:
-    """``[(k0, w), ...]``: key tiles of ``ktile`` keys over ``nb*128`` keys (last may be short)."""
-    nkeys = nb * BY
-    return [(k0, min(ktile, nkeys - k0)) for k0 in range(0, nkeys, ktile)]
+#: the seeds' jit options of the indexer kernel (hicann/pypto-gym,
+#: src/pypto_gym/ops/pypto_tensor/minimax/minimax_m3_msa_indexer_impl.py) as a hashable spec
+#: (:func:`tilesim.device._msa_tiles.jit_options`); the sweep: docs/device.md
+SEED_JIT = (
+    ("runtime", "device_sched_mode", 1),
+    ("runtime", "stitch_function_max_num", 64),
+    ("pass", "cube_l1_reuse_setting", ((-1, 4),)),
+    ("pass", "vec_nbuffer_setting", ((-1, 2),)),
+)
+#: the options the kernels run with, the sweep's verdict (docs/device.md): all but the L1
+#: reuse setting, which makes the cost model slower on both SoCs (the rest it is indifferent to)
+JIT = without(SEED_JIT, "cube_l1_reuse_setting")
 
 
-def _tile_scores(pypto, q_pad, idx_k, k0: int, w: int):
+def _tile_scores(pypto, q_pad, idx_k, k0, w: int):
     """Inside a kernel body: ``fp32(q_pad @ idx_k[k0:k0+w]^T)`` ``[16, w]`` (one K step)."""
     kt = pypto.view(idx_k, [w, DIM], [k0, 0])
     pypto.set_cube_tile_shapes([NPAD, NPAD], [DIM, DIM], [l0_tile(w, 256), w])
@@ -77,49 +95,59 @@ def _tile_scores(pypto, q_pad, idx_k, k0: int, w: int):
     return s
 
 
-@functools.lru_cache(maxsize=64)
-def build_kernel(nb: int, ktile: int):
-    """The ``@pypto.frontend.jit`` score kernel for ``nb`` key blocks (cached)."""
-    pypto = require_pypto()
-    tiles = _key_tiles(nb, ktile)
+def _key_loops(pypto, idx_k, ktile: int):
+    """The key tiles of a dynamic ``idx_k`` as two ``pypto.loop`` s: whole ``ktile`` tiles,
+    then the remaining 128-key blocks one by one. Yields ``(k0, w)`` (``k0`` symbolic, ``w``
+    static) -- the body is traced once per loop, so ``nb`` stays a runtime value."""
+    nkeys = idx_k.shape[0]
+    full = nkeys // ktile
+    for t in pypto.loop(0, full, 1, name="LOOP_KTILE", idx_name="t"):
+        yield t * ktile, ktile
+    tail = (nkeys - full * ktile) // BY
+    for j in pypto.loop(0, tail, 1, name="LOOP_KBLOCK", idx_name="j"):
+        yield full * ktile + j * BY, BY
 
-    @pypto.frontend.jit
+
+@compile_once("msa_indexer_scores")
+def build_kernel(ktile: int, jit=JIT):
+    """The ``@pypto.frontend.jit`` score kernel for one key tile, built once
+    (:func:`tilesim.device.backend.compiled`); ``nb`` is the dynamic first axis of
+    ``idx_k`` (and the last of ``scores``)."""
+    pypto = require_pypto()
+
+    @pypto.frontend.jit(**jit_options(jit))
     def msa_indexer_scores_kernel(
-        q_pad: pypto.Tensor([], pypto.DT_BF16),  # [16, 128], rows 4..15 zero
-        idx_k: pypto.Tensor([], pypto.DT_BF16),  # [nb*128, 128]
-        scores: pypto.Tensor([], pypto.DT_FP32),  # [16, nb*128]
+        q_pad: pypto.Tensor([pypto.STATIC, pypto.STATIC], pypto.DT_BF16),  # [16, 128]
+        idx_k: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_BF16),  # [nb*128, 128]
+        scores: pypto.Tensor([pypto.STATIC, pypto.DYNAMIC], pypto.DT_FP32),  # [16, nb*128]
     ):
-        for t in range(len(tiles)):  # key tiles (static)
-            k0 = tiles[t][0]
-            w = tiles[t][1]
+        for k0, w in _key_loops(pypto, idx_k, ktile):
             s = _tile_scores(pypto, q_pad, idx_k, k0, w)
-            scores[:, k0 : k0 + w] = s * 1.0
+            pypto.assemble(s * 1.0, [0, k0], scores)
 
     return msa_indexer_scores_kernel
 
 
-@functools.lru_cache(maxsize=64)
-def build_block_max_kernel(nb: int, ktile: int):
+@compile_once("msa_indexer_block_max")
+def build_block_max_kernel(ktile: int, jit=JIT):
     """Score kernel with the block max fused in (the seeds' "next step"): per key tile
     ``S = fp32(q_pad @ K_tile^T) + bias`` (bias 0, or -inf for keys at or beyond ``seq_len``),
     then the max over each 128-key block, written to ``[16, nb]`` FP32. ``max`` is exact, so the
-    result equals the block max of the full scores; the output shrinks 128-fold (cached)."""
+    result equals the block max of the full scores; the output shrinks 128-fold (built once;
+    ``nb`` dynamic)."""
     pypto = require_pypto()
-    tiles = _key_tiles(nb, ktile)
 
-    @pypto.frontend.jit
+    @pypto.frontend.jit(**jit_options(jit))
     def msa_indexer_block_max_kernel(
-        q_pad: pypto.Tensor([], pypto.DT_BF16),  # [16, 128], rows 4..15 zero
-        idx_k: pypto.Tensor([], pypto.DT_BF16),  # [nb*128, 128]
-        key_bias: pypto.Tensor([], pypto.DT_FP32),  # [1, nb*128]: 0 or -inf
-        block_max: pypto.Tensor([], pypto.DT_FP32),  # [16, nb]
+        q_pad: pypto.Tensor([pypto.STATIC, pypto.STATIC], pypto.DT_BF16),  # [16, 128]
+        idx_k: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_BF16),  # [nb*128, 128]
+        key_bias: pypto.Tensor([pypto.STATIC, pypto.DYNAMIC], pypto.DT_FP32),  # [1, nb*128]
+        block_max: pypto.Tensor([pypto.STATIC, pypto.DYNAMIC], pypto.DT_FP32),  # [16, nb]
     ):
-        for t in range(len(tiles)):  # key tiles (static)
-            k0 = tiles[t][0]
-            w = tiles[t][1]
+        for k0, w in _key_loops(pypto, idx_k, ktile):
             s = _tile_scores(pypto, q_pad, idx_k, k0, w)
             s = s + pypto.view(key_bias, [1, w], [0, k0])
-            for j in range(w // BY):  # the blocks of this tile
+            for j in range(w // BY):  # the blocks of this tile (static)
                 pypto.set_vec_tile_shapes(NPAD, BY)
                 blk = pypto.view(s, [NPAD, BY], [0, j * BY])
                 pypto.assemble(pypto.amax(blk, dim=-1, keepdim=True), [0, k0 // BY + j], block_max)
@@ -135,43 +163,75 @@ def _padded_query(q):
     return q_pad
 
 
-def _run_scores(q, k, nb: int, target: Target):
-    """FP32 ``[4, nb*128]`` kernel scores (tensor) and the cost-model µs (``None`` on the NPU)."""
+def score_launch(q, k, nb: int, soc: str):
+    """``(kernel, inputs, outputs)`` of the score kernel: the padded query, the keys and the
+    zeroed FP32 ``[16, nb*128]`` score buffer, on the inputs' device."""
     torch = require_torch()
     scores = torch.zeros(NPAD, nb * BY, dtype=torch.float32, device=q.device)
-    kernel = build_kernel(nb, key_tile(target.soc))
-    us = launch(kernel, [_padded_query(q), k.contiguous()], [scores], target)
-    return scores[:NIDX].contiguous(), us
+    return build_kernel(key_tile(soc)), [_padded_query(q), k.contiguous()], [scores]
+
+
+def block_max_launch(q, k, args: IndexerArgs, soc: str):
+    """``(kernel, inputs, outputs)`` of the fused block-max kernel: the padded query, the
+    keys, the 0/-inf key bias of ``seq_len`` and the FP32 ``[16, nb]`` output."""
+    torch = require_torch()
+    bias = torch.zeros(1, args.nb * BY, dtype=torch.float32, device=q.device)
+    bias[0, args.valid :] = -torch.inf  # keys at or beyond seq_len take no part in the max
+    block_max = torch.zeros(NPAD, args.nb, dtype=torch.float32, device=q.device)
+    kernel = build_block_max_kernel(key_tile(soc))
+    return kernel, [_padded_query(q), k.contiguous(), bias], [block_max]
+
+
+def _run_scores(q, k, nb: int, target: Target):
+    """FP32 ``[4, nb*128]`` kernel scores (tensor) and the cost-model µs (``None`` on the NPU)."""
+    kernel, ins, outs = score_launch(q, k, nb, target.soc)
+    us = launch(kernel, ins, outs, target)
+    return outs[0][:NIDX].contiguous(), us
 
 
 def _run_block_max(q, k, args: IndexerArgs, target: Target):
     """FP32 ``[4, nb]`` per-head block maxima from the fused kernel, and the cost-model µs."""
-    torch = require_torch()
-    nb = args.nb
-    bias = torch.zeros(1, nb * BY, dtype=torch.float32, device=q.device)
-    bias[0, args.valid :] = -torch.inf  # keys at or beyond seq_len take no part in the max
-    block_max = torch.zeros(NPAD, nb, dtype=torch.float32, device=q.device)
-    kernel = build_block_max_kernel(nb, key_tile(target.soc))
-    us = launch(kernel, [_padded_query(q), k.contiguous(), bias], [block_max], target)
-    return block_max[:NIDX].contiguous(), us
+    kernel, ins, outs = block_max_launch(q, k, args, target.soc)
+    us = launch(kernel, ins, outs, target)
+    return outs[0][:NIDX].contiguous(), us
 
 
-def msa_indexer_scores(idx_q, idx_k, nb, *, backend="auto", soc=DEFAULT_SOC):
+def _check(idx_q, idx_k, nb, validate, **kw) -> tuple[IndexerArgs, bool]:
+    """The shared checks (:func:`tilesim.shared.msa_select.check_indexer`) and whether the
+    inputs are shape-only; without ``validate`` (or on shape-only inputs) the finiteness check
+    runs on zero stand-ins of ``idx_q`` / ``idx_k`` (their metadata checked, no data read)."""
+    check_bool(validate, "validate")
+    shape_only = is_shape_only(idx_q, idx_k)
+    q, k = idx_q, idx_k
+    if (shape_only or not validate) and is_array(idx_q) and is_array(idx_k):
+        q, k = standin(idx_q), standin(idx_k)
+    args = check_indexer(q, k, nb, **kw)
+    return args, shape_only
+
+
+@graph_safe
+def msa_indexer_scores(idx_q, idx_k, nb, *, backend="auto", soc=DEFAULT_SOC, validate=True):
     """Lightning-indexer scores on the device: FP32 ``[4, nb*128]``.
 
     ``idx_q`` ``[4, 128]`` BF16, ``idx_k`` ``[nb*128, 128]`` BF16 (NumPy or torch; checked by
     :func:`tilesim.shared.msa_select.check_indexer`, as in the reference). ``backend`` /
     ``soc``: :func:`tilesim.device.backend.resolve`; ``"sim"`` returns ``(scores, cost_us)``.
-    Promise: within the FP32 dot-product bound of the reference
-    (``tests/device/test_sim_msa_lightning_indexer.py``).
+    ``validate``: ``True`` (default) copies ``idx_q`` / ``idx_k`` to the host to check that
+    they are finite; ``False`` checks metadata only. FakeTensor / ``meta`` inputs: an empty
+    ``[4, nb*128]`` FP32 tensor, no data read. Promise: within the FP32 dot-product bound of
+    the reference (``tests/device/test_sim_msa_lightning_indexer.py``).
     """
-    args = check_indexer(idx_q, idx_k, nb)
+    args, shape_only = _check(idx_q, idx_k, nb, validate)
+    if shape_only:
+        check_choice(backend, "backend", BACKENDS)
+        return idx_q.new_empty((NIDX, args.nb * BY), dtype=require_torch().float32)
     target = resolve(backend, soc, idx_q)
     q, k = to_tensors(idx_q, idx_k)
     s, us = _run_scores(q, k, args.nb, target)
     return finish(s, us, target)
 
 
+@graph_safe
 def msa_indexer(
     idx_q,
     idx_k,
@@ -182,6 +242,7 @@ def msa_indexer(
     block_max="host",
     backend="auto",
     soc=DEFAULT_SOC,
+    validate=True,
 ):
     """Lightning-indexer block selection: device scores + the shared host tail.
 
@@ -189,14 +250,22 @@ def msa_indexer(
     the host takes the block max; ``"device"``: the fused kernel
     (:func:`build_block_max_kernel`) writes only the ``[16, nb]`` block maxima (the seq_len
     rule applied in the kernel as a -inf key bias). Same ids either way (max is exact).
+    ``validate``: as for :func:`msa_indexer_scores`. The ranking itself reads the scores (or
+    block maxima) on the host: ``docs/device.md`` ("Host round trips") says why.
 
     Returns INT32 ``[1, min(16, nb)]`` (``head_reduce="none"``: ``[4, min(16, nb)]``), a CPU
     tensor for tensor input, a NumPy array for NumPy input; ``backend="sim"`` returns
     ``(ids, cost_us)``. ``nb <= 16`` launches no kernel (the answer is ``arange(nb)``;
-    ``cost_us`` 0.0).
+    ``cost_us`` 0.0). FakeTensor / ``meta`` inputs: an empty INT32 tensor of that shape on
+    the inputs' device, no data read.
     """
-    args = check_indexer(idx_q, idx_k, nb, seq_len=seq_len, head_reduce=head_reduce)
+    args, shape_only = _check(idx_q, idx_k, nb, validate, seq_len=seq_len,
+                              head_reduce=head_reduce)  # fmt: skip
     check_choice(block_max, "block_max", BLOCK_MAX)
+    if shape_only:
+        check_choice(backend, "backend", BACKENDS)
+        rows = 1 if args.head_reduce == "max" else NIDX
+        return idx_q.new_empty((rows, min(TOPK, args.nb)), dtype=require_torch().int32)
     target = resolve(backend, soc, idx_q)
     q, k = to_tensors(idx_q, idx_k)
     us = None
@@ -215,12 +284,16 @@ def msa_indexer(
 __all__ = [
     "BLOCK_MAX",
     "HEAD_REDUCES",
+    "JIT",
     "KTILE",
+    "SEED_JIT",
+    "block_max_launch",
     "build_block_max_kernel",
     "build_kernel",
     "key_tile",
     "msa_indexer",
     "msa_indexer_scores",
+    "score_launch",
     "select_blocks",
     "select_from_head_max",
 ]

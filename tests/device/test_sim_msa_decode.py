@@ -318,6 +318,43 @@ def test_keep_mask_is_the_shared_host_rule():
 
 
 @pytest.mark.torch
+def test_device_keep_mask_equals_the_shared_rule():
+    """The keep-mask the wrapper builds on the inputs' device (no host copy) is the shared
+    host rule's, on every (block, length) pair of a small cache: ids before, at and after the
+    current block, lengths 1 .. nb*128 with a partial and a full current block."""
+    import numpy as np
+    from tilesim.device.msa_decode import device_keep_mask
+    from tilesim.shared.msa_select import decode_keep_mask
+
+    nb = 4
+    seqs = torch.arange(1, nb * 128 + 1)  # every length
+    ids = torch.arange(nb).repeat(seqs.numel(), 1)  # every block in every row
+    ids = ids[:, torch.tensor([2, 0, 3, 1])]  # slot order is free
+    got = device_keep_mask(ids.to(torch.int32), seqs)
+    assert got.dtype == torch.float32 and got.shape == (seqs.numel(), nb * 128)
+    np.testing.assert_array_equal(got.numpy(), decode_keep_mask(ids.numpy(), seqs.numpy()))
+
+
+@pytest.mark.torch
+def test_page_table_addresses_the_pair_pages():
+    """Row ``b*HKV + h`` of the page table, times 128, is where (b, h)'s pages start in the
+    cache viewed as rows: gathering by it returns exactly ``k_blocks[b, h, block_ids[b]]``."""
+    from tilesim.device.msa_decode import page_table
+
+    g = torch.Generator().manual_seed(5)
+    b, hkv, nb, topk = 3, 4, 6, 4
+    kb = torch.randn(b, hkv, nb, 128, 8, generator=g)
+    ids = torch.stack([torch.randperm(nb, generator=g)[:topk] for _ in range(b)])
+    table = page_table(ids.to(torch.int32), hkv, nb)
+    assert table.dtype == torch.int32 and table.shape == (b * hkv, topk)
+    pages = kb.reshape(-1, 128, 8)  # [B*HKV*nb, 128, D]
+    for bi in range(b):
+        for h in range(hkv):
+            want = kb[bi, h, ids[bi].long()]
+            assert torch.equal(pages[table[bi * hkv + h].long()], want)
+
+
+@pytest.mark.torch
 def test_gather_rows_env_and_soc_defaults():
     from tilesim.device.msa_decode import GATHER_ROWS, gather_rows
 

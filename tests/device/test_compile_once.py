@@ -1,0 +1,255 @@
+"""One compiled kernel per model configuration and tiling (issue 14), on PyPTO's CPU simulator.
+
+``tilesim.device.compile_stats()`` counts the kernels the compile registry
+(``tilesim.device.backend.compiled``) built. Driving a wrapper over runtime sizes -- decode
+``nb`` x batch, indexer ``nb``, MoE token counts -- must build ONE kernel per wrapper, and the
+outputs must still meet the budgets of the wrappers' own sim tests (docs/device.md). The
+second half compiles, without interpreting, every kernel at the exact shapes ``nox -s device``
+runs on an NPU (the NPU paths' own padding included), so an NPU host never meets a compile
+failure first.
+
+Each check runs in a spawned process per SoC (``tilesim.device.sim.isolated``).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+DECODE_NB = (17, 18, 40)
+DECODE_BATCH = (1, 2, 4)
+INDEXER_NB = (17, 18, 40)
+MOE_COUNTS = ([5, 0, 12, 1], [1, 3, 0, 0], [16, 16, 16, 17])
+BUDGET_BIT_EXACT = 0.99  # as tests/device/test_sim_msa_decode.py and test_sim_moe.py
+BUDGET_ROW_ULP = 1.0
+
+
+def _row_ulp(out, gold) -> float:
+    """max |out - gold| in BF16 ULPs of each row's largest |gold| (last axis = one row)."""
+    import torch
+
+    err = (out.double() - gold.double()).abs()
+    row_max = gold.double().abs().amax(dim=-1, keepdim=True)
+    ulp = torch.where(
+        row_max > 0,
+        torch.exp2(torch.floor(torch.log2(row_max)) - 7),
+        torch.full_like(row_max, 2.0**-133),
+    )
+    return float((err / ulp).max())
+
+
+def _bit_exact(out, gold) -> float:
+    import torch
+
+    return float((out.view(torch.int16) == gold.view(torch.int16)).float().mean())
+
+
+def _decode_case(b, nb, seed):
+    """``b`` rows of the M3 decode shape over ``nb`` blocks: 16 distinct ids per row with the
+    current block among them, a partial current block and a different length per row."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    q = (torch.randn(b, 64, 128, generator=g) * 0.5).bfloat16()
+    kb = (torch.randn(b, 4, nb, 128, 128, generator=g) * 0.5).bfloat16()
+    vb = torch.randn(b, 4, nb, 128, 128, generator=g).bfloat16()
+    seq = torch.tensor([(nb - 1) * 128 + 1 + 37 * r % 127 for r in range(b)])
+    rows = []
+    for _ in range(b):
+        perm = torch.randperm(nb - 1, generator=g)[:15]
+        rows.append(torch.cat([perm, torch.tensor([nb - 1])])[torch.randperm(16, generator=g)])
+    return q, kb, vb, torch.stack(rows).to(torch.int32), seq
+
+
+def check_decode_compiles_once(soc) -> dict:
+    from tilesim.device import compile_stats, reset_compile_stats
+    from tilesim.device.msa_decode import msa_sparse_decode
+    from tilesim.reference import msa_sparse_decode as reference
+
+    reset_compile_stats()
+    worst = {"bit_exact": 1.0, "row_ulp": 0.0}
+    for i, (nb, b) in enumerate((nb, b) for nb in DECODE_NB for b in DECODE_BATCH):
+        q, kb, vb, ids, seq = _decode_case(b, nb, seed=100 + i)
+        out, _ = msa_sparse_decode(q, kb, vb, ids, seq, backend="sim", soc=soc)
+        gold = reference(q, kb, vb, ids, seq)
+        worst["bit_exact"] = min(worst["bit_exact"], _bit_exact(out, gold))
+        worst["row_ulp"] = max(worst["row_ulp"], _row_ulp(out, gold))
+    # validate=False: no value checks on the host, the same bits
+    out_nv, _ = msa_sparse_decode(q, kb, vb, ids, seq, backend="sim", soc=soc, validate=False)
+    same = _bit_exact(out_nv, out) == 1.0
+    return {"stats": compile_stats(), "validate_false_same": same, **worst}
+
+
+def check_indexer_compiles_once(soc) -> dict:
+    import torch
+    from tilesim.device import compile_stats, reset_compile_stats
+    from tilesim.device.msa_lightning_indexer import msa_indexer, msa_indexer_scores
+    from tilesim.reference import msa_indexer as ref_ids
+    from tilesim.reference import msa_indexer_scores as ref_scores
+
+    reset_compile_stats()
+    res = {"bound_ratio": 0.0, "same_ids": True}
+    for nb in INDEXER_NB:
+        g = torch.Generator().manual_seed(nb)
+        q = (torch.randn(4, 128, generator=g) * 0.1).bfloat16()
+        k = (torch.randn(nb * 128, 128, generator=g) * 0.1).bfloat16()
+        s, _ = msa_indexer_scores(q, k, nb, backend="sim", soc=soc)
+        bound = 128 * 2.0**-24 * (q.double().abs() @ k.double().abs().T)
+        err = (s.double() - ref_scores(q, k, nb).double()).abs()
+        res["bound_ratio"] = max(
+            res["bound_ratio"], float((err / bound.clamp_min(2.0**-149)).max())
+        )
+        seq_len = nb * 128 - 77
+        for block_max in ("host", "device"):
+            ids, _ = msa_indexer(q, k, nb, seq_len=seq_len, block_max=block_max, backend="sim",
+                                 soc=soc, validate=block_max == "host")  # fmt: skip
+            res["same_ids"] &= bool(torch.equal(ids, ref_ids(q, k, nb, seq_len=seq_len)))
+    res["stats"] = compile_stats()
+    return res
+
+
+def _moe_case(counts, seed, h=256, inter=128):
+    """silu experts E = len(counts) at H 256 / I 128, tokens grouped by expert."""
+    import numpy as np
+    import torch
+    from tilesim.shared.models import MoeDims
+
+    g = torch.Generator().manual_seed(seed)
+    e = len(counts)
+    x = (torch.randn(sum(counts), h, generator=g) * 0.5).bfloat16()
+    w13 = (torch.randn(e * h, 2 * inter, generator=g) * 0.1).bfloat16()
+    w2 = (torch.randn(e * inter, h, generator=g) * 0.1).bfloat16()
+    cs = torch.tensor(np.concatenate([[0], np.cumsum(counts)]), dtype=torch.int32)
+    return x, w13, w2, cs, MoeDims(e, h, inter, "silu")
+
+
+def check_moe_compiles_once(soc) -> dict:
+    from tilesim.device import compile_stats, reset_compile_stats
+    from tilesim.device.moe import moe_grouped_gemm
+    from tilesim.reference import moe_grouped_gemm as reference
+    from tilesim.shared.soc import moe_tiling
+
+    reset_compile_stats()
+    worst = {"bit_exact": 1.0, "row_ulp": 0.0}
+    tiling = moe_tiling("silu", soc)
+    for i, counts in enumerate(MOE_COUNTS):
+        x, w13, w2, cs, dims = _moe_case(counts, seed=40 + i)
+        out, _ = moe_grouped_gemm(x, (w13, w2), cs, dims, tiling=tiling, backend="sim",
+                                  soc=soc, validate=i != 1)  # fmt: skip
+        gold = reference(x, (w13, w2), cs, dims, tiling=tiling)
+        worst["bit_exact"] = min(worst["bit_exact"], _bit_exact(out, gold))
+        worst["row_ulp"] = max(worst["row_ulp"], _row_ulp(out, gold))
+    return {"stats": compile_stats(), **worst}
+
+
+@pytest.mark.sim
+@pytest.mark.torch
+def test_decode_one_compile_over_nb_and_batch(sim_soc):
+    from tilesim.device import sim
+
+    r = sim.isolated(check_decode_compiles_once, sim_soc, soc=sim_soc)
+    assert r["stats"] == {"msa_sparse_decode": 1}, r
+    assert r["bit_exact"] >= BUDGET_BIT_EXACT and r["row_ulp"] <= BUDGET_ROW_ULP, r
+    assert r["validate_false_same"], r
+
+
+@pytest.mark.sim
+@pytest.mark.torch
+def test_indexer_one_compile_over_nb(sim_soc):
+    from tilesim.device import sim
+
+    r = sim.isolated(check_indexer_compiles_once, sim_soc, soc=sim_soc)
+    assert r["stats"] == {"msa_indexer_block_max": 1, "msa_indexer_scores": 1}, r
+    assert r["bound_ratio"] <= 1.0 and r["same_ids"], r
+
+
+@pytest.mark.sim
+@pytest.mark.torch
+def test_moe_one_compile_over_token_counts(sim_soc):
+    from tilesim.device import sim
+
+    r = sim.isolated(check_moe_compiles_once, sim_soc, soc=sim_soc)
+    assert r["stats"] == {"moe_grouped_gemm": 1}, r
+    assert r["bit_exact"] >= BUDGET_BIT_EXACT and r["row_ulp"] <= BUDGET_ROW_ULP, r
+
+
+# ----------------------------------------------------------------------------- NPU shapes
+def _compile_msa_npu_shapes(soc) -> dict:
+    """The indexer at the seeds' nb 17 (their nb 8 launches no kernel), both block-max
+    variants; the decode at the seeds' e2e shape (B 1, nb 17, seq_len 2176), every variant."""
+    import torch
+    from tilesim.device import msa_decode as md
+    from tilesim.device import msa_lightning_indexer as mi
+    from tilesim.device import sim
+    from tilesim.shared.msa_select import check_indexer
+    from tilesim.shared.tiling import MsaTiling
+
+    nb, bf = 17, torch.bfloat16
+    seconds = {}
+    q, k = torch.zeros(4, 128, dtype=bf), torch.zeros(nb * 128, 128, dtype=bf)
+    kernel, ins, outs = mi.score_launch(q, k, nb, soc)
+    seconds["indexer nb17 scores"] = sim.run_compile(kernel, [*ins, *outs])
+    kernel, ins, outs = mi.block_max_launch(q, k, check_indexer(q, k, nb), soc)
+    seconds["indexer nb17 block max"] = sim.run_compile(kernel, [*ins, *outs])
+    q = torch.zeros(1, 64, 128, dtype=bf)
+    kb = torch.zeros(1, 4, nb, 128, 128, dtype=bf)
+    ids = torch.arange(16, dtype=torch.int32)[None]
+    shape = md.CallShape(batch=1, hq=64, hkv=4, nb=nb, dim=128, topk=16)
+    for gather in md.GATHERS:
+        kernel, ins, outs = md.decode_launch(q, kb, kb, ids, torch.tensor([2176]), shape,
+                                             MsaTiling.from_env().ntile, gather, soc)  # fmt: skip
+        seconds[f"decode nb17 B1 {gather}"] = sim.run_compile(kernel, [*ins, *outs])
+    return seconds
+
+
+def _compile_moe_npu_shapes(soc) -> dict:
+    """The grouped GEMM at the two seed cases of test_npu_moe.py, with the NPU path's
+    padding rows and the cases' own tilings."""
+    import numpy as np
+    import torch
+    from tilesim.device import sim
+    from tilesim.device.moe import kernel_config, npu_buffers
+    from tilesim.reference.moe_cases import moe_make_case
+
+    seconds = {}
+    for name in ("m3_case_smoke_edge", "m27_case_001"):
+        case = moe_make_case(name)
+        inp, p = case["inputs"], case["params"]
+
+        def bf16(a):
+            return torch.from_numpy(np.ascontiguousarray(a).view(np.int16).copy()).view(
+                torch.bfloat16
+            )
+
+        x = bf16(inp["sorted_tokens"])
+        args = [x, *(bf16(w) for w in inp["weights"]), torch.from_numpy(inp["expert_cumsum"])]
+        padded, res = npu_buffers(args, torch.zeros_like(x))
+        from tilesim.device._moe_kernel import build_kernel
+
+        kernel = build_kernel(*kernel_config(p["dims"], p["tiling"]))
+        seconds[f"moe {name}"] = sim.run_compile(kernel, [*padded, res])
+    return seconds
+
+
+def compile_npu_shapes(soc, which: str) -> dict:
+    """Compile (no interpretation) the kernels at the shapes of the ``npu`` tests of
+    tests/device, with the NPU paths' arguments; {what: compile seconds}."""
+    return _compile_msa_npu_shapes(soc) if which == "msa" else _compile_moe_npu_shapes(soc)
+
+
+@pytest.mark.sim
+@pytest.mark.torch
+def test_msa_kernels_compile_at_npu_test_shapes(sim_soc):
+    from tilesim.device import sim
+
+    r = sim.isolated(compile_npu_shapes, sim_soc, "msa", soc=sim_soc)
+    assert len(r) == 5 and all(s > 0 for s in r.values()), r  # 2 indexer + 3 decode kernels
+
+
+@pytest.mark.sim
+@pytest.mark.slow
+@pytest.mark.torch
+def test_moe_kernel_compiles_at_npu_test_shapes(sim_soc):
+    from tilesim.device import sim
+
+    r = sim.isolated(compile_npu_shapes, sim_soc, "moe", soc=sim_soc)
+    assert len(r) == 2 and all(s > 0 for s in r.values()), r
