@@ -12,7 +12,7 @@ every wrapper with ``torch._dynamo.allow_in_graph`` for torch.compile).
 
 from __future__ import annotations
 
-import importlib
+from tilesim.shared.lazy import lazy_names
 
 # public name -> module of this package that defines it (add one line per public kernel)
 _LAZY = {
@@ -29,17 +29,6 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
-    mod = _LAZY.get(name)
-    if mod is None:
-        raise AttributeError(f"module 'tilesim.device' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"tilesim.device.{mod}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
-
+__getattr__, __dir__ = lazy_names("tilesim.device", _LAZY, globals())
 
 __all__ = [*_LAZY]

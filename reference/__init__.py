@@ -9,8 +9,6 @@ tilesim.reference`` stays cheap.
 
 from __future__ import annotations
 
-import importlib
-
 from tilesim.reference.compare import CompareReport, compare
 from tilesim.reference.numerics import (
     bf16_round_trip,
@@ -19,6 +17,7 @@ from tilesim.reference.numerics import (
     ulp_distance,
     widen_to_fp32,
 )
+from tilesim.shared.lazy import lazy_names
 
 # public name -> module (relative to this package) that defines it
 _LAZY = {
@@ -50,18 +49,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
-    mod = _LAZY.get(name)
-    if mod is None:
-        raise AttributeError(f"module 'tilesim.reference' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"tilesim.reference.{mod}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
-
+__getattr__, __dir__ = lazy_names("tilesim.reference", _LAZY, globals())
 
 __all__ = [
     "CompareReport",
