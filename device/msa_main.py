@@ -36,22 +36,13 @@ Tiling: ``MsaTiling.from_env()`` (``MSA_NTILE``, ``MSA_DTYPE``, ``MSA_MAX_N``) a
 vector tile rows :data:`VEC_ROWS` (``MSA_VEC_ROWS``). Importing needs neither torch nor pypto.
 """
 
+from functools import partial
 from typing import NamedTuple
 
 import numpy as np
+from tilesim.device import backend as _backend
 from tilesim.device._lazy import require_pypto, require_torch
 from tilesim.device._msa_tiles import jit_options, merge_chunk, operation_options
-from tilesim.device.backend import (
-    BACKENDS,
-    compile_once,
-    finish,
-    graph_safe,
-    is_shape_only,
-    launch,
-    resolve,
-    standin,
-    to_tensors,
-)
 from tilesim.shared.msa_mask import MASK_NEG as _MASK_NEG
 from tilesim.shared.msa_mask import MainBranchArgs, check_msa_main_args, kernel_mask, read_keys
 from tilesim.shared.soc import DEFAULT_SOC, MSA_DEVICE_TILES, get_soc, msa_device_tile
@@ -65,10 +56,8 @@ MASK_NEG = float(_MASK_NEG)  # -1e9, exact in FP32 (a Python float for the kerne
 VEC_ROWS = MSA_DEVICE_TILES["MSA_VEC_ROWS"][0]
 
 
-def vec_rows(soc=DEFAULT_SOC, env=None) -> int:
-    """VEC_ROWS of ``soc`` (``MSA_VEC_ROWS`` overrides; see
-    :func:`tilesim.shared.soc.msa_device_tile`)."""
-    return msa_device_tile("MSA_VEC_ROWS", soc, env)
+#: ``vec_rows(soc="910b", env=None)``: VEC_ROWS of ``soc`` (``MSA_VEC_ROWS`` overrides)
+vec_rows = partial(msa_device_tile, "MSA_VEC_ROWS")
 
 
 #: the seeds' jit options of the main-branch kernel (hicann/pypto-gym,
@@ -94,7 +83,7 @@ JIT = {"910b": SEED_JIT, "950": (*SEED_JIT, ("operation", "combine_axis", True))
 ROW_TILE = 128
 
 
-@compile_once("msa_main_branch")
+@_backend.compile_once("msa_main_branch")
 def build_kernel(hq, hkv, dh, kv_len, dtype, ntile, rows, jit=SEED_JIT):
     """The ``@pypto.frontend.jit`` kernel for one model configuration and tiling, built once
     (:func:`tilesim.device.backend.compiled`). The prefill length is a runtime value: ``q``,
@@ -162,9 +151,9 @@ def _check(query, key_blocks, value_blocks, block_mask, dtype, max_n, tiling, ba
     """Every argument check (the reference's rules, :func:`check_msa_main_args`, plus the
     kernel's head dim and the back end's name), before any work. On shape-only inputs the
     finiteness check of ``block_mask`` runs on a zero stand-in (no data read)."""
-    check_choice(backend, "backend", BACKENDS)
-    shape_only = is_shape_only(query, key_blocks, value_blocks, block_mask)
-    mask = standin(block_mask) if shape_only and is_array(block_mask) else block_mask
+    check_choice(backend, "backend", _backend.BACKENDS)
+    shape_only = _backend.is_shape_only(query, key_blocks, value_blocks, block_mask)
+    mask = _backend.standin(block_mask) if shape_only and is_array(block_mask) else block_mask
     a = check_msa_main_args(
         query, key_blocks, value_blocks, mask, dtype=dtype, max_n=max_n, tiling=tiling
     )
@@ -180,13 +169,13 @@ def _operands(a: MainBranchArgs, query, key_blocks, value_blocks):
     padding slot or past ``n`` never reaches the kernel), and the FP32 kernel mask; and the host
     indices of the query rows that see no key."""
     torch = require_torch()
-    q, k, v = to_tensors(query, key_blocks, value_blocks)
+    q, k, v = _backend.to_tensors(query, key_blocks, value_blocks)
     tdt = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[a.dtype]
     n_pad = -(-a.n // ROW_TILE) * ROW_TILE
     rows = np.full((n_pad, a.kv_len), _MASK_NEG, dtype=np.float32)  # padding rows: -1e9
     rows[: a.n] = kernel_mask(a.block_mask, a.max_n)[: a.n]
     visible = rows[: a.n] > _MASK_NEG
-    read, mask = to_tensors(read_keys(rows[: a.n]), rows)
+    read, mask = _backend.to_tensors(read_keys(rows[: a.n]), rows)
     read = read.to(q.device).reshape(-1, 1, 1)
 
     def cast(t, rows):
@@ -208,7 +197,7 @@ def kernel_for(a: MainBranchArgs, soc: str, jit=None):
     return build_kernel(a.hq, a.hkv, a.dh, a.kv_len, a.dtype, a.tiling.ntile, vec_rows(soc), jit)
 
 
-@graph_safe
+@_backend.graph_safe
 def msa_main_branch(
     query,
     key_blocks,
@@ -247,15 +236,15 @@ def msa_main_branch(
                            backend)  # fmt: skip
     if shape_only:
         return query.new_empty((a.n, a.hq, a.dh), dtype=require_torch().float32)
-    target = resolve(backend, soc, query)
+    target = _backend.resolve(backend, soc, query)
     torch = require_torch()
     operands, empty = _operands(a, query, key_blocks, value_blocks)
     out = torch.zeros(operands[0].shape[0], a.hq * a.dh, dtype=torch.float32,
                       device=operands[0].device)  # fmt: skip
-    us = launch(kernel_for(a, target.soc), list(operands), [out], target)
+    us = _backend.launch(kernel_for(a, target.soc), list(operands), [out], target)
     if empty.size:  # rows that see no selected key: +0 (the kernel's arithmetic: mean of V)
         out[torch.from_numpy(empty).to(out.device)] = 0.0
-    return finish(out[: a.n].reshape(a.n, a.hq, a.dh), us, target)
+    return _backend.finish(out[: a.n].reshape(a.n, a.hq, a.dh), us, target)
 
 
 def npu_launch_args(n: int, max_n: int, soc: str, *, jit=None):
