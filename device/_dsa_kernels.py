@@ -16,7 +16,7 @@ One loop nest serves every cache form (:func:`attention_nest`)::
       L4 t < bn                    KV tile of s_kv_tile top-k columns, `valid` of them used
           V0  gather + dequant     kn = BF16(FP32(q) * scale_g) [valid, 512], kr BF16 [valid, 64]
           C1  S = Q @ [kn|kr]^T    FP32 [g_tile, valid]; Q = a view of the [T*nq, 576] query
-          V1  S *= scale; [masked: S -= 3e38 at skipped entries]; m = rowmax
+          V1  S *= scale; [masked: S = -3e38 at skipped entries, a select]; m = rowmax
               [masked: m = max(m, -1e30)]; P = exp(S - m); l = rowsum(P)
           C2  online:   O_t = BF16(P) @ kn (FP32)
               per_tile: O_t = BF16(BF16(P / l) @ kn)
@@ -45,6 +45,7 @@ does not fit at ``s_kv_tile`` 2048; :func:`dequant_nope`).
 # no `from __future__ import annotations`: the frontend evaluates the pypto.Tensor(...) annotations
 import pypto
 from pypto.experimental import gather_in_ub
+from tilesim.device.backend import compiled
 
 NOPE = 512
 ROPE = 64
@@ -60,7 +61,7 @@ SCALE_PITCH = 8  # 4 FP32 scales padded to 32 bytes (kv_split)
 #: every task costs the device a fixed submit + dispatch + completion overhead (docs/device.md)
 GATHER_ROWS = 64
 CAST_ROWS = 32
-MASK_BIAS = 3.0e38  # subtracted from the scores of skipped entries (masked builds)
+MASK_BIAS = 3.0e38  # -MASK_BIAS is selected as the score of skipped entries (masked builds)
 MASK_FLOOR = 1.0e30  # row max of an all-skipped tile is clamped to -MASK_FLOOR (masked builds)
 
 #: byte offsets of (rope, scales) inside a packed row, per layout (tilesim.shared.mla_cache)
@@ -101,6 +102,11 @@ class NestParams:
         self.kv_splits = kv_splits
         self.tps = tiles_per_split
 
+    @property
+    def key(self) -> tuple:
+        """Every static value: the compile key (:func:`build`)."""
+        return self._key
+
     def __repr__(self) -> str:
         names = ("nq", "n_kv", "scale", "topk", "block_size", "tile", "online", "quant", "layout")
         names += ("mask_col0", "kv_splits", "tiles_per_split")
@@ -114,9 +120,13 @@ class NestParams:
 # ----------------------------------------------------------------------------- V0 loaders
 
 
-def dequant_nope(q32, scales_fp32, valid, p):
+def dequant_nope(q32, scales_fp32, valid, drop, p):
     """``BF16(q * scale_g)``: ``q32`` FP32 ``[s_kv_tile, 512]`` and FP32 scales ``[s_kv_tile, 4]``
-    (``valid`` rows) -> BF16 ``[s_kv_tile, 512]``. One FP32 multiply per element, one rounding."""
+    (``valid`` rows) -> BF16 ``[s_kv_tile, 512]``. One FP32 multiply per element, one rounding.
+    ``drop`` (masked builds, else ``None``): the INT32 ``[1, s_kv_tile]`` skip flags (1 at
+    skipped entries, ``valid`` columns), whose V rows are
+    SELECTED to exactly +0 (their gathered stand-in row may hold garbage: a
+    multiply by a 0/1 mask would keep a NaN, and ``P = 0`` times a NaN V row is NaN)."""
     t = p.s_kv_tile
     sc = pypto.add(scales_fp32, 0.0)  # materialise the reinterpreted view before the reshape
     pypto.set_vec_tile_shapes(128, 128)
@@ -128,6 +138,9 @@ def dequant_nope(q32, scales_fp32, valid, p):
     kn32 = pypto.mul(qg, sc)
     kn32 = pypto.reshape(kn32, [t, NOPE], valid_shape=[valid, NOPE])
     pypto.set_vec_tile_shapes(32, NOPE)
+    if drop is not None:
+        col = pypto.reshape(pypto.cast(drop, pypto.DT_FP32), [t, 1], valid_shape=[valid, 1])
+        kn32 = pypto.where(pypto.gt(col, 0.5), 0.0, kn32)
     return pypto.cast(kn32, pypto.DT_BF16)
 
 
@@ -136,7 +149,7 @@ def int8_to_fp32(q8):
     return pypto.cast(pypto.cast(q8, pypto.DT_FP16), pypto.DT_FP32)
 
 
-def load_packed_int8(cache, idx, bt, valid, p):
+def load_packed_int8(cache, idx, bt, valid, drop, p):
     """Packed INT8 cache ``[rows, 656]``: ONE gather of whole rows through the block table into
     a ``[s_kv_tile, 672]`` UB tile (656 valid bytes), then byte views: nope INT8 -> FP32, rope
     viewed as BF16, scales viewed as FP32. Returns ``(kn BF16, kr BF16)`` with ``valid`` rows."""
@@ -150,11 +163,11 @@ def load_packed_int8(cache, idx, bt, valid, p):
     q8 = pypto.view(rows, [t, NOPE], [0, 0], valid_shape=[valid, NOPE])
     sc8 = pypto.view(rows, [t, 4 * NSCALES], [0, p.scale_off], valid_shape=[valid, 4 * NSCALES])
     kr8 = pypto.view(rows, [t, 2 * ROPE], [0, p.rope_off], valid_shape=[valid, 2 * ROPE])
-    kn = dequant_nope(int8_to_fp32(q8), pypto.view(sc8, dtype=pypto.DT_FP32), valid, p)
+    kn = dequant_nope(int8_to_fp32(q8), pypto.view(sc8, dtype=pypto.DT_FP32), valid, drop, p)
     return kn, pypto.view(kr8, dtype=pypto.DT_BF16)
 
 
-def load_packed_fp8(cache, cache_fp8, idx, bt, valid, p):
+def load_packed_fp8(cache, cache_fp8, idx, bt, valid, drop, p):
     """Packed FP8 cache ``[rows, 656]``, given twice: ``cache`` as INT8 bytes and ``cache_fp8`` as
     FP8 E4M3 (the same memory). PyPTO 0.2.0 rejects ``view(dtype=)`` from or to FP8, so the
     seeds' single whole-row gather followed by byte reinterpretation cannot be compiled. Instead
@@ -177,11 +190,11 @@ def load_packed_fp8(cache, cache_fp8, idx, bt, valid, p):
     so, ro = p.scale_off - NOPE, p.rope_off - NOPE
     sc8 = pypto.view(tail, [t, 4 * NSCALES], [0, so], valid_shape=[valid, 4 * NSCALES])
     kr8 = pypto.view(tail, [t, 2 * ROPE], [0, ro], valid_shape=[valid, 2 * ROPE])
-    kn = dequant_nope(q32, pypto.view(sc8, dtype=pypto.DT_FP32), valid, p)
+    kn = dequant_nope(q32, pypto.view(sc8, dtype=pypto.DT_FP32), valid, drop, p)
     return kn, pypto.view(kr8, dtype=pypto.DT_BF16)
 
 
-def load_split(kn_quant, kr, kn_scales, idx, bt, valid, p):
+def load_split(kn_quant, kr, kn_scales, idx, bt, valid, drop, p):
     """kv_split cache: three gathers through the same indices: ``kn_quant [rows, 512]`` (FP8 E4M3
     or INT8), ``kr [rows, 64]`` BF16, ``kn_scales [rows, 4]`` FP32 (gathered as a 32-byte
     ``[rows, 8]`` view with 4 valid columns)."""
@@ -202,7 +215,7 @@ def load_split(kn_quant, kr, kn_scales, idx, bt, valid, p):
     sc_rows = gather_in_ub(sc_view, idx, bt, p.block_size, -2)
     sc = pypto.view(sc_rows, [t, NSCALES], [0, 0], valid_shape=[valid, NSCALES])
     pypto.set_vec_tile_shapes(CAST_ROWS, NOPE)
-    kn = dequant_nope(q32, sc, valid, p)
+    kn = dequant_nope(q32, sc, valid, drop, p)
     return kn, pypto.view(kr_rows, [t, ROPE], [0, 0], valid_shape=[valid, ROPE])
 
 
@@ -230,8 +243,10 @@ def tile_attention(qi, kn, kj, skip, valid, p):
     ``[g_tile, 512]``, ``l`` and ``m`` FP32 ``[g_tile, 1]``.
 
     ``skip`` (masked builds only): INT32 ``[1, s_kv_tile]``, 1 at skipped entries. The scaled
-    scores of those columns get ``-MASK_BIAS``, so with the row max taken over live columns
-    their ``P = exp(S - 3e38 - m)`` is exactly 0. A tile whose columns are all skipped has
+    scores of those columns are SELECTED to ``-MASK_BIAS`` (a select, not an add: the stand-in
+    row a skipped entry gathers may hold NaN), so with the row max taken over live columns
+    their ``P = exp(-3e38 - m)`` is exactly 0 (and their V rows are +0, :func:`dequant_nope`).
+    A tile whose columns are all skipped has
     ``m ~ -3e38``; ``m`` is clamped to ``-MASK_FLOOR`` so that its ``P`` is still 0 and the
     online merge treats the tile as an exact no-op (``a = 1``, ``c = 0``, or ``a = 0`` before
     the first live tile; the per-tile merge up to one FP32 rounding)."""
@@ -243,7 +258,7 @@ def tile_attention(qi, kn, kj, skip, valid, p):
     pypto.set_vec_tile_shapes(p.v1[0], p.v1[1])
     s = pypto.mul(s, p.softmax_scale)
     if p.masked:
-        s = pypto.add(s, pypto.mul(pypto.cast(skip, pypto.DT_FP32), -MASK_BIAS))
+        s = pypto.where(pypto.gt(pypto.cast(skip, pypto.DT_FP32), 0.5), -MASK_BIAS, s)
     m = pypto.amax(s, dim=-1, keepdim=True)
     if p.masked:
         m = pypto.maximum(m, -MASK_FLOOR)
@@ -348,15 +363,16 @@ def kv_tile(query, topk_indices, block_table, tok, t, load, p):
     col0 = tok.n * p.topk + t * st
     idx = pypto.view(topk_indices, [1, st], [tok.b * tok.s1 + tok.s, col0], valid_shape=[1, valid])
     bt = pypto.view(block_table, [1, block_table.shape[1]], [tok.b, 0])
-    skip = None
+    skip = drop = None
     if p.masked:
-        skip = pypto.view(
+        flag = pypto.view(
             topk_indices,
             [1, st],
             [tok.b * tok.s1 + tok.s, p.mask_col0 + col0],
             valid_shape=[1, valid],
         )
-    kn, kr = load(idx, bt, valid)
+        skip = drop = flag  # selects of the score columns (V1) and of the V rows (V0)
+    kn, kr = load(idx, bt, valid, drop)
     kj = assemble_keys(kn, kr, valid, p)
     # Q is a view of the kernel's [T*nq, 576] query: no per-group-tile copy (docs/device.md)
     qi = pypto.view(query, [p.g_tile, HEAD], [tok.row0, 0])
@@ -492,12 +508,12 @@ def packed_nest(query, nope_cache, cache_fp8, topk_indices, block_table, kv_act_
     pypto.experimental.set_operation_options(combine_axis=True)
     if p.quant == "fp8":
 
-        def load(idx, bt, valid):
-            return load_packed_fp8(nope_cache, cache_fp8, idx, bt, valid, p)
+        def load(idx, bt, valid, drop):
+            return load_packed_fp8(nope_cache, cache_fp8, idx, bt, valid, drop, p)
     else:
 
-        def load(idx, bt, valid):
-            return load_packed_int8(nope_cache, idx, bt, valid, p)
+        def load(idx, bt, valid, drop):
+            return load_packed_int8(nope_cache, idx, bt, valid, drop, p)
 
     attention_nest(query, topk_indices, block_table, kv_act_seqs, attention_out, load, p)
 
@@ -507,8 +523,8 @@ def split_nest(query, kn_quant, kr, kn_scales, topk_indices, block_table, kv_act
     """kv_split cache."""
     pypto.experimental.set_operation_options(combine_axis=True)
 
-    def load(idx, bt, valid):
-        return load_split(kn_quant, kr, kn_scales, idx, bt, valid, p)
+    def load(idx, bt, valid, drop):
+        return load_split(kn_quant, kr, kn_scales, idx, bt, valid, drop, p)
 
     attention_nest(query, topk_indices, block_table, kv_act_seqs, attention_out, load, p)
 
@@ -629,14 +645,16 @@ class ProbeParams:
         return f"ProbeParams(nq={self.nq}, tile={tile!r}, n_tiles={self.n_tiles})"
 
 
-def build_probe():
-    """The jit probe kernel (decode-mode options; cached)."""
-    key = ("probe", pypto.platform.npuarch)
-    if key not in _BUILT:
-        opts = jit_options(key[1], "online")
+def build_probe(params: ProbeParams):
+    """The jit probe kernel (decode-mode options), built once per ``params``
+    (:func:`tilesim.device.backend.compiled`)."""
+
+    def make():
+        opts = jit_options("online")
         opts["runtime_options"].pop("ready_on_host_tensors")  # the probe has no such inputs
-        _BUILT[key] = pypto.frontend.jit(**opts)(probe_matmuls)
-    return _BUILT[key]
+        return pypto.frontend.jit(**opts)(probe_matmuls)
+
+    return compiled("dsa_matmul_probe", (repr(params),), make)
 
 
 SOURCES = {
@@ -650,7 +668,7 @@ SOURCES = {
 # ----------------------------------------------------------------------------- options
 
 
-def jit_options(arch: str, mode: str) -> dict:
+def jit_options(mode: str) -> dict:
     """``pypto.frontend.jit`` options per target and softmax mode (the seeds' choices, in
     ``hicann/pypto-gym``'s DeepSeek sparse-attention kernels; ``docs/sources.md``): ``online`` =
     the ``_high`` / ``_d_950`` kernels, ``per_tile`` = ``_d``.
@@ -682,14 +700,18 @@ def jit_options(arch: str, mode: str) -> dict:
     }
 
 
-_BUILT: dict = {}
-
-
-def build(form: str, quant: str, mode: str):
-    """The jit kernel for a cache ``form`` ("packed"/"split"), ``quant`` ("int8"/"fp8") and
-    softmax ``mode`` ("online"/"per_tile") on this process's target (cached)."""
-    arch = pypto.platform.npuarch
-    key = (form, quant, mode, arch)
-    if key not in _BUILT:
-        _BUILT[key] = pypto.frontend.jit(**jit_options(arch, mode))(SOURCES[(form, quant)])
-    return _BUILT[key]
+def build(form: str, quant: str, mode: str, params: NestParams, static_dims: tuple):
+    """The jit kernel for a cache ``form`` ("packed"/"split"), ``quant`` ("int8"/"fp8"),
+    softmax ``mode`` ("online"/"per_tile") and static ``params`` on this process's target,
+    built once per compile key (:func:`tilesim.device.backend.compiled`; the key is the model
+    constants, tiles incl. ``kv_splits``, quant, layout, mode and masked or not, never a
+    batch, sequence length or ``cur_seq``: those are runtime values of the loop nest).
+    ``static_dims``: the ``pypto.STATIC`` axes of the call, ``(cache rows, block-table
+    columns)``: 0.2.0's ``view`` takes only constant shapes, so the cache pool's row count (a
+    deployment constant) and the block table's width (padded by the wrapper to a power of two,
+    a bucket) are compiled in."""
+    name = "dsa_sparse_attention" if form == "packed" else "dsa_sparse_attention_kv_split"
+    key = (quant, mode, params.key, tuple(static_dims))
+    return compiled(
+        name, key, lambda: pypto.frontend.jit(**jit_options(mode))(SOURCES[(form, quant)])
+    )

@@ -31,7 +31,8 @@ keys uses valid shapes; ``cur_seq > s_kv_tile`` works in both modes (per-tile mo
 normalised tiles where the seeds keep the last); ``-1`` entries among the first ``cur_seq``
 indices are skipped as the reference skips them (a "masked" build: the wrapper points them at
 an allocated position of the batch and appends a 0/1 skip mask to the index tensor; the kernel
-pushes those scores to -3e38 so their P is exactly 0, and an all-skipped tile is a no-op of
+selects -3e38 as those scores and +0 as their V rows -- a select, so a NaN stand-in row
+changes nothing -- so their P is exactly 0, and an all-skipped tile is a no-op of
 the merge; a token with no live entry gets zeros). Not supported: ``n_kv != 1`` and
 ``nq / n_kv`` not a multiple of ``g_tile`` (``ValueError`` before launch).
 """
@@ -61,9 +62,17 @@ from tilesim.shared.interop import is_torch_tensor
 from tilesim.shared.mla_cache import NOPE, PYPTO_ROW_BYTES, ROPE
 from tilesim.shared.soc import DEFAULT_SOC
 from tilesim.shared.tiling import SaTileShapeConfig
-from tilesim.shared.validate import check_array, check_pos_int, host_ints
+from tilesim.shared.validate import (
+    check_array,
+    check_bool,
+    check_choice,
+    check_pos_int,
+    host_ints,
+    is_array,
+)
 
 __all__ = [
+    "device_indices",
     "kernel_indices",
     "matmul_probe",
     "sparse_attention_antiquant",
@@ -92,7 +101,8 @@ def kernel_indices(a: DsaArgs, cache_rows: int) -> tuple[np.ndarray, int | None]
     Every used top-k entry is checked as the reference checks it
     (:func:`~tilesim.shared.dsa_plan.plan_physical_rows`). The columns are zero-padded to whole
     KV tiles so that the last tile's ``[1, s_kv_tile]`` view stays inside the tensor (only
-    ``cur_seq`` columns are read). When some used entry is ``-1`` (the masked build), it is
+    ``cur_seq`` columns are read; the entries past ``cur_seq`` are written 0, whatever the
+    caller left there). When some used entry is ``-1`` (the masked build), it is
     replaced by a stand-in position of its batch
     (:func:`~tilesim.shared.dsa_plan.stand_in_positions`) and as many columns again follow,
     1 at every skipped entry, 0 elsewhere (one tensor, not two: PyPTO 0.2.0's cost-model
@@ -106,18 +116,48 @@ def kernel_indices(a: DsaArgs, cache_rows: int) -> tuple[np.ndarray, int | None]
     )  # fmt: skip
     skipped = (np.arange(a.topk)[None, :] < cur[:, None]) & (phys == NO_ROW)
     n = a.topk_indices.shape[0]
+    used = np.arange(a.topk)[None, :] < cur[:, None]
+    entries = np.where(used, a.topk_indices[:, : a.topk], 0)  # past cur_seq: never read, 0
     if not skipped.any():
         idx = np.zeros((n, cols), dtype=np.int32)
-        idx[:, : a.topk] = a.topk_indices
+        idx[:, : a.topk] = entries
         return idx, None
     filler = stand_in_positions(
         skipped, a.block_table, s1=a.s1, block_size=a.block_size, cache_rows=cache_rows
     )
     idx = np.zeros((n, 2 * cols), dtype=np.int32)
-    idx[:, : a.topk] = a.topk_indices
+    idx[:, : a.topk] = entries
     rows, c = np.nonzero(skipped)
     idx[rows, c] = filler[rows // a.s1]
     idx[rows, cols + c] = 1
+    return idx, cols
+
+
+def device_indices(ti, bt, acts, *, s1: int, topk: int, block_size: int, s_kv_tile: int,
+                   cache_rows: int):  # fmt: skip
+    """The masked form of :func:`kernel_indices` built where the tensors live (torch ops on
+    the inputs' device, no host copy; the ``validate=False`` path), with no value check:
+    INT32 ``[T, 2*cols]``, the entries (0 past ``cur_seq``, a used ``-1`` replaced by its
+    batch's stand-in position, the first one whose block is allocated and inside the cache:
+    :func:`~tilesim.shared.dsa_plan.stand_in_positions`), then the 0/1 skip columns from
+    ``cols``. Always the masked layout: whether a ``-1`` is used is not known without reading
+    the data. A batch with a used ``-1`` and no allocated block gets position 0 (undefined,
+    as every unchecked bad entry is). Tested equal to :func:`kernel_indices`."""
+    torch = require_torch()
+    dev = ti.device
+    cols = -(-topk // s_kv_tile) * s_kv_tile
+    s = torch.arange(s1, device=dev, dtype=torch.int64)
+    cur = (acts.to(torch.int64)[:, None] - s1 + 1 + s[None, :]).clamp(0, topk).reshape(-1)
+    used = torch.arange(topk, device=dev)[None, :] < cur[:, None]
+    t = ti[:, :topk].to(torch.int64)
+    skipped = used & (t == -1)
+    table = bt.to(torch.int64)
+    ok = (table >= 0) & ((table + 1) * block_size <= cache_rows)
+    filler = (ok.to(torch.int32).argmax(dim=1) * block_size).repeat_interleave(s1)
+    entries = torch.where(skipped, filler[:, None], torch.where(used, t, 0))
+    idx = torch.zeros((t.shape[0], 2 * cols), dtype=torch.int32, device=dev)
+    idx[:, :topk] = entries.to(torch.int32)
+    idx[:, cols : cols + topk] = skipped.to(torch.int32)
     return idx, cols
 
 
@@ -133,20 +173,15 @@ def _check_out(out, rows: int) -> None:
 
 
 # ----------------------------------------------------------------------------- launch
-def _launch(a: DsaArgs, form: str, quant: str, layout: str, caches: tuple, plan, out, target):
+def _launch(a: DsaArgs, ints: tuple, form: str, quant: str, layout: str, caches: tuple, plan,
+            out, target):  # fmt: skip
     """Run the kernel for the cache ``form`` on the queries, ``caches`` (kernel order) and the
-    index tensors; returns the wrapper's result (:func:`tilesim.device.backend.finish`)."""
+    caller's integer arrays ``ints`` (``topk_indices``, ``block_table``, ``kv_act_seqs``);
+    ``plan``: :func:`kernel_indices` (validated) or ``None`` (:func:`device_indices`). Returns
+    the wrapper's result (:func:`tilesim.device.backend.finish`)."""
     torch = require_torch()
     from tilesim.device import _dsa_kernels as kernels
 
-    idx, mask_col0 = plan
-    k = a.tiling.kv_splits
-    params = kernels.NestParams(
-        nq=a.nq, n_kv=1, softmax_scale=float(a.softmax_scale), topk=a.topk,
-        block_size=a.block_size, tile=a.tiling.as_tuple(), online=a.tiling.softmax == "online",
-        quant=quant, layout=layout, mask_col0=mask_col0, kv_splits=k,
-        tiles_per_split=tiles_per_split(a.topk, a.tiling.s_kv_tile, k) if k > 1 else None,
-    )  # fmt: skip
     qn, qr, *cache_t = _backend.to_tensors(a.query_nope, a.query_rope, *caches)
     # one [T*nq, 576] query (an exact copy): C1 reads its Q tile straight from an input
     tensors = [torch.cat([qn, qr], dim=1).contiguous(), *(t.contiguous() for t in cache_t)]
@@ -156,13 +191,49 @@ def _launch(a: DsaArgs, form: str, quant: str, layout: str, caches: tuple, plan,
         if quant == "fp8":
             tensors.append(cache)  # the same bytes typed FP8 (see _dsa_kernels.load_packed_fp8)
     dev = tensors[0].device
-    ints = [torch.from_numpy(np.ascontiguousarray(v, dtype=np.int32)).to(dev)
-            for v in (idx, a.block_table, a.kv_act_seqs)]  # fmt: skip
+    ti, bt, acts = (t.to(dev) for t in _backend.to_tensors(*ints))
+    if plan is None:
+        plan = device_indices(
+            ti, bt, acts, s1=a.s1, topk=a.topk, block_size=a.block_size,
+            s_kv_tile=a.tiling.s_kv_tile, cache_rows=tensors[1].shape[0],
+        )  # fmt: skip
+    idx, mask_col0 = plan
+    idx = torch.as_tensor(idx).to(device=dev, dtype=torch.int32).contiguous()
+    bt, acts = _bucket_columns(bt.to(torch.int32)), acts.to(torch.int32).contiguous()
     if out is None:
         out = torch.empty((a.rows, NOPE), dtype=torch.bfloat16, device=dev)
-    kernel = kernels.build(form, quant, "online" if a.tiling.softmax == "online" else "per_tile")
-    us = _backend.launch(functools.partial(kernel, params=params), [*tensors, *ints], [out], target)
+    mode = "online" if a.tiling.softmax == "online" else "per_tile"
+    params = _nest_params(a, quant, layout, mask_col0)
+    kernel = kernels.build(form, quant, mode, params, (tensors[1].shape[0], bt.shape[1]))
+    us = _backend.launch(functools.partial(kernel, params=params), [*tensors, idx, bt, acts],
+                         [out], target)  # fmt: skip
     return _backend.finish(out, us, target)
+
+
+def _bucket_columns(bt):
+    """``block_table`` widened to the next power of two of columns (at least 8) with ``-1``
+    (never read: every read block is inside the caller's columns): the table's width is a
+    compiled-in axis (:func:`tilesim.device._dsa_kernels.build`), so a growing context costs
+    one compile per doubling, not one per width. Padding cost: under 2x INT32 columns."""
+    torch = require_torch()
+    cols = max(8, 1 << max(int(bt.shape[1]) - 1, 0).bit_length())
+    out = torch.full((bt.shape[0], cols), -1, dtype=torch.int32, device=bt.device)
+    out[:, : bt.shape[1]] = bt
+    return out
+
+
+def _nest_params(a: DsaArgs, quant: str, layout: str, mask_col0):
+    """The kernel's static parameters (its compile key: model constants, tiles, quant, layout,
+    mode, masked or not -- no batch, length or ``cur_seq``)."""
+    from tilesim.device import _dsa_kernels as kernels
+
+    k = a.tiling.kv_splits
+    return kernels.NestParams(
+        nq=a.nq, n_kv=1, softmax_scale=float(a.softmax_scale), topk=a.topk,
+        block_size=a.block_size, tile=a.tiling.as_tuple(), online=a.tiling.softmax == "online",
+        quant=quant, layout=layout, mask_col0=mask_col0, kv_splits=k,
+        tiles_per_split=tiles_per_split(a.topk, a.tiling.s_kv_tile, k) if k > 1 else None,
+    )  # fmt: skip
 
 
 def _resolve(a: DsaArgs, quant: str, cache_name: str, backend_name: str, soc: str):
@@ -176,22 +247,43 @@ def _resolve(a: DsaArgs, quant: str, cache_name: str, backend_name: str, soc: st
     return target
 
 
-def _checked_call(a, form: str, layout: str, caches: tuple, out, backend, soc):
-    """The rest of a call once the shared arguments ``a`` are checked: the cache (``form``
-    ``"packed"``: ``(nope_cache,)`` in ``layout``; ``"split"``: ``(kn_quant, kr, kn_scales)``),
-    the kernel's limits, the index plan, ``out``, the target; then the launch."""
+def _checked_args(query_nope, query_rope, ints: tuple, validate, **kw):
+    """``(a, shape_only, read)``: the shared checks (:func:`~tilesim.shared.dsa_plan.
+    check_dsa_args`) on the caller's ``ints`` (``topk_indices``, ``block_table``,
+    ``kv_act_seqs``) when their values are read (``validate`` and real data), else on
+    metadata stand-ins (:func:`tilesim.device.backend.standin`: no host copy)."""
+    check_bool(validate, "validate")
+    shape_only = _backend.is_shape_only(query_nope, query_rope, *ints)
+    read = validate and not shape_only
+    host = ints if read else tuple(_backend.standin(x) if is_array(x) else x for x in ints)
+    return check_dsa_args(query_nope, query_rope, *host, **kw), shape_only, read
+
+
+def _checked_call(checked, ints, form: str, layout: str, caches: tuple, out, backend, soc):
+    """The rest of a call once the shared arguments are checked (``checked``:
+    :func:`_checked_args`): the cache (``form`` ``"packed"``: ``(nope_cache,)`` in
+    ``layout``; ``"split"``: ``(kn_quant, kr, kn_scales)``), the kernel's limits, the index
+    plan (host, validated, when the values are read), ``out``, the target; then the launch.
+    Shape-only inputs (FakeTensor / ``meta``) get an empty output, no kernel."""
+    a, shape_only, read = checked
     if form == "packed":
         rows, quant = check_packed_cache(caches[0], layout)
     else:
         rows, quant = check_split_cache(*caches)
     _check_kernel_limits(a)
-    plan = kernel_indices(a, rows)
+    plan = kernel_indices(a, rows) if read else None
     _check_out(out, a.rows)
+    if shape_only:
+        check_choice(backend, "backend", _backend.BACKENDS)
+        if out is not None:
+            return out
+        return a.query_nope.new_empty((a.rows, NOPE), dtype=require_torch().bfloat16)
     target = _resolve(a, quant, "nope_cache" if form == "packed" else "kn_quant", backend, soc)
-    return _launch(a, form, quant, layout, caches, plan, out, target)
+    return _launch(a, ints, form, quant, layout, caches, plan, out, target)
 
 
 # ----------------------------------------------------------------------------- public ops
+@_backend.graph_safe
 def sparse_attention_antiquant(
     query_nope,
     query_rope,
@@ -210,6 +302,7 @@ def sparse_attention_antiquant(
     out=None,
     backend: str = "auto",
     soc: str = DEFAULT_SOC,
+    validate: bool = True,
     tile_config: SaTileShapeConfig | None = None,
 ):
     """Sparse MLA attention over a packed quantized latent cache on PyPTO -> BF16 ``[T*nq, 512]``.
@@ -225,20 +318,32 @@ def sparse_attention_antiquant(
     * ``backend`` — ``"npu"`` (torch tensors on an Ascend NPU), ``"sim"`` (NumPy arrays or CPU
       tensors, PyPTO's host interpreter + cost model for ``soc``) or ``"auto"`` (``"npu"`` for
       NPU tensors, else a ``ValueError`` naming both) (:func:`tilesim.device.backend.resolve`);
-    * ``soc`` — the simulator's target, ``"910b"`` or ``"950"`` (a process compiles for one).
+    * ``soc`` — the simulator's target, ``"910b"`` or ``"950"`` (a process compiles for one);
+    * ``validate`` — ``True`` (default) copies ``topk_indices``, ``block_table`` and
+      ``kv_act_seqs`` to the host for the reference's value checks (every used entry) and
+      plans the kernel's index tensor there (one ``[T, topk]`` int64 pass, then a host-to-device
+      copy of the INT32 plan: ``docs/device.md``, "validate="); ``False`` checks metadata only,
+      reads no value and plans the index tensor on the inputs' device
+      (:func:`device_indices`, always the masked kernel build); bad entries are then undefined.
+
+    FakeTensor / ``meta`` inputs (torch.compile tracing; the wrapper is
+    :func:`~tilesim.device.backend.graph_safe`): the metadata checks, then an empty BF16
+    ``[T*nq, 512]`` (or ``out``), no data read, no kernel.
 
     Returns the output of the same kind as ``query_nope`` (NumPy BF16 for NumPy, a torch tensor
     for torch); with ``backend="sim"`` the pair ``(out, cost_us)``, ``cost_us`` being the cost
     model's simulated AICore time in µs. Inputs are never modified.
     """
-    a = check_dsa_args(
-        query_nope, query_rope, topk_indices, block_table, kv_act_seqs,
+    ints = (topk_indices, block_table, kv_act_seqs)
+    checked = _checked_args(
+        query_nope, query_rope, ints, validate,
         nq=nq, n_kv=n_kv, softmax_scale=softmax_scale, topk=topk, block_size=block_size,
         tiling=tiling, tile_config=tile_config,
     )  # fmt: skip
-    return _checked_call(a, "packed", layout, (nope_cache,), out, backend, soc)
+    return _checked_call(checked, ints, "packed", layout, (nope_cache,), out, backend, soc)
 
 
+@_backend.graph_safe
 def sparse_attention_antiquant_kv_split(
     query_nope,
     query_rope,
@@ -258,17 +363,20 @@ def sparse_attention_antiquant_kv_split(
     out=None,
     backend: str = "auto",
     soc: str = DEFAULT_SOC,
+    validate: bool = True,
     tile_config: SaTileShapeConfig | None = None,
 ):
     """:func:`sparse_attention_antiquant` over the kv_split cache: ``kn_quant [rows, 512]`` FP8
     E4M3 (950) or INT8, ``kr [rows, 64]`` BF16, ``kn_scales [rows, 4]`` FP32. Same arithmetic
     and output as the packed kernel on the same data."""
-    a = check_dsa_args(
-        query_nope, query_rope, topk_indices, block_table, kv_act_seqs,
+    ints = (topk_indices, block_table, kv_act_seqs)
+    checked = _checked_args(
+        query_nope, query_rope, ints, validate,
         nq=nq, n_kv=n_kv, softmax_scale=softmax_scale, topk=topk, block_size=block_size,
         tiling=tiling, tile_config=tile_config,
     )  # fmt: skip
-    return _checked_call(a, "split", "pypto", (kn_quant, kr, kn_scales), out, backend, soc)
+    caches = (kn_quant, kr, kn_scales)
+    return _checked_call(checked, ints, "split", "pypto", caches, out, backend, soc)
 
 
 def sparse_attention_traffic(
@@ -325,6 +433,6 @@ def matmul_probe(tokens: int, *, nq: int = 128, topk: int = 2048, tiling=None,
     outs = [torch.zeros((n_out, cfg.s_kv_tile), dtype=torch.float32),
             torch.zeros((n_out, NOPE), dtype=torch.float32)]  # fmt: skip
     params = kernels.ProbeParams(nq=nq, tile=cfg.as_tuple(), n_tiles=n_t)
-    us = _backend.launch(functools.partial(kernels.build_probe(), params=params), args, outs,
-                         target)  # fmt: skip
+    us = _backend.launch(functools.partial(kernels.build_probe(params), params=params), args,
+                         outs, target)  # fmt: skip
     return _backend.finish(outs[1], us, target)

@@ -417,12 +417,18 @@ def test_kernel_indices_mask_the_skipped_entries():
     skipped = used & (ti[:, :256] == -1)  # written out here, not taken from the wrapper
     assert skipped.any()
     assert (idx[:, 512 : 512 + 256] == skipped).all() and not idx[:, 512 + 256 :].any()
-    assert (idx[:, :256][~skipped] == ti[~skipped]).all()
-    assert (idx[:, :256][used] >= 0).all()  # the gather never reads a -1 (the tail is unread)
+    live = used & ~skipped
+    assert (idx[:, :256][live] == ti[:, :256][live]).all()
+    assert not idx[:, :256][~used].any()  # past cur_seq: never read, written 0
+    assert (idx[:, :256][used] >= 0).all()  # the gather never reads a -1
     clean = _small_case(actual_seq=(300, 40))
     idx, col0 = kernel_indices(_checked(clean), rows)
     assert col0 is None and idx.shape == (4, 512)
-    assert (idx[:, :256] == clean["inputs"]["topk_indices"]).all() and not idx[:, 256:].any()
+    cti = clean["inputs"]["topk_indices"]
+    cused = (
+        np.arange(256)[None, :] < cur_seq_lengths(clean["inputs"]["kv_act_seqs"], 2, 256)[:, None]
+    )
+    assert (idx[:, :256] == np.where(cused, cti[:, :256], 0)).all() and not idx[:, 256:].any()
 
 
 @pytest.mark.parametrize(

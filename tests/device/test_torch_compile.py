@@ -156,3 +156,26 @@ def test_wrappers_imported_after_dynamo_are_registered():
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
+
+
+def test_deepseek_traces_without_graph_break(device_api):
+    """Both DeepSeek wrappers under torch.compile(fullgraph=True) on ``meta`` inputs: the
+    output is ``[T*nq, 512]`` BF16 (T = 2 tokens x nq 128 heads, from the argument shapes)."""
+    d = device_api
+    assert {"sparse_attention_antiquant", "sparse_attention_antiquant_kv_split"} <= set(
+        d.allow_in_graph()
+    )
+    fp8 = torch.float8_e4m3fn
+
+    def attend(qn, qr, packed, kn, kr, sc, ti, bt, acts):
+        a = d.sparse_attention_antiquant(qn, qr, packed, ti, bt, acts, softmax_scale=0.04)
+        b = d.sparse_attention_antiquant_kv_split(qn, qr, kn, kr, sc, ti, bt, acts,
+                                                  softmax_scale=0.04)  # fmt: skip
+        return a.float() + b.float()
+
+    args = (_meta(256, 512), _meta(256, 64), _meta(1024, 656, dtype=torch.int8),
+            _meta(1024, 512, dtype=fp8), _meta(1024, 64), _meta(1024, 4, dtype=torch.float32),
+            _meta(2, 2048, dtype=torch.int32), _meta(2, 8, dtype=torch.int32),
+            _meta(2, dtype=torch.int32))  # fmt: skip
+    out = _compiled(attend)(*args)
+    assert out.shape == (256, 512) and out.dtype == torch.float32 and out.device.type == "meta"

@@ -1,0 +1,172 @@
+"""DeepSeek sparse attention kernels, deployability (issue 14) and NaN-robust masking (issue 15).
+
+* One compile per configuration: the packed INT8 wrapper driven over several batches, lengths
+  and ``cur_seq`` (one fixed cache pool, as a serving process has) builds ONE kernel
+  (``tilesim.device.compile_stats()``); ``validate=False`` plans the index tensor on the
+  inputs' device and runs the masked build (one more variant), with the same bits.
+* NaN robustness: every cache row no live entry reads -- unreached rows, the pool's spare rows
+  and the stand-in rows that ``-1`` entries gather -- poisoned with NaN, and the entries past
+  ``cur_seq`` overwritten with garbage, give output bit-identical to the clean run.
+* CPU (no sim): :func:`device_indices` equals the host plan; shape-only inputs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+POOL_ROWS = 2048  # the fixed cache pool (rows) every call of the compile-once check uses
+
+
+def _case(b, acts, seed, *, invalid_frac=0.0):
+    import tilesim.reference as reference
+    from tilesim.shared.tiling import SaTileShapeConfig
+
+    return reference.dsa_make_case(
+        seed=seed, b=b, s1=1, actual_seq=acts, topk=256, quant="int8", layout="pypto",
+        tiling=SaTileShapeConfig.preset("decode"), topk_rule="causal",
+        invalid_frac=invalid_frac,
+    )  # fmt: skip
+
+
+def _pool(cache: np.ndarray, rows: int = POOL_ROWS) -> np.ndarray:
+    """The cache grown to ``rows`` rows of zeros (spare pool rows)."""
+    out = np.zeros((rows, cache.shape[1]), dtype=cache.dtype)
+    out[: cache.shape[0]] = cache
+    return out
+
+
+def check_compiles_once(soc) -> dict:
+    import tilesim.reference as reference
+    from tilesim.device import compile_stats, reset_compile_stats
+    from tilesim.device.sparse_attention import sparse_attention_antiquant
+
+    reset_compile_stats()
+    same = []
+    for i, (b, acts) in enumerate([(1, (700,)), (2, (300, 1000)), (3, (40, 513, 256))]):
+        case = _case(b, acts, seed=20 + i)
+        inp, prm = dict(case["inputs"]), case["params"]
+        inp["nope_cache"] = _pool(inp["nope_cache"])
+        got, _ = sparse_attention_antiquant(**inp, **prm, backend="sim", soc=soc)
+        ref = reference.sparse_attention_antiquant(**inp, **prm)
+        same.append(bool(reference.compare(got, ref, **_tol(case)).passed))
+    validated = compile_stats()
+    got_nv, _ = sparse_attention_antiquant(**inp, **prm, backend="sim", soc=soc, validate=False)
+    return {"validated": validated, "all": compile_stats(), "passed": same,
+            "validate_false_same": got_nv.tobytes() == got.tobytes()}  # fmt: skip
+
+
+def _tol(case) -> dict:
+    return {k: case["tolerance"][k] for k in ("atol", "rtol", "ratio")}
+
+
+@pytest.mark.sim
+@pytest.mark.torch
+@pytest.mark.soc_910b
+def test_one_compile_over_batches_and_lengths():
+    from tilesim.device import sim
+
+    r = sim.isolated(check_compiles_once, "910b", soc="910b")
+    assert r["validated"] == {"dsa_sparse_attention": 1}, r
+    assert r["all"] == {"dsa_sparse_attention": 2}, r  # + the masked build of validate=False
+    assert all(r["passed"]) and r["validate_false_same"], r
+
+
+def _poison_unread(inp: dict, prm: dict) -> tuple[dict, int]:
+    """A copy of ``inp`` whose every cache row no live entry reads is NaN (reference
+    ``poison_rows``), and whose entries past ``cur_seq`` are garbage; returns it and the
+    number of poisoned rows."""
+    from tilesim.reference.dsa_cases import poison_rows
+    from tilesim.shared.dsa_plan import plan_physical_rows
+
+    rows = inp["nope_cache"].shape[0]
+    phys, cur = plan_physical_rows(
+        inp["topk_indices"], inp["block_table"], inp["kv_act_seqs"], s1=1, topk=prm["topk"],
+        block_size=prm["block_size"], cache_rows=rows,
+    )  # fmt: skip
+    hit = np.zeros(rows, dtype=bool)
+    hit[phys[phys >= 0]] = True
+    out = {k: np.array(v, copy=True) for k, v in inp.items()}
+    cache = {"nope_cache": out["nope_cache"]}
+    poison_rows(cache, ~hit, "pypto")
+    past = np.arange(prm["topk"])[None, :] >= cur[:, None]
+    out["topk_indices"][:, : prm["topk"]][past] = 10**6  # never read: garbage is fine
+    return out, int((~hit).sum())
+
+
+def check_nan_poison(soc) -> dict:
+    from tilesim.device.sparse_attention import sparse_attention_antiquant
+
+    case = _case(2, (300, 600), seed=5, invalid_frac=0.3)
+    inp, prm = dict(case["inputs"]), case["params"]
+    inp["nope_cache"] = _pool(inp["nope_cache"], inp["nope_cache"].shape[0] + 256)
+    ti = inp["topk_indices"]
+    ti[ti[:, :256] == 0] = -1  # nobody reads position 0: the stand-in rows are unread
+    ti[1, 64:128] = -1
+    poisoned, n = _poison_unread(inp, prm)
+    clean, _ = sparse_attention_antiquant(**inp, **prm, backend="sim", soc=soc)
+    dirty, _ = sparse_attention_antiquant(**poisoned, **prm, backend="sim", soc=soc)
+    return {"poisoned": n, "nan": int(np.isnan(clean.astype(np.float32)).sum()),
+            "same": clean.tobytes() == dirty.tobytes()}  # fmt: skip
+
+
+@pytest.mark.sim
+@pytest.mark.torch
+@pytest.mark.soc_910b
+def test_nan_in_unread_rows_changes_no_bit():
+    from tilesim.device import sim
+
+    r = sim.isolated(check_nan_poison, "910b", soc="910b")
+    assert r["poisoned"] > 256 and r["nan"] == 0 and r["same"], r
+
+
+# ----------------------------------------------------------------------------- CPU only
+@pytest.mark.torch
+def test_device_plan_equals_the_host_plan():
+    import torch
+    from tilesim.device.sparse_attention import device_indices, kernel_indices
+    from tilesim.shared.dsa_plan import check_dsa_args
+
+    case = _case(2, (300, 600), seed=5, invalid_frac=0.3)
+    inp, prm = case["inputs"], case["params"]
+    a = check_dsa_args(
+        inp["query_nope"], inp["query_rope"], inp["topk_indices"], inp["block_table"],
+        inp["kv_act_seqs"], nq=prm["nq"], n_kv=1, softmax_scale=prm["softmax_scale"],
+        topk=prm["topk"], block_size=prm["block_size"], tiling=prm["tiling"],
+    )  # fmt: skip
+    rows = inp["nope_cache"].shape[0]
+    host, col0 = kernel_indices(a, rows)
+    assert col0 is not None  # the case has used -1 entries
+    dev, dcol0 = device_indices(
+        *(torch.from_numpy(np.asarray(inp[k])) for k in ("topk_indices", "block_table",
+                                                           "kv_act_seqs")),
+        s1=1, topk=256, block_size=128, s_kv_tile=prm["tiling"].s_kv_tile, cache_rows=rows,
+    )  # fmt: skip
+    assert dcol0 == col0 and np.array_equal(dev.numpy(), host)
+
+
+@pytest.mark.torch
+def test_shape_only_inputs_give_the_output_shape():
+    import torch
+    from tilesim.device.sparse_attention import (
+        sparse_attention_antiquant,
+        sparse_attention_antiquant_kv_split,
+    )
+
+    def m(*shape, dt=torch.bfloat16):
+        return torch.empty(*shape, dtype=dt, device="meta")
+
+    ints = (m(3, 2048, dt=torch.int32), m(3, 20, dt=torch.int32), m(3, dt=torch.int32))
+    out = sparse_attention_antiquant(m(384, 512), m(384, 64), m(4096, 656, dt=torch.int8), *ints,
+                                     softmax_scale=0.04)  # fmt: skip
+    assert out.shape == (384, 512) and out.dtype == torch.bfloat16 and out.device.type == "meta"
+    fp8 = torch.float8_e4m3fn
+    out = sparse_attention_antiquant_kv_split(
+        m(384, 512), m(384, 64), m(4096, 512, dt=fp8), m(4096, 64), m(4096, 4, dt=torch.float32),
+        *ints, softmax_scale=0.04,
+    )  # fmt: skip
+    assert out.shape == (384, 512)
+    bad = m(3, 100, dt=torch.int32)
+    with pytest.raises(ValueError, match="topk_indices"):
+        sparse_attention_antiquant(m(384, 512), m(384, 64), m(4096, 656, dt=torch.int8), bad,
+                                   *ints[1:], softmax_scale=0.04)  # fmt: skip
