@@ -189,7 +189,9 @@ def test_case_info_covers_every_named_case():
             assert (info.op, info.seed) == (MSA_CASES[name]["op"], MSA_CASES[name]["seed"])
     b64 = CASE_INFO["msa_decode_b64_nb17"]
     assert b64.size == "medium" and b64.builder_params["batch"] == 64
-    small = dict(b64.builder_params, batch=2)  # the registered build, reduced to 2 rows
+    # the registered build as the CLI runner makes it ("case": None = no name), reduced to 2 rows
+    small = dict(b64.builder_params, batch=2)
+    assert small.pop("case") is None
     case = msa_make_case(None, seed=b64.seed, **small)
     assert case["inputs"]["q"].shape == (2, 64, 128) and case["params"]["seq_len"] == 2176
     assert CASE_INFO["msa_main_aligned_4096"].soc == ("950", "910b")
