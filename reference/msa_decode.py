@@ -32,9 +32,11 @@ block or an unselected block holds (NaN, inf), the output does not change.
 The (b, h) pairs of a group of batch rows and the 16-head group go through one matmul per
 chunk; the chunk loop (which changes the numbers) stays explicit. Speed path (private switch
 :data:`_FAST`): blocks of :data:`BATCH_BLOCK` batch rows on the reference worker pool
-(:func:`tilesim.reference.blas_pool.map_in_order`); with ``_FAST = False`` every batch row
-runs alone in the calling thread. The rows share no reduction, so both give the same bits
-and the same trace records (tested).
+(:func:`tilesim.reference.blas_pool.map_in_order`), each chunk's K/V gathered from the paged
+cache and widened in one pass into reused float64 buffers; with ``_FAST = False`` every batch
+row runs alone in the calling thread on the kernel's compact BF16 gather. The rows share no
+reduction and the widened values are the same, so both give the same bits and the same trace
+records (tested).
 
 Beyond the seeds' kernel (``docs/ops/msa.md``): ``seq_len`` may differ per batch row; when
 ``topk*128`` is not a multiple of NTILE the last partial chunk is processed (the seeds drop
@@ -74,8 +76,9 @@ _N_SPLIT = 128
 #: batch rows per work item of the speed path (no numeric effect: rows share no reduction).
 #: Two rows keep a chunk's float64 K and V (2 x 2 MB) in cache.
 BATCH_BLOCK = 2
-#: private speed switch: True = blocks of BATCH_BLOCK rows on the worker pool; False = one
-#: batch row at a time in the calling thread (same bits, same trace records)
+#: private speed switch: True = blocks of BATCH_BLOCK rows on the worker pool, each chunk's K/V
+#: gathered and widened in one pass into reused buffers; False = one batch row at a time in
+#: the calling thread, the compact BF16 gather widened per chunk (same bits, same records)
 _FAST = True
 
 
@@ -120,23 +123,58 @@ def _check(q, k_blocks, v_blocks, block_ids, seq_len, tiling, seeds_compat, trac
     return _Call(*hosts, d, bounds, seeds_compat, keep > 0, read)
 
 
+def _widened_keys(src: np.ndarray, c: _Call, rows: slice, c0: int, out: np.ndarray):
+    """``out [n, HKV, w, D]`` (float64) = keys ``c0 .. c0+w`` of the gathered sequence of the
+    batch rows ``rows``, copied straight from the paged ``src [B, HKV, nb, BY, D]`` (exact
+    widening), one block segment at a time. Returns ``out``."""
+    by, ids, stop = c.d.by, c.d.ids, c0 + out.shape[2]
+    for i, b in enumerate(range(rows.start, rows.stop)):
+        pos = c0
+        while pos < stop:  # the slots this chunk covers, first and last maybe in part
+            slot, t0 = divmod(pos, by)
+            t1 = min(by, t0 + stop - pos)
+            dst = out[i, :, pos - c0 : pos - c0 + t1 - t0]
+            np.copyto(dst, src[b, :, ids[b, slot], t0:t1], casting="unsafe")
+            pos += t1 - t0
+    return out
+
+
+def _chunk_operands(c: _Call, rows: slice):
+    """Per chunk ``(c0, w, K_c^T [n, HKV, D, w], V_c [n, HKV, w, D])`` in float64, V rows of
+    unread keys zeroed. Plain path: the kernel's host gather (compact BF16 K/V in slot
+    order), then each chunk widened. Speed path: each chunk gathered and widened in one pass
+    into two buffers reused by every chunk (a BF16 copy and a fresh float64 allocation per
+    chunk cost more than the widening itself). The same values either way."""
+    d, n = c.d, rows.stop - rows.start
+    if not _FAST:
+        bi = np.arange(rows.start, rows.stop)[:, None, None]
+        hi = np.arange(d.hkv)[None, :, None]
+        k_cmp = c.k[bi, hi, d.ids[rows, None, :]].reshape(n, d.hkv, d.topk * d.by, d.dim)
+        v_cmp = c.v[bi, hi, d.ids[rows, None, :]].reshape(n, d.hkv, d.topk * d.by, d.dim)
+        zero_unread_rows(v_cmp, c.read[rows, None, :])  # a fresh gather: zeroed in place
+        for c0, w in c.bounds:
+            k_c = k_cmp[:, :, c0 : c0 + w].astype(F64)
+            yield c0, w, k_c.swapaxes(-1, -2), v_cmp[:, :, c0 : c0 + w].astype(F64)
+        return
+    shape = (n, d.hkv, max(w for _, w in c.bounds), d.dim)
+    k_buf, v_buf = np.empty(shape, dtype=F64), np.empty(shape, dtype=F64)
+    for c0, w in c.bounds:  # a chunk's views are consumed before the next chunk refills them
+        k_c = _widened_keys(c.k, c, rows, c0, k_buf[:, :, :w])
+        v_c = _widened_keys(c.v, c, rows, c0, v_buf[:, :, :w])
+        zero_unread_rows(v_c, c.read[rows, None, c0 : c0 + w])
+        yield c0, w, k_c.swapaxes(-1, -2), v_c
+
+
 def _rows(c: _Call, rows: slice) -> tuple[np.ndarray, list]:
     """The kernel for the batch rows ``rows``: FP32 ``O / l`` ``[n, HKV, G, D]`` and each
     chunk's ``(m_c, l_c)`` ``[n, HKV, G]``. Reads shared inputs only (runs on the pool)."""
     d = c.d
-    n, sel = rows.stop - rows.start, d.topk * d.by
-    # host preparation: compact gathered K/V [n, HKV, sel, D] (slot-major)
-    bi = np.arange(rows.start, rows.stop)[:, None, None]
-    hi = np.arange(d.hkv)[None, :, None]
-    k_cmp = c.k[bi, hi, c.d.ids[rows, None, :]].reshape(n, d.hkv, sel, d.dim)
-    v_cmp = c.v[bi, hi, c.d.ids[rows, None, :]].reshape(n, d.hkv, sel, d.dim)
-    zero_unread_rows(v_cmp, c.read[rows, None, :])  # a fresh gather: zeroed in place
+    n = rows.stop - rows.start
     q64 = c.q[rows].astype(F64).reshape(n, d.hkv, d.group, d.dim)  # 16 query rows per KV head
     scale, neg = np.float32(d.dim**-0.5), np.float32(_CFG.decode_mask_neg)
     merge = SoftmaxMerge("online", exp=exp_fp32_numpy)
     stats = []
-    for c0, w in c.bounds:  # NTILE chunks: online softmax (changes the numbers)
-        k_c = k_cmp[:, :, c0 : c0 + w].astype(F64).swapaxes(-1, -2)  # [n, HKV, D, w]
+    for c0, w, k_c, v_c in _chunk_operands(c, rows):  # NTILE chunks: online softmax
         # S = Q K_c^T [n, HKV, 16, w] FP32, formed 128 keys at a time: the same dot products
         # (same values) as one matmul, in (b, h) gemms that stay in cache
         s = np.empty((n, d.hkv, d.group, w), dtype=F32)
@@ -148,7 +186,7 @@ def _rows(c: _Call, rows: slice) -> tuple[np.ndarray, list]:
         s = s * scale
         # the keep-mask broadcast over KV heads and the 16 rows; a select, NaN-robust
         select_masked(s, c.keep[rows, None, None, c0 : c0 + w], neg)
-        m_c, l_c, o_c = softmax_chunk(s, v_cmp[:, :, c0 : c0 + w].astype(F64), BF16)
+        m_c, l_c, o_c = softmax_chunk(s, v_c, BF16)
         merge.update(o_c, l_c, m_c)
         stats.append((m_c[..., 0], l_c[..., 0]))
     return merge.normalized(), stats

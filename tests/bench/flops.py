@@ -63,7 +63,12 @@ def flop_count(built) -> int:
 def live_flop_count(built) -> int:
     """FLOPs any golden has to do: the kernel's count minus the keys no query row of a block
     can see (MSA main branch: future blocks and padding slots, which the seeds' golden and the
-    reference both skip). Equal to :func:`flop_count` for the other ops."""
+    reference both skip; the lightning indexer: its 4 real index heads, not the kernel's 16
+    padded cube rows). Equal to :func:`flop_count` for the other ops."""
+    if built.op_name in ("msa_indexer", "msa_indexer_scores"):
+        from tilesim.reference.msa_lightning_indexer import msa_indexer_flop
+
+        return msa_indexer_flop(int(built.op_args["nb"]), padded=False)
     if built.op_name != "msa_main_branch":
         return flop_count(built)
     from tilesim.reference.msa_main import msa_main_live_flop_count
