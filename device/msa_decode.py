@@ -16,14 +16,25 @@ group on the cube M axis::
                                                       table; gather="host": compact copy
         S   = fp32(Q[G,128] @ K_c^T)                  cube, FP32 out
         S   = S * SCALE                               FP32, SCALE = fp32(1/sqrt(128))
-        S   = S*m + (m*(-1) + 1)*(-3e38)              FP32, m = keep-mask (1/0, built on
-                                                      the device: device_keep_mask)
+        S   = where(keep, S, -3e38)                   FP32 select, keep = bool keep-mask
+                                                      (built on the device: device_keep_mask)
         m_c = rowmax(S); P = exp(S - m_c); l_c = rowsum(P)     FP32, P unrounded
+        V_c = where(keep, V_c, 0)                     BF16 select: dropped keys' V rows zeroed
         O_c = fp32(bf16(P) @ V_c)                     cube, FP32 accumulation
         chunk 0 stores (m_c, l_c, O_c); later chunks merge online (FP32)
-    out = bf16(O / l), or +0 where the batch row has no kept key
+    out = bf16(O / l)                                 +0 where the batch row keeps no key
+                                                      (all its V rows are zeroed)
 
-The rounding points are the reference's one for one. Two ways to bring the selected blocks in:
+The rounding points are the reference's one for one, and so is the NaN-robust masking: a
+dropped key's score is SET to -3e38 and its V row SET to zero (selects, not the seeds'
+``S*m + (1-m)*(-3e38)``, where ``0*NaN = NaN``), so whatever a dropped slot holds -- the tail
+of the current block past ``seq_len``, a selected future block, garbage or NaN in unwritten
+cache rows -- never reaches the output (blocks that are not selected are never read). The V
+rows zeroed are those :func:`tilesim.shared.msa_select.decode_read_mask` says P.V does not
+read (``seeds_compat=False``: exactly the dropped keys). On finite inputs the selects give the
+bits of the multiply form (``tests/device/test_sim_nan_poison.py``).
+
+Three ways to bring the selected blocks in:
 
 * ``gather="device"`` (default): the kernel reads the paged cache itself. ``k_blocks`` is viewed
   as rows ``[(b*HKV + h)*nb*128 + blk*128 + t]``; per chunk ``gather_in_ub`` takes the chunk's
@@ -100,17 +111,22 @@ def _gather_chunk(pypto, cache, positions, table, rows: int):
     return pypto.experimental.gather_in_ub(cache, positions, table, BY, -2)
 
 
-def _chunk_softmax(pypto, qg, kc, vc, keep, g: int, w: int, scale: float):
-    """One chunk: scores, scale, keep-mask, chunk max / exp / row sum, bf16(P) @ V."""
+def _chunk_softmax(pypto, qg, kc, vc, keep, keep_rows, w: int, p: "_Static"):
+    """One chunk: scores, scale, the keep select, chunk max / exp / row sum, the V select,
+    bf16(P) @ V. ``keep``: bool ``[1, w]`` (broadcast over the G query rows), ``keep_rows``:
+    the same mask as a bool ``[w, 1]`` column (broadcast over the D columns of V)."""
+    g = p.g
     pypto.set_cube_tile_shapes([g, g], [128, 128], [l0_tile(w, 256), w])
     s = pypto.matmul(qg, kc, pypto.DT_FP32, b_trans=True)
     pypto.set_vec_tile_shapes(g, w)
-    s = s * scale
-    s = s * keep + (keep * -1.0 + 1.0) * LARGE_NEG
+    s = s * p.scale
+    s = pypto.where(keep, s, LARGE_NEG)  # a select: NaN/inf scores of dropped keys vanish
     m_c = pypto.amax(s, dim=-1, keepdim=True)
-    p = pypto.exp(s - m_c)
-    l_c = pypto.sum(p, dim=-1, keepdim=True)
-    p16 = pypto.cast(p, pypto.DT_BF16)
+    e = pypto.exp(s - m_c)
+    l_c = pypto.sum(e, dim=-1, keepdim=True)
+    p16 = pypto.cast(e, pypto.DT_BF16)
+    pypto.set_vec_tile_shapes(p.vrows, p.dim)  # [vrows, D] BF16 tiles: fit the UB
+    vc = pypto.where(keep_rows, vc, 0.0)  # dropped keys' V rows are exactly zero (BF16)
     pypto.set_cube_tile_shapes([g, g], [l0_tile(w, 128), w], [128, 128])
     o_c = pypto.matmul(p16, vc, pypto.DT_FP32)
     return m_c, l_c, o_c
@@ -147,6 +163,7 @@ class _Static:
     bounds: tuple  #: ``((c0, w), ...)`` key chunks of the topk*128 selected keys
     gather: str
     rows: int  #: gather tile rows
+    vrows: int  #: V-select tile rows (the SoC's default gather tile at most: UB-safe)
     scale: float
 
 
@@ -170,7 +187,8 @@ def _chunk_kv(pypto, k, v, block_table, positions, outer, c0: int, w: int, p: _S
     return pypto.view(k, [w, p.dim], [row, 0]), pypto.view(v, [w, p.dim], [row, 0])
 
 
-def _decode_pair(pypto, q, k, v, block_table, positions, keep, out, b, outer, p: _Static):
+def _decode_pair(pypto, q, k, v, block_table, positions, keep, keep_rows, out, b, outer,
+                 p: _Static):  # fmt: skip
     """Inside a kernel body: one (batch row ``b``, KV head) pair ``outer = b*HKV + h``, its G
     query heads over the selected keys, chunk by chunk (online softmax), into ``out``."""
     q0 = outer * p.g
@@ -182,24 +200,26 @@ def _decode_pair(pypto, q, k, v, block_table, positions, keep, out, b, outer, p:
     for c, (c0, w) in enumerate(p.bounds):  # static chunk loop
         kc, vc = _chunk_kv(pypto, k, v, block_table, positions, outer, c0, w, p)
         kp = pypto.view(keep, [1, w], [b, c0])
-        m_c, l_c, o_c = _chunk_softmax(pypto, qg, kc, vc, kp, p.g, w, p.scale)
+        kr = pypto.view(keep_rows, [w, 1], [b * p.topk * BY + c0, 0])
+        m_c, l_c, o_c = _chunk_softmax(pypto, qg, kc, vc, kp, kr, w, p)
         pypto.set_vec_tile_shapes(p.g, p.dim)
         merge_chunk(pypto, m, l, o, m_c, l_c, o_c, first=c == 0)
-    # a kept key scores far above -3e38, so m > -3e38 <=> the row kept a key
-    res = pypto.where(pypto.gt(m, LARGE_NEG), o / l, 0.0)
-    pypto.assemble(pypto.cast(res, pypto.DT_BF16), [q0, 0], out)
+    # a row with no kept key: every V row it reads is zeroed, so O = +0 and O / l = +0 (a
+    # NaN read from a kept slot is NOT hidden by a final select: it shows, as in the reference)
+    pypto.assemble(pypto.cast(o / l, pypto.DT_BF16), [q0, 0], out)
 
 
-def _decode_nest(pypto, q, k, v, block_table, positions, keep, out, p: _Static):
+def _decode_nest(pypto, q, k, v, block_table, positions, keep, keep_rows, out, p: _Static):
     """The loop nest: a ``pypto.loop`` over the batch rows (``keep``'s dynamic first axis),
     the row's KV heads static inside it (independent bodies)."""
     for b in pypto.loop(0, keep.shape[0], 1, name="LOOP_B", idx_name="b"):
         for h in range(p.hkv):
-            _decode_pair(pypto, q, k, v, block_table, positions, keep, out, b, b * p.hkv + h, p)
+            _decode_pair(pypto, q, k, v, block_table, positions, keep, keep_rows, out, b,
+                         b * p.hkv + h, p)  # fmt: skip
 
 
 @compile_once("msa_sparse_decode")
-def build_kernel(hq, hkv, topk, dim, ntile, gather, rows, jit=JIT):
+def build_kernel(hq, hkv, topk, dim, ntile, gather, rows, vrows=128, jit=JIT):
     """The ``@pypto.frontend.jit`` kernel for one model configuration and tiling, built once
     (:func:`tilesim.device.backend.compiled`). Batch and ``nb`` are runtime values: a
     ``pypto.loop`` over the batch rows (``keep``'s dynamic first axis), the KV heads static
@@ -207,7 +227,7 @@ def build_kernel(hq, hkv, topk, dim, ntile, gather, rows, jit=JIT):
     pypto = require_pypto()
     sel = topk * BY
     bounds = tuple((c0, min(ntile, sel - c0)) for c0 in range(0, sel, ntile))  # tail kept
-    p = _Static(hkv, hq // hkv, dim, topk, bounds, gather, rows, dim**-0.5)
+    p = _Static(hkv, hq // hkv, dim, topk, bounds, gather, rows, vrows, dim**-0.5)
     combine = bool(operation_options(jit).get("combine_axis", False))
 
     @pypto.frontend.jit(**jit_options(jit))
@@ -217,11 +237,12 @@ def build_kernel(hq, hkv, topk, dim, ntile, gather, rows, jit=JIT):
         v: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_BF16),
         block_table: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_INT32),  # [B*HKV, topk]
         positions: pypto.Tensor([pypto.STATIC, pypto.STATIC], pypto.DT_INT32),  # [1, sel]
-        keep: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_FP32),  # [B, sel]
+        keep: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_BOOL),  # [B, sel]
+        keep_rows: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_BOOL),  # [B*sel, 1]
         out: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_BF16),  # [B*HQ, D]
     ):
         pypto.experimental.set_operation_options(combine_axis=combine)
-        _decode_nest(pypto, q, k, v, block_table, positions, keep, out, p)
+        _decode_nest(pypto, q, k, v, block_table, positions, keep, keep_rows, out, p)
 
     return msa_sparse_decode_kernel
 
@@ -291,19 +312,26 @@ class CallShape(NamedTuple):
 def decode_launch(q, k_blocks, v_blocks, ids, seq, sh: CallShape, ntile: int, gather: str,
                   soc: str):  # fmt: skip
     """``(kernel, inputs, outputs)`` of one call, built on the inputs' device (no host copy):
-    the keep-mask (:func:`device_keep_mask`), the page table (:func:`page_table`), the
-    positions ``0 .. topk*128-1``, K / V as the ``gather`` variant reads them, and the zeroed
-    BF16 ``[B*HQ, D]`` output. ``soc``: the gather tile's SoC."""
+    the page table (:func:`page_table`), the positions ``0 .. topk*128-1``, the keep-mask
+    (:func:`device_keep_mask`) as bool ``[B, topk*128]`` and the same data as a ``[B*topk*128,
+    1]`` column (the V select's; the rows P.V reads, as
+    :func:`tilesim.shared.msa_select.decode_read_mask` without ``seeds_compat``), K / V as the
+    ``gather`` variant reads them, and the zeroed BF16 ``[B*HQ, D]`` output. ``soc``: the
+    gather tile's SoC."""
     torch = require_torch()
     dev = q.device
-    keep = device_keep_mask(ids, seq)
+    keep = device_keep_mask(ids, seq) > 0
     table = page_table(ids, sh.hkv, sh.nb)
     positions = torch.arange(sh.topk * BY, dtype=torch.int32, device=dev).reshape(1, -1)
     k2, v2 = _cache_rows(k_blocks, v_blocks, ids, gather, sh.dim)
-    kernel = build_kernel(sh.hq, sh.hkv, sh.topk, sh.dim, ntile, gather, gather_rows(soc))
+    rows = gather_rows(soc)
+    # the V select's tile: the gather tile, capped at the SoC's default (a larger override of
+    # MSA_GATHER_ROWS may still fit a gather, not a [rows, 128] select: 256 fails on the 910B)
+    vrows = min(rows, GATHER_ROWS[soc])
+    kernel = build_kernel(sh.hq, sh.hkv, sh.topk, sh.dim, ntile, gather, rows, vrows)
     q2 = q.contiguous().reshape(-1, sh.dim)
     out = torch.zeros(sh.batch * sh.hq, sh.dim, dtype=torch.bfloat16, device=dev)
-    return kernel, [q2, k2, v2, table, positions, keep], [out]
+    return kernel, [q2, k2, v2, table, positions, keep, keep.reshape(-1, 1)], [out]
 
 
 def _ids_standin(block_ids, k_blocks):

@@ -19,9 +19,12 @@ give identical ids. :func:`select_blocks` / :func:`select_from_head_max` are tha
 functions, re-exported under their former names here.
 
 ``block_max="device"`` (beyond the seeds, their listed next step): a second kernel
-(:func:`build_block_max_kernel`) adds a 0/-inf key bias for ``seq_len`` and writes only the
-per-block maxima ``[16, nb]`` (128x less output); the ranking then runs on ``[4, nb]``. Max is
-exact, so the ids are the same as with the host block max.
+(:func:`build_block_max_kernel`) SETS the scores of keys at or beyond ``seq_len`` to -inf (a
+select on a bool key mask: an added -inf bias would leave a NaN score of an unwritten key row
+NaN and poison its block's max) and writes only the per-block maxima ``[16, nb]`` (128x less
+output); the ranking then runs on ``[4, nb]``. Max is exact, so the ids are the same as with
+the host block max, whatever the rows past ``seq_len`` hold (NaN, inf, garbage; tested in
+``tests/device/test_sim_nan_poison.py``).
 
 Per-SoC key tile :data:`KTILE` (``MSA_INDEXER_KTILE``). Importing needs neither torch nor pypto.
 """
@@ -60,6 +63,7 @@ NPAD = _CFG.index_heads_padded  # 16
 DIM = _CFG.index_dim  # 128
 TOPK = _CFG.topk_blocks  # 16
 BLOCK_MAX = ("host", "device")
+NEG_INF = float("-inf")  # the score of a key that takes no part in the block max
 
 
 #: per-SoC defaults and the env override live in :mod:`tilesim.shared.soc`
@@ -131,22 +135,22 @@ def build_kernel(ktile: int, jit=JIT):
 @compile_once("msa_indexer_block_max")
 def build_block_max_kernel(ktile: int, jit=JIT):
     """Score kernel with the block max fused in (the seeds' "next step"): per key tile
-    ``S = fp32(q_pad @ K_tile^T) + bias`` (bias 0, or -inf for keys at or beyond ``seq_len``),
-    then the max over each 128-key block, written to ``[16, nb]`` FP32. ``max`` is exact, so the
-    result equals the block max of the full scores; the output shrinks 128-fold (built once;
-    ``nb`` dynamic)."""
+    ``S = where(key_keep, fp32(q_pad @ K_tile^T), -inf)`` (``key_keep`` bool, False for keys at
+    or beyond ``seq_len``: a select, so NaN in those key rows vanishes), then the max over each
+    128-key block, written to ``[16, nb]`` FP32. ``max`` is exact, so the result equals the
+    block max of the full scores; the output shrinks 128-fold (built once; ``nb`` dynamic)."""
     pypto = require_pypto()
 
     @pypto.frontend.jit(**jit_options(jit))
     def msa_indexer_block_max_kernel(
         q_pad: pypto.Tensor([pypto.STATIC, pypto.STATIC], pypto.DT_BF16),  # [16, 128]
         idx_k: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_BF16),  # [nb*128, 128]
-        key_bias: pypto.Tensor([pypto.STATIC, pypto.DYNAMIC], pypto.DT_FP32),  # [1, nb*128]
+        key_keep: pypto.Tensor([pypto.STATIC, pypto.DYNAMIC], pypto.DT_BOOL),  # [1, nb*128]
         block_max: pypto.Tensor([pypto.STATIC, pypto.DYNAMIC], pypto.DT_FP32),  # [16, nb]
     ):
         for k0, w in _key_loops(pypto, idx_k, ktile):
             s = _tile_scores(pypto, q_pad, idx_k, k0, w)
-            s = s + pypto.view(key_bias, [1, w], [0, k0])
+            s = pypto.where(pypto.view(key_keep, [1, w], [0, k0]), s, NEG_INF)
             for j in range(w // BY):  # the blocks of this tile (static)
                 pypto.set_vec_tile_shapes(NPAD, BY)
                 blk = pypto.view(s, [NPAD, BY], [0, j * BY])
@@ -173,13 +177,14 @@ def score_launch(q, k, nb: int, soc: str):
 
 def block_max_launch(q, k, args: IndexerArgs, soc: str):
     """``(kernel, inputs, outputs)`` of the fused block-max kernel: the padded query, the
-    keys, the 0/-inf key bias of ``seq_len`` and the FP32 ``[16, nb]`` output."""
+    keys, the bool key mask of ``seq_len`` (``[1, nb*128]``, True below it) and the FP32
+    ``[16, nb]`` output."""
     torch = require_torch()
-    bias = torch.zeros(1, args.nb * BY, dtype=torch.float32, device=q.device)
-    bias[0, args.valid :] = -torch.inf  # keys at or beyond seq_len take no part in the max
+    keep = torch.zeros(1, args.nb * BY, dtype=torch.bool, device=q.device)
+    keep[0, : args.valid] = True  # keys at or beyond seq_len take no part in the max
     block_max = torch.zeros(NPAD, args.nb, dtype=torch.float32, device=q.device)
     kernel = build_block_max_kernel(key_tile(soc))
-    return kernel, [_padded_query(q), k.contiguous(), bias], [block_max]
+    return kernel, [_padded_query(q), k.contiguous(), keep], [block_max]
 
 
 def _run_scores(q, k, nb: int, target: Target):
@@ -249,7 +254,8 @@ def msa_indexer(
     ``block_max="host"`` (the seeds' split): the kernel writes the ``[16, nb*128]`` scores and
     the host takes the block max; ``"device"``: the fused kernel
     (:func:`build_block_max_kernel`) writes only the ``[16, nb]`` block maxima (the seq_len
-    rule applied in the kernel as a -inf key bias). Same ids either way (max is exact).
+    rule applied in the kernel as a select to -inf). Same ids either way (max is exact), and
+    key rows at or beyond ``seq_len`` may hold anything (NaN included) in both.
     ``validate``: as for :func:`msa_indexer_scores`. The ranking itself reads the scores (or
     block maxima) on the host: ``docs/device.md`` ("Host round trips") says why.
 
