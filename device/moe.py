@@ -26,18 +26,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
+from tilesim.device import backend as _backend
 from tilesim.device._lazy import require_torch
-from tilesim.device.backend import (
-    BACKENDS,
-    Target,
-    finish,
-    graph_safe,
-    is_shape_only,
-    launch,
-    resolve,
-    standin,
-    to_tensors,
-)
 from tilesim.shared.interop import to_numpy
 from tilesim.shared.models import MoeDims
 from tilesim.shared.moe_schedule import (
@@ -60,7 +50,7 @@ class _MoeLaunch(NamedTuple):
     """The checked call: where it runs, the resolved tiling, the host ``expert_cumsum``
     (``None`` when it was not read: ``validate=False`` or shape-only inputs)."""
 
-    target: Target
+    target: _backend.Target
     tiling: MoeTiling
     cs: np.ndarray | None
 
@@ -83,12 +73,13 @@ def _check(sorted_tokens, weights, expert_cumsum, dims, tiling, out, round_activ
             "round_activation: expected True (the kernel always rounds the activation to BF16 "
             f"before mm2), got {round_activation!r}"
         )
-    if is_shape_only(sorted_tokens):
-        check_choice(backend, "backend", BACKENDS)
+    if _backend.is_shape_only(sorted_tokens):
+        check_choice(backend, "backend", _backend.BACKENDS)
         check_choice(soc, "soc", SIM_SOCS)
-        target = Target("npu" if backend != "sim" else "sim", soc, False)
+        target = _backend.Target("npu" if backend != "sim" else "sim", soc, False)
     else:
-        target = resolve(backend, soc, sorted_tokens, configure=False)  # no pypto import yet
+        # configure=False: no pypto import yet
+        target = _backend.resolve(backend, soc, sorted_tokens, configure=False)
     if tiling is None:
         tiling = moe_tiling(dims.activation, target.soc)
     return _MoeLaunch(target, check_moe_tiling(tiling, dims), args.cs if read else None)
@@ -97,7 +88,7 @@ def _check(sorted_tokens, weights, expert_cumsum, dims, tiling, out, round_activ
 def _cumsum_standin(expert_cumsum):
     """Zeros of the shape and dtype of ``expert_cumsum`` when it is an array (the metadata
     checks still see the real one's shape/dtype); anything else is passed on to be refused."""
-    return standin(expert_cumsum) if is_array(expert_cumsum) else expert_cumsum
+    return _backend.standin(expert_cumsum) if is_array(expert_cumsum) else expert_cumsum
 
 
 def kernel_config(dims: MoeDims, tiling: MoeTiling) -> tuple:
@@ -130,20 +121,20 @@ def npu_buffers(args: list, out_t) -> tuple[list, object]:
     return padded, torch.cat([out_t.contiguous(), pad])
 
 
-def _run(kernel, args: list, out_t, target: Target) -> float | None:
+def _run(kernel, args: list, out_t, target: _backend.Target) -> float | None:
     """Launch; on the NPU through :func:`npu_buffers`, the rows copied back afterwards."""
     if target.sim:
-        return launch(kernel, args, [out_t], target)
+        return _backend.launch(kernel, args, [out_t], target)
     padded, res = npu_buffers(args, out_t)
-    us = launch(kernel, padded, [res], target)
+    us = _backend.launch(kernel, padded, [res], target)
     out_t.copy_(res[: args[0].shape[0]])
     return us
 
 
-def _deliver(out, out_t, us, target: Target):
+def _deliver(out, out_t, us, target: _backend.Target):
     """:func:`~tilesim.device.backend.finish`, except that a given ``out`` is itself returned
     (a NumPy ``out`` gets the rows when the tensor did not share its memory)."""
-    res = finish(out_t, us, target)
+    res = _backend.finish(out_t, us, target)
     if out is None:
         return res
     if isinstance(out, np.ndarray):
@@ -153,7 +144,7 @@ def _deliver(out, out_t, us, target: Target):
     return (out, res[1]) if target.sim else out
 
 
-@graph_safe
+@_backend.graph_safe
 def moe_grouped_gemm(
     sorted_tokens,
     weights,
@@ -202,7 +193,7 @@ def moe_grouped_gemm(
     """
     check_bool(validate, "validate")
     pair = weights if isinstance(weights, (tuple, list)) else ()
-    shape_only = is_shape_only(sorted_tokens, *pair, expert_cumsum, out)
+    shape_only = _backend.is_shape_only(sorted_tokens, *pair, expert_cumsum, out)
     read = not shape_only and (validate or trace is not None)
     target, tiling, cs = _check(sorted_tokens, weights, expert_cumsum, dims, tiling, out,
                                 round_activation, trace, backend, soc, read)  # fmt: skip
@@ -211,12 +202,12 @@ def moe_grouped_gemm(
     if trace is not None:
         emit_moe_schedule(trace, moe_tile_schedule(cs, tiling.unroll), dims)
     torch = require_torch()
-    x, w13, w2, cs_t, out_t = to_tensors(sorted_tokens, *weights, expert_cumsum, out)
+    x, w13, w2, cs_t, out_t = _backend.to_tensors(sorted_tokens, *weights, expert_cumsum, out)
     if out_t is None:
         out_t = torch.zeros(tuple(x.shape), dtype=x.dtype, device=x.device)
     us = None
     if cs is None or cs[-1] > 0:  # no tokens at all: nothing to launch (pypto not imported)
-        resolve(backend, soc, sorted_tokens)  # the simulator: configure it for its SoC now
+        _backend.resolve(backend, soc, sorted_tokens)  # the simulator: configure it for its SoC now
         from tilesim.device._moe_kernel import build_kernel
 
         kernel = build_kernel(*kernel_config(dims, tiling))

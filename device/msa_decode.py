@@ -65,19 +65,9 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
+from tilesim.device import backend as _backend
 from tilesim.device._lazy import require_pypto, require_torch
 from tilesim.device._msa_tiles import jit_options, l0_tile, merge_chunk, operation_options, without
-from tilesim.device.backend import (
-    BACKENDS,
-    compile_once,
-    finish,
-    graph_safe,
-    is_shape_only,
-    launch,
-    resolve,
-    standin,
-    to_tensors,
-)
 from tilesim.shared.models import MINIMAX_M3
 from tilesim.shared.msa_select import check_decode_inputs, decode_keep_mask
 from tilesim.shared.soc import DEFAULT_SOC, MSA_DEVICE_TILES, msa_device_tile
@@ -218,7 +208,7 @@ def _decode_nest(pypto, q, k, v, block_table, positions, keep, keep_rows, out, p
                          b * p.hkv + h, p)  # fmt: skip
 
 
-@compile_once("msa_sparse_decode")
+@_backend.compile_once("msa_sparse_decode")
 def build_kernel(hq, hkv, topk, dim, ntile, gather, rows, vrows=128, jit=JIT):
     """The ``@pypto.frontend.jit`` kernel for one model configuration and tiling, built once
     (:func:`tilesim.device.backend.compiled`). Batch and ``nb`` are runtime values: a
@@ -293,7 +283,7 @@ def _seq_tensor(seq_len, batch: int, dev):
     ``dev`` (a tensor on ``dev`` is used as it is: no host copy)."""
     torch = require_torch()
     if is_array(seq_len):
-        (s,) = to_tensors(seq_len)
+        (s,) = _backend.to_tensors(seq_len)
         return s.to(device=dev, dtype=torch.int64).reshape(-1).expand(batch)
     return torch.full((batch,), int(seq_len), dtype=torch.int64, device=dev)
 
@@ -339,8 +329,10 @@ def _ids_standin(block_ids, k_blocks):
     ``0 .. topk-1`` per row (valid and unique whenever ``topk <= nb``)."""
     nb = shape_of(k_blocks, "k_blocks")[2] if len(shape_of(k_blocks, "k_blocks")) == 5 else 1
     if len(shape_of(block_ids, "block_ids")) != 2:
-        return standin(block_ids)
-    return standin(block_ids, lambda sh: np.tile(np.arange(sh[1]) % max(nb, 1), (sh[0], 1)))
+        return _backend.standin(block_ids)
+    return _backend.standin(
+        block_ids, lambda sh: np.tile(np.arange(sh[1]) % max(nb, 1), (sh[0], 1))
+    )
 
 
 def _check(q, k_blocks, v_blocks, block_ids, seq_len, tiling, gather, validate):
@@ -351,15 +343,15 @@ def _check(q, k_blocks, v_blocks, block_ids, seq_len, tiling, gather, validate):
     check_instance(tiling, "tiling", MsaTiling)
     check_bool(validate, "validate")
     ids, seq = block_ids, seq_len
-    shape_only = is_shape_only(q, k_blocks, v_blocks, block_ids, seq_len)
+    shape_only = _backend.is_shape_only(q, k_blocks, v_blocks, block_ids, seq_len)
     if (shape_only or not validate) and is_array(block_ids) and is_array(k_blocks):
         ids = _ids_standin(block_ids, k_blocks)
-        seq = standin(seq_len, lambda sh: np.ones(sh)) if is_array(seq_len) else seq_len
+        seq = _backend.standin(seq_len, lambda sh: np.ones(sh)) if is_array(seq_len) else seq_len
     d = check_decode_inputs(q, k_blocks, v_blocks, ids, seq, block_size=BY)
     return tiling, CallShape(d.batch, d.hq, d.hkv, d.nb, d.dim, d.topk), shape_only
 
 
-@graph_safe
+@_backend.graph_safe
 def msa_sparse_decode(
     q,
     k_blocks,
@@ -401,15 +393,15 @@ def msa_sparse_decode(
     tiling, sh, shape_only = _check(q, k_blocks, v_blocks, block_ids, seq_len, tiling, gather,
                                     validate)  # fmt: skip
     if shape_only:
-        check_choice(backend, "backend", BACKENDS)
+        check_choice(backend, "backend", _backend.BACKENDS)
         return q.new_empty((sh.batch, sh.hq, sh.dim))
-    target = resolve(backend, soc, q)
-    qt, kt, vt, ids = to_tensors(q, k_blocks, v_blocks, block_ids)
+    target = _backend.resolve(backend, soc, q)
+    qt, kt, vt, ids = _backend.to_tensors(q, k_blocks, v_blocks, block_ids)
     seq = _seq_tensor(seq_len, sh.batch, qt.device)
     kernel, ins, outs = decode_launch(qt, kt, vt, ids.to(qt.device), seq, sh, tiling.ntile,
                                       gather, target.soc)  # fmt: skip
-    us = launch(kernel, ins, outs, target)
-    return finish(outs[0].reshape(sh.batch, sh.hq, sh.dim), us, target)
+    us = _backend.launch(kernel, ins, outs, target)
+    return _backend.finish(outs[0].reshape(sh.batch, sh.hq, sh.dim), us, target)
 
 
 __all__ = [

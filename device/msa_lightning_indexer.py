@@ -30,20 +30,9 @@ Per-SoC key tile :data:`KTILE` (``MSA_INDEXER_KTILE``). Importing needs neither 
 """
 
 import numpy as np
+from tilesim.device import backend as _backend
 from tilesim.device._lazy import require_pypto, require_torch
 from tilesim.device._msa_tiles import jit_options, l0_tile, without
-from tilesim.device.backend import (
-    BACKENDS,
-    Target,
-    compile_once,
-    finish,
-    graph_safe,
-    is_shape_only,
-    launch,
-    resolve,
-    standin,
-    to_tensors,
-)
 from tilesim.shared.models import MINIMAX_M3
 from tilesim.shared.msa_select import (
     HEAD_REDUCES,
@@ -112,7 +101,7 @@ def _key_loops(pypto, idx_k, ktile: int):
         yield full * ktile + j * BY, BY
 
 
-@compile_once("msa_indexer_scores")
+@_backend.compile_once("msa_indexer_scores")
 def build_kernel(ktile: int, jit=JIT):
     """The ``@pypto.frontend.jit`` score kernel for one key tile, built once
     (:func:`tilesim.device.backend.compiled`); ``nb`` is the dynamic first axis of
@@ -132,7 +121,7 @@ def build_kernel(ktile: int, jit=JIT):
     return msa_indexer_scores_kernel
 
 
-@compile_once("msa_indexer_block_max")
+@_backend.compile_once("msa_indexer_block_max")
 def build_block_max_kernel(ktile: int, jit=JIT):
     """Score kernel with the block max fused in (the seeds' "next step"): per key tile
     ``S = where(key_keep, fp32(q_pad @ K_tile^T), -inf)`` (``key_keep`` bool, False for keys at
@@ -187,17 +176,17 @@ def block_max_launch(q, k, args: IndexerArgs, soc: str):
     return kernel, [_padded_query(q), k.contiguous(), keep], [block_max]
 
 
-def _run_scores(q, k, nb: int, target: Target):
+def _run_scores(q, k, nb: int, target: _backend.Target):
     """FP32 ``[4, nb*128]`` kernel scores (tensor) and the cost-model µs (``None`` on the NPU)."""
     kernel, ins, outs = score_launch(q, k, nb, target.soc)
-    us = launch(kernel, ins, outs, target)
+    us = _backend.launch(kernel, ins, outs, target)
     return outs[0][:NIDX].contiguous(), us
 
 
-def _run_block_max(q, k, args: IndexerArgs, target: Target):
+def _run_block_max(q, k, args: IndexerArgs, target: _backend.Target):
     """FP32 ``[4, nb]`` per-head block maxima from the fused kernel, and the cost-model µs."""
     kernel, ins, outs = block_max_launch(q, k, args, target.soc)
-    us = launch(kernel, ins, outs, target)
+    us = _backend.launch(kernel, ins, outs, target)
     return outs[0][:NIDX].contiguous(), us
 
 
@@ -206,15 +195,15 @@ def _check(idx_q, idx_k, nb, validate, **kw) -> tuple[IndexerArgs, bool]:
     inputs are shape-only; without ``validate`` (or on shape-only inputs) the finiteness check
     runs on zero stand-ins of ``idx_q`` / ``idx_k`` (their metadata checked, no data read)."""
     check_bool(validate, "validate")
-    shape_only = is_shape_only(idx_q, idx_k)
+    shape_only = _backend.is_shape_only(idx_q, idx_k)
     q, k = idx_q, idx_k
     if (shape_only or not validate) and is_array(idx_q) and is_array(idx_k):
-        q, k = standin(idx_q), standin(idx_k)
+        q, k = _backend.standin(idx_q), _backend.standin(idx_k)
     args = check_indexer(q, k, nb, **kw)
     return args, shape_only
 
 
-@graph_safe
+@_backend.graph_safe
 def msa_indexer_scores(idx_q, idx_k, nb, *, backend="auto", soc=DEFAULT_SOC, validate=True):
     """Lightning-indexer scores on the device: FP32 ``[4, nb*128]``.
 
@@ -228,15 +217,15 @@ def msa_indexer_scores(idx_q, idx_k, nb, *, backend="auto", soc=DEFAULT_SOC, val
     """
     args, shape_only = _check(idx_q, idx_k, nb, validate)
     if shape_only:
-        check_choice(backend, "backend", BACKENDS)
+        check_choice(backend, "backend", _backend.BACKENDS)
         return idx_q.new_empty((NIDX, args.nb * BY), dtype=require_torch().float32)
-    target = resolve(backend, soc, idx_q)
-    q, k = to_tensors(idx_q, idx_k)
+    target = _backend.resolve(backend, soc, idx_q)
+    q, k = _backend.to_tensors(idx_q, idx_k)
     s, us = _run_scores(q, k, args.nb, target)
-    return finish(s, us, target)
+    return _backend.finish(s, us, target)
 
 
-@graph_safe
+@_backend.graph_safe
 def msa_indexer(
     idx_q,
     idx_k,
@@ -269,11 +258,11 @@ def msa_indexer(
                               head_reduce=head_reduce)  # fmt: skip
     check_choice(block_max, "block_max", BLOCK_MAX)
     if shape_only:
-        check_choice(backend, "backend", BACKENDS)
+        check_choice(backend, "backend", _backend.BACKENDS)
         rows = 1 if args.head_reduce == "max" else NIDX
         return idx_q.new_empty((rows, min(TOPK, args.nb)), dtype=require_torch().int32)
-    target = resolve(backend, soc, idx_q)
-    q, k = to_tensors(idx_q, idx_k)
+    target = _backend.resolve(backend, soc, idx_q)
+    q, k = _backend.to_tensors(idx_q, idx_k)
     us = None
     if args.nb <= TOPK:  # nothing to rank (the seeds' short-context guard)
         head_max = np.zeros((NIDX, args.nb), dtype=np.float32)
@@ -284,7 +273,7 @@ def msa_indexer(
         s, us = _run_scores(q, k, args.nb, target)
         head_max = block_head_max(host_array(s, "scores"), args.nb, args.valid)
     ids = select_from_head_max(head_max, args.nb, head_reduce=args.head_reduce)
-    return finish(require_torch().from_numpy(ids), us, target)
+    return _backend.finish(require_torch().from_numpy(ids), us, target)
 
 
 __all__ = [
