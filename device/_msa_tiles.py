@@ -7,6 +7,14 @@ importing this module needs no pypto.
 
 from __future__ import annotations
 
+#: the runtime options the seeds set on every MSA kernel (indexer, decode, main branch:
+#: hicann/pypto-gym:src/pypto_gym/ops/pypto_tensor/minimax/*msa*_impl.py), the common head of
+#: each kernel's ``SEED_JIT`` spec (:func:`jit_options`)
+SEED_RUNTIME = (
+    ("runtime", "device_sched_mode", 1),
+    ("runtime", "stitch_function_max_num", 64),
+)
+
 
 def l0_tile(w: int, cap: int) -> int:
     """Largest of 256/128/64/32/16 (at most ``cap``) dividing ``w``: PyPTO wants L1 % L0 == 0."""
@@ -58,4 +66,4 @@ def merge_chunk(pypto, m, l, o, m_c, l_c, o_c, *, first: bool) -> None:
     m[:] = m_new
 
 
-__all__ = ["jit_options", "l0_tile", "merge_chunk", "operation_options", "without"]
+__all__ = ["SEED_RUNTIME", "jit_options", "l0_tile", "merge_chunk", "operation_options", "without"]

@@ -67,7 +67,14 @@ from typing import NamedTuple
 import numpy as np
 from tilesim.device import backend as _backend
 from tilesim.device._lazy import require_pypto, require_torch
-from tilesim.device._msa_tiles import jit_options, l0_tile, merge_chunk, operation_options, without
+from tilesim.device._msa_tiles import (
+    SEED_RUNTIME,
+    jit_options,
+    l0_tile,
+    merge_chunk,
+    operation_options,
+    without,
+)
 from tilesim.shared.models import MINIMAX_M3
 from tilesim.shared.msa_select import check_decode_inputs, decode_keep_mask
 from tilesim.shared.soc import DEFAULT_SOC, MSA_DEVICE_TILES, msa_device_tile
@@ -127,8 +134,7 @@ def _chunk_softmax(pypto, qg, kc, vc, keep, keep_rows, w: int, p: "_Static"):
 #: hashable spec (:func:`tilesim.device._msa_tiles.jit_options`); the cost-model sweep and
 #: which of them are kept: docs/device.md, "JIT options of the MSA kernels"
 SEED_JIT = (
-    ("runtime", "device_sched_mode", 1),
-    ("runtime", "stitch_function_max_num", 64),
+    *SEED_RUNTIME,
     ("pass", "cube_l1_reuse_setting", ((-1, 3),)),
     ("pass", "cube_nbuffer_setting", ((-1, 4),)),
     ("pass", "vec_nbuffer_setting", ((-1, 1),)),

@@ -32,7 +32,7 @@ Per-SoC key tile :data:`KTILE` (``MSA_INDEXER_KTILE``). Importing needs neither 
 import numpy as np
 from tilesim.device import backend as _backend
 from tilesim.device._lazy import require_pypto, require_torch
-from tilesim.device._msa_tiles import jit_options, l0_tile, without
+from tilesim.device._msa_tiles import SEED_RUNTIME, jit_options, l0_tile, without
 from tilesim.shared.models import MINIMAX_M3
 from tilesim.shared.msa_select import (
     HEAD_REDUCES,
@@ -69,8 +69,7 @@ def key_tile(soc=DEFAULT_SOC, env=None) -> int:
 #: src/pypto_gym/ops/pypto_tensor/minimax/minimax_m3_msa_indexer_impl.py) as a hashable spec
 #: (:func:`tilesim.device._msa_tiles.jit_options`); the sweep: docs/device.md
 SEED_JIT = (
-    ("runtime", "device_sched_mode", 1),
-    ("runtime", "stitch_function_max_num", 64),
+    *SEED_RUNTIME,
     ("pass", "cube_l1_reuse_setting", ((-1, 4),)),
     ("pass", "vec_nbuffer_setting", ((-1, 2),)),
 )

@@ -42,7 +42,7 @@ from typing import NamedTuple
 import numpy as np
 from tilesim.device import backend as _backend
 from tilesim.device._lazy import require_pypto, require_torch
-from tilesim.device._msa_tiles import jit_options, merge_chunk, operation_options
+from tilesim.device._msa_tiles import SEED_RUNTIME, jit_options, merge_chunk, operation_options
 from tilesim.shared.msa_mask import MASK_NEG as _MASK_NEG
 from tilesim.shared.msa_mask import MainBranchArgs, check_msa_main_args, kernel_mask, read_keys
 from tilesim.shared.soc import DEFAULT_SOC, MSA_DEVICE_TILES, get_soc, msa_device_tile
@@ -67,8 +67,7 @@ vec_rows = partial(msa_device_tile, "MSA_VEC_ROWS")
 #: ``pypto.experimental.auto_mix_partition``; host ``compile_timeout`` changes no kernel. The
 #: cost-model sweep and the verdict: docs/device.md, "Main branch".
 SEED_JIT = (
-    ("runtime", "device_sched_mode", 1),
-    ("runtime", "stitch_function_max_num", 64),
+    *SEED_RUNTIME,
     ("pass", "vec_nbuffer_setting", ((-1, 1),)),
     ("pass", "cube_l1_reuse_setting", ((-1, 2),)),
     ("pass", "cube_nbuffer_setting", ((-1, 2),)),
