@@ -25,7 +25,7 @@ import numpy as np
 from tilesim.shared.case_schema import CaseInfo, make_case, tolerance
 from tilesim.shared.casts import to_bf16
 from tilesim.shared.models import MINIMAX_M3
-from tilesim.shared.msa_mask import build_msa_block_mask
+from tilesim.shared.msa_mask import MAX_PREFILL_ROWS, build_msa_block_mask
 from tilesim.shared.msa_select import HEAD_REDUCES, check_indexer_seq_len
 from tilesim.shared.tiling import MSA_DTYPES
 from tilesim.shared.validate import (
@@ -199,14 +199,18 @@ def _decode_case(rng, *, batch=1, nb=17, seq_len=None, select="indexer", scale=0
 def _main_sizes(n, max_n, dtype, topk, bk, hq, hkv, dh) -> dict:
     sizes = {
         name: check_int(v, name, lo=1)
-        for name, v in (("n", n), ("topk", topk), ("bk", bk), ("hq", hq), ("hkv", hkv), ("dh", dh))
+        for name, v in (("topk", topk), ("bk", bk), ("hq", hq), ("hkv", hkv), ("dh", dh))
     }
+    sizes["n"] = check_int(n, "n", lo=1, hi=MAX_PREFILL_ROWS)
     if sizes["hq"] % sizes["hkv"]:
         raise ValueError(f"hq: expected a multiple of hkv={sizes['hkv']}, got {sizes['hq']}")
     check_choice(dtype, "dtype", MSA_DTYPES)
     nb = math.ceil(sizes["n"] / sizes["bk"])
     lo = nb * sizes["bk"]
-    sizes["max_n"] = max(2048, lo) if max_n is None else check_int(max_n, "max_n", lo=lo)
+    if max_n is None:
+        sizes["max_n"] = max(2048, lo)
+    else:
+        sizes["max_n"] = check_int(max_n, "max_n", lo=lo, hi=MAX_PREFILL_ROWS)
     return sizes
 
 

@@ -167,7 +167,7 @@ def _plan(call: _Call) -> _Plan:
     a = call.args
     n, hkv, dh = a.n, a.hkv, a.dh
     group = a.hq // hkv
-    mask2d = kernel_mask(a.block_mask, a.max_n)[:n]
+    mask2d = kernel_mask(a.block_mask, a.nbq * a.bk)[:n]  # rows past nbq*bk are never read
     q64 = _cast_inputs(call.q, a.dtype).reshape(n, hkv, group, dh)
     q64 = np.ascontiguousarray(q64.transpose(1, 0, 2, 3)).reshape(hkv, n * group, dh)
     read = read_keys(mask2d)  # keys no row sees (padding, past n): K and V rows zeroed

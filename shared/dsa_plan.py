@@ -238,7 +238,17 @@ def _plan_chunk(idx, live, act, b_of_row, block_table, *, r0, s1, acts, block_si
             "(expected a physical block >= 0)"
         ),
     )
-    row = entry * block_size + idx % block_size
+    # a physical block at or past the cache's last one is outside it; checked before the
+    # multiply below, so a huge block_table entry cannot wrap around in int64
+    fail(
+        live & (entry >= -(-cache_rows // block_size)),
+        lambda rr, cc: (
+            f"needs block_table[{(r0 + rr) // s1}, {int(blk[rr, cc])}] = {int(entry[rr, cc])} "
+            f"(expected a physical block < {-(-cache_rows // block_size)}: the cache has "
+            f"{cache_rows} rows)"
+        ),
+    )
+    row = np.where(live, entry, 0) * block_size + idx % block_size
     fail(
         live & (row >= cache_rows),
         lambda rr, cc: f"physical row {int(row[rr, cc])} is outside the cache ({cache_rows} rows)",
@@ -303,7 +313,8 @@ def stand_in_positions(
     filler = np.zeros(n_b, dtype=np.int64)
     for b in np.unique(np.nonzero(skipped)[0] // s1):
         table = block_table[b]
-        ok = np.nonzero((table >= 0) & ((table + 1) * block_size <= cache_rows))[0]
+        # a whole block inside the cache (no multiply: huge entries cannot wrap around)
+        ok = np.nonzero((table >= 0) & (table < cache_rows // block_size))[0]
         if ok.size == 0:
             r, c = (int(v[0]) for v in np.nonzero(skipped[b * s1 :]))
             raise ValueError(

@@ -27,6 +27,7 @@ from tilesim.shared.validate import (
     check_dtype,
     check_finite,
     check_instance,
+    check_int,
     check_ndim,
     check_pos_int,
     check_range,
@@ -38,6 +39,9 @@ from tilesim.shared.validate import (
 
 #: the mask value of a key a query row must not see (-1e9, exact in FP32)
 MASK_NEG = np.float32(MINIMAX_M3.msa.prefill_mask_neg)
+#: the largest prefill row count (``n``, ``max_n``) accepted: far above any model's context, so
+#: that a typo fails with a bound check instead of a multi-GiB allocation
+MAX_PREFILL_ROWS = 1 << 20
 #: dtypes accepted for query, key_blocks and value_blocks (widened exactly before the cast)
 MAIN_INPUT_DTYPES = (FP32, np.dtype(np.float16), BF16)
 
@@ -170,7 +174,7 @@ def check_msa_main_args(
     n, hq, hkv, dh, nbq, topk, bk, kv_len = _check_shapes(
         query, key_blocks, value_blocks, block_mask
     )
-    max_n = check_pos_int(tiling.max_n if max_n is None else max_n, "max_n")
+    max_n = check_int(tiling.max_n if max_n is None else max_n, "max_n", lo=1, hi=MAX_PREFILL_ROWS)
     if max_n % bk or max_n < nbq * bk:
         raise ValueError(
             f"max_n: expected a multiple of bk={bk} and >= ceil(n/bk)*bk = {nbq * bk}, got {max_n}"

@@ -154,7 +154,9 @@ def test_physical_row_outside_the_cache(case):
     bt = case["inputs"]["block_table"].copy()
     bt[0, 0] = 10_000
     with pytest.raises(
-        ValueError, match=r"physical row 1600\d\d is outside the cache \(144 rows\)"
+        ValueError,
+        match=r"needs block_table\[0, 0\] = 10000 \(expected a physical block < \d+: the cache "
+        r"has 144 rows\)",
     ):
         call(case, block_table=bt)
 
@@ -220,3 +222,18 @@ def test_generator_accepts_a_tiling_and_the_deprecated_alias():
     with pytest.warns(DeprecationWarning, match="tile_config= is deprecated"):
         old = R.dsa_make_case(**kw, tile_config=cfg)
     assert old["params"]["tiling"] is cfg
+
+
+@pytest.mark.parametrize("entry", [2**62, 2**55 + 3, 2**63 - 1])
+def test_block_table_entries_that_would_overflow_int64_are_refused(entry):
+    """``entry * block_size`` would wrap around in int64 and land inside the cache; the entry
+    is range-checked before the multiply (reference and wrapper share the check)."""
+    from tilesim.reference import dsa_make_case, sparse_attention_antiquant
+
+    case = dsa_make_case(None, seed=1)
+    bt = case["inputs"]["block_table"].astype(np.int64).copy()
+    bt[0, 0] = entry
+    with pytest.raises(
+        ValueError, match=r"block_table\[0, 0\] = \d+ \(expected a physical block <"
+    ):
+        sparse_attention_antiquant(**{**case["inputs"], "block_table": bt}, **case["params"])

@@ -596,3 +596,15 @@ def test_matches_torch_sdpa_float64():
     orc = dense_oracle(c["inputs"], np.array(ids))
     np.testing.assert_allclose(orc[0], ref, rtol=1e-12, atol=1e-12)  # the two oracles agree
     assert_in_budget(out, (ref, *orc[1:]))
+
+
+def test_huge_row_counts_fail_a_bound_check_not_an_allocation():
+    """``max_n`` (and the builder's ``n``) above MAX_PREFILL_ROWS are refused by a bound check,
+    before anything is allocated (a typo used to surface as a multi-PiB MemoryError)."""
+    from tilesim.shared.msa_mask import MAX_PREFILL_ROWS
+
+    c = msa_make_case(None, op="msa_main_branch", n=100, seed=1)
+    with pytest.raises(ValueError, match=rf"max_n: expected an int in \[1, {MAX_PREFILL_ROWS}\]"):
+        msa_main_branch(**c["inputs"], **{**c["params"], "max_n": 2**40})
+    with pytest.raises(ValueError, match=rf"n: expected an int in \[1, {MAX_PREFILL_ROWS}\]"):
+        msa_make_case(None, op="msa_main_branch", n=MAX_PREFILL_ROWS + 1)
