@@ -66,6 +66,7 @@ from tilesim.shared.tiling import SaTileShapeConfig
 from tilesim.shared.validate import (
     check_bool,
     check_choice,
+    check_elements,
     check_float,
     check_int,
     check_pos_int,
@@ -549,7 +550,19 @@ def _checked(p: dict) -> dict:
     if p["progress"] is not None:
         check_bool(p["progress"], "progress")
     q["tiling"] = _case_tiling(p["tiling"], q.pop("tile_config"), p["preset"])
+    _check_sizes(q)
     return q
+
+
+def _check_sizes(q: dict) -> None:
+    """Bound the arrays the builder allocates (Python ints: a ``ValueError`` naming the
+    parameters, never a ``MemoryError`` or a wrapped-around shape)."""
+    acts, s1, nq, topk, bs = (q[k] for k in ("actual_seq", "s1", "nq", "topk", "block_size"))
+    tokens = len(acts) * s1
+    check_elements((tokens * nq, NOPE + ROPE), "actual_seq, s1, nq", "the queries")
+    check_elements((tokens, topk), "actual_seq, s1, topk", "topk_indices")
+    rows = sum(-(-a // bs) for a in acts) * bs + bs
+    check_elements((rows, PYPTO_ROW_BYTES), "actual_seq, block_size", "the cache")
 
 
 def _build_inputs(p: dict, seed: int) -> tuple[dict, int, int]:

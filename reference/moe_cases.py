@@ -29,6 +29,7 @@ from tilesim.shared.tiling import MoeTiling
 from tilesim.shared.validate import (
     check_bool,
     check_choice,
+    check_elements,
     check_float,
     check_int,
     check_pos_int,
@@ -147,6 +148,7 @@ def _check_sequence(v, name: str) -> None:
 
 def _check_counts(counts, num_experts: int) -> tuple[int, ...]:
     _check_sequence(counts, "counts")
+    check_elements((num_experts,), "num_experts", "counts")
     if len(counts) != num_experts:
         raise ValueError(f"counts: expected {num_experts} non-negative ints, got {counts!r}")
     return tuple(check_int(c, f"counts[{j}]", lo=0) for j, c in enumerate(counts))
@@ -170,6 +172,9 @@ def _check_spec(spec: dict) -> dict:
     spec["unroll"] = tuple(check_pos_int(f, f"unroll[{j}]") for j, f in enumerate(spec["unroll"]))
     for key in ("assert_clamp", "seed_golden_round_activation"):
         spec[key] = check_bool(spec[key], key)
+    e, h, i = spec["num_experts"], spec["hidden_size"], spec["intermediate_size"]
+    check_elements((sum(spec["counts"]), h), "counts, hidden_size", "sorted_tokens")
+    check_elements((e, 2 * i, h), "num_experts, hidden_size, intermediate_size", "gate_up_proj")
     return spec
 
 

@@ -44,6 +44,7 @@ from tilesim.shared.validate import (
     as_array,
     check_bool,
     check_choice,
+    check_elements,
     check_finite,
     check_float,
     check_instance,
@@ -125,6 +126,7 @@ def _check_dispatch(hidden_states, router_logits, top_k, correction_bias, normal
     check_choice(scores, "scores", SCORE_KINDS)
     normalize = check_bool(normalize, "normalize")
     pad_rows = check_int(pad_rows, "pad_rows", lo=0)
+    check_elements((n * top_k + pad_rows, x.shape[1]), "pad_rows", "sorted_tokens")
     check_finite(logits, "router_logits")
     if scores == "probabilities" and logits.size and (logits.min() < 0 or logits.max() > 1):
         raise ValueError(

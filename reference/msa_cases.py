@@ -31,6 +31,7 @@ from tilesim.shared.tiling import MSA_DTYPES
 from tilesim.shared.validate import (
     check_bool,
     check_choice,
+    check_elements,
     check_float,
     check_int,
     host_ints,
@@ -176,6 +177,7 @@ def _decode_ids(rng, seqs, select: str, idx_scale: float):
 def _decode_case(rng, *, batch=1, nb=17, seq_len=None, select="indexer", scale=0.05, idx_scale=0.1):
     batch = check_int(batch, "batch", lo=1)
     nb = check_int(nb, "nb", lo=1)
+    check_elements((batch, _CFG.num_kv_heads, nb, BY, _CFG.head_dim), "batch, nb", "k_blocks")
     seqs, one = _decode_lengths(nb * BY if seq_len is None else seq_len, batch, nb)
     check_choice(select, "select", _SELECTS)
     scale, idx_scale = _scale(scale, "scale"), _scale(idx_scale, "idx_scale")
@@ -205,6 +207,10 @@ def _main_sizes(n, max_n, dtype, topk, bk, hq, hkv, dh) -> dict:
     if sizes["hq"] % sizes["hkv"]:
         raise ValueError(f"hq: expected a multiple of hkv={sizes['hkv']}, got {sizes['hq']}")
     check_choice(dtype, "dtype", MSA_DTYPES)
+    n, topk, bk, hq, hkv, dh = (sizes[k] for k in ("n", "topk", "bk", "hq", "hkv", "dh"))
+    check_elements((n, hq, dh), "n, hq, dh", "query")
+    check_elements((topk * bk, hkv, dh), "topk, bk, hkv, dh", "key_blocks")
+    check_elements((math.ceil(n / bk), topk, bk, bk), "n, topk, bk", "block_mask")
     nb = math.ceil(sizes["n"] / sizes["bk"])
     lo = nb * sizes["bk"]
     if max_n is None:

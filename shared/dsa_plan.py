@@ -32,11 +32,13 @@ from tilesim.shared.casts import BF16, FP8_E4M3
 from tilesim.shared.mla_cache import LAYOUTS, NOPE, NSCALES, PYPTO_ROW_BYTES, ROPE
 from tilesim.shared.tiling import SaTileShapeConfig
 from tilesim.shared.validate import (
+    INT32_MAX,
     check_array,
     check_bool,
     check_choice,
     check_float,
     check_instance,
+    check_int,
     check_pos_int,
     check_range,
     check_trace,
@@ -131,7 +133,7 @@ def check_dsa_args(
             f"MQA; the seeds' kernels only index correctly for n_kv = 1), got {n_kv}"
         )
     topk = check_pos_int(topk, "topk")
-    block_size = check_pos_int(block_size, "block_size")
+    block_size = check_int(block_size, "block_size", lo=1, hi=INT32_MAX)
     scale = np.float32(check_float(softmax_scale, "softmax_scale", positive=True, fp32=True))
     cfg = resolve_tiling(tiling, tile_config)
     if cfg.kv_splits > 1 and cfg.softmax != "online":
@@ -156,7 +158,14 @@ def check_dsa_args(
     s1 = rows // (n_b * nq)
     ti = host_ints(topk_indices, "topk_indices", shape=(n_b * s1, topk), layout="[T, n_kv*topk]")
     bt = host_ints(block_table, "block_table", ndim=2, layout="[B, max_blocks]")
-    check_array(block_table, "block_table", shape=(n_b, None), layout="[B, max_blocks]")
+    if bt.shape[0] != n_b:
+        raise ValueError(
+            f"block_table: expected shape ({n_b}, *) (B = len(kv_act_seqs) = {n_b}; "
+            f"kv_act_seqs and block_table hold one entry / row per batch), got {tuple(bt.shape)}"
+        )
+    # a length past the table's capacity would address keys no block holds (and wrap in the
+    # kernel's INT32 arithmetic)
+    check_range(acts, "kv_act_seqs", lo=0, hi=bt.shape[1] * block_size)
     return DsaArgs(
         query_nope, query_rope, ti, bt, acts, nq, topk, block_size, scale, s1, n_b, rows, cfg
     )

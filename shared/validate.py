@@ -3,7 +3,9 @@
 Policy (``docs/index.md``, "Argument checks"):
 
 * **Arrays** are NumPy arrays (ml_dtypes included) or torch tensors. Python lists, tuples,
-  scalars and ``None`` given for an array argument raise ``TypeError``. A torch tensor with
+  scalars and ``None`` given for an array argument raise ``TypeError``; so do masked arrays
+  (``np.ma.MaskedArray``: the mask would be silently ignored), ``np.matrix`` and arrays of
+  the object dtype. A torch tensor with
   ``requires_grad`` is read through ``detach()``; BF16/FP8 tensors are viewed as ml_dtypes
   arrays without a copy (:mod:`tilesim.shared.interop`). Nothing a caller passes is written.
 * **Output kind** follows the op's first array argument: NumPy in, NumPy out; torch in, torch
@@ -60,10 +62,27 @@ def is_array(x) -> bool:
     return isinstance(x, np.ndarray) or is_torch_tensor(x)
 
 
+#: ndarray subclasses whose data would be misread: a masked array's mask would be silently
+#: ignored, ``np.matrix`` keeps every result 2-D and makes ``*`` a matrix product
+_REFUSED_SUBCLASSES = (np.ma.MaskedArray, np.matrix)
+
+
 def require_array(x, name: str) -> None:
-    """``TypeError`` unless ``x`` is a NumPy array or a torch tensor."""
+    """``TypeError`` unless ``x`` is a NumPy array or a torch tensor holding numbers.
+
+    Refused as well: masked arrays (the mask would be ignored), ``np.matrix`` and arrays of
+    the object dtype (Python objects, not numbers of a fixed width)."""
     if not is_array(x):
         raise TypeError(f"{name}: expected a numpy array or a torch tensor, got {_kind(x)}")
+    if isinstance(x, _REFUSED_SUBCLASSES):
+        fix = (
+            "x.filled(value): its mask would be ignored"
+            if isinstance(x, np.ma.MaskedArray)
+            else "np.asarray(x)"
+        )
+        raise TypeError(f"{name}: expected a plain numpy array, got {_kind(x)} (pass {fix})")
+    if isinstance(x, np.ndarray) and x.dtype.hasobject:
+        raise TypeError(f"{name}: expected a real (numeric) dtype, got {x.dtype}")
 
 
 def dtype_of(x, name: str) -> np.dtype:
@@ -294,6 +313,24 @@ def check_float(v, name: str, *, positive: bool = False, fp32: bool = False) -> 
     return f
 
 
+#: the most elements one array a builder or helper allocates may hold (2**32: 16 GiB of FP32).
+#: Checked on Python ints before the allocation, so a huge size is a ``ValueError`` naming the
+#: arguments, not a ``MemoryError`` (or a wrapped-around shape) from NumPy.
+MAX_ELEMENTS = 2**32
+
+
+def check_elements(shape, names: str, what: str, limit: int = MAX_ELEMENTS) -> int:
+    """``ValueError`` naming ``names`` (the arguments that set ``shape``) when an array of
+    ``shape`` (Python ints) would hold more than ``limit`` elements; returns the count."""
+    count = math.prod(int(d) for d in shape)
+    if count > limit:
+        raise ValueError(
+            f"{names}: expected at most {limit} elements in {what}, got shape "
+            f"{tuple(int(d) for d in shape)} ({count} elements)"
+        )
+    return count
+
+
 def check_bool(v, name: str) -> bool:
     """A flag: ``bool`` or ``numpy.bool_`` only -> ``bool``."""
     if not isinstance(v, (bool, np.bool_)):
@@ -331,8 +368,10 @@ def check_str(v, name: str, *, nonempty: bool = True) -> str:
 def check_int_sequence(v, name: str, *, lo: int | None = None, hi: int | None = None) -> tuple:
     """A list/tuple (or 1-D integer array) of ints, each checked as :func:`check_int` (errors
     name ``name[i]``) -> ``tuple`` of ``int``. A ``str`` is not a sequence here."""
-    if isinstance(v, np.ndarray) and v.ndim == 1 and v.dtype.kind in "iu":
-        v = v.tolist()
+    if isinstance(v, np.ndarray):
+        require_array(v, name)  # a masked array's mask must not turn into None entries
+        if v.ndim == 1 and v.dtype.kind in "iu":
+            v = v.tolist()
     if not isinstance(v, (list, tuple)):
         raise TypeError(f"{name}: expected a tuple or list of ints, got {_kind(v)} {v!r}")
     return tuple(check_int(x, f"{name}[{i}]", lo=lo, hi=hi) for i, x in enumerate(v))
@@ -428,11 +467,13 @@ def env_choice(env: Mapping, var: str, default: str, choices: Iterable[str]) -> 
 
 __all__ = [
     "INT32_MAX",
+    "MAX_ELEMENTS",
     "as_array",
     "check_array",
     "check_bool",
     "check_choice",
     "check_dtype",
+    "check_elements",
     "check_finite",
     "check_float",
     "check_instance",

@@ -15,6 +15,8 @@ from __future__ import annotations
 import numpy as np
 from tilesim.shared.validate import check_int, check_real, host_data, shape_of
 
+_EXPERT_BOUND = 2**20  #: far above any model (MiniMax M3: 256 experts); bounds num_experts
+
 
 def _shape_error(name: str, expected: str, actual) -> ValueError:
     return ValueError(f"{name}: expected shape {expected}, got {tuple(actual)}")
@@ -31,8 +33,11 @@ def convert_minimax_weights(gate_up_proj, down_proj) -> tuple[np.ndarray, np.nda
     if two_i % 2 or two_i == 0:
         raise ValueError(f"gate_up_proj: dimension 1 must be even and > 0 (2I), got {two_i}")
     i = two_i // 2
-    if shape_of(down_proj, "down_proj") != (e, h, i):
-        raise _shape_error("down_proj", f"[E, H, I] = {(e, h, i)}", down_proj.shape)
+    dn_shape = shape_of(down_proj, "down_proj")
+    if dn_shape != (e, h, i):  # the message names both: either may be the wrong one
+        raise _shape_error(
+            "down_proj", f"[E, H, I] = {(e, h, i)} (from gate_up_proj {gu_shape})", dn_shape
+        )
     if gu_dt != dn_dt:
         raise TypeError(f"down_proj: expected the dtype of gate_up_proj ({gu_dt}), got {dn_dt}")
     gu = host_data(gate_up_proj, "gate_up_proj")
@@ -47,8 +52,12 @@ def unconvert_minimax_weights(w13_flat, w2_flat, num_experts: int) -> tuple[np.n
     """Inverse of :func:`convert_minimax_weights`: back to ``([E,2I,H], [E,H,I])``."""
     w13_dt = check_real(w13_flat, "w13_flat", bool_ok=False)
     w2_dt = check_real(w2_flat, "w2_flat", bool_ok=False)
-    e = check_int(num_experts, "num_experts", lo=1)
+    e = check_int(num_experts, "num_experts", lo=1, hi=_EXPERT_BOUND)
     w13_shape = shape_of(w13_flat, "w13_flat")
+    if len(w13_shape) == 2 and w13_shape[0] % e:
+        raise ValueError(
+            f"num_experts: expected a divisor of w13_flat's {w13_shape[0]} rows (E*H), got {e}"
+        )
     if len(w13_shape) != 2 or w13_shape[0] % e or w13_shape[1] % 2:
         raise _shape_error("w13_flat", f"[E*H, 2I] with E = {e}", w13_shape)
     h = w13_shape[0] // e

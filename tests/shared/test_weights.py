@@ -85,12 +85,14 @@ def test_bad_inputs_name_the_argument():
     with pytest.raises(TypeError, match="down_proj: expected the dtype of gate_up_proj"):
         convert_minimax_weights(gu, dn.astype(np.float64))
     w13, w2 = convert_minimax_weights(gu, dn)
-    with pytest.raises(ValueError, match=r"num_experts: expected an int in \[1, inf\], got 0"):
+    with pytest.raises(ValueError, match=r"num_experts: expected an int in \[1, 1048576\], got 0"):
         unconvert_minimax_weights(w13, w2, 0)
     with pytest.raises(TypeError, match="num_experts"):
         unconvert_minimax_weights(w13, w2, 3.0)
-    with pytest.raises(ValueError, match=r"w13_flat: expected shape \[E\*H, 2I\] with E = 4"):
+    with pytest.raises(ValueError, match=r"num_experts: expected a divisor of w13_flat's 15 rows"):
         unconvert_minimax_weights(w13, w2, 4)
+    with pytest.raises(ValueError, match=r"num_experts: expected an int in \[1, 1048576\]"):
+        unconvert_minimax_weights(w13, w2, 2**40)  # a bound, not a shape error with E = 2**40
     with pytest.raises(ValueError, match=r"w2_flat: expected shape \[E\*I, H\] = \(12, 5\)"):
         unconvert_minimax_weights(w13, w2[:-1], 3)
     with pytest.raises(TypeError, match="w2_flat: expected the dtype of w13_flat"):

@@ -1,0 +1,298 @@
+"""The corruptions of the grid: one function per class of bad input of issue 15.
+
+Each corruption takes the valid value of one argument and its :class:`~badinput.table.Arg`
+spec and returns the corrupted value, or ``None`` when the class does not apply to that
+argument (e.g. a rank change of a flag). :data:`CLASSES` maps the class name to ``(roles it
+applies to, the exception type the policy prescribes, the corruption)``; the prescribed type
+follows ``tilesim/shared/validate.py``: a wrong kind, dtype or Python type is a ``TypeError``,
+a wrong size, range or value a ``ValueError``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+U64_MAX = 2**64 - 1
+#: an index that overflows int64 arithmetic once multiplied by a block size
+HUGE_INDEX = 2**62
+
+
+class Skip:
+    """Marker: the class does not apply to this argument."""
+
+
+def _first(a: np.ndarray, value, dtype=None) -> np.ndarray:
+    """A copy of ``a`` (cast to ``dtype``) with its first element set to ``value``."""
+    out = np.array(a, dtype=dtype if dtype is not None else a.dtype, copy=True)
+    out.reshape(-1)[0] = value
+    return out
+
+
+def _array(v) -> bool:
+    return isinstance(v, np.ndarray)
+
+
+# ----------------------------------------------------------------------------- any array
+def as_list(v, spec):
+    return v.tolist() if _array(v) else Skip
+
+
+def as_masked(v, spec):
+    return np.ma.masked_array(v, mask=np.zeros(v.shape, bool)) if _array(v) else Skip
+
+
+def as_matrix(v, spec):
+    if not _array(v) or v.ndim != 2 or v.dtype.kind not in "fiu":
+        return Skip
+    return v.view(np.matrix)
+
+
+def as_object(v, spec):
+    return v.astype(object) if _array(v) else Skip
+
+
+def as_str(v, spec):
+    return "0" if _array(v) else Skip
+
+
+def as_none(v, spec):
+    return None if _array(v) and not spec.optional else Skip
+
+
+def wrong_dtype(v, spec):
+    return v.astype(spec.bad_dtype) if _array(v) and spec.bad_dtype is not None else Skip
+
+
+def complex_dtype(v, spec):
+    return v.astype(np.float32).astype(np.complex64) if spec.role == "real" else Skip
+
+
+def wrong_rank(v, spec):
+    return v[None] if _array(v) and spec.fixed_rank else Skip
+
+
+def wrong_shape(v, spec):
+    if not _array(v) or not spec.fixed_shape or v.ndim == 0 or v.shape[-1] < 2:
+        return Skip
+    return np.ascontiguousarray(v[..., :-1])
+
+
+def torch_wrong_dtype(v, spec):
+    """A torch tensor of a dtype the argument does not take (FP64 for BF16 data, ...)."""
+    if not _array(v) or spec.bad_dtype is None:
+        return Skip
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(v.astype(spec.bad_dtype)))
+
+
+def non_finite(v, spec):
+    """NaN in an array whose values must be finite (the MSA main-branch mask)."""
+    return _first(v, np.nan) if _array(v) else Skip
+
+
+# ----------------------------------------------------------------------------- index/length
+def _ints(spec):
+    return spec.role in ("index", "length")
+
+
+def out_of_range(v, spec):
+    if not _array(v) or not _ints(spec) or spec.oob is None:
+        return Skip
+    return _first(v, spec.oob)
+
+
+def int64_overflow(v, spec):
+    return _first(v, HUGE_INDEX, np.int64) if _array(v) and _ints(spec) else Skip
+
+
+def negative(v, spec):
+    """-2 in the argument's own dtype (-1 marks a skipped entry in some index arrays)."""
+    return _first(v, -2) if _array(v) and _ints(spec) else Skip
+
+
+def unsigned_huge(v, spec):
+    """An unsigned array whose huge value wraps to -1 in a careless cast."""
+    return _first(v, U64_MAX, np.uint64) if _array(v) and _ints(spec) else Skip
+
+
+def fractional(v, spec):
+    if _array(v) and _ints(spec):
+        return _first(v, 1.5, np.float64)
+    if spec.role == "int":
+        return 2.5
+    return Skip
+
+
+def bool_array(v, spec):
+    return np.ones(v.shape, bool) if _array(v) and _ints(spec) else Skip
+
+
+def inconsistent(v, spec):
+    """One entry too many (a length array not matching the batch)."""
+    if _array(v) and spec.role == "length" and v.ndim == 1:
+        return np.concatenate([v, v[-1:]])
+    return Skip
+
+
+# ----------------------------------------------------------------------------- scalars
+def fp32_nan(v, spec):
+    return float("nan") if spec.role == "scale" else Skip
+
+
+def fp32_inf(v, spec):
+    return float("inf") if spec.role == "scale" else Skip
+
+
+def fp32_overflow(v, spec):
+    return 1e39 if spec.role == "scale" else Skip
+
+
+def fp32_underflow(v, spec):
+    return 1e-46 if spec.role == "scale" else Skip
+
+
+def bool_as_number(v, spec):
+    return True if spec.role in ("int", "scale") else Skip
+
+
+def str_as_number(v, spec):
+    return "4" if spec.role in ("int", "scale", "seq") else Skip
+
+
+def huge_int(v, spec):
+    return 2**40 if spec.role == "int" and spec.huge else Skip
+
+
+def none_int(v, spec):
+    """``None`` for a required int (a ``None`` tile size, count, ...)."""
+    return None if spec.role == "int" and not spec.optional else Skip
+
+
+def strided_torch_out(v, spec):
+    """A torch ``out`` of the right shape and dtype that is a non-contiguous view: a kernel
+    writes its output rows contiguously, so it must be refused (or written correctly)."""
+    if spec.role != "out" or not spec.contiguous or len(getattr(v, "shape", ())) != 2:
+        return Skip
+    return v.new_zeros(tuple(v.shape[::-1])).t()
+
+
+def int_for_bool(v, spec):
+    return 1 if spec.role == "flag" else Skip
+
+
+def truthy_str(v, spec):
+    return "False" if spec.role == "flag" else Skip
+
+
+def unknown_mode(v, spec):
+    return "bogus" if spec.role == "mode" else Skip
+
+
+def mode_wrong_type(v, spec):
+    return 1 if spec.role == "mode" else Skip
+
+
+def bad_trace(v, spec):
+    return "print" if spec.role == "trace" else Skip
+
+
+def wrong_object(v, spec):
+    """A ``tiling`` / ``dims`` of the wrong type (a dict of its fields)."""
+    return {"ntile": 128} if spec.role == "object" else Skip
+
+
+def seq_entry(v, spec):
+    """A sequence of ints with a fractional entry / a bool entry / a string."""
+    return (*v[:-1], 2.5) if spec.role == "seq" else Skip
+
+
+def seq_length(v, spec):
+    """One entry too many in a sequence whose length is fixed (MoE ``counts``: one per expert)."""
+    return (*v, v[-1]) if spec.role == "seq" and spec.fixed_shape else Skip
+
+
+def seq_bool(v, spec):
+    return (*v[:-1], True) if spec.role == "seq" else Skip
+
+
+def seq_huge(v, spec):
+    return (*v[:-1], 2**62) if spec.role == "seq" and spec.huge else Skip
+
+
+def nan_float(v, spec):
+    """NaN / inf for a plain float argument (a builder's scale, compare's atol)."""
+    return float("nan") if spec.role == "float" else Skip
+
+
+def inf_float(v, spec):
+    return float("inf") if spec.role == "float" else Skip
+
+
+def str_float(v, spec):
+    return "0.5" if spec.role == "float" else Skip
+
+
+def bool_float(v, spec):
+    return True if spec.role == "float" else Skip
+
+
+T, V = TypeError, ValueError
+_ARR = ("data", "real", "index", "length", "mask", "out")
+_INTS = ("index", "length")
+#: class -> (roles, exception, corruption)
+CLASSES = {
+    "list": (_ARR, T, as_list),
+    "masked": (_ARR, T, as_masked),
+    "matrix": (_ARR, T, as_matrix),
+    "object_dtype": (_ARR, T, as_object),
+    "str": (_ARR, T, as_str),
+    "none": (_ARR, T, as_none),
+    "dtype": (_ARR, T, wrong_dtype),
+    "complex": (("real",), T, complex_dtype),
+    "rank": (_ARR, V, wrong_rank),
+    "shape": (_ARR, V, wrong_shape),
+    "torch_dtype": (_ARR, T, torch_wrong_dtype),
+    "nonfinite": (("mask",), V, non_finite),
+    "out_of_range": (_INTS, V, out_of_range),
+    "int64_overflow": (_INTS, V, int64_overflow),  # TypeError where only INT32 is taken
+    "negative": (_INTS, V, negative),
+    "unsigned": (_INTS, V, unsigned_huge),  # idem
+    "fractional_array": (_INTS, T, fractional),
+    "fractional_int": (("int",), T, fractional),
+    "bool_array": (_INTS, T, bool_array),
+    "inconsistent": (("length",), V, inconsistent),
+    "fp32_nan": (("scale",), V, fp32_nan),
+    "fp32_inf": (("scale",), V, fp32_inf),
+    "fp32_overflow": (("scale",), V, fp32_overflow),
+    "fp32_underflow": (("scale",), V, fp32_underflow),
+    "bool_as_int": (("int", "scale"), T, bool_as_number),
+    "str_as_number": (("int", "scale", "seq"), T, str_as_number),
+    "huge_n": (("int",), V, huge_int),
+    "none_int": (("int",), T, none_int),
+    "strided_torch_out": (("out",), V, strided_torch_out),
+    "int_as_bool": (("flag",), T, int_for_bool),
+    "truthy_str": (("flag",), T, truthy_str),
+    "unknown_mode": (("mode",), V, unknown_mode),
+    "mode_type": (("mode",), (T, V), mode_wrong_type),
+    "trace_type": (("trace",), T, bad_trace),
+    "wrong_object": (("object",), T, wrong_object),
+    "seq_fraction": (("seq",), T, seq_entry),
+    "seq_bool": (("seq",), T, seq_bool),
+    "seq_length": (("seq",), V, seq_length),
+    "seq_huge": (("seq",), V, seq_huge),
+    "float_nan": (("float",), V, nan_float),
+    "float_inf": (("float",), V, inf_float),
+    "float_str": (("float",), T, str_float),
+    "float_bool": (("float",), T, bool_float),
+}
+
+
+#: classes that change an integer array's dtype: a dtype error where only INT32 is taken
+WIDENING = ("int64_overflow", "unsigned")
+
+
+def expected(cls: str, spec):
+    """The exception type(s) the policy prescribes for ``cls`` on ``spec``."""
+    exc = CLASSES[cls][1]
+    return TypeError if cls in WIDENING and spec.int32_only else exc

@@ -1,0 +1,568 @@
+"""The valid base call of every public op / builder / helper / device wrapper, and the role of
+each argument (what a corruption may do to it).
+
+Base inputs are tiny (a few KB; the MSA ops keep their fixed 128-wide heads) so the whole grid
+runs in seconds: a rejected call does no work, and the only full calls are one control per op
+and the torch / non-contiguous equivalence checks of the reference ops and helpers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cache
+
+import numpy as np
+from tilesim.shared.casts import BF16, FP8_E4M3
+
+N_MOE = 5  # rows of the MoE case
+DSA_BS, DSA_TOPK = 16, 16
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One argument of an op.
+
+    role: ``data`` (an array of a fixed dtype), ``real`` (any real dtype), ``index``,
+        ``length``, ``mask`` (finite FP32), ``out`` (written in place), ``int``, ``scale``
+        (an FP32 scalar), ``float``, ``flag``, ``mode``, ``trace``, ``object`` (a config
+        instance), ``seq`` (a sequence of ints).
+    names: the message must contain one of them.
+    """
+
+    role: str
+    names: tuple[str, ...]
+    bad_dtype: object = None
+    fixed_rank: bool = True
+    fixed_shape: bool = True
+    oob: object = None  #: an out-of-range value (first element for arrays)
+    optional: bool = False  #: ``None`` is a valid value
+    huge: bool = True  #: ``2**40`` is out of range for this int
+    int32_only: bool = False  #: only INT32 is taken: a widened copy is a dtype error
+    contiguous: bool = False  #: a kernel writes it in place: a strided view is refused
+
+
+@dataclass(frozen=True)
+class Op:
+    name: str
+    fn: Callable
+    base: Callable[[], dict]
+    args: dict = field(default_factory=dict)  #: key: argument, or ``"arg.i"`` for a tuple item
+    work: tuple = ()  #: ``(path suffix, function name)`` of the op's work: never reached
+    device: bool = False
+    full: bool = True  #: the base call is cheap enough for the torch / layout checks
+
+
+def A(role, *names, **kw) -> Arg:
+    return Arg(role, names, **kw)
+
+
+def data(*names, bad=np.int32, **kw):
+    return Arg("data", names, bad_dtype=bad, **kw)
+
+
+TRACE = A("trace", "trace")
+
+
+# ----------------------------------------------------------------------------- base inputs
+def _inputs(case) -> dict:
+    return {**case["inputs"], **case["params"]}
+
+
+@cache
+def _moe_case():
+    from tilesim.reference import moe_make_case
+
+    return moe_make_case(None, seed=1, num_experts=2, hidden_size=64, intermediate_size=32,
+                         counts=(2, 3))  # fmt: skip
+
+
+def moe_base() -> dict:
+    kw = _inputs(_moe_case())
+    return {**kw, "out": np.zeros((N_MOE, 64), BF16)}
+
+
+@cache
+def _msa_case(op):
+    from tilesim.reference import msa_make_case
+
+    if op == "msa_indexer":
+        return msa_make_case(None, op=op, seed=1, nb=3, seq_len=300)
+    if op == "msa_sparse_decode":
+        return msa_make_case(None, op=op, seed=1, nb=2, seq_len=200, select="random")
+    return msa_make_case(None, op=op, seed=1, n=5, topk=2, bk=16, hq=2, hkv=1, dh=128, max_n=16)
+
+
+def indexer_base() -> dict:
+    return _inputs(_msa_case("msa_indexer"))
+
+
+def decode_base() -> dict:
+    return _inputs(_msa_case("msa_sparse_decode"))
+
+
+def decode_array_base() -> dict:
+    return {**decode_base(), "seq_len": np.array([200], np.int32)}
+
+
+def main_base() -> dict:
+    return _inputs(_msa_case("msa_main_branch"))
+
+
+@cache
+def _dsa_case(layout):
+    from tilesim.reference import dsa_make_case
+    from tilesim.shared.tiling import SaTileShapeConfig
+
+    return dsa_make_case(None, seed=1, actual_seq=[20, 9], s1=1, nq=2, topk=DSA_TOPK,
+                         block_size=DSA_BS, quant="int8", layout=layout,
+                         tiling=SaTileShapeConfig(g_tile=2, s_kv_tile=16),
+                         progress=False)  # fmt: skip
+
+
+def dsa_base() -> dict:
+    return _inputs(_dsa_case("pypto"))
+
+
+def dsa_split_base() -> dict:
+    return _inputs(_dsa_case("kv_split"))
+
+
+# ----------------------------------------------------------------------------- reference ops
+MOE_ARGS = {
+    "sorted_tokens": data("sorted_tokens"),
+    "weights.0": data("w13_flat", "weights"),
+    "weights.1": data("w2_flat", "weights"),
+    "expert_cumsum": A("length", "expert_cumsum", oob=N_MOE + 1, int32_only=True),
+    "dims": A("object", "dims"),
+    "tiling": A("object", "tiling", optional=True),
+    "out": A("out", "out", bad_dtype=np.float32, optional=True),
+    "round_activation": A("flag", "round_activation"),
+    "trace": TRACE,
+}
+INDEXER_ARGS = {
+    "idx_q": data("idx_q"),
+    "idx_k": data("idx_k"),
+    "nb": A("int", "nb", oob=4),
+    "seq_len": A("int", "seq_len", oob=3 * 128 + 1, optional=True),
+    "head_reduce": A("mode", "head_reduce"),
+    "trace": TRACE,
+}
+DECODE_ARGS = {
+    "q": data("q"),
+    "k_blocks": data("k_blocks"),
+    "v_blocks": data("v_blocks"),
+    "block_ids": A("index", "block_ids", oob=2, fixed_shape=False),
+    "seq_len": A("int", "seq_len", oob=2 * 128 + 1),
+    "tiling": A("object", "tiling", optional=True),
+    "seeds_compat": A("flag", "seeds_compat"),
+    "trace": TRACE,
+}
+DECODE_ARRAY_ARGS = {"seq_len": A("length", "seq_len", oob=2 * 128 + 1)}
+MAIN_ARGS = {
+    "query": data("query"),
+    "key_blocks": data("key_blocks"),
+    "value_blocks": data("value_blocks"),
+    "block_mask": A("mask", "block_mask", bad_dtype=np.int32),
+    "dtype": A("mode", "dtype", optional=True),
+    "max_n": A("int", "max_n", oob=8, optional=True),
+    "tiling": A("object", "tiling", optional=True),
+    "seeds_compat": A("flag", "seeds_compat"),
+    "trace": TRACE,
+}
+DSA_COMMON = {
+    "query_nope": data("query_nope", bad=np.float32),
+    "query_rope": data("query_rope", bad=np.float32),
+    "topk_indices": A("index", "topk_indices", oob=10**6),
+    "block_table": A("index", "block_table", oob=3, fixed_shape=False),
+    "kv_act_seqs": A("length", "kv_act_seqs", oob=2 * DSA_BS + 1),
+    "nq": A("int", "nq", oob=3),
+    "n_kv": A("int", "n_kv", oob=2),
+    "softmax_scale": A("scale", "softmax_scale"),
+    "topk": A("int", "topk", oob=DSA_TOPK + 1),
+    "block_size": A("int", "block_size", oob=8),
+    "tiling": A("object", "tiling", optional=True),
+}
+DSA_REF = {"trace": TRACE, "progress": A("flag", "progress", optional=True)}
+DSA_PACKED = {
+    "nope_cache": data("nope_cache", bad=np.int16),
+    "layout": A("mode", "layout"),
+}
+DSA_SPLIT = {
+    "kn_quant": data("kn_quant", bad=np.int16),
+    "kr": data("kr", bad=np.float32),
+    "kn_scales": data("kn_scales", bad=np.float64),
+}
+
+_REF = "reference/"
+WORK = {
+    "moe": (
+        (_REF + "moe.py", "_run_fast"),
+        (_REF + "moe.py", "_expert_ffn"),
+        (_REF + "moe.py", "_deliver"),
+    ),  # fmt: skip
+    "indexer": ((_REF + "msa_lightning_indexer.py", "_scores"),),
+    "decode": ((_REF + "msa_decode.py", "_run"),),
+    "main": ((_REF + "msa_main.py", "_plan"), (_REF + "msa_main.py", "_run")),
+    "dsa": ((_REF + "dsa.py", "progress_bar"), (_REF + "dsa.py", "token")),  # after the plan
+    "case": (("shared/case_schema.py", "make_case"),),
+    "device": (
+        ("device/backend.py", "resolve"),
+        ("device/backend.py", "to_tensors"),
+        ("device/backend.py", "launch"),
+    ),  # fmt: skip
+}
+
+
+def _ref(name):
+    import tilesim.reference as ref
+
+    return getattr(ref, name)
+
+
+def reference_ops() -> list[Op]:
+    R = _ref
+    return [
+        Op("moe_grouped_gemm", R("moe_grouped_gemm"), moe_base, MOE_ARGS, WORK["moe"]),
+        Op("msa_indexer", R("msa_indexer"), indexer_base, INDEXER_ARGS, WORK["indexer"]),
+        Op(
+            "msa_indexer_scores",
+            R("msa_indexer_scores"),
+            lambda: {k: v for k, v in indexer_base().items() if k in ("idx_q", "idx_k", "nb")},
+            {k: INDEXER_ARGS[k] for k in ("idx_q", "idx_k", "nb", "trace")},
+            WORK["indexer"],
+        ),  # fmt: skip
+        Op(
+            "msa_sparse_decode", R("msa_sparse_decode"), decode_base, DECODE_ARGS, WORK["decode"]
+        ),  # fmt: skip
+        Op(
+            "msa_sparse_decode[seq_len array]",
+            R("msa_sparse_decode"),
+            decode_array_base,
+            DECODE_ARRAY_ARGS,
+            WORK["decode"],
+        ),  # fmt: skip
+        Op("msa_main_branch", R("msa_main_branch"), main_base, MAIN_ARGS, WORK["main"]),
+        Op(
+            "sparse_attention_antiquant",
+            R("sparse_attention_antiquant"),
+            dsa_base,
+            {**DSA_COMMON, **DSA_REF, **DSA_PACKED},
+            WORK["dsa"],
+        ),  # fmt: skip
+        Op(
+            "sparse_attention_antiquant_kv_split",
+            R("sparse_attention_antiquant_kv_split"),
+            dsa_split_base,
+            {**DSA_COMMON, **DSA_REF, **DSA_SPLIT},
+            WORK["dsa"],
+        ),  # fmt: skip
+    ]
+
+
+# ----------------------------------------------------------------------------- builders
+def _moe_builder_base():
+    return dict(name=None, seed=1, num_experts=2, hidden_size=64, intermediate_size=32,
+                counts=(2, 3), activation="silu", input_scale=1.0, weight_scale=0.0625,
+                round_activation=True, gate_up_layout="halves", progress=False)  # fmt: skip
+
+
+def _msa_builder_base(op):
+    common = dict(name=None, op=op, seed=1, progress=False)
+    if op == "msa_indexer":
+        return {**common, "nb": 3, "seq_len": 300, "head_reduce": "max", "scale": 0.1}
+    if op == "msa_sparse_decode":
+        return {**common, "batch": 1, "nb": 2, "seq_len": 200, "select": "random",
+                "scale": 0.05, "idx_scale": 0.1}  # fmt: skip
+    return {**common, "n": 5, "max_n": 16, "dtype": "fp32", "topk": 2, "bk": 16, "hq": 2,
+            "hkv": 1, "dh": 16}  # fmt: skip
+
+
+def _dsa_builder_base():
+    from tilesim.shared.tiling import SaTileShapeConfig
+
+    return dict(name=None, seed=1, actual_seq=(20, 9), s1=1, nq=2, topk=DSA_TOPK,
+                block_size=DSA_BS, softmax_scale=0.05, quant="int8", layout="pypto",
+                topk_rule="seeds", invalid_frac=0.0, poison_unreached=False,
+                tiling=SaTileShapeConfig(g_tile=2, s_kv_tile=16), progress=False)  # fmt: skip
+
+
+SEED = A("int", "seed", oob=-1, huge=False)
+SEED_OPT = A("int", "seed", oob=-1, huge=False, optional=True)  #: None: the case's own seed
+PROGRESS = A("flag", "progress", optional=True)
+NAME = A("mode", "name", optional=True)
+BUILDER_ARGS = {
+    "moe_make_case": {
+        "name": NAME, "seed": SEED_OPT, "progress": PROGRESS,
+        "num_experts": A("int", "num_experts", oob=0),
+        "hidden_size": A("int", "hidden_size", oob=0),
+        "intermediate_size": A("int", "intermediate_size", oob=0),
+        "counts": A("seq", "counts"), "activation": A("mode", "activation"),
+        "input_scale": A("float", "input_scale", oob=-1.0),
+        "weight_scale": A("float", "weight_scale", oob=-1.0),
+        "round_activation": A("flag", "round_activation"),
+        "gate_up_layout": A("mode", "gate_up_layout"),
+    },
+    "msa_indexer": {
+        "name": NAME, "op": A("mode", "op"), "seed": SEED_OPT, "progress": PROGRESS,
+        "nb": A("int", "nb", oob=0), "seq_len": A("int", "seq_len", oob=0, optional=True),
+        "head_reduce": A("mode", "head_reduce"), "scale": A("float", "scale", oob=-1.0),
+    },
+    "msa_sparse_decode": {
+        "name": NAME, "op": A("mode", "op"), "seed": SEED_OPT, "progress": PROGRESS,
+        "batch": A("int", "batch", oob=0), "nb": A("int", "nb", oob=0),
+        "seq_len": A("int", "seq_len", oob=2 * 128 + 1, optional=True),
+        "select": A("mode", "select"),
+        "scale": A("float", "scale", oob=-1.0), "idx_scale": A("float", "idx_scale", oob=-1.0),
+    },
+    "msa_main_branch": {
+        "name": NAME, "op": A("mode", "op"), "seed": SEED_OPT, "progress": PROGRESS,
+        "n": A("int", "n", oob=0), "max_n": A("int", "max_n", oob=8, optional=True),
+        "dtype": A("mode", "dtype"), "topk": A("int", "topk", oob=0),
+        "bk": A("int", "bk", oob=0), "hq": A("int", "hq", oob=3), "hkv": A("int", "hkv", oob=3),
+        "dh": A("int", "dh", oob=0),
+    },
+    "dsa_make_case": {
+        "name": NAME, "seed": SEED, "progress": PROGRESS,
+        "actual_seq": A("seq", "actual_seq", fixed_shape=False),
+        "s1": A("int", "s1", oob=0), "nq": A("int", "nq", oob=0),
+        "topk": A("int", "topk", oob=0), "block_size": A("int", "block_size", oob=0),
+        "softmax_scale": A("scale", "softmax_scale"), "quant": A("mode", "quant"),
+        "layout": A("mode", "layout"), "topk_rule": A("mode", "topk_rule"),
+        "invalid_frac": A("float", "invalid_frac", oob=1.5),
+        "poison_unreached": A("flag", "poison_unreached"),
+        "tiling": A("object", "tiling", optional=True),
+    },
+}  # fmt: skip
+
+
+def builder_ops() -> list[Op]:
+    work = WORK["case"]
+    moe, msa, dsa = _ref("moe_make_case"), _ref("msa_make_case"), _ref("dsa_make_case")
+    ops = [Op("moe_make_case", moe, _moe_builder_base, BUILDER_ARGS["moe_make_case"], work)]
+    for op in ("msa_indexer", "msa_sparse_decode", "msa_main_branch"):
+        ops.append(Op(f"msa_make_case[{op}]", msa, lambda op=op: _msa_builder_base(op),
+                      BUILDER_ARGS[op], work))  # fmt: skip
+    ops.append(Op("dsa_make_case", dsa, _dsa_builder_base, BUILDER_ARGS["dsa_make_case"], work))
+    return ops
+
+
+# ----------------------------------------------------------------------------- host helpers
+@cache
+def _host_values() -> dict:
+    from tilesim.shared.casts import to_bf16
+    from tilesim.shared.mla_cache import pack_pypto_rows
+    from tilesim.shared.quant import quantize_latent_fp8
+    from tilesim.shared.weights import convert_minimax_weights
+
+    rng = np.random.default_rng(15)
+    x32 = rng.uniform(-3, 3, size=(2, 512)).astype(np.float32)
+    xb = to_bf16(x32)
+    q8, s8 = quantize_latent_fp8(xb)
+    rope = to_bf16(rng.uniform(-1, 1, size=(2, 64)).astype(np.float32))
+    gu = to_bf16(rng.standard_normal((2, 8, 4)).astype(np.float32))
+    dn = to_bf16(rng.standard_normal((2, 4, 4)).astype(np.float32))
+    w13, w2 = convert_minimax_weights(gu, dn)
+    logits = rng.standard_normal((3, 4)).astype(np.float32)
+    hidden = to_bf16(rng.standard_normal((3, 8)).astype(np.float32))
+    return dict(x32=x32, xb=xb, q8=q8, s8=s8, rope=rope, cache=pack_pypto_rows(q8, rope, s8),
+                gu=gu, dn=dn, w13=w13, w2=w2, logits=logits, hidden=hidden)  # fmt: skip
+
+
+def _h(**names):
+    """A base factory: argument -> key of :func:`_host_values` (or a literal in a 1-tuple)."""
+
+    def base():
+        v = _host_values()
+        return {k: (x[0] if isinstance(x, tuple) else v[x]) for k, x in names.items()}
+
+    return base
+
+
+ANY = dict(fixed_rank=False, fixed_shape=False)
+LATENT = {"nope": data("nope", bad=np.float32), "rope": data("rope", bad=np.float32),
+          "scales": data("scales", bad=np.float64)}  # fmt: skip
+CACHE = {"cache": data("cache", bad=np.float32)}
+
+
+def _dispatch_base():
+    from tilesim.reference import moe_dispatch
+
+    v = _host_values()
+    d = moe_dispatch(v["hidden"], v["logits"], 2)
+    return {"expert_out": d.sorted_tokens.copy(), "dispatch": d, "routed_scaling_factor": 1.0}
+
+
+def host_ops() -> list[Op]:
+    from tilesim.reference import compare, moe_combine, moe_dispatch
+    from tilesim.reference.numerics import bf16_round_trip, ulp_distance
+    from tilesim.shared import casts, mla_cache, quant, weights
+
+    m = mla_cache
+    ops = [
+        Op("to_bf16", casts.to_bf16, _h(x="x32", nan=("keep",)),
+           {"x": A("real", "x", **ANY), "nan": A("mode", "nan")}),
+        Op("to_fp8_e4m3", casts.to_fp8_e4m3, _h(x="x32", saturate=(True,)),
+           {"x": A("real", "x", **ANY), "saturate": A("flag", "saturate")}),
+        Op("widen_to_fp32", casts.widen_to_fp32, _h(x="xb"),
+           {"x": A("real", "x", bad_dtype=np.int64, **ANY)}),
+        Op("bf16_round_trip", bf16_round_trip, _h(x="x32"), {"x": A("real", "x", **ANY)}),
+        Op("ulp_distance", ulp_distance, _h(a="xb", b="xb"),
+           {"a": A("real", "a", fixed_rank=True), "b": A("real", "b", fixed_rank=True)}),
+        Op("quantize_latent_fp8", quant.quantize_latent_fp8, _h(x="xb"),
+           {"x": data("x", bad=np.complex64)}),
+        Op("quantize_latent_fp8_ue8m0", quant.quantize_latent_fp8_ue8m0, _h(x="x32"),
+           {"x": data("x", bad=np.complex64)}),
+        Op("quantize_latent_int8", quant.quantize_latent_int8, _h(x="xb"),
+           {"x": data("x", bad=np.complex64)}),
+        Op("dequantize_latent", quant.dequantize_latent, _h(q="q8", scales="s8"),
+           {"q": data("q", bad=np.float32), "scales": data("scales", bad=np.float64)}),
+        Op("pack_pypto_rows", m.pack_pypto_rows, _h(nope="q8", rope="rope", scales="s8"), LATENT),
+        Op("pack_flashmla_rows", m.pack_flashmla_rows, _h(nope="q8", rope="rope", scales="s8"),
+           LATENT),
+        Op("pack_kv_split", m.pack_kv_split, _h(nope="q8", rope="rope", scales="s8"), LATENT),
+        Op("pack_rows", m.pack_rows, _h(nope="q8", rope="rope", scales="s8", layout=("pypto",)),
+           {**LATENT, "layout": A("mode", "layout")}),
+        Op("unpack_pypto_rows", m.unpack_pypto_rows, _h(cache="cache"), CACHE),
+        Op("unpack_flashmla_rows", m.unpack_flashmla_rows, _h(cache="cache"), CACHE),
+        Op("unpack_rows", m.unpack_rows, _h(cache="cache", layout=("pypto",)),
+           {**CACHE, "layout": A("mode", "layout")}),
+        Op("convert_cache_layout", m.convert_cache_layout,
+           _h(cache="cache", src=("pypto",), dst=("flashmla",)),
+           {**CACHE, "src": A("mode", "src"), "dst": A("mode", "dst")}),
+        Op("unpack_kv_split", m.unpack_kv_split, _h(kn_quant="q8", kr="rope", kn_scales="s8"),
+           {"kn_quant": data("kn_quant", "nope", bad=np.float32),
+            "kr": data("kr", "rope", bad=np.float32),
+            "kn_scales": data("kn_scales", "scales", bad=np.float64)}),
+        Op("convert_minimax_weights", weights.convert_minimax_weights,
+           _h(gate_up_proj="gu", down_proj="dn"),
+           {"gate_up_proj": data("gate_up_proj", bad=np.complex64),
+            "down_proj": data("down_proj", bad=np.complex64)}),
+        Op("unconvert_minimax_weights", weights.unconvert_minimax_weights,
+           _h(w13_flat="w13", w2_flat="w2", num_experts=(2,)),
+           {"w13_flat": data("w13_flat", bad=np.complex64),
+            "w2_flat": data("w2_flat", bad=np.complex64),
+            "num_experts": A("int", "num_experts", oob=3)}),
+        Op("compare", compare,
+           _h(actual="xb", golden="xb", atol=(1e-3,), rtol=(1e-3,), ratio=(0.005,),
+              check_dtype=(True,), arithmetic=("float64",), n_worst=(3,)),
+           {"actual": A("real", "actual", fixed_rank=False),
+            "golden": A("real", "golden", fixed_rank=False),
+            "atol": A("float", "atol", oob=-1.0), "rtol": A("float", "rtol", oob=-1.0),
+            "ratio": A("float", "ratio", oob=1.5), "check_dtype": A("flag", "check_dtype"),
+            "arithmetic": A("mode", "arithmetic"),
+            "n_worst": A("int", "n_worst", oob=-1, huge=False)}),
+        Op("moe_dispatch", moe_dispatch,
+           _h(hidden_states="hidden", router_logits="logits", top_k=(2,), normalize=(False,),
+              scores=("logits",), pad_rows=(0,)),
+           {"hidden_states": data("hidden_states", bad=np.int32, fixed_shape=False),
+            "router_logits": data("router_logits", bad=np.int32, fixed_shape=False),
+            "top_k": A("int", "top_k", oob=5), "normalize": A("flag", "normalize"),
+            "scores": A("mode", "scores"), "pad_rows": A("int", "pad_rows", oob=-1),
+            "trace": TRACE}),
+        Op("moe_combine", moe_combine, _dispatch_base,
+           {"expert_out": data("expert_out", bad=np.float32, fixed_shape=False),
+            "dispatch": A("object", "dispatch"),
+            "routed_scaling_factor": A("scale", "routed_scaling_factor"), "trace": TRACE}),
+    ]  # fmt: skip
+    return ops
+
+
+# ----------------------------------------------------------------------------- device wrappers
+def _without(args: dict, *names) -> dict:
+    return {k: v for k, v in args.items() if k not in names}
+
+
+DEVICE_COMMON = {"backend": A("mode", "backend"), "soc": A("mode", "soc")}
+VALIDATE = {"validate": A("flag", "validate")}
+
+
+def _dev(name):
+    import tilesim.device as dev
+
+    return getattr(dev, name)
+
+
+#: the device-only keywords at their defaults (NumPy inputs + ``backend="auto"``: a call that
+#: passes every check fails in ``resolve`` with a message naming ``backend``, never a kernel)
+DEVICE_DEFAULTS = dict(backend="auto", soc="910b")
+
+
+def _strip(base, *names, **extra):
+    return lambda: {**{k: v for k, v in base().items() if k not in names}, **DEVICE_DEFAULTS,
+                    **extra}  # fmt: skip
+
+
+def _torch_out(rows: int):
+    """A BF16 ``[rows, 512]`` torch ``out`` for the DeepSeek wrappers (None without torch:
+    those cells are then skipped with the rest of the device grid)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch.zeros(rows, 512, dtype=torch.bfloat16)
+
+
+DSA_OUT = {"out": A("out", "out", bad_dtype=np.float32, optional=True, contiguous=True)}
+
+
+def device_ops() -> list[Op]:
+    D, w = _dev, WORK["device"]
+    ref_only = ("seeds_compat", "trace", "progress")
+    idx_base = _strip(indexer_base, "seq_len", "head_reduce", validate=True)
+    return [
+        Op("device.moe_grouped_gemm", D("moe_grouped_gemm"), _strip(moe_base, validate=True),
+           {**MOE_ARGS, **DEVICE_COMMON, **VALIDATE}, w, True),
+        Op("device.msa_indexer", D("msa_indexer"),
+           _strip(indexer_base, validate=True, block_max="host"),
+           {**_without(INDEXER_ARGS, "trace"), **DEVICE_COMMON, **VALIDATE,
+            "block_max": A("mode", "block_max")}, w, True),
+        Op("device.msa_indexer_scores", D("msa_indexer_scores"), idx_base,
+           {**{k: INDEXER_ARGS[k] for k in ("idx_q", "idx_k", "nb")}, **DEVICE_COMMON,
+            **VALIDATE}, w, True),
+        Op("device.msa_sparse_decode", D("msa_sparse_decode"),
+           _strip(decode_base, *ref_only, validate=True, gather="device"),
+           {**_without(DECODE_ARGS, *ref_only), **DEVICE_COMMON, **VALIDATE,
+            "gather": A("mode", "gather")}, w, True),
+        Op("device.msa_sparse_decode[seq_len array]", D("msa_sparse_decode"),
+           _strip(decode_array_base, *ref_only, validate=True), DECODE_ARRAY_ARGS, w, True),
+        Op("device.msa_main_branch", D("msa_main_branch"), _strip(main_base, *ref_only),
+           {**_without(MAIN_ARGS, *ref_only), **DEVICE_COMMON}, w, True),
+        Op("device.sparse_attention_antiquant", D("sparse_attention_antiquant"),
+           _strip(dsa_base, *ref_only, validate=True, out=_torch_out(4)),
+           {**DSA_COMMON, **DSA_PACKED, **DEVICE_COMMON, **VALIDATE, **DSA_OUT}, w, True),
+        Op("device.sparse_attention_antiquant_kv_split", D("sparse_attention_antiquant_kv_split"),
+           _strip(dsa_split_base, *ref_only, validate=True, out=_torch_out(4)),
+           {**DSA_COMMON, **DSA_SPLIT, **DEVICE_COMMON, **VALIDATE, **DSA_OUT}, w, True),
+    ]  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- tile configs
+def _tile_ints(*names, **oob):
+    return {n: A("int", n, oob=oob.get(n, 0)) for n in names}
+
+
+def tiling_ops() -> list[Op]:
+    """The tile configs every op takes (``shared/tiling.py``): their constructors and the
+    DeepSeek ``prefill`` / ``decode`` presets."""
+    from tilesim.shared.tiling import MoeTiling, MsaTiling, SaTileShapeConfig
+
+    moe_ints = ("mm1_k", "mm1_n", "mm2_k", "mm2_n", "vec_tile")
+    return [
+        Op("MoeTiling", MoeTiling, lambda: {k: getattr(MoeTiling(), k) for k in moe_ints},
+           _tile_ints(*moe_ints)),
+        Op("MsaTiling", MsaTiling, lambda: dict(ntile=512, max_n=2048, dtype="fp32"),
+           {**_tile_ints("ntile", "max_n"), "dtype": A("mode", "dtype")}),
+        Op("SaTileShapeConfig", SaTileShapeConfig,
+           lambda: dict(g_tile=128, s_kv_tile=512, softmax="online", kv_splits=1),
+           {**_tile_ints("g_tile", "s_kv_tile", "kv_splits"), "softmax": A("mode", "softmax")}),
+        Op("SaTileShapeConfig.preset", SaTileShapeConfig.preset, lambda: dict(name="prefill"),
+           {"name": A("mode", "name", "preset")}),
+    ]  # fmt: skip
+
+
+def all_ops() -> list[Op]:
+    return reference_ops() + builder_ops() + host_ops() + tiling_ops() + device_ops()
+
+
+FP8 = FP8_E4M3
