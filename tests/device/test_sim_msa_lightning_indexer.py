@@ -7,9 +7,13 @@ Budget (docs/device.md, "## MSA kernels"), against ``tilesim.reference.msa_index
    FP32 dot-product error bound for any summation order: the reference rounds the exact sum
    once, PyPTO's interpreter sums in libtorch's FP32 order); the fraction of bit-identical
    scores is reported, not promised;
-2. block ids: identical to the reference's (same ids, same order) on every case;
+2. block ids: identical to the reference's (same ids, same order) on every case, ranked on
+   the device (``rank="device"``, the default: the fused select kernel) and on the host;
 3. ``block_max="device"`` (block max fused into the kernel): per-head block maxima equal to
    those of the unfused kernel's scores bit for bit, ids identical to the reference's;
+3b. the device ranking on crafted block maxima (ties across the selection boundary, all-equal
+   rows, -inf and NaN blocks with ``validate=False``) equals an independent Python sort and
+   the shared rule, and builds one kernel per head mode over nb 17, 18, 40;
 4. the host tail (:func:`tilesim.shared.msa_select.select_blocks`, the one rule the reference
    and the wrapper both apply, re-exported by the device module) reproduces an independent
    Python ``sorted`` selection on given scores -- including ties, +-1e20 and one-BF16-step
@@ -73,10 +77,11 @@ def check_indexer(spec, soc, seed=11) -> dict:
     hm, us_fused = _run_block_max(q, k, args, resolve("sim", soc, q))
     masked = s.clone()
     masked[:, seq_len or nb * 128 :] = -torch.inf
-    ids_f, _ = msa_indexer(q, k, nb, seq_len=seq_len, block_max="device", backend="sim", soc=soc)
-    ph_f, _ = msa_indexer(
-        q, k, nb, seq_len=seq_len, head_reduce="none", block_max="device", backend="sim", soc=soc
-    )
+    # rank="host": the shared rule on a host copy of the fused kernel's block maxima
+    ids_f, _ = msa_indexer(q, k, nb, seq_len=seq_len, rank="host", block_max="device",
+                           backend="sim", soc=soc)  # fmt: skip
+    ph_f, _ = msa_indexer(q, k, nb, seq_len=seq_len, head_reduce="none", rank="host",
+                          block_max="device", backend="sim", soc=soc)  # fmt: skip
     return {
         "us": us,
         "us_fused": us_fused,
@@ -142,6 +147,115 @@ def test_indexer_kernel_matches_reference(name, sim_soc, sim_report):
         assert r["us_ids"] == 0.0  # short context launches nothing
     else:
         assert r["us"] > 0.0 and r["us_ids"] > 0.0
+
+
+# ----------------------------------------------------------------------------- device ranking
+def _keys_from_head_max(hm, e=0):
+    """BF16 ``q [4, 128]``, ``k [nb*128, 128]`` with per-head block maxima ``2**e * hm``
+    (``hm`` ``[4, nb]``, BF16 values), and those maxima as FP32 ``[4, nb]`` from the BF16 data
+    in float64. Head ``h`` reads column ``h`` only (``q`` = ``2**e`` one-hot) and every key of
+    block ``b`` holds ``hm[h, b]`` there, so each score is one product, exact up to FP32
+    overflow (``e = 100`` turns +-3e38 into +-inf), and a block's max is that product."""
+    import numpy as np
+    import torch
+
+    nb = hm.shape[1]
+    q = torch.zeros(4, 128, dtype=torch.bfloat16)
+    q[torch.arange(4), torch.arange(4)] = 2.0**e
+    k = torch.zeros(nb * 128, 128, dtype=torch.bfloat16)
+    k[:, :4] = torch.from_numpy(hm).T.repeat_interleave(128, dim=0).bfloat16()
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = (k[::128, :4].T.double().numpy() * 2.0**e).astype(np.float32)
+    return q, k, want
+
+
+def _sorted_rule(score, nb):
+    """Independent oracle: Python ``sorted`` on (NaN last, score descending, lower id first)
+    over blocks ``0 .. nb-2``, the best 15, then the local block."""
+    import math
+
+    def key(b):
+        v = float(score[b])
+        return (math.isnan(v), 0.0 if math.isnan(v) else -v, b)
+
+    return sorted(range(nb - 1), key=key)[:15] + [nb - 1]
+
+
+def _rank_cases(rng):
+    """name -> (BF16 values [4, nb] for :func:`_keys_from_head_max`, head_reduce, e)."""
+    import numpy as np
+
+    cases = {}
+    hm = np.zeros((4, 40), dtype=np.float32)  # ties across the boundary: 12 at 1.0, 8 at 0.5
+    order = rng.permutation(39)
+    hm[rng.integers(4, size=12), order[:12]] = 1.0
+    hm[rng.integers(4, size=8), order[12:20]] = 0.5
+    hm[:, 39] = 2.0  # the local block: kept, never ranked
+    cases["nb40 boundary ties"] = (hm, "max", 0)
+    hm = rng.choice(np.array([0.5, 0.25, -0.0, 0.0], dtype=np.float32), (4, 18))
+    cases["nb18 per-head ties"] = (hm, "none", 0)
+    cases["nb40 all-zero per head"] = (np.zeros((4, 40), dtype=np.float32), "none", 0)
+    # 17 ranked blocks, 15 picked: +inf first, then the numbers, the -inf blocks, the
+    # lowest NaN block; two NaN blocks left out (NaN: validate=False only)
+    hm = rng.choice(np.array([1.0, 0.5, -1.0], dtype=np.float32), (4, 18))
+    hm[:, [1, 4]] = -3e38  # * 2**100: -inf in every head
+    hm[0, 6] = 3e38  # +inf in one head
+    hm[:, [0, 3, 8]] = np.nan
+    cases["nb18 inf and NaN"] = (hm, "max", 100)
+    cases["nb17 random"] = (rng.standard_normal((4, 17)).astype(np.float32), "none", 0)
+    return cases
+
+
+def check_device_rank(soc) -> dict:
+    import numpy as np
+    from tilesim.device import compile_stats, reset_compile_stats
+    from tilesim.device.msa_lightning_indexer import msa_indexer
+    from tilesim.shared.msa_select import select_from_head_max
+
+    reset_compile_stats()
+    res = {}
+    for name, (vals, hr, e) in _rank_cases(np.random.default_rng(5)).items():
+        q, k, hm = _keys_from_head_max(vals, e)
+        nb = hm.shape[1]
+        ids, us = msa_indexer(q, k, nb, seq_len=nb * 128 - 3, head_reduce=hr, backend="sim",
+                              soc=soc, validate=False)  # fmt: skip
+        rows = [hm.max(axis=0)] if hr == "max" else list(hm)  # np.max: NaN propagates
+        res[name] = {
+            "ids": ids.tolist(),
+            "sorted": [_sorted_rule(r, nb) for r in rows],
+            "shared": select_from_head_max(hm, nb, head_reduce=hr).tolist(),
+            "us": us,
+            "device": str(ids.device),
+        }
+    for nb in (1, 16):  # short contexts: arange, no kernel
+        q, k, _ = _keys_from_head_max(np.zeros((4, nb), dtype=np.float32))
+        ids, us = msa_indexer(q, k, nb, backend="sim", soc=soc)
+        res[f"nb{nb}"] = {"ids": ids.tolist(), "us": us}
+    res["stats"] = compile_stats()
+    return res
+
+
+@pytest.mark.sim
+@pytest.mark.torch
+def test_device_rank_keeps_the_shared_rule(sim_soc):
+    from tilesim.device import sim
+
+    r = sim.isolated(check_device_rank, sim_soc, soc=sim_soc)
+    for name in ("nb40 boundary ties", "nb18 per-head ties", "nb40 all-zero per head",
+                 "nb18 inf and NaN", "nb17 random"):  # fmt: skip
+        c = r[name]
+        assert c["ids"] == c["sorted"], (name, c)
+        assert c["ids"] == c["shared"], (name, c)
+        assert c["us"] > 0.0 and c["device"] == "cpu"
+    assert r["nb40 all-zero per head"]["ids"] == [list(range(15)) + [39]] * 4
+    ties = r["nb40 boundary ties"]["ids"][0]
+    assert len(set(ties[12:15])) == 3 and ties[12:15] == sorted(ties[12:15])  # the 0.5 group
+    nan_ids = r["nb18 inf and NaN"]["ids"][0]
+    assert nan_ids[0] == 6 and nan_ids[-4:] == [1, 4, 0, 17], nan_ids
+    assert r["nb1"] == {"ids": [[0]], "us": 0.0}
+    assert r["nb16"] == {"ids": [list(range(16))], "us": 0.0}
+    # one kernel per head mode over nb 17, 18, 40 (nb is a runtime value)
+    assert r["stats"] == {"msa_indexer_select": 2}, r["stats"]
 
 
 # ----------------------------------------------------------------------------- no simulator
@@ -214,6 +328,8 @@ def test_tail_seq_len_excludes_padding_rows(rng):
         ({"seq_len": 128}, ValueError, "seq_len: expected an int with 128 < seq_len <= 256"),
         ({"head_reduce": "mean"}, ValueError, "head_reduce: expected one of"),
         ({"block_max": "npu"}, ValueError, "block_max: expected one of"),
+        ({"rank": "npu"}, ValueError, "rank: expected one of"),
+        ({"rank": "device", "block_max": "host"}, ValueError, "block_max: 'host' puts"),
         ({"backend": "tpu"}, ValueError, "backend: expected one of"),
         ({"q": torch.zeros(4, 128)}, TypeError, "idx_q: expected dtype bfloat16"),
         ({"q": [[0.0] * 128] * 4}, TypeError, "idx_q: expected a numpy array or a torch tensor"),
@@ -228,9 +344,35 @@ def test_bad_arguments_name_the_argument(kw, exc, match):
     a = {"q": torch.zeros(4, 128, dtype=torch.bfloat16), "nb": 2, "backend": "sim"}
     a.update(kw)
     k = torch.zeros(256, 128, dtype=torch.bfloat16)
-    extra = {x: a[x] for x in ("seq_len", "head_reduce", "block_max") if x in a}
+    extra = {x: a[x] for x in ("seq_len", "head_reduce", "rank", "block_max") if x in a}
     with pytest.raises(exc, match=match):
         msa_indexer(a["q"], k, a["nb"], backend=a["backend"], **extra)
+
+
+@pytest.mark.parametrize(
+    ("rank", "block_max", "nb", "want"),
+    [
+        (None, None, 17, ("device", "device")),
+        (None, "device", 17, ("device", "device")),
+        (None, "host", 17, ("host", "host")),
+        ("host", None, 17, ("host", "host")),
+        ("host", "device", 40, ("host", "device")),
+        ("device", None, 1024, ("device", "device")),
+        (None, None, 1025, ("host", "host")),  # beyond the widest device row
+    ],
+)
+def test_rank_modes(rank, block_max, nb, want):
+    from tilesim.device.msa_lightning_indexer import rank_width, resolve_rank
+
+    assert resolve_rank(rank, block_max, nb) == want
+    assert [rank_width(n) for n in (1, 17, 40, 1024, 1025)] == [1024] * 4 + [None]
+
+
+def test_rank_device_refuses_rows_wider_than_its_buckets():
+    from tilesim.device.msa_lightning_indexer import resolve_rank
+
+    with pytest.raises(ValueError, match="rank: 'device' ranks at most nb=1024"):
+        resolve_rank("device", None, 1025)
 
 
 @pytest.mark.torch
