@@ -4,12 +4,15 @@ Same name and arguments as the reference op (``reference/msa_main.py``; ``block_
 :func:`tilesim.shared.msa_mask.build_msa_block_mask`), the same argument rules
 (:func:`tilesim.shared.msa_mask.check_msa_main_args`) and the same input policy: NumPy arrays or
 torch tensors in, output of the kind of ``query``; the back end comes from
-:mod:`tilesim.device.backend`. Wrapper (on the inputs' device, the masks on the host): the
-kernel mask rows ``< n`` of :func:`tilesim.shared.msa_mask.kernel_mask` padded with -1e9 rows
-to ``n_pad = ceil(n/128)*128``; q, k, v cast to FP16/BF16 (RNE) unless ``dtype="fp32"``, q
-zero-padded to ``n_pad`` rows; the K and V rows of keys no query row sees (padding slots,
-positions past ``n``: :func:`tilesim.shared.msa_mask.read_keys`) set to zero by a select, so
-NaN or garbage there never reaches the output; afterwards the rows that see no key set to +0.
+:mod:`tilesim.device.backend`. Wrapper, all torch ops on the inputs' device (no host copy;
+``validate=True`` adds the mask's finiteness check): the kernel mask rows ``< n`` of
+:func:`tilesim.shared.msa_mask.kernel_mask` padded with -1e9 rows to ``n_pad =
+ceil(n/128)*128`` (its torch twin :func:`~tilesim.shared.msa_mask.kernel_mask_torch`); q, k, v
+cast to FP16/BF16 (RNE) unless ``dtype="fp32"``, q zero-padded to ``n_pad`` rows; the K and V
+rows of keys no query row sees (padding slots, positions past ``n``:
+:func:`~tilesim.shared.msa_mask.read_keys`, here
+:func:`~tilesim.shared.msa_mask.mask_flags_torch`) set to zero by a select, so NaN or garbage
+there never reaches the output; afterwards the rows that see no key set to +0 (a select).
 Kernel loop nest::
 
     for hg in pypto.loop(HQ):                          one query head (h_kv = hg // (HQ/HKV))
@@ -44,10 +47,17 @@ from tilesim.device import backend as _backend
 from tilesim.device._lazy import require_pypto, require_torch
 from tilesim.device._msa_tiles import SEED_RUNTIME, jit_options, merge_chunk, operation_options
 from tilesim.shared.msa_mask import MASK_NEG as _MASK_NEG
-from tilesim.shared.msa_mask import MainBranchArgs, check_msa_main_args, kernel_mask, read_keys
+from tilesim.shared.msa_mask import (
+    MainBranchArgs,
+    check_mask_finite,
+    check_msa_main_args,
+    kernel_mask,
+    kernel_mask_torch,
+    mask_flags_torch,
+)
 from tilesim.shared.soc import DEFAULT_SOC, MSA_DEVICE_TILES, get_soc, msa_device_tile
 from tilesim.shared.tiling import MsaTiling
-from tilesim.shared.validate import check_choice, is_array
+from tilesim.shared.validate import check_bool, check_choice
 
 MASK_NEG = float(_MASK_NEG)  # -1e9, exact in FP32 (a Python float for the kernel body)
 
@@ -146,36 +156,39 @@ class _Call(NamedTuple):
     shape_only: bool  #: FakeTensor / ``meta`` inputs: metadata only, no data read
 
 
-def _check(query, key_blocks, value_blocks, block_mask, dtype, max_n, tiling, backend):
+def _check(query, key_blocks, value_blocks, block_mask, dtype, max_n, tiling, backend, validate):
     """Every argument check (the reference's rules, :func:`check_msa_main_args`, plus the
-    kernel's head dim and the back end's name), before any work. On shape-only inputs the
-    finiteness check of ``block_mask`` runs on a zero stand-in (no data read)."""
+    kernel's head dim and the back end's name), before any work. The one value check, the
+    finiteness of ``block_mask`` (:func:`check_mask_finite`), runs only with ``validate``
+    and on inputs holding data; otherwise no data is read."""
     check_choice(backend, "backend", _backend.BACKENDS)
+    check_bool(validate, "validate")
     shape_only = _backend.is_shape_only(query, key_blocks, value_blocks, block_mask)
-    mask = _backend.standin(block_mask) if shape_only and is_array(block_mask) else block_mask
-    a = check_msa_main_args(
-        query, key_blocks, value_blocks, mask, dtype=dtype, max_n=max_n, tiling=tiling
-    )
+    a = check_msa_main_args(query, key_blocks, value_blocks, block_mask, dtype=dtype,
+                            max_n=max_n, tiling=tiling, read_values=False)  # fmt: skip
+    if validate and not shape_only:
+        check_mask_finite(block_mask)
     if a.dh != 128:
         raise ValueError(f"query: expected head dim 128 (the kernel's tiles), got {a.dh}")
     return _Call(a, shape_only)
 
 
-def _operands(a: MainBranchArgs, query, key_blocks, value_blocks):
-    """The kernel's tensors on the inputs' device: q ``[n, HQ*dh]``, k, v ``[kv_len,
-    HKV*dh]`` cast to ``a.dtype`` (FP32 first: exact widening, then one RNE rounding) with the
-    rows of keys no query row sees zeroed (:func:`read_keys`: a select, so NaN or garbage in a
-    padding slot or past ``n`` never reaches the kernel), and the FP32 kernel mask; and the host
-    indices of the query rows that see no key."""
+def _operands(a: MainBranchArgs, query, key_blocks, value_blocks, block_mask):
+    """The kernel's tensors, built by torch ops on the inputs' device (no host copy): q
+    ``[n_pad, HQ*dh]`` (zero rows past ``n``), k, v ``[kv_len, HKV*dh]`` cast to ``a.dtype``
+    (FP32 first: exact widening, then one RNE rounding) with the rows of keys no query row
+    sees zeroed (``read``: a select, so NaN or garbage in a padding slot or past ``n`` never
+    reaches the kernel), and the FP32 kernel mask ``[n_pad, kv_len]``
+    (:func:`kernel_mask_torch`: the rows ``< n`` of :func:`kernel_mask`, then -1e9); and the
+    bool ``[n]`` flags of the query rows that see some key (:func:`mask_flags_torch`)."""
     torch = require_torch()
-    q, k, v = _backend.to_tensors(query, key_blocks, value_blocks)
+    q, k, v, bm = _backend.to_tensors(query, key_blocks, value_blocks, block_mask)
+    bm = bm.detach().to(q.device)
     tdt = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[a.dtype]
     n_pad = -(-a.n // ROW_TILE) * ROW_TILE
-    rows = np.full((n_pad, a.kv_len), _MASK_NEG, dtype=np.float32)  # padding rows: -1e9
-    rows[: a.n] = kernel_mask(a.block_mask, a.max_n)[: a.n]
-    visible = rows[: a.n] > _MASK_NEG
-    read, mask = _backend.to_tensors(read_keys(rows[: a.n]), rows)
-    read = read.to(q.device).reshape(-1, 1, 1)
+    mask = kernel_mask_torch(bm, n_pad, n=a.n)
+    read, seen = mask_flags_torch(bm, a.n)
+    read = read.reshape(-1, 1, 1)
 
     def cast(t, rows):
         t = t.detach().to(torch.float32).to(tdt)
@@ -185,7 +198,7 @@ def _operands(a: MainBranchArgs, query, key_blocks, value_blocks):
     q2[: a.n] = cast(q, False).reshape(a.n, a.hq * a.dh)
     k2 = cast(k, True).contiguous().reshape(a.kv_len, a.hkv * a.dh)
     v2 = cast(v, True).contiguous().reshape(a.kv_len, a.hkv * a.dh)
-    return (q2, k2, v2, mask.to(q.device)), np.flatnonzero(~visible.any(axis=1))
+    return (q2, k2, v2, mask), seen
 
 
 def kernel_for(a: MainBranchArgs, soc: str, jit=None):
@@ -208,6 +221,7 @@ def msa_main_branch(
     tiling: MsaTiling | None = None,
     backend: str = "auto",
     soc: str = DEFAULT_SOC,
+    validate: bool = True,
 ):
     """MSA prefill attention with a precomputed block mask (PyPTO kernel).
 
@@ -224,6 +238,11 @@ def msa_main_branch(
             ``n``); ``n`` itself is a runtime value (one compile for every ``n <= max_n``).
         tiling: :class:`MsaTiling`; ``None`` = ``MsaTiling.from_env()``.
         backend, soc: :func:`tilesim.device.backend.resolve`.
+        validate: ``True`` (default) checks that ``block_mask`` is finite (on an NPU a device
+            reduction and one flag read back; the mask is copied to the host only to name a
+            bad entry); ``False`` checks metadata only and reads no data on the host: a NaN /
+            inf mask entry is then undefined behaviour. The kernel mask, the read keys and
+            the empty-row flags are torch ops on the inputs' device either way.
 
     Returns:
         FP32 ``[n, HQ, 128]``, of the kind of ``query`` (NumPy or torch); ``backend="sim"``
@@ -232,18 +251,18 @@ def msa_main_branch(
         against the reference: ``docs/device.md`` (## MSA kernels).
     """
     a, shape_only = _check(query, key_blocks, value_blocks, block_mask, dtype, max_n, tiling,
-                           backend)  # fmt: skip
+                           backend, validate)  # fmt: skip
     if shape_only:
         return query.new_empty((a.n, a.hq, a.dh), dtype=require_torch().float32)
     target = _backend.resolve(backend, soc, query)
     torch = require_torch()
-    operands, empty = _operands(a, query, key_blocks, value_blocks)
+    operands, seen = _operands(a, query, key_blocks, value_blocks, block_mask)
     out = torch.zeros(operands[0].shape[0], a.hq * a.dh, dtype=torch.float32,
                       device=operands[0].device)  # fmt: skip
     us = _backend.launch(kernel_for(a, target.soc), list(operands), [out], target)
-    if empty.size:  # rows that see no selected key: +0 (the kernel's arithmetic: mean of V)
-        out[torch.from_numpy(empty).to(out.device)] = 0.0
-    return _backend.finish(out[: a.n].reshape(a.n, a.hq, a.dh), us, target)
+    out = out[: a.n]
+    out.masked_fill_(~seen[:, None], 0.0)  # rows that see no key: +0 (kernel: mean of V)
+    return _backend.finish(out.reshape(a.n, a.hq, a.dh), us, target)
 
 
 def npu_launch_args(n: int, max_n: int, soc: str, *, jit=None):
@@ -255,7 +274,7 @@ def npu_launch_args(n: int, max_n: int, soc: str, *, jit=None):
     q = torch.zeros(n, 64, 128)
     kb = torch.zeros(16 * 128, 4, 128)
     a = check_msa_main_args(q, kb, kb, mask, dtype="fp32", max_n=max_n)
-    operands = _operands(a, q, kb, kb)[0]
+    operands = _operands(a, q, kb, kb, mask)[0]
     out = torch.zeros(operands[0].shape[0], 64 * 128)
     return kernel_for(a, soc, jit), [*operands, out]
 

@@ -1,14 +1,23 @@
-"""Host rules of the MiniMax-M3 MSA main branch (NumPy on host data), used by the reference
-(:mod:`tilesim.reference.msa_main`) and the device wrapper (:mod:`tilesim.device.msa_main`).
+"""Rules of the MiniMax-M3 MSA main branch, used by the reference
+(:mod:`tilesim.reference.msa_main`, NumPy on host data) and the device wrapper
+(:mod:`tilesim.device.msa_main`, the torch twins on the inputs' device).
 
 * :func:`build_msa_block_mask` — the host's FP32 additive block mask
   ``[ceil(n/bk), topk, bk, bk]`` built from the selected block ids.
-* :func:`kernel_mask` — the wrapper's ``[max_n, topk*bk]`` FP32 kernel mask made from it.
+* :func:`kernel_mask` — the wrapper's ``[max_n, topk*bk]`` FP32 kernel mask made from it;
+  :func:`kernel_mask_torch` is its torch twin (same entries, on the mask's device, optionally
+  -1e9 from row ``n`` on).
 * :func:`read_keys` — the keys some query row sees; the K and V rows of the others (padding
   slots, token positions past ``n``) are zeroed before the kernel, whatever they held (NaN).
+  :func:`mask_flags_torch` gives it, and the rows that see some key, from the block mask on
+  its device (no ``[n, topk*bk]`` array is built).
 * :func:`check_msa_main_args` — the argument rules the reference and the wrapper share
   (dtypes, the shape relations between query, key/value blocks and block mask, ``dtype``,
-  ``max_n``, ``tiling``), returning a :class:`MainBranchArgs`.
+  ``max_n``, ``tiling``), returning a :class:`MainBranchArgs`; :func:`check_mask_finite` is
+  its value check alone (on an accelerator: a device reduction, one flag read back).
+
+The torch twins are tested bit-identical to the NumPy rules
+(``tests/shared/test_msa_mask_device.py``). torch is imported only when a twin is called.
 
 The rules are described in ``docs/ops/msa.md`` ("Main branch / prefill").
 """
@@ -20,6 +29,7 @@ from typing import NamedTuple
 
 import numpy as np
 from tilesim.shared.casts import BF16, FP32
+from tilesim.shared.interop import is_torch_tensor, to_torch
 from tilesim.shared.models import MINIMAX_M3
 from tilesim.shared.tiling import MSA_DTYPES, MsaTiling
 from tilesim.shared.validate import (
@@ -112,6 +122,63 @@ def read_keys(mask_rows: np.ndarray) -> np.ndarray:
     return (np.asarray(mask_rows) > MASK_NEG).any(axis=0)
 
 
+def _as_tensor(block_mask):
+    """``block_mask`` as a torch tensor (a NumPy array is wrapped without a copy)."""
+    return block_mask.detach() if is_torch_tensor(block_mask) else to_torch(block_mask)
+
+
+def kernel_mask_torch(block_mask, rows: int, *, n: int | None = None):
+    """The torch twin of :func:`kernel_mask`: a new FP32 tensor ``[rows, topk*bk]`` on
+    ``block_mask``'s device, built by torch ops there (no host copy, one pass over the mask).
+
+    Entry ``[qb*bk + r, i*bk + c]`` is ``block_mask[qb, i, r, c]`` for the rows below
+    ``min(n, nbq*bk, rows)``, -1e9 for every other row. With ``n=None`` and ``rows >=
+    nbq*bk`` it equals ``kernel_mask(block_mask, rows)`` bit for bit; with ``n`` it is the
+    device wrapper's mask (``kernel_mask`` rows ``< n``, padded with -1e9 rows to ``rows``).
+    """
+    import torch
+
+    bm = _as_tensor(block_mask)
+    nbq, topk, bk, _ = bm.shape
+    keep = min(nbq * bk, rows, nbq * bk if n is None else max(int(n), 0))
+    whole, part = divmod(keep, bk)
+    out = torch.empty((rows, topk * bk), dtype=torch.float32, device=bm.device)
+    out[: whole * bk].view(whole, bk, topk, bk).copy_(bm[:whole].permute(0, 2, 1, 3))
+    if part:
+        out[whole * bk : keep].view(part, topk, bk).copy_(bm[whole, :, :part].permute(1, 0, 2))
+    out[keep:] = float(MASK_NEG)
+    return out
+
+
+def mask_flags_torch(block_mask, n: int):
+    """``(read, seen)`` of the kernel mask rows ``< n``, from ``block_mask [nbq, topk, bk,
+    bk]`` on its device by torch ops (no host copy, no ``[n, topk*bk]`` array): ``read``
+    bool ``[topk*bk]`` = :func:`read_keys` of those rows (a key some row sees), ``seen`` bool
+    ``[n]`` = the rows that see some key (an entry > -1e9 in their row)."""
+    bm = _as_tensor(block_mask)
+    nbq, topk, bk, _ = bm.shape
+    vis = bm > float(MASK_NEG)  # [nbq, topk, bk, bk]
+    whole, part = divmod(min(int(n), nbq * bk), bk)
+    read = vis[:whole].any(dim=2).any(dim=0)  # [topk, bk]: over the whole query blocks
+    if part:  # the rows < n of the last one
+        read = read | vis[whole, :, :part].any(dim=1)
+    seen = vis.any(dim=3).any(dim=1).reshape(nbq * bk)[:n]
+    return read.reshape(topk * bk), seen
+
+
+def check_mask_finite(block_mask) -> None:
+    """The value check of :func:`check_msa_main_args` alone: ``ValueError`` naming the first
+    NaN / inf entry of ``block_mask``. A tensor off the CPU is reduced on its device first
+    (``torch.isfinite(...).all()``: one flag read back); only a failing one is copied to the
+    host, for the message. Host arrays and CPU tensors are checked in place (no copy)."""
+    if is_torch_tensor(block_mask) and block_mask.device.type != "cpu":
+        import torch
+
+        if bool(torch.isfinite(block_mask.detach()).all()):
+            return
+    check_finite(host_array(block_mask, "block_mask"), "block_mask")
+
+
 class MainBranchArgs(NamedTuple):
     """The checked arguments of a main-branch call (shapes from the inputs' metadata)."""
 
@@ -126,7 +193,9 @@ class MainBranchArgs(NamedTuple):
     dtype: str  #: ``"fp32"`` / ``"fp16"`` / ``"bf16"``
     max_n: int  #: rows of the kernel mask
     tiling: MsaTiling
-    block_mask: np.ndarray  #: the FP32 block mask as a host NumPy array (finite)
+    #: the FP32 block mask as a host NumPy array (finite); ``None`` when the values were not
+    #: read (``check_msa_main_args(..., read_values=False)``)
+    block_mask: np.ndarray | None
 
 
 def _check_shapes(query, key_blocks, value_blocks, block_mask) -> tuple[int, ...]:
@@ -156,13 +225,23 @@ def _check_shapes(query, key_blocks, value_blocks, block_mask) -> tuple[int, ...
 
 
 def check_msa_main_args(
-    query, key_blocks, value_blocks, block_mask, *, dtype=None, max_n=None, tiling=None
+    query,
+    key_blocks,
+    value_blocks,
+    block_mask,
+    *,
+    dtype=None,
+    max_n=None,
+    tiling=None,
+    read_values: bool = True,
 ) -> MainBranchArgs:
     """The argument rules of the main branch shared by the reference and the wrapper.
 
     ``tiling=None`` is ``MsaTiling.from_env()`` (read now); ``dtype=None`` / ``max_n=None``
     take ``tiling.dtype`` / ``tiling.max_n``. ``max_n`` must be a multiple of bk and
     ``>= ceil(n/bk)*bk``; the block mask must be finite (masked keys carry -1e9, not -inf).
+    ``read_values=False``: metadata only -- the block mask's data is not read (no finiteness
+    check, ``block_mask`` field ``None``; :func:`check_mask_finite` is that check alone).
     Raises ``TypeError`` / ``ValueError`` naming the argument.
     """
     tiling = MsaTiling.from_env() if tiling is None else tiling
@@ -179,8 +258,10 @@ def check_msa_main_args(
         raise ValueError(
             f"max_n: expected a multiple of bk={bk} and >= ceil(n/bk)*bk = {nbq * bk}, got {max_n}"
         )
-    bm = host_array(block_mask, "block_mask")
-    check_finite(bm, "block_mask")
+    bm = None
+    if read_values:
+        bm = host_array(block_mask, "block_mask")
+        check_finite(bm, "block_mask")
     return MainBranchArgs(n, hq, hkv, dh, nbq, topk, bk, kv_len, dtype, max_n, tiling, bm)
 
 
@@ -189,7 +270,10 @@ __all__ = [
     "MASK_NEG",
     "MainBranchArgs",
     "build_msa_block_mask",
+    "check_mask_finite",
     "check_msa_main_args",
     "kernel_mask",
+    "kernel_mask_torch",
+    "mask_flags_torch",
     "read_keys",
 ]

@@ -83,6 +83,13 @@ def check_main_branch(dtype, soc, seed=5) -> dict:
             )
             res[name]["numpy_io"] = isinstance(np_out, np.ndarray) and np_us > 0.0
             res[name]["numpy_same"] = np_out.tobytes() == out.numpy().tobytes()
+            # validate=False: no host read, the same operands (torch ops), the same bits
+            nv_out, _ = msa_main_branch(
+                q, kb, vb, mask, dtype=dtype, backend="sim", soc=soc, validate=False
+            )
+            res[name]["no_validate_same"] = torch.equal(
+                nv_out.view(torch.int32), out.view(torch.int32)
+            )
     return res
 
 
@@ -113,7 +120,7 @@ def test_main_branch_kernel_matches_reference(dtype, sim_soc, sim_report):
     assert res["unaligned n200 ids[1]"]["empty_rows"] == 128
     if dtype == "fp32":
         r = res["unaligned n200 ids[1]"]
-        assert r["numpy_io"] and r["numpy_same"], r
+        assert r["numpy_io"] and r["numpy_same"] and r["no_validate_same"], r
 
 
 def check_seed_case_m3(soc) -> dict:
@@ -222,6 +229,7 @@ def _args(n=3):
         ({}, {"max_n": 100}, ValueError, "max_n: expected a multiple of bk=128"),
         ({}, {"backend": "cuda"}, ValueError, "backend: expected one of"),
         ({}, {"backend": "auto"}, ValueError, "backend='sim'"),
+        ({}, {"validate": 1}, TypeError, "validate: expected a bool"),
     ],
 )
 def test_bad_arguments_name_the_argument(change, kw, exc, match):
