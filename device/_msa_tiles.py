@@ -66,4 +66,27 @@ def merge_chunk(pypto, m, l, o, m_c, l_c, o_c, *, first: bool) -> None:
     m[:] = m_new
 
 
-__all__ = ["SEED_RUNTIME", "jit_options", "l0_tile", "merge_chunk", "operation_options", "without"]
+def merge_state(pypto, state: tuple, part: tuple) -> tuple:
+    """The online merge of :func:`merge_chunk` in functional form: ``state = (m, l, o)`` and
+    ``part = (m_c, l_c, o_c)`` (FP32 tensors) -> the merged ``(m', l', o')`` as new tensors,
+    same operations in the same order (``m' = max(m, m_c)``, ``a = exp(m - m')``,
+    ``b = exp(m_c - m')``, ``l' = a*l + b*l_c``, ``o' = o*a + o_c*b``). No accumulator
+    workspace and no copies into one: the first chunk's tensors are the state as they are.
+    Used by the decode for its chunks and for the split combine."""
+    m, l, o = state
+    m_c, l_c, o_c = part
+    m_new = pypto.maximum(m, m_c)
+    a = pypto.exp(m - m_new)
+    b = pypto.exp(m_c - m_new)
+    return m_new, a * l + b * l_c, o * a + o_c * b
+
+
+__all__ = [
+    "SEED_RUNTIME",
+    "jit_options",
+    "l0_tile",
+    "merge_chunk",
+    "merge_state",
+    "operation_options",
+    "without",
+]

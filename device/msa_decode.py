@@ -7,11 +7,13 @@ the functions the reference uses (``validate=False``: metadata only, no host cop
 keep-mask (the same rule, tested equal) and the page table are built on the inputs' device.
 
 Kernel loop nest (one compile per model configuration and tiling: batch and ``nb`` are
-runtime values), a ``pypto.loop`` over the dynamic ``B*HKV`` rows of the page table, per batch
-row ``b`` and KV head ``h`` (``outer = b*HKV + h``), the ``G = HQ/HKV`` (16) query heads of the
-group on the cube M axis::
+runtime values): a ``pypto.loop_unroll`` over the batch rows (bodies of :data:`BATCH_UNROLL`
+rows, run side by side in a body), per batch row ``b`` and KV head ``h`` (``outer = b*HKV +
+h``, static inside a body), the ``G = HQ/HKV`` (16) query heads of the group on the cube M
+axis::
 
-    for c in NTILE-wide chunks of the topk*128 selected keys (the last one may be partial):
+    for each split range of chunks (MsaTiling.kv_splits; one range = the plain loop):
+      for c in the range's NTILE-wide chunks of the topk*128 keys (the last may be partial):
         K_c, V_c = the chunk's keys/values            gather="device": gather_in_ub + block
                                                       table; gather="host": compact copy
         S   = fp32(Q[G,128] @ K_c^T)                  cube, FP32 out
@@ -19,19 +21,23 @@ group on the cube M axis::
         S   = where(keep, S, -3e38)                   FP32 select, keep = bool keep-mask
                                                       (built on the device: device_keep_mask)
         m_c = rowmax(S); P = exp(S - m_c); l_c = rowsum(P)     FP32, P unrounded
-        V_c = where(keep, V_c, 0)                     BF16 select: dropped keys' V rows zeroed
+        V_c = where(keep, V_c, 0)                     "paged"/"host": dropped keys' V rows
+                                                      zeroed ("device": never read, below)
         O_c = fp32(bf16(P) @ V_c)                     cube, FP32 accumulation
-        chunk 0 stores (m_c, l_c, O_c); later chunks merge online (FP32)
+        the range's first chunk is its state (m, l, O); later chunks merge online (FP32)
+    fold ranges 1, 2, .. into range 0's state, in order (the same online merge)
     out = bf16(O / l)                                 +0 where the batch row keeps no key
-                                                      (all its V rows are zeroed)
 
-The rounding points are the reference's one for one, and so is the NaN-robust masking: a
-dropped key's score is SET to -3e38 and its V row SET to zero (selects, not the seeds'
-``S*m + (1-m)*(-3e38)``, where ``0*NaN = NaN``), so whatever a dropped slot holds -- the tail
-of the current block past ``seq_len``, a selected future block, garbage or NaN in unwritten
-cache rows -- never reaches the output (blocks that are not selected are never read). The V
-rows zeroed are those :func:`tilesim.shared.msa_select.decode_read_mask` says P.V does not
-read (``seeds_compat=False``: exactly the dropped keys). On finite inputs the selects give the
+The rounding points are the reference's one for one (split-KV included:
+:mod:`tilesim.shared.msa_split`), and so is the NaN-robust masking: a dropped key's score is
+SET to -3e38 (a select, not the seeds' ``S*m + (1-m)*(-3e38)``, where ``0*NaN = NaN``), and
+its V row is either SET to zero (``"paged"``, ``"host"``: the rows
+:func:`tilesim.shared.msa_select.decode_read_mask` says P.V does not read) or never read
+(``"device"``: the gather position of a dropped key is the row's first kept key,
+:func:`_redirected`; its P is exactly 0, and a row that keeps no key is set to +0 by a final
+per-row select). So whatever a dropped slot holds -- the tail of the current block past
+``seq_len``, a selected future block, garbage or NaN in unwritten cache rows -- never reaches
+the output (blocks that are not selected are never read). On finite inputs both forms give the
 bits of the multiply form (``tests/device/test_sim_nan_poison.py``).
 
 Three ways to bring the selected blocks in:
@@ -57,7 +63,8 @@ one int per batch row; a batch row whose every key is masked returns zeros (the 
 returns the mean of the gathered V there).
 
 Tiling: ``MsaTiling.from_env()`` (``MSA_NTILE``, default 512, same on both SoCs because it
-changes the numbers) and the per-SoC gather tile :data:`GATHER_ROWS` (``MSA_GATHER_ROWS``).
+changes the numbers; ``kv_splits`` from :func:`tilesim.shared.msa_split.split_tiling` when
+``tiling=None``) and the per-SoC gather tile :data:`GATHER_ROWS` (``MSA_GATHER_ROWS``).
 Importing this module needs neither torch nor pypto.
 """
 
@@ -71,12 +78,13 @@ from tilesim.device._msa_tiles import (
     SEED_RUNTIME,
     jit_options,
     l0_tile,
-    merge_chunk,
+    merge_state,
     operation_options,
     without,
 )
 from tilesim.shared.models import MINIMAX_M3
 from tilesim.shared.msa_select import check_decode_inputs, decode_keep_mask
+from tilesim.shared.msa_split import split_ranges, split_tiling
 from tilesim.shared.soc import DEFAULT_SOC, MSA_DEVICE_TILES, msa_device_tile
 from tilesim.shared.tiling import MsaTiling
 from tilesim.shared.validate import check_bool, check_choice, check_instance, is_array, shape_of
@@ -122,8 +130,9 @@ def _chunk_softmax(pypto, qg, kc, vc, keep, keep_rows, w: int, p: "_Static"):
     e = pypto.exp(s - m_c)
     l_c = pypto.sum(e, dim=-1, keepdim=True)
     p16 = pypto.cast(e, pypto.DT_BF16)
-    pypto.set_vec_tile_shapes(p.vrows, p.dim)  # [vrows, D] BF16 tiles: fit the UB
-    vc = pypto.where(keep_rows, vc, 0.0)  # dropped keys' V rows are exactly zero (BF16)
+    if p.gather != "device":  # "device" never reads a dropped key's row (see _redirected)
+        pypto.set_vec_tile_shapes(p.vrows, p.dim)  # [vrows, D] BF16 tiles: fit the UB
+        vc = pypto.where(keep_rows, vc, 0.0)  # dropped keys' V rows are exactly zero (BF16)
     pypto.set_cube_tile_shapes([g, g], [l0_tile(w, 128), w], [128, 128])
     o_c = pypto.matmul(p16, vc, pypto.DT_FP32)
     return m_c, l_c, o_c
@@ -157,17 +166,27 @@ class _Static:
     dim: int
     topk: int
     bounds: tuple  #: ``((c0, w), ...)`` key chunks of the topk*128 selected keys
+    ranges: tuple  #: ``((first, stop), ...)`` chunk ranges of the kv splits
+    unroll: tuple  #: batch rows per body of the batch loop (``pypto.loop_unroll`` factors)
     gather: str
     rows: int  #: gather tile rows
     vrows: int  #: V-select tile rows (the SoC's default gather tile at most: UB-safe)
     scale: float
 
 
-def _chunk_kv(pypto, k, v, block_table, positions, outer, c0: int, w: int, p: _Static):
-    """The chunk's K / V ``[w, D]`` BF16 tiles of pair ``outer`` by the ``gather`` variant."""
+def _chunk_kv(pypto, k, v, block_table, positions, outer, c0: int, w: int, p: _Static,
+              spread: bool):  # fmt: skip
+    """The chunk's K / V ``[w, D]`` BF16 tiles of pair ``outer`` by the ``gather`` variant.
+    ``spread`` (bodies of several batch rows): the chunk's page-table row goes through a
+    producer task first (an exact INT32 ``+ 0``), so its gathers are that task's successors
+    rather than sources of the root function, whose successor edges one AICPU thread resolves
+    one by one (docs/device.md, block-sparse decode)."""
     if p.gather == "device":
         table = pypto.view(block_table, [1, p.topk], [outer, 0])
-        pos = pypto.view(positions, [1, w], [0, c0])
+        if spread:
+            pypto.set_vec_tile_shapes(1, p.topk)
+            table = table + 0
+        pos = pypto.view(positions, [1, w], [outer // p.hkv, c0])
         return (_gather_chunk(pypto, k, pos, table, p.rows),
                 _gather_chunk(pypto, v, pos, table, p.rows))  # fmt: skip
     if p.gather == "paged":
@@ -183,47 +202,71 @@ def _chunk_kv(pypto, k, v, block_table, positions, outer, c0: int, w: int, p: _S
     return pypto.view(k, [w, p.dim], [row, 0]), pypto.view(v, [w, p.dim], [row, 0])
 
 
-def _decode_pair(pypto, q, k, v, block_table, positions, keep, keep_rows, out, b, outer,
-                 p: _Static):  # fmt: skip
+def _decode_pair(pypto, q, k, v, block_table, positions, keep, keep_rows, seen, out, b, outer,
+                 p: _Static, spread: bool):  # fmt: skip
     """Inside a kernel body: one (batch row ``b``, KV head) pair ``outer = b*HKV + h``, its G
     query heads over the selected keys, chunk by chunk (online softmax), into ``out``."""
     q0 = outer * p.g
     pypto.set_vec_tile_shapes(p.g, p.dim)
     qg = pypto.view(q, [p.g, p.dim], [q0, 0])
-    m = pypto.tensor([p.g, 1], pypto.DT_FP32, "m")
-    l = pypto.tensor([p.g, 1], pypto.DT_FP32, "l")
-    o = pypto.tensor([p.g, p.dim], pypto.DT_FP32, "o")
-    for c, (c0, w) in enumerate(p.bounds):  # static chunk loop
-        kc, vc = _chunk_kv(pypto, k, v, block_table, positions, outer, c0, w, p)
-        kp = pypto.view(keep, [1, w], [b, c0])
-        kr = pypto.view(keep_rows, [w, 1], [b * p.topk * BY + c0, 0])
-        m_c, l_c, o_c = _chunk_softmax(pypto, qg, kc, vc, kp, kr, w, p)
-        pypto.set_vec_tile_shapes(p.g, p.dim)
-        merge_chunk(pypto, m, l, o, m_c, l_c, o_c, first=c == 0)
-    # a row with no kept key: every V row it reads is zeroed, so O = +0 and O / l = +0 (a
-    # NaN read from a kept slot is NOT hidden by a final select: it shows, as in the reference)
-    pypto.assemble(pypto.cast(o / l, pypto.DT_BF16), [q0, 0], out)
+    states = []
+    for first, stop in p.ranges:  # kv splits: independent online softmaxes
+        state = None  # the split's own (m, l, o): new tensors per merge, no shared scratch
+        for c in range(first, stop):  # static chunk loop
+            c0, w = p.bounds[c]
+            kc, vc = _chunk_kv(pypto, k, v, block_table, positions, outer, c0, w, p, spread)
+            kp = pypto.view(keep, [1, w], [b, c0])
+            kr = pypto.view(keep_rows, [w, 1], [b * p.topk * BY + c0, 0])
+            part = _chunk_softmax(pypto, qg, kc, vc, kp, kr, w, p)
+            pypto.set_vec_tile_shapes(p.g, p.dim)
+            state = part if state is None else merge_state(pypto, state, part)
+        states.append(state)
+    m, l, o = states[0]
+    for part in states[1:]:  # the combine: fixed split order, into split 0's state
+        m, l, o = merge_state(pypto, (m, l, o), part)
+    res = o / l
+    if p.gather == "device":  # a row with no kept key read stand-in rows: its output is +0
+        res = pypto.where(pypto.view(seen, [p.g, 1], [q0, 0]), res, 0.0)
+    # otherwise every V row such a row reads is zeroed, so O = +0 and O / l = +0. A NaN read
+    # from a kept slot is not hidden (the select is per batch row): it shows, as in the reference
+    pypto.assemble(pypto.cast(res, pypto.DT_BF16), [q0, 0], out)
 
 
-def _decode_nest(pypto, q, k, v, block_table, positions, keep, keep_rows, out, p: _Static):
-    """The loop nest: a ``pypto.loop`` over the batch rows (``keep``'s dynamic first axis),
-    the row's KV heads static inside it (independent bodies)."""
-    for b in pypto.loop(0, keep.shape[0], 1, name="LOOP_B", idx_name="b"):
-        for h in range(p.hkv):
-            _decode_pair(pypto, q, k, v, block_table, positions, keep, keep_rows, out, b,
-                         b * p.hkv + h, p)  # fmt: skip
+def _decode_nest(pypto, q, k, v, block_table, positions, keep, keep_rows, seen, out,
+                 p: _Static):  # fmt: skip
+    """The loop nest: a ``pypto.loop_unroll`` over the batch rows (``keep``'s dynamic first
+    axis), ``ub`` rows per body (static ``p.unroll`` factors, largest first), the rows' KV
+    heads static inside it: ``ub * HKV`` independent (batch row, KV head) bodies per iteration.
+    The model runs the iterations of one loop one after another, the bodies of one side by
+    side."""
+    loop = pypto.loop_unroll(0, keep.shape[0], 1, name="LOOP_B", idx_name="b0",
+                             unroll_list=list(p.unroll))  # fmt: skip
+    for b0, ub in loop:
+        for u in range(ub):
+            for h in range(p.hkv):
+                b = b0 + u
+                _decode_pair(pypto, q, k, v, block_table, positions, keep, keep_rows, seen, out,
+                             b, b * p.hkv + h, p, ub > 1)  # fmt: skip
+
+
+#: batch rows per body of the batch loop (``pypto.loop_unroll`` factors)
+BATCH_UNROLL = (4, 2, 1)
 
 
 @_backend.compile_once("msa_sparse_decode")
-def build_kernel(hq, hkv, topk, dim, ntile, gather, rows, vrows=128, jit=JIT):
+def build_kernel(hq, hkv, topk, dim, ntile, gather, rows, vrows=128, jit=JIT, kv_splits=1,
+                 unroll=BATCH_UNROLL):  # fmt: skip
     """The ``@pypto.frontend.jit`` kernel for one model configuration and tiling, built once
     (:func:`tilesim.device.backend.compiled`). Batch and ``nb`` are runtime values: a
-    ``pypto.loop`` over the batch rows (``keep``'s dynamic first axis), the KV heads static
-    inside it, and the cache addressed through the global page ids of ``block_table``."""
+    ``pypto.loop_unroll`` over the batch rows (``keep``'s dynamic first axis, ``unroll`` rows
+    per body), the KV heads static inside it, the chunks in ``kv_splits`` ranges, and the
+    cache addressed through the global page ids of ``block_table``."""
     pypto = require_pypto()
     sel = topk * BY
     bounds = tuple((c0, min(ntile, sel - c0)) for c0 in range(0, sel, ntile))  # tail kept
-    p = _Static(hkv, hq // hkv, dim, topk, bounds, gather, rows, vrows, dim**-0.5)
+    ranges = tuple(split_ranges(len(bounds), kv_splits))
+    p = _Static(hkv, hq // hkv, dim, topk, bounds, ranges, tuple(unroll), gather, rows, vrows,
+                dim**-0.5)  # fmt: skip
     combine = bool(operation_options(jit).get("combine_axis", False))
 
     @pypto.frontend.jit(**jit_options(jit))
@@ -232,13 +275,14 @@ def build_kernel(hq, hkv, topk, dim, ntile, gather, rows, vrows=128, jit=JIT):
         k: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_BF16),  # pages as rows
         v: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_BF16),
         block_table: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_INT32),  # [B*HKV, topk]
-        positions: pypto.Tensor([pypto.STATIC, pypto.STATIC], pypto.DT_INT32),  # [1, sel]
+        positions: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_INT32),  # [B, sel]
         keep: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_BOOL),  # [B, sel]
         keep_rows: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_BOOL),  # [B*sel, 1]
+        seen: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_BOOL),  # [B*HQ, 1]
         out: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_BF16),  # [B*HQ, D]
     ):
         pypto.experimental.set_operation_options(combine_axis=combine)
-        _decode_nest(pypto, q, k, v, block_table, positions, keep, keep_rows, out, p)
+        _decode_nest(pypto, q, k, v, block_table, positions, keep, keep_rows, seen, out, p)
 
     return msa_sparse_decode_kernel
 
@@ -305,29 +349,46 @@ class CallShape(NamedTuple):
     topk: int
 
 
-def decode_launch(q, k_blocks, v_blocks, ids, seq, sh: CallShape, ntile: int, gather: str,
-                  soc: str):  # fmt: skip
+def decode_launch(q, k_blocks, v_blocks, ids, seq, sh: CallShape, tiling: MsaTiling | int,
+                  gather: str, soc: str):  # fmt: skip
     """``(kernel, inputs, outputs)`` of one call, built on the inputs' device (no host copy):
     the page table (:func:`page_table`), the positions ``0 .. topk*128-1``, the keep-mask
     (:func:`device_keep_mask`) as bool ``[B, topk*128]`` and the same data as a ``[B*topk*128,
     1]`` column (the V select's; the rows P.V reads, as
     :func:`tilesim.shared.msa_select.decode_read_mask` without ``seeds_compat``), K / V as the
     ``gather`` variant reads them, and the zeroed BF16 ``[B*HQ, D]`` output. ``soc``: the
-    gather tile's SoC."""
+    gather tile's SoC; ``tiling``: an :class:`MsaTiling` (NTILE, kv_splits) or an int NTILE
+    (unsplit)."""
     torch = require_torch()
+    if not isinstance(tiling, MsaTiling):
+        tiling = MsaTiling(ntile=tiling)
     dev = q.device
     keep = device_keep_mask(ids, seq) > 0
     table = page_table(ids, sh.hkv, sh.nb)
-    positions = torch.arange(sh.topk * BY, dtype=torch.int32, device=dev).reshape(1, -1)
+    positions = _redirected(keep)
     k2, v2 = _cache_rows(k_blocks, v_blocks, ids, gather, sh.dim)
     rows = gather_rows(soc)
     # the V select's tile: the gather tile, capped at the SoC's default (a larger override of
     # MSA_GATHER_ROWS may still fit a gather, not a [rows, 128] select: 256 fails on the 910B)
     vrows = min(rows, GATHER_ROWS[soc])
-    kernel = build_kernel(sh.hq, sh.hkv, sh.topk, sh.dim, ntile, gather, rows, vrows)
+    kernel = build_kernel(sh.hq, sh.hkv, sh.topk, sh.dim, tiling.ntile, gather, rows, vrows,
+                          JIT, tiling.kv_splits)  # fmt: skip
     q2 = q.contiguous().reshape(-1, sh.dim)
     out = torch.zeros(sh.batch * sh.hq, sh.dim, dtype=torch.bfloat16, device=dev)
-    return kernel, [q2, k2, v2, table, positions, keep, keep.reshape(-1, 1)], [out]
+    seen = keep.any(dim=1).repeat_interleave(sh.hq).reshape(-1, 1)  # [B*HQ, 1]
+    return kernel, [q2, k2, v2, table, positions, keep, keep.reshape(-1, 1), seen], [out]
+
+
+def _redirected(keep):
+    """INT32 ``[B, topk*128]`` gather positions of ``gather="device"``: key ``i`` of a row
+    where it is kept, else the row's first kept key (0 in a row that keeps none) -- a dropped
+    slot is never read, so whatever it holds (NaN, garbage) cannot reach P.V, and no V row
+    needs zeroing. Its ``P`` is exactly 0, so the stand-in row adds ``+-0`` to a partly kept
+    chunk; a chunk with no kept key enters the merge with weight exactly 0."""
+    torch = require_torch()
+    idx = torch.arange(keep.shape[1], dtype=torch.int64, device=keep.device).expand_as(keep)
+    first = keep.to(torch.int8).argmax(dim=1, keepdim=True)  # 0 when the row keeps nothing
+    return torch.where(keep, idx, first).to(torch.int32)
 
 
 def _ids_standin(block_ids, k_blocks):
@@ -379,7 +440,10 @@ def msa_sparse_decode(
             ``[0, nb)``; seq_len: KV length incl. the current token, one int or an integer
             array / tensor of ``B`` values. NumPy arrays or torch tensors; checked by
             :func:`tilesim.shared.msa_select.check_decode_inputs` as in the reference.
-        tiling: :class:`MsaTiling` (``ntile``); ``None`` = ``MsaTiling.from_env()``.
+        tiling: :class:`MsaTiling` (``ntile``, ``kv_splits``); ``None`` =
+            ``MsaTiling.from_env()`` with ``kv_splits`` by the shared rule
+            (:func:`tilesim.shared.msa_split.split_tiling` for this shape and ``soc``; give
+            the reference that tiling to compare bits). An explicit tiling is used as given.
         gather: ``"device"`` (gather_in_ub + block table in the kernel), ``"paged"`` (page
             views at block-table offsets) or ``"host"`` (the seeds' compact K/V copies, made
             by a device-side gather); same numbers, different data movement.
@@ -396,6 +460,7 @@ def msa_sparse_decode(
         ``[B, HQ, 128]`` BF16 tensor, no data read. Inputs are never modified. Budget against
         the reference: ``docs/device.md`` (## MSA kernels).
     """
+    auto_split = tiling is None
     tiling, sh, shape_only = _check(q, k_blocks, v_blocks, block_ids, seq_len, tiling, gather,
                                     validate)  # fmt: skip
     if shape_only:
@@ -404,8 +469,11 @@ def msa_sparse_decode(
     target = _backend.resolve(backend, soc, q)
     qt, kt, vt, ids = _backend.to_tensors(q, k_blocks, v_blocks, block_ids)
     seq = _seq_tensor(seq_len, sh.batch, qt.device)
-    kernel, ins, outs = decode_launch(qt, kt, vt, ids.to(qt.device), seq, sh, tiling.ntile,
-                                      gather, target.soc)  # fmt: skip
+    if auto_split:  # the default: the MSA_* env tiling, kv_splits by the shared rule
+        tiling = split_tiling(MsaTiling.from_env(), batch=sh.batch, hkv=sh.hkv, topk=sh.topk,
+                              soc=target.soc)  # fmt: skip
+    kernel, ins, outs = decode_launch(qt, kt, vt, ids.to(qt.device), seq, sh, tiling, gather,
+                                      target.soc)  # fmt: skip
     us = _backend.launch(kernel, ins, outs, target)
     return _backend.finish(outs[0].reshape(sh.batch, sh.hq, sh.dim), us, target)
 

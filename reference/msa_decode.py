@@ -38,6 +38,13 @@ row runs alone in the calling thread on the kernel's compact BF16 gather. The ro
 reduction and the widened values are the same, so both give the same bits and the same trace
 records (tested).
 
+Split-KV (``tiling.kv_splits = k``, :mod:`tilesim.shared.msa_split`): the chunks of a (b, h)
+are grouped into ``ceil(chunks / k)``-chunk ranges, each folded by its own FP32 online merge
+(chunk 0 of a range stored as it is); the ranges' ``(O, l, m)`` are then folded into range
+0's state in range order with the same online merge, and ``bf16(O / l)`` as before. The
+rounding points inside a chunk do not change; only the merge tree does. ``kv_splits = 1`` (and
+any split with one chunk per range) is the chunk loop above, same bits.
+
 Beyond the seeds' kernel (``docs/ops/msa.md``): ``seq_len`` may differ per batch row; when
 ``topk*128`` is not a multiple of NTILE the last partial chunk is processed (the seeds drop
 those keys; ``seeds_compat=True`` reproduces that); a batch row whose every key is masked
@@ -66,6 +73,7 @@ from tilesim.shared.msa_select import (
     decode_keep_mask,
     decode_read_mask,
 )
+from tilesim.shared.msa_split import split_ranges
 from tilesim.shared.tiling import MsaTiling
 from tilesim.shared.trace import emit
 from tilesim.shared.validate import check_bool, check_instance, check_trace, host_array, same_kind
@@ -101,6 +109,7 @@ class _Call(NamedTuple):
     seeds_compat: bool
     keep: np.ndarray  # bool [B, topk*by]: the key's score counts
     read: np.ndarray  # bool [B, topk*by]: the key's gathered V row is read (else zeroed)
+    ranges: list  # [(first, stop), ...] chunk-index ranges of the kv splits
 
 
 def _check(q, k_blocks, v_blocks, block_ids, seq_len, tiling, seeds_compat, trace) -> _Call:
@@ -120,7 +129,8 @@ def _check(q, k_blocks, v_blocks, block_ids, seq_len, tiling, seeds_compat, trac
     hosts = [host_array(x, name) for name, x in named]
     keep = decode_keep_mask(d.ids, d.seq, d.by)
     read = decode_read_mask(keep, seeds_compat=seeds_compat)
-    return _Call(*hosts, d, bounds, seeds_compat, keep > 0, read)
+    ranges = split_ranges(len(bounds), tiling.kv_splits)
+    return _Call(*hosts, d, bounds, seeds_compat, keep > 0, read, ranges)
 
 
 def _widened_keys(src: np.ndarray, c: _Call, rows: slice, c0: int, out: np.ndarray):
@@ -167,14 +177,20 @@ def _chunk_operands(c: _Call, rows: slice):
 
 def _rows(c: _Call, rows: slice) -> tuple[np.ndarray, list]:
     """The kernel for the batch rows ``rows``: FP32 ``O / l`` ``[n, HKV, G, D]`` and each
-    chunk's ``(m_c, l_c)`` ``[n, HKV, G]``. Reads shared inputs only (runs on the pool)."""
+    chunk's ``(m_c, l_c)`` ``[n, HKV, G]``. Reads shared inputs only (runs on the pool).
+
+    Split-KV (``c.ranges``, :mod:`tilesim.shared.msa_split`): each range of chunks folds into
+    its own ``SoftmaxMerge``; the ranges' FP32 ``(O, l, m)`` states are then folded into range
+    0's, in range order, by the same online merge (:func:`_combine`). One range: the plain
+    chunk loop."""
     d = c.d
     n = rows.stop - rows.start
     q64 = c.q[rows].astype(F64).reshape(n, d.hkv, d.group, d.dim)  # 16 query rows per KV head
     scale, neg = np.float32(d.dim**-0.5), np.float32(_CFG.decode_mask_neg)
-    merge = SoftmaxMerge("online", exp=exp_fp32_numpy)
+    merges = [SoftmaxMerge("online", exp=exp_fp32_numpy) for _ in c.ranges]
+    split_of = [j for j, (a, z) in enumerate(c.ranges) for _ in range(a, z)]
     stats = []
-    for c0, w, k_c, v_c in _chunk_operands(c, rows):  # NTILE chunks: online softmax
+    for i, (c0, w, k_c, v_c) in enumerate(_chunk_operands(c, rows)):  # NTILE chunks: online softmax
         # S = Q K_c^T [n, HKV, 16, w] FP32, formed 128 keys at a time: the same dot products
         # (same values) as one matmul, in (b, h) gemms that stay in cache
         s = np.empty((n, d.hkv, d.group, w), dtype=F32)
@@ -187,9 +203,18 @@ def _rows(c: _Call, rows: slice) -> tuple[np.ndarray, list]:
         # the keep-mask broadcast over KV heads and the 16 rows; a select, NaN-robust
         select_masked(s, c.keep[rows, None, None, c0 : c0 + w], neg)
         m_c, l_c, o_c = softmax_chunk(s, v_c, BF16)
-        merge.update(o_c, l_c, m_c)
+        merges[split_of[i]].update(o_c, l_c, m_c)
         stats.append((m_c[..., 0], l_c[..., 0]))
-    return merge.normalized(), stats
+    return _combine(merges).normalized(), stats
+
+
+def _combine(merges: list) -> SoftmaxMerge:
+    """The split combine: range 0's state, then every later range's ``(O, l, m)`` folded in
+    range order with the online merge (the kernel's fixed order). Returns range 0's merge."""
+    total = merges[0]
+    for part in merges[1:]:
+        total.update(part.o, part.l, part.m)
+    return total
 
 
 def _run(c: _Call) -> tuple[np.ndarray, list]:
@@ -212,15 +237,20 @@ def _run(c: _Call) -> tuple[np.ndarray, list]:
 
 
 def _trace(trace, c: _Call, stats: list) -> None:
-    """One record per (batch row, KV head, chunk), in the kernel's order."""
+    """One record per (batch row, KV head, chunk), in the kernel's order; with several kv
+    splits the lane also names the chunk's split (``"kv_split"``)."""
     d = c.d
+    split_of = [j for j, (a, z) in enumerate(c.ranges) for _ in range(a, z)]
     for b in range(d.batch):  # kernel order: outer = b*HKV + h, then chunks
         for h in range(d.hkv):
             for i, (c0, w) in enumerate(c.bounds):
+                lane = {"batch": b, "kv_head": h}
+                if len(c.ranges) > 1:
+                    lane["kv_split"] = split_of[i]
                 emit(
                     trace,
                     "msa_sparse_decode",
-                    {"batch": b, "kv_head": h},
+                    lane,
                     i,
                     (c0, c0 + w),
                     keys_used=int(np.count_nonzero(c.keep[b, c0 : c0 + w])),
@@ -251,14 +281,16 @@ def msa_sparse_decode(
             unique per row (slot order is the key order of the gathered sequence).
         seq_len: KV length including the current token: one int, or an integer array /
             tensor of ``B`` values, ``1 <= seq_len <= nb*128``.
-        tiling: :class:`MsaTiling` (``ntile`` = key chunk width); ``None`` means
-            ``MsaTiling.from_env()`` at call time (``MSA_NTILE``).
+        tiling: :class:`MsaTiling` (``ntile`` = key chunk width, ``kv_splits`` = split-KV
+            ranges, see :mod:`tilesim.shared.msa_split`); ``None`` means
+            ``MsaTiling.from_env()`` at call time (``MSA_NTILE``, ``MSA_KV_SPLITS``).
         seeds_compat: ``True`` reproduces the seeds' kernel where tilesim deliberately differs:
             the tail ``topk*128 mod NTILE`` keys are dropped (``ValueError`` if no whole chunk
             fits, the kernel would leave the output unwritten) and a fully masked row keeps the
             kernel's arithmetic (mean of the gathered V) instead of zeros.
         trace: called once per (batch row, KV head, chunk), in the kernel's order, with a
-            :func:`tilesim.shared.trace.trace_record`: ``lane {"batch", "kv_head"}``,
+            :func:`tilesim.shared.trace.trace_record`: ``lane {"batch", "kv_head"}`` (and
+            ``"kv_split"`` when the chunks are in several splits),
             ``step`` = chunk, ``key_range`` = the chunk's ``[start, stop)`` in the gathered
             keys, ``keys_used`` = its kept keys, ``row_max`` / ``row_sum`` = the chunk's FP32
             ``m_c`` / ``l_c`` for the 16 query heads, ``flop`` = its two matmuls.
@@ -268,7 +300,8 @@ def msa_sparse_decode(
 
     Rounding points: scores FP32 (correctly rounded dot, BF16 inputs), ``* SCALE`` FP32, mask
     FP32, ``exp`` FP32, P rounded to BF16 before P.V, FP32 accumulation per 128-key K step,
-    FP32 merge and division, one final rounding to BF16.
+    FP32 merge and division, one final rounding to BF16. With ``kv_splits > 1``: one FP32
+    online merge per split, then the splits' states merged in split order (same formulas).
     """
     c = _check(q, k_blocks, v_blocks, block_ids, seq_len, tiling, seeds_compat, trace)
     out, stats = _run(c)

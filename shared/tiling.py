@@ -15,7 +15,7 @@ for a wrong value); integer fields are stored as Python ints.
   ``PYPTO_MM2_K``, ``PYPTO_MM2_N``, ``PYPTO_VEC_TILE``, ``PYPTO_CUBE_NBUFFER``,
   ``PYPTO_VEC_NBUFFER``, ``PYPTO_L1_REUSE``, ``PYPTO_SWIGLU_ALPHA``, ``PYPTO_SWIGLU_LIMIT``.
 * :class:`MsaTiling` — MSA decode and main branch: ``MSA_NTILE``, ``MSA_NQ_TILE``,
-  ``MSA_DTYPE``, ``MSA_MAX_N``.
+  ``MSA_DTYPE``, ``MSA_MAX_N``, ``MSA_KV_SPLITS`` (decode split-KV).
 * :class:`SaTileShapeConfig` — DeepSeek sparse attention: presets ``decode`` (online softmax,
   ``s_kv_tile`` 512) and ``prefill`` (per-tile normalised softmax, ``s_kv_tile`` 2048);
   ``TILESIM_SA_PRESET``, ``TILESIM_SA_G_TILE``, ``TILESIM_SA_S_KV_TILE``.
@@ -182,10 +182,13 @@ MSA_DTYPES = ("fp32", "fp16", "bf16")
 
 @dataclass(frozen=True)
 class MsaTiling:
-    """MSA tiling: key chunk width, main-branch dtype and row budget.
+    """MSA tiling: key chunk width, main-branch dtype and row budget, decode split-KV.
 
     Defaults of the seeds' MSA decode and main-branch kernels (hicann/pypto-gym; see
-    docs/sources.md#msa-sparse-decode and docs/sources.md#msa-main-branch).
+    docs/sources.md#msa-sparse-decode and docs/sources.md#msa-main-branch). ``kv_splits``
+    (decode only): the NTILE chunks of a (batch row, KV head) in this many consecutive ranges,
+    each its own online softmax, combined in range order (:mod:`tilesim.shared.msa_split`);
+    1 = the unsplit chunk loop (the seeds').
     """
 
     ntile: int = 512
@@ -193,8 +196,11 @@ class MsaTiling:
     dtype: str = "fp32"
     max_n: int = 2048
     block_size: int = 128
+    kv_splits: int = 1
 
     def __post_init__(self) -> None:
+        k = _check_positive_multiple("MsaTiling.kv_splits", self.kv_splits)
+        object.__setattr__(self, "kv_splits", k)
         for name in ("ntile", "nq_tile", "block_size"):
             v = _check_positive_multiple(f"MsaTiling.{name}", getattr(self, name), ALIGN)
             object.__setattr__(self, name, v)
@@ -204,7 +210,8 @@ class MsaTiling:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> MsaTiling:
-        """Defaults overridden by ``MSA_NTILE``, ``MSA_NQ_TILE``, ``MSA_DTYPE``, ``MSA_MAX_N``."""
+        """Defaults overridden by ``MSA_NTILE``, ``MSA_NQ_TILE``, ``MSA_DTYPE``, ``MSA_MAX_N``,
+        ``MSA_KV_SPLITS``."""
         env = env_mapping(env)
         d = cls()
         return cls(
@@ -212,6 +219,7 @@ class MsaTiling:
             nq_tile=env_int(env, "MSA_NQ_TILE", d.nq_tile, multiple_of=ALIGN),
             dtype=env_choice(env, "MSA_DTYPE", d.dtype, MSA_DTYPES),
             max_n=env_int(env, "MSA_MAX_N", d.max_n, multiple_of=d.block_size),
+            kv_splits=env_int(env, "MSA_KV_SPLITS", d.kv_splits),
         )
 
     def replace(self, **changes) -> MsaTiling:

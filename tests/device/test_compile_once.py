@@ -23,20 +23,6 @@ BUDGET_BIT_EXACT = 0.99  # as tests/device/test_sim_msa_decode.py and test_sim_m
 BUDGET_ROW_ULP = 1.0
 
 
-def _row_ulp(out, gold) -> float:
-    """max |out - gold| in BF16 ULPs of each row's largest |gold| (last axis = one row)."""
-    import torch
-
-    err = (out.double() - gold.double()).abs()
-    row_max = gold.double().abs().amax(dim=-1, keepdim=True)
-    ulp = torch.where(
-        row_max > 0,
-        torch.exp2(torch.floor(torch.log2(row_max)) - 7),
-        torch.full_like(row_max, 2.0**-133),
-    )
-    return float((err / ulp).max())
-
-
 def _bit_exact(out, gold) -> float:
     import torch
 
@@ -61,22 +47,32 @@ def _decode_case(b, nb, seed):
 
 
 def check_decode_compiles_once(soc) -> dict:
+    """The wrapper's default tiling (``tiling=None``: the split rule of
+    :mod:`tilesim.shared.msa_split`, which may depend on the batch); the reference gets the
+    same tiling. ``splits``: the distinct ``kv_splits`` the rule gave (one kernel each)."""
+    from oracles.msa import row_ulp
     from tilesim.device import compile_stats, reset_compile_stats
     from tilesim.device.msa_decode import msa_sparse_decode
     from tilesim.reference import msa_sparse_decode as reference
+    from tilesim.shared.msa_split import split_tiling
+    from tilesim.shared.tiling import MsaTiling
 
     reset_compile_stats()
     worst = {"bit_exact": 1.0, "row_ulp": 0.0}
+    splits = set()
     for i, (nb, b) in enumerate((nb, b) for nb in DECODE_NB for b in DECODE_BATCH):
         q, kb, vb, ids, seq = _decode_case(b, nb, seed=100 + i)
         out, _ = msa_sparse_decode(q, kb, vb, ids, seq, backend="sim", soc=soc)
-        gold = reference(q, kb, vb, ids, seq)
+        tiling = split_tiling(MsaTiling.from_env(), batch=b, hkv=4, topk=16, soc=soc)
+        splits.add(tiling.kv_splits)
+        gold = reference(q, kb, vb, ids, seq, tiling=tiling)
         worst["bit_exact"] = min(worst["bit_exact"], _bit_exact(out, gold))
-        worst["row_ulp"] = max(worst["row_ulp"], _row_ulp(out, gold))
+        worst["row_ulp"] = max(worst["row_ulp"], row_ulp(out, gold))
     # validate=False: no value checks on the host, the same bits
     out_nv, _ = msa_sparse_decode(q, kb, vb, ids, seq, backend="sim", soc=soc, validate=False)
     same = _bit_exact(out_nv, out) == 1.0
-    return {"stats": compile_stats(), "validate_false_same": same, **worst}
+    return {"stats": compile_stats(), "validate_false_same": same, "splits": sorted(splits),
+            **worst}  # fmt: skip
 
 
 def check_indexer_compiles_once(soc) -> dict:
@@ -123,6 +119,7 @@ def _moe_case(counts, seed, h=256, inter=128):
 
 
 def check_moe_compiles_once(soc) -> dict:
+    from oracles.msa import row_ulp
     from tilesim.device import compile_stats, reset_compile_stats
     from tilesim.device.moe import moe_grouped_gemm
     from tilesim.reference import moe_grouped_gemm as reference
@@ -137,7 +134,7 @@ def check_moe_compiles_once(soc) -> dict:
                                   soc=soc, validate=i != 1)  # fmt: skip
         gold = reference(x, (w13, w2), cs, dims, tiling=tiling)
         worst["bit_exact"] = min(worst["bit_exact"], _bit_exact(out, gold))
-        worst["row_ulp"] = max(worst["row_ulp"], _row_ulp(out, gold))
+        worst["row_ulp"] = max(worst["row_ulp"], row_ulp(out, gold))
     return {"stats": compile_stats(), **worst}
 
 
@@ -147,7 +144,8 @@ def test_decode_one_compile_over_nb_and_batch(sim_soc):
     from tilesim.device import sim
 
     r = sim.isolated(check_decode_compiles_once, sim_soc, soc=sim_soc)
-    assert r["stats"] == {"msa_sparse_decode": 1}, r
+    # one kernel per kv_splits value (a tiling field, part of the key), none per nb or batch
+    assert r["stats"] == {"msa_sparse_decode": len(r["splits"])}, r
     assert r["bit_exact"] >= BUDGET_BIT_EXACT and r["row_ulp"] <= BUDGET_ROW_ULP, r
     assert r["validate_false_same"], r
 
@@ -158,7 +156,7 @@ def test_indexer_one_compile_over_nb(sim_soc):
     from tilesim.device import sim
 
     r = sim.isolated(check_indexer_compiles_once, sim_soc, soc=sim_soc)
-    assert r["stats"] == {"msa_indexer_block_max": 1, "msa_indexer_scores": 1}, r
+    assert r["stats"] == {"msa_indexer_scores": 1, "msa_indexer_select": 1}, r  # device rank
     assert r["bound_ratio"] <= 1.0 and r["same_ids"], r
 
 
@@ -190,6 +188,9 @@ def _compile_msa_npu_shapes(soc) -> dict:
     seconds["indexer nb17 scores"] = sim.run_compile(kernel, [*ins, *outs])
     kernel, ins, outs = mi.block_max_launch(q, k, check_indexer(q, k, nb), soc)
     seconds["indexer nb17 block max"] = sim.run_compile(kernel, [*ins, *outs])
+    for hr in ("max", "none"):  # the device-ranked kernel, per head mode
+        kernel, ins, outs = mi.select_launch(q, k, check_indexer(q, k, nb, head_reduce=hr), soc)
+        seconds[f"indexer nb17 select {hr}"] = sim.run_compile(kernel, [*ins, *outs])
     q = torch.zeros(1, 64, 128, dtype=bf)
     kb = torch.zeros(1, 4, nb, 128, 128, dtype=bf)
     ids = torch.arange(16, dtype=torch.int32)[None]
@@ -242,7 +243,7 @@ def test_msa_kernels_compile_at_npu_test_shapes(sim_soc):
     from tilesim.device import sim
 
     r = sim.isolated(compile_npu_shapes, sim_soc, "msa", soc=sim_soc)
-    assert len(r) == 5 and all(s > 0 for s in r.values()), r  # 2 indexer + 3 decode kernels
+    assert len(r) == 7 and all(s > 0 for s in r.values()), r  # 4 indexer + 3 decode kernels
 
 
 @pytest.mark.sim

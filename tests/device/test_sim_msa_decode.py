@@ -15,6 +15,10 @@ the same NTILE, for BOTH gather variants:
 4. an independent oracle (float64 softmax over the visible tokens, written from the per-token
    causal rule ``128*block + t < seq_len``, not from the host mask) agrees within 4e-3.
 
+The default cases call the kernel with ``tiling=None`` (the wrapper's split rule,
+:func:`tilesim.shared.msa_split.split_tiling`) and the reference with the tiling that rule
+gives; :data:`SPLIT_CASES` force ``kv_splits`` on both (split-KV, issue 13).
+
 Each case runs in a spawned process per SoC (``tilesim.device.sim.isolated``).
 """
 
@@ -38,6 +42,12 @@ CASES = {
     # row 1 sees nothing: both its blocks lie after its current block -> zeros
     "nb5 B2 topk2 empty row": (2, 5, 2, [600, 130], "empty"),
 }
+# split-KV, kv_splits 2 (4 chunks: slots 0-7 and 8-15). Row 0: seq_len 300 lies inside split
+# 0 (slots 0-2 hold blocks 2, 0, 1, the rest later blocks), so split 1 is fully masked; row 1
+# an ordinary row with its current block selected
+SPLIT_CASES = {
+    "nb17 B2 topk16 split2 seq[300,2100]": ((2, 17, 16, [300, 2100], "short"), 2),
+}
 
 
 def _case(b, nb, topk, seq, rule, seed):
@@ -55,31 +65,43 @@ def _case(b, nb, topk, seq, rule, seed):
             ids = torch.cat([perm[: topk - 1], perm[-1:]])
         elif rule == "empty" and r == 1:
             ids = torch.tensor([3, 4])
+        elif rule == "short" and r == 0:
+            ids = torch.tensor([2, 0, 1, *range(nb - 1, nb - 1 - (topk - 3), -1)])
         else:
             ids = perm[:topk]
         rows.append(ids)
     return q, kb, vb, torch.stack(rows).to(torch.int32), seq
 
 
-def check_decode(spec, soc, seed=7) -> dict:
-    """Runs in the isolated child: both gather variants, the reference, the oracle."""
+def check_decode(spec, soc, seed=7, kv_splits=None, gathers=("device", "paged", "host")) -> dict:
+    """Runs in the isolated child: the gather variants, the reference, the oracle.
+    ``kv_splits=None``: the kernel with ``tiling=None`` (the wrapper's rule) and the reference
+    with the rule's tiling; else both with that split."""
     import ml_dtypes
     import numpy as np
     import torch
-    from oracles.msa import torch_dense_oracle
+    from oracles.msa import row_ulp, torch_dense_oracle
     from tilesim.device.msa_decode import msa_sparse_decode
     from tilesim.reference import msa_sparse_decode as reference
     from tilesim.reference.numerics import ulp_distance
+    from tilesim.shared.msa_split import split_tiling
+    from tilesim.shared.tiling import MsaTiling
 
     q, kb, vb, ids, seq = _case(*spec, seed)
     seq = torch.tensor(seq)
     before = [t.clone() for t in (q, kb, vb, ids)]
-    gold = reference(q, kb, vb, ids, seq)
+    if kv_splits is None:
+        tiling, kernel_tiling = split_tiling(MsaTiling.from_env(), batch=q.shape[0], hkv=4,
+                                             topk=ids.shape[1], soc=soc), None  # fmt: skip
+    else:
+        tiling = kernel_tiling = MsaTiling.from_env().replace(kv_splits=kv_splits)
+    gold = reference(q, kb, vb, ids, seq, tiling=tiling)
     oracle = torch_dense_oracle(q, kb, vb, ids, seq)
-    res = {"variants": {}}
+    res = {"variants": {}, "kv_splits": tiling.kv_splits}
     outs = {}
-    for gather in ("device", "paged", "host"):
-        out, us = msa_sparse_decode(q, kb, vb, ids, seq, gather=gather, backend="sim", soc=soc)
+    for gather in gathers:
+        out, us = msa_sparse_decode(q, kb, vb, ids, seq, gather=gather, backend="sim", soc=soc,
+                                    tiling=kernel_tiling)  # fmt: skip
         outs[gather] = out
         a = out.view(torch.int16).numpy()
         e = gold.view(torch.int16).numpy()
@@ -88,15 +110,14 @@ def check_decode(spec, soc, seed=7) -> dict:
             "us": us,
             "bit_exact": float(np.mean(a == e)),
             "max_ulp": int(ulp.max()),
-            "row_ulp": _row_ulp(out, gold),
+            "row_ulp": row_ulp(out, gold),
             "max_abs": float((out.float() - gold.float()).abs().max()),
             "oracle_abs": float((out.double() - oracle).abs().max()),
         }
     # what gather="host" moves before the kernel: the selected K and V blocks, read + written
     res["host_copy_bytes"] = 2 * 2 * ids.numel() * kb.shape[1] * 128 * 128 * 2
     res["same_variants"] = all(
-        torch.equal(outs[v].view(torch.int16), outs["host"].view(torch.int16))
-        for v in ("device", "paged")
+        torch.equal(outs[v].view(torch.int16), outs[gathers[-1]].view(torch.int16)) for v in gathers
     )
     empty = [r for r in range(q.shape[0]) if not _row_sees(ids[r], seq[r])]
     res["empty_rows"] = empty
@@ -109,20 +130,6 @@ def check_decode(spec, soc, seed=7) -> dict:
     return res
 
 
-def _row_ulp(out, gold) -> float:
-    """max |out - gold| in BF16 ULPs of each row's largest |gold| (rows of 128 outputs)."""
-    import torch
-
-    err = (out.double() - gold.double()).abs()
-    row_max = gold.double().abs().amax(dim=-1, keepdim=True)
-    ulp = torch.where(
-        row_max > 0,
-        torch.exp2(torch.floor(torch.log2(row_max)) - 7),
-        torch.full_like(row_max, 2.0**-133),
-    )
-    return float((err / ulp).max())
-
-
 def _row_sees(ids, seq_len) -> bool:
     return bool((ids.long() * 128 < seq_len).any())
 
@@ -132,9 +139,34 @@ def _row_sees(ids, seq_len) -> bool:
 @pytest.mark.parametrize("name", list(CASES))
 def test_decode_kernel_matches_reference(name, sim_soc, sim_report):
     from tilesim.device import sim
-    from tilesim.shared.soc import get_soc
 
     r = sim.isolated(check_decode, CASES[name], sim_soc, soc=sim_soc)
+    _report_and_check(name, r, sim_soc, sim_report)
+    if "empty" in name:
+        assert r["empty_rows"] == [1]
+
+
+@pytest.mark.sim
+@pytest.mark.torch
+@pytest.mark.parametrize("name", list(SPLIT_CASES))
+def test_decode_split_kv_matches_reference(name, sim_soc, sim_report):
+    """Split-KV on: the same budgets against the reference's split twin, "device" (stand-in
+    rows for dropped keys) and "host" (zeroed V rows) bit-identical, split 1 of row 0 fully
+    masked (seq_len inside split 0)."""
+    from tilesim.device import sim
+
+    spec, k = SPLIT_CASES[name]
+    r = sim.isolated(check_decode, spec, sim_soc, kv_splits=k, gathers=("device", "host"),
+                     soc=sim_soc)  # fmt: skip
+    assert r["kv_splits"] == k
+    _report_and_check(name, r, sim_soc, sim_report)
+    assert r["empty_rows"] == []
+
+
+def _report_and_check(name, r, sim_soc, sim_report):
+    """Report every variant of a ``check_decode`` result and assert the budgets."""
+    from tilesim.shared.soc import get_soc
+
     copy_us = get_soc(sim_soc).hbm_bound_us(r["host_copy_bytes"])
     for gather, m in r["variants"].items():
         sim_report.add(
@@ -159,8 +191,6 @@ def test_decode_kernel_matches_reference(name, sim_soc, sim_report):
         assert m["row_ulp"] <= BUDGET_ROW_ULP, m
         assert m["oracle_abs"] <= ORACLE_ATOL, m
         assert m["us"] > 0.0
-    if "empty" in name:
-        assert r["empty_rows"] == [1]
     assert r["empty_zero"], "a batch row with no kept key must be exactly +0"
 
 
@@ -168,12 +198,14 @@ def check_e2e_seed_shape(soc, seed=17) -> dict:
     """The seeds' e2e shape (nb 17, seq_len 2176, idx q/k randn*0.1, q/k/v randn*0.05; our own
     draws): device indexer -> ids -> device decode, against the reference chain."""
     import torch
-    from oracles.msa import torch_dense_oracle
+    from oracles.msa import row_ulp, torch_dense_oracle
     from tilesim.device.msa_decode import msa_sparse_decode
     from tilesim.device.msa_lightning_indexer import msa_indexer
     from tilesim.reference import msa_indexer as ref_indexer
     from tilesim.reference import msa_sparse_decode as ref_decode
     from tilesim.shared.interop import to_numpy
+    from tilesim.shared.msa_split import split_tiling
+    from tilesim.shared.tiling import MsaTiling
 
     nb, seq_len = 17, 2176
     g = torch.Generator().manual_seed(seed)
@@ -185,7 +217,8 @@ def check_e2e_seed_shape(soc, seed=17) -> dict:
     ids, us_idx = msa_indexer(idx_q, idx_k, nb, backend="sim", soc=soc)
     want_ids = ref_indexer(idx_q, idx_k, nb)
     out, us = msa_sparse_decode(q, kb, vb, ids, seq_len, backend="sim", soc=soc)
-    gold = ref_decode(q, kb, vb, want_ids, seq_len)
+    rule = split_tiling(MsaTiling.from_env(), batch=1, hkv=4, topk=16, soc=soc)
+    gold = ref_decode(q, kb, vb, want_ids, seq_len, tiling=rule)  # the wrapper's default split
     oracle = torch_dense_oracle(q, kb, vb, want_ids, [seq_len])
     # NumPy in -> NumPy out, same bits (the reference's input policy)
     np_in = [to_numpy(t) for t in (q, kb, vb, ids)]
@@ -197,7 +230,7 @@ def check_e2e_seed_shape(soc, seed=17) -> dict:
         "us": us,
         "us_idx": us_idx,
         "bit_exact": float((out.view(torch.int16) == gold.view(torch.int16)).float().mean()),
-        "row_ulp": _row_ulp(out, gold),
+        "row_ulp": row_ulp(out, gold),
         "max_abs": float((out.float() - gold.float()).abs().max()),
         "oracle_abs": float((out.double() - oracle).abs().max()),
     }

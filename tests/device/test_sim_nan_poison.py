@@ -7,7 +7,8 @@ clean and one poisoned call of the kernel (several poison kinds batched into the
 since a simulator run costs seconds), and batches a control into the poisoned call: a slot
 that IS read, poisoned, must show NaN -- so the comparison is not vacuous.
 
-* MSA decode (``gather`` "device", "paged", "host"): in K and V, the masked tail of the
+* MSA decode (``gather`` "device", "paged", "host", and "device" with ``kv_splits`` 2): in K
+  and V, the masked tail of the
   current block (keys at or past ``seq_len``), selected future blocks (one of them filling a
   whole key chunk), blocks that are not selected, and every block of a batch row that keeps
   no key (its output stays exactly +0). Controls: a kept key's K row, a kept key's V row.
@@ -52,6 +53,9 @@ DEC_ROWS = (
     (2 * BY + 10, (2, 0, 1, 4), "control_v"),
 )
 DEC_GATHERS = ("device", "paged", "host")
+#: (gather, kv_splits) per run: every variant unsplit, and the default gather with split-KV
+#: (2 chunks -> 2 splits: the split combine folds in a fully masked chunk of row 0)
+DEC_RUNS = (*((g, 1) for g in DEC_GATHERS), ("device", 2))
 
 
 def _decode_unread(seq: int, ids) -> list[tuple[int, slice, str]]:
@@ -96,16 +100,16 @@ def check_decode_poison(soc) -> dict:
     ids = torch.tensor([r[1] for r in DEC_ROWS], dtype=torch.int32)
     seq = torch.tensor([r[0] for r in DEC_ROWS])
     k_bad, v_bad = _decode_poisoned(k, v)
-    tiling = MsaTiling(ntile=DEC_NTILE)
     res = {}
-    for gather in DEC_GATHERS:
+    for gather, splits in DEC_RUNS:
+        tiling = MsaTiling(ntile=DEC_NTILE, kv_splits=splits)
         outs = [
             msa_sparse_decode(
                 q, kk, vv, ids, seq, tiling=tiling, gather=gather, backend="sim", soc=soc
             )[0]  # fmt: skip
             for kk, vv in ((k, v), (k_bad, v_bad))
         ]
-        res[gather] = [o.view(torch.int16).numpy() for o in outs]
+        res[f"{gather} kv_splits={splits}"] = [o.view(torch.int16).numpy() for o in outs]
     return res
 
 
@@ -127,8 +131,8 @@ def test_decode_kernel_unread_slots_never_reach_the_output(sim_soc):
         empty = roles.index("empty")
         assert not clean[empty].any() and not dirty[empty].any(), "no kept key: exactly +0"
     kept = [i for i, role in enumerate(roles) if not role.startswith("control")]
-    first = r[DEC_GATHERS[0]][1][kept]
-    assert all(np.array_equal(r[gv][1][kept], first) for gv in DEC_GATHERS), "gathers differ"
+    first = next(iter(r.values()))[1][kept]
+    assert all(np.array_equal(o[1][kept], first) for o in r.values()), "gathers differ"
 
 
 # ----------------------------------------------------------------------------- MSA indexer

@@ -11,7 +11,9 @@ None of them calls ``tilesim.reference`` or ``tilesim.shared.msa_select``:
   token position ``block*128 + t`` is ``< seq_len`` (the mask rule restated by position), no
   chunks; :func:`assert_in_budget` the per-element error budget against it.
 * :func:`loop_kernel` — the decode kernel written the plain way: one (batch row, KV head) at a
-  time, Python loops over chunks and K steps, the keep-mask built slot by slot.
+  time, Python loops over chunks and K steps, the keep-mask built slot by slot; with
+  ``kv_splits``, the chunk runs and their merge spelled out too.
+* :func:`row_ulp` — the sim tests' row-wise ULP measure (torch).
 * :func:`torch_dense_oracle` — the float64 attention of :func:`dense_oracle` written with
   torch (``torch.softmax``), for the sim tests.
 
@@ -127,11 +129,38 @@ def _slot_mask(row_ids, seq_len: int) -> np.ndarray:
     return mask
 
 
-def _loop_head(qq, kk, vv, mask, stop, ntile):
-    """One (batch row, KV head): explicit chunk loop, K-step loop and online merge."""
+def _merge(state, part):
+    """The online merge of two FP32 ``(m, l, o)`` states, step by step."""
+    if state is None:
+        return part
+    m, l, o = state
+    mx, ls, oc = part
+    mn = np.maximum(m, mx)
+    a, bb = np.exp(m - mn), np.exp(mx - mn)
+    return mn, a * l + bb * ls, o * a + oc * bb
+
+
+def _loop_head(qq, kk, vv, mask, stop, ntile, kv_splits=1):
+    """One (batch row, KV head): explicit chunk loop, K-step loop and online merge. With
+    ``kv_splits``: the chunk starts dealt into ``ceil(chunks / kv_splits)``-long runs, one
+    merge state per run, then the runs' states merged in run order."""
+    starts = list(range(0, stop, ntile))
+    per = -(-len(starts) // kv_splits)
+    states = []
+    for r0 in range(0, len(starts), per):
+        states.append(_loop_run(qq, kk, vv, mask, starts[r0 : r0 + per], ntile))
+    total = None
+    for st in states:
+        total = _merge(total, st)
+    m, l, o = total
+    return o / l
+
+
+def _loop_run(qq, kk, vv, mask, starts, ntile):
+    """The chunks at ``starts`` folded into one unnormalised ``(m, l, o)``."""
     scale, neg = F32(1 / np.sqrt(qq.shape[1])), F32(-3.0e38)
-    m = l = o = None
-    for c0 in range(0, stop, ntile):
+    state = None
+    for c0 in starts:
         kc, vc, mc = kk[c0 : c0 + ntile], vv[c0 : c0 + ntile], mask[c0 : c0 + ntile]
         s = (qq @ kc.T).astype(F32) * scale
         s = s * mc + (mc * F32(-1) + F32(1)) * neg
@@ -143,17 +172,13 @@ def _loop_head(qq, kk, vv, mask, stop, ntile):
         for k0 in range(0, kc.shape[0], 128):
             part = pb[:, k0 : k0 + 128] @ vc[k0 : k0 + 128]
             oc = part.astype(F32) if oc is None else oc + part.astype(F32)
-        if m is None:
-            m, l, o = mx, ls, oc
-        else:
-            mn = np.maximum(m, mx)
-            a, bb = np.exp(m - mn), np.exp(mx - mn)
-            m, l, o = mn, a * l + bb * ls, o * a + oc * bb
-    return o / l
+        state = _merge(state, (mx, ls, oc))
+    return state
 
 
-def loop_kernel(q, k, v, ids, seq, ntile=512, seeds_compat=False):
-    """The kernel, one (batch row, KV head) at a time, every loop spelled out."""
+def loop_kernel(q, k, v, ids, seq, ntile=512, seeds_compat=False, kv_splits=1):
+    """The kernel, one (batch row, KV head) at a time, every loop spelled out (``kv_splits``:
+    split-KV, see :func:`_loop_head`)."""
     batch, hq, d = q.shape
     hkv = k.shape[1]
     g = hq // hkv
@@ -167,11 +192,26 @@ def loop_kernel(q, k, v, ids, seq, ntile=512, seeds_compat=False):
             kk = np.concatenate([k[b, h, blk] for blk in ids[b]]).astype(F64)
             vv = np.concatenate([v[b, h, blk] for blk in ids[b]]).astype(F64)
             qq = q[b, h * g : (h + 1) * g].astype(F64)
-            res = _loop_head(qq, kk, vv, mask, stop, ntile)
+            res = _loop_head(qq, kk, vv, mask, stop, ntile, kv_splits)
             if not seeds_compat and not mask.any():
                 res[:] = 0
             out[b, h * g : (h + 1) * g] = res
     return out.astype(BF)
+
+
+def row_ulp(out, gold) -> float:
+    """max ``|out - gold|`` (torch tensors) in BF16 ULPs of each row's largest ``|gold|``
+    (last axis = one row); a row whose golden is all zero counts in units of 2^-133."""
+    import torch
+
+    err = (out.double() - gold.double()).abs()
+    row_max = gold.double().abs().amax(dim=-1, keepdim=True)
+    ulp = torch.where(
+        row_max > 0,
+        torch.exp2(torch.floor(torch.log2(row_max)) - 7),
+        torch.full_like(row_max, 2.0**-133),
+    )
+    return float((err / ulp).max())
 
 
 def torch_dense_oracle(q, kb, vb, ids, seq):
@@ -202,5 +242,6 @@ __all__ = [
     "inject",
     "loop_kernel",
     "oracle_select",
+    "row_ulp",
     "torch_dense_oracle",
 ]
