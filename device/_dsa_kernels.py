@@ -77,10 +77,10 @@ class NestParams:
 
     def __init__(
         self, *, nq, n_kv, softmax_scale, topk, block_size, tile, online, quant, layout, mask_col0,
-        kv_splits=1, tiles_per_split=None,
+        kv_splits=1, tiles_per_split=None, combine_axis=True,
     ):  # fmt: skip
         self._key = (nq, n_kv, repr(softmax_scale), topk, block_size, repr(tile), online, quant)
-        self._key += (layout, mask_col0, kv_splits, tiles_per_split)
+        self._key += (layout, mask_col0, kv_splits, tiles_per_split, bool(combine_axis))
         self.nq = nq
         self.n_kv = n_kv
         self.softmax_scale = softmax_scale
@@ -101,6 +101,8 @@ class NestParams:
         # split-KV: kv_splits ranges of tiles_per_split KV tiles (tilesim.shared.dsa_split)
         self.kv_splits = kv_splits
         self.tps = tiles_per_split
+        # the jit spec's combine_axis operation option (set in the kernel body)
+        self.combine_axis = bool(combine_axis)
 
     @property
     def key(self) -> tuple:
@@ -109,7 +111,7 @@ class NestParams:
 
     def __repr__(self) -> str:
         names = ("nq", "n_kv", "scale", "topk", "block_size", "tile", "online", "quant", "layout")
-        names += ("mask_col0", "kv_splits", "tiles_per_split")
+        names += ("mask_col0", "kv_splits", "tiles_per_split", "combine_axis")
         return (
             "NestParams("
             + ", ".join(f"{n}={v}" for n, v in zip(names, self._key, strict=True))
@@ -505,7 +507,7 @@ def attention_nest(query, topk_indices, block_table, kv_act_seqs, out, load, p):
 def packed_nest(query, nope_cache, cache_fp8, topk_indices, block_table, kv_act_seqs,
                 attention_out, p):  # fmt: skip
     """Packed cache (INT8 bytes; FP8 also through ``cache_fp8``)."""
-    pypto.experimental.set_operation_options(combine_axis=True)
+    pypto.experimental.set_operation_options(combine_axis=p.combine_axis)
     if p.quant == "fp8":
 
         def load(idx, bt, valid, drop):
@@ -521,7 +523,7 @@ def packed_nest(query, nope_cache, cache_fp8, topk_indices, block_table, kv_act_
 def split_nest(query, kn_quant, kr, kn_scales, topk_indices, block_table, kv_act_seqs,
                attention_out, p):  # fmt: skip
     """kv_split cache."""
-    pypto.experimental.set_operation_options(combine_axis=True)
+    pypto.experimental.set_operation_options(combine_axis=p.combine_axis)
 
     def load(idx, bt, valid, drop):
         return load_split(kn_quant, kr, kn_scales, idx, bt, valid, drop, p)
@@ -650,7 +652,7 @@ def build_probe(params: ProbeParams):
     (:func:`tilesim.device.backend.compiled`)."""
 
     def make():
-        opts = jit_options("online")
+        opts = jit_options(SEED_JIT["online"])
         opts["runtime_options"].pop("ready_on_host_tensors")  # the probe has no such inputs
         return pypto.frontend.jit(**opts)(probe_matmuls)
 
@@ -668,50 +670,87 @@ SOURCES = {
 # ----------------------------------------------------------------------------- options
 
 
-def jit_options(mode: str) -> dict:
-    """``pypto.frontend.jit`` options per target and softmax mode (the seeds' choices, in
-    ``hicann/pypto-gym``'s DeepSeek sparse-attention kernels; ``docs/sources.md``): ``online`` =
-    the ``_high`` / ``_d_950`` kernels, ``per_tile`` = ``_d``.
-    PyPTO 0.2.0 has no ``ooo_sched_mode`` pass option and no ``max_workspace_kb`` runtime
-    option (the ``_high`` kernel sets both); its ``"DEFAULT"`` key is written ``-1`` here."""
-    if mode == "online":
-        return {
-            "pass_options": {
-                "vec_nbuffer_setting": {-1: 1},
-                "cube_l1_reuse_setting": {-1: 1},
-                "cube_nbuffer_setting": {-1: 1},
-            },
-            "runtime_options": {
-                "stitch_function_max_num": 128,
-                "device_sched_mode": 1,
-                "ready_on_host_tensors": ["block_table", "kv_act_seqs"],
-            },
-        }
-    return {
-        "pass_options": {
-            "vec_nbuffer_setting": {-1: 2, 0: 4},
-            "cube_l1_reuse_setting": {-1: 2},
-        },
-        "runtime_options": {
-            "stitch_function_max_num": 128,
-            "device_sched_mode": 3,
-            "ready_on_host_tensors": ["block_table", "kv_act_seqs"],
-        },
-    }
+#: the contract every build needs (the loop bounds read these inputs on the host), not a tuning
+READY_ON_HOST = ("block_table", "kv_act_seqs")
+
+#: the seeds' options per softmax mode (``hicann/pypto-gym``'s DeepSeek sparse-attention
+#: kernels, ``docs/sources.md``): ``online`` = the ``_high`` / ``_d_950`` kernels, ``per_tile`` =
+#: ``_d``. A hashable spec (part of the compile key): ``(kind, name, value)`` with kind
+#: ``"pass"`` (value: ``((scope, n), ...)``, a ``{scope: n}`` dict), ``"runtime"`` or
+#: ``"operation"`` (``set_operation_options`` in the kernel body). PyPTO 0.2.0 has no
+#: ``ooo_sched_mode`` pass option and no ``max_workspace_kb`` runtime option (the ``_high``
+#: kernel sets both); its ``"DEFAULT"`` key is written ``-1``.
+SEED_JIT = {
+    "online": (
+        ("pass", "vec_nbuffer_setting", ((-1, 1),)),
+        ("pass", "cube_l1_reuse_setting", ((-1, 1),)),
+        ("pass", "cube_nbuffer_setting", ((-1, 1),)),
+        ("runtime", "stitch_function_max_num", 128),
+        ("runtime", "device_sched_mode", 1),
+        ("operation", "combine_axis", True),
+    ),
+    "per_tile": (
+        ("pass", "vec_nbuffer_setting", ((-1, 2), (0, 4))),
+        ("pass", "cube_l1_reuse_setting", ((-1, 2),)),
+        ("runtime", "stitch_function_max_num", 128),
+        ("runtime", "device_sched_mode", 3),
+        ("operation", "combine_axis", True),
+    ),
+}
 
 
-def build(form: str, quant: str, mode: str, params: NestParams, static_dims: tuple):
+def without(spec: tuple, *names: str) -> tuple:
+    """``spec`` without the options called ``names`` (the cost-model sweep's variants)."""
+    return tuple(o for o in spec if o[1] not in names)
+
+
+#: the options the kernels keep, per (SoC, mode): the seeds' options that do not make the cost
+#: model worse (tests/device/dsa_sweep.py; docs/device.md, "Options per SoC and mode"): all of
+#: them in the decode preset on both SoCs and in the prefill preset on the 910B; the 950's
+#: prefill preset keeps the seeds' set unmeasured
+JIT = {(soc, mode): spec for soc in ("910b", "950") for mode, spec in SEED_JIT.items()}
+
+
+def jit_spec(soc: str, mode: str) -> tuple:
+    """The option spec the kernels use on ``soc`` in softmax ``mode`` (:data:`JIT`)."""
+    return JIT[(soc, mode)]
+
+
+def combine_axis(spec: tuple) -> bool:
+    """The spec's ``combine_axis`` operation option (``False``, 0.2.0's default, if absent)."""
+    return any(k == "operation" and n == "combine_axis" and v for k, n, v in spec)
+
+
+def jit_options(spec: tuple) -> dict:
+    """``pypto.frontend.jit`` keyword arguments of an option ``spec`` (:data:`SEED_JIT`), with
+    the ``ready_on_host_tensors`` contract added."""
+    kw: dict = {"pass_options": {}, "runtime_options": {}}
+    for kind, name, value in spec:
+        if kind == "pass":
+            kw["pass_options"][name] = dict(value)
+        elif kind == "runtime":
+            kw["runtime_options"][name] = value
+        elif kind != "operation":
+            raise ValueError(f"jit option kind: expected pass/runtime/operation, got {kind!r}")
+    kw["runtime_options"]["ready_on_host_tensors"] = list(READY_ON_HOST)
+    return kw
+
+
+def build(form: str, quant: str, mode: str, params: NestParams, static_dims: tuple, jit: tuple):
     """The jit kernel for a cache ``form`` ("packed"/"split"), ``quant`` ("int8"/"fp8"),
-    softmax ``mode`` ("online"/"per_tile") and static ``params`` on this process's target,
-    built once per compile key (:func:`tilesim.device.backend.compiled`; the key is the model
-    constants, tiles incl. ``kv_splits``, quant, layout, mode and masked or not, never a
-    batch, sequence length or ``cur_seq``: those are runtime values of the loop nest).
-    ``static_dims``: the ``pypto.STATIC`` axes of the call, ``(cache rows, block-table
-    columns)``: 0.2.0's ``view`` takes only constant shapes, so the cache pool's row count (a
-    deployment constant) and the block table's width (padded by the wrapper to a power of two,
-    a bucket) are compiled in."""
+    softmax ``mode`` ("online"/"per_tile"), static ``params`` and option spec ``jit``
+    (:func:`jit_spec`; its ``combine_axis`` must be ``params.combine_axis``) on this process's
+    target, built once per compile key (:func:`tilesim.device.backend.compiled`; the key is the
+    model constants, tiles incl. ``kv_splits``, quant, layout, mode, masked or not and the
+    options, never a batch, sequence length or ``cur_seq``: those are runtime values of the
+    loop nest). ``static_dims``: the ``pypto.STATIC`` axes of the call, ``(cache rows,
+    block-table columns)``: 0.2.0's ``view`` takes only constant shapes, so the cache pool's
+    row count (a deployment constant) and the block table's width (padded by the wrapper to a
+    power of two, a bucket) are compiled in."""
+    if combine_axis(jit) != params.combine_axis:
+        raise ValueError(f"params.combine_axis {params.combine_axis} does not match jit {jit!r}")
     name = "dsa_sparse_attention" if form == "packed" else "dsa_sparse_attention_kv_split"
-    key = (quant, mode, params.key, tuple(static_dims))
+    key = (quant, mode, params.key, tuple(static_dims), jit)
     return compiled(
-        name, key, lambda: pypto.frontend.jit(**jit_options(mode))(SOURCES[(form, quant)])
+        name, key, lambda: pypto.frontend.jit(**jit_options(jit))(SOURCES[(form, quant)])
     )

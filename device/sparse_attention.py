@@ -20,6 +20,9 @@ kv_split           FP8 E4M3    950                  three gathers (kn_quant, kr,
 kv_split           INT8        910B, 950            three gathers
 =================  ==========  ===================  ============================================
 
+:func:`prepared_launch` hands back what a call would launch (kernel, exact tensors) without
+running it: the compile checks at the NPU tests' shapes and the cost-model option sweep use it.
+
 ``tiling`` (:class:`tilesim.shared.tiling.SaTileShapeConfig`; ``tile_config`` is a deprecated
 alias) selects the mode: the ``decode`` preset (online softmax over 512-key tiles, the seeds'
 ``_high`` kernel) or the ``prefill`` preset (per-tile normalised softmax over 2048-key tiles,
@@ -39,6 +42,7 @@ the merge; a token with no live entry gets zeros). Not supported: ``n_kv != 1`` 
 
 from __future__ import annotations
 
+import contextvars
 import functools
 
 import numpy as np
@@ -75,6 +79,7 @@ __all__ = [
     "device_indices",
     "kernel_indices",
     "matmul_probe",
+    "prepared_launch",
     "sparse_attention_antiquant",
     "sparse_attention_antiquant_kv_split",
     "sparse_attention_traffic",
@@ -203,11 +208,42 @@ def _launch(a: DsaArgs, ints: tuple, form: str, quant: str, layout: str, caches:
     if out is None:
         out = torch.empty((a.rows, NOPE), dtype=torch.bfloat16, device=dev)
     mode = "online" if a.tiling.softmax == "online" else "per_tile"
-    params = _nest_params(a, quant, layout, mask_col0)
-    kernel = kernels.build(form, quant, mode, params, (tensors[1].shape[0], bt.shape[1]))
-    us = _backend.launch(functools.partial(kernel, params=params), [*tensors, idx, bt, acts],
-                         [out], target)  # fmt: skip
+    capture = _CAPTURE.get()
+    override = capture.get("jit") if capture is not None else None  # () = PyPTO's defaults
+    jit = kernels.jit_spec(target.soc, mode) if override is None else override
+    params = _nest_params(a, quant, layout, mask_col0, kernels.combine_axis(jit))
+    kernel = kernels.build(form, quant, mode, params, (tensors[1].shape[0], bt.shape[1]), jit)
+    kernel = functools.partial(kernel, params=params)
+    if capture is not None:  # prepared_launch: hand the launch back instead of running it
+        capture.update(kernel=kernel, inputs=[*tensors, idx, bt, acts], outputs=[out])
+        return None
+    us = _backend.launch(kernel, [*tensors, idx, bt, acts], [out], target)
     return _backend.finish(out, us, target)
+
+
+#: set by :func:`prepared_launch` for the duration of one wrapper call
+_CAPTURE: contextvars.ContextVar = contextvars.ContextVar("dsa_prepared_launch", default=None)
+
+
+def prepared_launch(op: str, *args, jit: tuple | None = None, **kwargs) -> dict:
+    """What the wrapper ``op`` (``"sparse_attention_antiquant"`` or ``..._kv_split``) would
+    launch for these arguments, without launching: ``{"kernel", "inputs", "outputs"}`` (the
+    kernel with its static parameters bound, and the exact tensors the NPU / sim path passes:
+    query, caches, the index plan, the bucketed block table, ``kv_act_seqs``; then ``out``).
+    Every check and the index planning run as in a real call. ``jit``: an option spec
+    replacing the SoC's (:func:`tilesim.device._dsa_kernels.jit_spec`; the cost-model sweep's
+    variants). Run it with ``tilesim.device.sim.run_compile(kernel, [*inputs, *outputs])``
+    (compile only) or ``run_kernel``."""
+    check_choice(op, "op", ("sparse_attention_antiquant", "sparse_attention_antiquant_kv_split"))
+    box: dict = {"jit": None if jit is None else tuple(jit)}
+    token = _CAPTURE.set(box)
+    try:
+        globals()[op](*args, **kwargs)
+    finally:
+        _CAPTURE.reset(token)
+    if "kernel" not in box:
+        raise ValueError(f"{op}: these arguments launch no kernel (shape-only inputs)")
+    return {k: box[k] for k in ("kernel", "inputs", "outputs")}
 
 
 def _bucket_columns(bt):
@@ -222,9 +258,9 @@ def _bucket_columns(bt):
     return out
 
 
-def _nest_params(a: DsaArgs, quant: str, layout: str, mask_col0):
+def _nest_params(a: DsaArgs, quant: str, layout: str, mask_col0, combine_axis: bool):
     """The kernel's static parameters (its compile key: model constants, tiles, quant, layout,
-    mode, masked or not -- no batch, length or ``cur_seq``)."""
+    mode, masked or not, the ``combine_axis`` option -- no batch, length or ``cur_seq``)."""
     from tilesim.device import _dsa_kernels as kernels
 
     k = a.tiling.kv_splits
@@ -233,6 +269,7 @@ def _nest_params(a: DsaArgs, quant: str, layout: str, mask_col0):
         block_size=a.block_size, tile=a.tiling.as_tuple(), online=a.tiling.softmax == "online",
         quant=quant, layout=layout, mask_col0=mask_col0, kv_splits=k,
         tiles_per_split=tiles_per_split(a.topk, a.tiling.s_kv_tile, k) if k > 1 else None,
+        combine_axis=combine_axis,
     )  # fmt: skip
 
 

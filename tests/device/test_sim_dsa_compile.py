@@ -170,3 +170,37 @@ def test_shape_only_inputs_give_the_output_shape():
     with pytest.raises(ValueError, match="topk_indices"):
         sparse_attention_antiquant(m(384, 512), m(384, 64), m(4096, 656, dt=torch.int8), bad,
                                    *ints[1:], softmax_scale=0.04)  # fmt: skip
+
+
+#: the seeds' options as docs/device.md records them ("Options per SoC and mode")
+_SEEDS_DOC = {
+    "online": {
+        "pass_options": {"vec_nbuffer_setting": {-1: 1}, "cube_l1_reuse_setting": {-1: 1},
+                         "cube_nbuffer_setting": {-1: 1}},
+        "runtime_options": {"stitch_function_max_num": 128, "device_sched_mode": 1},
+    },
+    "per_tile": {
+        "pass_options": {"vec_nbuffer_setting": {-1: 2, 0: 4}, "cube_l1_reuse_setting": {-1: 2}},
+        "runtime_options": {"stitch_function_max_num": 128, "device_sched_mode": 3},
+    },
+}  # fmt: skip
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize("mode", ["online", "per_tile"])
+def test_jit_options_per_soc_are_seeds_options(mode):
+    """Every SoC's option set is a subset of the seeds' (as documented), always with the
+    ``ready_on_host`` contract; ``combine_axis`` goes to the kernel body, not to jit."""
+    pytest.importorskip("pypto")
+    from tilesim.device import _dsa_kernels as k
+
+    seeds = k.jit_options(k.SEED_JIT[mode])
+    host = seeds["runtime_options"].pop("ready_on_host_tensors")
+    assert host == ["block_table", "kv_act_seqs"]
+    assert seeds == _SEEDS_DOC[mode]
+    assert k.combine_axis(k.SEED_JIT[mode]) and not k.combine_axis(())
+    for soc in ("910b", "950"):
+        spec = k.jit_spec(soc, mode)
+        assert set(spec) <= set(k.SEED_JIT[mode]), (soc, spec)
+        opts = k.jit_options(spec)
+        assert opts["runtime_options"]["ready_on_host_tensors"] == host
