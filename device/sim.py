@@ -57,10 +57,12 @@ __all__ = [
     "SimError",
     "SimRun",
     "configure",
+    "cost_only",
     "current_soc",
     "isolated",
     "load_calculator",
     "run_compile",
+    "run_cost",
     "run_kernel",
     "sim_soc",
     "warm",
@@ -400,7 +402,7 @@ def load_calculator() -> Path:
 
 
 # ---------------------------------------------------------------- monkeypatches
-_MODE = {"costmodel": True}
+_MODE = {"costmodel": True, "cost_only": False}
 
 
 def _patch() -> None:
@@ -498,8 +500,13 @@ def run_kernel(kernel, args, *, costmodel: bool = True, pass_filter=(), **params
     pass_filter ``()``: interpret the tensor graph only; ``["all"]``: also re-interpret after
                 every compiler pass and compare (slow, superlinear in loop trips).
 
+    Inside a :func:`cost_only` block (and with ``costmodel``) it is :func:`run_cost` instead:
+    no interpretation, the arguments keep what the caller put there.
+
     Returns a :class:`SimRun`. Configures the process for the default SoC if needed.
     """
+    if _MODE["cost_only"] and costmodel:
+        return run_cost(kernel, args, **params)
     pypto_impl = _prepare(
         args,
         costmodel,
@@ -509,6 +516,45 @@ def run_kernel(kernel, args, *, costmodel: bool = True, pass_filter=(), **params
     )
     require_pypto().set_verify_golden_data(goldens=[None] * len(args))
     seconds = _call(kernel, args, params)
+    return _collect(pypto_impl, costmodel, seconds)
+
+
+def run_cost(kernel, args, **params) -> SimRun:
+    """Compile ``kernel`` and run the cost model on ``args`` WITHOUT the host interpreter.
+
+    Same call and result as :func:`run_kernel`, but the tensor graph is never interpreted
+    (``enable_pass_verify=False``), so the outputs are NOT computed: every argument keeps what
+    the caller put there. The cost model only needs the compiled program and the inputs: PyPTO
+    0.2.0's ``CostModelRunOnceDataFromHost`` runs the device control flow (loop trip counts,
+    scalars read from input tensors) on the caller's tensors and charges each leaf task its
+    modelled time -- it never reads a value the interpreter would have produced. So the µs
+    equal :func:`run_kernel`'s for the same kernel and arguments (tested on a small case),
+    at the cost of compile + cost model only: what makes shapes too big to interpret
+    costable. A kernel whose control flow read a tensor the kernel itself writes would see
+    the caller's values there, not computed ones.
+    """
+    pypto_impl = _prepare(args, True, enable_pass_verify=False)
+    seconds = _call(kernel, args, params)
+    return _collect(pypto_impl, True, seconds)
+
+
+@contextlib.contextmanager
+def cost_only():
+    """Within the block, :func:`run_kernel` (and so every wrapper's ``backend="sim"`` call)
+    runs :func:`run_cost`: the cost model's µs without interpreting -- the wrapper's output is
+    NOT computed (it holds whatever its buffer held). For costing shapes too big to interpret
+    through the wrappers' own argument building. Not re-entrant across threads."""
+    before = _MODE["cost_only"]
+    _MODE["cost_only"] = True
+    try:
+        yield
+    finally:
+        _MODE["cost_only"] = before
+
+
+def _collect(pypto_impl, costmodel: bool, seconds: float) -> SimRun:
+    """The :class:`SimRun` of the call just made (read from PyPTO's output folder, then
+    dropped)."""
     top = Path(pypto_impl.LogTopFolder())
     sim_dir = top / "CostModelSimulationOutput"
     us = _swim_us(sim_dir) if costmodel else None

@@ -152,22 +152,23 @@ class SimReport:
         kernel: str,
         soc: str,
         case: str,
-        bit_exact: float,
-        max_ulp: int,
-        max_abs: float,
+        bit_exact: float | None,
+        max_ulp: int | None,
+        max_abs: float | None,
         us: float | None,
         extra: dict | None = None,
     ) -> None:
-        if not 0.0 <= float(bit_exact) <= 1.0:
+        """``bit_exact`` / ``max_ulp`` / ``max_abs`` ``None``: a cost-only row (no output)."""
+        if bit_exact is not None and not 0.0 <= float(bit_exact) <= 1.0:
             raise ValueError(f"bit_exact: expected a fraction in [0, 1], got {bit_exact!r}")
         self.rows.append(
             {
                 "kernel": str(kernel),
                 "soc": str(soc),
                 "case": str(case),
-                "bit_exact": float(bit_exact),
-                "max_ulp": int(max_ulp),
-                "max_abs": float(max_abs),
+                "bit_exact": None if bit_exact is None else float(bit_exact),
+                "max_ulp": None if max_ulp is None else int(max_ulp),
+                "max_abs": None if max_abs is None else float(max_abs),
                 "us": None if us is None else float(us),
                 "extra": {str(k): v for k, v in (extra or {}).items()},
             }
@@ -191,6 +192,12 @@ class SimReport:
         return sorted(
             rows, key=lambda r: (r["kernel"], order.get(r["soc"], 9), r["soc"], r["case"])
         )
+
+    @staticmethod
+    def _fmt_exact(v) -> str:
+        if v is None:
+            return "—"
+        return f"{v:.6f}".rstrip("0").rstrip(".") if v < 1 else "1"
 
     @staticmethod
     def _fmt(v) -> str:
@@ -245,8 +252,8 @@ class SimReport:
                 r["kernel"],
                 r["soc"],
                 r["case"],
-                f"{r['bit_exact']:.6f}".rstrip("0").rstrip(".") if r["bit_exact"] < 1 else "1",
-                str(r["max_ulp"]) if r["max_ulp"] >= 0 else "n/a",
+                self._fmt_exact(r["bit_exact"]),
+                "—" if r["max_ulp"] is None else str(r["max_ulp"]) if r["max_ulp"] >= 0 else "n/a",
                 self._fmt(r["max_abs"]),
                 self._fmt(r["us"]),
                 *(self._fmt(r["extra"].get(k)) for k in extras),
