@@ -36,10 +36,10 @@ seeds' formulation, the replacement is used on every target (sim and NPU) and do
 function: FP8 bytes cannot be reinterpreted (``view(dtype=)`` rejects FP8 on either side in the
 ReplaceTensor pass), so the packed FP8 cache is passed twice, as FP8 and as INT8 bytes of the
 same memory (:func:`load_packed_fp8`); ``clone`` of a byte-reinterpreted BF16 view breaks the
-DAV_3510 code generator, so the rope part is copied with ``mul(kr, 1.0)`` (exact: x * 1 = x for
-every finite BF16 value including -0; NaN stays NaN); the dequant reshapes use full tile shapes
-(with a dynamic ``valid_shape`` 0.2.0 copies the whole scale column to UB in one piece, which
-does not fit at ``s_kv_tile`` 2048; :func:`dequant_nope`).
+DAV_3510 code generator, so the rope part is copied as ``BF16(FP32(kr))`` (exact for every BF16
+value including -0; NaN stays NaN; :func:`assemble_keys`). The whole V0 stage of a tile is one
+manual subgraph scope on row tiles of ``V0_ROWS`` keys (:func:`load_keys`): one task per row
+tile, with the dequant done per 128-column group straight into K (no reshape).
 """
 
 # no `from __future__ import annotations`: the frontend evaluates the pypto.Tensor(...) annotations
@@ -57,10 +57,12 @@ UB_PITCH = 672  # packed row padded to a 32-byte multiple in UB (the seeds' pitc
 TAIL_BYTES = 144  # rope (128 B) + scales (16 B) of a packed row, bytes 512..655
 TAIL_PITCH = 160  # 144 padded to a 32-byte multiple
 SCALE_PITCH = 8  # 4 FP32 scales padded to 32 bytes (kv_split)
-#: rows per vector tile of the V0 gathers / casts: each tile is one task of the schedule, and
-#: every task costs the device a fixed submit + dispatch + completion overhead (docs/device.md)
-GATHER_ROWS = 64
-CAST_ROWS = 32
+#: keys per V0 row tile = per V0 task (load_keys): every task costs the device a fixed dispatch
+#: + completion overhead and every dependency edge a resolution (docs/device.md). 64-row tasks
+#: compile within both SoCs' UB; 32 and 128 rows measured slower (128 on the 910B)
+V0_ROWS = 64
+#: the manual subgraph scope (``set_pass_options(sg_set_scope=)``) of the V0 stage
+V0_SCOPE = 13
 MASK_BIAS = 3.0e38  # -MASK_BIAS is selected as the score of skipped entries (masked builds)
 MASK_FLOOR = 1.0e30  # row max of an all-skipped tile is clamped to -MASK_FLOOR (masked builds)
 
@@ -120,30 +122,11 @@ class NestParams:
 
 
 # ----------------------------------------------------------------------------- V0 loaders
-
-
-def dequant_nope(q32, scales_fp32, valid, drop, p):
-    """``BF16(q * scale_g)``: ``q32`` FP32 ``[s_kv_tile, 512]`` and FP32 scales ``[s_kv_tile, 4]``
-    (``valid`` rows) -> BF16 ``[s_kv_tile, 512]``. One FP32 multiply per element, one rounding.
-    ``drop`` (masked builds, else ``None``): the INT32 ``[1, s_kv_tile]`` skip flags (1 at
-    skipped entries, ``valid`` columns), whose V rows are
-    SELECTED to exactly +0 (their gathered stand-in row may hold garbage: a
-    multiply by a 0/1 mask would keep a NaN, and ``P = 0`` times a NaN V row is NaN)."""
-    t = p.s_kv_tile
-    sc = pypto.add(scales_fp32, 0.0)  # materialise the reinterpreted view before the reshape
-    pypto.set_vec_tile_shapes(128, 128)
-    # full-shape reshapes (rows past `valid` hold don't-care values and are dropped by the
-    # valid view below): with a dynamic valid_shape 0.2.0 copies the whole [t*4, 1] scale
-    # column into UB in one piece, 8192 x 32 B > UB for s_kv_tile 2048
-    sc = pypto.reshape(sc, [t * NSCALES, 1])
-    qg = pypto.reshape(q32, [t * NSCALES, GROUP])
-    kn32 = pypto.mul(qg, sc)
-    kn32 = pypto.reshape(kn32, [t, NOPE], valid_shape=[valid, NOPE])
-    pypto.set_vec_tile_shapes(32, NOPE)
-    if drop is not None:
-        col = pypto.reshape(pypto.cast(drop, pypto.DT_FP32), [t, 1], valid_shape=[valid, 1])
-        kn32 = pypto.where(pypto.gt(col, 0.5), 0.0, kn32)
-    return pypto.cast(kn32, pypto.DT_BF16)
+# V0 of a KV tile -- the gathers, the FP8 / INT8 -> FP32 casts, the dequant multiply, the BF16
+# casts into K and the rope copy -- is built on row tiles of V0_ROWS keys and placed in one
+# manual subgraph scope (load_keys), so the partitioner makes ONE task per row tile out of it
+# (s_kv_tile / V0_ROWS tasks per KV tile, each a successor of the root's entry task and a
+# predecessor of the C1 / C2 tasks that read its rows). docs/device.md, "Where the time goes".
 
 
 def int8_to_fp32(q8):
@@ -151,63 +134,64 @@ def int8_to_fp32(q8):
     return pypto.cast(pypto.cast(q8, pypto.DT_FP16), pypto.DT_FP32)
 
 
-def load_packed_int8(cache, idx, bt, valid, drop, p):
+def to_fp32(q, p):
+    """The quantized latent values (INT8 or FP8 E4M3) as FP32 (exact)."""
+    return int8_to_fp32(q) if p.quant == "int8" else pypto.cast(q, pypto.DT_FP32)
+
+
+def load_packed_int8(cache, idx, bt, valid, p):
     """Packed INT8 cache ``[rows, 656]``: ONE gather of whole rows through the block table into
-    a ``[s_kv_tile, 672]`` UB tile (656 valid bytes), then byte views: nope INT8 -> FP32, rope
-    viewed as BF16, scales viewed as FP32. Returns ``(kn BF16, kr BF16)`` with ``valid`` rows."""
+    a ``[s_kv_tile, 672]`` UB tile (656 valid bytes), then byte views: nope INT8, rope viewed as
+    BF16, scales viewed as FP32. Returns ``(q, scales, kr)``: ``q`` the quantized nope values
+    ``[s_kv_tile, 512]``, ``scales`` FP32 ``[s_kv_tile, 4]``, ``kr`` BF16 ``[s_kv_tile, 64]``,
+    ``valid`` rows each (:func:`assemble_keys` makes K of them)."""
     t = p.s_kv_tile
-    pypto.set_vec_tile_shapes(GATHER_ROWS, UB_PITCH)
+    pypto.set_vec_tile_shapes(V0_ROWS, UB_PITCH)
     rows_view = pypto.view(
         cache, [cache.shape[0], UB_PITCH], [0, 0], valid_shape=[cache.shape[0], ROW_BYTES]
     )
     rows = gather_in_ub(rows_view, idx, bt, p.block_size, -2)
-    pypto.set_vec_tile_shapes(CAST_ROWS, NOPE)
+    pypto.set_vec_tile_shapes(V0_ROWS, NOPE)
     q8 = pypto.view(rows, [t, NOPE], [0, 0], valid_shape=[valid, NOPE])
     sc8 = pypto.view(rows, [t, 4 * NSCALES], [0, p.scale_off], valid_shape=[valid, 4 * NSCALES])
     kr8 = pypto.view(rows, [t, 2 * ROPE], [0, p.rope_off], valid_shape=[valid, 2 * ROPE])
-    kn = dequant_nope(int8_to_fp32(q8), pypto.view(sc8, dtype=pypto.DT_FP32), valid, drop, p)
-    return kn, pypto.view(kr8, dtype=pypto.DT_BF16)
+    return q8, pypto.view(sc8, dtype=pypto.DT_FP32), pypto.view(kr8, dtype=pypto.DT_BF16)
 
 
-def load_packed_fp8(cache, cache_fp8, idx, bt, valid, drop, p):
+def load_packed_fp8(cache, cache_fp8, idx, bt, valid, p):
     """Packed FP8 cache ``[rows, 656]``, given twice: ``cache`` as INT8 bytes and ``cache_fp8`` as
     FP8 E4M3 (the same memory). PyPTO 0.2.0 rejects ``view(dtype=)`` from or to FP8, so the
     seeds' single whole-row gather followed by byte reinterpretation cannot be compiled. Instead
     two gathers through the same indices and block table fetch disjoint byte ranges of each
-    row: bytes 0..511 from the FP8 view (cast FP8 -> FP32 on the vector unit, exact) and bytes
-    512..655 (rope + scales, padded to 160) from the INT8 view. Same HBM bytes as one gather;
-    twice the descriptors. Used on CPU and NPU alike."""
+    row: bytes 0..511 from the FP8 view and bytes 512..655 (rope + scales, padded to 160) from
+    the INT8 view. Same HBM bytes as one gather; twice the descriptors. Used on CPU and NPU
+    alike. Returns as :func:`load_packed_int8` (``q`` FP8)."""
     t = p.s_kv_tile
-    pypto.set_vec_tile_shapes(GATHER_ROWS, NOPE)
+    pypto.set_vec_tile_shapes(V0_ROWS, NOPE)
     nope_view = pypto.view(cache_fp8, [cache_fp8.shape[0], NOPE], [0, 0])
     qf8 = gather_in_ub(nope_view, idx, bt, p.block_size, -2)
-    pypto.set_vec_tile_shapes(CAST_ROWS, NOPE)
-    q32 = pypto.cast(qf8, pypto.DT_FP32)
-    pypto.set_vec_tile_shapes(GATHER_ROWS, TAIL_PITCH)
+    pypto.set_vec_tile_shapes(V0_ROWS, TAIL_PITCH)
     tail_view = pypto.view(
         cache, [cache.shape[0], TAIL_PITCH], [0, NOPE], valid_shape=[cache.shape[0], TAIL_BYTES]
     )
     tail = gather_in_ub(tail_view, idx, bt, p.block_size, -2)
-    pypto.set_vec_tile_shapes(CAST_ROWS, NOPE)
+    pypto.set_vec_tile_shapes(V0_ROWS, NOPE)
     so, ro = p.scale_off - NOPE, p.rope_off - NOPE
     sc8 = pypto.view(tail, [t, 4 * NSCALES], [0, so], valid_shape=[valid, 4 * NSCALES])
     kr8 = pypto.view(tail, [t, 2 * ROPE], [0, ro], valid_shape=[valid, 2 * ROPE])
-    kn = dequant_nope(q32, pypto.view(sc8, dtype=pypto.DT_FP32), valid, drop, p)
-    return kn, pypto.view(kr8, dtype=pypto.DT_BF16)
+    return qf8, pypto.view(sc8, dtype=pypto.DT_FP32), pypto.view(kr8, dtype=pypto.DT_BF16)
 
 
-def load_split(kn_quant, kr, kn_scales, idx, bt, valid, drop, p):
+def load_split(kn_quant, kr, kn_scales, idx, bt, valid, p):
     """kv_split cache: three gathers through the same indices: ``kn_quant [rows, 512]`` (FP8 E4M3
     or INT8), ``kr [rows, 64]`` BF16, ``kn_scales [rows, 4]`` FP32 (gathered as a 32-byte
-    ``[rows, 8]`` view with 4 valid columns)."""
+    ``[rows, 8]`` view with 4 valid columns). Returns as :func:`load_packed_int8`."""
     t = p.s_kv_tile
-    pypto.set_vec_tile_shapes(GATHER_ROWS, NOPE)
+    pypto.set_vec_tile_shapes(V0_ROWS, NOPE)
     qk = gather_in_ub(kn_quant, idx, bt, p.block_size, -2)
-    pypto.set_vec_tile_shapes(CAST_ROWS, NOPE)
-    q32 = int8_to_fp32(qk) if p.quant == "int8" else pypto.cast(qk, pypto.DT_FP32)
-    pypto.set_vec_tile_shapes(GATHER_ROWS, ROPE)
+    pypto.set_vec_tile_shapes(V0_ROWS, ROPE)
     kr_rows = gather_in_ub(kr, idx, bt, p.block_size, -2)
-    pypto.set_vec_tile_shapes(GATHER_ROWS, SCALE_PITCH)
+    pypto.set_vec_tile_shapes(V0_ROWS, SCALE_PITCH)
     sc_view = pypto.view(
         kn_scales,
         [kn_scales.shape[0], SCALE_PITCH],
@@ -216,24 +200,60 @@ def load_split(kn_quant, kr, kn_scales, idx, bt, valid, drop, p):
     )
     sc_rows = gather_in_ub(sc_view, idx, bt, p.block_size, -2)
     sc = pypto.view(sc_rows, [t, NSCALES], [0, 0], valid_shape=[valid, NSCALES])
-    pypto.set_vec_tile_shapes(CAST_ROWS, NOPE)
-    kn = dequant_nope(q32, sc, valid, drop, p)
-    return kn, pypto.view(kr_rows, [t, ROPE], [0, 0], valid_shape=[valid, ROPE])
+    pypto.set_vec_tile_shapes(V0_ROWS, NOPE)
+    return qk, sc, pypto.view(kr_rows, [t, ROPE], [0, 0], valid_shape=[valid, ROPE])
+
+
+def assemble_keys(q, scales, kr, valid, skip_col, p):
+    """``K = [kn | kr]`` BF16 ``[s_kv_tile, 576]`` and ``kn`` (its first 512 columns, the V of
+    C2), ``valid`` rows each, from a loader's ``(q, scales, kr)``. Per 128-column group ``g``:
+    ``kn_g = BF16(FP32(q_g) * scale_g)`` -- the exact casts, one FP32 multiply by the ``[t, 1]``
+    scale column, one RNE rounding, the reference's expression -- written straight into its
+    columns of K (no reshape of the tile, so nothing splits the V0 task). ``skip_col``
+    (masked builds, else ``None``): BOOL ``[s_kv_tile, 1]``, true at skipped entries, whose V
+    rows are SELECTED to exactly +0 (their gathered stand-in row may hold garbage: a multiply
+    by a 0/1 mask would keep a NaN, and ``P = 0`` times a NaN V row is NaN). The rope part is
+    copied as ``BF16(FP32(kr))``, exact for every BF16 value (NaN stays NaN), not with
+    ``clone`` (module docstring) nor with ``mul(kr, 1.0)``: on the 910B that left a MULS and a
+    CAST task per row tile outside the V0 scope."""
+    t = p.s_kv_tile
+    pypto.set_vec_tile_shapes(V0_ROWS, NOPE)
+    kj = pypto.tensor([t, HEAD], pypto.DT_BF16, "kj")
+    sc = pypto.add(scales, 0.0)  # materialise the reinterpreted view (as before: same bits)
+    pypto.set_vec_tile_shapes(V0_ROWS, GROUP)
+    for g in range(NSCALES):
+        qg = pypto.view(q, [t, GROUP], [0, g * GROUP], valid_shape=[valid, GROUP])
+        sg = pypto.view(sc, [t, 1], [0, g], valid_shape=[valid, 1])
+        kg = pypto.mul(to_fp32(qg, p), sg)
+        if skip_col is not None:
+            kg = pypto.where(skip_col, 0.0, kg)
+        pypto.assemble(pypto.cast(kg, pypto.DT_BF16), [0, g * GROUP], kj)
+    pypto.set_vec_tile_shapes(V0_ROWS, ROPE)
+    pypto.assemble(pypto.cast(pypto.cast(kr, pypto.DT_FP32), pypto.DT_BF16), [0, NOPE], kj)
+    kn = pypto.view(kj, [t, NOPE], [0, 0], valid_shape=[valid, NOPE])
+    return kn, pypto.view(kj, [t, HEAD], [0, 0], valid_shape=[valid, HEAD])
+
+
+def load_keys(load, idx, bt, valid, drop, p):
+    """V0 of one KV tile -> ``(kn, K)`` (:func:`assemble_keys`): the cache form's ``load(idx,
+    bt, valid) -> (q, scales, kr)`` and the assembly, inside the manual subgraph scope
+    :data:`V0_SCOPE` (one task per row tile). ``drop`` (masked builds, else ``None``): the INT32
+    ``[1, s_kv_tile]`` skip flags, turned into a ``[s_kv_tile, 1]`` column BEFORE the scope
+    (PyPTO documents that a reshape may stay a subgraph of its own inside a manual scope)."""
+    t = p.s_kv_tile
+    skip_col = None
+    if drop is not None:
+        pypto.set_vec_tile_shapes(V0_ROWS, NOPE)
+        col = pypto.reshape(pypto.cast(drop, pypto.DT_FP32), [t, 1], valid_shape=[valid, 1])
+        skip_col = pypto.gt(col, 0.5)
+    pypto.set_pass_options(sg_set_scope=V0_SCOPE)
+    q, scales, kr = load(idx, bt, valid)
+    kn, kj = assemble_keys(q, scales, kr, valid, skip_col, p)
+    pypto.set_pass_options(sg_set_scope=-1)
+    return kn, kj
 
 
 # ----------------------------------------------------------------------------- C1 / V1 / C2 / V2
-
-
-def assemble_keys(kn, kr, valid, p):
-    """``K = [kn | kr]`` BF16 ``[s_kv_tile, 576]`` (``valid`` rows). The rope part is copied with
-    ``mul(kr, 1.0)`` (exact for finite values, NaN stays NaN) instead of ``clone``: see the
-    module docstring."""
-    t = p.s_kv_tile
-    pypto.set_vec_tile_shapes(32, NOPE)
-    kj = pypto.tensor([t, HEAD], pypto.DT_BF16, "kj")
-    pypto.assemble(kn, [0, 0], kj)
-    pypto.assemble(pypto.mul(kr, 1.0), [0, NOPE], kj)
-    return pypto.view(kj, [t, HEAD], [0, 0], valid_shape=[valid, HEAD])
 
 
 def cube_tiles(c):
@@ -374,8 +394,7 @@ def kv_tile(query, topk_indices, block_table, tok, t, load, p):
             valid_shape=[1, valid],
         )
         skip = drop = flag  # selects of the score columns (V1) and of the V rows (V0)
-    kn, kr = load(idx, bt, valid, drop)
-    kj = assemble_keys(kn, kr, valid, p)
+    kn, kj = load_keys(load, idx, bt, valid, drop, p)
     # Q is a view of the kernel's [T*nq, 576] query: no per-group-tile copy (docs/device.md)
     qi = pypto.view(query, [p.g_tile, HEAD], [tok.row0, 0])
     return tile_attention(qi, kn, kj, skip, valid, p)
@@ -474,8 +493,8 @@ def whole_tiles(query, topk_indices, block_table, out, tok, bn, load, p):
 
 
 def attention_nest(query, topk_indices, block_table, kv_act_seqs, out, load, p):
-    """The loop nest (module docstring). ``load(idx, bt, valid) -> (kn, kr)`` is the V0 stage
-    of the cache form."""
+    """The loop nest (module docstring). ``load(idx, bt, valid) -> (q, scales, kr)`` is the V0
+    loader of the cache form (:func:`load_keys`)."""
     nq = p.nq
     group = nq // p.n_kv
     gt = p.g_tile
@@ -510,12 +529,12 @@ def packed_nest(query, nope_cache, cache_fp8, topk_indices, block_table, kv_act_
     pypto.experimental.set_operation_options(combine_axis=p.combine_axis)
     if p.quant == "fp8":
 
-        def load(idx, bt, valid, drop):
-            return load_packed_fp8(nope_cache, cache_fp8, idx, bt, valid, drop, p)
+        def load(idx, bt, valid):
+            return load_packed_fp8(nope_cache, cache_fp8, idx, bt, valid, p)
     else:
 
-        def load(idx, bt, valid, drop):
-            return load_packed_int8(nope_cache, idx, bt, valid, drop, p)
+        def load(idx, bt, valid):
+            return load_packed_int8(nope_cache, idx, bt, valid, p)
 
     attention_nest(query, topk_indices, block_table, kv_act_seqs, attention_out, load, p)
 
@@ -525,8 +544,8 @@ def split_nest(query, kn_quant, kr, kn_scales, topk_indices, block_table, kv_act
     """kv_split cache."""
     pypto.experimental.set_operation_options(combine_axis=p.combine_axis)
 
-    def load(idx, bt, valid, drop):
-        return load_split(kn_quant, kr, kn_scales, idx, bt, valid, drop, p)
+    def load(idx, bt, valid):
+        return load_split(kn_quant, kr, kn_scales, idx, bt, valid, p)
 
     attention_nest(query, topk_indices, block_table, kv_act_seqs, attention_out, load, p)
 
