@@ -22,14 +22,24 @@ One loop nest serves every cache form (:func:`attention_nest`)::
               per_tile: O_t = BF16(BF16(P / l) @ kn)
           V2  first / middle / last merge (pypto.cond on is_loop_begin / is_loop_end)
 
+Online softmax, ``kv_splits = 1``, at most ``UNROLL_TILES`` tiles (the decode preset: 4):
+L4 is unrolled at trace time (:func:`unrolled_tiles`): tile ``t`` runs in a 0/1-trip loop
+(``t < bn``) and leaves its raw ``(O_t, l_t, m_t)`` in its own FP32 tensors, and V2 becomes
+the fold of the tiles in tile order after them (:func:`fold_tiles`): one task computes the
+merge coefficients ``a_t, c_t`` and ``L`` from the tiles' ``(l, m)`` (ready after V1, so
+while the C2 matmuls run), then one task per column block folds ``O = O*a + O_t*c`` and
+writes ``BF16(O / L)``: merge_online's expressions in its order (same bits), but one
+dependent task after the last C2 instead of two per merged tile.
+
 Split-KV (``kv_splits > 1``, online; :func:`split_tiles`): L4 becomes one loop per split
 ``j`` (unrolled at trace time) over tiles ``j*tps ..``, each merging into its own FP32 state
-``(O, L, M)``; an empty split stores the neutral state; then a combine loop
-(:func:`combine_splits`, skipped when ``cur_seq = 0``) folds the states in split order and
-writes ``BF16(O / L)``. The query is ONE ``[T*nq, 576]`` tensor (the wrapper concatenates
-``query_nope`` and ``query_rope``) so that C1 reads Q from an input: a Q assembled per group
-tile was a task with ~129 successor edges whose resolution stalled the schedule (docs/device.md,
-"Where the time goes"). :func:`probe_matmuls` is the matmul-only probe of the same tiles.
+``(O, L, M)``; then the combine: the same fold (:func:`fold_tiles`) over the
+``ceil(bn / tps)`` non-empty splits' states in split order (an empty split is never read;
+none when ``cur_seq = 0``), which writes ``BF16(O / L)``. The query is ONE ``[T*nq, 576]``
+tensor (the wrapper concatenates ``query_nope`` and ``query_rope``) so that C1 reads Q from
+an input: a Q assembled per group tile was a task with ~129 successor edges whose
+resolution stalled the schedule (docs/device.md, "Where the time goes").
+:func:`probe_matmuls` is the matmul-only probe of the same tiles.
 
 The V0 stage differs per cache form (``load_*`` below). Where PyPTO 0.2.0 cannot express the
 seeds' formulation, the replacement is used on every target (sim and NPU) and documented at the
@@ -46,6 +56,9 @@ tile, with the dequant done per 128-column group straight into K (no reshape).
 import pypto
 from pypto.experimental import gather_in_ub
 from tilesim.device.backend import compiled
+
+# online, kv_splits = 1: tokens of up to UNROLL_TILES tiles fold once (also the split cap)
+from tilesim.shared.dsa_split import UNROLL_TILES
 
 NOPE = 512
 ROPE = 64
@@ -65,6 +78,9 @@ V0_ROWS = 64
 V0_SCOPE = 13
 MASK_BIAS = 3.0e38  # -MASK_BIAS is selected as the score of skipped entries (masked builds)
 MASK_FLOOR = 1.0e30  # row max of an all-skipped tile is clamped to -MASK_FLOOR (masked builds)
+SCOPE_COEF = 20  # sg_set_scope of the fold's coefficient task (fold_coefficients)
+SCOPE_FOLD = 21  # sg_set_scope of the fold's first column block (then 22, 23, ..; fold_outputs)
+FOLD_UB = 128 * 1024  # bytes of O tiles one fold task may hold (fold_width)
 
 #: byte offsets of (rope, scales) inside a packed row, per layout (tilesim.shared.mla_cache)
 LAYOUT_OFFSETS = {"pypto": (512, 640), "flashmla": (528, 512)}
@@ -422,25 +438,6 @@ def merge_split(t, o_t, l, m, acc, p):
         store_state(acc, pypto.add(pypto.mul(o_acc, a), pypto.mul(o_t, c)), l_new, m_new)
 
 
-def combine_splits(states, out, tok, p):
-    """The combine stage: fold the ``kv_splits`` split states of one group tile in split
-    order (``M' = max(M, m)``, ``a = exp(M - M')``, ``c = exp(m - M')``, ``L = a*L + c*l``,
-    ``O = O*a + O_j*c``), then write ``BF16(O / L)``. An empty split holds the neutral state
-    ``(0, 0, -MASK_FLOOR)``, which the fold leaves unchanged bit for bit (``a = 1, c = 0``
-    after a real state; ``a = 0, c = 1`` before the first one)."""
-    pypto.set_semantic_label("Sa_V3")
-    pypto.set_vec_tile_shapes(p.v2[0], p.v2[1])
-    o_acc, l_acc, m_acc = states[0]
-    for o_j, l_j, m_j in states[1:]:
-        m_new = pypto.maximum(m_acc, m_j)
-        a = pypto.exp(pypto.sub(m_acc, m_new))
-        c = pypto.exp(pypto.sub(m_j, m_new))
-        l_acc = pypto.add(pypto.mul(a, l_acc), pypto.mul(c, l_j))
-        o_acc = pypto.add(pypto.mul(o_acc, a), pypto.mul(o_j, c))
-        m_acc = m_new
-    write_rows(pypto.div(o_acc, safe_sum(l_acc, p)), out, tok.row0)
-
-
 def state_tensors(gt, tag=""):
     """FP32 ``(O [gt, 512], L [gt, 1], M [gt, 1])`` scratch of one merge."""
     return (
@@ -453,7 +450,9 @@ def state_tensors(gt, tag=""):
 def split_tiles(query, topk_indices, block_table, out, tok, bn, load, p):
     """Split-KV: ``kv_splits`` tile loops, one per split (unrolled here, so each split has its
     own state tensors and no loop iteration depends on another split's); split ``j`` runs
-    tiles ``j*tps ..`` of the token. Then the combine (skipped when ``cur_seq = 0``)."""
+    tiles ``j*tps ..`` of the token. Then the combine: the non-empty splits' states folded in
+    split order by :func:`fold_tiles` (``ceil(bn / tps)`` of them; none when ``cur_seq = 0``),
+    the online merge's expressions, as the reference's combine."""
     gt = p.g_tile
     states = []
     for j in range(p.kv_splits):
@@ -461,27 +460,143 @@ def split_tiles(query, topk_indices, block_table, out, tok, bn, load, p):
         states.append(acc)
         nt = (bn - j * p.tps).max(0).min(p.tps)
         nt.as_variable()
-        for _e in pypto.loop(0, 1 - nt.min(1), 1, name=f"LOOP_L4e{j}_SA", idx_name=f"e{j}"):
-            pypto.set_vec_tile_shapes(p.v2[0], p.v2[1])
-            store_state(
-                acc,
-                pypto.full([gt, NOPE], 0.0, pypto.DT_FP32),
-                pypto.full([gt, 1], 0.0, pypto.DT_FP32),
-                pypto.full([gt, 1], -MASK_FLOOR, pypto.DT_FP32),
-            )
         for tt in pypto.loop(0, nt, 1, name=f"LOOP_L4s{j}_SA", idx_name=f"t{j}"):
             t = j * p.tps + tt
             o_t, l, m = kv_tile(query, topk_indices, block_table, tok, t, load, p)
             pypto.set_semantic_label("Sa_V2")
             pypto.set_vec_tile_shapes(p.v2[0], p.v2[1])
             merge_split(tt, o_t, l, m, acc, p)
-    for _c in pypto.loop(0, bn.min(1), 1, name="LOOP_L5c_SA", idx_name="c"):
-        combine_splits(states, out, tok, p)
+    fold_tiles(states, out, tok, (bn + p.tps - 1) // p.tps, p)
+
+
+def coef_col_ids(gt, cols):
+    """FP32 ``[gt, cols]`` holding its column index ``0, 1, ..`` in every row, built in UB (a
+    cumulative sum of ones along the row: exact small integers; no GM round trip)."""
+    return pypto.sub(pypto.cumsum(pypto.full([gt, cols], 1.0, pypto.DT_FP32), -1), 1.0)
+
+
+def fold_coefficients(states, coef, p):
+    """The scalar part of the online fold of the tiles' states, in tile order: ``M' = max(M,
+    m)``, ``a = exp(M - M')``, ``c = exp(m - M')``, ``L' = a*L + c*l`` (merge_online's
+    expressions). ``a_t, c_t`` (t >= 1) and the final (safe) ``L`` are placed in columns
+    ``2t-2, 2t-1`` and ``2n-2`` of ONE FP32 ``[g_tile, cols]`` tensor ``coef`` by selects in UB
+    (exact) and written at once, so that each fold task reads them with one copy and one
+    dependence edge. One subgraph (``sg_set_scope``): a single task."""
+    pypto.set_semantic_label("Sa_V2")
+    gt, cols = coef.shape
+    pypto.set_vec_tile_shapes(gt, cols)
+    pypto.set_pass_options(sg_set_scope=SCOPE_COEF)
+    _o, l_acc, m_acc = states[0]
+    values = []
+    for _o_j, l_j, m_j in states[1:]:
+        m_new = pypto.maximum(m_acc, m_j)
+        a = pypto.exp(pypto.sub(m_acc, m_new))
+        c = pypto.exp(pypto.sub(m_j, m_new))
+        l_acc = pypto.add(pypto.mul(a, l_acc), pypto.mul(c, l_j))
+        m_acc = m_new
+        values += [a, c]
+    values.append(safe_sum(l_acc, p))
+    col_id = coef_col_ids(gt, cols)
+    packed = pypto.full([gt, cols], 0.0, pypto.DT_FP32)
+    for k, v in enumerate(values):
+        packed = pypto.where(pypto.eq(col_id, float(k)), v, packed)
+    coef[:] = packed
+    pypto.set_pass_options(sg_set_scope=-1)
+
+
+def coef_column(cf, col_id, k):
+    """Column ``k`` of the packed coefficients as ``[g_tile, 1]``, in UB: the row max with every
+    other column selected to ``-MASK_BIAS`` (exact: the coefficients are >= 0, or NaN)."""
+    return pypto.amax(pypto.where(pypto.eq(col_id, float(k)), cf, -MASK_BIAS), -1, True)
+
+
+def fold_width(n, gt):
+    """Columns per fold task: the widest of 128, 64, .., 16 whose ``n`` FP32 ``[gt, w]`` O tiles
+    take at most FOLD_UB bytes (4 x 64 KiB at w = 128 overflow the 910B's 192 KiB UB: the
+    scheduler spills to GM)."""
+    w = 128
+    while w > 16 and n * gt * w * 4 > FOLD_UB:
+        w //= 2
+    return w
+
+
+def fold_outputs(states, coef, out, row0, p):
+    """The O part of the fold: ``O' = O*a + O_t*c`` in tile order with the coefficients of
+    :func:`fold_coefficients`, then ``BF16(O / L)`` into the output rows; per column block of
+    :func:`fold_width` columns, each block ONE task (its own ``sg_set_scope``) that reads the
+    packed coefficients once."""
+    pypto.set_semantic_label("Sa_V2")
+    gt, cols = coef.shape
+    n = len(states)
+    w = fold_width(n, gt)
+    for b in range(NOPE // w):
+        pypto.set_pass_options(sg_set_scope=SCOPE_FOLD + b)
+        pypto.set_vec_tile_shapes(gt, cols)
+        col_id = coef_col_ids(gt, cols)
+        k = [coef_column(coef, col_id, j) for j in range(2 * n - 1)]
+        pypto.set_vec_tile_shapes(gt, w)
+        o_acc = pypto.view(states[0][0], [gt, w], [0, b * w])
+        for j, (o_j, _l, _m) in enumerate(states[1:]):
+            o_jb = pypto.view(o_j, [gt, w], [0, b * w])
+            o_acc = pypto.add(pypto.mul(o_acc, k[2 * j]), pypto.mul(o_jb, k[2 * j + 1]))
+        res = pypto.div(o_acc, k[-1])
+        pypto.assemble(pypto.cast(res, pypto.DT_BF16), [row0, b * w], out)
+    pypto.set_pass_options(sg_set_scope=-1)
+
+
+def fold_tiles(states, out, tok, bn, p):
+    """The fold of the first ``bn`` tile states (``bn`` known at run time): one variant per
+    possible count ``n``, each behind a 0/1-trip loop (``bn == n``), so that the fold of a
+    short token reads only the tiles it has. ``n = 1``: ``BF16(O / L)`` directly; else the
+    coefficient task then the O fold (two loops: a task boundary, so that the coefficients,
+    which need only the V1 outputs, are done while the C2 matmuls run)."""
+    gt = p.g_tile
+    for n in range(1, len(states) + 1):
+        is_n = (bn - n + 1).max(0).min(1) - (bn - n).max(0).min(1)
+        if n == 1:
+            for _f in pypto.loop(0, is_n, 1, name="LOOP_L5f1_SA", idx_name="f1"):
+                pypto.set_semantic_label("Sa_V2")
+                pypto.set_vec_tile_shapes(p.v2[0], p.v2[1])
+                o0, l0, _m0 = states[0]
+                write_rows(pypto.div(o0, safe_sum(l0, p)), out, tok.row0)
+            continue
+        cols = -(-(2 * n - 1) // 8) * 8
+        coef = pypto.tensor([gt, cols], pypto.DT_FP32, f"fold_coef{n}")
+        for _c in pypto.loop(0, is_n, 1, name=f"LOOP_L5c{n}_SA", idx_name=f"c{n}"):
+            fold_coefficients(states[:n], coef, p)
+        for _f in pypto.loop(0, is_n, 1, name=f"LOOP_L5f{n}_SA", idx_name=f"f{n}"):
+            fold_outputs(states[:n], coef, out, tok.row0, p)
+
+
+def unrolled_tiles(query, topk_indices, block_table, out, tok, bn, load, p):
+    """``kv_splits = 1``, online, at most UNROLL_TILES tiles per token: the tiles unrolled at
+    trace time, tile ``t`` in a 0/1-trip loop (``t < bn``) that leaves its raw ``(O_t, l_t,
+    m_t)`` in its own FP32 tensors, then :func:`fold_tiles`. Same expressions in the same
+    order as :func:`merge_online` (the loop it replaces): same bits. Why: the loop's merge is
+    a chain of two dependent tasks per tile after the tiles' C2 (docs/device.md, "Where the
+    time goes"); the fold is one task per column block after the last C2."""
+    gt = p.g_tile
+    states = []
+    for t in range(-(-p.topk // p.s_kv_tile)):
+        acc = state_tensors(gt, f"_t{t}")
+        states.append(acc)
+        present = (bn - t).max(0).min(1)
+        for it in pypto.loop(0, present, 1, name=f"LOOP_L4t{t}_SA", idx_name=f"t{t}"):
+            # the tile index as a symbolic value (it = 0): measured ~2 s less CPU per sim call
+            # (compile + interpret) than a Python-constant t; same tasks, same cost-model µs
+            o_t, l, m = kv_tile(query, topk_indices, block_table, tok, it + t, load, p)
+            pypto.set_semantic_label("Sa_V2")
+            pypto.set_vec_tile_shapes(p.v2[0], p.v2[1])
+            store_state(acc, o_t, l, m)
+    fold_tiles(states, out, tok, bn, p)
 
 
 def whole_tiles(query, topk_indices, block_table, out, tok, bn, load, p):
     """``kv_splits = 1``: the token's tiles in one loop, merged as they come (the last tile
     writes the output rows)."""
+    if p.online and -(-p.topk // p.s_kv_tile) <= UNROLL_TILES:
+        unrolled_tiles(query, topk_indices, block_table, out, tok, bn, load, p)
+        return
     gt = p.g_tile
     merge = merge_online if p.online else merge_per_tile
     acc = state_tensors(gt)

@@ -31,6 +31,7 @@ __all__ = [
     "merge_chain",
     "split_tiling",
     "tiles_per_split",
+    "UNROLL_TILES",
 ]
 
 
@@ -51,14 +52,26 @@ def effective_kv_splits(topk: int, s_kv_tile: int, kv_splits: int) -> int:
     return -(-n // tiles_per_split(topk, s_kv_tile, kv_splits))
 
 
+#: online, unsplit: tokens of up to this many KV tiles run their tiles unrolled and fold the
+#: tiles' states in ONE dependent stage after the last tile (the kernel's ``unrolled_tiles``);
+#: longer tokens merge tile by tile in a loop. It is also the most splits the rule picks: the
+#: kernel's combine is the same fold, measured up to 8 states.
+UNROLL_TILES = 8
+
+
 def merge_chain(n_tiles: int, kv_splits: int) -> int:
-    """Dependent merge stages on one token's longest chain: ``tps - 1`` merges inside a split,
-    then, when there are several splits, the combine: one more stage (it waits for every
-    split) that folds the ``splits - 1`` other states one after the other. Unsplit:
-    ``n_tiles - 1``."""
+    """Dependent merge stages on one token's longest chain in the kernel
+    (``tilesim.device._dsa_kernels``). Unsplit: 0 for one tile, 1 (the fold after the
+    unrolled tiles) up to :data:`UNROLL_TILES` tiles, else ``n_tiles - 1`` loop merges. Split:
+    ``tps - 1`` loop merges inside a split, then the combine, one fold stage over the splits'
+    states."""
     tps = -(-n_tiles // kv_splits)
     splits = -(-n_tiles // tps)
-    return (tps - 1) + (splits if splits > 1 else 0)
+    if splits > 1:
+        return (tps - 1) + 1
+    if n_tiles <= UNROLL_TILES:
+        return min(n_tiles - 1, 1)
+    return n_tiles - 1
 
 
 def default_kv_splits(*, tokens: int, nq: int, topk: int, tiling: SaTileShapeConfig,
@@ -68,11 +81,11 @@ def default_kv_splits(*, tokens: int, nq: int, topk: int, tiling: SaTileShapeCon
     ``items = tokens * (nq / g_tile)`` independent (token, group tile) work items. When they
     fill the cube cores (``items >= aic_cores``), or a token has one KV tile, or the softmax
     mode is ``per_tile`` (the split is built for the online merge), the answer is 1.
-    Otherwise the smallest ``k <= min(kv_tiles, aic_cores // items)`` (every range can have
-    a core) with the shortest dependent chain :func:`merge_chain` (about ``sqrt(kv_tiles)``
-    splits), in whole ranges. Decode preset: 2048 keys = 4 tiles: chain 3 unsplit, 3 with 2
-    splits, 4 with 4 -> 1 (no split pays); 4096 keys (8 tiles) B 1 -> 2 (chain 5 instead of
-    7); 8192 keys (16 tiles) B 1 -> 4 (7 instead of 15).
+    Otherwise the smallest ``k <= min(kv_tiles, aic_cores // items, UNROLL_TILES)`` (every
+    range can have a core) with the shortest dependent chain :func:`merge_chain`, in whole
+    ranges. Decode preset: 2048 keys = 4 tiles and 4096 keys = 8 tiles -> 1 (the unsplit fold
+    is one stage); 8192 keys (16 tiles) B 1 -> 8 (chain 2: one merge per split, then the fold,
+    instead of 15 loop merges).
     """
     check_instance(tiling, "tiling", SaTileShapeConfig)
     items = check_pos_int(tokens, "tokens") * max(check_pos_int(nq, "nq") // tiling.g_tile, 1)
@@ -80,7 +93,7 @@ def default_kv_splits(*, tokens: int, nq: int, topk: int, tiling: SaTileShapeCon
     n_tiles = kv_tiles(topk, tiling.s_kv_tile)
     if items >= cores or n_tiles == 1 or tiling.softmax != "online":
         return 1
-    want = min(n_tiles, cores // items)
+    want = min(n_tiles, cores // items, UNROLL_TILES)
     best = min(range(1, want + 1), key=lambda k: (merge_chain(n_tiles, k), k))
     return effective_kv_splits(topk, tiling.s_kv_tile, best)
 

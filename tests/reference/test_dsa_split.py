@@ -109,9 +109,11 @@ def test_kv_splits_is_a_positive_int(bad):
 
 
 def test_merge_chain():
-    # n tiles, k splits: (ceil(n/k) - 1) merges in a split + the combine (1 stage + splits - 1)
-    assert [merge_chain(4, k) for k in (1, 2, 3, 4)] == [3, 3, 3, 4]
-    assert [merge_chain(16, k) for k in (1, 2, 4, 8, 16)] == [15, 9, 7, 9, 16]
+    # unsplit: one fold stage up to 8 tiles, else n - 1 loop merges; split: (ceil(n/k) - 1)
+    # merges in a split + the fold over the splits
+    assert [merge_chain(n, 1) for n in (1, 2, 4, 8, 9, 16)] == [0, 1, 1, 1, 8, 15]
+    assert [merge_chain(4, k) for k in (1, 2, 3, 4)] == [1, 2, 2, 1]
+    assert [merge_chain(16, k) for k in (1, 2, 4, 8, 16)] == [15, 8, 4, 2, 1]
 
 
 def test_split_layout_counts():
@@ -125,16 +127,15 @@ def test_split_layout_counts():
 @pytest.mark.parametrize(
     "topk,tokens,soc,want",
     [
-        # 512-key tiles; ranges allowed = cube cores // items (950: 28, 910B: 24)
-        (2048, 1, "950", 1),  # 4 tiles: chains 3 (k 1), 3 (k 2), 4 (k 4) -> 1
-        (4096, 1, "950", 2),  # 8 tiles: 7 / 5 (k 2, 3, 4) -> 2
-        (4096, 14, "950", 2),  # 28 // 14 = 2 ranges allowed
-        (4096, 15, "950", 1),  # 28 // 15 = 1
-        (8192, 1, "950", 4),  # 16 tiles: 15 / 9 / 7 (k 4) / 9 (k 8)
+        # 512-key tiles; ranges allowed = min(cube cores // items, 8) (950: 28, 910B: 24)
+        (2048, 1, "950", 1),  # 4 tiles: chains 1 (k 1), 2 (k 2, 3), 1 (k 4) -> 1
+        (4096, 1, "950", 1),  # 8 tiles: the unsplit fold is one stage
+        (4096, 14, "950", 1),
+        (8192, 1, "950", 8),  # 16 tiles: 15 / 8 (k 2) / 4 (k 4) / 2 (k 8); at most 8 splits
         (8192, 7, "950", 4),  # 28 // 7 = 4
-        (8192, 8, "950", 3),  # 28 // 8 = 3: tps 6, 3 splits, chain 8 (k 2: 9)
+        (8192, 8, "950", 3),  # 28 // 8 = 3: tps 6, 3 splits, chain 6 (k 2: 8)
         (8192, 28, "950", 1),  # the items fill the cores
-        (8192, 1, "910b", 4),
+        (8192, 1, "910b", 8),
         (8192, 12, "910b", 2),  # 24 // 12 = 2
         (8192, 13, "910b", 1),
     ],
