@@ -66,27 +66,91 @@ def merge_chunk(pypto, m, l, o, m_c, l_c, o_c, *, first: bool) -> None:
     m[:] = m_new
 
 
-def merge_state(pypto, state: tuple, part: tuple) -> tuple:
-    """The online merge of :func:`merge_chunk` in functional form: ``state = (m, l, o)`` and
-    ``part = (m_c, l_c, o_c)`` (FP32 tensors) -> the merged ``(m', l', o')`` as new tensors,
-    same operations in the same order (``m' = max(m, m_c)``, ``a = exp(m - m')``,
-    ``b = exp(m_c - m')``, ``l' = a*l + b*l_c``, ``o' = o*a + o_c*b``). No accumulator
-    workspace and no copies into one: the first chunk's tensors are the state as they are.
-    Used by the decode for its chunks and for the split combine."""
-    m, l, o = state
-    m_c, l_c, o_c = part
-    m_new = pypto.maximum(m, m_c)
+def fold_stats(pypto, state: tuple, part: tuple) -> tuple:
+    """The ``(m, l)`` half of one online merge (:func:`merge_chunk`'s formulas, same order):
+    ``m' = max(m, m_c)``, ``a = exp(m - m')``, ``b = exp(m_c - m')``, ``l' = a*l + b*l_c``.
+    Returns ``((m', l'), (a, b))``: the weights the ``O`` half multiplies by. The max is a
+    compare and a select (``m_c`` where ``m < m_c``, else ``m``): the value of ``max`` on
+    numbers (which of two zeros it keeps changes no later value: ``m`` only enters ``exp`` of
+    a difference and the next max), at a tenth of the cost model's ``maximum``. A NaN ``m_c``
+    may be dropped from ``m'``, but its ``b`` is NaN, so ``l'`` (and ``O``) stay NaN."""
+    m, l = state
+    m_c, l_c = part
+    m_new = pypto.where(pypto.lt(m, m_c), m_c, m)
     a = pypto.exp(m - m_new)
     b = pypto.exp(m_c - m_new)
-    return m_new, a * l + b * l_c, o * a + o_c * b
+    return (m_new, a * l + b * l_c), (a, b)
+
+
+class MergePlan:
+    """The online-merge tree of one (batch row, KV head) split into its two halves.
+
+    The ``(m, l)`` half needs only the chunks' row maxima and sums, so it is computed first
+    (:func:`merge_plan`); the ``O`` half then needs one weight per chunk (``pre[c]``: every
+    chunk's ``O_c`` is multiplied by exactly one weight -- ``b`` of the merge that folds it in,
+    or ``a`` of the first merge when it is the state a range starts from) and the ``a``
+    weights of merges whose state is already a sum (``chained``). ``tree``: ``("p", c)`` =
+    ``O_c * pre[c]``, ``("*", x, k)`` = ``x * chained[k]``, ``("+", x, y)``. Evaluating it
+    gives the values, operation for operation, of the plain chunk loop and split combine
+    (:func:`merge_chunk` in order)."""
+
+    def __init__(self, chunks: int):
+        self.pre = [None] * chunks
+        self.chained: list = []
+        self.tree = ("p", 0)
+        self.m = self.l = None
+
+    def mul(self, x, weight):
+        """``x * weight``: a chunk's own ``O_c`` takes it as its ``pre`` weight."""
+        if x[0] == "c":
+            self.pre[x[1]] = weight
+            return ("p", x[1])
+        self.chained.append(weight)
+        return ("*", x, len(self.chained) - 1)
+
+
+def merge_plan(pypto, m_c: list, l_c: list, ranges) -> MergePlan:
+    """The :class:`MergePlan` of the chunks' ``m_c`` / ``l_c`` (FP32 ``[G, 1]``) for the
+    split ``ranges`` (``[(first, stop), ...]``, :func:`tilesim.shared.msa_split.split_ranges`):
+    each range folds its chunks in order, then ranges ``1, 2, ..`` fold into range 0's
+    state -- the reference's order (``reference/msa_decode.py``)."""
+    plan = MergePlan(len(m_c))
+    states, trees = [], []
+    for first, stop in ranges:
+        st, tree = (m_c[first], l_c[first]), ("c", first)
+        for c in range(first + 1, stop):
+            st, (a, b) = fold_stats(pypto, st, (m_c[c], l_c[c]))
+            tree = ("+", plan.mul(tree, a), plan.mul(("c", c), b))
+        states.append(st)
+        trees.append(tree)
+    st, tree = states[0], trees[0]
+    for other, t in zip(states[1:], trees[1:], strict=True):
+        st, (a, b) = fold_stats(pypto, st, other)
+        tree = ("+", plan.mul(tree, a), plan.mul(t, b))
+    plan.m, plan.l = st
+    plan.tree = ("p", 0) if tree == ("c", 0) else tree
+    return plan
+
+
+def eval_tree(tree, products: list, chained: list):
+    """The ``O`` half of a :class:`MergePlan`: ``products[c]`` = ``O_c * pre[c]`` (or ``O_0``
+    for a single chunk), ``chained[k]`` = the plan's ``k``-th chained weight."""
+    if tree[0] == "p":
+        return products[tree[1]]
+    if tree[0] == "*":
+        return eval_tree(tree[1], products, chained) * chained[tree[2]]
+    return eval_tree(tree[1], products, chained) + eval_tree(tree[2], products, chained)
 
 
 __all__ = [
     "SEED_RUNTIME",
     "jit_options",
     "l0_tile",
+    "MergePlan",
+    "eval_tree",
+    "fold_stats",
     "merge_chunk",
-    "merge_state",
+    "merge_plan",
     "operation_options",
     "without",
 ]

@@ -28,17 +28,25 @@ axis::
     fold ranges 1, 2, .. into range 0's state, in order (the same online merge)
     out = bf16(O / l)                                 +0 where the batch row keeps no key
 
+The merges run after the chunks, in ONE vector task per pair (:func:`_merge`): every chunk
+writes ``m_c`` / ``l_c`` into the pair's ``[2*n*G, 1]`` column tensor and ``O_c`` into its
+``[n*G, D]`` tensor; the task brings both in with one copy each, computes the merge tree's
+``(m, l)`` half and weights (:func:`tilesim.device._msa_tiles.merge_plan`), then the ``O``
+half (one multiply of every ``O_c`` by its weight, then the chained sums) -- the same
+operations on the same values as merging chunk by chunk.
+
 The rounding points are the reference's one for one (split-KV included:
 :mod:`tilesim.shared.msa_split`), and so is the NaN-robust masking: a dropped key's score is
 SET to -3e38 (a select, not the seeds' ``S*m + (1-m)*(-3e38)``, where ``0*NaN = NaN``), and
 its V row is either SET to zero (``"paged"``, ``"host"``: the rows
 :func:`tilesim.shared.msa_select.decode_read_mask` says P.V does not read) or never read
 (``"device"``: the gather position of a dropped key is the row's first kept key,
-:func:`_redirected`; its P is exactly 0, and a row that keeps no key is set to +0 by a final
-per-row select). So whatever a dropped slot holds -- the tail of the current block past
-``seq_len``, a selected future block, garbage or NaN in unwritten cache rows -- never reaches
-the output (blocks that are not selected are never read). On finite inputs both forms give the
-bits of the multiply form (``tests/device/test_sim_nan_poison.py``).
+:func:`_redirected`; its P is exactly 0, and a row that keeps no key -- the row whose final
+max is the mask value -3e38 -- is set to +0 by a final per-row select). So whatever a
+dropped slot holds -- the tail of the current block past ``seq_len``, a selected future
+block, garbage or NaN in unwritten cache rows -- never reaches the output (blocks that are
+not selected are never read). On finite inputs both forms give the bits of the multiply
+form (``tests/device/test_sim_nan_poison.py``).
 
 Three ways to bring the selected blocks in:
 
@@ -64,7 +72,8 @@ returns the mean of the gathered V there).
 
 Tiling: ``MsaTiling.from_env()`` (``MSA_NTILE``, default 512, same on both SoCs because it
 changes the numbers; ``kv_splits`` from :func:`tilesim.shared.msa_split.split_tiling` when
-``tiling=None``) and the per-SoC gather tile :data:`GATHER_ROWS` (``MSA_GATHER_ROWS``).
+``tiling=None``), the per-SoC gather tile :data:`GATHER_ROWS` (``MSA_GATHER_ROWS``) and the
+V-gather tile :data:`V_GATHER_ROWS` (``MSA_GATHER_ROWS``, when set, for both).
 Importing this module needs neither torch nor pypto.
 """
 
@@ -76,9 +85,10 @@ from tilesim.device import backend as _backend
 from tilesim.device._lazy import require_pypto, require_torch
 from tilesim.device._msa_tiles import (
     SEED_RUNTIME,
+    eval_tree,
     jit_options,
     l0_tile,
-    merge_state,
+    merge_plan,
     operation_options,
     without,
 )
@@ -87,7 +97,14 @@ from tilesim.shared.msa_select import check_decode_inputs, decode_keep_mask
 from tilesim.shared.msa_split import split_ranges, split_tiling
 from tilesim.shared.soc import DEFAULT_SOC, MSA_DEVICE_TILES, msa_device_tile
 from tilesim.shared.tiling import MsaTiling
-from tilesim.shared.validate import check_bool, check_choice, check_instance, is_array, shape_of
+from tilesim.shared.validate import (
+    check_bool,
+    check_choice,
+    check_instance,
+    env_mapping,
+    is_array,
+    shape_of,
+)
 
 OP_NAME = "msa_sparse_decode"
 GATHERS = ("device", "paged", "host")
@@ -104,6 +121,22 @@ def gather_rows(soc=DEFAULT_SOC, env=None) -> int:
     """GATHER_ROWS of ``soc`` (``MSA_GATHER_ROWS`` overrides; see
     :func:`tilesim.shared.soc.msa_device_tile`)."""
     return msa_device_tile("MSA_GATHER_ROWS", soc, env)
+
+
+#: rows of one ``gather="device"`` V-gather tile per SoC family (``MSA_V_GATHER_ROWS`` of
+#: :data:`~tilesim.shared.soc.MSA_DEVICE_TILES`): V is needed only by P.V, so its gather may
+#: move a whole 512-key chunk in fewer, larger tiles than K (whose tile stays
+#: :data:`GATHER_ROWS`): fewer gather tasks leave the root (docs/device.md, block-sparse decode)
+V_GATHER_ROWS = MSA_DEVICE_TILES["MSA_V_GATHER_ROWS"][0]
+
+
+def v_gather_rows(soc=DEFAULT_SOC, env=None) -> int:
+    """The V-gather tile of ``soc``: ``MSA_V_GATHER_ROWS`` (env, else :data:`V_GATHER_ROWS`);
+    when only ``MSA_GATHER_ROWS`` is set, K and V share it, as before."""
+    env = env_mapping(env)
+    if "MSA_GATHER_ROWS" in env and "MSA_V_GATHER_ROWS" not in env:
+        return gather_rows(soc, env)
+    return msa_device_tile("MSA_V_GATHER_ROWS", soc, env)
 
 
 # ----------------------------------------------------------------------------- kernel
@@ -172,6 +205,7 @@ class _Static:
     rows: int  #: gather tile rows
     vrows: int  #: V-select tile rows (the SoC's default gather tile at most: UB-safe)
     scale: float
+    vg_rows: int  #: V-gather tile rows (``gather="device"``, :data:`V_GATHER_ROWS`)
 
 
 def _chunk_kv(pypto, k, v, block_table, positions, outer, c0: int, w: int, p: _Static,
@@ -188,7 +222,7 @@ def _chunk_kv(pypto, k, v, block_table, positions, outer, c0: int, w: int, p: _S
             table = table + 0
         pos = pypto.view(positions, [1, w], [outer // p.hkv, c0])
         return (_gather_chunk(pypto, k, pos, table, p.rows),
-                _gather_chunk(pypto, v, pos, table, p.rows))  # fmt: skip
+                _gather_chunk(pypto, v, pos, table, p.vg_rows))  # fmt: skip
     if p.gather == "paged":
         kc = pypto.tensor([w, p.dim], pypto.DT_BF16, "kc")
         vc = pypto.tensor([w, p.dim], pypto.DT_BF16, "vc")
@@ -202,38 +236,83 @@ def _chunk_kv(pypto, k, v, block_table, positions, outer, c0: int, w: int, p: _S
     return pypto.view(k, [w, p.dim], [row, 0]), pypto.view(v, [w, p.dim], [row, 0])
 
 
-def _decode_pair(pypto, q, k, v, block_table, positions, keep, keep_rows, seen, out, b, outer,
-                 p: _Static, spread: bool):  # fmt: skip
-    """Inside a kernel body: one (batch row ``b``, KV head) pair ``outer = b*HKV + h``, its G
-    query heads over the selected keys, chunk by chunk (online softmax), into ``out``."""
-    q0 = outer * p.g
-    pypto.set_vec_tile_shapes(p.g, p.dim)
-    qg = pypto.view(q, [p.g, p.dim], [q0, 0])
-    states = []
-    for first, stop in p.ranges:  # kv splits: independent online softmaxes
-        state = None  # the split's own (m, l, o): new tensors per merge, no shared scratch
-        for c in range(first, stop):  # static chunk loop
-            c0, w = p.bounds[c]
-            kc, vc = _chunk_kv(pypto, k, v, block_table, positions, outer, c0, w, p, spread)
-            kp = pypto.view(keep, [1, w], [b, c0])
-            kr = pypto.view(keep_rows, [w, 1], [b * p.topk * BY + c0, 0])
-            part = _chunk_softmax(pypto, qg, kc, vc, kp, kr, w, p)
-            pypto.set_vec_tile_shapes(p.g, p.dim)
-            state = part if state is None else merge_state(pypto, state, part)
-        states.append(state)
-    m, l, o = states[0]
-    for part in states[1:]:  # the combine: fixed split order, into split 0's state
-        m, l, o = merge_state(pypto, (m, l, o), part)
-    res = o / l
-    if p.gather == "device":  # a row with no kept key read stand-in rows: its output is +0
-        res = pypto.where(pypto.view(seen, [p.g, 1], [q0, 0]), res, 0.0)
+def _merge(pypto, ml, o_all, q0, out, p: _Static, scope: int):
+    """The pair's online merge and output in ONE vector task (``sg_set_scope``): the chunks'
+    ``m_c`` / ``l_c`` come in as one ``[2*n*G, 1]`` column tensor ``ml`` and their ``O_c`` as
+    one ``[n*G, D]`` tensor ``o_all`` (two copies in, instead of three per chunk: the cost
+    model charges ~1.4 k cycles per copy, one after another). The ``(m, l)`` half of the merge
+    tree (:func:`tilesim.device._msa_tiles.merge_plan`) runs on ``[G, 1]`` columns; the ``O``
+    half is one ``[n*G, D]`` multiply by the chunks' weights, then the chained sums -- the
+    values of the chunk loop's merges, operation for operation."""
+    g, n = p.g, len(p.bounds)
+    pypto.set_pass_options(sg_set_scope=scope)
+    pypto.set_vec_tile_shapes(2 * n * g, 8)
+    ml = ml * 1.0  # the whole column tensor in one copy; the views below are UB views
+    pypto.set_vec_tile_shapes(g, 8)
+    m_c = [pypto.view(ml, [g, 1], [c * g, 0]) for c in range(n)]
+    l_c = [pypto.view(ml, [g, 1], [(n + c) * g, 0]) for c in range(n)]
+    plan = merge_plan(pypto, m_c, l_c, p.ranges)
+    cols = [w for w in plan.pre if w is not None] + plan.chained + [plan.l]
+    wts = pypto.tensor([len(cols) * g, 1], pypto.DT_FP32, "merge_weights")
+    for i, col in enumerate(cols):  # one [len(cols)*G, 1] column: a UB buffer of the task
+        pypto.assemble(col, [i * g, 0], wts)
+    wv = [pypto.view(wts, [g, 1], [i * g, 0]) for i in range(len(cols))]
+    if n > 1:
+        pypto.set_vec_tile_shapes(n * g, p.dim)
+        prod = o_all * pypto.view(wts, [n * g, 1], [0, 0])  # O_c * pre[c], every chunk at once
+        pypto.set_vec_tile_shapes(g, p.dim)
+        prods = [pypto.view(prod, [g, p.dim], [c * g, 0]) for c in range(n)]
+    else:
+        pypto.set_vec_tile_shapes(g, p.dim)
+        prods = [o_all]
+    res = eval_tree(plan.tree, prods, wv[n if n > 1 else 0 : -1]) / wv[-1]
+    if p.gather == "device":
+        # a row that keeps no key read stand-in rows: its output is +0. It is the row whose
+        # final max is the mask value (every score selected away); ``l - l`` is 0, or NaN when
+        # a NaN reached l, so such a row still shows its NaN
+        pypto.set_vec_tile_shapes(g, 8)
+        seen = pypto.ne(plan.m + (plan.l - plan.l), LARGE_NEG)
+        pypto.set_vec_tile_shapes(g, p.dim)
+        res = pypto.where(seen, res, 0.0)
     # otherwise every V row such a row reads is zeroed, so O = +0 and O / l = +0. A NaN read
-    # from a kept slot is not hidden (the select is per batch row): it shows, as in the reference
+    # from a kept slot is not hidden: it shows, as in the reference
     pypto.assemble(pypto.cast(res, pypto.DT_BF16), [q0, 0], out)
+    pypto.set_pass_options(sg_set_scope=-1)
 
 
-def _decode_nest(pypto, q, k, v, block_table, positions, keep, keep_rows, seen, out,
-                 p: _Static):  # fmt: skip
+def _decode_pair(pypto, q, k, v, block_table, positions, keep, keep_rows, out, b, outer,
+                 p: _Static, spread: bool, slot: int):  # fmt: skip
+    """Inside a kernel body: one (batch row ``b``, KV head) pair ``outer = b*HKV + h``, its G
+    query heads over the selected keys, chunk by chunk, into ``out``. Each chunk's softmax
+    writes its ``m_c`` / ``l_c`` into the pair's column tensor and its P.V into the pair's
+    ``O`` tensor; :func:`_merge` folds them (``slot``: the pair's place in the body, its
+    merge task's scope id)."""
+    g, n = p.g, len(p.bounds)
+    q0 = outer * g
+    pypto.set_vec_tile_shapes(g, p.dim)
+    qg = pypto.view(q, [g, p.dim], [q0, 0])
+    ml = pypto.tensor([2 * n * g, 1], pypto.DT_FP32, "ml")
+    o_all = pypto.tensor([n * g, p.dim], pypto.DT_FP32, "o_all")
+    kvs = [_chunk_kv(pypto, k, v, block_table, positions, outer, c0, w, p, spread)
+           for c0, w in p.bounds]  # fmt: skip
+    for c, (c0, w) in enumerate(p.bounds):
+        kp = pypto.view(keep, [1, w], [b, c0])
+        kr = pypto.view(keep_rows, [w, 1], [b * p.topk * BY + c0, 0])
+        m_c, l_c, o_c = _chunk_softmax(pypto, qg, *kvs[c], kp, kr, w, p)
+        pypto.set_vec_tile_shapes(g, 8)
+        pypto.assemble(m_c, [c * g, 0], ml)
+        pypto.assemble(l_c, [(n + c) * g, 0], ml)
+        pypto.set_vec_tile_shapes(g, p.dim)
+        pypto.assemble(o_c, [c * g, 0], o_all)
+    _merge(pypto, ml, o_all, q0, out, p, MERGE_SCOPE + slot)
+
+
+#: scope ids (``sg_set_scope``) of the merge tasks: ``MERGE_SCOPE + u*HKV + h`` for the pair
+#: of row ``u``, head ``h`` of a body (each pair's merge is one task of its own)
+MERGE_SCOPE = 100
+
+
+def _decode_nest(pypto, q, k, v, block_table, positions, keep, keep_rows, out, p: _Static):
     """The loop nest: a ``pypto.loop_unroll`` over the batch rows (``keep``'s dynamic first
     axis), ``ub`` rows per body (static ``p.unroll`` factors, largest first), the rows' KV
     heads static inside it: ``ub * HKV`` independent (batch row, KV head) bodies per iteration.
@@ -245,8 +324,8 @@ def _decode_nest(pypto, q, k, v, block_table, positions, keep, keep_rows, seen, 
         for u in range(ub):
             for h in range(p.hkv):
                 b = b0 + u
-                _decode_pair(pypto, q, k, v, block_table, positions, keep, keep_rows, seen, out,
-                             b, b * p.hkv + h, p, ub > 1)  # fmt: skip
+                _decode_pair(pypto, q, k, v, block_table, positions, keep, keep_rows, out, b,
+                             b * p.hkv + h, p, ub > 1, u * p.hkv + h)  # fmt: skip
 
 
 #: batch rows per body of the batch loop (``pypto.loop_unroll`` factors)
@@ -255,7 +334,7 @@ BATCH_UNROLL = (4, 2, 1)
 
 @_backend.compile_once("msa_sparse_decode")
 def build_kernel(hq, hkv, topk, dim, ntile, gather, rows, vrows=128, jit=JIT, kv_splits=1,
-                 unroll=BATCH_UNROLL):  # fmt: skip
+                 unroll=BATCH_UNROLL, vg_rows=None):  # fmt: skip
     """The ``@pypto.frontend.jit`` kernel for one model configuration and tiling, built once
     (:func:`tilesim.device.backend.compiled`). Batch and ``nb`` are runtime values: a
     ``pypto.loop_unroll`` over the batch rows (``keep``'s dynamic first axis, ``unroll`` rows
@@ -266,7 +345,7 @@ def build_kernel(hq, hkv, topk, dim, ntile, gather, rows, vrows=128, jit=JIT, kv
     bounds = tuple((c0, min(ntile, sel - c0)) for c0 in range(0, sel, ntile))  # tail kept
     ranges = tuple(split_ranges(len(bounds), kv_splits))
     p = _Static(hkv, hq // hkv, dim, topk, bounds, ranges, tuple(unroll), gather, rows, vrows,
-                dim**-0.5)  # fmt: skip
+                dim**-0.5, vg_rows or rows)  # fmt: skip
     combine = bool(operation_options(jit).get("combine_axis", False))
 
     @pypto.frontend.jit(**jit_options(jit))
@@ -278,11 +357,10 @@ def build_kernel(hq, hkv, topk, dim, ntile, gather, rows, vrows=128, jit=JIT, kv
         positions: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_INT32),  # [B, sel]
         keep: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_BOOL),  # [B, sel]
         keep_rows: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_BOOL),  # [B*sel, 1]
-        seen: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_BOOL),  # [B*HQ, 1]
         out: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_BF16),  # [B*HQ, D]
     ):
         pypto.experimental.set_operation_options(combine_axis=combine)
-        _decode_nest(pypto, q, k, v, block_table, positions, keep, keep_rows, seen, out, p)
+        _decode_nest(pypto, q, k, v, block_table, positions, keep, keep_rows, out, p)
 
     return msa_sparse_decode_kernel
 
@@ -372,11 +450,10 @@ def decode_launch(q, k_blocks, v_blocks, ids, seq, sh: CallShape, tiling: MsaTil
     # MSA_GATHER_ROWS may still fit a gather, not a [rows, 128] select: 256 fails on the 910B)
     vrows = min(rows, GATHER_ROWS[soc])
     kernel = build_kernel(sh.hq, sh.hkv, sh.topk, sh.dim, tiling.ntile, gather, rows, vrows,
-                          JIT, tiling.kv_splits)  # fmt: skip
+                          JIT, tiling.kv_splits, BATCH_UNROLL, v_gather_rows(soc))  # fmt: skip
     q2 = q.contiguous().reshape(-1, sh.dim)
     out = torch.zeros(sh.batch * sh.hq, sh.dim, dtype=torch.bfloat16, device=dev)
-    seen = keep.any(dim=1).repeat_interleave(sh.hq).reshape(-1, 1)  # [B*HQ, 1]
-    return kernel, [q2, k2, v2, table, positions, keep, keep.reshape(-1, 1), seen], [out]
+    return kernel, [q2, k2, v2, table, positions, keep, keep.reshape(-1, 1)], [out]
 
 
 def _redirected(keep):
@@ -484,6 +561,7 @@ __all__ = [
     "CallShape",
     "JIT",
     "SEED_JIT",
+    "V_GATHER_ROWS",
     "build_kernel",
     "decode_launch",
     "device_keep_mask",
@@ -491,4 +569,5 @@ __all__ = [
     "keep_mask",
     "msa_sparse_decode",
     "page_table",
+    "v_gather_rows",
 ]

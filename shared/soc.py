@@ -166,6 +166,8 @@ def moe_vec_tile(soc: str | SocSpec, activation: str) -> int:
 MSA_DEVICE_TILES: dict[str, tuple[dict[str, int], int]] = {
     "MSA_INDEXER_KTILE": ({"910b": 512, "950": 1024}, 128),
     "MSA_GATHER_ROWS": ({"910b": 128, "950": 256}, 16),
+    # the MSA decode's V gather (gather="device"); MSA_GATHER_ROWS alone sets K's and V's
+    "MSA_V_GATHER_ROWS": ({"910b": 256, "950": 512}, 16),
     "MSA_VEC_ROWS": ({"910b": 32, "950": 40}, 8),
 }
 

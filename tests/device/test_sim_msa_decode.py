@@ -24,6 +24,7 @@ Each case runs in a spawned process per SoC (``tilesim.device.sim.isolated``).
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 BUDGET_BIT_EXACT = 0.99
@@ -398,6 +399,77 @@ def test_gather_rows_env_and_soc_defaults():
         gather_rows("910b", env={"MSA_GATHER_ROWS": "24"})
     with pytest.raises(ValueError, match="MSA_GATHER_ROWS: expected a positive integer"):
         gather_rows("910b", env={"MSA_GATHER_ROWS": "many"})
+
+
+def test_v_gather_rows_soc_defaults_and_env():
+    from tilesim.device.msa_decode import V_GATHER_ROWS, v_gather_rows
+
+    assert v_gather_rows("910b", env={}) == V_GATHER_ROWS["910b"] == 256
+    assert v_gather_rows("950", env={}) == v_gather_rows("950dt", env={}) == 512
+    assert v_gather_rows("910b", env={"MSA_GATHER_ROWS": "64"}) == 64  # K and V share it
+    with pytest.raises(ValueError, match="MSA_GATHER_ROWS: expected a positive multiple of 16"):
+        v_gather_rows("950", env={"MSA_GATHER_ROWS": "24"})
+    assert v_gather_rows("950", env={"MSA_GATHER_ROWS": "64", "MSA_V_GATHER_ROWS": "128"}) == 128
+
+
+class _NumpyOps:
+    """The few ``pypto`` operations the merge plan uses, as FP32 NumPy (every operation one
+    FP32 rounding, as the kernel's vector ops)."""
+
+    @staticmethod
+    def where(cond, x, y):
+        return np.where(cond, x, y).astype(np.float32)
+
+    @staticmethod
+    def lt(x, y):
+        return np.less(x, y)
+
+    @staticmethod
+    def exp(x):
+        with np.errstate(over="ignore", under="ignore"):
+            return np.exp(x.astype(np.float32))
+
+
+def _stats(gen, n, rows=16):
+    """Per chunk FP32 ``m_c``, ``l_c`` ``[rows, 1]`` and ``O_c`` ``[rows, 8]``: maxima spread
+    over a few units (some chunks equal, one fully masked at the mask value, +-0 among
+    them), sums >= 1, outputs of both signs."""
+    m = gen.choice([-2.5, -0.0, 0.0, 0.75, 3.0], size=(n, rows, 1)).astype(np.float32)
+    m += (gen.standard_normal((n, rows, 1)) * (gen.random((n, rows, 1)) < 0.5)).astype(np.float32)
+    if n > 1:
+        m[gen.integers(n)] = np.float32(-3e38)  # a fully masked chunk
+    l = (1 + gen.random((n, rows, 1)) * 500).astype(np.float32)
+    o = (gen.standard_normal((n, rows, 8)) * 30).astype(np.float32)
+    return m, l, o
+
+
+@pytest.mark.parametrize("n,splits", [(1, 1), (2, 1), (4, 1), (4, 2), (5, 2), (3, 3), (7, 3)])
+def test_merge_plan_gives_the_references_merge_bits(n, splits):
+    """The kernel's split merge (the (m, l) half and weights first, then every O_c times its
+    weight and the chained sums: :func:`tilesim.device._msa_tiles.merge_plan`) against the
+    reference's own online merge (``SoftmaxMerge`` per split range, then the ranges folded in
+    order), on FP32 NumPy: the same bits of O / l, l and m."""
+    from tilesim.device._msa_tiles import eval_tree, merge_plan
+    from tilesim.reference.arith import SoftmaxMerge, exp_fp32_numpy
+    from tilesim.shared.msa_split import split_ranges
+
+    gen = np.random.default_rng(100 * n + splits)
+    for _ in range(20):
+        m, l, o = _stats(gen, n)
+        ranges = split_ranges(n, splits)
+        merges = [SoftmaxMerge("online", exp=exp_fp32_numpy) for _ in ranges]
+        for j, (a, z) in enumerate(ranges):
+            for c in range(a, z):
+                merges[j].update(o[c], l[c], m[c])
+        for part in merges[1:]:
+            merges[0].update(part.o, part.l, part.m)
+        plan = merge_plan(_NumpyOps, list(m), list(l), ranges)
+        assert (plan.pre[0] is None) == (n == 1)
+        prods = [o[0]] if n == 1 else [o[c] * plan.pre[c] for c in range(n)]
+        got = eval_tree(plan.tree, prods, plan.chained) / plan.l
+        np.testing.assert_array_equal(got.view(np.int32), merges[0].normalized().view(np.int32))
+        np.testing.assert_array_equal(plan.l.view(np.int32), merges[0].l.view(np.int32))
+        np.testing.assert_array_equal(plan.m, merges[0].m)  # as numbers (a zero's sign aside)
 
 
 def test_msa_modules_import_without_torch_and_pypto():
