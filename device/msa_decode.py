@@ -35,6 +35,11 @@ writes ``m_c`` / ``l_c`` into the pair's ``[2*n*G, 1]`` column tensor and ``O_c`
 half (one multiply of every ``O_c`` by its weight, then the chained sums) -- the same
 operations on the same values as merging chunk by chunk.
 
+On the 910B the softmax of each chunk in a 1-row body (from the scale to the BF16 cast of P)
+gets a subgraph scope of its own, and the compiler fuses it with the C1 matmul that feeds it
+into one cube-vector task (:data:`FUSED_SOFTMAX_ARCHS`): the same operations, one task and one
+scheduling round trip fewer per chunk.
+
 The rounding points are the reference's one for one (split-KV included:
 :mod:`tilesim.shared.msa_split`), and so is the NaN-robust masking: a dropped key's score is
 SET to -3e38 (a select, not the seeds' ``S*m + (1-m)*(-3e38)``, where ``0*NaN = NaN``), and
@@ -95,7 +100,7 @@ from tilesim.device._msa_tiles import (
 from tilesim.shared.models import MINIMAX_M3
 from tilesim.shared.msa_select import check_decode_inputs, decode_keep_mask
 from tilesim.shared.msa_split import split_ranges, split_tiling
-from tilesim.shared.soc import DEFAULT_SOC, MSA_DEVICE_TILES, msa_device_tile
+from tilesim.shared.soc import DEFAULT_SOC, MSA_DEVICE_TILES, get_soc, msa_device_tile
 from tilesim.shared.tiling import MsaTiling
 from tilesim.shared.validate import (
     check_bool,
@@ -149,13 +154,18 @@ def _gather_chunk(pypto, cache, positions, table, rows: int):
     return pypto.experimental.gather_in_ub(cache, positions, table, BY, -2)
 
 
-def _chunk_softmax(pypto, qg, kc, vc, keep, keep_rows, w: int, p: "_Static"):
+def _chunk_softmax(pypto, qg, kc, vc, keep, keep_rows, w: int, p: "_Static", scope=None):
     """One chunk: scores, scale, the keep select, chunk max / exp / row sum, the V select,
     bf16(P) @ V. ``keep``: bool ``[1, w]`` (broadcast over the G query rows), ``keep_rows``:
-    the same mask as a bool ``[w, 1]`` column (broadcast over the D columns of V)."""
+    the same mask as a bool ``[w, 1]`` column (broadcast over the D columns of V).
+    ``scope``: the softmax's own subgraph scope (``sg_set_scope``, from the scale to the BF16
+    cast of P; ``None``: none), which the 910B's compiler fuses with the C1 matmul that feeds
+    it into one cube-vector task (:data:`FUSED_SOFTMAX_ARCHS`)."""
     g = p.g
     pypto.set_cube_tile_shapes([g, g], [128, 128], [l0_tile(w, 256), w])
     s = pypto.matmul(qg, kc, pypto.DT_FP32, b_trans=True)
+    if scope is not None:
+        pypto.set_pass_options(sg_set_scope=scope)
     pypto.set_vec_tile_shapes(g, w)
     s = s * p.scale
     s = pypto.where(keep, s, LARGE_NEG)  # a select: NaN/inf scores of dropped keys vanish
@@ -163,6 +173,8 @@ def _chunk_softmax(pypto, qg, kc, vc, keep, keep_rows, w: int, p: "_Static"):
     e = pypto.exp(s - m_c)
     l_c = pypto.sum(e, dim=-1, keepdim=True)
     p16 = pypto.cast(e, pypto.DT_BF16)
+    if scope is not None:
+        pypto.set_pass_options(sg_set_scope=-1)
     if p.gather != "device":  # "device" never reads a dropped key's row (see _redirected)
         pypto.set_vec_tile_shapes(p.vrows, p.dim)  # [vrows, D] BF16 tiles: fit the UB
         vc = pypto.where(keep_rows, vc, 0.0)  # dropped keys' V rows are exactly zero (BF16)
@@ -206,6 +218,7 @@ class _Static:
     vrows: int  #: V-select tile rows (the SoC's default gather tile at most: UB-safe)
     scale: float
     vg_rows: int  #: V-gather tile rows (``gather="device"``, :data:`V_GATHER_ROWS`)
+    fused: bool  #: the softmax in its own scope in 1-row bodies (:data:`FUSED_SOFTMAX_ARCHS`)
 
 
 def _chunk_kv(pypto, k, v, block_table, positions, outer, c0: int, w: int, p: _Static,
@@ -298,7 +311,8 @@ def _decode_pair(pypto, q, k, v, block_table, positions, keep, keep_rows, out, b
     for c, (c0, w) in enumerate(p.bounds):
         kp = pypto.view(keep, [1, w], [b, c0])
         kr = pypto.view(keep_rows, [w, 1], [b * p.topk * BY + c0, 0])
-        m_c, l_c, o_c = _chunk_softmax(pypto, qg, *kvs[c], kp, kr, w, p)
+        scope = SOFTMAX_SCOPE + slot * n + c if p.fused and not spread else None
+        m_c, l_c, o_c = _chunk_softmax(pypto, qg, *kvs[c], kp, kr, w, p, scope)
         pypto.set_vec_tile_shapes(g, 8)
         pypto.assemble(m_c, [c * g, 0], ml)
         pypto.assemble(l_c, [(n + c) * g, 0], ml)
@@ -310,6 +324,24 @@ def _decode_pair(pypto, q, k, v, block_table, positions, keep, keep_rows, out, b
 #: scope ids (``sg_set_scope``) of the merge tasks: ``MERGE_SCOPE + u*HKV + h`` for the pair
 #: of row ``u``, head ``h`` of a body (each pair's merge is one task of its own)
 MERGE_SCOPE = 100
+#: scope ids of the fused softmax stages (1-row bodies, :data:`FUSED_SOFTMAX_ARCHS`):
+#: ``SOFTMAX_SCOPE + h*chunks + c`` for chunk ``c`` of KV head ``h``
+SOFTMAX_SCOPE = 1000
+
+#: PyPTO arches on which the decode gives each chunk's softmax its own subgraph scope in the
+#: 1-row bodies of the batch loop (``spread`` off): the 910B's compiler (DAV_2201) then puts
+#: the chunk's C1 matmul and its softmax into ONE cube-vector task (the ``CV_SYNC`` pair in
+#: the cost model's task), one task and one AICPU round trip fewer per chunk on the B 1 critical
+#: path (cost model, nb 17 B 1: 29.83 -> 26.09 us). Not on the 950 (DAV_3510): there the same
+#: scope makes a mixed subgraph whose UB schedule fails in PyPTO 0.2.0 (``OoOSchedule``: spill
+#: failed, MEM_UB). Not in the 2- and 4-row bodies: B 4 costs more with it (910B 49.8 -> 51.6).
+#: docs/device.md, block-sparse decode
+FUSED_SOFTMAX_ARCHS = ("DAV_2201",)
+
+
+def fused_softmax(soc=DEFAULT_SOC) -> bool:
+    """Whether the decode fuses C1 and the softmax on ``soc`` (:data:`FUSED_SOFTMAX_ARCHS`)."""
+    return get_soc(soc).arch in FUSED_SOFTMAX_ARCHS
 
 
 def _decode_nest(pypto, q, k, v, block_table, positions, keep, keep_rows, out, p: _Static):
@@ -334,18 +366,19 @@ BATCH_UNROLL = (4, 2, 1)
 
 @_backend.compile_once("msa_sparse_decode")
 def build_kernel(hq, hkv, topk, dim, ntile, gather, rows, vrows=128, jit=JIT, kv_splits=1,
-                 unroll=BATCH_UNROLL, vg_rows=None):  # fmt: skip
+                 unroll=BATCH_UNROLL, vg_rows=None, fused=False):  # fmt: skip
     """The ``@pypto.frontend.jit`` kernel for one model configuration and tiling, built once
     (:func:`tilesim.device.backend.compiled`). Batch and ``nb`` are runtime values: a
     ``pypto.loop_unroll`` over the batch rows (``keep``'s dynamic first axis, ``unroll`` rows
     per body), the KV heads static inside it, the chunks in ``kv_splits`` ranges, and the
-    cache addressed through the global page ids of ``block_table``."""
+    cache addressed through the global page ids of ``block_table``. ``fused``: the softmax
+    scope of the 1-row bodies (:func:`fused_softmax` of the SoC)."""
     pypto = require_pypto()
     sel = topk * BY
     bounds = tuple((c0, min(ntile, sel - c0)) for c0 in range(0, sel, ntile))  # tail kept
     ranges = tuple(split_ranges(len(bounds), kv_splits))
     p = _Static(hkv, hq // hkv, dim, topk, bounds, ranges, tuple(unroll), gather, rows, vrows,
-                dim**-0.5, vg_rows or rows)  # fmt: skip
+                dim**-0.5, vg_rows or rows, bool(fused))  # fmt: skip
     combine = bool(operation_options(jit).get("combine_axis", False))
 
     @pypto.frontend.jit(**jit_options(jit))
@@ -450,7 +483,8 @@ def decode_launch(q, k_blocks, v_blocks, ids, seq, sh: CallShape, tiling: MsaTil
     # MSA_GATHER_ROWS may still fit a gather, not a [rows, 128] select: 256 fails on the 910B)
     vrows = min(rows, GATHER_ROWS[soc])
     kernel = build_kernel(sh.hq, sh.hkv, sh.topk, sh.dim, tiling.ntile, gather, rows, vrows,
-                          JIT, tiling.kv_splits, BATCH_UNROLL, v_gather_rows(soc))  # fmt: skip
+                          JIT, tiling.kv_splits, BATCH_UNROLL, v_gather_rows(soc),
+                          fused_softmax(soc))  # fmt: skip
     q2 = q.contiguous().reshape(-1, sh.dim)
     out = torch.zeros(sh.batch * sh.hq, sh.dim, dtype=torch.bfloat16, device=dev)
     return kernel, [q2, k2, v2, table, positions, keep, keep.reshape(-1, 1)], [out]
@@ -559,12 +593,14 @@ __all__ = [
     "GATHERS",
     "GATHER_ROWS",
     "CallShape",
+    "FUSED_SOFTMAX_ARCHS",
     "JIT",
     "SEED_JIT",
     "V_GATHER_ROWS",
     "build_kernel",
     "decode_launch",
     "device_keep_mask",
+    "fused_softmax",
     "gather_rows",
     "keep_mask",
     "msa_sparse_decode",

@@ -65,6 +65,9 @@ class _Recorder:
         self.tiles = None
         self.depth = 0
         self.unroll = None  #: the factor of the loop_unroll body being run
+        self.scope = -1  #: the ``sg_set_scope`` in force (-1: none)
+        self.matmul_scopes: list[int] = []  #: the scope in force at each matmul
+        self.exps: list[tuple] = []  #: (unroll factor, scope) of each ``exp``
 
     def __getattr__(self, name):
         if name.startswith("DT_") or name in ("DYNAMIC", "STATIC"):
@@ -94,6 +97,14 @@ class _Recorder:
             yield from ((i, u) for i in self.loop(first, end, u * step))
             first = end
         self.unroll = None
+
+    def set_pass_options(self, sg_set_scope=None, **kwargs):
+        if sg_set_scope is not None:
+            self.scope = sg_set_scope
+
+    def exp(self, t):
+        self.exps.append((self.unroll, self.scope))
+        return _T(t.shape, t.dtype)
 
     def set_cube_tile_shapes(self, *tiles):
         self.tiles = tuple(tuple(t) for t in tiles)
@@ -125,6 +136,7 @@ class _Recorder:
         assert k == kb, f"matmul K mismatch: {a.shape} x {b.shape} (b_trans={b_trans})"
         rec = ((m, k, n), a.dtype, b.dtype, out_dtype, b_trans, self.tiles, self.depth, self.unroll)
         self.matmuls.append(rec)
+        self.matmul_scopes.append(self.scope)
         return _T([m, n], out_dtype)
 
 
@@ -136,13 +148,13 @@ def _fake(t) -> _T:
     return _T(t.shape, names[t.dtype])
 
 
-def trace_decode(batch, nb, topk, tiling, gather="device", soc="910b"):
+def trace_decode(batch, nb, topk, tiling, gather="device", soc="910b", recorder=None):
     """The matmuls the decode kernel body issues for this call (``device/msa_decode.py`` run on
     the recorder: its own launch preparation, kernel factory and body, no pypto)."""
     import torch
     from tilesim.device import msa_decode as md
 
-    rec = _Recorder()
+    rec = _Recorder() if recorder is None else recorder
     q = torch.zeros(batch, HQ, D, dtype=torch.bfloat16)
     kb = torch.zeros(batch, HKV, nb, 128, D, dtype=torch.bfloat16)
     ids = torch.stack([torch.arange(topk, dtype=torch.int32)] * batch)
@@ -202,6 +214,38 @@ def test_probe_issues_the_decode_matmuls(batch, nb, topk, ntile, splits):
     # the tail chunk is there with its own width and tiles (topk*128 not a multiple of ntile)
     widths = {rec[0][2] for rec in probe[::2]}
     assert widths == {min(ntile, topk * 128 - c0) for c0 in range(0, topk * 128, ntile)}
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("soc", ["910b", "950"])
+def test_softmax_scopes_only_in_one_row_bodies_of_fusing_socs(soc):
+    """The fused softmax (docs/device.md, block-sparse decode): on a SoC of
+    ``FUSED_SOFTMAX_ARCHS`` each chunk's softmax of a 1-row body runs in a subgraph scope of its
+    own, and no matmul ever does (the 910B refuses a scope with cube and vector ops); bodies of
+    several rows and the other SoCs set no softmax scope. B 7 runs bodies of 4, 2 and 1 rows;
+    every ``exp`` is either a chunk's (one per chunk) or the merge's (inside its scope)."""
+    from tilesim.device import msa_decode as md
+    from tilesim.shared.soc import get_soc
+    from tilesim.shared.tiling import MsaTiling
+
+    batch, topk, ntile = 7, 5, 256
+    chunks = -(-topk * 128 // ntile)
+    rec = _Recorder()
+    trace_decode(batch, 6, topk, MsaTiling(ntile=ntile), soc=soc, recorder=rec)
+    assert set(rec.matmul_scopes) == {-1}
+    merge = range(md.MERGE_SCOPE, md.MERGE_SCOPE + 4 * HKV)
+    chunk_exps = [(u, sc) for u, sc in rec.exps if sc not in merge]
+    rows = {4: 4, 2: 2, 1: 1}
+    assert len(chunk_exps) == chunks * HKV * sum(rows.values())  # one exp per chunk
+    fused = get_soc(soc).arch in md.FUSED_SOFTMAX_ARCHS
+    assert fused == (soc == "910b")
+    one_row = [sc for u, sc in chunk_exps if u == 1]
+    assert all(sc == -1 for u, sc in chunk_exps if u != 1)
+    if fused:
+        assert len(set(one_row)) == len(one_row) == chunks * HKV
+        assert min(one_row) >= md.SOFTMAX_SCOPE
+    else:
+        assert set(one_row) == {-1}
 
 
 def test_probe_jit_options_are_the_decodes():
