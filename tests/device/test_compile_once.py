@@ -17,6 +17,13 @@ import pytest
 
 DECODE_NB = (17, 18, 40)
 DECODE_BATCH = (1, 2, 4)
+#: the (nb, batch) calls of the decode check: every nb and every batch (so every body of the
+#: batch loop: 1, 2 and 4 rows) once, in CI; the full cross product is the ``slow`` variant
+#: (each call compiles and interprets: ~10-20 s of the 2-core CI box per call and SoC)
+DECODE_CALLS = {
+    "each nb and batch": tuple(zip(DECODE_NB, DECODE_BATCH, strict=True)),
+    "nb x batch": tuple((nb, b) for nb in DECODE_NB for b in DECODE_BATCH),
+}
 INDEXER_NB = (17, 18, 40)
 MOE_COUNTS = ([5, 0, 12, 1], [1, 3, 0, 0], [16, 16, 16, 17])
 BUDGET_BIT_EXACT = 0.99  # as tests/device/test_sim_msa_decode.py and test_sim_moe.py
@@ -46,7 +53,7 @@ def _decode_case(b, nb, seed):
     return q, kb, vb, torch.stack(rows).to(torch.int32), seq
 
 
-def check_decode_compiles_once(soc) -> dict:
+def check_decode_compiles_once(soc, calls=DECODE_CALLS["nb x batch"]) -> dict:
     """The wrapper's default tiling (``tiling=None``: the split rule of
     :mod:`tilesim.shared.msa_split`, which may depend on the batch); the reference gets the
     same tiling. ``splits``: the distinct ``kv_splits`` the rule gave (one kernel each)."""
@@ -60,7 +67,7 @@ def check_decode_compiles_once(soc) -> dict:
     reset_compile_stats()
     worst = {"bit_exact": 1.0, "row_ulp": 0.0}
     splits = set()
-    for i, (nb, b) in enumerate((nb, b) for nb in DECODE_NB for b in DECODE_BATCH):
+    for i, (nb, b) in enumerate(calls):
         q, kb, vb, ids, seq = _decode_case(b, nb, seed=100 + i)
         out, _ = msa_sparse_decode(q, kb, vb, ids, seq, backend="sim", soc=soc)
         tiling = split_tiling(MsaTiling.from_env(), batch=b, hkv=4, topk=16, soc=soc)
@@ -140,10 +147,15 @@ def check_moe_compiles_once(soc) -> dict:
 
 @pytest.mark.sim
 @pytest.mark.torch
-def test_decode_one_compile_over_nb_and_batch(sim_soc):
+@pytest.mark.parametrize(
+    "calls", [pytest.param("each nb and batch"), pytest.param("nb x batch", marks=pytest.mark.slow)]
+)
+def test_decode_one_compile_over_nb_and_batch(sim_soc, calls):
     from tilesim.device import sim
 
-    r = sim.isolated(check_decode_compiles_once, sim_soc, soc=sim_soc)
+    assert {nb for nb, _ in DECODE_CALLS[calls]} == set(DECODE_NB)
+    assert {b for _, b in DECODE_CALLS[calls]} == set(DECODE_BATCH)
+    r = sim.isolated(check_decode_compiles_once, sim_soc, DECODE_CALLS[calls], soc=sim_soc)
     # one kernel per kv_splits value (a tiling field, part of the key), none per nb or batch
     assert r["stats"] == {"msa_sparse_decode": len(r["splits"])}, r
     assert r["bit_exact"] >= BUDGET_BIT_EXACT and r["row_ulp"] <= BUDGET_ROW_ULP, r
