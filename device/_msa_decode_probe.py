@@ -10,10 +10,11 @@ The probe walks the decode's loop nest -- a ``pypto.loop_unroll`` over the batch
 the decode's unroll factors (:data:`BATCH_UNROLL`, ``ub`` rows per body), the ``HKV`` KV heads
 static inside it (pair ``outer = b*HKV + h``, its ``G = HQ/HKV`` query heads on the cube M axis),
 the static loop over the ``NTILE``-wide key chunks of the ``topk*128`` selected keys (the last
-one partial) -- and per chunk issues exactly the decode's two matmuls, with the decode's cube
+one partial) -- and per chunk issues exactly the decode's matmuls, with the decode's cube
 tiles (:func:`c1_cube_tiles`, :func:`c2_cube_tiles`) and JIT options::
 
-    C1  S_c = fp32(Q[G, 128] @ K_c^T)     K_c = [w, 128] BF16 rows of a dense input
+    C1  S_c = fp32(Q[G, 128] @ K_c^T)     one matmul per page piece (page_pieces), K_c's
+                                          pieces [n, 128] BF16 rows of a dense input
     C2  O_c = fp32(P_c[G, w] @ V_c)       P_c = [G, w] BF16 rows of an input
 
 Kept: the loop nest and its trip counts (batch rows dynamic and unrolled as in the decode, KV
@@ -32,16 +33,23 @@ from dataclasses import dataclass
 
 from tilesim.device import backend as _backend
 from tilesim.device._lazy import require_pypto, require_torch
-from tilesim.device._msa_tiles import SEED_RUNTIME, jit_options, l0_tile, operation_options
+from tilesim.device._msa_tiles import (
+    SEED_RUNTIME,
+    c1_cube_tiles,
+    c2_cube_tiles,
+    jit_options,
+    operation_options,
+    page_pieces,
+)
 from tilesim.shared.models import MINIMAX_M3
 from tilesim.shared.soc import DEFAULT_SOC
 from tilesim.shared.tiling import MsaTiling
 
 OP_NAME = "msa_decode_probe"
 BY = MINIMAX_M3.msa.block_size  # 128 keys per block, as in the decode
-#: the decode's JIT options (``msa_decode.JIT``: the seeds' runtime options, their pass
-#: options and combine_axis left out; a test asserts the two agree)
-JIT = SEED_RUNTIME
+#: the decode's JIT options (``msa_decode.JIT``: the seeds' runtime options and L1 reuse 4,
+#: the seeds' other pass options and combine_axis left out; a test asserts the two agree)
+JIT = (*SEED_RUNTIME, ("pass", "cube_l1_reuse_setting", ((-1, 4),)))
 #: the decode's batch-loop unroll factors (``msa_decode.BATCH_UNROLL``; a test asserts they agree)
 BATCH_UNROLL = (4, 2, 1)
 
@@ -51,16 +59,6 @@ def chunk_bounds(topk: int, ntile: int) -> tuple:
     wide, the last one partial (``msa_decode.build_kernel``'s ``bounds``)."""
     sel = topk * BY
     return tuple((c0, min(ntile, sel - c0)) for c0 in range(0, sel, ntile))
-
-
-def c1_cube_tiles(g: int, w: int) -> tuple:
-    """The decode's cube tiles of ``S = Q[g, 128] @ K_c[w, 128]^T`` (M, K, N lists)."""
-    return [g, g], [128, 128], [l0_tile(w, 256), w]
-
-
-def c2_cube_tiles(g: int, w: int) -> tuple:
-    """The decode's cube tiles of ``O_c = P[g, w] @ V_c[w, 128]`` (M, K, N lists)."""
-    return [g, g], [l0_tile(w, 128), w], [128, 128]
 
 
 @dataclass(frozen=True)
@@ -83,13 +81,14 @@ def _probe_pair(pypto, q, k, v, p, s_out, o_out, outer, st: ProbeStatic):
     pypto.set_vec_tile_shapes(g, dim)
     qg = pypto.view(q, [g, dim], [q0, 0])
     for c, (c0, w) in enumerate(st.bounds):  # static chunk loop, as the decode's
-        kc = pypto.view(k, [w, dim], [outer * sel + c0, 0])
+        for slot, t0, n in page_pieces(c0, w, BY):  # C1, one matmul per page piece
+            kp = pypto.view(k, [n, dim], [outer * sel + slot * BY + t0, 0])
+            pypto.set_cube_tile_shapes(*c1_cube_tiles(g, n))
+            s = pypto.matmul(qg, kp, pypto.DT_FP32, b_trans=True)
+            pypto.set_vec_tile_shapes(g, 128)
+            pypto.assemble(s, [q0, slot * BY + t0], s_out)
         vc = pypto.view(v, [w, dim], [outer * sel + c0, 0])
         pc = pypto.view(p, [g, w], [q0, c0])
-        pypto.set_cube_tile_shapes(*c1_cube_tiles(g, w))
-        s = pypto.matmul(qg, kc, pypto.DT_FP32, b_trans=True)
-        pypto.set_vec_tile_shapes(g, w)
-        pypto.assemble(s, [q0, c0], s_out)
         pypto.set_cube_tile_shapes(*c2_cube_tiles(g, w))
         o_c = pypto.matmul(pc, vc, pypto.DT_FP32)
         pypto.set_vec_tile_shapes(g, dim)

@@ -21,6 +21,30 @@ def l0_tile(w: int, cap: int) -> int:
     return next(t for t in (256, 128, 64, 32, 16) if t <= cap and w % t == 0)
 
 
+def page_pieces(c0: int, w: int, block: int) -> tuple:
+    """``((slot, t0, n), ...)``: the keys ``c0 .. c0+w-1`` of a row's selected ``topk*block``
+    keys (slot ``s`` holds keys ``s*block ..``) cut at the page edges, in key order: keys
+    ``t0 .. t0+n-1`` of slot ``slot``'s page, whose rows are contiguous in the paged cache.
+    The decode's C1 issues one matmul per piece (a whole page for the default NTILE)."""
+    pieces, pos = [], c0
+    while pos < c0 + w:
+        slot, t0 = divmod(pos, block)
+        n = min(block - t0, c0 + w - pos)
+        pieces.append((slot, t0, n))
+        pos += n
+    return tuple(pieces)
+
+
+def c1_cube_tiles(g: int, n: int) -> tuple:
+    """Cube tiles (M, K, N lists) of one C1 piece ``S = Q[g, 128] @ K[n, 128]^T``."""
+    return [g, g], [128, 128], [l0_tile(n, 256), n]
+
+
+def c2_cube_tiles(g: int, w: int) -> tuple:
+    """Cube tiles (M, K, N lists) of one chunk's ``O_c = P[g, w] @ V_c[w, 128]``."""
+    return [g, g], [l0_tile(w, 128), w], [128, 128]
+
+
 def jit_options(spec: tuple) -> dict:
     """``pypto.frontend.jit`` keyword arguments from a hashable option ``spec`` (part of a
     compile key): ``(("runtime", name, value), ("pass", name, ((scope, n), ...)), ...)``; pass

@@ -14,9 +14,10 @@ axis::
 
     for each split range of chunks (MsaTiling.kv_splits; one range = the plain loop):
       for c in the range's NTILE-wide chunks of the topk*128 keys (the last may be partial):
-        K_c, V_c = the chunk's keys/values            gather="device": gather_in_ub + block
-                                                      table; gather="host": compact copy
-        S   = fp32(Q[G,128] @ K_c^T)                  cube, FP32 out
+        K_c, V_c = the chunk's keys/values            "device": K as page views, V by
+                                                      gather_in_ub; "host": compact copy
+        S   = fp32(Q[G,128] @ K_c^T)                  cube, FP32 out, one matmul per page
+                                                      (page_pieces): the same dot products
         S   = S * SCALE                               FP32, SCALE = fp32(1/sqrt(128))
         S   = where(keep, S, -3e38)                   FP32 select, keep = bool keep-mask
                                                       (built on the device: device_keep_mask)
@@ -35,10 +36,12 @@ writes ``m_c`` / ``l_c`` into the pair's ``[2*n*G, 1]`` column tensor and ``O_c`
 half (one multiply of every ``O_c`` by its weight, then the chained sums) -- the same
 operations on the same values as merging chunk by chunk.
 
-On the 910B the softmax of each chunk in a 1-row body (from the scale to the BF16 cast of P)
-gets a subgraph scope of its own, and the compiler fuses it with the C1 matmul that feeds it
-into one cube-vector task (:data:`FUSED_SOFTMAX_ARCHS`): the same operations, one task and one
-scheduling round trip fewer per chunk.
+C1 reads K where it lies: one matmul per page piece of the chunk
+(:func:`tilesim.device._msa_tiles.page_pieces`; a whole 128-key page at the default NTILE),
+its K operand a view of the page's rows, the products assembled into the chunk's ``S`` by
+columns. Each score is the same one dot product over D as in a single matmul over the chunk,
+so the numbers do not change; what changes is that no gather task stands between the root
+and C1 (docs/device.md, block-sparse decode).
 
 The rounding points are the reference's one for one (split-KV included:
 :mod:`tilesim.shared.msa_split`), and so is the NaN-robust masking: a dropped key's score is
@@ -55,14 +58,15 @@ form (``tests/device/test_sim_nan_poison.py``).
 
 Three ways to bring the selected blocks in:
 
-* ``gather="device"`` (default): the kernel reads the paged cache itself. ``k_blocks`` is viewed
-  as rows ``[(b*HKV + h)*nb*128 + blk*128 + t]``; per chunk ``gather_in_ub`` takes the chunk's
-  logical key positions (``slot*128 + t``) and the pair's row of the global page table
-  (:func:`page_table`: ``(b*HKV + h)*nb + block_ids[b]``, built on the inputs' device) and
-  fetches the rows into UB (:func:`_gather_chunk`). No K/V copy.
-* ``gather="paged"``: the same cache view, but each slot's whole 128-key page is read with a
-  view whose row offset comes from the page table (read by the control flow) and assembled
-  into the chunk's K/V tiles -- no gather instruction, pages are contiguous.
+* ``gather="device"`` (default): the kernel reads the paged cache itself. ``k_blocks`` and
+  ``v_blocks`` are viewed as rows ``[(b*HKV + h)*nb*128 + blk*128 + t]``, addressed through the
+  global page table (:func:`page_table`: ``(b*HKV + h)*nb + block_ids[b]``, built on the
+  inputs' device). K: C1 takes each page piece as a view whose row offset comes from the page
+  table (read by the control flow). V: per chunk ``gather_in_ub`` takes the chunk's logical
+  key positions (``slot*128 + t``) and the pair's page-table row and fetches the rows into UB
+  (:func:`_gather_chunk`). No K/V copy.
+* ``gather="paged"``: K as in ``"device"``; V's page pieces are read the same way and
+  assembled into the chunk's V tile -- no gather instruction, pages are contiguous.
 * ``gather="host"``: the seeds' scheme — the wrapper copies the selected blocks into compact
   ``[B*HKV*topk*128, 128]`` K/V buffers (a torch gather of ``2*B*HKV*topk*32 KB`` on the
   inputs' device) and the kernel views them.
@@ -77,8 +81,9 @@ returns the mean of the gathered V there).
 
 Tiling: ``MsaTiling.from_env()`` (``MSA_NTILE``, default 512, same on both SoCs because it
 changes the numbers; ``kv_splits`` from :func:`tilesim.shared.msa_split.split_tiling` when
-``tiling=None``), the per-SoC gather tile :data:`GATHER_ROWS` (``MSA_GATHER_ROWS``) and the
-V-gather tile :data:`V_GATHER_ROWS` (``MSA_GATHER_ROWS``, when set, for both).
+``tiling=None``), the per-SoC V-gather tile :data:`V_GATHER_ROWS` (``MSA_V_GATHER_ROWS``) and
+the V-select tile of ``"paged"`` / ``"host"``, :data:`GATHER_ROWS` (``MSA_GATHER_ROWS``, which,
+set alone, also sets the V-gather tile).
 Importing this module needs neither torch nor pypto.
 """
 
@@ -90,17 +95,19 @@ from tilesim.device import backend as _backend
 from tilesim.device._lazy import require_pypto, require_torch
 from tilesim.device._msa_tiles import (
     SEED_RUNTIME,
+    c1_cube_tiles,
+    c2_cube_tiles,
     eval_tree,
     jit_options,
-    l0_tile,
     merge_plan,
     operation_options,
+    page_pieces,
     without,
 )
 from tilesim.shared.models import MINIMAX_M3
 from tilesim.shared.msa_select import check_decode_inputs, decode_keep_mask
 from tilesim.shared.msa_split import split_ranges, split_tiling
-from tilesim.shared.soc import DEFAULT_SOC, MSA_DEVICE_TILES, get_soc, msa_device_tile
+from tilesim.shared.soc import DEFAULT_SOC, MSA_DEVICE_TILES, msa_device_tile
 from tilesim.shared.tiling import MsaTiling
 from tilesim.shared.validate import (
     check_bool,
@@ -118,7 +125,8 @@ BY = _CFG.block_size  # 128 keys per block
 LARGE_NEG = _CFG.decode_mask_neg  # -3e38
 
 
-#: per-SoC defaults and the env override live in :mod:`tilesim.shared.soc`
+#: the V-select tile of ``gather="paged"`` / ``"host"`` per SoC (rows; set alone, the env
+#: override also sets the V-gather tile); defaults and override in :mod:`tilesim.shared.soc`
 GATHER_ROWS = MSA_DEVICE_TILES["MSA_GATHER_ROWS"][0]
 
 
@@ -130,14 +138,14 @@ def gather_rows(soc=DEFAULT_SOC, env=None) -> int:
 
 #: rows of one ``gather="device"`` V-gather tile per SoC family (``MSA_V_GATHER_ROWS`` of
 #: :data:`~tilesim.shared.soc.MSA_DEVICE_TILES`): V is needed only by P.V, so its gather may
-#: move a whole 512-key chunk in fewer, larger tiles than K (whose tile stays
-#: :data:`GATHER_ROWS`): fewer gather tasks leave the root (docs/device.md, block-sparse decode)
+#: move a whole 512-key chunk in few, large tiles: few gather tasks leave the root
+#: (docs/device.md, block-sparse decode)
 V_GATHER_ROWS = MSA_DEVICE_TILES["MSA_V_GATHER_ROWS"][0]
 
 
 def v_gather_rows(soc=DEFAULT_SOC, env=None) -> int:
     """The V-gather tile of ``soc``: ``MSA_V_GATHER_ROWS`` (env, else :data:`V_GATHER_ROWS`);
-    when only ``MSA_GATHER_ROWS`` is set, K and V share it, as before."""
+    when only ``MSA_GATHER_ROWS`` is set, that one."""
     env = env_mapping(env)
     if "MSA_GATHER_ROWS" in env and "MSA_V_GATHER_ROWS" not in env:
         return gather_rows(soc, env)
@@ -154,18 +162,32 @@ def _gather_chunk(pypto, cache, positions, table, rows: int):
     return pypto.experimental.gather_in_ub(cache, positions, table, BY, -2)
 
 
-def _chunk_softmax(pypto, qg, kc, vc, keep, keep_rows, w: int, p: "_Static", scope=None):
-    """One chunk: scores, scale, the keep select, chunk max / exp / row sum, the V select,
-    bf16(P) @ V. ``keep``: bool ``[1, w]`` (broadcast over the G query rows), ``keep_rows``:
-    the same mask as a bool ``[w, 1]`` column (broadcast over the D columns of V).
-    ``scope``: the softmax's own subgraph scope (``sg_set_scope``, from the scale to the BF16
-    cast of P; ``None``: none), which the 910B's compiler fuses with the C1 matmul that feeds
-    it into one cube-vector task (:data:`FUSED_SOFTMAX_ARCHS`)."""
+def _scores(pypto, qg, k_pieces, w: int, g: int):
+    """C1 of one chunk: FP32 ``S[g, w] = Q[g, 128] @ K_c^T``, one matmul per piece of K
+    (``k_pieces``: ``[(view [n, 128] BF16, n), ...]``, contiguous rows in key order; the page
+    pieces of :func:`page_pieces`, or the whole chunk), the products assembled into their
+    ``n`` columns. Every score is one dot product over the 128 dims, however K is cut."""
+    if len(k_pieces) == 1:
+        pypto.set_cube_tile_shapes(*c1_cube_tiles(g, w))
+        return pypto.matmul(qg, k_pieces[0][0], pypto.DT_FP32, b_trans=True)
+    s = pypto.tensor([g, w], pypto.DT_FP32, "s")
+    col = 0
+    for kp, n in k_pieces:
+        pypto.set_cube_tile_shapes(*c1_cube_tiles(g, n))
+        s_n = pypto.matmul(qg, kp, pypto.DT_FP32, b_trans=True)
+        pypto.set_vec_tile_shapes(g, 128)
+        pypto.assemble(s_n, [0, col], s)
+        col += n
+    return s
+
+
+def _chunk_softmax(pypto, qg, k_pieces, vc, keep, keep_rows, w: int, p: "_Static"):
+    """One chunk: scores (:func:`_scores`), scale, the keep select, chunk max / exp / row sum,
+    the V select, bf16(P) @ V. ``keep``: bool ``[1, w]`` (broadcast over the G query rows),
+    ``keep_rows``: the same mask as a bool ``[w, 1]`` column (broadcast over the D columns of
+    V)."""
     g = p.g
-    pypto.set_cube_tile_shapes([g, g], [128, 128], [l0_tile(w, 256), w])
-    s = pypto.matmul(qg, kc, pypto.DT_FP32, b_trans=True)
-    if scope is not None:
-        pypto.set_pass_options(sg_set_scope=scope)
+    s = _scores(pypto, qg, k_pieces, w, g)
     pypto.set_vec_tile_shapes(g, w)
     s = s * p.scale
     s = pypto.where(keep, s, LARGE_NEG)  # a select: NaN/inf scores of dropped keys vanish
@@ -173,12 +195,10 @@ def _chunk_softmax(pypto, qg, kc, vc, keep, keep_rows, w: int, p: "_Static", sco
     e = pypto.exp(s - m_c)
     l_c = pypto.sum(e, dim=-1, keepdim=True)
     p16 = pypto.cast(e, pypto.DT_BF16)
-    if scope is not None:
-        pypto.set_pass_options(sg_set_scope=-1)
     if p.gather != "device":  # "device" never reads a dropped key's row (see _redirected)
         pypto.set_vec_tile_shapes(p.vrows, p.dim)  # [vrows, D] BF16 tiles: fit the UB
         vc = pypto.where(keep_rows, vc, 0.0)  # dropped keys' V rows are exactly zero (BF16)
-    pypto.set_cube_tile_shapes([g, g], [l0_tile(w, 128), w], [128, 128])
+    pypto.set_cube_tile_shapes(*c2_cube_tiles(g, w))
     o_c = pypto.matmul(p16, vc, pypto.DT_FP32)
     return m_c, l_c, o_c
 
@@ -194,11 +214,16 @@ SEED_JIT = (
     ("pass", "vec_nbuffer_setting", ((-1, 1),)),
     ("operation", "combine_axis", True),
 )
-#: the options the kernel runs with, the sweep's verdict (docs/device.md): the seeds' runtime
-#: options, which the cost model is indifferent to; their pass options and combine_axis make
-#: the model slower on at least one SoC or case and are left out
-JIT = without(SEED_JIT, "cube_l1_reuse_setting", "cube_nbuffer_setting", "vec_nbuffer_setting",
-              "combine_axis")  # fmt: skip
+#: L1 reuse 4: the L1ReuseMerge pass may put 4 matmuls that read the same GM data into one
+#: task -- here the 4 page matmuls of a 512-key chunk's C1, which all read the pair's Q (one C1
+#: task per chunk; the automatic setting makes two)
+L1_REUSE = ("pass", "cube_l1_reuse_setting", ((-1, 4),))
+#: the options the kernel runs with (docs/device.md, "JIT options of the MSA kernels" and
+#: block-sparse decode): the seeds' runtime options, which the cost model is indifferent to,
+#: and :data:`L1_REUSE`; the seeds' other pass options and combine_axis make the model slower
+#: on at least one SoC or case and are left out
+JIT = (*without(SEED_JIT, "cube_l1_reuse_setting", "cube_nbuffer_setting",
+                "vec_nbuffer_setting", "combine_axis"), L1_REUSE)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -214,39 +239,42 @@ class _Static:
     ranges: tuple  #: ``((first, stop), ...)`` chunk ranges of the kv splits
     unroll: tuple  #: batch rows per body of the batch loop (``pypto.loop_unroll`` factors)
     gather: str
-    rows: int  #: gather tile rows
     vrows: int  #: V-select tile rows (the SoC's default gather tile at most: UB-safe)
     scale: float
     vg_rows: int  #: V-gather tile rows (``gather="device"``, :data:`V_GATHER_ROWS`)
-    fused: bool  #: the softmax in its own scope in 1-row bodies (:data:`FUSED_SOFTMAX_ARCHS`)
 
 
 def _chunk_kv(pypto, k, v, block_table, positions, outer, c0: int, w: int, p: _Static,
               spread: bool):  # fmt: skip
-    """The chunk's K / V ``[w, D]`` BF16 tiles of pair ``outer`` by the ``gather`` variant.
-    ``spread`` (bodies of several batch rows): the chunk's page-table row goes through a
-    producer task first (an exact INT32 ``+ 0``), so its gathers are that task's successors
-    rather than sources of the root function, whose successor edges one AICPU thread resolves
-    one by one (docs/device.md, block-sparse decode)."""
+    """The chunk's K pieces (``[(view [n, D], n), ...]``, contiguous runs of K rows in key
+    order, for :func:`_scores`) and its V ``[w, D]`` BF16 tile, of pair ``outer``, by the
+    ``gather`` variant. ``"device"`` / ``"paged"``: one piece per page piece
+    (:func:`page_pieces`), its rows starting at ``block_table[outer, slot]*128 + t0`` of the
+    paged cache (a page-table value read by the control flow); ``"host"``: the chunk's rows
+    of the compact copy, one piece (the seeds' one C1 matmul per chunk). ``spread``
+    (``"device"``, bodies of several batch rows): the chunk's page-table row goes through a
+    producer task first (an exact INT32 ``+ 0``), so its V gather is that task's successor
+    rather than a source of the root function, whose successor edges one AICPU thread
+    resolves one by one (docs/device.md, block-sparse decode)."""
+    if p.gather == "host":  # the compact rows of the chunk are contiguous: one piece
+        row = outer * p.topk * BY + c0
+        return [(pypto.view(k, [w, p.dim], [row, 0]), w)], pypto.view(v, [w, p.dim], [row, 0])
+    starts = [(block_table[outer, slot] * BY + t0, n) for slot, t0, n in page_pieces(c0, w, BY)]
+    k_pieces = [(pypto.view(k, [n, p.dim], [r, 0]), n) for r, n in starts]
     if p.gather == "device":
         table = pypto.view(block_table, [1, p.topk], [outer, 0])
         if spread:
             pypto.set_vec_tile_shapes(1, p.topk)
             table = table + 0
         pos = pypto.view(positions, [1, w], [outer // p.hkv, c0])
-        return (_gather_chunk(pypto, k, pos, table, p.rows),
-                _gather_chunk(pypto, v, pos, table, p.vg_rows))  # fmt: skip
-    if p.gather == "paged":
-        kc = pypto.tensor([w, p.dim], pypto.DT_BF16, "kc")
-        vc = pypto.tensor([w, p.dim], pypto.DT_BF16, "vc")
-        pypto.set_vec_tile_shapes(BY, p.dim)
-        for j in range(w // BY):  # one whole 128-key page per slot
-            row = block_table[outer, c0 // BY + j] * BY
-            pypto.assemble(pypto.view(k, [BY, p.dim], [row, 0]), [j * BY, 0], kc)
-            pypto.assemble(pypto.view(v, [BY, p.dim], [row, 0]), [j * BY, 0], vc)
-        return kc, vc
-    row = outer * p.topk * BY + c0  # "host": the compact copies
-    return pypto.view(k, [w, p.dim], [row, 0]), pypto.view(v, [w, p.dim], [row, 0])
+        return k_pieces, _gather_chunk(pypto, v, pos, table, p.vg_rows)
+    vc = pypto.tensor([w, p.dim], pypto.DT_BF16, "vc")  # "paged": V's pieces assembled
+    pypto.set_vec_tile_shapes(BY, p.dim)
+    col = 0
+    for r, n in starts:
+        pypto.assemble(pypto.view(v, [n, p.dim], [r, 0]), [col, 0], vc)
+        col += n
+    return k_pieces, vc
 
 
 def _merge(pypto, ml, o_all, q0, out, p: _Static, scope: int):
@@ -311,8 +339,7 @@ def _decode_pair(pypto, q, k, v, block_table, positions, keep, keep_rows, out, b
     for c, (c0, w) in enumerate(p.bounds):
         kp = pypto.view(keep, [1, w], [b, c0])
         kr = pypto.view(keep_rows, [w, 1], [b * p.topk * BY + c0, 0])
-        scope = SOFTMAX_SCOPE + slot * n + c if p.fused and not spread else None
-        m_c, l_c, o_c = _chunk_softmax(pypto, qg, *kvs[c], kp, kr, w, p, scope)
+        m_c, l_c, o_c = _chunk_softmax(pypto, qg, *kvs[c], kp, kr, w, p)
         pypto.set_vec_tile_shapes(g, 8)
         pypto.assemble(m_c, [c * g, 0], ml)
         pypto.assemble(l_c, [(n + c) * g, 0], ml)
@@ -324,24 +351,6 @@ def _decode_pair(pypto, q, k, v, block_table, positions, keep, keep_rows, out, b
 #: scope ids (``sg_set_scope``) of the merge tasks: ``MERGE_SCOPE + u*HKV + h`` for the pair
 #: of row ``u``, head ``h`` of a body (each pair's merge is one task of its own)
 MERGE_SCOPE = 100
-#: scope ids of the fused softmax stages (1-row bodies, :data:`FUSED_SOFTMAX_ARCHS`):
-#: ``SOFTMAX_SCOPE + h*chunks + c`` for chunk ``c`` of KV head ``h``
-SOFTMAX_SCOPE = 1000
-
-#: PyPTO arches on which the decode gives each chunk's softmax its own subgraph scope in the
-#: 1-row bodies of the batch loop (``spread`` off): the 910B's compiler (DAV_2201) then puts
-#: the chunk's C1 matmul and its softmax into ONE cube-vector task (the ``CV_SYNC`` pair in
-#: the cost model's task), one task and one AICPU round trip fewer per chunk on the B 1 critical
-#: path (cost model, nb 17 B 1: 29.83 -> 26.09 us). Not on the 950 (DAV_3510): there the same
-#: scope makes a mixed subgraph whose UB schedule fails in PyPTO 0.2.0 (``OoOSchedule``: spill
-#: failed, MEM_UB). Not in the 2- and 4-row bodies: B 4 costs more with it (910B 49.8 -> 51.6).
-#: docs/device.md, block-sparse decode
-FUSED_SOFTMAX_ARCHS = ("DAV_2201",)
-
-
-def fused_softmax(soc=DEFAULT_SOC) -> bool:
-    """Whether the decode fuses C1 and the softmax on ``soc`` (:data:`FUSED_SOFTMAX_ARCHS`)."""
-    return get_soc(soc).arch in FUSED_SOFTMAX_ARCHS
 
 
 def _decode_nest(pypto, q, k, v, block_table, positions, keep, keep_rows, out, p: _Static):
@@ -365,20 +374,19 @@ BATCH_UNROLL = (4, 2, 1)
 
 
 @_backend.compile_once("msa_sparse_decode")
-def build_kernel(hq, hkv, topk, dim, ntile, gather, rows, vrows=128, jit=JIT, kv_splits=1,
-                 unroll=BATCH_UNROLL, vg_rows=None, fused=False):  # fmt: skip
+def build_kernel(hq, hkv, topk, dim, ntile, gather, vrows=128, jit=JIT, kv_splits=1,
+                 unroll=BATCH_UNROLL, vg_rows=128):  # fmt: skip
     """The ``@pypto.frontend.jit`` kernel for one model configuration and tiling, built once
     (:func:`tilesim.device.backend.compiled`). Batch and ``nb`` are runtime values: a
     ``pypto.loop_unroll`` over the batch rows (``keep``'s dynamic first axis, ``unroll`` rows
     per body), the KV heads static inside it, the chunks in ``kv_splits`` ranges, and the
-    cache addressed through the global page ids of ``block_table``. ``fused``: the softmax
-    scope of the 1-row bodies (:func:`fused_softmax` of the SoC)."""
+    cache addressed through the global page ids of ``block_table``."""
     pypto = require_pypto()
     sel = topk * BY
     bounds = tuple((c0, min(ntile, sel - c0)) for c0 in range(0, sel, ntile))  # tail kept
     ranges = tuple(split_ranges(len(bounds), kv_splits))
-    p = _Static(hkv, hq // hkv, dim, topk, bounds, ranges, tuple(unroll), gather, rows, vrows,
-                dim**-0.5, vg_rows or rows, bool(fused))  # fmt: skip
+    p = _Static(hkv, hq // hkv, dim, topk, bounds, ranges, tuple(unroll), gather, vrows,
+                dim**-0.5, vg_rows)  # fmt: skip
     combine = bool(operation_options(jit).get("combine_axis", False))
 
     @pypto.frontend.jit(**jit_options(jit))
@@ -478,13 +486,11 @@ def decode_launch(q, k_blocks, v_blocks, ids, seq, sh: CallShape, tiling: MsaTil
     table = page_table(ids, sh.hkv, sh.nb)
     positions = _redirected(keep)
     k2, v2 = _cache_rows(k_blocks, v_blocks, ids, gather, sh.dim)
-    rows = gather_rows(soc)
-    # the V select's tile: the gather tile, capped at the SoC's default (a larger override of
-    # MSA_GATHER_ROWS may still fit a gather, not a [rows, 128] select: 256 fails on the 910B)
-    vrows = min(rows, GATHER_ROWS[soc])
-    kernel = build_kernel(sh.hq, sh.hkv, sh.topk, sh.dim, tiling.ntile, gather, rows, vrows,
-                          JIT, tiling.kv_splits, BATCH_UNROLL, v_gather_rows(soc),
-                          fused_softmax(soc))  # fmt: skip
+    # the V select's tile: MSA_GATHER_ROWS, capped at the SoC's default (a larger override
+    # may still fit a gather, not a [rows, 128] select: 256 fails on the 910B)
+    vrows = min(gather_rows(soc), GATHER_ROWS[soc])
+    kernel = build_kernel(sh.hq, sh.hkv, sh.topk, sh.dim, tiling.ntile, gather, vrows, JIT,
+                          tiling.kv_splits, BATCH_UNROLL, v_gather_rows(soc))  # fmt: skip
     q2 = q.contiguous().reshape(-1, sh.dim)
     out = torch.zeros(sh.batch * sh.hq, sh.dim, dtype=torch.bfloat16, device=dev)
     return kernel, [q2, k2, v2, table, positions, keep, keep.reshape(-1, 1)], [out]
@@ -593,14 +599,13 @@ __all__ = [
     "GATHERS",
     "GATHER_ROWS",
     "CallShape",
-    "FUSED_SOFTMAX_ARCHS",
     "JIT",
+    "L1_REUSE",
     "SEED_JIT",
     "V_GATHER_ROWS",
     "build_kernel",
     "decode_launch",
     "device_keep_mask",
-    "fused_softmax",
     "gather_rows",
     "keep_mask",
     "msa_sparse_decode",

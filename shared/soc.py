@@ -156,9 +156,10 @@ def moe_vec_tile(soc: str | SocSpec, activation: str) -> int:
 #:   (910B, 192 KB UB: in, out and double buffers fit with room to spare) and 64 KB at 1024 (950,
 #:   248 KB UB); fewer, larger steps cut the per-task overhead (cost model, nb = 40: 15.1 us with
 #:   128-key steps, 9.2 us with 512). A whole number of 128-key blocks.
-#: * ``MSA_GATHER_ROWS`` rows of K/V one decode ``gather_in_ub`` tile moves into UB (BF16, 256 B a
-#:   row): 910B 128 rows = 32 KB (K and V double-buffered stay well inside 192 KB next to the
-#:   [16, NTILE] FP32 softmax tiles); 950 256 rows = 64 KB (248 KB UB).
+#: * ``MSA_GATHER_ROWS`` rows of the MSA decode's V-select tile (``gather="paged"`` / ``"host"``,
+#:   BF16, 256 B a row; set alone, also the V-gather tile): 910B 128 rows = 32 KB (double-buffered,
+#:   well inside 192 KB next to the [16, NTILE] FP32 softmax tiles); 950 256 rows = 64 KB (248 KB
+#:   UB).
 #: * ``MSA_VEC_ROWS`` rows of the main branch's [rows, NTILE] FP32 vector tiles (NTILE 512: 2 KB a
 #:   row). Score, mask and P tiles are live together, so three must fit the UB: 910B 32 rows =
 #:   64 KB a tile (40 rows fails to compile), 950 40 rows = 80 KB (48 fails). Cost model (n = 200,
@@ -166,7 +167,7 @@ def moe_vec_tile(soc: str | SocSpec, activation: str) -> int:
 MSA_DEVICE_TILES: dict[str, tuple[dict[str, int], int]] = {
     "MSA_INDEXER_KTILE": ({"910b": 512, "950": 1024}, 128),
     "MSA_GATHER_ROWS": ({"910b": 128, "950": 256}, 16),
-    # the MSA decode's V gather (gather="device"); MSA_GATHER_ROWS alone sets K's and V's
+    # the MSA decode's V gather (gather="device"); MSA_GATHER_ROWS alone sets it too
     "MSA_V_GATHER_ROWS": ({"910b": 256, "950": 512}, 16),
     "MSA_VEC_ROWS": ({"910b": 32, "950": 40}, 8),
 }

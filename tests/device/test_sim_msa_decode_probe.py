@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pytest
 from test_sim_msa_decode import BUDGET_BIT_EXACT, BUDGET_ROW_ULP, _case
 
@@ -196,56 +197,57 @@ def _flop(matmuls) -> int:
      (7, 4, 3, 512, 2), (1, 4, 3, 512, 1)],
 )  # fmt: skip
 def test_probe_issues_the_decode_matmuls(batch, nb, topk, ntile, splits):
-    """Same matmuls, same order, same tiles and loops as the decode (any kv_splits; B 7 runs
-    every unroll factor); FLOPs = the op's own counter."""
+    """Same matmuls, same order, same tiles and loops as the decode's in-kernel variants (any
+    kv_splits; B 7 runs every unroll factor); ``"host"``: the same P.V matmuls, one C1 per
+    chunk; FLOPs = the op's own counter."""
     from tilesim.reference import msa_sparse_decode_flop
     from tilesim.shared.tiling import MsaTiling
 
     want = msa_sparse_decode_flop(batch, HQ, topk * 128, D)
     probe = trace_probe(batch, topk, ntile)
     chunks = -(-topk * 128 // ntile)
-    assert len(probe) == 2 * batch * HKV * chunks
+    c1 = [r for r in probe if r[4]]  # b_trans: Q @ K^T
+    c2 = [r for r in probe if not r[4]]
+    assert len(c2) == batch * HKV * chunks
+    assert len(c1) == batch * HKV * topk  # one per page: these ntile are multiples of 128
     assert _flop(probe) == want
-    for gather in ("device", "host"):
-        dec = trace_decode(batch, nb, topk, MsaTiling(ntile=ntile, kv_splits=splits), gather)
+    tiling = MsaTiling(ntile=ntile, kv_splits=splits)
+    for gather in ("device", "paged"):
+        dec = trace_decode(batch, nb, topk, tiling, gather)
         assert _flop(dec) == want, f"decode ({gather}) FLOPs vs msa_sparse_decode_flop"
         for i, (a, b) in enumerate(itertools.zip_longest(dec, probe)):
             assert a == b, f"matmul {i}: decode ({gather}) {a} vs probe {b}"
+    host = trace_decode(batch, nb, topk, tiling, "host")
+    assert _flop(host) == want
+    assert [r for r in host if not r[4]] == c2
+    assert [r[0] for r in host if r[4]] == [(HQ // HKV, D, r[0][1]) for r in c2]
     # the tail chunk is there with its own width and tiles (topk*128 not a multiple of ntile)
-    widths = {rec[0][2] for rec in probe[::2]}
+    widths = {rec[0][1] for rec in c2}
     assert widths == {min(ntile, topk * 128 - c0) for c0 in range(0, topk * 128, ntile)}
 
 
 @pytest.mark.torch
-@pytest.mark.parametrize("soc", ["910b", "950"])
-def test_softmax_scopes_only_in_one_row_bodies_of_fusing_socs(soc):
-    """The fused softmax (docs/device.md, block-sparse decode): on a SoC of
-    ``FUSED_SOFTMAX_ARCHS`` each chunk's softmax of a 1-row body runs in a subgraph scope of its
-    own, and no matmul ever does (the 910B refuses a scope with cube and vector ops); bodies of
-    several rows and the other SoCs set no softmax scope. B 7 runs bodies of 4, 2 and 1 rows;
-    every ``exp`` is either a chunk's (one per chunk) or the merge's (inside its scope)."""
-    from tilesim.device import msa_decode as md
-    from tilesim.shared.soc import get_soc
+@pytest.mark.parametrize("ntile", [512, 192, 64])
+def test_c1_is_one_matmul_per_page_piece(ntile):
+    """C1 reads K where it lies: per chunk one ``Q @ K^T`` matmul per piece of a page, in key
+    order, N = the piece's keys (ntile 192 and 64 cut chunks inside a page); no matmul runs
+    in a subgraph scope; on both SoCs. The pieces are checked against the chunk and page
+    edges merged with NumPy."""
     from tilesim.shared.tiling import MsaTiling
 
-    batch, topk, ntile = 7, 5, 256
-    chunks = -(-topk * 128 // ntile)
-    rec = _Recorder()
-    trace_decode(batch, 6, topk, MsaTiling(ntile=ntile), soc=soc, recorder=rec)
-    assert set(rec.matmul_scopes) == {-1}
-    merge = range(md.MERGE_SCOPE, md.MERGE_SCOPE + 4 * HKV)
-    chunk_exps = [(u, sc) for u, sc in rec.exps if sc not in merge]
-    rows = {4: 4, 2: 2, 1: 1}
-    assert len(chunk_exps) == chunks * HKV * sum(rows.values())  # one exp per chunk
-    fused = get_soc(soc).arch in md.FUSED_SOFTMAX_ARCHS
-    assert fused == (soc == "910b")
-    one_row = [sc for u, sc in chunk_exps if u == 1]
-    assert all(sc == -1 for u, sc in chunk_exps if u != 1)
-    if fused:
-        assert len(set(one_row)) == len(one_row) == chunks * HKV
-        assert min(one_row) >= md.SOFTMAX_SCOPE
-    else:
-        assert set(one_row) == {-1}
+    batch, topk = 7, 5
+    sel = topk * 128
+    edges = np.union1d(np.arange(0, sel + 1, 128), np.r_[np.arange(0, sel, ntile), sel])
+    want = [int(n) for n in np.diff(edges)]  # the pieces of one pair, chunk by chunk
+    for soc in ("910b", "950"):
+        rec = _Recorder()
+        trace_decode(batch, 6, topk, MsaTiling(ntile=ntile), soc=soc, recorder=rec)
+        c1 = [r for r in rec.matmuls if r[4]]
+        assert [r[0][2] for r in c1] == want * batch * HKV
+        for (m, k, n), *_, tiles, _, _ in c1:  # N tiles: L1 = the piece, L0 <= 128 divides it
+            assert (m, k) == (HQ // HKV, D) and tiles[2][1] == n
+            assert tiles[2][0] <= 128 and n % tiles[2][0] == 0
+        assert set(rec.matmul_scopes) == {-1}
 
 
 def test_probe_jit_options_are_the_decodes():
