@@ -11,7 +11,8 @@ the decode's unroll factors (:data:`BATCH_UNROLL`, ``ub`` rows per body), the ``
 static inside it (pair ``outer = b*HKV + h``, its ``G = HQ/HKV`` query heads on the cube M axis),
 the static loop over the ``NTILE``-wide key chunks of the ``topk*128`` selected keys (the last
 one partial) -- and per chunk issues exactly the decode's matmuls, with the decode's cube
-tiles (:func:`c1_cube_tiles`, :func:`c2_cube_tiles`) and JIT options::
+tiles (:func:`c1_cube_tiles`, :func:`c2_cube_tiles`), JIT options and L1 reuse per body
+(:data:`L1_REUSE_BY_ROWS`)::
 
     C1  S_c = fp32(Q[G, 128] @ K_c^T)     one matmul per page piece (page_pieces), K_c's
                                           pieces [n, 128] BF16 rows of a dense input
@@ -47,11 +48,13 @@ from tilesim.shared.tiling import MsaTiling
 
 OP_NAME = "msa_decode_probe"
 BY = MINIMAX_M3.msa.block_size  # 128 keys per block, as in the decode
-#: the decode's JIT options (``msa_decode.JIT``: the seeds' runtime options and L1 reuse 4,
-#: the seeds' other pass options and combine_axis left out; a test asserts the two agree)
-JIT = (*SEED_RUNTIME, ("pass", "cube_l1_reuse_setting", ((-1, 4),)))
+#: the decode's JIT options (``msa_decode.JIT``: the seeds' runtime options, their pass
+#: options and combine_axis left out; a test asserts the two agree)
+JIT = SEED_RUNTIME
 #: the decode's batch-loop unroll factors (``msa_decode.BATCH_UNROLL``; a test asserts they agree)
 BATCH_UNROLL = (4, 2, 1)
+#: the decode's L1 reuse per body (``msa_decode.L1_REUSE_BY_ROWS``; a test asserts they agree)
+L1_REUSE_BY_ROWS = ((4, 8), (2, 4), (1, 4))
 
 
 def chunk_bounds(topk: int, ntile: int) -> tuple:
@@ -102,7 +105,9 @@ def probe_nest(pypto, q, k, v, p, s_out, o_out, st: ProbeStatic):
     batch = q.shape[0] // (st.hkv * st.g)
     loop = pypto.loop_unroll(0, batch, 1, name="LOOP_B", idx_name="b0",
                              unroll_list=list(st.unroll))  # fmt: skip
+    l1_reuse = dict(L1_REUSE_BY_ROWS)
     for b0, ub in loop:
+        pypto.set_pass_options(cube_l1_reuse_setting={-1: l1_reuse[ub]})  # as the decode's
         for u in range(ub):
             for h in range(st.hkv):
                 _probe_pair(pypto, q, k, v, p, s_out, o_out, (b0 + u) * st.hkv + h, st)
@@ -189,6 +194,7 @@ def msa_decode_probe(q, k, v, p, *, tiling=None, backend="sim", soc=DEFAULT_SOC)
 __all__ = [
     "BATCH_UNROLL",
     "JIT",
+    "L1_REUSE_BY_ROWS",
     "ProbeStatic",
     "build_probe",
     "c1_cube_tiles",

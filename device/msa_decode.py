@@ -214,16 +214,20 @@ SEED_JIT = (
     ("pass", "vec_nbuffer_setting", ((-1, 1),)),
     ("operation", "combine_axis", True),
 )
-#: L1 reuse 4: the L1ReuseMerge pass may put 4 matmuls that read the same GM data into one
-#: task -- here the 4 page matmuls of a 512-key chunk's C1, which all read the pair's Q (one C1
-#: task per chunk; the automatic setting makes two)
-L1_REUSE = ("pass", "cube_l1_reuse_setting", ((-1, 4),))
-#: the options the kernel runs with (docs/device.md, "JIT options of the MSA kernels" and
-#: block-sparse decode): the seeds' runtime options, which the cost model is indifferent to,
-#: and :data:`L1_REUSE`; the seeds' other pass options and combine_axis make the model slower
-#: on at least one SoC or case and are left out
-JIT = (*without(SEED_JIT, "cube_l1_reuse_setting", "cube_nbuffer_setting",
-                "vec_nbuffer_setting", "combine_axis"), L1_REUSE)  # fmt: skip
+#: the options the kernel runs with, the sweep's verdict (docs/device.md): the seeds' runtime
+#: options, which the cost model is indifferent to; their pass options and combine_axis make
+#: the model slower on at least one SoC or case and are left out (the L1 reuse is set per body
+#: of the batch loop instead: :data:`L1_REUSE_BY_ROWS`)
+JIT = without(SEED_JIT, "cube_l1_reuse_setting", "cube_nbuffer_setting", "vec_nbuffer_setting",
+              "combine_axis")  # fmt: skip
+#: ``cube_l1_reuse_setting`` of each body of the batch loop in the ``"device"`` and ``"paged"``
+#: variants, ``((rows per body, N), ...)``, set at the start of the body (PyPTO 0.2.0 reads a
+#: loop body's pass options when the body's function ends): the L1ReuseMerge pass may put N
+#: matmuls that read the same GM data into one task -- here C1's page matmuls, which all read
+#: the pair's Q. 4: one C1 task per 512-key chunk; 8 in the 4-row body: two chunks per task, 32
+#: C1 tasks among the root's successors instead of 64 (docs/device.md, block-sparse decode,
+#: change 6)
+L1_REUSE_BY_ROWS = ((4, 8), (2, 4), (1, 4))
 
 
 @dataclass(frozen=True)
@@ -242,6 +246,7 @@ class _Static:
     vrows: int  #: V-select tile rows (the SoC's default gather tile at most: UB-safe)
     scale: float
     vg_rows: int  #: V-gather tile rows (``gather="device"``, :data:`V_GATHER_ROWS`)
+    l1_reuse: tuple  #: ``((rows per body, N), ...)``: :data:`L1_REUSE_BY_ROWS`
 
 
 def _chunk_kv(pypto, k, v, block_table, positions, outer, c0: int, w: int, p: _Static,
@@ -358,10 +363,15 @@ def _decode_nest(pypto, q, k, v, block_table, positions, keep, keep_rows, out, p
     axis), ``ub`` rows per body (static ``p.unroll`` factors, largest first), the rows' KV
     heads static inside it: ``ub * HKV`` independent (batch row, KV head) bodies per iteration.
     The model runs the iterations of one loop one after another, the bodies of one side by
-    side."""
+    side. In the ``"device"`` and ``"paged"`` variants each body sets its own L1 reuse
+    (:data:`L1_REUSE_BY_ROWS`); ``"host"``, one C1 matmul per chunk as in the seeds, keeps
+    PyPTO's automatic setting."""
     loop = pypto.loop_unroll(0, keep.shape[0], 1, name="LOOP_B", idx_name="b0",
                              unroll_list=list(p.unroll))  # fmt: skip
+    l1_reuse = dict(p.l1_reuse)
     for b0, ub in loop:
+        if p.gather != "host":
+            pypto.set_pass_options(cube_l1_reuse_setting={-1: l1_reuse[ub]})
         for u in range(ub):
             for h in range(p.hkv):
                 b = b0 + u
@@ -375,18 +385,23 @@ BATCH_UNROLL = (4, 2, 1)
 
 @_backend.compile_once("msa_sparse_decode")
 def build_kernel(hq, hkv, topk, dim, ntile, gather, vrows=128, jit=JIT, kv_splits=1,
-                 unroll=BATCH_UNROLL, vg_rows=128):  # fmt: skip
+                 unroll=BATCH_UNROLL, vg_rows=128, l1_reuse=L1_REUSE_BY_ROWS):  # fmt: skip
     """The ``@pypto.frontend.jit`` kernel for one model configuration and tiling, built once
     (:func:`tilesim.device.backend.compiled`). Batch and ``nb`` are runtime values: a
     ``pypto.loop_unroll`` over the batch rows (``keep``'s dynamic first axis, ``unroll`` rows
     per body), the KV heads static inside it, the chunks in ``kv_splits`` ranges, and the
-    cache addressed through the global page ids of ``block_table``."""
+    cache addressed through the global page ids of ``block_table``; ``l1_reuse``: the L1
+    reuse of each body (every factor of ``unroll`` needs one, and pypto's ``loop_unroll``
+    always adds 1)."""
+    missing = sorted((set(unroll) | {1}) - set(dict(l1_reuse)))
+    if missing:
+        raise ValueError(f"l1_reuse: expected an entry for every body size, missing {missing}")
     pypto = require_pypto()
     sel = topk * BY
     bounds = tuple((c0, min(ntile, sel - c0)) for c0 in range(0, sel, ntile))  # tail kept
     ranges = tuple(split_ranges(len(bounds), kv_splits))
     p = _Static(hkv, hq // hkv, dim, topk, bounds, ranges, tuple(unroll), gather, vrows,
-                dim**-0.5, vg_rows)  # fmt: skip
+                dim**-0.5, vg_rows, tuple(l1_reuse))  # fmt: skip
     combine = bool(operation_options(jit).get("combine_axis", False))
 
     @pypto.frontend.jit(**jit_options(jit))
@@ -490,7 +505,8 @@ def decode_launch(q, k_blocks, v_blocks, ids, seq, sh: CallShape, tiling: MsaTil
     # may still fit a gather, not a [rows, 128] select: 256 fails on the 910B)
     vrows = min(gather_rows(soc), GATHER_ROWS[soc])
     kernel = build_kernel(sh.hq, sh.hkv, sh.topk, sh.dim, tiling.ntile, gather, vrows, JIT,
-                          tiling.kv_splits, BATCH_UNROLL, v_gather_rows(soc))  # fmt: skip
+                          tiling.kv_splits, BATCH_UNROLL, v_gather_rows(soc),
+                          L1_REUSE_BY_ROWS)  # fmt: skip
     q2 = q.contiguous().reshape(-1, sh.dim)
     out = torch.zeros(sh.batch * sh.hq, sh.dim, dtype=torch.bfloat16, device=dev)
     return kernel, [q2, k2, v2, table, positions, keep, keep.reshape(-1, 1)], [out]
@@ -600,7 +616,7 @@ __all__ = [
     "GATHER_ROWS",
     "CallShape",
     "JIT",
-    "L1_REUSE",
+    "L1_REUSE_BY_ROWS",
     "SEED_JIT",
     "V_GATHER_ROWS",
     "build_kernel",

@@ -67,6 +67,7 @@ class _Recorder:
         self.depth = 0
         self.unroll = None  #: the factor of the loop_unroll body being run
         self.scope = -1  #: the ``sg_set_scope`` in force (-1: none)
+        self.l1_reuse = None  #: the ``cube_l1_reuse_setting`` in force
         self.matmul_scopes: list[int] = []  #: the scope in force at each matmul
         self.exps: list[tuple] = []  #: (unroll factor, scope) of each ``exp``
 
@@ -99,9 +100,11 @@ class _Recorder:
             first = end
         self.unroll = None
 
-    def set_pass_options(self, sg_set_scope=None, **kwargs):
+    def set_pass_options(self, sg_set_scope=None, cube_l1_reuse_setting=None, **kwargs):
         if sg_set_scope is not None:
             self.scope = sg_set_scope
+        if cube_l1_reuse_setting is not None:
+            self.l1_reuse = dict(cube_l1_reuse_setting)
 
     def exp(self, t):
         self.exps.append((self.unroll, self.scope))
@@ -135,7 +138,8 @@ class _Recorder:
         m, k = (a.shape[1], a.shape[0]) if a_trans else a.shape
         n, kb = b.shape if b_trans else b.shape[::-1]
         assert k == kb, f"matmul K mismatch: {a.shape} x {b.shape} (b_trans={b_trans})"
-        rec = ((m, k, n), a.dtype, b.dtype, out_dtype, b_trans, self.tiles, self.depth, self.unroll)
+        rec = ((m, k, n), a.dtype, b.dtype, out_dtype, b_trans, self.tiles, self.depth, self.unroll,
+               self.l1_reuse)  # fmt: skip
         self.matmuls.append(rec)
         self.matmul_scopes.append(self.scope)
         return _T([m, n], out_dtype)
@@ -197,9 +201,9 @@ def _flop(matmuls) -> int:
      (7, 4, 3, 512, 2), (1, 4, 3, 512, 1)],
 )  # fmt: skip
 def test_probe_issues_the_decode_matmuls(batch, nb, topk, ntile, splits):
-    """Same matmuls, same order, same tiles and loops as the decode's in-kernel variants (any
-    kv_splits; B 7 runs every unroll factor); ``"host"``: the same P.V matmuls, one C1 per
-    chunk; FLOPs = the op's own counter."""
+    """Same matmuls, same order, same tiles, loops and L1 reuse as the decode's in-kernel
+    variants (any kv_splits; B 7 runs every unroll factor); ``"host"``: the same P.V matmuls,
+    one C1 per chunk, the automatic L1 reuse; FLOPs = the op's own counter."""
     from tilesim.reference import msa_sparse_decode_flop
     from tilesim.shared.tiling import MsaTiling
 
@@ -219,7 +223,8 @@ def test_probe_issues_the_decode_matmuls(batch, nb, topk, ntile, splits):
             assert a == b, f"matmul {i}: decode ({gather}) {a} vs probe {b}"
     host = trace_decode(batch, nb, topk, tiling, "host")
     assert _flop(host) == want
-    assert [r for r in host if not r[4]] == c2
+    assert [r[:8] for r in host if not r[4]] == [r[:8] for r in c2]
+    assert {repr(r[8]) for r in host} == {"None"}  # PyPTO's automatic L1 reuse
     assert [r[0] for r in host if r[4]] == [(HQ // HKV, D, r[0][1]) for r in c2]
     # the tail chunk is there with its own width and tiles (topk*128 not a multiple of ntile)
     widths = {rec[0][1] for rec in c2}
@@ -231,8 +236,9 @@ def test_probe_issues_the_decode_matmuls(batch, nb, topk, ntile, splits):
 def test_c1_is_one_matmul_per_page_piece(ntile):
     """C1 reads K where it lies: per chunk one ``Q @ K^T`` matmul per piece of a page, in key
     order, N = the piece's keys (ntile 192 and 64 cut chunks inside a page); no matmul runs
-    in a subgraph scope; on both SoCs. The pieces are checked against the chunk and page
-    edges merged with NumPy."""
+    in a subgraph scope, and each runs under its body's L1 reuse; on both SoCs. The pieces
+    are checked against the chunk and page edges merged with NumPy."""
+    from tilesim.device import msa_decode as md
     from tilesim.shared.tiling import MsaTiling
 
     batch, topk = 7, 5
@@ -244,10 +250,20 @@ def test_c1_is_one_matmul_per_page_piece(ntile):
         trace_decode(batch, 6, topk, MsaTiling(ntile=ntile), soc=soc, recorder=rec)
         c1 = [r for r in rec.matmuls if r[4]]
         assert [r[0][2] for r in c1] == want * batch * HKV
-        for (m, k, n), *_, tiles, _, _ in c1:  # N tiles: L1 = the piece, L0 <= 128 divides it
+        for (m, k, n), *_, tiles, _, _, _ in c1:  # N tiles: L1 = the piece, L0 <= 128 divides it
             assert (m, k) == (HQ // HKV, D) and tiles[2][1] == n
             assert tiles[2][0] <= 128 and n % tiles[2][0] == 0
         assert set(rec.matmul_scopes) == {-1}
+        l1 = dict(md.L1_REUSE_BY_ROWS)
+        assert {r[7] for r in rec.matmuls} == {4, 2, 1}
+        assert all(r[8] == {-1: l1[r[7]]} for r in rec.matmuls)
+
+
+def test_decode_refuses_a_body_without_l1_reuse():
+    from tilesim.device import msa_decode as md
+
+    with pytest.raises(ValueError, match=r"l1_reuse.*missing \[1, 2\]"):
+        md.build_kernel.__wrapped__(64, 4, 16, 128, 512, "device", l1_reuse=((4, 8),))
 
 
 def test_probe_jit_options_are_the_decodes():
@@ -257,6 +273,7 @@ def test_probe_jit_options_are_the_decodes():
     assert pr.JIT == md.JIT
     assert pr.BY == md.BY
     assert pr.BATCH_UNROLL == md.BATCH_UNROLL
+    assert pr.L1_REUSE_BY_ROWS == md.L1_REUSE_BY_ROWS
 
 
 # ----------------------------------------------------------------------------- simulator
