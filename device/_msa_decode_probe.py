@@ -54,7 +54,7 @@ JIT = SEED_RUNTIME
 #: the decode's batch-loop unroll factors (``msa_decode.BATCH_UNROLL``; a test asserts they agree)
 BATCH_UNROLL = (4, 2, 1)
 #: the decode's L1 reuse per body (``msa_decode.L1_REUSE_BY_ROWS``; a test asserts they agree)
-L1_REUSE_BY_ROWS = ((4, 8), (2, 4), (1, 4))
+L1_REUSE_BY_ROWS = ((4, 16), (2, 4), (1, 4))
 
 
 def chunk_bounds(topk: int, ntile: int) -> tuple:
