@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from tilesim.device import backend as _backend
 from tilesim.device._lazy import require_pypto, require_torch
 from tilesim.device._msa_tiles import (
+    L1_REUSE_BY_ROWS,
     SEED_RUNTIME,
     c1_cube_tiles,
     c2_cube_tiles,
@@ -53,8 +54,6 @@ BY = MINIMAX_M3.msa.block_size  # 128 keys per block, as in the decode
 JIT = SEED_RUNTIME
 #: the decode's batch-loop unroll factors (``msa_decode.BATCH_UNROLL``; a test asserts they agree)
 BATCH_UNROLL = (4, 2, 1)
-#: the decode's L1 reuse per body (``msa_decode.L1_REUSE_BY_ROWS``; a test asserts they agree)
-L1_REUSE_BY_ROWS = ((4, 16), (2, 4), (1, 4))
 
 
 def chunk_bounds(topk: int, ntile: int) -> tuple:

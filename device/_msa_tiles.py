@@ -21,6 +21,17 @@ def l0_tile(w: int, cap: int) -> int:
     return next(t for t in (256, 128, 64, 32, 16) if t <= cap and w % t == 0)
 
 
+#: ``cube_l1_reuse_setting`` of each body of the batch loop in the ``"device"`` and ``"paged"``
+#: variants, ``((rows per body, N), ...)``, set at the start of the body (PyPTO 0.2.0 reads a
+#: loop body's pass options when the body's function ends): the L1ReuseMerge pass may put N
+#: matmuls that read the same GM data into one task -- here C1's page matmuls, which all read
+#: the pair's Q. 4: one C1 task per 512-key chunk (the latency of B 1); 16 in the 4-row body:
+#: one C1 task per pair, 16 per body instead of 64, the fewest tasks for the batches that run
+#: many 4-row bodies one after another (B 64: 910B 581 -> 537 us with 16 instead of 8, B 4
+#: 46.7 -> 49.8; docs/device.md, block-sparse decode, change 6)
+L1_REUSE_BY_ROWS = ((4, 16), (2, 4), (1, 4))
+
+
 def page_pieces(c0: int, w: int, block: int) -> tuple:
     """``((slot, t0, n), ...)``: the keys ``c0 .. c0+w-1`` of a row's selected ``topk*block``
     keys (slot ``s`` holds keys ``s*block ..``) cut at the page edges, in key order: keys

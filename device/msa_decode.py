@@ -94,6 +94,7 @@ import numpy as np
 from tilesim.device import backend as _backend
 from tilesim.device._lazy import require_pypto, require_torch
 from tilesim.device._msa_tiles import (
+    L1_REUSE_BY_ROWS,
     SEED_RUNTIME,
     c1_cube_tiles,
     c2_cube_tiles,
@@ -195,7 +196,7 @@ def _chunk_softmax(pypto, qg, k_pieces, vc, keep, keep_rows, w: int, p: "_Static
     e = pypto.exp(s - m_c)
     l_c = pypto.sum(e, dim=-1, keepdim=True)
     p16 = pypto.cast(e, pypto.DT_BF16)
-    if p.gather != "device":  # "device" never reads a dropped key's row (see _redirected)
+    if p.gather != "device":  # "device" never reads a dropped key's V row (_redirected)
         pypto.set_vec_tile_shapes(p.vrows, p.dim)  # [vrows, D] BF16 tiles: fit the UB
         vc = pypto.where(keep_rows, vc, 0.0)  # dropped keys' V rows are exactly zero (BF16)
     pypto.set_cube_tile_shapes(*c2_cube_tiles(g, w))
@@ -220,15 +221,6 @@ SEED_JIT = (
 #: of the batch loop instead: :data:`L1_REUSE_BY_ROWS`)
 JIT = without(SEED_JIT, "cube_l1_reuse_setting", "cube_nbuffer_setting", "vec_nbuffer_setting",
               "combine_axis")  # fmt: skip
-#: ``cube_l1_reuse_setting`` of each body of the batch loop in the ``"device"`` and ``"paged"``
-#: variants, ``((rows per body, N), ...)``, set at the start of the body (PyPTO 0.2.0 reads a
-#: loop body's pass options when the body's function ends): the L1ReuseMerge pass may put N
-#: matmuls that read the same GM data into one task -- here C1's page matmuls, which all read
-#: the pair's Q. 4: one C1 task per 512-key chunk (the latency of B 1); 16 in the 4-row body:
-#: one C1 task per pair, 16 per body instead of 64, the fewest tasks for the batches that run
-#: many 4-row bodies one after another (B 64: 910B 581 -> 537 us with 16 instead of 8, B 4
-#: 46.7 -> 49.8; docs/device.md, block-sparse decode, change 6)
-L1_REUSE_BY_ROWS = ((4, 16), (2, 4), (1, 4))
 
 
 @dataclass(frozen=True)
@@ -514,11 +506,12 @@ def decode_launch(q, k_blocks, v_blocks, ids, seq, sh: CallShape, tiling: MsaTil
 
 
 def _redirected(keep):
-    """INT32 ``[B, topk*128]`` gather positions of ``gather="device"``: key ``i`` of a row
+    """INT32 ``[B, topk*128]`` V-gather positions of ``gather="device"``: key ``i`` of a row
     where it is kept, else the row's first kept key (0 in a row that keeps none) -- a dropped
-    slot is never read, so whatever it holds (NaN, garbage) cannot reach P.V, and no V row
-    needs zeroing. Its ``P`` is exactly 0, so the stand-in row adds ``+-0`` to a partly kept
-    chunk; a chunk with no kept key enters the merge with weight exactly 0."""
+    key's V row is never read (its K row is, and its score is selected away), so whatever it
+    holds (NaN, garbage) cannot reach P.V, and no V row needs zeroing. Its ``P`` is exactly 0,
+    so the stand-in row adds ``+-0`` to a partly kept chunk; a chunk with no kept key enters
+    the merge with weight exactly 0."""
     torch = require_torch()
     idx = torch.arange(keep.shape[1], dtype=torch.int64, device=keep.device).expand_as(keep)
     first = keep.to(torch.int8).argmax(dim=1, keepdim=True)  # 0 when the row keeps nothing
