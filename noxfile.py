@@ -92,7 +92,7 @@ def sim(session: nox.Session) -> None:
     # CI (CI=true, the 2-core box, 40-minute budget) leaves out the tests marked ``slow``: the
     # full-size compiles and headline shapes, several minutes of CPU each (docs/device.md)
     marker = "sim and not slow" if os.environ.get("CI") else "sim"
-    session.run("pytest", *pytest_args(session, "-m", marker, "tests/device"))
+    session.run("pytest", *pytest_args(session, "-m", marker, "tests/device", "tests/digests"))
     publish_reports(session, "cost_model.md", "cost_model.json")
 
 

@@ -1,0 +1,96 @@
+"""The kernel-output digest guard: SHA-256 of the interpreted kernel output of a handful of small
+cases, one or more per op, on both SoCs.
+
+Each entry builds a case with its family's public builder, hands its inputs and parameters to
+the public device wrapper of the case's op (``tilesim.device.<op>``, ``backend="sim"``) in a
+spawned simulator process, and hashes the output's dtype, shape and bytes (the same
+:func:`digests.golden_digests.digest_of` as the golden guard). ``kernel_digests.json`` beside
+this file holds the values taken before the one-contract-per-op reshape;
+``tests/digests/test_kernel_digests.py`` asserts them, so a refactor that moves a single bit of
+a kernel's output fails there.
+
+Regenerate (only when a change is meant to move kernel bits, and say so in the commit)::
+
+    python tests/digests/kernel_digests.py --write
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+DIGEST_FILE = HERE / "kernel_digests.json"
+SOCS = ("910b", "950")
+
+#: entry -> (family, case name or None, builder overrides, SoCs)
+_ENTRIES = {
+    "moe/m3_case_smoke_edge": ("moe", "m3_case_smoke_edge", {}, SOCS),
+    "msa_indexer/nb17": ("msa", "msa_indexer_nb17", {}, SOCS),
+    "msa_decode/partial_nb17": ("msa", "msa_decode_partial_nb17", {}, SOCS),
+    "msa_main/unaligned_100": ("msa", "msa_main_unaligned_100", {}, SOCS),
+    "dsa/int8_pypto": (
+        "dsa",
+        None,
+        {"quant": "int8", "layout": "pypto", "actual_seq": (300, 700), "seed": 21},
+        SOCS,
+    ),
+    "dsa/fp8_kv_split": (
+        "dsa",
+        None,
+        {"quant": "fp8", "layout": "kv_split", "actual_seq": (300, 700), "seed": 22},
+        ("950",),
+    ),
+}
+
+
+def entries() -> list[tuple[str, tuple]]:
+    """``[(entry id "op/case@soc", (family, name, overrides, soc)), ...]``, fixed order."""
+    out = []
+    for key, (family, name, over, socs) in _ENTRIES.items():
+        for soc in socs:
+            out.append((f"{key}@{soc}", (family, name, over, soc)))
+    return out
+
+
+def _case(family, name, over):
+    from digests.golden_digests import _build
+
+    return _build(family, name, over)
+
+
+def kernel_digest(family, name, over, soc) -> str:
+    """Runs in the simulator child: the device op's output digest for one entry."""
+    import tilesim.device as dev
+    from digests.golden_digests import digest_of
+
+    op_name, case = _case(family, name, over)
+    kw = {k: v for k, v in case["params"].items() if k != "progress"}
+    out = getattr(dev, op_name)(**case["inputs"], **kw, backend="sim", soc=soc)
+    if isinstance(out, tuple):
+        out = out[0]
+    if hasattr(out, "detach"):
+        from tilesim.shared.interop import to_numpy
+
+        out = to_numpy(out)
+    return digest_of(out)
+
+
+def run_entry(key: str) -> str:
+    """The digest of entry ``key`` computed in an isolated simulator process."""
+    from tilesim.device import sim
+
+    family, name, over, soc = dict(entries())[key]
+    return sim.isolated(kernel_digest, family, name, over, soc, soc=soc)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(HERE.parent))
+    got = {}
+    for key, _ in entries():
+        got[key] = run_entry(key)
+        print(key, got[key][:16], file=sys.stderr, flush=True)
+    if "--write" in sys.argv:
+        DIGEST_FILE.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
+        print(f"wrote {len(got)} digests to {DIGEST_FILE}")
