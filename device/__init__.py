@@ -17,12 +17,12 @@ from tilesim.shared.lazy import lazy_names
 # public name -> module of this package that defines it (add one line per public kernel)
 _LAZY = {
     "moe_grouped_gemm": "moe",
-    "msa_indexer_scores": "msa_lightning_indexer",
-    "msa_indexer": "msa_lightning_indexer",
+    "msa_indexer_scores": "msa_indexer",
+    "msa_indexer": "msa_indexer",
     "msa_sparse_decode": "msa_decode",
     "msa_main_branch": "msa_main",
-    "sparse_attention_antiquant": "sparse_attention",
-    "sparse_attention_antiquant_kv_split": "sparse_attention",
+    "sparse_attention_antiquant": "dsa",
+    "sparse_attention_antiquant_kv_split": "dsa",
     "compile_stats": "backend",
     "reset_compile_stats": "backend",
     "allow_in_graph": "backend",

@@ -2,7 +2,7 @@
 
 What the cost model charges for the decode's two matmuls alone, so that a report can state the
 kernel's time as a multiple of it (issue 13, point 4; the DeepSeek kernel's counterpart is
-``_dsa_kernels.probe_matmuls``). Private: reached as
+``_dsa_kernel.probe_matmuls``). Private: reached as
 ``tilesim.device._msa_decode_probe.msa_decode_probe``; importing it needs neither torch nor
 pypto (the kernel is built by :func:`build_probe` after the simulator is configured).
 

@@ -15,9 +15,9 @@ Back end (:mod:`tilesim.device.backend`): ``"npu"`` (torch_npu + CANN; tensors o
 ``"sim"`` (CPU tensors or NumPy arrays; PyPTO 0.2.0's host interpreter + cost model; returns
 ``(out, cost_us)``), ``"auto"`` (the default: ``"npu"`` when the tensors live on an NPU, else
 an error that names both options). Arguments are checked by the reference's rules
-(:func:`tilesim.shared.moe_schedule.check_moe_args`); NumPy in gives NumPy out, torch in torch
+(:func:`tilesim.shared.moe.check_moe_args`); NumPy in gives NumPy out, torch in torch
 out, and a given ``out`` is written in place and returned. The trace records are the
-reference's (:func:`tilesim.shared.moe_schedule.emit_moe_schedule`), sent before the kernel
+reference's (:func:`tilesim.shared.moe.emit_moe_schedule`), sent before the kernel
 runs. Importing this module needs neither torch nor pypto.
 """
 
@@ -30,7 +30,7 @@ from tilesim.device import backend as _backend
 from tilesim.device._lazy import require_torch
 from tilesim.shared.interop import to_numpy
 from tilesim.shared.models import MoeDims
-from tilesim.shared.moe_schedule import (
+from tilesim.shared.moe import (
     check_moe_args,
     check_moe_tiling,
     emit_moe_schedule,
@@ -189,7 +189,7 @@ def moe_grouped_gemm(
 
     Numerics: as the reference (FP32 matmul accumulation, FP32 activation, BF16 activation,
     BF16 output). The budget against ``tilesim.reference.moe_grouped_gemm`` is stated and
-    enforced in ``docs/device.md`` / ``tests/device/test_sim_moe.py``.
+    enforced in ``docs/device.md`` / ``tests/device/test_moe_sim.py``.
     """
     check_bool(validate, "validate")
     pair = weights if isinstance(weights, (tuple, list)) else ()

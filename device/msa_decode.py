@@ -44,10 +44,10 @@ so the numbers do not change; what changes is that no gather task stands between
 and C1 (docs/device.md, block-sparse decode).
 
 The rounding points are the reference's one for one (split-KV included:
-:mod:`tilesim.shared.msa_split`), and so is the NaN-robust masking: a dropped key's score is
+:mod:`tilesim.shared.msa_decode`), and so is the NaN-robust masking: a dropped key's score is
 SET to -3e38 (a select, not the seeds' ``S*m + (1-m)*(-3e38)``, where ``0*NaN = NaN``), and
 its V row is either SET to zero (``"paged"``, ``"host"``: the rows
-:func:`tilesim.shared.msa_select.decode_read_mask` says P.V does not read) or never read
+:func:`tilesim.shared.msa_decode.decode_read_mask` says P.V does not read) or never read
 (``"device"``: the gather position of a dropped key is the row's first kept key,
 :func:`_redirected`; its P is exactly 0, and a row that keeps no key -- the row whose final
 max is the mask value -3e38 -- is set to +0 by a final per-row select). So whatever a
@@ -80,7 +80,7 @@ one int per batch row; a batch row whose every key is masked returns zeros (the 
 returns the mean of the gathered V there).
 
 Tiling: ``MsaTiling.from_env()`` (``MSA_NTILE``, default 512, same on both SoCs because it
-changes the numbers; ``kv_splits`` from :func:`tilesim.shared.msa_split.split_tiling` when
+changes the numbers; ``kv_splits`` from :func:`tilesim.shared.msa_decode.split_tiling` when
 ``tiling=None``), the per-SoC V-gather tile :data:`V_GATHER_ROWS` (``MSA_V_GATHER_ROWS``) and
 the V-select tile of ``"paged"`` / ``"host"``, :data:`GATHER_ROWS` (``MSA_GATHER_ROWS``, which,
 set alone, also sets the V-gather tile).
@@ -106,8 +106,12 @@ from tilesim.device._msa_tiles import (
     without,
 )
 from tilesim.shared.models import MINIMAX_M3
-from tilesim.shared.msa_select import check_decode_inputs, decode_keep_mask
-from tilesim.shared.msa_split import split_ranges, split_tiling
+from tilesim.shared.msa_decode import (
+    check_decode_inputs,
+    decode_keep_mask,
+    split_ranges,
+    split_tiling,
+)
 from tilesim.shared.soc import DEFAULT_SOC, MSA_DEVICE_TILES, msa_device_tile
 from tilesim.shared.tiling import MsaTiling
 from tilesim.shared.validate import (
@@ -422,7 +426,7 @@ keep_mask = decode_keep_mask
 def device_keep_mask(ids, seq):
     """FP32 ``[B, topk*128]`` keep-mask built where ``ids`` live (torch, no host copy): key
     ``t`` of the block in a slot is kept iff ``128*block + t < seq_len`` -- the per-token form
-    of :func:`tilesim.shared.msa_select.decode_keep_mask` (tested equal to it). ``ids``:
+    of :func:`tilesim.shared.msa_decode.decode_keep_mask` (tested equal to it). ``ids``:
     integer ``[B, topk]`` tensor, ``seq``: integer ``[B]`` tensor on the same device."""
     torch = require_torch()
     t = torch.arange(BY, device=ids.device, dtype=torch.int64)
@@ -482,7 +486,7 @@ def decode_launch(q, k_blocks, v_blocks, ids, seq, sh: CallShape, tiling: MsaTil
     the page table (:func:`page_table`), the positions ``0 .. topk*128-1``, the keep-mask
     (:func:`device_keep_mask`) as bool ``[B, topk*128]`` and the same data as a ``[B*topk*128,
     1]`` column (the V select's; the rows P.V reads, as
-    :func:`tilesim.shared.msa_select.decode_read_mask` without ``seeds_compat``), K / V as the
+    :func:`tilesim.shared.msa_decode.decode_read_mask` without ``seeds_compat``), K / V as the
     ``gather`` variant reads them, and the zeroed BF16 ``[B*HQ, D]`` output. ``soc``: the
     gather tile's SoC; ``tiling``: an :class:`MsaTiling` (NTILE, kv_splits) or an int NTILE
     (unsplit)."""
@@ -530,7 +534,7 @@ def _ids_standin(block_ids, k_blocks):
 
 
 def _check(q, k_blocks, v_blocks, block_ids, seq_len, tiling, gather, validate):
-    """The shared checks (:func:`tilesim.shared.msa_select.check_decode_inputs`); without
+    """The shared checks (:func:`tilesim.shared.msa_decode.check_decode_inputs`); without
     ``validate`` (or on shape-only inputs) on metadata stand-ins for the value arrays."""
     check_choice(gather, "gather", GATHERS)
     tiling = MsaTiling.from_env() if tiling is None else tiling
@@ -566,10 +570,10 @@ def msa_sparse_decode(
             BF16 paged cache; block_ids: ``[B, topk]`` integer ids, unique per row, in
             ``[0, nb)``; seq_len: KV length incl. the current token, one int or an integer
             array / tensor of ``B`` values. NumPy arrays or torch tensors; checked by
-            :func:`tilesim.shared.msa_select.check_decode_inputs` as in the reference.
+            :func:`tilesim.shared.msa_decode.check_decode_inputs` as in the reference.
         tiling: :class:`MsaTiling` (``ntile``, ``kv_splits``); ``None`` =
             ``MsaTiling.from_env()`` with ``kv_splits`` by the shared rule
-            (:func:`tilesim.shared.msa_split.split_tiling` for this shape and ``soc``; give
+            (:func:`tilesim.shared.msa_decode.split_tiling` for this shape and ``soc``; give
             the reference that tiling to compare bits). An explicit tiling is used as given.
         gather: ``"device"`` (gather_in_ub + block table in the kernel), ``"paged"`` (page
             views at block-table offsets) or ``"host"`` (the seeds' compact K/V copies, made

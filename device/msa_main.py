@@ -1,17 +1,17 @@
 """MiniMax-M3 MSA main branch (prefill) on Ascend — PyPTO kernel + torch wrapper.
 
 Same name and arguments as the reference op (``reference/msa_main.py``; ``block_mask`` from
-:func:`tilesim.shared.msa_mask.build_msa_block_mask`), the same argument rules
-(:func:`tilesim.shared.msa_mask.check_msa_main_args`) and the same input policy: NumPy arrays or
+:func:`tilesim.shared.msa_main.build_msa_block_mask`), the same argument rules
+(:func:`tilesim.shared.msa_main.check_msa_main_args`) and the same input policy: NumPy arrays or
 torch tensors in, output of the kind of ``query``; the back end comes from
 :mod:`tilesim.device.backend`. Wrapper, all torch ops on the inputs' device (no host copy;
 ``validate=True`` adds the mask's finiteness check): the kernel mask rows ``< n`` of
-:func:`tilesim.shared.msa_mask.kernel_mask` padded with -1e9 rows to ``n_pad =
-ceil(n/128)*128`` (its torch twin :func:`~tilesim.shared.msa_mask.kernel_mask_torch`); q, k, v
+:func:`tilesim.shared.msa_main.kernel_mask` padded with -1e9 rows to ``n_pad =
+ceil(n/128)*128`` (its torch twin :func:`~tilesim.shared.msa_main.kernel_mask_torch`); q, k, v
 cast to FP16/BF16 (RNE) unless ``dtype="fp32"``, q zero-padded to ``n_pad`` rows; the K and V
 rows of keys no query row sees (padding slots, positions past ``n``:
-:func:`~tilesim.shared.msa_mask.read_keys`, here
-:func:`~tilesim.shared.msa_mask.mask_flags_torch`) set to zero by a select, so NaN or garbage
+:func:`~tilesim.shared.msa_main.read_keys`, here
+:func:`~tilesim.shared.msa_main.mask_flags_torch`) set to zero by a select, so NaN or garbage
 there never reaches the output; afterwards the rows that see no key set to +0 (a select).
 Kernel loop nest::
 
@@ -46,8 +46,8 @@ import numpy as np
 from tilesim.device import backend as _backend
 from tilesim.device._lazy import require_pypto, require_torch
 from tilesim.device._msa_tiles import SEED_RUNTIME, jit_options, merge_chunk, operation_options
-from tilesim.shared.msa_mask import MASK_NEG as _MASK_NEG
-from tilesim.shared.msa_mask import (
+from tilesim.shared.msa_main import MASK_NEG as _MASK_NEG
+from tilesim.shared.msa_main import (
     MainBranchArgs,
     check_mask_finite,
     check_msa_main_args,

@@ -32,16 +32,16 @@ _LAZY = {
     "moe_make_case": "moe_cases",
     "MOE_CASES": "moe_cases",
     # MiniMax-M3 MSA (docs/ops/msa.md)
-    "msa_indexer_scores": "msa_lightning_indexer",
-    "msa_indexer": "msa_lightning_indexer",
+    "msa_indexer_scores": "msa_indexer",
+    "msa_indexer": "msa_indexer",
     "msa_sparse_decode": "msa_decode",
-    "msa_indexer_flop": "msa_lightning_indexer",
+    "msa_indexer_flop": "msa_indexer",
     "msa_sparse_decode_flop": "msa_decode",
     "build_msa_block_mask": "msa_main",
     "msa_main_branch": "msa_main",
     "msa_make_case": "msa_cases",
     "MSA_CASES": "msa_cases",
-    # DeepSeek-V3.2 sparse MLA (docs/ops/deepseek_sparse_attention.md)
+    # DeepSeek-V3.2 sparse MLA (docs/ops/dsa.md)
     "sparse_attention_antiquant": "dsa",
     "sparse_attention_antiquant_kv_split": "dsa",
     "dsa_make_case": "dsa_cases",

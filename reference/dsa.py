@@ -1,7 +1,7 @@
 """DeepSeek-V3.2 sparse MLA attention over a quantized (FP8 E4M3 / INT8) latent cache.
 
 Golden of the PyPTO ``sparse_attention_antiquant`` kernels of the seeds (``hicann/pypto-gym``);
-the full contract is ``docs/ops/deepseek_sparse_attention.md``. Shapes, with ``T = B * s1``
+the full contract is ``docs/ops/dsa.md``. Shapes, with ``T = B * s1``
 query tokens::
 
     query_nope   [T*nq, 512] BF16     row (b*s1 + s)*nq + head
@@ -38,7 +38,7 @@ CPU); row sums are :func:`~tilesim.reference.arith.rowsum_fp32`; ``exp`` is
 :func:`~tilesim.reference.arith.exp_fp32_correctly_rounded`. Every other FP32 operation is a
 single IEEE FP32 operation, in the kernel's order.
 
-Split-KV (``tiling.kv_splits > 1``, online mode; :mod:`tilesim.shared.dsa_split`): the
+Split-KV (``tiling.kv_splits > 1``, online mode; :mod:`tilesim.shared.dsa`): the
 token's tiles are grouped into splits of ``tiles_per_split`` consecutive tiles, each split
 folded by its own ``SoftmaxMerge("online")`` (state ``O, L, M`` unnormalised), and the
 non-empty splits' states folded in split order by a combine ``SoftmaxMerge("online")``, whose
@@ -74,7 +74,7 @@ from tilesim.reference.arith import (
 from tilesim.reference.blas_pool import blas_threads, map_in_order
 from tilesim.reference.dsa_gather import PackedCache, SplitCache
 from tilesim.shared.casts import BF16, to_bf16
-from tilesim.shared.dsa_plan import (
+from tilesim.shared.dsa import (
     HEAD_DIM,
     NO_ROW,
     DsaArgs,
@@ -84,8 +84,8 @@ from tilesim.shared.dsa_plan import (
     check_split_cache,
     cur_seq_lengths,
     plan_physical_rows,
+    tiles_per_split,
 )
-from tilesim.shared.dsa_split import tiles_per_split
 from tilesim.shared.mla_cache import NOPE, PYPTO_ROW_BYTES
 from tilesim.shared.tiling import SaTileShapeConfig
 from tilesim.shared.trace import trace_record
@@ -205,7 +205,7 @@ class _Nest:
 
         With ``kv_splits > 1`` the tiles are folded split by split (each split its own
         :class:`SoftmaxMerge`), then the splits' unnormalised states are folded in split order
-        by a combine :class:`SoftmaxMerge` (:mod:`tilesim.shared.dsa_split`)."""
+        by a combine :class:`SoftmaxMerge` (:mod:`tilesim.shared.dsa`)."""
         h0, h1 = heads
         n_tiles, tps = len(plan.valid), self.tps
         splits = []

@@ -53,7 +53,7 @@ import numpy as np
 from tilesim.reference.dsa import progress_bar
 from tilesim.shared.case_schema import CaseInfo, make_case, tolerance
 from tilesim.shared.casts import BF16, FP8_E4M3, to_bf16, to_fp8_e4m3
-from tilesim.shared.dsa_plan import tiling_argument
+from tilesim.shared.dsa import tiling_argument
 from tilesim.shared.mla_cache import NOPE, NSCALES, PYPTO_ROW_BYTES, ROPE, pack_rows
 from tilesim.shared.models import DEEPSEEK_V32
 from tilesim.shared.quant import (
@@ -165,7 +165,7 @@ def quantize_grid_rows(byte_rows: np.ndarray, quant: str) -> tuple[np.ndarray, n
 
 @dataclass(frozen=True)
 class DsaCase:
-    """One named case of the seeds' test matrix (``docs/ops/deepseek_sparse_attention.md``)."""
+    """One named case of the seeds' test matrix (``docs/ops/dsa.md``)."""
 
     name: str
     b: int

@@ -7,7 +7,7 @@ docs/ops/moe.md) and keeps every loop that changes the numbers:
 
 1. expert loop over ``expert_cumsum`` (experts with no tokens are skipped);
 2. the expert's token range split into chunks exactly as ``pypto.loop_unroll`` splits it
-   (:func:`tilesim.shared.moe_schedule.moe_tile_schedule`); the trace hook sees every chunk;
+   (:func:`tilesim.shared.moe.moe_tile_schedule`); the trace hook sees every chunk;
 3. mm1 ``GU = X @ W13_e`` with FP32 accumulation over K tiles of ``tiling.mm1_k`` rows of H;
 4. the activation in FP32 (:func:`moe_activation`), rounded to BF16 (``round_activation``);
 5. mm2 ``D = A @ W2_e`` with FP32 accumulation over K tiles of ``tiling.mm2_k`` rows of I;
@@ -48,7 +48,7 @@ from tilesim.reference.blas_pool import blas_threads, map_in_order
 from tilesim.shared.casts import BF16, to_bf16, widen_to_fp32
 from tilesim.shared.interop import is_torch_tensor, to_torch
 from tilesim.shared.models import ACTIVATIONS, GATE_UP_LAYOUTS, MoeDims
-from tilesim.shared.moe_schedule import (
+from tilesim.shared.moe import (
     OP_NAME,
     MoeTileRecord,
     check_cumsum_values,

@@ -24,7 +24,7 @@ import numpy as np
 from tilesim.shared.case_schema import CaseInfo, make_case, tolerance
 from tilesim.shared.casts import to_bf16, widen_to_fp32
 from tilesim.shared.models import ACTIVATIONS, MoeDims
-from tilesim.shared.moe_schedule import OP_NAME
+from tilesim.shared.moe import OP_NAME
 from tilesim.shared.tiling import MoeTiling
 from tilesim.shared.validate import (
     check_bool,

@@ -25,8 +25,8 @@ import numpy as np
 from tilesim.shared.case_schema import CaseInfo, make_case, tolerance
 from tilesim.shared.casts import to_bf16
 from tilesim.shared.models import MINIMAX_M3
-from tilesim.shared.msa_mask import MAX_PREFILL_ROWS, build_msa_block_mask
-from tilesim.shared.msa_select import HEAD_REDUCES, check_indexer_seq_len
+from tilesim.shared.msa_indexer import HEAD_REDUCES, check_indexer_seq_len
+from tilesim.shared.msa_main import MAX_PREFILL_ROWS, build_msa_block_mask
 from tilesim.shared.tiling import MSA_DTYPES
 from tilesim.shared.validate import (
     check_bool,
@@ -150,7 +150,7 @@ def _decode_lengths(seq_len, batch: int, nb: int) -> tuple[np.ndarray, bool]:
 
 def _decode_ids(rng, seqs, select: str, idx_scale: float):
     """Each batch row's selected block ids (and its indexer call when ``select="indexer"``)."""
-    from tilesim.reference.msa_lightning_indexer import msa_indexer
+    from tilesim.reference.msa_indexer import msa_indexer
 
     ids, idx_inputs = [], []
     for s in seqs.tolist():

@@ -13,8 +13,9 @@ MSA-specific pieces only:
   V rows of masked keys are zeroed before P.V (``P = 0`` times a NaN V row is NaN again).
 
 The arithmetic models are :mod:`tilesim.reference.arith`, the argument checks
-:mod:`tilesim.shared.validate`, the MSA host rules :mod:`tilesim.shared.msa_select` (indexer
-selection, decode keep-mask) and :mod:`tilesim.shared.msa_mask` (main-branch block mask).
+:mod:`tilesim.shared.validate`, the MSA host rules :mod:`tilesim.shared.msa_indexer`
+(indexer selection), :mod:`tilesim.shared.msa_decode` (decode keep-mask) and
+:mod:`tilesim.shared.msa_main` (main-branch block mask).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ of the group on the cube M axis)::
 
 Arithmetic: :mod:`tilesim.reference.arith` — ``matmul_fp32`` with 128-key K tiles, NumPy's
 float32 ``exp`` (:func:`~tilesim.reference.arith.exp_fp32_numpy`), ``SoftmaxMerge("online")``.
-The keep-mask and the argument checks are :mod:`tilesim.shared.msa_select` (the device
+The keep-mask and the argument checks are :mod:`tilesim.shared.msa_decode` (the device
 wrapper uses the same functions).
 
 NaN-robust masking (``docs/ops/msa.md``, "Masking and NaN"): the seeds' kernel masks by
@@ -25,7 +25,7 @@ multiplying, ``S*m + (1-m)*(-3e38)``, so a NaN score stays NaN (``0 * NaN``) and
 key's ``P = 0`` times a NaN V row is NaN again. Here a dropped score is selected to -3e38
 (:func:`~tilesim.reference.msa_common.select_masked`) and the dropped keys' V rows are zeroed
 (:func:`~tilesim.reference.msa_common.zero_unread_rows`, rows from
-:func:`~tilesim.shared.msa_select.decode_read_mask`) before P.V. On finite inputs the bits are
+:func:`~tilesim.shared.msa_decode.decode_read_mask`) before P.V. On finite inputs the bits are
 those of the multiply form; whatever the masked tail of the current block, a selected future
 block or an unselected block holds (NaN, inf), the output does not change.
 
@@ -38,7 +38,7 @@ row runs alone in the calling thread on the kernel's compact BF16 gather. The ro
 reduction and the widened values are the same, so both give the same bits and the same trace
 records (tested).
 
-Split-KV (``tiling.kv_splits = k``, :mod:`tilesim.shared.msa_split`): the chunks of a (b, h)
+Split-KV (``tiling.kv_splits = k``, :mod:`tilesim.shared.msa_decode`): the chunks of a (b, h)
 are grouped into ``ceil(chunks / k)``-chunk ranges, each folded by its own FP32 online merge
 (chunk 0 of a range stored as it is); the ranges' ``(O, l, m)`` are then folded into range
 0's state in range order with the same online merge, and ``bf16(O / l)`` as before. The
@@ -67,13 +67,13 @@ from tilesim.reference.msa_common import (
 )
 from tilesim.shared.casts import BF16, to_bf16
 from tilesim.shared.models import MINIMAX_M3
-from tilesim.shared.msa_select import (
+from tilesim.shared.msa_decode import (
     DecodeInputs,
     check_decode_inputs,
     decode_keep_mask,
     decode_read_mask,
+    split_ranges,
 )
-from tilesim.shared.msa_split import split_ranges
 from tilesim.shared.tiling import MsaTiling
 from tilesim.shared.trace import emit
 from tilesim.shared.validate import check_bool, check_instance, check_trace, host_array, same_kind
@@ -179,7 +179,7 @@ def _rows(c: _Call, rows: slice) -> tuple[np.ndarray, list]:
     """The kernel for the batch rows ``rows``: FP32 ``O / l`` ``[n, HKV, G, D]`` and each
     chunk's ``(m_c, l_c)`` ``[n, HKV, G]``. Reads shared inputs only (runs on the pool).
 
-    Split-KV (``c.ranges``, :mod:`tilesim.shared.msa_split`): each range of chunks folds into
+    Split-KV (``c.ranges``, :mod:`tilesim.shared.msa_decode`): each range of chunks folds into
     its own ``SoftmaxMerge``; the ranges' FP32 ``(O, l, m)`` states are then folded into range
     0's, in range order, by the same online merge (:func:`_combine`). One range: the plain
     chunk loop."""
@@ -282,7 +282,7 @@ def msa_sparse_decode(
         seq_len: KV length including the current token: one int, or an integer array /
             tensor of ``B`` values, ``1 <= seq_len <= nb*128``.
         tiling: :class:`MsaTiling` (``ntile`` = key chunk width, ``kv_splits`` = split-KV
-            ranges, see :mod:`tilesim.shared.msa_split`); ``None`` means
+            ranges, see :mod:`tilesim.shared.msa_decode`); ``None`` means
             ``MsaTiling.from_env()`` at call time (``MSA_NTILE``, ``MSA_KV_SPLITS``).
         seeds_compat: ``True`` reproduces the seeds' kernel where tilesim deliberately differs:
             the tail ``topk*128 mod NTILE`` keys are dropped (``ValueError`` if no whole chunk

@@ -3,7 +3,7 @@
 Public names:
 
 * :func:`msa_main_branch` — the kernel behind its wrapper. Wrapper: the kernel mask
-  (:func:`tilesim.shared.msa_mask.kernel_mask`) and the cast of q, k, v to FP16/BF16 unless
+  (:func:`tilesim.shared.msa_main.kernel_mask`) and the cast of q, k, v to FP16/BF16 unless
   ``dtype="fp32"``. Kernel loop nest::
 
       for hg in 64 query heads (h_kv = hg // 16), all query rows on the cube M axis:
@@ -17,7 +17,7 @@ Public names:
           out = O / l                                 FP32 (output stays FP32)
 
 * :func:`build_msa_block_mask`, :func:`kernel_mask` — the host rules, defined in
-  :mod:`tilesim.shared.msa_mask` and re-exported here.
+  :mod:`tilesim.shared.msa_main` and re-exported here.
 * :func:`msa_main_flop_count` / :func:`msa_main_live_flop_count` — the kernel's matmul FLOPs
   and the share of them no golden can avoid (the trace's ``flop`` field; the bench).
 
@@ -49,7 +49,7 @@ from tilesim.reference.arith import F64, SoftmaxMerge, exp_fp32_numpy, matmul_fp
 from tilesim.reference.blas_pool import blas_threads, map_in_order
 from tilesim.reference.msa_common import K_STEP, chunk_bounds, softmax_chunk, zero_unread_rows
 from tilesim.shared.casts import BF16, FP32, to_bf16, widen_to_fp32
-from tilesim.shared.msa_mask import (
+from tilesim.shared.msa_main import (
     MASK_NEG,
     MainBranchArgs,
     build_msa_block_mask,

@@ -187,7 +187,7 @@ class MsaTiling:
     Defaults of the seeds' MSA decode and main-branch kernels (hicann/pypto-gym; see
     docs/sources.md#msa-sparse-decode and docs/sources.md#msa-main-branch). ``kv_splits``
     (decode only): the NTILE chunks of a (batch row, KV head) in this many consecutive ranges,
-    each its own online softmax, combined in range order (:mod:`tilesim.shared.msa_split`);
+    each its own online softmax, combined in range order (:mod:`tilesim.shared.msa_decode`);
     1 = the unsplit chunk loop (the seeds').
     """
 

@@ -221,7 +221,7 @@ def indexer_block_scores(op: str, args: dict) -> dict:
     if op != "msa_indexer":
         return {}
     from tilesim.reference import msa_indexer_scores
-    from tilesim.shared.msa_select import block_head_max, check_indexer_seq_len
+    from tilesim.shared.msa_indexer import block_head_max, check_indexer_seq_len
 
     nb = args["nb"]
     s = np.asarray(msa_indexer_scores(args["idx_q"], args["idx_k"], nb))

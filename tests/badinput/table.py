@@ -201,7 +201,7 @@ WORK = {
         (_REF + "moe.py", "_expert_ffn"),
         (_REF + "moe.py", "_deliver"),
     ),  # fmt: skip
-    "indexer": ((_REF + "msa_lightning_indexer.py", "_scores"),),
+    "indexer": ((_REF + "msa_indexer.py", "_scores"),),
     "decode": ((_REF + "msa_decode.py", "_run"),),
     "main": ((_REF + "msa_main.py", "_plan"), (_REF + "msa_main.py", "_run")),
     "dsa": ((_REF + "dsa.py", "progress_bar"), (_REF + "dsa.py", "token")),  # after the plan

@@ -15,7 +15,7 @@ def _moe(a: dict) -> int:
 
 
 def _indexer(a: dict) -> int:
-    from tilesim.reference.msa_lightning_indexer import msa_indexer_flop
+    from tilesim.reference.msa_indexer import msa_indexer_flop
 
     return msa_indexer_flop(int(a["nb"]))  # as the cube runs it: 16 (padded) rows per block
 
@@ -66,7 +66,7 @@ def live_flop_count(built) -> int:
     reference both skip; the lightning indexer: its 4 real index heads, not the kernel's 16
     padded cube rows). Equal to :func:`flop_count` for the other ops."""
     if built.op_name in ("msa_indexer", "msa_indexer_scores"):
-        from tilesim.reference.msa_lightning_indexer import msa_indexer_flop
+        from tilesim.reference.msa_indexer import msa_indexer_flop
 
         return msa_indexer_flop(int(built.op_args["nb"]), padded=False)
     if built.op_name != "msa_main_branch":

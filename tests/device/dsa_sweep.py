@@ -5,10 +5,10 @@ preset and shape it costs the kernel with
 
 * ``defaults`` -- none of the seeds' options (PyPTO 0.2.0's defaults; the ``ready_on_host``
   contract stays),
-* ``seeds`` -- all of the seeds' options of the preset (``_dsa_kernels.SEED_JIT``),
+* ``seeds`` -- all of the seeds' options of the preset (``_dsa_kernel.SEED_JIT``),
 * ``+name`` -- each seeds' option alone on top of the defaults,
 * ``-name`` -- the seeds' set without that one option,
-* ``kept`` -- the set the kernels use on that SoC (``_dsa_kernels.jit_spec``),
+* ``kept`` -- the set the kernels use on that SoC (``_dsa_kernel.jit_spec``),
 
 one cost-model run each, in one spawned process per shape (``tilesim.device.sim.isolated``).
 The kernel is compiled and costed WITHOUT the tensor-graph interpretation (the outputs are not
@@ -76,8 +76,8 @@ def case_args(quant: str, preset: str, b: int, s1: int, keys: int = 2048) -> dic
 
 def sweep(soc: str, quant: str, preset: str, b: int, s1: int, only=None) -> dict:
     """Child process: ``{label: µs}`` over :func:`variants` (or the labels in ``only``)."""
-    from tilesim.device import _dsa_kernels as kernels
-    from tilesim.device import sparse_attention as dev
+    from tilesim.device import _dsa_kernel as kernels
+    from tilesim.device import dsa as dev
 
     mode = "online" if preset == "decode" else "per_tile"
     args = case_args(quant, preset, b, s1)

@@ -26,7 +26,7 @@ DECODE_CALLS = {
 }
 INDEXER_NB = (17, 18, 40)
 MOE_COUNTS = ([5, 0, 12, 1], [1, 3, 0, 0], [16, 16, 16, 17])
-BUDGET_BIT_EXACT = 0.99  # as tests/device/test_sim_msa_decode.py and test_sim_moe.py
+BUDGET_BIT_EXACT = 0.99  # as tests/device/test_msa_decode_sim.py and test_moe_sim.py
 BUDGET_ROW_ULP = 1.0
 
 
@@ -55,13 +55,13 @@ def _decode_case(b, nb, seed):
 
 def check_decode_compiles_once(soc, calls=DECODE_CALLS["nb x batch"]) -> dict:
     """The wrapper's default tiling (``tiling=None``: the split rule of
-    :mod:`tilesim.shared.msa_split`, which may depend on the batch); the reference gets the
+    :mod:`tilesim.shared.msa_decode`, which may depend on the batch); the reference gets the
     same tiling. ``splits``: the distinct ``kv_splits`` the rule gave (one kernel each)."""
     from oracles.msa import row_ulp
     from tilesim.device import compile_stats, reset_compile_stats
     from tilesim.device.msa_decode import msa_sparse_decode
     from tilesim.reference import msa_sparse_decode as reference
-    from tilesim.shared.msa_split import split_tiling
+    from tilesim.shared.msa_decode import split_tiling
     from tilesim.shared.tiling import MsaTiling
 
     reset_compile_stats()
@@ -85,7 +85,7 @@ def check_decode_compiles_once(soc, calls=DECODE_CALLS["nb x batch"]) -> dict:
 def check_indexer_compiles_once(soc) -> dict:
     import torch
     from tilesim.device import compile_stats, reset_compile_stats
-    from tilesim.device.msa_lightning_indexer import msa_indexer, msa_indexer_scores
+    from tilesim.device.msa_indexer import msa_indexer, msa_indexer_scores
     from tilesim.reference import msa_indexer as ref_ids
     from tilesim.reference import msa_indexer_scores as ref_scores
 
@@ -188,9 +188,9 @@ def _compile_msa_npu_shapes(soc) -> dict:
     variants; the decode at the seeds' e2e shape (B 1, nb 17, seq_len 2176), every variant."""
     import torch
     from tilesim.device import msa_decode as md
-    from tilesim.device import msa_lightning_indexer as mi
+    from tilesim.device import msa_indexer as mi
     from tilesim.device import sim
-    from tilesim.shared.msa_select import check_indexer
+    from tilesim.shared.msa_indexer import check_indexer
     from tilesim.shared.tiling import MsaTiling
 
     nb, bf = 17, torch.bfloat16
@@ -215,7 +215,7 @@ def _compile_msa_npu_shapes(soc) -> dict:
 
 
 def _compile_moe_npu_shapes(soc) -> dict:
-    """The grouped GEMM at the two seed cases of test_npu_moe.py, with the NPU path's
+    """The grouped GEMM at the two seed cases of test_moe_npu.py, with the NPU path's
     padding rows and the cases' own tilings."""
     import numpy as np
     import torch

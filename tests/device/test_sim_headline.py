@@ -51,8 +51,8 @@ def _dsa_case(quant: str, b: int, s1: int = S1, context: int = CONTEXT):
 
 def cost_dsa_decode(soc: str, quant: str, b: int) -> dict:
     """Child: the DeepSeek decode kernel at ``b`` x s1 2 through the wrapper, cost only."""
+    from tilesim.device import dsa as dev
     from tilesim.device import sim
-    from tilesim.device import sparse_attention as dev
 
     inp, prm = _dsa_case(quant, b)
     with sim.cost_only():
@@ -108,8 +108,8 @@ def cost_vs_interpreted(soc: str, quant: str) -> dict:
     (``run_cost``) through the same wrapper call, the output pre-filled with NaN."""
     import numpy as np
     import torch
+    from tilesim.device import dsa as dev
     from tilesim.device import sim
-    from tilesim.device import sparse_attention as dev
     from tilesim.device.msa_decode import msa_sparse_decode
 
     inp, prm = _dsa_case(quant, b=1, context=2100)

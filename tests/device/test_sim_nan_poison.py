@@ -145,8 +145,8 @@ def check_indexer_poison(soc) -> dict:
     through the fused block-max kernel, the score kernel and the public ``msa_indexer``."""
     import torch
     from tilesim.device.backend import resolve
-    from tilesim.device.msa_lightning_indexer import _run_block_max, msa_indexer, msa_indexer_scores
-    from tilesim.shared.msa_select import block_head_max, check_indexer
+    from tilesim.device.msa_indexer import _run_block_max, msa_indexer, msa_indexer_scores
+    from tilesim.shared.msa_indexer import block_head_max, check_indexer
 
     g = torch.Generator().manual_seed(9)
     q = (torch.randn(4, 128, generator=g) * 0.1).bfloat16()

@@ -92,7 +92,7 @@ def test_moe_traces_without_graph_break(device_api):
 def test_fake_tensor_mode_gives_shapes_without_data():
     from tilesim.device.moe import moe_grouped_gemm
     from tilesim.device.msa_decode import msa_sparse_decode
-    from tilesim.device.msa_lightning_indexer import msa_indexer
+    from tilesim.device.msa_indexer import msa_indexer
     from tilesim.shared.models import MoeDims
     from torch._subclasses.fake_tensor import FakeTensorMode, is_fake
 

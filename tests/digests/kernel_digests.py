@@ -63,6 +63,7 @@ def _case(family, name, over):
 def kernel_digest(family, name, over, soc) -> str:
     """Runs in the simulator child: the device op's output digest for one entry."""
     import tilesim.device as dev
+
     from digests.golden_digests import digest_of
 
     op_name, case = _case(family, name, over)

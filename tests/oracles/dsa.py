@@ -1,12 +1,12 @@
 """Independent oracles of DeepSeek-V3.2 sparse attention, shared by the tests.
 
-Neither shares code with ``tilesim.reference.dsa*`` or ``tilesim.shared.dsa_plan``: each decodes
+Neither shares code with ``tilesim.reference.dsa*`` or ``tilesim.shared.dsa``: each decodes
 the cache bytes itself (the byte offsets of the packed layouts are written out here) and walks
 the block table with plain Python.
 
 * :func:`oracle` — float64, dense: dequantize (``bf16(fp32(q) * scale)``, the defined rounding
   point of the cache), one float64 softmax per query token, no tiling. :func:`check_budget`
-  judges a result against it. Error budget (``docs/ops/deepseek_sparse_attention.md``), per
+  judges a result against it. Error budget (``docs/ops/dsa.md``), per
   element, with ``u = 2^-8`` the BF16 unit roundoff, ``p`` the exact softmax weights, ``v``
   the values and ``o = sum p v``:
 

@@ -1,7 +1,7 @@
 """Independent oracles of the MSA lightning indexer and block-sparse decode, written once for
 the reference and the sim tests (the main branch's are in :mod:`oracles.msa_main`).
 
-None of them calls ``tilesim.reference`` or ``tilesim.shared.msa_select``:
+None of them calls ``tilesim.reference`` or ``tilesim.shared.msa_indexer`` / ``msa_decode``:
 
 * :func:`inject` — index q/k whose kernel scores are exactly the wanted BF16 values (unit
   vectors in ``idx_q``, the scores in the matching column of ``idx_k``).

@@ -5,7 +5,7 @@ the cache bytes itself, walks the block table with plain Python, dequantizes (``
 scale)``, the defined rounding point of the cache), and runs one dense float64 softmax per query
 token, no tiling.
 
-Error budget of the reference against it (``docs/ops/deepseek_sparse_attention.md``), per
+Error budget of the reference against it (``docs/ops/dsa.md``), per
 element, with ``u = 2^-8`` the BF16 unit roundoff, ``p`` the exact softmax weights, ``v`` the
 values and ``o = sum p v``:
 

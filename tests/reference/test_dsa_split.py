@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tilesim.reference as R
 from oracles.dsa import check_budget, oracle
-from tilesim.shared.dsa_split import (
+from tilesim.shared.dsa import (
     default_kv_splits,
     effective_kv_splits,
     merge_chain,

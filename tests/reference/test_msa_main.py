@@ -558,7 +558,7 @@ def test_bad_inputs():
 def test_direct_submodule_import_keeps_the_public_function():
     """``tilesim.reference.msa_main`` / ``.msa_indexer`` name both a module and an op."""
     code = (
-        "import tilesim.reference.msa_main, tilesim.reference.msa_lightning_indexer\n"
+        "import tilesim.reference.msa_main, tilesim.reference.msa_indexer\n"
         "import tilesim.reference as r\n"
         "from tilesim.reference import msa_main_branch, msa_indexer\n"
         "assert callable(msa_main_branch) and callable(msa_indexer)\n"
@@ -601,7 +601,7 @@ def test_matches_torch_sdpa_float64():
 def test_huge_row_counts_fail_a_bound_check_not_an_allocation():
     """``max_n`` (and the builder's ``n``) above MAX_PREFILL_ROWS are refused by a bound check,
     before anything is allocated (a typo used to surface as a multi-PiB MemoryError)."""
-    from tilesim.shared.msa_mask import MAX_PREFILL_ROWS
+    from tilesim.shared.msa_main import MAX_PREFILL_ROWS
 
     c = msa_make_case(None, op="msa_main_branch", n=100, seed=1)
     with pytest.raises(ValueError, match=rf"max_n: expected an int in \[1, {MAX_PREFILL_ROWS}\]"):

@@ -24,13 +24,13 @@ from oracles.msa import loop_kernel
 from tilesim.reference import msa_indexer, msa_indexer_scores, msa_sparse_decode
 from tilesim.reference.msa_common import zero_unread_rows
 from tilesim.shared.casts import to_bf16
-from tilesim.shared.msa_select import decode_keep_mask, decode_read_mask
+from tilesim.shared.msa_decode import decode_keep_mask, decode_read_mask
 from tilesim.shared.tiling import MsaTiling
 from tilesim.shared.validate import check_finite
 
 BF, E4M3 = ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn
 F32 = np.float32
-IDX = importlib.import_module("tilesim.reference.msa_lightning_indexer")
+IDX = importlib.import_module("tilesim.reference.msa_indexer")
 DEC = importlib.import_module("tilesim.reference.msa_decode")
 
 

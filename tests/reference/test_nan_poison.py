@@ -9,7 +9,7 @@ asserts that the two outputs are the same BITS. A generator crosses the corners 
 parameter grid, and a control per op poisons one slot that IS read and checks the output
 changes, so the comparison is not vacuous.
 
-Unread slots per op (``docs/ops/msa.md``, ``docs/ops/deepseek_sparse_attention.md``,
+Unread slots per op (``docs/ops/msa.md``, ``docs/ops/dsa.md``,
 ``docs/ops/moe.md``, ``docs/numerics.md`` "Masking and NaN"):
 
 * DeepSeek sparse attention (packed ``pypto`` / ``flashmla`` and ``kv_split``): cache rows no

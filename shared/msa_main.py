@@ -17,7 +17,7 @@
   its value check alone (on an accelerator: a device reduction, one flag read back).
 
 The torch twins are tested bit-identical to the NumPy rules
-(``tests/shared/test_msa_mask_device.py``). torch is imported only when a twin is called.
+(``tests/shared/test_msa_main_device.py``). torch is imported only when a twin is called.
 
 The rules are described in ``docs/ops/msa.md`` ("Main branch / prefill").
 """

@@ -1,11 +1,11 @@
 """Compile checks of the DeepSeek sparse-attention kernels at the NPU tests' exact shapes
-(issue 14): every case ``tests/device/test_sim_dsa_npu.py`` runs under ``nox -s device`` is
+(issue 14): every case ``tests/device/test_dsa_npu_sim.py`` runs under ``nox -s device`` is
 compiled through PyPTO's full pass pipeline for its SoC on the CPU, without interpreting.
 
 The NPU test runs each :data:`tilesim.reference.DSA_CASES` entry whose SoC list holds the
 device (FP8 only on a 950) with the case's tile preset and the wrapper's default
 ``validate=True``. Here the same wrapper prepares the same launch
-(:func:`tilesim.device.sparse_attention.prepared_launch`: the checks, the host index plan, the
+(:func:`tilesim.device.dsa.prepared_launch`: the checks, the host index plan, the
 bucketed block table, the pool's row count, the preset's tiles and the SoC's options) on inputs
 of the cases' shapes, dtypes and lengths, and :func:`tilesim.device.sim.run_compile` compiles
 it. No golden and no cache data is built (the 64-batch cases' caches are 2.75 GB): the caches
@@ -100,7 +100,7 @@ def compile_npu_cases(soc: str, names: list[str]) -> dict:
     """Child process: prepare and compile each case; ``{name: {"seconds", "shapes"}}`` plus
     ``"_stats"``, the compile registry's counts."""
     from tilesim.device import compile_stats, reset_compile_stats, sim
-    from tilesim.device import sparse_attention as dev
+    from tilesim.device import dsa as dev
 
     reset_compile_stats()
     res = {}

@@ -11,7 +11,7 @@ cube tiles, and nothing else. Two kinds of checks:
   (``tilesim.reference.msa_sparse_decode_flop``). This is what keeps the probe's mirrored tiles
   and chunk bounds from drifting away from ``device/msa_decode.py``;
 * on the simulator (both SoCs), in ONE process per SoC: the decode through the public wrapper
-  (``gather="device"``, inputs as ``test_sim_msa_decode.py`` builds them) against the reference
+  (``gather="device"``, inputs as ``test_msa_decode_sim.py`` builds them) against the reference
   (>= 99 % bit-exact, <= 1 row-ULP), then the probe on the same queries and the same selected
   keys; its products must equal a float64 matmul of the same tiles within the FP32 dot-product
   bound. The rows go to the cost-model report with "probe µs" and "kernel / probe". Numbers
@@ -24,9 +24,9 @@ import itertools
 
 import numpy as np
 import pytest
-from test_sim_msa_decode import BUDGET_BIT_EXACT, BUDGET_ROW_ULP, _case
+from test_msa_decode_sim import BUDGET_BIT_EXACT, BUDGET_ROW_ULP, _case
 
-#: name -> (B, nb, topk, seq_len per row, ids rule of test_sim_msa_decode._case)
+#: name -> (B, nb, topk, seq_len per row, ids rule of test_msa_decode_sim._case)
 SHAPES = {
     "nb17 B1 topk16 seq2100": (1, 17, 16, [2100], "perm"),
     "nb40 B1 topk16 seq[5000]": (1, 40, 16, [5000], "with_last"),
@@ -319,7 +319,7 @@ def _probe_errors(q, kc, vc, p, s, o, bounds) -> dict:
 
 def _row_ulp(out, gold) -> float:
     """Largest ``|out - gold|`` in BF16 ULPs of its row's largest ``|gold|`` (a row = one query
-    head's 128 outputs; the budget of ``test_sim_msa_decode.py``)."""
+    head's 128 outputs; the budget of ``test_msa_decode_sim.py``)."""
     import torch
 
     err = (out.double() - gold.double()).abs()
@@ -348,7 +348,7 @@ def run_against_probe(soc: str, seed: int = 7) -> dict:
     from tilesim.reference import msa_sparse_decode as reference
     from tilesim.reference import msa_sparse_decode_flop
     from tilesim.reference.numerics import ulp_distance
-    from tilesim.shared.msa_split import split_tiling
+    from tilesim.shared.msa_decode import split_tiling
     from tilesim.shared.tiling import MsaTiling
 
     res, probes = {}, {}

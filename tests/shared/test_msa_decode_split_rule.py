@@ -1,11 +1,11 @@
-"""The MSA decode split layout and the default split rule (``tilesim.shared.msa_split``)."""
+"""The MSA decode split layout and the default split rule (``tilesim.shared.msa_decode``)."""
 
 from __future__ import annotations
 
 import math
 
 import pytest
-from tilesim.shared.msa_split import (
+from tilesim.shared.msa_decode import (
     SPLIT_MIN_CHUNKS,
     default_kv_splits,
     effective_kv_splits,

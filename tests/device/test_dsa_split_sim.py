@@ -3,9 +3,9 @@ matmul-only probe, with the split-KV default rule.
 
 Per SoC (910B INT8, 950 FP8 packed cache, decode preset, one query token per batch row, 2048
 keys): B 1 and B 8 through the kernel with ``tiling = split_tiling(decode, ...)`` (the default
-rule of :mod:`tilesim.shared.dsa_split`), compared with the reference twin given the same
+rule of :mod:`tilesim.shared.dsa`), compared with the reference twin given the same
 tiling (>= 99 % bit-exact, <= 1 row-ULP), and the probe
-(:func:`tilesim.device.sparse_attention.matmul_probe`: the same C1/C2 matmuls on the same
+(:func:`tilesim.device.dsa.matmul_probe`: the same C1/C2 matmuls on the same
 tiles, nothing else) in the same process. The rows go to the cost-model report with "probe µs"
 and "kernel / probe"; the test asserts numbers (agreement, split counts), never times.
 """
@@ -14,16 +14,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_sim_dsa import row_ulps
+from test_dsa_sim import row_ulps
 from tilesim.shared.soc import get_soc
 
 
 def run_decode(soc: str, quant: str, b: int) -> dict:
     """Child process: kernel + reference twin + probe for one shape."""
     import tilesim.reference as reference
-    from tilesim.device import sparse_attention as dev
+    from tilesim.device import dsa as dev
     from tilesim.reference.numerics import ulp_distance
-    from tilesim.shared.dsa_split import split_tiling
+    from tilesim.shared.dsa import split_tiling
     from tilesim.shared.tiling import SaTileShapeConfig
 
     cfg = split_tiling(SaTileShapeConfig.decode(), tokens=b, nq=128, topk=2048, soc=soc)

@@ -1,6 +1,6 @@
 """PyPTO kernels of DeepSeek-V3.2 sparse MLA attention over a quantized latent cache.
 
-Imported lazily by :mod:`tilesim.device.sparse_attention` (this module imports pypto at the top).
+Imported lazily by :mod:`tilesim.device.dsa` (this module imports pypto at the top).
 The public entry points, argument checks and the CPU/NPU launch live there; this module holds
 the tensor programs only. Contract, options and measured figures: ``docs/device.md`` section
 "DeepSeek sparse attention kernels".
@@ -58,7 +58,7 @@ from pypto.experimental import gather_in_ub
 from tilesim.device.backend import compiled
 
 # online, kv_splits = 1: tokens of up to UNROLL_TILES tiles fold once (also the split cap)
-from tilesim.shared.dsa_split import UNROLL_TILES
+from tilesim.shared.dsa import UNROLL_TILES
 
 NOPE = 512
 ROPE = 64
@@ -116,7 +116,7 @@ class NestParams:
         # masked builds: topk_indices columns mask_col0.. hold 1 at skipped (-1) entries
         self.mask_col0 = mask_col0
         self.masked = mask_col0 is not None
-        # split-KV: kv_splits ranges of tiles_per_split KV tiles (tilesim.shared.dsa_split)
+        # split-KV: kv_splits ranges of tiles_per_split KV tiles (tilesim.shared.dsa)
         self.kv_splits = kv_splits
         self.tps = tiles_per_split
         # the jit spec's combine_axis operation option (set in the kernel body)

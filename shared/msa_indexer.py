@@ -1,6 +1,9 @@
-"""Host rules of the MiniMax-M3 MSA ops, written once for the goldens and the kernel wrappers.
+"""Host rules and argument checks of the MiniMax-M3 MSA lightning indexer (``msa_indexer``,
+``msa_indexer_scores``), written once for the golden and the device wrapper.
 
-NumPy on host data; both :mod:`tilesim.reference` (``msa_lightning_indexer``, ``msa_decode``)
+Host rules of the MiniMax-M3 MSA ops, written once for the goldens and the kernel wrappers.
+
+NumPy on host data; both :mod:`tilesim.reference` (``msa_indexer``, ``msa_decode``)
 and :mod:`tilesim.device` (the same module names) call these functions, so the golden and the
 device's host tail apply literally the same rule (``docs/ops/msa.md``):
 
@@ -35,12 +38,8 @@ from tilesim.shared.validate import (
     check_choice,
     check_finite,
     check_int,
-    check_ndim,
     host_array,
-    host_ints,
-    is_array,
     same_kind,
-    shape_of,
 )
 
 _CFG = MINIMAX_M3.msa
@@ -51,7 +50,6 @@ TOPK = _CFG.topk_blocks  # 16 selected blocks
 HEAD_REDUCES = ("max", "none")
 
 
-# ----------------------------------------------------------------------------- indexer
 class IndexerArgs(NamedTuple):
     """The checked arguments of an indexer call."""
 
@@ -146,146 +144,14 @@ def selection_slots(head_max: np.ndarray, nb: int) -> np.ndarray:
     return slots
 
 
-# ----------------------------------------------------------------------------- decode
-class DecodeInputs(NamedTuple):
-    """The checked decode inputs: sizes, host block ids and per-row lengths."""
-
-    batch: int
-    hq: int
-    hkv: int
-    nb: int
-    by: int
-    dim: int
-    topk: int
-    ids: np.ndarray  #: int64 ``[B, topk]``
-    seq: np.ndarray  #: int64 ``[B]``
-
-    @property
-    def group(self) -> int:
-        """Query heads per KV head."""
-        return self.hq // self.hkv
-
-
-def check_block_ids(block_ids, batch: int, nb: int) -> np.ndarray:
-    """Integer ``[batch, topk >= 1]`` ids in ``[0, nb)``, unique per row -> int64 host copy."""
-    ids = host_ints(block_ids, "block_ids", ndim=2, layout="[B, topk]")
-    if ids.shape[0] != batch or ids.shape[1] < 1:
-        raise ValueError(f"block_ids: expected shape ({batch}, topk>=1), got {ids.shape}")
-    if ids.min() < 0 or ids.max() >= nb:
-        raise ValueError(
-            f"block_ids: expected ids in [0, nb={nb}), got min {ids.min()} max {ids.max()}"
-        )
-    srt = np.sort(ids, axis=1)
-    dup = (srt[:, 1:] == srt[:, :-1]).any(axis=1)
-    if dup.any():
-        b = int(np.flatnonzero(dup)[0])
-        raise ValueError(f"block_ids: expected unique ids per row, row {b} is {ids[b].tolist()}")
-    return ids
-
-
-def check_decode_seq_len(seq_len, batch: int, nb: int, by: int) -> np.ndarray:
-    """One int (or a 0-d integer array) or an integer array / tensor ``[batch]``, each in
-    ``[1, nb*by]`` -> int64 ``[batch]``. Lists are refused like every array argument."""
-    if isinstance(seq_len, (bool, np.bool_)) or not (
-        isinstance(seq_len, (int, np.integer)) or is_array(seq_len)
-    ):
-        raise TypeError(
-            f"seq_len: expected an int or an integer array of {batch} values, "
-            f"got {type(seq_len).__name__} {seq_len!r}"
-        )
-    if is_array(seq_len):
-        a = host_ints(seq_len, "seq_len")
-        if a.ndim == 0:  # a 0-d array / tensor is one int
-            a = np.full(batch, int(a), dtype=np.int64)
-        if a.shape != (batch,):
-            raise ValueError(f"seq_len: expected one int or shape ({batch},), got {a.shape}")
-    else:
-        a = np.full(batch, int(seq_len), dtype=np.int64)
-    bad = (a < 1) | (a > nb * by)
-    if bad.any():
-        b = int(np.flatnonzero(bad)[0])
-        raise ValueError(
-            f"seq_len: expected 1 <= seq_len <= nb*{by} = {nb * by}, got {int(a[b])} "
-            f"(batch row {b})"
-        )
-    return a
-
-
-def check_decode_inputs(
-    q, k_blocks, v_blocks, block_ids, seq_len, *, block_size: int | None = None
-) -> DecodeInputs:
-    """Checks of ``msa_sparse_decode`` (reference and device): BF16 ``q [B, HQ, D]`` and
-    paged ``k_blocks`` / ``v_blocks [B, HKV, nb, BY, D]`` with ``HQ % HKV == 0``
-    (``block_size``: a required BY, the kernel's 128), then :func:`check_block_ids` and
-    :func:`check_decode_seq_len`."""
-    for name, x in (("q", q), ("k_blocks", k_blocks), ("v_blocks", v_blocks)):
-        check_array(x, name, dtype=BF16)
-    batch, hq, dim = check_ndim(q, "q", 3, "[B, HQ, D]")
-    if min(batch, hq, dim) < 1:
-        raise ValueError(f"q: expected a non-empty [B, HQ, D] array, got shape {(batch, hq, dim)}")
-    kshape = check_ndim(k_blocks, "k_blocks", 5, "[B, HKV, nb, BY, D]")
-    kb, hkv, nb, by, kdim = kshape
-    want_by = by if block_size is None else block_size
-    if kb != batch or kdim != dim or hkv < 1 or nb < 1 or by < 1 or by != want_by:
-        by_text = "BY" if block_size is None else str(block_size)
-        raise ValueError(
-            f"k_blocks: expected shape ({batch}, HKV, nb, {by_text}, {dim}) matching q "
-            f"{(batch, hq, dim)}, got {kshape}"
-        )
-    if hq % hkv:
-        raise ValueError(f"q: expected HQ a multiple of HKV={hkv}, got HQ={hq}")
-    if shape_of(v_blocks, "v_blocks") != kshape:
-        raise ValueError(
-            f"v_blocks: expected the shape of k_blocks {kshape}, "
-            f"got {shape_of(v_blocks, 'v_blocks')}"
-        )
-    ids = check_block_ids(block_ids, batch, nb)
-    seq = check_decode_seq_len(seq_len, batch, nb, by)
-    return DecodeInputs(batch, hq, hkv, nb, by, dim, ids.shape[1], ids, seq)
-
-
-def decode_keep_mask(block_ids, seq_len, by: int = BY):
-    """FP32 ``[B, topk*by]`` keep-mask (1 keep, 0 drop) of integer ``block_ids [B, topk]`` and
-    per-row ``seq_len [B]`` (see the module docstring); same kind as ``block_ids``."""
-    ids = host_ints(block_ids, "block_ids", ndim=2, layout="[B, topk]")
-    seq = host_ints(seq_len, "seq_len", ndim=1).reshape(-1)
-    cur = (seq - 1) // by  # [B]
-    cur_valid = seq - cur * by  # [B], 1..by
-    t = np.arange(by)
-    keep = np.where(
-        (ids == cur[:, None])[:, :, None],
-        t[None, None, :] < cur_valid[:, None, None],
-        (ids < cur[:, None])[:, :, None],
-    )  # [B, topk, by]
-    return same_kind(keep.reshape(ids.shape[0], -1).astype(np.float32), block_ids)
-
-
-def decode_read_mask(keep, *, seeds_compat: bool = False) -> np.ndarray:
-    """bool ``[B, topk*by]``: the gathered V rows P.V reads, from the keep-mask ``keep``
-    (:func:`decode_keep_mask`, FP32 1/0 or bool; host data). The other rows are zeroed before
-    P.V. A kept key is read; a dropped key is not, except in a batch row with no kept key under
-    ``seeds_compat=True``: there the seeds' kernel's arithmetic (P uniform, the mean of the
-    gathered V) is reproduced, so every gathered row is read."""
-    k = np.asarray(host_array(keep, "keep")) > 0
-    if seeds_compat:
-        k = k | ~k.any(axis=1, keepdims=True)
-    return k
-
-
 __all__ = [
     "BY",
     "HEAD_REDUCES",
-    "TOPK",
-    "DecodeInputs",
     "IndexerArgs",
+    "TOPK",
     "block_head_max",
-    "check_block_ids",
-    "check_decode_inputs",
-    "check_decode_seq_len",
     "check_indexer",
     "check_indexer_seq_len",
-    "decode_keep_mask",
-    "decode_read_mask",
     "select_blocks",
     "select_from_head_max",
     "selection_slots",

@@ -1,7 +1,7 @@
 """MiniMax-M3 MSA lightning indexer on Ascend — PyPTO score, block-max and ranking kernels.
 
 Same names and arguments as the goldens ``msa_indexer_scores`` and ``msa_indexer``
-(``reference/msa_lightning_indexer.py``), plus ``rank`` / ``block_max`` / ``backend`` /
+(``reference/msa_indexer.py``), plus ``rank`` / ``block_max`` / ``backend`` /
 ``soc`` / ``validate``; NumPy arrays or torch tensors in, the same kind out
 (:mod:`tilesim.device.backend`).
 
@@ -32,7 +32,7 @@ from tilesim.device import backend as _backend
 from tilesim.device._lazy import require_pypto, require_torch
 from tilesim.device._msa_tiles import SEED_RUNTIME, jit_options, l0_tile, without
 from tilesim.shared.models import MINIMAX_M3
-from tilesim.shared.msa_select import (
+from tilesim.shared.msa_indexer import (
     HEAD_REDUCES,
     IndexerArgs,
     block_head_max,
@@ -313,7 +313,7 @@ def _run_select(q, k, args: IndexerArgs, target: _backend.Target):
 
 
 def _check(idx_q, idx_k, nb, validate, **kw) -> tuple[IndexerArgs, bool]:
-    """The shared checks (:func:`tilesim.shared.msa_select.check_indexer`) and whether the
+    """The shared checks (:func:`tilesim.shared.msa_indexer.check_indexer`) and whether the
     inputs are shape-only; without ``validate`` (or on shape-only inputs) the finiteness check
     runs on zero stand-ins of ``idx_q`` / ``idx_k`` (their metadata checked, no data read)."""
     check_bool(validate, "validate")
@@ -330,12 +330,12 @@ def msa_indexer_scores(idx_q, idx_k, nb, *, backend="auto", soc=DEFAULT_SOC, val
     """Lightning-indexer scores on the device: FP32 ``[4, nb*128]``.
 
     ``idx_q`` ``[4, 128]`` BF16, ``idx_k`` ``[nb*128, 128]`` BF16 (NumPy or torch; checked by
-    :func:`tilesim.shared.msa_select.check_indexer`, as in the reference). ``backend`` /
+    :func:`tilesim.shared.msa_indexer.check_indexer`, as in the reference). ``backend`` /
     ``soc``: :func:`tilesim.device.backend.resolve`; ``"sim"`` returns ``(scores, cost_us)``.
     ``validate``: ``True`` (default) copies ``idx_q`` / ``idx_k`` to the host to check that
     they are finite; ``False`` checks metadata only. FakeTensor / ``meta`` inputs: an empty
     ``[4, nb*128]`` FP32 tensor, no data read. Promise: within the FP32 dot-product bound of
-    the reference (``tests/device/test_sim_msa_lightning_indexer.py``).
+    the reference (``tests/device/test_msa_indexer_sim.py``).
     """
     args, shape_only = _check(idx_q, idx_k, nb, validate)
     if shape_only:

@@ -16,7 +16,7 @@ the same NTILE, for BOTH gather variants:
    causal rule ``128*block + t < seq_len``, not from the host mask) agrees within 4e-3.
 
 The default cases call the kernel with ``tiling=None`` (the wrapper's split rule,
-:func:`tilesim.shared.msa_split.split_tiling`) and the reference with the tiling that rule
+:func:`tilesim.shared.msa_decode.split_tiling`) and the reference with the tiling that rule
 gives; :data:`SPLIT_CASES` force ``kv_splits`` on both (split-KV, issue 13).
 
 Each case runs in a spawned process per SoC (``tilesim.device.sim.isolated``).
@@ -85,7 +85,7 @@ def check_decode(spec, soc, seed=7, kv_splits=None, gathers=("device", "paged", 
     from tilesim.device.msa_decode import msa_sparse_decode
     from tilesim.reference import msa_sparse_decode as reference
     from tilesim.reference.numerics import ulp_distance
-    from tilesim.shared.msa_split import split_tiling
+    from tilesim.shared.msa_decode import split_tiling
     from tilesim.shared.tiling import MsaTiling
 
     q, kb, vb, ids, seq = _case(*spec, seed)
@@ -201,11 +201,11 @@ def check_e2e_seed_shape(soc, seed=17) -> dict:
     import torch
     from oracles.msa import row_ulp, torch_dense_oracle
     from tilesim.device.msa_decode import msa_sparse_decode
-    from tilesim.device.msa_lightning_indexer import msa_indexer
+    from tilesim.device.msa_indexer import msa_indexer
     from tilesim.reference import msa_indexer as ref_indexer
     from tilesim.reference import msa_sparse_decode as ref_decode
     from tilesim.shared.interop import to_numpy
-    from tilesim.shared.msa_split import split_tiling
+    from tilesim.shared.msa_decode import split_tiling
     from tilesim.shared.tiling import MsaTiling
 
     nb, seq_len = 17, 2176
@@ -336,7 +336,7 @@ def test_bad_arguments_name_the_argument(change, exc, match):
 def test_keep_mask_is_the_shared_host_rule():
     import numpy as np
     from tilesim.device.msa_decode import keep_mask
-    from tilesim.shared.msa_select import decode_keep_mask
+    from tilesim.shared.msa_decode import decode_keep_mask
 
     assert keep_mask is decode_keep_mask  # the reference's rule, not a torch twin
     g = torch.Generator().manual_seed(3)
@@ -358,7 +358,7 @@ def test_device_keep_mask_equals_the_shared_rule():
     current block, lengths 1 .. nb*128 with a partial and a full current block."""
     import numpy as np
     from tilesim.device.msa_decode import device_keep_mask
-    from tilesim.shared.msa_select import decode_keep_mask
+    from tilesim.shared.msa_decode import decode_keep_mask
 
     nb = 4
     seqs = torch.arange(1, nb * 128 + 1)  # every length
@@ -451,7 +451,7 @@ def test_merge_plan_gives_the_references_merge_bits(n, splits):
     order), on FP32 NumPy: the same bits of O / l, l and m."""
     from tilesim.device._msa_tiles import eval_tree, merge_plan
     from tilesim.reference.arith import SoftmaxMerge, exp_fp32_numpy
-    from tilesim.shared.msa_split import split_ranges
+    from tilesim.shared.msa_decode import split_ranges
 
     gen = np.random.default_rng(100 * n + splits)
     for _ in range(20):
@@ -517,7 +517,7 @@ def test_npu_e2e_seed_shape(gather):
     our CPU draws): device indexer ids = reference ids (as a set, the seeds' rule) and the
     decode within the seeds' max diff 5e-2 of the reference. Not run on CPU."""
     from tilesim.device.msa_decode import msa_sparse_decode
-    from tilesim.device.msa_lightning_indexer import msa_indexer
+    from tilesim.device.msa_indexer import msa_indexer
     from tilesim.reference import msa_indexer as ref_indexer
     from tilesim.reference import msa_sparse_decode as ref_decode
 

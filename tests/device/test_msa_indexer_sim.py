@@ -14,7 +14,7 @@ Budget (docs/device.md, "## MSA kernels"), against ``tilesim.reference.msa_index
 3b. the device ranking on crafted block maxima (ties across the selection boundary, all-equal
    rows, -inf and NaN blocks with ``validate=False``) equals an independent Python sort and
    the shared rule, and builds one kernel per head mode over nb 17, 18, 40;
-4. the host tail (:func:`tilesim.shared.msa_select.select_blocks`, the one rule the reference
+4. the host tail (:func:`tilesim.shared.msa_indexer.select_blocks`, the one rule the reference
    and the wrapper both apply, re-exported by the device module) reproduces an independent
    Python ``sorted`` selection on given scores -- including ties, +-1e20 and one-BF16-step
    neighbours -- for torch and NumPy scores alike;
@@ -51,11 +51,11 @@ def check_indexer(spec, soc, seed=11) -> dict:
     import numpy as np
     import torch
     from tilesim.device.backend import resolve
-    from tilesim.device.msa_lightning_indexer import _run_block_max, msa_indexer, msa_indexer_scores
+    from tilesim.device.msa_indexer import _run_block_max, msa_indexer, msa_indexer_scores
     from tilesim.reference import msa_indexer as ref_ids
     from tilesim.reference import msa_indexer_scores as ref_scores
     from tilesim.shared.interop import to_numpy
-    from tilesim.shared.msa_select import check_indexer
+    from tilesim.shared.msa_indexer import check_indexer
 
     nb, seq_len, data = spec
     q, k = _case(nb, data, seed)
@@ -209,8 +209,8 @@ def _rank_cases(rng):
 def check_device_rank(soc) -> dict:
     import numpy as np
     from tilesim.device import compile_stats, reset_compile_stats
-    from tilesim.device.msa_lightning_indexer import msa_indexer
-    from tilesim.shared.msa_select import select_from_head_max
+    from tilesim.device.msa_indexer import msa_indexer
+    from tilesim.shared.msa_indexer import select_from_head_max
 
     reset_compile_stats()
     res = {}
@@ -278,8 +278,8 @@ def _scores_from(block_scores, rng):
 def test_tail_reproduces_reference_selection(kind, nb, rng):
     """select_blocks on given scores == an independent rule (Python sort on (-score, id))."""
     import numpy as np
-    from tilesim.device.msa_lightning_indexer import select_blocks
-    from tilesim.shared import msa_select
+    from tilesim.device.msa_indexer import select_blocks
+    from tilesim.shared import msa_indexer as msa_select
 
     if kind == "ties":
         bs = np.full(nb, 0.5, dtype=np.float32)
@@ -305,7 +305,7 @@ def test_tail_reproduces_reference_selection(kind, nb, rng):
 
 @pytest.mark.torch
 def test_tail_seq_len_excludes_padding_rows(rng):
-    from tilesim.device.msa_lightning_indexer import select_blocks
+    from tilesim.device.msa_indexer import select_blocks
 
     nb = 20
     s = torch.zeros(4, nb * 128)
@@ -339,7 +339,7 @@ def test_tail_seq_len_excludes_padding_rows(rng):
     ],
 )
 def test_bad_arguments_name_the_argument(kw, exc, match):
-    from tilesim.device.msa_lightning_indexer import msa_indexer
+    from tilesim.device.msa_indexer import msa_indexer
 
     a = {"q": torch.zeros(4, 128, dtype=torch.bfloat16), "nb": 2, "backend": "sim"}
     a.update(kw)
@@ -362,14 +362,14 @@ def test_bad_arguments_name_the_argument(kw, exc, match):
     ],
 )
 def test_rank_modes(rank, block_max, nb, want):
-    from tilesim.device.msa_lightning_indexer import rank_width, resolve_rank
+    from tilesim.device.msa_indexer import rank_width, resolve_rank
 
     assert resolve_rank(rank, block_max, nb) == want
     assert [rank_width(n) for n in (1, 17, 40, 1024, 1025)] == [1024] * 4 + [None]
 
 
 def test_rank_device_refuses_rows_wider_than_its_buckets():
-    from tilesim.device.msa_lightning_indexer import resolve_rank
+    from tilesim.device.msa_indexer import resolve_rank
 
     with pytest.raises(ValueError, match="rank: 'device' ranks at most nb=1024"):
         resolve_rank("device", None, 1025)
@@ -377,7 +377,7 @@ def test_rank_device_refuses_rows_wider_than_its_buckets():
 
 @pytest.mark.torch
 def test_key_tile_env_and_soc_defaults():
-    from tilesim.device.msa_lightning_indexer import KTILE, key_tile
+    from tilesim.device.msa_indexer import KTILE, key_tile
 
     assert key_tile("910b", env={}) == KTILE["910b"]
     assert key_tile("950", env={}) == KTILE["950"]
@@ -393,7 +393,7 @@ def test_key_tile_env_and_soc_defaults():
 def test_npu_indexer_seed_cases(nb):
     """The seeds' indexer cases on an NPU: ``torch.manual_seed(nb)``, idx q/k ``randn * 0.1``;
     pass rule as the seeds (shape and SET equality with the reference). Not run on CPU."""
-    from tilesim.device.msa_lightning_indexer import msa_indexer
+    from tilesim.device.msa_indexer import msa_indexer
     from tilesim.reference import msa_indexer as reference
 
     torch.manual_seed(nb)

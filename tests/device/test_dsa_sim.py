@@ -1,4 +1,4 @@
-"""DeepSeek-V3.2 sparse attention kernels (tilesim.device.sparse_attention) on PyPTO's CPU sim.
+"""DeepSeek-V3.2 sparse attention kernels (tilesim.device.dsa) on PyPTO's CPU sim.
 
 Each sim test builds a small case with ``tilesim.reference.dsa_make_case`` (nq 128, b 2,
 s1 1 or 2, variable lengths incl. one shorter than s1 and one not a multiple of the KV tile,
@@ -73,9 +73,9 @@ def run_case(spec: dict) -> dict:
     """Child process: build, run on the sim, compare. Returns plain numbers (picklable)."""
     import tilesim.reference as reference
     import torch
+    from tilesim.device import dsa as dev
     from tilesim.device import sim
-    from tilesim.device import sparse_attention as dev
-    from tilesim.shared.dsa_plan import cur_seq_lengths
+    from tilesim.shared.dsa import cur_seq_lengths
 
     case = reference.dsa_make_case(
         seed=spec.get("seed", 7),
@@ -143,7 +143,7 @@ def _force_skips(inputs: dict, spec: dict, s_kv_tile: int) -> np.ndarray:
     """On top of ``invalid_frac``: token 0 loses a whole KV tile (its second), token 1 its
     first tile (with kv_splits 2: its first two, a whole split), and the last token every
     entry (-> a zero row)."""
-    from tilesim.shared.dsa_plan import cur_seq_lengths
+    from tilesim.shared.dsa import cur_seq_lengths
 
     ti = np.array(inputs["topk_indices"], copy=True)
     cur = cur_seq_lengths(inputs["kv_act_seqs"], spec["s1"], spec["topk"])
@@ -170,7 +170,7 @@ def reference_metrics(got: np.ndarray, ref: np.ndarray) -> dict:
 
 def _fp8_rejection(inputs: dict, params: dict) -> str:
     """On a 910B process an FP8 cache must be refused before any kernel is built."""
-    from tilesim.device import sparse_attention as dev
+    from tilesim.device import dsa as dev
     from tilesim.shared.casts import FP8_E4M3
 
     cache = np.asarray(inputs["nope_cache"]).view(np.uint8).copy()
@@ -327,7 +327,7 @@ def _small_case(**kw):
 
 
 def _call(case, **over):
-    from tilesim.device import sparse_attention as dev
+    from tilesim.device import dsa as dev
 
     args = {**case["inputs"], **case["params"], "backend": "sim", "soc": "910b"}
     args.update(over)
@@ -392,7 +392,7 @@ def test_minus_one_entries_need_a_block_to_stand_in():
 
 
 def _checked(case, **over):
-    from tilesim.shared.dsa_plan import check_dsa_args
+    from tilesim.shared.dsa import check_dsa_args
 
     inp, prm = {**case["inputs"], **over}, case["params"]
     return check_dsa_args(
@@ -403,8 +403,8 @@ def _checked(case, **over):
 
 
 def test_kernel_indices_mask_the_skipped_entries():
-    from tilesim.device.sparse_attention import kernel_indices
-    from tilesim.shared.dsa_plan import cur_seq_lengths
+    from tilesim.device.dsa import kernel_indices
+    from tilesim.shared.dsa import cur_seq_lengths
 
     case = _small_case(actual_seq=(300, 40), topk_rule="causal", invalid_frac=0.3)
     inp = case["inputs"]
@@ -449,7 +449,7 @@ def test_kernel_indices_mask_the_skipped_entries():
 def test_reference_and_wrapper_reject_alike(over):
     """The wrapper runs the reference's own check function: same exception, same message."""
     import tilesim.reference as reference
-    from tilesim.device import sparse_attention as dev
+    from tilesim.device import dsa as dev
 
     case = _small_case()
     inp = case["inputs"]
@@ -492,7 +492,7 @@ def test_kv_split_checks_its_three_tensors():
 
 
 def test_traffic_counts_match_the_reference_cost():
-    from tilesim.device.sparse_attention import sparse_attention_traffic
+    from tilesim.device.dsa import sparse_attention_traffic
     from tilesim.reference.dsa import sparse_attention_cost
 
     case = _small_case(actual_seq=(1500, 1), topk=2048)
@@ -531,7 +531,7 @@ def test_module_imports_without_torch_or_pypto():
     import sys
 
     code = (
-        "import sys; import tilesim.device.sparse_attention as m; "
+        "import sys; import tilesim.device.dsa as m; "
         "assert 'torch' not in sys.modules and 'pypto' not in sys.modules, sorted(sys.modules); "
         "print(m.__all__)"
     )
@@ -543,7 +543,7 @@ def run_layouts(acts, topk: int) -> dict:
     """Child (950): the same FP8 data as packed "pypto", packed "flashmla" and kv_split."""
     import tilesim.reference as reference
     import torch
-    from tilesim.device import sparse_attention as dev
+    from tilesim.device import dsa as dev
     from tilesim.reference.interop import to_numpy, to_torch
 
     outs = {}

@@ -7,7 +7,7 @@ Two public ops:
 * :func:`msa_indexer` — kernel plus host tail: block score = max over the block's keys, then
   over the index heads; the top 15 non-local blocks (score descending, ties to the LOWER block
   id) followed by the local (last) block. ``nb <= 16`` returns ``arange(nb)``. The tail is
-  :mod:`tilesim.shared.msa_select`, the rule the device wrapper applies too.
+  :mod:`tilesim.shared.msa_indexer`, the rule the device wrapper applies too.
 
 Source: ``hicann/pypto-gym`` (the MiniMax-M3 lightning-indexer kernel and its host tail; see
 ``docs/sources.md``, "MSA lightning indexer"). Differences from the seeds' host tail (all in
@@ -26,7 +26,7 @@ from tilesim.reference.arith import F64, matmul_fp32
 from tilesim.reference.blas_pool import blas_threads
 from tilesim.reference.msa_common import K_STEP
 from tilesim.shared.models import MINIMAX_M3
-from tilesim.shared.msa_select import (
+from tilesim.shared.msa_indexer import (
     HEAD_REDUCES,
     IndexerArgs,
     block_head_max,

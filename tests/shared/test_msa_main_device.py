@@ -1,4 +1,4 @@
-"""The torch twins of the main-branch mask rules (``tilesim.shared.msa_mask``) against the
+"""The torch twins of the main-branch mask rules (``tilesim.shared.msa_main``) against the
 NumPy rules they copy, bit for bit, and the device wrapper's "no host read" contract.
 
 * :func:`kernel_mask_torch` equals :func:`kernel_mask` (and the wrapper's padded form: rows
@@ -23,8 +23,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tilesim.shared import msa_mask  # noqa: E402
-from tilesim.shared.msa_mask import (  # noqa: E402
+from tilesim.shared import msa_main as msa_mask  # noqa: E402
+from tilesim.shared.msa_main import (  # noqa: E402
     MASK_NEG,
     build_msa_block_mask,
     check_mask_finite,

@@ -3,8 +3,8 @@
 Device twins of :func:`tilesim.reference.sparse_attention_antiquant` and
 :func:`tilesim.reference.sparse_attention_antiquant_kv_split`: same names, same arguments, same
 output (BF16 ``[T*nq, 512]``), same rounding points. The tensor programs are in
-:mod:`tilesim.device._dsa_kernels`; this module checks the arguments with the reference's own
-check function and gather planning (:mod:`tilesim.shared.dsa_plan`), picks the kernel for the
+:mod:`tilesim.device._dsa_kernel`; this module checks the arguments with the reference's own
+check function and gather planning (:mod:`tilesim.shared.dsa`), picks the kernel for the
 cache form, dtype and softmax mode, and runs it through :mod:`tilesim.device.backend`:
 
 * ``backend="npu"`` (or ``"auto"`` with NPU torch tensors): on an Ascend NPU (torch_npu, CANN);
@@ -49,7 +49,7 @@ import numpy as np
 from tilesim.device import backend as _backend
 from tilesim.device._lazy import require_torch
 from tilesim.shared.casts import BF16
-from tilesim.shared.dsa_plan import (
+from tilesim.shared.dsa import (
     NO_ROW,
     DsaArgs,
     attention_flop,
@@ -57,11 +57,12 @@ from tilesim.shared.dsa_plan import (
     check_packed_cache,
     check_split_cache,
     cur_seq_lengths,
+    kv_tiles,
     plan_physical_rows,
     resolve_tiling,
     stand_in_positions,
+    tiles_per_split,
 )
-from tilesim.shared.dsa_split import kv_tiles, tiles_per_split
 from tilesim.shared.interop import is_torch_tensor
 from tilesim.shared.mla_cache import NOPE, PYPTO_ROW_BYTES, ROPE
 from tilesim.shared.soc import DEFAULT_SOC
@@ -104,12 +105,12 @@ def kernel_indices(a: DsaArgs, cache_rows: int) -> tuple[np.ndarray, int | None]
     """``(indices, mask_col0)``: the INT32 index tensor the kernel reads.
 
     Every used top-k entry is checked as the reference checks it
-    (:func:`~tilesim.shared.dsa_plan.plan_physical_rows`). The columns are zero-padded to whole
+    (:func:`~tilesim.shared.dsa.plan_physical_rows`). The columns are zero-padded to whole
     KV tiles so that the last tile's ``[1, s_kv_tile]`` view stays inside the tensor (only
     ``cur_seq`` columns are read; the entries past ``cur_seq`` are written 0, whatever the
     caller left there). When some used entry is ``-1`` (the masked build), it is
     replaced by a stand-in position of its batch
-    (:func:`~tilesim.shared.dsa_plan.stand_in_positions`) and as many columns again follow,
+    (:func:`~tilesim.shared.dsa.stand_in_positions`) and as many columns again follow,
     1 at every skipped entry, 0 elsewhere (one tensor, not two: PyPTO 0.2.0's cost-model
     machine crashes with ten kernel arguments); ``mask_col0`` is where they start, else
     ``None``."""
@@ -144,7 +145,7 @@ def device_indices(ti, bt, acts, *, s1: int, topk: int, block_size: int, s_kv_ti
     the inputs' device, no host copy; the ``validate=False`` path), with no value check:
     INT32 ``[T, 2*cols]``, the entries (0 past ``cur_seq``, a used ``-1`` replaced by its
     batch's stand-in position, the first one whose block is allocated and inside the cache:
-    :func:`~tilesim.shared.dsa_plan.stand_in_positions`), then the 0/1 skip columns from
+    :func:`~tilesim.shared.dsa.stand_in_positions`), then the 0/1 skip columns from
     ``cols``. Always the masked layout: whether a ``-1`` is used is not known without reading
     the data. A batch with a used ``-1`` and no allocated block gets position 0 (undefined,
     as every unchecked bad entry is). Tested equal to :func:`kernel_indices`."""
@@ -185,7 +186,7 @@ def _launch(a: DsaArgs, ints: tuple, form: str, quant: str, layout: str, caches:
     ``plan``: :func:`kernel_indices` (validated) or ``None`` (:func:`device_indices`). Returns
     the wrapper's result (:func:`tilesim.device.backend.finish`)."""
     torch = require_torch()
-    from tilesim.device import _dsa_kernels as kernels
+    from tilesim.device import _dsa_kernel as kernels
 
     qn, qr, *cache_t = _backend.to_tensors(a.query_nope, a.query_rope, *caches)
     # one [T*nq, 576] query (an exact copy): C1 reads its Q tile straight from an input
@@ -194,7 +195,7 @@ def _launch(a: DsaArgs, ints: tuple, form: str, quant: str, layout: str, caches:
         cache = tensors.pop()
         tensors.append(cache.view(torch.int8))
         if quant == "fp8":
-            tensors.append(cache)  # the same bytes typed FP8 (see _dsa_kernels.load_packed_fp8)
+            tensors.append(cache)  # the same bytes typed FP8 (see _dsa_kernel.load_packed_fp8)
     dev = tensors[0].device
     ti, bt, acts = (t.to(dev) for t in _backend.to_tensors(*ints))
     if plan is None:
@@ -231,7 +232,7 @@ def prepared_launch(op: str, *args, jit: tuple | None = None, **kwargs) -> dict:
     kernel with its static parameters bound, and the exact tensors the NPU / sim path passes:
     query, caches, the index plan, the bucketed block table, ``kv_act_seqs``; then ``out``).
     Every check and the index planning run as in a real call. ``jit``: an option spec
-    replacing the SoC's (:func:`tilesim.device._dsa_kernels.jit_spec`; the cost-model sweep's
+    replacing the SoC's (:func:`tilesim.device._dsa_kernel.jit_spec`; the cost-model sweep's
     variants). Run it with ``tilesim.device.sim.run_compile(kernel, [*inputs, *outputs])``
     (compile only) or ``run_kernel``."""
     check_choice(op, "op", ("sparse_attention_antiquant", "sparse_attention_antiquant_kv_split"))
@@ -249,7 +250,7 @@ def prepared_launch(op: str, *args, jit: tuple | None = None, **kwargs) -> dict:
 def _bucket_columns(bt):
     """``block_table`` widened to the next power of two of columns (at least 8) with ``-1``
     (never read: every read block is inside the caller's columns): the table's width is a
-    compiled-in axis (:func:`tilesim.device._dsa_kernels.build`), so a growing context costs
+    compiled-in axis (:func:`tilesim.device._dsa_kernel.build`), so a growing context costs
     one compile per doubling, not one per width. Padding cost: under 2x INT32 columns."""
     torch = require_torch()
     cols = max(8, 1 << max(int(bt.shape[1]) - 1, 0).bit_length())
@@ -261,7 +262,7 @@ def _bucket_columns(bt):
 def _nest_params(a: DsaArgs, quant: str, layout: str, mask_col0, combine_axis: bool):
     """The kernel's static parameters (its compile key: model constants, tiles, quant, layout,
     mode, masked or not, the ``combine_axis`` option -- no batch, length or ``cur_seq``)."""
-    from tilesim.device import _dsa_kernels as kernels
+    from tilesim.device import _dsa_kernel as kernels
 
     k = a.tiling.kv_splits
     return kernels.NestParams(
@@ -285,7 +286,7 @@ def _resolve(a: DsaArgs, quant: str, cache_name: str, backend_name: str, soc: st
 
 
 def _checked_args(query_nope, query_rope, ints: tuple, validate, **kw):
-    """``(a, shape_only, read)``: the shared checks (:func:`~tilesim.shared.dsa_plan.
+    """``(a, shape_only, read)``: the shared checks (:func:`~tilesim.shared.dsa.
     check_dsa_args`) on the caller's ``ints`` (``topk_indices``, ``block_table``,
     ``kv_act_seqs``) when their values are read (``validate`` and real data), else on
     metadata stand-ins (:func:`tilesim.device.backend.standin`: no host copy)."""
@@ -424,7 +425,7 @@ def sparse_attention_traffic(
     ``bytes`` = what the kernel moves through GM with no reuse: per query token and group tile,
     Q (``g_tile x 576`` BF16) in, the output rows (``g_tile x 512`` BF16) out, and per used
     top-k entry one gathered row (656 B) plus its INT32 index. ``flop`` =
-    :func:`~tilesim.shared.dsa_plan.attention_flop` of ``g_tile`` heads over ``cur_seq`` keys
+    :func:`~tilesim.shared.dsa.attention_flop` of ``g_tile`` heads over ``cur_seq`` keys
     per token and group tile (the kernel computes masked ``-1`` entries too).
     """
     n_t = host_ints(topk_indices, "topk_indices", ndim=2).shape[0]
@@ -444,13 +445,13 @@ def sparse_attention_traffic(
 def matmul_probe(tokens: int, *, nq: int = 128, topk: int = 2048, tiling=None,
                  backend: str = "sim", soc: str = DEFAULT_SOC, seed: int = 0):  # fmt: skip
     """The matmul-only probe of the kernel: its C1 and C2 on tiles of the same shapes, and
-    nothing else (:func:`tilesim.device._dsa_kernels.probe_matmuls`), for ``tokens`` query
+    nothing else (:func:`tilesim.device._dsa_kernel.probe_matmuls`), for ``tokens`` query
     tokens that each use ``topk`` keys. Returns ``(o, cost_us)`` on the simulator (``o`` the
     FP32 C2 products, ``[tokens * nq/g_tile * tiles * g_tile, 512]``), so a report can state a
     kernel's time as a multiple of what the cost model charges for its matmuls alone. Inputs
     are random BF16 on the grid ``j/128`` (``seed``); the values do not matter to the cost."""
     torch = require_torch()
-    from tilesim.device import _dsa_kernels as kernels
+    from tilesim.device import _dsa_kernel as kernels
 
     tokens = check_pos_int(tokens, "tokens")
     nq, topk = check_pos_int(nq, "nq"), check_pos_int(topk, "topk")

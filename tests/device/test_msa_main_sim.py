@@ -244,12 +244,12 @@ def test_bad_arguments_name_the_argument(change, kw, exc, match):
 
 @pytest.mark.torch
 def test_kernel_mask_is_the_shared_host_rule():
-    """The wrapper's kernel mask is the one host implementation (shared/msa_mask.py), checked
+    """The wrapper's kernel mask is the one host implementation (shared/msa_main.py), checked
     against the mask built element by element: ``[qb*bk + r, i*bk + c] = block_mask[qb, i, r,
     c]``, rows past ``ceil(n/bk)*bk`` -1e9."""
     import numpy as np
     from tilesim.device import msa_main as dev
-    from tilesim.shared import msa_mask
+    from tilesim.shared import msa_main as msa_mask
 
     assert dev.kernel_mask is msa_mask.kernel_mask
     m = msa_mask.build_msa_block_mask(300, torch.tensor([2, 0], dtype=torch.int32), topk=4)

@@ -4,10 +4,10 @@ key rows (issue 15) on the simulator, compile checks at the NPU tests' shapes, t
 * The prefill length ``n`` is a runtime value of the kernel (a dynamic row axis walked by a
   ``pypto.loop`` with a symbolic trip count), so driving the wrapper over n = 1, 100, 500,
   1500 builds ONE kernel (``tilesim.device.compile_stats()``), and each output still meets
-  the sim budget of ``test_sim_msa_main.py`` against the reference (and empty rows are +0).
+  the sim budget of ``test_msa_main_sim.py`` against the reference (and empty rows are +0).
 * The key rows no query row sees (padding slots, token positions past ``n``) are zeroed by
   the wrapper: poisoning them with NaN / inf gives the same output bits on the simulator.
-* Every shape of the ``npu`` tests (``test_sim_msa_main.py::SEED_CASES``: n 1 ... 4096 at the
+* Every shape of the ``npu`` tests (``test_msa_main_sim.py::SEED_CASES``: n 1 ... 4096 at the
   M3 shape, fp32) is compiled through the full pass pipeline on the CPU (compile only; slow).
 * torch.compile (CPU, no simulator): a function calling the wrapper traces with
   ``fullgraph=True`` on ``meta`` / FakeTensor inputs (no data to read), and the result has
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pytest
 
-BUDGET_FP32 = 2.0**-16  # test_sim_msa_main.py / docs/device.md, fp32
+BUDGET_FP32 = 2.0**-16  # test_msa_main_sim.py / docs/device.md, fp32
 NS = (1, 100, 500, 1500)
 HQ, HKV, TOPK = 16, 1, 4  # one KV group, topk 4 = one 512-key chunk
 
@@ -138,7 +138,7 @@ def test_main_branch_unread_rows_never_reach_the_output(dtype, sim_soc):
 def compile_npu_shapes(soc) -> dict:
     """Compile (no interpretation) the kernel of every ``npu`` test's launch, with the
     wrapper's own operands (row padding included); the registry must build one kernel."""
-    from test_sim_msa_main import SEED_CASES
+    from test_msa_main_sim import SEED_CASES
     from tilesim.device import compile_stats, reset_compile_stats, sim
     from tilesim.device.msa_main import npu_launch_args
 
@@ -154,7 +154,7 @@ def compile_npu_shapes(soc) -> dict:
 @pytest.mark.torch
 @pytest.mark.slow
 def test_main_branch_compiles_at_npu_test_shapes(sim_soc):
-    from test_sim_msa_main import SEED_CASES
+    from test_msa_main_sim import SEED_CASES
     from tilesim.device import sim
 
     r = sim.isolated(compile_npu_shapes, sim_soc, soc=sim_soc, timeout=3600)

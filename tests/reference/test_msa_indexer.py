@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from oracles.msa import inject, oracle_select
 from tilesim.reference import msa_indexer, msa_indexer_scores
-from tilesim.reference.msa_lightning_indexer import msa_indexer_flop
+from tilesim.reference.msa_indexer import msa_indexer_flop
 from tilesim.shared.casts import to_bf16
 from tilesim.shared.trace import check_record
 

@@ -5,7 +5,7 @@
 prefill, and the INT8 and kv_split counterparts) whose SoC list holds this device, run with the
 case's tile preset and compared with ``tilesim.reference`` under the seeds' rule (atol 1e-4,
 rtol 5e-3, at most 0.5 % failing elements). FP8 cases run only on a 950. Skipped everywhere
-else (the ``npu`` marker); on CPU the same kernels are checked by ``test_sim_dsa.py``.
+else (the ``npu`` marker); on CPU the same kernels are checked by ``test_dsa_sim.py``.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def _to_npu(x):
 @pytest.mark.parametrize("name", list(_params()))
 def test_seeds_matrix_on_npu(name):
     import tilesim.reference as reference
-    from tilesim.device import sparse_attention as dev
+    from tilesim.device import dsa as dev
     from tilesim.reference.interop import to_numpy
 
     spec = DSA_CASES[name]

@@ -39,7 +39,7 @@ def _pool(cache: np.ndarray, rows: int = POOL_ROWS) -> np.ndarray:
 def check_compiles_once(soc) -> dict:
     import tilesim.reference as reference
     from tilesim.device import compile_stats, reset_compile_stats
-    from tilesim.device.sparse_attention import sparse_attention_antiquant
+    from tilesim.device.dsa import sparse_attention_antiquant
 
     reset_compile_stats()
     same = []
@@ -77,7 +77,7 @@ def _poison_unread(inp: dict, prm: dict) -> tuple[dict, int]:
     ``poison_rows``), and whose entries past ``cur_seq`` are garbage; returns it and the
     number of poisoned rows."""
     from tilesim.reference.dsa_cases import poison_rows
-    from tilesim.shared.dsa_plan import plan_physical_rows
+    from tilesim.shared.dsa import plan_physical_rows
 
     rows = inp["nope_cache"].shape[0]
     phys, cur = plan_physical_rows(
@@ -95,7 +95,7 @@ def _poison_unread(inp: dict, prm: dict) -> tuple[dict, int]:
 
 
 def check_nan_poison(soc) -> dict:
-    from tilesim.device.sparse_attention import sparse_attention_antiquant
+    from tilesim.device.dsa import sparse_attention_antiquant
 
     case = _case(2, (300, 600), seed=5, invalid_frac=0.3)
     inp, prm = dict(case["inputs"]), case["params"]
@@ -124,8 +124,8 @@ def test_nan_in_unread_rows_changes_no_bit():
 @pytest.mark.torch
 def test_device_plan_equals_the_host_plan():
     import torch
-    from tilesim.device.sparse_attention import device_indices, kernel_indices
-    from tilesim.shared.dsa_plan import check_dsa_args
+    from tilesim.device.dsa import device_indices, kernel_indices
+    from tilesim.shared.dsa import check_dsa_args
 
     case = _case(2, (300, 600), seed=5, invalid_frac=0.3)
     inp, prm = case["inputs"], case["params"]
@@ -148,7 +148,7 @@ def test_device_plan_equals_the_host_plan():
 @pytest.mark.torch
 def test_shape_only_inputs_give_the_output_shape():
     import torch
-    from tilesim.device.sparse_attention import (
+    from tilesim.device.dsa import (
         sparse_attention_antiquant,
         sparse_attention_antiquant_kv_split,
     )
@@ -192,7 +192,7 @@ def test_jit_options_per_soc_are_seeds_options(mode):
     """Every SoC's option set is a subset of the seeds' (as documented), always with the
     ``ready_on_host`` contract; ``combine_axis`` goes to the kernel body, not to jit."""
     pytest.importorskip("pypto")
-    from tilesim.device import _dsa_kernels as k
+    from tilesim.device import _dsa_kernel as k
 
     seeds = k.jit_options(k.SEED_JIT[mode])
     host = seeds["runtime_options"].pop("ready_on_host_tensors")

@@ -1,0 +1,289 @@
+"""Host rules and argument checks of the MiniMax-M3 MSA block-sparse decode (``msa_sparse_decode``),
+written once for the golden and the device wrapper, and its split-KV rule.
+
+Host rules of the MiniMax-M3 MSA ops, written once for the goldens and the kernel wrappers.
+
+NumPy on host data; both :mod:`tilesim.reference` (``msa_indexer``, ``msa_decode``)
+and :mod:`tilesim.device` (the same module names) call these functions, so the golden and the
+device's host tail apply literally the same rule (``docs/ops/msa.md``):
+
+* **Indexer selection** (:func:`select_blocks`, :func:`select_from_head_max`): key rows at or
+  beyond ``seq_len`` take no part; head max = max over a block's keys, block score = max over
+  the index heads; ``nb <= 16`` gives ``arange(nb)``; otherwise the 15 best of the non-local
+  blocks ``0 .. nb-2`` (score descending, equal scores: the LOWER block id first, a stable sort)
+  followed by the local block ``nb - 1``. ``head_reduce="none"``: one selection per index head.
+* **Decode keep-mask** (:func:`decode_keep_mask`): ``cur = (seq_len-1)//by``; a slot holding
+  block ``cur`` keeps its first ``seq_len - by*cur`` keys, a slot holding a later block is
+  dropped, earlier blocks are kept whole (key ``t`` of block ``b`` is kept iff
+  ``by*b + t < seq_len``). The current block is recognised by id, so slot order is free.
+  Masking is NaN-robust: a dropped key's score is SET to the mask constant (a select) and its
+  V row is zeroed before P.V (:func:`decode_read_mask` says which gathered V rows are read), so
+  whatever a dropped slot holds (NaN, inf, garbage) never reaches the output.
+* **Argument checks** (:func:`check_indexer`, :func:`check_decode_inputs`) with the policy of
+  :mod:`tilesim.shared.validate`; they read only metadata, except the value checks (block ids,
+  ``seq_len``, finite index data below ``seq_len``), which copy those arrays to the host.
+
+Functions taking an array return the kind (NumPy or torch) of their first array argument.
+
+Split-KV for the MSA block-sparse decode: which key chunks form which split, and the rule
+that picks the split count.
+
+A (batch row, KV head) of the decode reads ``topk*128`` selected keys in NTILE-wide chunks
+(``chunk_bounds``: ``ceil(topk*128 / ntile)`` chunks, the last one maybe partial). With
+``MsaTiling.kv_splits = k`` the chunks are grouped into ranges of ``ceil(chunks / k)``
+consecutive chunks (:func:`split_ranges`); each range is an independent online softmax with
+its own FP32 ``(O, l, m)`` state, and the ranges' states are then folded into range 0's state
+in range order ``1, 2, ..`` with the same online-merge formulas, before ``bf16(O / l)``.
+The layout depends on ``topk`` and ``ntile`` only (never on ``seq_len`` or the ids): a range
+whose keys are all masked is folded like any other (its merge weight is exactly 0).
+
+``kv_splits = 1`` is the unsplit chunk loop. So is every ``k`` that gives one chunk per range:
+folding single-chunk states in order is the chunk loop's own merge sequence (same bits).
+
+The golden (``tilesim.reference.msa_decode``) and the kernel (``tilesim.device.msa_decode``)
+take the split from the tiling they are given; :func:`default_kv_splits` is the rule (a pure
+function of the call shape and the SoC's cube core count) and :func:`split_tiling` applies it
+to a tiling. The kernel wrapper applies it when called with ``tiling=None``; the golden never
+changes a tiling by itself.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from tilesim.shared import splitkv
+from tilesim.shared.casts import BF16
+from tilesim.shared.models import MINIMAX_M3
+from tilesim.shared.soc import get_soc
+from tilesim.shared.tiling import MsaTiling
+from tilesim.shared.validate import (
+    check_array,
+    check_instance,
+    check_ndim,
+    check_pos_int,
+    host_array,
+    host_ints,
+    is_array,
+    same_kind,
+    shape_of,
+)
+
+_CFG = MINIMAX_M3.msa
+BY = _CFG.block_size  # 128 keys per block
+NIDX = _CFG.num_index_heads  # 4 index heads
+DIM = _CFG.index_dim  # 128
+TOPK = _CFG.topk_blocks  # 16 selected blocks
+HEAD_REDUCES = ("max", "none")
+
+
+class DecodeInputs(NamedTuple):
+    """The checked decode inputs: sizes, host block ids and per-row lengths."""
+
+    batch: int
+    hq: int
+    hkv: int
+    nb: int
+    by: int
+    dim: int
+    topk: int
+    ids: np.ndarray  #: int64 ``[B, topk]``
+    seq: np.ndarray  #: int64 ``[B]``
+
+    @property
+    def group(self) -> int:
+        """Query heads per KV head."""
+        return self.hq // self.hkv
+
+
+def check_block_ids(block_ids, batch: int, nb: int) -> np.ndarray:
+    """Integer ``[batch, topk >= 1]`` ids in ``[0, nb)``, unique per row -> int64 host copy."""
+    ids = host_ints(block_ids, "block_ids", ndim=2, layout="[B, topk]")
+    if ids.shape[0] != batch or ids.shape[1] < 1:
+        raise ValueError(f"block_ids: expected shape ({batch}, topk>=1), got {ids.shape}")
+    if ids.min() < 0 or ids.max() >= nb:
+        raise ValueError(
+            f"block_ids: expected ids in [0, nb={nb}), got min {ids.min()} max {ids.max()}"
+        )
+    srt = np.sort(ids, axis=1)
+    dup = (srt[:, 1:] == srt[:, :-1]).any(axis=1)
+    if dup.any():
+        b = int(np.flatnonzero(dup)[0])
+        raise ValueError(f"block_ids: expected unique ids per row, row {b} is {ids[b].tolist()}")
+    return ids
+
+
+def check_decode_seq_len(seq_len, batch: int, nb: int, by: int) -> np.ndarray:
+    """One int (or a 0-d integer array) or an integer array / tensor ``[batch]``, each in
+    ``[1, nb*by]`` -> int64 ``[batch]``. Lists are refused like every array argument."""
+    if isinstance(seq_len, (bool, np.bool_)) or not (
+        isinstance(seq_len, (int, np.integer)) or is_array(seq_len)
+    ):
+        raise TypeError(
+            f"seq_len: expected an int or an integer array of {batch} values, "
+            f"got {type(seq_len).__name__} {seq_len!r}"
+        )
+    if is_array(seq_len):
+        a = host_ints(seq_len, "seq_len")
+        if a.ndim == 0:  # a 0-d array / tensor is one int
+            a = np.full(batch, int(a), dtype=np.int64)
+        if a.shape != (batch,):
+            raise ValueError(f"seq_len: expected one int or shape ({batch},), got {a.shape}")
+    else:
+        a = np.full(batch, int(seq_len), dtype=np.int64)
+    bad = (a < 1) | (a > nb * by)
+    if bad.any():
+        b = int(np.flatnonzero(bad)[0])
+        raise ValueError(
+            f"seq_len: expected 1 <= seq_len <= nb*{by} = {nb * by}, got {int(a[b])} "
+            f"(batch row {b})"
+        )
+    return a
+
+
+def check_decode_inputs(
+    q, k_blocks, v_blocks, block_ids, seq_len, *, block_size: int | None = None
+) -> DecodeInputs:
+    """Checks of ``msa_sparse_decode`` (reference and device): BF16 ``q [B, HQ, D]`` and
+    paged ``k_blocks`` / ``v_blocks [B, HKV, nb, BY, D]`` with ``HQ % HKV == 0``
+    (``block_size``: a required BY, the kernel's 128), then :func:`check_block_ids` and
+    :func:`check_decode_seq_len`."""
+    for name, x in (("q", q), ("k_blocks", k_blocks), ("v_blocks", v_blocks)):
+        check_array(x, name, dtype=BF16)
+    batch, hq, dim = check_ndim(q, "q", 3, "[B, HQ, D]")
+    if min(batch, hq, dim) < 1:
+        raise ValueError(f"q: expected a non-empty [B, HQ, D] array, got shape {(batch, hq, dim)}")
+    kshape = check_ndim(k_blocks, "k_blocks", 5, "[B, HKV, nb, BY, D]")
+    kb, hkv, nb, by, kdim = kshape
+    want_by = by if block_size is None else block_size
+    if kb != batch or kdim != dim or hkv < 1 or nb < 1 or by < 1 or by != want_by:
+        by_text = "BY" if block_size is None else str(block_size)
+        raise ValueError(
+            f"k_blocks: expected shape ({batch}, HKV, nb, {by_text}, {dim}) matching q "
+            f"{(batch, hq, dim)}, got {kshape}"
+        )
+    if hq % hkv:
+        raise ValueError(f"q: expected HQ a multiple of HKV={hkv}, got HQ={hq}")
+    if shape_of(v_blocks, "v_blocks") != kshape:
+        raise ValueError(
+            f"v_blocks: expected the shape of k_blocks {kshape}, "
+            f"got {shape_of(v_blocks, 'v_blocks')}"
+        )
+    ids = check_block_ids(block_ids, batch, nb)
+    seq = check_decode_seq_len(seq_len, batch, nb, by)
+    return DecodeInputs(batch, hq, hkv, nb, by, dim, ids.shape[1], ids, seq)
+
+
+def decode_keep_mask(block_ids, seq_len, by: int = BY):
+    """FP32 ``[B, topk*by]`` keep-mask (1 keep, 0 drop) of integer ``block_ids [B, topk]`` and
+    per-row ``seq_len [B]`` (see the module docstring); same kind as ``block_ids``."""
+    ids = host_ints(block_ids, "block_ids", ndim=2, layout="[B, topk]")
+    seq = host_ints(seq_len, "seq_len", ndim=1).reshape(-1)
+    cur = (seq - 1) // by  # [B]
+    cur_valid = seq - cur * by  # [B], 1..by
+    t = np.arange(by)
+    keep = np.where(
+        (ids == cur[:, None])[:, :, None],
+        t[None, None, :] < cur_valid[:, None, None],
+        (ids < cur[:, None])[:, :, None],
+    )  # [B, topk, by]
+    return same_kind(keep.reshape(ids.shape[0], -1).astype(np.float32), block_ids)
+
+
+def decode_read_mask(keep, *, seeds_compat: bool = False) -> np.ndarray:
+    """bool ``[B, topk*by]``: the gathered V rows P.V reads, from the keep-mask ``keep``
+    (:func:`decode_keep_mask`, FP32 1/0 or bool; host data). The other rows are zeroed before
+    P.V. A kept key is read; a dropped key is not, except in a batch row with no kept key under
+    ``seeds_compat=True``: there the seeds' kernel's arithmetic (P uniform, the mean of the
+    gathered V) is reproduced, so every gathered row is read."""
+    k = np.asarray(host_array(keep, "keep")) > 0
+    if seeds_compat:
+        k = k | ~k.any(axis=1, keepdims=True)
+    return k
+
+
+#: a split is considered only when a (batch row, KV head) has at least this many chunks.
+#: Measured in PyPTO 0.2.0's cost model (gather "device", B 1): 4 chunks (M3's topk 16) with 2
+#: splits cost +9.7 us on the 910B and +10.4 us on the 950 (39.8 -> 50.2, 38.9 -> 48.6); 8
+#: chunks (topk 32, 910B) 59.5 us with and without. The model fused a pair's whole merge chain
+#: (every chunk's merge and the split combine) into one vector task that waits for the pair's
+#: last P.V, so a split cannot shorten it. The kernel now builds that task on purpose (one
+#: merge task per pair, docs/device.md): 4 chunks cost the same with 1 and 2 splits (910B
+#: 29.8 us, 950 30.5 us). 16 chunks and more are not measured.
+SPLIT_MIN_CHUNKS = 16
+
+
+def n_chunks(topk: int, ntile: int, block_size: int = 128) -> int:
+    """Key chunks of one (batch row, KV head): ``ceil(topk*block_size / ntile)`` (tail kept)."""
+    keys = check_pos_int(topk, "topk") * check_pos_int(block_size, "block_size")
+    return -(-keys // check_pos_int(ntile, "ntile"))
+
+
+def split_ranges(chunks: int, kv_splits: int) -> list[tuple[int, int]]:
+    """``[(first, stop), ...]`` chunk-index ranges of the splits (non-empty ones only):
+    :func:`tilesim.shared.splitkv.split_ranges` over the pair's chunks."""
+    return splitkv.split_ranges(check_pos_int(chunks, "chunks"), kv_splits)
+
+
+def effective_kv_splits(chunks: int, kv_splits: int) -> int:
+    """How many ranges :func:`split_ranges` gives (<= ``kv_splits``): 4 chunks and
+    ``kv_splits = 3`` give 2 chunks per range, so 2 ranges."""
+    return splitkv.effective_kv_splits(check_pos_int(chunks, "chunks"), kv_splits)
+
+
+def merge_chain(chunks: int, kv_splits: int) -> int:
+    """Dependent online merges on a pair's longest chain: ``per - 1`` inside a range, then
+    ``ranges - 1`` folds of the other ranges into range 0 (range 0's state is the combine's
+    start, no copy): :func:`tilesim.shared.splitkv.loop_merge_chain`."""
+    return splitkv.loop_merge_chain(check_pos_int(chunks, "chunks"), kv_splits)
+
+
+def default_kv_splits(*, batch: int, hkv: int, topk: int, ntile: int, soc: str,
+                      block_size: int = 128) -> int:  # fmt: skip
+    """The split count for a decode call: a pure function of the shape and the SoC.
+
+    ``items = batch * hkv`` independent (batch row, KV head) work items. When they fill the
+    cube cores (``items >= aic_cores``) or a pair has fewer than :data:`SPLIT_MIN_CHUNKS`
+    chunks, 1. Otherwise the smallest ``k <= min(chunks, aic_cores // items)`` (each range can
+    have a core) with the shortest merge chain :func:`merge_chain` (about ``sqrt(chunks)``
+    ranges), returned as the number of ranges it gives
+    (:func:`tilesim.shared.splitkv.default_kv_splits`). M3 decode (topk 16, NTILE 512: 4
+    chunks) -> 1 on every SoC and batch; topk 64 (16 chunks), HKV 4, B 1 -> 4 (chain 6
+    instead of 15) on the 910B (24 cube cores) and the 950 (28).
+    """
+    items = check_pos_int(batch, "batch") * check_pos_int(hkv, "hkv")
+    return splitkv.default_kv_splits(
+        items=items,
+        units=n_chunks(topk, ntile, block_size),
+        cores=get_soc(soc).aic_cores,
+        chain=merge_chain,
+        min_units=SPLIT_MIN_CHUNKS,
+    )
+
+
+def split_tiling(tiling: MsaTiling, *, batch: int, hkv: int, topk: int, soc: str) -> MsaTiling:
+    """``tiling`` with ``kv_splits`` set by :func:`default_kv_splits` (give the result to both
+    the golden and the kernel)."""
+    check_instance(tiling, "tiling", MsaTiling)
+    k = default_kv_splits(batch=batch, hkv=hkv, topk=topk, ntile=tiling.ntile, soc=soc,
+                          block_size=tiling.block_size)  # fmt: skip
+    return tiling.replace(kv_splits=k)
+
+
+__all__ = [
+    "BY",
+    "DecodeInputs",
+    "SPLIT_MIN_CHUNKS",
+    "TOPK",
+    "check_block_ids",
+    "check_decode_inputs",
+    "check_decode_seq_len",
+    "decode_keep_mask",
+    "decode_read_mask",
+    "default_kv_splits",
+    "effective_kv_splits",
+    "merge_chain",
+    "n_chunks",
+    "split_ranges",
+    "split_tiling",
+]
