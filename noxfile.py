@@ -9,6 +9,10 @@
 * ``bench``     — reference timings (tests/bench, a development tool outside the package);
   writes build/perf/reference.md (+ .png), then copies them into docs/perf/.
 
+Both test sessions run their tests on pytest-xdist workers (``TILESIM_TEST_WORKERS``, default 2:
+the CI box's cores); extra arguments (``nox -s sim -- tests/device/test_moe_sim.py``) replace
+the default ones, workers included.
+
 Generated reports are written to build/perf/ (git-ignored) by the tests and tools, and only a
 session copies them into the tracked docs/perf/: running pytest never rewrites a tracked file.
 
@@ -44,8 +48,23 @@ def install_cpu_torch(session: nox.Session) -> None:
         session.install(TORCH, "--extra-index-url", _CPU_INDEX)
 
 
-def pytest_args(session: nox.Session, *default: str) -> list[str]:
-    return list(session.posargs) if session.posargs else list(default)
+def pytest_args(session: nox.Session, *default: str, parallel: bool = True) -> list[str]:
+    """``session.posargs`` when given (they replace everything), else ``default``, run on
+    :func:`workers` pytest-xdist workers when ``parallel``."""
+    if session.posargs:
+        return list(session.posargs)
+    return ["-n", workers(), "--dist", "worksteal", *default] if parallel else list(default)
+
+
+def workers() -> str:
+    """pytest-xdist workers of the reference and sim sessions: ``TILESIM_TEST_WORKERS``, else 2
+    (the CI box's cores). The sim tests spawn one simulator process each, so two workers keep
+    both cores busy; the cost-model report merges the workers' rows (tests/device/conftest.py).
+    """
+    n = os.environ.get("TILESIM_TEST_WORKERS", "2")
+    if not n.isdigit():
+        raise ValueError(f"TILESIM_TEST_WORKERS: expected a whole number, got {n!r}")
+    return n
 
 
 BUILD_PERF = Path("build") / "perf"
@@ -125,7 +144,8 @@ def device(session: nox.Session) -> None:
         session.run(py, "-c", "import tilesim.device", silent=True)
     except nox.command.CommandFailed:
         session.run(py, "-m", "pip", "install", "--no-deps", "-e", ".")
-    session.run(py, "-m", "pytest", *pytest_args(session, "-m", "npu", "tests/device"))
+    args = pytest_args(session, "-m", "npu", "tests/device", parallel=False)  # one NPU: serial
+    session.run(py, "-m", "pytest", *args)
 
 
 @nox.session(python=PYTHON)

@@ -11,38 +11,7 @@ import argparse
 import os
 import sys
 
-
-def _demo(args: argparse.Namespace) -> int:
-    """Quantize a random DeepSeek latent, pack it in the PyPTO cache layout, unpack, dequantize
-    and judge the round trip with the comparison utility against a float64 oracle."""
-    import numpy as np
-    from tilesim.reference import compare, to_bf16
-    from tilesim.shared import (
-        dequantize_latent,
-        pack_pypto_rows,
-        quantize_latent_fp8,
-        unpack_pypto_rows,
-    )
-
-    rng = np.random.default_rng(args.seed)
-    kn = to_bf16(rng.uniform(-1, 1, size=(args.rows, 512)).astype(np.float32))
-    kr = to_bf16(rng.uniform(-1, 1, size=(args.rows, 64)).astype(np.float32))
-    q, s = quantize_latent_fp8(kn)
-    cache = pack_pypto_rows(q, kr, s)
-    rows = unpack_pypto_rows(cache)
-    deq = dequantize_latent(rows.nope, rows.scales)
-    # oracle: float64 dequantization of the same bytes, rounded once to BF16
-    oracle = rows.nope.astype(np.float64).reshape(-1, 4, 128) * s[:, :, None].astype(np.float64)
-    rep = compare(deq, to_bf16(oracle.reshape(-1, 512).astype(np.float32)), atol=0, rtol=0, ratio=0)
-    print(
-        f"packed cache {cache.shape} {cache.dtype}; rope round trip exact: "
-        f"{np.array_equal(rows.rope.view(np.uint16), kr.view(np.uint16))}"
-    )
-    print(rep.summary())
-    err = np.abs(deq.astype(np.float64) - kn.astype(np.float64)).max()
-    print(f"FP8 quantization error vs the BF16 latent: max |err| {err:.4g}")
-    return 0 if rep.passed else 1
-
+import tilesim
 
 #: sub-command -> (its line in ``tilesim --help``, the description of ``tilesim CMD --help``)
 _COMMAND_TEXT = {
@@ -59,7 +28,8 @@ _COMMAND_TEXT = {
     ),
     "compare": (
         "judge ACTUAL against GOLDEN with the case's rule (exit 0 pass / 1 fail)",
-        "Files: .npy, .npz[:KEY], .bin (shape/dtype from a manifest), manifest.json "
+        "Files: .npy, .npz[:KEY], .pt (a torch tensor or a dict of them), .bin (shape/dtype "
+        "from a manifest), manifest.json "
         "or a golden directory. Tolerances default to the golden manifest's.",
     ),
     "trace": (
@@ -85,7 +55,7 @@ def _add_parsers(sub) -> None:
     p = sub.add_parser("demo", help="a small golden round trip of the DeepSeek FP8 cache layout")
     p.add_argument("--rows", type=_rows, default=256, help="latent rows, 1..65536")
     p.add_argument("--seed", type=_seed, default=0)
-    p.set_defaults(func=_demo)
+    p.set_defaults(func=c.cmd_demo)
 
 
 def _add_cases(sub, c) -> None:
@@ -202,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         description="Named cases, golden files, comparisons and tile traces of tilesim's "
         "NumPy references (MiniMax MoE/MSA, DeepSeek-V3.2 sparse MLA).",
     )
-    parser.add_argument("--version", action="version", version=f"tilesim {_version()}")
+    parser.add_argument("--version", action="version", version=f"tilesim {tilesim.__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_parsers(sub)
     args = parser.parse_args(argv)
@@ -233,12 +203,6 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-
-
-def _version() -> str:
-    import tilesim
-
-    return tilesim.__version__
 
 
 if __name__ == "__main__":

@@ -39,7 +39,7 @@ none when ``cur_seq = 0``), which writes ``BF16(O / L)``. The query is ONE ``[T*
 tensor (the wrapper concatenates ``query_nope`` and ``query_rope``) so that C1 reads Q from
 an input: a Q assembled per group tile was a task with ~129 successor edges whose
 resolution stalled the schedule (docs/device.md, "Where the time goes").
-:func:`probe_matmuls` is the matmul-only probe of the same tiles.
+The matmul-only probe of the same tiles is ``tests/probes/dsa_probe.py`` (not installed).
 
 The V0 stage differs per cache form (``load_*`` below). Where PyPTO 0.2.0 cannot express the
 seeds' formulation, the replacement is used on every target (sim and NPU) and documented at the
@@ -55,17 +55,18 @@ tile, with the dequant done per 128-column group straight into K (no reshape).
 # no `from __future__ import annotations`: the frontend evaluates the pypto.Tensor(...) annotations
 import pypto
 from pypto.experimental import gather_in_ub
+from tilesim.device._pypto_common import combine_axis, jit_options
 from tilesim.device.backend import compiled
 
 # online, kv_splits = 1: tokens of up to UNROLL_TILES tiles fold once (also the split cap)
 from tilesim.shared.dsa import UNROLL_TILES
 
-NOPE = 512
-ROPE = 64
+# the packed row's byte layout: one table, in tilesim.shared.mla_cache
+from tilesim.shared.mla_cache import LAYOUT_OFFSETS, NOPE, NSCALES, ROPE
+from tilesim.shared.mla_cache import PYPTO_ROW_BYTES as ROW_BYTES
+
 HEAD = NOPE + ROPE  # 576
-GROUP = 128  # latent values per FP32 scale
-NSCALES = NOPE // GROUP  # 4
-ROW_BYTES = 656  # packed row in GM
+GROUP = NOPE // NSCALES  # 128 latent values per FP32 scale
 UB_PITCH = 672  # packed row padded to a 32-byte multiple in UB (the seeds' pitch)
 TAIL_BYTES = 144  # rope (128 B) + scales (16 B) of a packed row, bytes 512..655
 TAIL_PITCH = 160  # 144 padded to a 32-byte multiple
@@ -81,9 +82,6 @@ MASK_FLOOR = 1.0e30  # row max of an all-skipped tile is clamped to -MASK_FLOOR 
 SCOPE_COEF = 20  # sg_set_scope of the fold's coefficient task (fold_coefficients)
 SCOPE_FOLD = 21  # sg_set_scope of the fold's first column block (then 22, 23, ..; fold_outputs)
 FOLD_UB = 128 * 1024  # bytes of O tiles one fold task may hold (fold_width)
-
-#: byte offsets of (rope, scales) inside a packed row, per layout (tilesim.shared.mla_cache)
-LAYOUT_OFFSETS = {"pypto": (512, 640), "flashmla": (528, 512)}
 
 
 class NestParams:
@@ -727,72 +725,6 @@ def sa_split_int8(
                attention_out, params)  # fmt: skip
 
 
-def probe_matmuls(
-    query: pypto.Tensor([pypto.DYNAMIC, HEAD], pypto.DT_BF16),
-    keys: pypto.Tensor([pypto.DYNAMIC, HEAD], pypto.DT_BF16),
-    probs: pypto.Tensor([pypto.STATIC, pypto.STATIC], pypto.DT_BF16),
-    scores_out: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_FP32),
-    o_out: pypto.Tensor([pypto.DYNAMIC, NOPE], pypto.DT_FP32),
-    params,
-):
-    """The matmul-only probe: per (token, group tile, KV tile) the kernel's C1
-    (``Q [g_tile, 576] @ K_t^T``, cube tiles ``c1``) and C2 (``P [g_tile, s_kv_tile] BF16 @
-    V_t [s_kv_tile, 512]``, cube tiles ``c2``) on tiles of the same shapes, in the kernel's
-    loops (tokens, group tiles, KV tiles), and nothing else: the keys are a dense
-    ``[T * tiles * s_kv_tile, 576]`` BF16 tensor (no gather, no dequant), ``P`` one fixed BF16
-    tile (no softmax), each product written to its own rows (no merge)."""
-    p = params
-    gt, st = p.g_tile, p.s_kv_tile
-    n_tok = query.shape[0] // p.nq
-    n_t = p.n_tiles
-    for r in pypto.loop(0, n_tok, 1, name="LOOP_P0_tok", idx_name="r"):
-        for g in pypto.loop(0, p.nq // gt, 1, name="LOOP_P1_g", idx_name="g"):
-            row0 = r * p.nq + g * gt
-            for t in pypto.loop(0, n_t, 1, name="LOOP_P2_t", idx_name="t"):
-                pypto.set_vec_tile_shapes(min(gt, 64), HEAD)
-                qi = pypto.view(query, [gt, HEAD], [row0, 0])
-                key0 = (r * n_t + t) * st
-                kj = pypto.view(keys, [st, HEAD], [key0, 0])
-                pypto.set_semantic_label("Sa_C1")
-                cube_tiles(p.c1)
-                s = pypto.matmul(qi, kj, pypto.DT_FP32, a_trans=False, b_trans=True)
-                orow = ((r * (p.nq // gt) + g) * n_t + t) * gt
-                pypto.set_vec_tile_shapes(p.v1[0], p.v1[1])
-                pypto.assemble(s, [orow, 0], scores_out)
-                pypto.set_semantic_label("Sa_C2")
-                cube_tiles(p.c2)
-                pypto.set_matrix_size([gt, st, NOPE])
-                vj = pypto.view(keys, [st, NOPE], [key0, 0])
-                o_t = pypto.matmul(probs, vj, pypto.DT_FP32)
-                pypto.set_vec_tile_shapes(p.v2[0], p.v2[1])
-                pypto.assemble(o_t, [orow, 0], o_out)
-
-
-class ProbeParams:
-    """Static parameters of the probe (``repr`` keys pypto's compiled-kernel cache)."""
-
-    def __init__(self, *, nq, tile, n_tiles):
-        self.nq, self.n_tiles = nq, n_tiles
-        self.g_tile, self.s_kv_tile = tile[0], tile[1]
-        self.c1, self.v1, self.c2, self.v2 = tile[2], tile[3], tile[4], tile[5]
-
-    def __repr__(self) -> str:
-        tile = (self.g_tile, self.s_kv_tile, self.c1, self.v1, self.c2, self.v2)
-        return f"ProbeParams(nq={self.nq}, tile={tile!r}, n_tiles={self.n_tiles})"
-
-
-def build_probe(params: ProbeParams):
-    """The jit probe kernel (decode-mode options), built once per ``params``
-    (:func:`tilesim.device.backend.compiled`)."""
-
-    def make():
-        opts = jit_options(SEED_JIT["online"])
-        opts["runtime_options"].pop("ready_on_host_tensors")  # the probe has no such inputs
-        return pypto.frontend.jit(**opts)(probe_matmuls)
-
-    return compiled("dsa_matmul_probe", (repr(params),), make)
-
-
 SOURCES = {
     ("packed", "int8"): sa_packed_int8,
     ("packed", "fp8"): sa_packed_fp8,
@@ -833,11 +765,6 @@ SEED_JIT = {
 }
 
 
-def without(spec: tuple, *names: str) -> tuple:
-    """``spec`` without the options called ``names`` (the cost-model sweep's variants)."""
-    return tuple(o for o in spec if o[1] not in names)
-
-
 #: the options the kernels keep, per (SoC, mode): the seeds' options that do not make the cost
 #: model worse (tests/device/dsa_sweep.py; docs/device.md, "Options per SoC and mode"): all of
 #: them in the decode preset on both SoCs and in the prefill preset on the 910B; the 950's
@@ -848,26 +775,6 @@ JIT = {(soc, mode): spec for soc in ("910b", "950") for mode, spec in SEED_JIT.i
 def jit_spec(soc: str, mode: str) -> tuple:
     """The option spec the kernels use on ``soc`` in softmax ``mode`` (:data:`JIT`)."""
     return JIT[(soc, mode)]
-
-
-def combine_axis(spec: tuple) -> bool:
-    """The spec's ``combine_axis`` operation option (``False``, 0.2.0's default, if absent)."""
-    return any(k == "operation" and n == "combine_axis" and v for k, n, v in spec)
-
-
-def jit_options(spec: tuple) -> dict:
-    """``pypto.frontend.jit`` keyword arguments of an option ``spec`` (:data:`SEED_JIT`), with
-    the ``ready_on_host_tensors`` contract added."""
-    kw: dict = {"pass_options": {}, "runtime_options": {}}
-    for kind, name, value in spec:
-        if kind == "pass":
-            kw["pass_options"][name] = dict(value)
-        elif kind == "runtime":
-            kw["runtime_options"][name] = value
-        elif kind != "operation":
-            raise ValueError(f"jit option kind: expected pass/runtime/operation, got {kind!r}")
-    kw["runtime_options"]["ready_on_host_tensors"] = list(READY_ON_HOST)
-    return kw
 
 
 def build(form: str, quant: str, mode: str, params: NestParams, static_dims: tuple, jit: tuple):
@@ -886,5 +793,9 @@ def build(form: str, quant: str, mode: str, params: NestParams, static_dims: tup
     name = "dsa_sparse_attention" if form == "packed" else "dsa_sparse_attention_kv_split"
     key = (quant, mode, params.key, tuple(static_dims), jit)
     return compiled(
-        name, key, lambda: pypto.frontend.jit(**jit_options(jit))(SOURCES[(form, quant)])
+        name,
+        key,
+        lambda: pypto.frontend.jit(**jit_options(jit, ready_on_host=READY_ON_HOST))(
+            SOURCES[(form, quant)]
+        ),
     )

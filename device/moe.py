@@ -15,7 +15,8 @@ Back end (:mod:`tilesim.device.backend`): ``"npu"`` (torch_npu + CANN; tensors o
 ``"sim"`` (CPU tensors or NumPy arrays; PyPTO 0.2.0's host interpreter + cost model; returns
 ``(out, cost_us)``), ``"auto"`` (the default: ``"npu"`` when the tensors live on an NPU, else
 an error that names both options). Arguments are checked by the reference's rules
-(:func:`tilesim.shared.moe.check_moe_args`); NumPy in gives NumPy out, torch in torch
+(:mod:`tilesim.shared.moe`: ``check_meta``, then ``check_values`` when the cumsum is read, then
+``host_plan`` for the trace); NumPy in gives NumPy out, torch in torch
 out, and a given ``out`` is written in place and returned. The trace records are the
 reference's (:func:`tilesim.shared.moe.emit_moe_schedule`), sent before the kernel
 runs. Importing this module needs neither torch nor pypto.
@@ -31,15 +32,17 @@ from tilesim.device._lazy import require_torch
 from tilesim.shared.interop import to_numpy
 from tilesim.shared.models import MoeDims
 from tilesim.shared.moe import (
-    check_moe_args,
-    check_moe_tiling,
+    Args,
+    check_meta,
+    check_values,
     emit_moe_schedule,
-    moe_tile_schedule,
+    host_plan,
+    resolve_tiling,
 )
-from tilesim.shared.soc import DEFAULT_SOC, SIM_SOCS, moe_tiling
+from tilesim.shared.soc import DEFAULT_SOC, SIM_SOCS
 from tilesim.shared.tiling import MoeTiling
 from tilesim.shared.trace import Trace
-from tilesim.shared.validate import check_bool, check_choice, is_array
+from tilesim.shared.validate import check_bool, check_choice
 
 #: zero rows appended on the NPU path: dynamic-offset tiles may touch up to one max chunk past
 #: the last logical row (the seeds' host glue pads the same way)
@@ -47,22 +50,21 @@ NPU_PAD_ROWS = 64
 
 
 class _MoeLaunch(NamedTuple):
-    """The checked call: where it runs, the resolved tiling, the host ``expert_cumsum``
-    (``None`` when it was not read: ``validate=False`` or shape-only inputs)."""
+    """The checked call: where it runs and the shared :class:`~tilesim.shared.moe.Args`
+    (tiling resolved; ``cs`` is ``None`` when ``expert_cumsum`` was not read:
+    ``validate=False`` without a trace, or shape-only inputs)."""
 
     target: _backend.Target
-    tiling: MoeTiling
-    cs: np.ndarray | None
+    args: Args
 
 
 def _check(sorted_tokens, weights, expert_cumsum, dims, tiling, out, round_activation, trace,
            backend, soc, read) -> _MoeLaunch:  # fmt: skip
-    """The shared checks; ``read=False`` gives them a metadata stand-in for ``expert_cumsum``
-    (same shape and dtype, zeros), so its values are not copied to the host."""
-    cs_arg = expert_cumsum if read else _cumsum_standin(expert_cumsum)
-    args = check_moe_args(
-        sorted_tokens, weights, cs_arg, dims, tiling, out, round_activation, trace
-    )
+    """``check_meta``, then ``check_values`` when ``read`` (the only host read of
+    ``expert_cumsum`` here), the kernel's own limits, the target and the tiling rule."""
+    args = check_meta(sorted_tokens, weights, expert_cumsum, dims, tiling, out, round_activation,
+                      trace)  # fmt: skip
+    args = check_values(args) if read else args
     if dims.gate_up_layout != "halves":
         raise ValueError(
             f"dims.gate_up_layout: expected 'halves' (the kernel's layout), "
@@ -80,15 +82,7 @@ def _check(sorted_tokens, weights, expert_cumsum, dims, tiling, out, round_activ
     else:
         # configure=False: no pypto import yet
         target = _backend.resolve(backend, soc, sorted_tokens, configure=False)
-    if tiling is None:
-        tiling = moe_tiling(dims.activation, target.soc)
-    return _MoeLaunch(target, check_moe_tiling(tiling, dims), args.cs if read else None)
-
-
-def _cumsum_standin(expert_cumsum):
-    """Zeros of the shape and dtype of ``expert_cumsum`` when it is an array (the metadata
-    checks still see the real one's shape/dtype); anything else is passed on to be refused."""
-    return _backend.standin(expert_cumsum) if is_array(expert_cumsum) else expert_cumsum
+    return _MoeLaunch(target, resolve_tiling(args, target.soc))
 
 
 def kernel_config(dims: MoeDims, tiling: MoeTiling) -> tuple:
@@ -195,12 +189,13 @@ def moe_grouped_gemm(
     pair = weights if isinstance(weights, (tuple, list)) else ()
     shape_only = _backend.is_shape_only(sorted_tokens, *pair, expert_cumsum, out)
     read = not shape_only and (validate or trace is not None)
-    target, tiling, cs = _check(sorted_tokens, weights, expert_cumsum, dims, tiling, out,
-                                round_activation, trace, backend, soc, read)  # fmt: skip
+    target, args = _check(sorted_tokens, weights, expert_cumsum, dims, tiling, out,
+                          round_activation, trace, backend, soc, read)  # fmt: skip
     if shape_only:
         return out if out is not None else sorted_tokens.new_empty(tuple(sorted_tokens.shape))
+    tiling, cs = args.tiling, args.cs
     if trace is not None:
-        emit_moe_schedule(trace, moe_tile_schedule(cs, tiling.unroll), dims)
+        emit_moe_schedule(trace, host_plan(args), dims)
     torch = require_torch()
     x, w13, w2, cs_t, out_t = _backend.to_tensors(sorted_tokens, *weights, expert_cumsum, out)
     if out_t is None:

@@ -14,7 +14,7 @@ product, so the key tile width changes the data movement, not the numbers.
 
 Selection, ``rank="device"`` (the default, :func:`build_select_kernel`): the same scores, the
 keys at or beyond ``seq_len`` SET to -inf (a select on a bool key mask), the per-block maxima
-of the 4 heads, then the rule of :mod:`tilesim.shared.msa_select` on the device -- 15 rounds
+of the 4 heads, then the rule of :mod:`tilesim.shared.msa_indexer` on the device -- 15 rounds
 of "row max, then the lowest block id scoring it" over a row padded to a static width
 (:data:`RANK_WIDTHS`), NaN blocks explicitly last -- and only the INT32 ids are written; they
 stay on the device. ``rank="host"`` keeps the former split: the score kernel (``block_max=
@@ -25,23 +25,34 @@ hold (NaN, inf, garbage; ``tests/device/test_sim_nan_poison.py``). :func:`select
 :func:`select_from_head_max` are the shared module's functions, re-exported under their former
 names here.
 
-Per-SoC key tile :data:`KTILE` (``MSA_INDEXER_KTILE``). Importing needs neither torch nor pypto.
+Checks and host plan: the op's contract :mod:`tilesim.shared.msa_indexer` (``check_meta``,
+then ``check_values`` unless ``validate=False``; ``host_plan_torch`` for the masks). The jit
+builders are :mod:`tilesim.device._msa_indexer_kernel`. Per-SoC key tile :data:`KTILE`
+(``MSA_INDEXER_KTILE``). Importing needs neither torch nor pypto.
 """
 
 from tilesim.device import backend as _backend
-from tilesim.device._lazy import require_pypto, require_torch
-from tilesim.device._msa_tiles import SEED_RUNTIME, jit_options, l0_tile, without
+from tilesim.device._lazy import require_torch
+from tilesim.device._msa_indexer_kernel import (
+    JIT,
+    SEED_JIT,
+    build_block_max_kernel,
+    build_kernel,
+    build_select_kernel,
+)
 from tilesim.shared.models import MINIMAX_M3
 from tilesim.shared.msa_indexer import (
     HEAD_REDUCES,
-    IndexerArgs,
+    Args,
     block_head_max,
-    check_indexer,
+    check_meta,
+    check_values,
+    host_plan_torch,
     select_blocks,
     select_from_head_max,
 )
 from tilesim.shared.soc import DEFAULT_SOC, MSA_DEVICE_TILES, msa_device_tile
-from tilesim.shared.validate import check_bool, check_choice, host_array, is_array
+from tilesim.shared.validate import check_bool, check_choice, host_array
 
 _CFG = MINIMAX_M3.msa
 BY = _CFG.block_size  # 128
@@ -51,7 +62,6 @@ DIM = _CFG.index_dim  # 128
 TOPK = _CFG.topk_blocks  # 16
 BLOCK_MAX = ("host", "device")
 RANKS = ("device", "host")
-NEG_INF = float("-inf")  # the score of a key that takes no part in the block max
 #: the device ranking's static row widths (compile buckets): the smallest one ``>= nb`` is
 #: used; a row of ``nb`` block scores is a ``valid_shape`` view of that width (an op that
 #: touches the padding at all sees tie id NOT_CANDIDATE and score -inf there: it never wins).
@@ -59,8 +69,6 @@ NEG_INF = float("-inf")  # the score of a key that takes no part in the block ma
 #: (nb 40: 17.82 µs at 64, 17.85 at 256, 17.87 at 1024), a ``[4, 1024]`` FP32 buffer is 16 KB
 #: of UB. ``nb`` beyond it (128K tokens) is ranked on the host (``rank="host"``).
 RANK_WIDTHS = (1024,)
-NAN_OFFSET = float(1 << 20)  # added to the tie id of a NaN block: after every number
-NOT_CANDIDATE = float(1 << 23)  # tie id of the local block, the padding and taken blocks
 
 
 #: per-SoC defaults and the env override live in :mod:`tilesim.shared.soc`
@@ -71,171 +79,6 @@ def key_tile(soc=DEFAULT_SOC, env=None) -> int:
     """KTILE of ``soc`` (``MSA_INDEXER_KTILE`` overrides; see
     :func:`tilesim.shared.soc.msa_device_tile`)."""
     return msa_device_tile("MSA_INDEXER_KTILE", soc, env)
-
-
-#: the seeds' jit options of the indexer kernel (hicann/pypto-gym,
-#: src/pypto_gym/ops/pypto_tensor/minimax/minimax_m3_msa_indexer_impl.py) as a hashable spec
-#: (:func:`tilesim.device._msa_tiles.jit_options`); the sweep: docs/device.md
-SEED_JIT = (
-    *SEED_RUNTIME,
-    ("pass", "cube_l1_reuse_setting", ((-1, 4),)),
-    ("pass", "vec_nbuffer_setting", ((-1, 2),)),
-)
-#: the options the kernels run with, the sweep's verdict (docs/device.md): all but the L1
-#: reuse setting, which makes the cost model slower on both SoCs (the rest it is indifferent to)
-JIT = without(SEED_JIT, "cube_l1_reuse_setting")
-
-
-def _tile_scores(pypto, q_pad, idx_k, k0, w: int):
-    """Inside a kernel body: ``fp32(q_pad @ idx_k[k0:k0+w]^T)`` ``[16, w]`` (one K step)."""
-    kt = pypto.view(idx_k, [w, DIM], [k0, 0])
-    pypto.set_cube_tile_shapes([NPAD, NPAD], [DIM, DIM], [l0_tile(w, 256), w])
-    s = pypto.matmul(q_pad, kt, pypto.DT_FP32, b_trans=True)
-    pypto.set_vec_tile_shapes(NPAD, w)
-    return s
-
-
-def _key_loops(pypto, idx_k, ktile: int):
-    """The key tiles of a dynamic ``idx_k`` as two ``pypto.loop`` s: whole ``ktile`` tiles,
-    then the remaining 128-key blocks one by one. Yields ``(k0, w)`` (``k0`` symbolic, ``w``
-    static) -- the body is traced once per loop, so ``nb`` stays a runtime value."""
-    nkeys = idx_k.shape[0]
-    full = nkeys // ktile
-    for t in pypto.loop(0, full, 1, name="LOOP_KTILE", idx_name="t"):
-        yield t * ktile, ktile
-    tail = (nkeys - full * ktile) // BY
-    for j in pypto.loop(0, tail, 1, name="LOOP_KBLOCK", idx_name="j"):
-        yield full * ktile + j * BY, BY
-
-
-@_backend.compile_once("msa_indexer_scores")
-def build_kernel(ktile: int, jit=JIT):
-    """The ``@pypto.frontend.jit`` score kernel for one key tile, built once
-    (:func:`tilesim.device.backend.compiled`); ``nb`` is the dynamic first axis of
-    ``idx_k`` (and the last of ``scores``)."""
-    pypto = require_pypto()
-
-    @pypto.frontend.jit(**jit_options(jit))
-    def msa_indexer_scores_kernel(
-        q_pad: pypto.Tensor([pypto.STATIC, pypto.STATIC], pypto.DT_BF16),  # [16, 128]
-        idx_k: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_BF16),  # [nb*128, 128]
-        scores: pypto.Tensor([pypto.STATIC, pypto.DYNAMIC], pypto.DT_FP32),  # [16, nb*128]
-    ):
-        for k0, w in _key_loops(pypto, idx_k, ktile):
-            s = _tile_scores(pypto, q_pad, idx_k, k0, w)
-            pypto.assemble(s * 1.0, [0, k0], scores)
-
-    return msa_indexer_scores_kernel
-
-
-@_backend.compile_once("msa_indexer_block_max")
-def build_block_max_kernel(ktile: int, jit=JIT):
-    """Score kernel with the block max fused in (the seeds' "next step"): per key tile
-    ``S = where(key_keep, fp32(q_pad @ K_tile^T), -inf)`` (``key_keep`` bool, False for keys at
-    or beyond ``seq_len``: a select, so NaN in those key rows vanishes), then the max over each
-    128-key block, written to ``[16, nb]`` FP32. ``max`` is exact, so the result equals the
-    block max of the full scores; the output shrinks 128-fold (built once; ``nb`` dynamic)."""
-    pypto = require_pypto()
-
-    @pypto.frontend.jit(**jit_options(jit))
-    def msa_indexer_block_max_kernel(
-        q_pad: pypto.Tensor([pypto.STATIC, pypto.STATIC], pypto.DT_BF16),  # [16, 128]
-        idx_k: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_BF16),  # [nb*128, 128]
-        key_keep: pypto.Tensor([pypto.STATIC, pypto.DYNAMIC], pypto.DT_BOOL),  # [1, nb*128]
-        block_max: pypto.Tensor([pypto.STATIC, pypto.DYNAMIC], pypto.DT_FP32),  # [16, nb]
-    ):
-        for k0, w in _key_loops(pypto, idx_k, ktile):
-            s = _tile_scores(pypto, q_pad, idx_k, k0, w)
-            s = pypto.where(pypto.view(key_keep, [1, w], [0, k0]), s, NEG_INF)
-            for j in range(w // BY):  # the blocks of this tile (static)
-                pypto.set_vec_tile_shapes(NPAD, BY)
-                blk = pypto.view(s, [NPAD, BY], [0, j * BY])
-                pypto.assemble(pypto.amax(blk, dim=-1, keepdim=True), [0, k0 // BY + j], block_max)
-
-    return msa_indexer_block_max_kernel
-
-
-def _tile_block_max(pypto, s, keep, k0, w: int, block_max) -> None:
-    """Inside a kernel body: the 4 index heads of one key tile's scores ``s`` ``[16, w]``, the
-    keys past ``seq_len`` SET to -inf (``keep`` ``[1, w]`` bool), the max over each 128-key
-    block by one ``reshape`` + ``amax`` per tile, assembled into ``block_max[:, k0/128:]``.
-    One task pair per tile instead of one per block (cost model, nb 40: 17.8 vs 24.2 µs)."""
-    pypto.set_vec_tile_shapes(NIDX, w)
-    s = pypto.where(keep, pypto.view(s, [NIDX, w], [0, 0]), NEG_INF)
-    s = pypto.reshape(s, [NIDX, w // BY, BY])
-    pypto.set_vec_tile_shapes(NIDX, w // BY, BY)
-    pypto.assemble(pypto.amax(s, -1), [0, k0 // BY], block_max)
-
-
-def _rank_inputs(pypto, hm4, order, rows: int):
-    """Inside a kernel body: the ranking's start ``(score, tie)`` ``[rows, W]`` from the
-    per-head maxima ``hm4`` ``[4, W]`` and the tie ids ``order`` ``[1, W]`` (block id, or
-    :data:`NOT_CANDIDATE` for the local block and the padding). NaN is explicit, not left to
-    ``amax``: a block with a NaN maximum (in any head, for ``rows == 1``) scores -inf and gets
-    the tie id ``id + NAN_OFFSET``, so it ranks after every number, -inf included, lower id
-    first -- the place NumPy's stable ``argsort`` gives it in the shared rule."""
-    nan = pypto.ne(hm4, hm4)
-    score = pypto.where(nan, NEG_INF, hm4)
-    if rows == 1:  # head_reduce="max": max over the index heads
-        score = pypto.amax(score, 0, keepdim=True)
-        nan = pypto.gt(pypto.amax(pypto.where(nan, 1.0, 0.0), 0, keepdim=True), 0.5)
-        score = pypto.where(nan, NEG_INF, score)
-    score = pypto.where(pypto.lt(order, NOT_CANDIDATE), score, NEG_INF)
-    tie = pypto.where(nan, order + NAN_OFFSET, order)
-    return score, tie
-
-
-def _rank_rows(pypto, score, tie, ids) -> None:
-    """Inside a kernel body: the ``TOPK - 1`` best blocks of each row, written as INT32 to
-    ``ids[:, :TOPK-1]``. Round by round: ``m`` = the row max, the pick = the smallest tie id
-    among the blocks scoring ``m`` (so equal scores: lower block id first), then the pick
-    leaves the race (score -inf, tie id :data:`NOT_CANDIDATE`). Exact: only max / min /
-    compares / selects, no arithmetic on the scores."""
-    picks = []
-    for r in range(TOPK - 1):  # static: 15 rounds
-        m = pypto.amax(score, -1, keepdim=True)
-        p = pypto.amin(pypto.where(pypto.eq(score, m), tie, NOT_CANDIDATE), -1, keepdim=True)
-        picks.append(p)
-        if r < TOPK - 2:
-            hit = pypto.eq(tie, p)
-            score = pypto.where(hit, NEG_INF, score)
-            tie = pypto.where(hit, NOT_CANDIDATE, tie)
-    p = pypto.concat(picks, -1)
-    p = pypto.where(pypto.ge(p, NAN_OFFSET), p - NAN_OFFSET, p)  # the NaN blocks' ids
-    pypto.assemble(pypto.cast(p, pypto.DT_INT32), [0, 0], ids)
-
-
-@_backend.compile_once("msa_indexer_select")
-def build_select_kernel(ktile: int, width: int, rows: int, jit=JIT):
-    """The fused kernel of ``rank="device"``: the scores and the seq_len select of the
-    block-max kernel (:func:`build_block_max_kernel`), the block maxima of the 4 heads by
-    :func:`_tile_block_max` into the ``[4, nb]`` scratch ``block_max``, then
-    the ranking on the device (:func:`_rank_inputs`, :func:`_rank_rows`) over a row padded to
-    the static ``width`` (a :data:`RANK_WIDTHS` bucket, ``nb <= width``); ``rows`` 1
-    (``head_reduce="max"``) or 4 (``"none"``). Writes ``ids[:, :15]``; column 15 (the local
-    block ``nb - 1``) is the caller's. Built once per (key tile, width, rows); ``nb`` dynamic."""
-    pypto = require_pypto()
-
-    @pypto.frontend.jit(**jit_options(jit))
-    def msa_indexer_select_kernel(
-        q_pad: pypto.Tensor([pypto.STATIC, pypto.STATIC], pypto.DT_BF16),  # [16, 128]
-        idx_k: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_BF16),  # [nb*128, 128]
-        key_keep: pypto.Tensor([pypto.STATIC, pypto.DYNAMIC], pypto.DT_BOOL),  # [1, nb*128]
-        order: pypto.Tensor([pypto.STATIC, pypto.STATIC], pypto.DT_FP32),  # [1, width]
-        block_max: pypto.Tensor([pypto.STATIC, pypto.DYNAMIC], pypto.DT_FP32),  # [4, nb]
-        ids: pypto.Tensor([pypto.STATIC, pypto.STATIC], pypto.DT_INT32),  # [rows, 16]
-    ):
-        nb = block_max.shape[1]
-        for k0, w in _key_loops(pypto, idx_k, ktile):
-            s = _tile_scores(pypto, q_pad, idx_k, k0, w)
-            _tile_block_max(pypto, s, pypto.view(key_keep, [1, w], [0, k0]), k0, w, block_max)
-        pypto.set_vec_tile_shapes(NIDX, width)
-        hm4 = pypto.view(block_max, [NIDX, width], [0, 0], valid_shape=[NIDX, nb])
-        order = pypto.view(order, [1, width], [0, 0], valid_shape=[1, nb])  # same valid shape
-        score, tie = _rank_inputs(pypto, hm4, order, rows)
-        _rank_rows(pypto, score, tie, ids)
-
-    return msa_indexer_select_kernel
 
 
 def _padded_query(q):
@@ -254,13 +97,12 @@ def score_launch(q, k, nb: int, soc: str):
     return build_kernel(key_tile(soc)), [_padded_query(q), k.contiguous()], [scores]
 
 
-def block_max_launch(q, k, args: IndexerArgs, soc: str):
+def block_max_launch(q, k, args: Args, soc: str):
     """``(kernel, inputs, outputs)`` of the fused block-max kernel: the padded query, the
     keys, the bool key mask of ``seq_len`` (``[1, nb*128]``, True below it) and the FP32
     ``[16, nb]`` output."""
     torch = require_torch()
-    keep = torch.zeros(1, args.nb * BY, dtype=torch.bool, device=q.device)
-    keep[0, : args.valid] = True  # keys at or beyond seq_len take no part in the max
+    keep, _ = host_plan_torch(args, q.device)  # keys at or beyond seq_len take no part
     block_max = torch.zeros(NPAD, args.nb, dtype=torch.float32, device=q.device)
     kernel = build_block_max_kernel(key_tile(soc))
     return kernel, [_padded_query(q), k.contiguous(), keep], [block_max]
@@ -271,20 +113,18 @@ def rank_width(nb: int) -> int | None:
     return next((w for w in RANK_WIDTHS if nb <= w), None)
 
 
-def select_launch(q, k, args: IndexerArgs, soc: str):
+def select_launch(q, k, args: Args, soc: str):
     """``(kernel, inputs, outputs)`` of the fused select kernel (``rank="device"``, ``nb > 16``
     and ``nb <= RANK_WIDTHS[-1]``): the block-max kernel's inputs, the tie ids ``order``
-    ``[1, width]`` FP32 (``0 .. nb-2``, then :data:`NOT_CANDIDATE` for the local block and the
+    ``[1, width]`` FP32 (``0 .. nb-2``, then ``NOT_CANDIDATE`` for the local block and the
     padding), the ``[4, nb]`` block-max scratch and the INT32 ids ``[rows, 16]`` with column
-    15 preset to the local block ``nb - 1``. All built with torch on the inputs' device."""
+    15 preset to the local block ``nb - 1``. The masks are the contract's torch plan
+    (:func:`tilesim.shared.msa_indexer.host_plan_torch`); all built on the inputs' device."""
     torch = require_torch()
     nb, dev = args.nb, q.device
     width = rank_width(nb)
     rows = 1 if args.head_reduce == "max" else NIDX
-    keep = torch.zeros(1, nb * BY, dtype=torch.bool, device=dev)
-    keep[0, : args.valid] = True
-    order = torch.full((1, width), NOT_CANDIDATE, dtype=torch.float32, device=dev)
-    order[0, : nb - 1] = torch.arange(nb - 1, dtype=torch.float32, device=dev)
+    keep, order = host_plan_torch(args, dev, width)
     block_max = torch.zeros(NIDX, nb, dtype=torch.float32, device=dev)
     ids = torch.full((rows, TOPK), nb - 1, dtype=torch.int32, device=dev)
     kernel = build_select_kernel(key_tile(soc), width, rows)
@@ -298,30 +138,29 @@ def _run_scores(q, k, nb: int, target: _backend.Target):
     return outs[0][:NIDX].contiguous(), us
 
 
-def _run_block_max(q, k, args: IndexerArgs, target: _backend.Target):
+def _run_block_max(q, k, args: Args, target: _backend.Target):
     """FP32 ``[4, nb]`` per-head block maxima from the fused kernel, and the cost-model µs."""
     kernel, ins, outs = block_max_launch(q, k, args, target.soc)
     us = _backend.launch(kernel, ins, outs, target)
     return outs[0][:NIDX].contiguous(), us
 
 
-def _run_select(q, k, args: IndexerArgs, target: _backend.Target):
+def _run_select(q, k, args: Args, target: _backend.Target):
     """INT32 ``[rows, 16]`` ids ranked on the device (on the inputs' device), and the µs."""
     kernel, ins, outs = select_launch(q, k, args, target.soc)
     us = _backend.launch(kernel, ins, outs, target)
     return outs[1], us
 
 
-def _check(idx_q, idx_k, nb, validate, **kw) -> tuple[IndexerArgs, bool]:
-    """The shared checks (:func:`tilesim.shared.msa_indexer.check_indexer`) and whether the
-    inputs are shape-only; without ``validate`` (or on shape-only inputs) the finiteness check
-    runs on zero stand-ins of ``idx_q`` / ``idx_k`` (their metadata checked, no data read)."""
+def _check(idx_q, idx_k, nb, validate, **kw) -> tuple[Args, bool]:
+    """The shared contract: :func:`tilesim.shared.msa_indexer.check_meta` (metadata only),
+    then :func:`~tilesim.shared.msa_indexer.check_values` (a host copy) when ``validate`` and
+    the inputs hold data. Returns ``(args, shape_only)``."""
     check_bool(validate, "validate")
+    args = check_meta(idx_q, idx_k, nb, **kw)
     shape_only = _backend.is_shape_only(idx_q, idx_k)
-    q, k = idx_q, idx_k
-    if (shape_only or not validate) and is_array(idx_q) and is_array(idx_k):
-        q, k = _backend.standin(idx_q), _backend.standin(idx_k)
-    args = check_indexer(q, k, nb, **kw)
+    if validate and not shape_only:
+        check_values(args)
     return args, shape_only
 
 
@@ -330,8 +169,9 @@ def msa_indexer_scores(idx_q, idx_k, nb, *, backend="auto", soc=DEFAULT_SOC, val
     """Lightning-indexer scores on the device: FP32 ``[4, nb*128]``.
 
     ``idx_q`` ``[4, 128]`` BF16, ``idx_k`` ``[nb*128, 128]`` BF16 (NumPy or torch; checked by
-    :func:`tilesim.shared.msa_indexer.check_indexer`, as in the reference). ``backend`` /
-    ``soc``: :func:`tilesim.device.backend.resolve`; ``"sim"`` returns ``(scores, cost_us)``.
+    :func:`tilesim.shared.msa_indexer.check_meta` / ``check_values``, as in the reference).
+    ``backend`` / ``soc``: :func:`tilesim.device.backend.resolve`; ``"sim"`` returns
+    ``(scores, cost_us)``.
     ``validate``: ``True`` (default) copies ``idx_q`` / ``idx_k`` to the host to check that
     they are finite; ``False`` checks metadata only. FakeTensor / ``meta`` inputs: an empty
     ``[4, nb*128]`` FP32 tensor, no data read. Promise: within the FP32 dot-product bound of
@@ -373,7 +213,7 @@ def resolve_rank(rank, block_max, nb: int) -> tuple[str, str]:
     return rank, ("device" if rank == "device" else (block_max or "host"))
 
 
-def _host_ranked(q, k, args: IndexerArgs, block_max: str, target: _backend.Target):
+def _host_ranked(q, k, args: Args, block_max: str, target: _backend.Target):
     """``rank="host"``: device scores (or block maxima), the shared rule on a host copy."""
     if block_max == "device":
         hm, us = _run_block_max(q, k, args, target)
@@ -403,7 +243,7 @@ def msa_indexer(
 
     ``rank="device"`` (the default): one fused kernel (:func:`build_select_kernel`) computes
     the scores, the seq_len rule (a select to -inf), the per-block maxima and the ranking --
-    the shared rule of :mod:`tilesim.shared.msa_select` (15 best non-local blocks, equal
+    the shared rule of :mod:`tilesim.shared.msa_indexer` (15 best non-local blocks, equal
     scores: lower block id first, NaN blocks last, then the local block ``nb - 1``) -- and
     writes only the ids, which stay on the inputs' device: no device-to-host copy unless
     ``validate``. ``rank="host"``: the kernel writes the ``[16, nb*128]`` scores

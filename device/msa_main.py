@@ -44,16 +44,15 @@ from typing import NamedTuple
 
 import numpy as np
 from tilesim.device import backend as _backend
-from tilesim.device._lazy import require_pypto, require_torch
-from tilesim.device._msa_tiles import SEED_RUNTIME, jit_options, merge_chunk, operation_options
+from tilesim.device._lazy import require_torch
+from tilesim.device._msa_main_kernel import JIT, ROW_TILE, SEED_JIT, build_kernel
 from tilesim.shared.msa_main import MASK_NEG as _MASK_NEG
 from tilesim.shared.msa_main import (
-    MainBranchArgs,
-    check_mask_finite,
-    check_msa_main_args,
+    Args,
+    check_meta,
+    check_values,
+    host_plan_torch,
     kernel_mask,
-    kernel_mask_torch,
-    mask_flags_torch,
 )
 from tilesim.shared.soc import DEFAULT_SOC, MSA_DEVICE_TILES, get_soc, msa_device_tile
 from tilesim.shared.tiling import MsaTiling
@@ -70,124 +69,45 @@ VEC_ROWS = MSA_DEVICE_TILES["MSA_VEC_ROWS"][0]
 vec_rows = partial(msa_device_tile, "MSA_VEC_ROWS")
 
 
-#: the seeds' jit options of the main-branch kernel (hicann/pypto-gym,
-#: src/pypto_gym/ops/pypto_tensor/minimax/msa_main_branch_impl.py) that PyPTO 0.2.0 accepts, as a
-#: hashable spec (:func:`tilesim.device._msa_tiles.jit_options`). Not accepted by 0.2.0 and left
-#: out: pass ``ooo_sched_mode`` / ``sg_set_tunevf_mode``, codegen ``vf_options``,
-#: ``pypto.experimental.auto_mix_partition``; host ``compile_timeout`` changes no kernel. The
-#: cost-model sweep and the verdict: docs/device.md, "Main branch".
-SEED_JIT = (
-    *SEED_RUNTIME,
-    ("pass", "vec_nbuffer_setting", ((-1, 1),)),
-    ("pass", "cube_l1_reuse_setting", ((-1, 2),)),
-    ("pass", "cube_nbuffer_setting", ((-1, 2),)),
-)
-#: the options the kernel runs with per SoC (the sweep's verdict, docs/device.md, "Main
-#: branch"): the seeds' five on both; ``combine_axis`` only on the 950 (slower on the 910B)
-JIT = {"910b": SEED_JIT, "950": (*SEED_JIT, ("operation", "combine_axis", True))}
-
-
-#: query rows per row block of the kernel (the cube's M tile); the wrapper pads ``n`` up to a
-#: multiple of it
-ROW_TILE = 128
-
-
-@_backend.compile_once("msa_main_branch")
-def build_kernel(hq, hkv, dh, kv_len, dtype, ntile, rows, jit=SEED_JIT):
-    """The ``@pypto.frontend.jit`` kernel for one model configuration and tiling, built once
-    (:func:`tilesim.device.backend.compiled`). The prefill length is a runtime value: ``q``,
-    ``mask`` and ``out`` have a dynamic first axis of ``ceil(n/128)*128`` rows, walked by a
-    ``pypto.loop`` over :data:`ROW_TILE`-row blocks with a symbolic trip count."""
-    pypto = require_pypto()
-    dt = {"fp32": pypto.DT_FP32, "fp16": pypto.DT_FP16, "bf16": pypto.DT_BF16}[dtype]
-    group = hq // hkv
-    bounds = [(c0, min(ntile, kv_len - c0)) for c0 in range(0, kv_len, ntile)]
-    scale = dh**-0.5
-    combine = bool(operation_options(jit).get("combine_axis", False))
-    bq = ROW_TILE
-
-    @pypto.frontend.jit(**jit_options(jit))
-    def msa_main_branch_kernel(
-        q: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], dt),  # [n_pad, HQ*dh]
-        k: pypto.Tensor([pypto.STATIC, pypto.STATIC], dt),  # [kv_len, HKV*dh]
-        v: pypto.Tensor([pypto.STATIC, pypto.STATIC], dt),  # [kv_len, HKV*dh]
-        mask: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_FP32),  # [n_pad, kv_len]
-        out: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_FP32),  # [n_pad, HQ*dh]
-    ):
-        pypto.experimental.set_operation_options(combine_axis=combine)
-        blocks = q.shape[0] // bq
-        for hg in pypto.loop(hq, name="LOOP_HG", idx_name="hg"):
-            h_kv = hg // group
-            for rb in pypto.loop(0, blocks, 1, name="LOOP_QB", idx_name="rb"):
-                r0 = rb * bq
-                pypto.set_vec_tile_shapes(rows, dh)
-                qh = pypto.view(q, [bq, dh], [r0, hg * dh])
-                m = pypto.tensor([bq, 1], pypto.DT_FP32, "m")
-                l = pypto.tensor([bq, 1], pypto.DT_FP32, "l")
-                o = pypto.tensor([bq, dh], pypto.DT_FP32, "o")
-                for c in range(len(bounds)):  # NTILE chunks: online softmax (static)
-                    c0 = bounds[c][0]
-                    w = bounds[c][1]
-                    kc = pypto.view(k, [w, dh], [c0, h_kv * dh])
-                    vc = pypto.view(v, [w, dh], [c0, h_kv * dh])
-                    pypto.set_cube_tile_shapes([128, 128], [128, 128], [128, 128])
-                    s = pypto.matmul(qh, kc, pypto.DT_FP32, b_trans=True)
-                    pypto.set_vec_tile_shapes(rows, w)
-                    s = s * scale
-                    s = s + pypto.view(mask, [bq, w], [r0, c0])
-                    m_c = pypto.amax(s, dim=-1, keepdim=True)
-                    p = pypto.exp(s - m_c)
-                    l_c = pypto.sum(p, dim=-1, keepdim=True)
-                    if dtype != "fp32":
-                        p = pypto.cast(p, dt)
-                    pypto.set_cube_tile_shapes([128, 128], [128, 128], [128, 128])
-                    pv = pypto.matmul(p, vc, pypto.DT_FP32)
-                    pypto.set_vec_tile_shapes(rows, dh)
-                    merge_chunk(pypto, m, l, o, m_c, l_c, pv, first=c == 0)
-                pypto.assemble(o / l, [r0, hg * dh], out)  # empty rows: zeroed by the wrapper
-
-    return msa_main_branch_kernel
-
-
 class _Call(NamedTuple):
     """The checked arguments of one wrapper call."""
 
-    args: MainBranchArgs
+    args: Args
     shape_only: bool  #: FakeTensor / ``meta`` inputs: metadata only, no data read
 
 
 def _check(query, key_blocks, value_blocks, block_mask, dtype, max_n, tiling, backend, validate):
-    """Every argument check (the reference's rules, :func:`check_msa_main_args`, plus the
-    kernel's head dim and the back end's name), before any work. The one value check, the
-    finiteness of ``block_mask`` (:func:`check_mask_finite`), runs only with ``validate``
-    and on inputs holding data; otherwise no data is read."""
+    """Every argument check (the reference's rules: ``check_meta``, plus the kernel's head dim
+    and the back end's name), before any work. The one value check, ``check_values`` (the
+    finiteness of ``block_mask``), runs only with ``validate`` and on inputs holding data;
+    otherwise no data is read."""
     check_choice(backend, "backend", _backend.BACKENDS)
     check_bool(validate, "validate")
     shape_only = _backend.is_shape_only(query, key_blocks, value_blocks, block_mask)
-    a = check_msa_main_args(query, key_blocks, value_blocks, block_mask, dtype=dtype,
-                            max_n=max_n, tiling=tiling, read_values=False)  # fmt: skip
+    a = check_meta(query, key_blocks, value_blocks, block_mask, dtype=dtype, max_n=max_n,
+                   tiling=tiling)  # fmt: skip
     if validate and not shape_only:
-        check_mask_finite(block_mask)
+        check_values(a)
     if a.dh != 128:
         raise ValueError(f"query: expected head dim 128 (the kernel's tiles), got {a.dh}")
     return _Call(a, shape_only)
 
 
-def _operands(a: MainBranchArgs, query, key_blocks, value_blocks, block_mask):
+def _operands(a: Args, query, key_blocks, value_blocks, block_mask):
     """The kernel's tensors, built by torch ops on the inputs' device (no host copy): q
     ``[n_pad, HQ*dh]`` (zero rows past ``n``), k, v ``[kv_len, HKV*dh]`` cast to ``a.dtype``
     (FP32 first: exact widening, then one RNE rounding) with the rows of keys no query row
     sees zeroed (``read``: a select, so NaN or garbage in a padding slot or past ``n`` never
     reaches the kernel), and the FP32 kernel mask ``[n_pad, kv_len]``
-    (:func:`kernel_mask_torch`: the rows ``< n`` of :func:`kernel_mask`, then -1e9); and the
-    bool ``[n]`` flags of the query rows that see some key (:func:`mask_flags_torch`)."""
+    and the bool ``[n]`` flags of the query rows that see some key: the torch twin of the
+    shared host plan (:func:`tilesim.shared.msa_main.host_plan_torch`: the rows ``< n`` of
+    :func:`kernel_mask`, then -1e9)."""
     torch = require_torch()
     q, k, v, bm = _backend.to_tensors(query, key_blocks, value_blocks, block_mask)
     bm = bm.detach().to(q.device)
     tdt = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[a.dtype]
     n_pad = -(-a.n // ROW_TILE) * ROW_TILE
-    mask = kernel_mask_torch(bm, n_pad, n=a.n)
-    read, seen = mask_flags_torch(bm, a.n)
+    mask, read, seen = host_plan_torch(a, n_pad, bm)
     read = read.reshape(-1, 1, 1)
 
     def cast(t, rows):
@@ -201,7 +121,7 @@ def _operands(a: MainBranchArgs, query, key_blocks, value_blocks, block_mask):
     return (q2, k2, v2, mask), seen
 
 
-def kernel_for(a: MainBranchArgs, soc: str, jit=None):
+def kernel_for(a: Args, soc: str, jit=None):
     """The compiled kernel of a call's model configuration and tiling (built once per key:
     :func:`build_kernel`; ``n`` is not part of it). ``jit``: an option spec, default
     ``JIT[soc]`` (:data:`JIT`)."""
@@ -273,7 +193,7 @@ def npu_launch_args(n: int, max_n: int, soc: str, *, jit=None):
     mask = np.zeros((-(-n // 128), 16, 128, 128), dtype=np.float32)
     q = torch.zeros(n, 64, 128)
     kb = torch.zeros(16 * 128, 4, 128)
-    a = check_msa_main_args(q, kb, kb, mask, dtype="fp32", max_n=max_n)
+    a = check_meta(q, kb, kb, mask, dtype="fp32", max_n=max_n)
     operands = _operands(a, q, kb, kb, mask)[0]
     out = torch.zeros(operands[0].shape[0], 64 * 128)
     return kernel_for(a, soc, jit), [*operands, out]

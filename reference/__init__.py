@@ -31,7 +31,7 @@ _LAZY = {
     "MoeDispatch": "moe_routing",
     "moe_make_case": "moe_cases",
     "MOE_CASES": "moe_cases",
-    # MiniMax-M3 MSA (docs/ops/msa.md)
+    # MiniMax-M3 MSA (docs/ops/msa.md, msa_indexer.md, msa_decode.md, msa_main.md)
     "msa_indexer_scores": "msa_indexer",
     "msa_indexer": "msa_indexer",
     "msa_sparse_decode": "msa_decode",

@@ -49,15 +49,19 @@ def _check_k_tile(k_tile) -> None:
         raise ValueError(f"matmul_fp32(k_tile): expected a positive int or None, got {k_tile!r}")
 
 
-def matmul_fp32(a, b, *, k_tile: int | None) -> np.ndarray:
+def matmul_fp32(a, b, *, k_tile: int | None, out: np.ndarray | None = None) -> np.ndarray:
     """``a [..., M, K] @ b [..., K, N]`` as the cube computes it, FP32 ``[..., M, N]``.
 
     ``a`` and ``b`` hold values whose pairwise products are exact in float64 (BF16, FP16, FP8,
     INT8 or FP32-times-BF16 data, in any float dtype; float64 arrays are taken to be exact
-    widenings already and are not copied). ``k_tile``: width of the cube's K tile — each tile
-    is summed in float64 and rounded once to FP32, tile partials are added in FP32 in
-    ascending K order; the last tile may be shorter. ``None``: the whole K is one tile.
-    Leading dimensions broadcast as in ``np.matmul``. ``K == 0`` gives zeros.
+    widenings already). ``k_tile``: width of the cube's K tile — each tile is summed in
+    float64 and rounded once to FP32, tile partials are added in FP32 in ascending K order;
+    the last tile may be shorter. ``None``: the whole K is one tile. Leading dimensions
+    broadcast as in ``np.matmul``. ``K == 0`` gives zeros.
+
+    Work memory is bounded by one K tile: each tile of ``a`` and ``b`` is widened to float64
+    when its turn comes, never the whole operand. ``out``: optional FP32 array of the result's
+    shape (a view is fine) that receives the result; returned when given.
     """
     a = np.asarray(a)
     b = np.asarray(b)
@@ -65,59 +69,29 @@ def matmul_fp32(a, b, *, k_tile: int | None) -> np.ndarray:
     if b.shape[-2] != kdim:
         raise ValueError(f"matmul_fp32(b): expected {kdim} rows (the K of a), got shape {b.shape}")
     _check_k_tile(k_tile)
+    shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
+    if out is not None and (out.shape != shape or out.dtype != F32):
+        raise ValueError(f"matmul_fp32(out): expected float32 {shape}, got {out.dtype} {out.shape}")
+    acc = np.zeros(shape, dtype=F32) if out is None else out
     if kdim == 0:
-        shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
-        return np.zeros(shape, dtype=F32)
+        acc[...] = 0
+        return acc
     step = kdim if k_tile is None else int(k_tile)
-    acc = None
     for k0 in range(0, kdim, step):  # the cube's K loop: one FP32 rounding per tile partial
         a_t = np.asarray(a[..., k0 : k0 + step], dtype=F64)
         b_t = np.asarray(b[..., k0 : k0 + step, :], dtype=F64)
         part = np.matmul(a_t, b_t).astype(F32)
-        acc = part if acc is None else acc + part  # FP32 accumulator update
+        if k0 == 0:
+            acc[...] = part  # the first partial, rounded once
+        else:
+            np.add(acc, part, out=acc)  # FP32 accumulator update
     return acc
 
 
 def matmul_fp32_widening(a, b, *, k_tile: int | None, out: np.ndarray | None = None):
-    """:func:`matmul_fp32` for 2-D ``a [M, K]`` and ``b [K, N]``, same model and same bits,
-    with bounded work memory: ``b`` (e.g. BF16 weights) is widened to float64 one K tile at a
-    time into one reused ``[k_tile, N]`` buffer instead of all at once, ``a`` is widened once
-    (not copied when it is float64 already), and the tile partials go through reused buffers.
-
-    ``out``: optional FP32 ``[M, N]`` array (a view is fine) that receives the result; the
-    accumulator lives in it. Returns the result (``out`` when given).
-    """
-    a = np.asarray(a)
-    b = np.asarray(b)
-    if a.ndim != 2 or b.ndim != 2:
-        raise ValueError(f"matmul_fp32_widening: expected 2-D a and b, got {a.shape}, {b.shape}")
-    (m, kdim), n = a.shape, b.shape[1]
-    if out is None:
-        out = np.empty((m, n), dtype=F32)
-    elif out.shape != (m, n) or out.dtype != F32:
-        raise ValueError(f"matmul_fp32_widening(out): expected float32 {(m, n)}, got "
-                         f"{out.dtype} {out.shape}")  # fmt: skip
-    if b.shape[0] != kdim:
-        raise ValueError(f"matmul_fp32(b): expected {kdim} rows (the K of a), got shape {b.shape}")
-    _check_k_tile(k_tile)
-    if kdim == 0:
-        out[...] = 0
-        return out
-    step = kdim if k_tile is None else int(k_tile)
-    a64 = np.asarray(a, dtype=F64)
-    b64 = np.empty((min(step, kdim), n), dtype=F64)  # the reused widened K tile
-    part64 = np.empty((m, n), dtype=F64)
-    part32 = np.empty((m, n), dtype=F32)
-    for k0 in range(0, kdim, step):  # the cube's K loop, ascending
-        w = min(step, kdim - k0)
-        np.copyto(b64[:w], b[k0 : k0 + w], casting="unsafe")  # exact widening
-        np.matmul(a64[:, k0 : k0 + w], b64[:w], out=part64)
-        if k0 == 0:
-            np.copyto(out, part64, casting="same_kind")  # the first partial, rounded once
-        else:
-            np.copyto(part32, part64, casting="same_kind")  # one FP32 rounding per tile
-            np.add(out, part32, out=out)  # FP32 accumulator update
-    return out
+    """Former name of :func:`matmul_fp32` (``out=`` and the bounded work memory are its own
+    now); kept only until its last caller moves."""
+    return matmul_fp32(a, b, k_tile=k_tile, out=out)
 
 
 # ----------------------------------------------------------------------------- exp

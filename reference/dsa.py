@@ -52,10 +52,11 @@ normalised tile outputs are merged with softmax weights (``M' = max(M, m)``, ``A
 * L``, ``C = exp(m - M') * l``, ``L' = A + C``, ``O = (O*A + O_t*C) / L'``, all FP32;
 ``out = BF16(O)``) where the seeds' kernel keeps only the last tile.
 
-Speed path: with ``_POOL = True`` (the default) query tokens run on the worker pool of
-:mod:`tilesim.reference.blas_pool` (``TILESIM_REF_THREADS`` workers), one token per thread at a
-time, and the trace records are emitted in loop order from the calling thread; ``_POOL = False``
-runs the tokens one after the other in the calling thread. Same bits, same records.
+Speed path: with ``_POOL = True`` (the default, the one switch) query tokens run on the worker
+pool of :mod:`tilesim.reference.blas_pool` (``TILESIM_REF_THREADS`` workers; the pooled loop is
+:mod:`tilesim.reference._dsa_fast`), one token per thread at a time, and the trace records are
+emitted in loop order from the calling thread; ``_POOL = False`` runs the readable loop here,
+the tokens one after the other in the calling thread. Same bits, same records.
 """
 
 from __future__ import annotations
@@ -71,31 +72,30 @@ from tilesim.reference.arith import (
     matmul_fp32,
     tile_softmax,
 )
-from tilesim.reference.blas_pool import blas_threads, map_in_order
+from tilesim.reference.blas_pool import blas_threads
 from tilesim.reference.dsa_gather import PackedCache, SplitCache
 from tilesim.shared.casts import BF16, to_bf16
 from tilesim.shared.dsa import (
     HEAD_DIM,
     NO_ROW,
-    DsaArgs,
+    Args,
     attention_flop,
-    check_dsa_args,
-    check_packed_cache,
-    check_split_cache,
-    cur_seq_lengths,
-    plan_physical_rows,
-    tiles_per_split,
+    check_meta,
+    check_values,
+    cost,
+    cost_args,
+    host_plan,
 )
-from tilesim.shared.mla_cache import NOPE, PYPTO_ROW_BYTES
+from tilesim.shared.mla_cache import NOPE
 from tilesim.shared.tiling import SaTileShapeConfig
 from tilesim.shared.trace import trace_record
-from tilesim.shared.validate import host_array, host_ints, same_kind
+from tilesim.shared.validate import host_array, same_kind
 
 #: the speed path: query tokens on the worker pool (``False``: serial in the calling thread)
 _POOL = True
 #: show a progress bar (progress=None) once a call has run this many seconds
 PROGRESS_DELAY_S = 3.0
-_N_KV = 1  # the latent cache holds one KV head (checked by check_dsa_args)
+_N_KV = 1  # the latent cache holds one KV head (checked by check_meta)
 
 
 def progress_bar(total: int, progress, desc: str, unit: str = "token"):
@@ -158,18 +158,16 @@ def _branch(t: int, live: list[int]) -> str:
 class _Nest:
     """The loop nest of one call on checked arguments (``token(r)`` is loops L2..L4)."""
 
-    def __init__(self, op: str, a: DsaArgs, cache, tracing: bool):
+    def __init__(self, op: str, a: Args, cache, tracing: bool):
         self.op, self.a, self.cache, self.tracing = op, a, cache, tracing
         self.qn = host_array(a.query_nope, "query_nope")
         self.qr = host_array(a.query_rope, "query_rope")
         self.cfg = a.tiling
-        self.phys, self.cur_seq = plan_physical_rows(
-            a.topk_indices, a.block_table, a.kv_act_seqs,
-            s1=a.s1, topk=a.topk, block_size=a.block_size, cache_rows=cache.rows,
-        )  # fmt: skip
+        plan = host_plan(a)
+        self.phys, self.cur_seq = plan.phys, plan.cur_seq
         self.out = np.zeros((a.rows, NOPE), dtype=BF16)
         #: KV tiles per split (all of a token's tiles when kv_splits = 1)
-        self.tps = tiles_per_split(a.topk, self.cfg.s_kv_tile, self.cfg.kv_splits)
+        self.tps = plan.tiles_per_split
 
     def plan(self, r: int) -> _TokenPlan:
         s_kv = self.cfg.s_kv_tile
@@ -261,29 +259,33 @@ class _Nest:
         )
 
 
-def _run(op: str, a: DsaArgs, cache, trace, progress) -> np.ndarray:
-    """Loops L0 (batch) x L1 (query token): they change no numbers, so with ``_POOL`` tokens
-    run on a thread pool (NumPy drops the GIL in matmuls and ufuncs), each token in one thread
-    writing only its own rows; results are consumed in (b, s) order, so the trace records keep
-    the kernel's order."""
+def _run(op: str, a: Args, cache, trace, progress) -> np.ndarray:
+    """Loops L0 (batch) x L1 (query token), in (b, s) order; they change no numbers. With
+    ``_POOL`` the same tokens run on the worker pool instead
+    (:func:`tilesim.reference._dsa_fast.run_tokens`), the records still consumed in this
+    order from the calling thread."""
     nest = _Nest(op, a, cache, trace is not None)
     n_tokens = a.n_b * a.s1
     bar = progress_bar(n_tokens, progress, op)
-    with blas_threads():  # numbers do not depend on it, speed on a busy machine does
-        done = (
-            map_in_order(nest.token, range(n_tokens)) if _POOL else map(nest.token, range(n_tokens))
-        )
-        try:
-            for records in done:
-                for rec in records:
-                    trace(rec)
-                if bar is not None:
-                    bar.update(1)
-        finally:
+
+    def emit(records: list[dict]) -> None:
+        for rec in records:
+            trace(rec)
+        if bar is not None:
+            bar.update(1)
+
+    try:
+        with blas_threads():  # numbers do not depend on it, speed on a busy machine does
             if _POOL:
-                done.close()  # on an error: cancel the tokens not started, wait for the rest
-            if bar is not None:
-                bar.close()
+                from tilesim.reference._dsa_fast import run_tokens
+
+                run_tokens(nest.token, n_tokens, emit)
+            else:
+                for r in range(n_tokens):  # L0 x L1: r = b * s1 + s
+                    emit(nest.token(r))
+    finally:
+        if bar is not None:
+            bar.close()
     return nest.out
 
 
@@ -305,7 +307,6 @@ def sparse_attention_antiquant(
     layout: str = "pypto",
     trace: Callable[[dict], None] | None = None,
     progress: bool | None = None,
-    tile_config: SaTileShapeConfig | None = None,
 ):
     """Sparse MLA attention over a packed quantized latent cache -> BF16 ``[T*nq, 512]``.
 
@@ -319,7 +320,6 @@ def sparse_attention_antiquant(
         tiling: :class:`~tilesim.shared.tiling.SaTileShapeConfig`; ``None`` reads
             ``SaTileShapeConfig.from_env()`` at call time (decode preset by default); its
             ``kv_splits`` selects split-KV (module docstring).
-            ``tile_config=`` is a deprecated alias of it (passing both is a ``TypeError``).
         trace: called once per (token, group tile, KV tile) with a
             :func:`tilesim.shared.trace.trace_record` (lane ``{"b", "s", "kv_head", "group"}``,
             ``step`` = KV tile, ``key_range`` = the tile's top-k columns, ``keys_used`` = its
@@ -332,12 +332,11 @@ def sparse_attention_antiquant(
         BF16 ``[T*nq, 512]`` (a NumPy array, or a CPU torch tensor when ``query_nope`` is one).
         Inputs are never modified. See the module docstring for the arithmetic.
     """
-    a = check_dsa_args(
-        query_nope, query_rope, topk_indices, block_table, kv_act_seqs,
-        nq=nq, n_kv=n_kv, softmax_scale=softmax_scale, topk=topk, block_size=block_size,
-        tiling=tiling, tile_config=tile_config, trace=trace, progress=progress,
-    )  # fmt: skip
-    check_packed_cache(nope_cache, layout)
+    a = check_values(check_meta(
+        query_nope, query_rope, (nope_cache,), topk_indices, block_table, kv_act_seqs,
+        layout=layout, nq=nq, n_kv=n_kv, softmax_scale=softmax_scale, topk=topk,
+        block_size=block_size, tiling=tiling, trace=trace, progress=progress,
+    ))  # fmt: skip
     cache = PackedCache(host_array(nope_cache, "nope_cache"), layout)
     out = _run("sparse_attention_antiquant", a, cache, trace, progress)
     return same_kind(out, query_nope)
@@ -361,17 +360,15 @@ def sparse_attention_antiquant_kv_split(
     tiling: SaTileShapeConfig | None = None,
     trace: Callable[[dict], None] | None = None,
     progress: bool | None = None,
-    tile_config: SaTileShapeConfig | None = None,
 ):
     """:func:`sparse_attention_antiquant` over the kv_split cache: ``kn_quant [rows, 512]`` FP8
     E4M3 or INT8, ``kr [rows, 64]`` BF16, ``kn_scales [rows, 4]`` FP32. Same arithmetic, same
     bits as the packed op on the same data."""
-    a = check_dsa_args(
-        query_nope, query_rope, topk_indices, block_table, kv_act_seqs,
-        nq=nq, n_kv=n_kv, softmax_scale=softmax_scale, topk=topk, block_size=block_size,
-        tiling=tiling, tile_config=tile_config, trace=trace, progress=progress,
-    )  # fmt: skip
-    check_split_cache(kn_quant, kr, kn_scales)
+    a = check_values(check_meta(
+        query_nope, query_rope, (kn_quant, kr, kn_scales), topk_indices, block_table,
+        kv_act_seqs, layout="kv_split", nq=nq, n_kv=n_kv, softmax_scale=softmax_scale,
+        topk=topk, block_size=block_size, tiling=tiling, trace=trace, progress=progress,
+    ))  # fmt: skip
     cache = SplitCache(
         host_array(kn_quant, "kn_quant"), host_array(kr, "kr"), host_array(kn_scales, "kn_scales")
     )
@@ -383,35 +380,11 @@ def sparse_attention_antiquant_kv_split(
 def sparse_attention_cost(
     topk_indices, kv_act_seqs, *, nq: int = 128, topk: int = 2048, s1: int | None = None
 ) -> dict:
-    """FLOP and byte counts of one call (FlashMLA's accounting; ``docs/sources.md``).
-
-    The one FLOP counter of this op: ``flop`` is the sum of the trace records' ``flop`` fields,
-    ``attention_flop(nq, attended)`` = ``2 * nq * attended * (576 + 512)``, where ``attended``
-    counts the used entries that are not ``-1``; ``bytes`` = Q (BF16 576 per head) + gathered
-    cache rows x 656 + O (BF16 512 per head). ``unique_kv_bytes`` counts each (batch, position)
-    once, the lower bound if tokens of one batch shared their gathers.
-    """
-    ti = host_ints(topk_indices, "topk_indices", ndim=2)
-    ks = host_ints(kv_act_seqs, "kv_act_seqs", ndim=1)
-    n_t = ti.shape[0]
-    if s1 is None:
-        s1 = n_t // ks.shape[0]
-    cur = cur_seq_lengths(ks, s1, topk)
-    used = np.arange(topk)[None, :] < cur[:, None]
-    live = used & (ti[:, :topk] != -1)
-    attended = int(live.sum())
-    unique = 0
-    for b in range(ks.shape[0]):
-        sel = ti[b * s1 : (b + 1) * s1, :topk][live[b * s1 : (b + 1) * s1]]
-        unique += int(np.unique(sel).size)
-    q_bytes = n_t * nq * HEAD_DIM * 2
-    o_bytes = n_t * nq * NOPE * 2
-    return {
-        "flop": attention_flop(nq, attended),
-        "attended": attended,
-        "bytes": q_bytes + attended * PYPTO_ROW_BYTES + o_bytes,
-        "unique_kv_bytes": q_bytes + unique * PYPTO_ROW_BYTES + o_bytes,
-    }
+    """FLOP and byte counts of one call: :func:`tilesim.shared.dsa.cost` (the op's one
+    counter; ``flop`` is the sum of the trace records' ``flop`` fields) -- its ``flop``,
+    ``attended``, ``bytes`` and ``unique_kv_bytes``."""
+    c = cost(cost_args(topk_indices, kv_act_seqs, nq=nq, topk=topk, s1=s1))
+    return {k: c[k] for k in ("flop", "attended", "bytes", "unique_kv_bytes")}
 
 
 __all__ = [

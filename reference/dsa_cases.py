@@ -184,11 +184,6 @@ class DsaCase:
         return SaTileShapeConfig.preset(self.preset)
 
     @property
-    def tile_config(self) -> SaTileShapeConfig:
-        """Deprecated alias of :attr:`tiling`."""
-        return self.tiling
-
-    @property
     def tolerance(self) -> dict:
         return dict(SEEDS_TOLERANCE)
 
@@ -310,7 +305,6 @@ _DEFAULTS = {
     "layout": "pypto",
     "preset": "decode",
     "tiling": None,
-    "tile_config": None,
     "topk_rule": "seeds",
     "invalid_frac": 0.0,
     "poison_unreached": False,
@@ -501,9 +495,9 @@ def _as_actual_seq(actual_seq, b) -> tuple[int, ...]:
     return acts
 
 
-def _case_tiling(tiling, tile_config, preset) -> SaTileShapeConfig:
-    """The case's tile config: ``tiling`` (or its deprecated alias), else ``preset``'s."""
-    tiling = tiling_argument(tiling, tile_config)
+def _case_tiling(tiling, preset) -> SaTileShapeConfig:
+    """The case's tile config: ``tiling``, else ``preset``'s."""
+    tiling = tiling_argument(tiling)
     return SaTileShapeConfig.preset(preset) if tiling is None else tiling
 
 
@@ -549,7 +543,7 @@ def _checked(p: dict) -> dict:
     check_bool(p["poison_unreached"], "poison_unreached")
     if p["progress"] is not None:
         check_bool(p["progress"], "progress")
-    q["tiling"] = _case_tiling(p["tiling"], q.pop("tile_config"), p["preset"])
+    q["tiling"] = _case_tiling(p["tiling"], p["preset"])
     _check_sizes(q)
     return q
 
@@ -606,8 +600,8 @@ def dsa_make_case(name: str | None = None, *, seed: int = 0, **params) -> dict:
         **params: overrides — ``b``, ``s1``, ``actual_seq`` (int or list; ``b`` alone gives ``b``
             sequences of 1000 tokens; no name and no ``b``: lengths 300 and 1000), ``nq``, ``n_kv``,
             ``topk``, ``block_size``, ``softmax_scale``, ``quant`` (:data:`QUANT_RULES`),
-            ``layout`` (``"pypto"``, ``"flashmla"``, ``"kv_split"``), ``preset`` or ``tiling``
-            (``tile_config`` is its deprecated alias), ``topk_rule`` (``"seeds"``,
+            ``layout`` (``"pypto"``, ``"flashmla"``, ``"kv_split"``), ``preset`` or ``tiling``,
+            ``topk_rule`` (``"seeds"``,
             ``"causal"``), ``invalid_frac``, ``poison_unreached``, ``chunk_rows``, ``progress``
             (a bool or None: the cache-building bar).
 

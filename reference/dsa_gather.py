@@ -4,14 +4,12 @@
 kv_split cache and dequantize them: ``kn = bf16(fp32(q) * scale_g)`` (BF16 ``[n, 512]``), ``kr``
 BF16 ``[n, 64]`` as stored; no other rounding happens here
 (:func:`tilesim.shared.quant.dequantize_latent`). Which rows a query token reads is planned on
-the host by :mod:`tilesim.shared.dsa` (shared with the kernel wrapper); its names
-``NO_ROW``, ``cur_seq_lengths`` and ``plan_physical_rows`` are re-exported here.
+the host by :mod:`tilesim.shared.dsa` (shared with the kernel wrapper).
 """
 
 from __future__ import annotations
 
 import numpy as np
-from tilesim.shared.dsa import NO_ROW, cur_seq_lengths, plan_physical_rows
 from tilesim.shared.mla_cache import LAYOUTS, MlaCacheRows, unpack_rows
 from tilesim.shared.quant import dequantize_latent
 
@@ -55,10 +53,4 @@ class SplitCache:
         return dequantize_latent(f.nope, f.scales), f.rope
 
 
-__all__ = [
-    "NO_ROW",
-    "PackedCache",
-    "SplitCache",
-    "cur_seq_lengths",
-    "plan_physical_rows",
-]
+__all__ = ["PackedCache", "SplitCache"]

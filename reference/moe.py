@@ -25,12 +25,12 @@ the cube does inside one K tile is not documented to this level; mm1's multi-cor
 order.
 
 Tiles that change nothing are batched: N tiles (``mm1_n``, ``mm2_n``) and vector tiles
-(``vec_tile``) only partition independent columns/elements, and with the speed switch
-``_FAST`` (on) one product covers all rows of an expert instead of one per ``loop_unroll``
-chunk, its BF16 weights widened one K tile at a time
-(:func:`~tilesim.reference.arith.matmul_fp32_widening`) and the experts run on the reference
-worker pool. The trace records are the chunk schedule either way; tests prove both paths give
-the same bits (tests/reference/test_moe_speed_path.py).
+(``vec_tile``) only partition independent columns/elements. This module is the readable loop
+nest; the speed path (:mod:`tilesim.reference._moe_fast`, chosen by the private switch
+``_FAST``, on) runs one product over all rows of an expert instead of one per
+``loop_unroll`` chunk, its BF16 weights widened one K tile at a time, the experts on the
+reference worker pool. The trace records are the chunk schedule either way; a test proves
+both paths give the same bits on every named case (tests/reference/test_moe_speed_path.py).
 """
 
 from __future__ import annotations
@@ -39,25 +39,23 @@ import itertools
 from typing import NamedTuple
 
 import numpy as np
-from tilesim.reference.arith import (
-    exp_fp32_correctly_rounded,
-    matmul_fp32,
-    matmul_fp32_widening,
-)
-from tilesim.reference.blas_pool import blas_threads, map_in_order
+from tilesim.reference import _moe_fast
+from tilesim.reference.arith import exp_fp32_correctly_rounded, matmul_fp32
 from tilesim.shared.casts import BF16, to_bf16, widen_to_fp32
 from tilesim.shared.interop import is_torch_tensor, to_torch
 from tilesim.shared.models import ACTIVATIONS, GATE_UP_LAYOUTS, MoeDims
 from tilesim.shared.moe import (
     OP_NAME,
+    Args,
     MoeTileRecord,
-    check_cumsum_values,
-    check_moe_args,
+    check_meta,
     check_moe_dims,
-    check_moe_tiling,
+    check_values,
+    cost,
     emit_moe_schedule,
-    moe_chunk_flop,
+    host_plan,
     moe_tile_schedule,
+    resolve_tiling,
 )
 from tilesim.shared.tiling import MoeTiling
 from tilesim.shared.trace import Trace
@@ -66,9 +64,9 @@ from tilesim.shared.validate import host_array, host_ints, same_kind
 _F32 = np.float32
 _F64 = np.float64
 
-#: speed switch: one K-tiled product per expert (all its rows) instead of one per chunk,
-#: weights widened per K tile, experts in parallel.
-#: Rows are independent, so the bits are the same (tests/reference/test_moe.py proves it).
+#: the one speed switch: :mod:`tilesim.reference._moe_fast` (one K-tiled product per expert,
+#: weights widened per K tile, experts in parallel) instead of the chunk loop below. Rows are
+#: independent, so the bits are the same (tests/reference/test_moe_speed_path.py proves it).
 _FAST = True
 
 
@@ -122,11 +120,13 @@ def moe_activation(gu, dims: MoeDims) -> np.ndarray:
 
 def moe_flop_count(expert_cumsum, dims: MoeDims) -> int:
     """Matmul FLOPs of one call: ``2*H*2I`` (mm1) plus ``2*I*H`` (mm2) per routed row, i.e.
-    the sum of the trace records' ``flop`` (zero-token experts cost nothing)."""
+    the sum of the trace records' ``flop`` (zero-token experts cost nothing). A thin call of
+    :func:`tilesim.shared.moe.cost`."""
     check_moe_dims(dims)
-    cs = host_ints(expert_cumsum, "expert_cumsum", ndim=1)
-    check_cumsum_values(cs)
-    return moe_chunk_flop(int(cs[-1]), dims)
+    host_ints(expert_cumsum, "expert_cumsum", ndim=1)  # 1-D: check_meta's part of the rules
+    unbounded = np.iinfo(np.int64).max  # no N_total here: c[E] is the routed row count
+    args = Args(None, None, None, expert_cumsum, dims, None, None, True, None, unbounded)
+    return cost(check_values(args))["flop"]
 
 
 # --------------------------------------------------------------------------- checks
@@ -143,15 +143,15 @@ class _MoeCall(NamedTuple):
     tiling: MoeTiling
     round_activation: bool
     result: np.ndarray  # [N_total, H] BF16, written row by row
+    plan: list[MoeTileRecord]  # the chunk schedule (shared host_plan)
 
 
 def _check_moe(sorted_tokens, weights, expert_cumsum, dims, tiling, out, round_activation,
                trace) -> _MoeCall:  # fmt: skip
-    args = check_moe_args(
+    args = check_meta(
         sorted_tokens, weights, expert_cumsum, dims, tiling, out, round_activation, trace
     )
-    tiling = MoeTiling.from_env(dims.activation) if args.tiling is None else args.tiling
-    check_moe_tiling(tiling, dims)
+    args = resolve_tiling(check_values(args))
     if out is None:
         result = np.zeros((args.n_total, dims.hidden_size), dtype=BF16)
     elif isinstance(out, np.ndarray):
@@ -164,9 +164,10 @@ def _check_moe(sorted_tokens, weights, expert_cumsum, dims, tiling, out, round_a
         w2=host_array(args.w2, "w2_flat"),
         cs=args.cs,
         dims=dims,
-        tiling=tiling,
-        round_activation=bool(round_activation),
+        tiling=args.tiling,
+        round_activation=args.round_activation,
         result=result,
+        plan=host_plan(args),
     )
 
 
@@ -192,24 +193,6 @@ def _expert_ffn(call: _MoeCall, rows: slice, w13_e, w2_e, matmul=matmul_fp32) ->
         act = widen_to_fp32(to_bf16(act))  # A = bf16(a)
     d = matmul(act, w2_e, k_tile=call.tiling.mm2_k)  # mm2, FP32 [rows, H]
     call.result[rows] = to_bf16(d)  # the one output rounding
-
-
-def _expert_ffn_fast(call: _MoeCall, chunks: list[MoeTileRecord]) -> None:
-    """The speed path of one expert: all its rows in one product, its BF16 weights widened
-    one K tile at a time (bounded memory: ``8 * k_tile * max(H, 2I)`` bytes per product)."""
-    e, h, i = chunks[0].expert, call.dims.hidden_size, call.dims.intermediate_size
-    rows = slice(chunks[0].row0, chunks[-1].row0 + chunks[-1].chunk)
-    w13_e, w2_e = call.w13[e * h : (e + 1) * h], call.w2[e * i : (e + 1) * i]
-    _expert_ffn(call, rows, w13_e, w2_e, matmul_fp32_widening)
-
-
-def _run_fast(call: _MoeCall, experts: list[list[MoeTileRecord]], trace: Trace) -> None:
-    """Experts as independent work items on the reference pool (one BLAS thread each); the
-    trace records are emitted in schedule order, as the chunk loop emits them."""
-    with blas_threads():
-        done = map_in_order(lambda chunks: _expert_ffn_fast(call, chunks), experts)
-        for chunks, _ in zip(experts, done, strict=True):
-            emit_moe_schedule(trace, chunks, call.dims)
 
 
 def _deliver(call: _MoeCall, out, like):
@@ -267,10 +250,9 @@ def moe_grouped_gemm(
     call = _check_moe(
         sorted_tokens, weights, expert_cumsum, dims, tiling, out, round_activation, trace
     )
-    schedule = moe_tile_schedule(call.cs, call.tiling.unroll)
-    experts = [list(g) for _, g in itertools.groupby(schedule, key=lambda r: r.expert)]
+    experts = [list(g) for _, g in itertools.groupby(call.plan, key=lambda r: r.expert)]
     if _FAST:  # each expert's rows in one product, experts in parallel: same bits
-        _run_fast(call, experts, trace)
+        _moe_fast.run(call, experts, trace, _expert_ffn)
         return _deliver(call, out, sorted_tokens)
     for chunks in experts:  # expert loop
         w13_e, w2_e = _expert_weights(call, chunks[0].expert)

@@ -1,4 +1,4 @@
-"""MiniMax-M3 MSA block-sparse decode attention (``docs/ops/msa.md``, "Block-sparse decode").
+"""MiniMax-M3 MSA block-sparse decode attention (``docs/ops/msa_decode.md``).
 
 Source: ``hicann/pypto-gym`` (the MiniMax-M3 sparse-decode kernel; ``docs/sources.md``, "MSA
 sparse decode"). Kernel loop nest (per batch row ``b`` and KV head ``h``, the 16 query heads
@@ -20,7 +20,7 @@ float32 ``exp`` (:func:`~tilesim.reference.arith.exp_fp32_numpy`), ``SoftmaxMerg
 The keep-mask and the argument checks are :mod:`tilesim.shared.msa_decode` (the device
 wrapper uses the same functions).
 
-NaN-robust masking (``docs/ops/msa.md``, "Masking and NaN"): the seeds' kernel masks by
+NaN-robust masking (``docs/ops/msa_decode.md``, "Masking and NaN"): the seeds' kernel masks by
 multiplying, ``S*m + (1-m)*(-3e38)``, so a NaN score stays NaN (``0 * NaN``) and a dropped
 key's ``P = 0`` times a NaN V row is NaN again. Here a dropped score is selected to -3e38
 (:func:`~tilesim.reference.msa_common.select_masked`) and the dropped keys' V rows are zeroed
@@ -31,12 +31,12 @@ block or an unselected block holds (NaN, inf), the output does not change.
 
 The (b, h) pairs of a group of batch rows and the 16-head group go through one matmul per
 chunk; the chunk loop (which changes the numbers) stays explicit. Speed path (private switch
-:data:`_FAST`): blocks of :data:`BATCH_BLOCK` batch rows on the reference worker pool
-(:func:`tilesim.reference.blas_pool.map_in_order`), each chunk's K/V gathered from the paged
-cache and widened in one pass into reused float64 buffers; with ``_FAST = False`` every batch
-row runs alone in the calling thread on the kernel's compact BF16 gather. The rows share no
-reduction and the widened values are the same, so both give the same bits and the same trace
-records (tested).
+``_FAST``, the code in :mod:`tilesim.reference._msa_decode_fast`): blocks of batch rows on the
+reference worker pool, each chunk's K/V gathered from the paged cache and widened in one pass
+into reused float64 buffers; with ``_FAST = False`` every batch row runs alone in the calling
+thread on the kernel's compact BF16 gather (the readable loop nest of this module). The rows
+share no reduction and the widened values are the same, so both give the same bits and the
+same trace records (tested).
 
 Split-KV (``tiling.kv_splits = k``, :mod:`tilesim.shared.msa_decode`): the chunks of a (b, h)
 are grouped into ``ceil(chunks / k)``-chunk ranges, each folded by its own FP32 online merge
@@ -45,7 +45,7 @@ are grouped into ``ceil(chunks / k)``-chunk ranges, each folded by its own FP32 
 rounding points inside a chunk do not change; only the merge tree does. ``kv_splits = 1`` (and
 any split with one chunk per range) is the chunk loop above, same bits.
 
-Beyond the seeds' kernel (``docs/ops/msa.md``): ``seq_len`` may differ per batch row; when
+Beyond the seeds' kernel (``docs/ops/msa_decode.md``): ``seq_len`` may differ per batch row; when
 ``topk*128`` is not a multiple of NTILE the last partial chunk is processed (the seeds drop
 those keys; ``seeds_compat=True`` reproduces that); a batch row whose every key is masked
 returns zeros (the kernel's arithmetic would give the mean of the gathered V).
@@ -56,8 +56,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
+from tilesim.reference import _msa_decode_fast as _fast
 from tilesim.reference.arith import F32, F64, SoftmaxMerge, exp_fp32_numpy, matmul_fp32
-from tilesim.reference.blas_pool import blas_threads, map_in_order
 from tilesim.reference.msa_common import (
     K_STEP,
     chunk_bounds,
@@ -68,25 +68,27 @@ from tilesim.reference.msa_common import (
 from tilesim.shared.casts import BF16, to_bf16
 from tilesim.shared.models import MINIMAX_M3
 from tilesim.shared.msa_decode import (
-    DecodeInputs,
-    check_decode_inputs,
-    decode_keep_mask,
-    decode_read_mask,
+    Args,
+    check_meta,
+    check_values,
+    cost,
+    host_plan,
+    resolve_tiling,
+    sized_args,
     split_ranges,
 )
+from tilesim.shared.soc import DEFAULT_SOC, get_soc
 from tilesim.shared.tiling import MsaTiling
 from tilesim.shared.trace import emit
-from tilesim.shared.validate import check_bool, check_instance, check_trace, host_array, same_kind
+from tilesim.shared.validate import check_bool, check_trace, host_array, same_kind
 
 _CFG = MINIMAX_M3.msa
 #: key columns per score matmul (no numeric effect; keeps each (b, h) gemm small)
 _N_SPLIT = 128
-#: batch rows per work item of the speed path (no numeric effect: rows share no reduction).
-#: Two rows keep a chunk's float64 K and V (2 x 2 MB) in cache.
-BATCH_BLOCK = 2
-#: private speed switch: True = blocks of BATCH_BLOCK rows on the worker pool, each chunk's K/V
-#: gathered and widened in one pass into reused buffers; False = one batch row at a time in
-#: the calling thread, the compact BF16 gather widened per chunk (same bits, same records)
+#: the one private speed switch: True = the speed path of
+#: :mod:`tilesim.reference._msa_decode_fast` (blocks of batch rows on the worker pool, each
+#: chunk's K/V gathered and widened in one pass into reused buffers); False = the readable
+#: loop nest below, one batch row at a time in the calling thread (same bits, same records)
 _FAST = True
 
 
@@ -94,8 +96,9 @@ def msa_sparse_decode_flop(batch: int, hq: int, keys: int, dim: int) -> int:
     """Matmul FLOPs of the decode kernel (2 per multiply-add): ``S = Q K^T`` and ``P V`` for
     ``batch`` rows of ``hq`` query heads over ``keys`` gathered keys each (the keys the chunk
     loop runs; masked keys included), head dim ``dim``. One trace record's share (one chunk
-    of one (batch row, KV head)) is ``msa_sparse_decode_flop(1, group, width, dim)``."""
-    return 4 * batch * hq * keys * dim
+    of one (batch row, KV head)) is ``msa_sparse_decode_flop(1, group, width, dim)``. A thin
+    call of :func:`tilesim.shared.msa_decode.cost`."""
+    return cost(sized_args(batch, hq, dim), keys=keys)["flop"]  # the one counter of the op
 
 
 class _Call(NamedTuple):
@@ -104,7 +107,7 @@ class _Call(NamedTuple):
     q: np.ndarray
     k: np.ndarray
     v: np.ndarray
-    d: DecodeInputs
+    d: Args
     bounds: list
     seeds_compat: bool
     keep: np.ndarray  # bool [B, topk*by]: the key's score counts
@@ -112,12 +115,14 @@ class _Call(NamedTuple):
     ranges: list  # [(first, stop), ...] chunk-index ranges of the kv splits
 
 
-def _check(q, k_blocks, v_blocks, block_ids, seq_len, tiling, seeds_compat, trace) -> _Call:
+def _check(q, k_blocks, v_blocks, block_ids, seq_len, tiling, soc, seeds_compat, trace) -> _Call:
+    """The shared contract (check_meta, check_values, resolve_tiling, host_plan), then the
+    host copies and the chunk layout."""
     check_trace(trace)
-    tiling = MsaTiling.from_env() if tiling is None else tiling
-    check_instance(tiling, "tiling", MsaTiling)
     seeds_compat = check_bool(seeds_compat, "seeds_compat")
-    d = check_decode_inputs(q, k_blocks, v_blocks, block_ids, seq_len)
+    get_soc(soc)  # TypeError / ValueError naming soc
+    d = check_values(check_meta(q, k_blocks, v_blocks, block_ids, seq_len))
+    tiling = resolve_tiling(tiling, batch=d.batch, hkv=d.hkv, topk=d.topk, soc=soc)
     sel = d.topk * d.by
     bounds = chunk_bounds(sel, tiling.ntile, seeds_compat=seeds_compat)
     if not bounds:
@@ -127,52 +132,25 @@ def _check(q, k_blocks, v_blocks, block_ids, seq_len, tiling, seeds_compat, trac
         )
     named = (("q", q), ("k_blocks", k_blocks), ("v_blocks", v_blocks))
     hosts = [host_array(x, name) for name, x in named]
-    keep = decode_keep_mask(d.ids, d.seq, d.by)
-    read = decode_read_mask(keep, seeds_compat=seeds_compat)
+    plan = host_plan(d, seeds_compat=seeds_compat)
     ranges = split_ranges(len(bounds), tiling.kv_splits)
-    return _Call(*hosts, d, bounds, seeds_compat, keep > 0, read, ranges)
-
-
-def _widened_keys(src: np.ndarray, c: _Call, rows: slice, c0: int, out: np.ndarray):
-    """``out [n, HKV, w, D]`` (float64) = keys ``c0 .. c0+w`` of the gathered sequence of the
-    batch rows ``rows``, copied straight from the paged ``src [B, HKV, nb, BY, D]`` (exact
-    widening), one block segment at a time. Returns ``out``."""
-    by, ids, stop = c.d.by, c.d.ids, c0 + out.shape[2]
-    for i, b in enumerate(range(rows.start, rows.stop)):
-        pos = c0
-        while pos < stop:  # the slots this chunk covers, first and last maybe in part
-            slot, t0 = divmod(pos, by)
-            t1 = min(by, t0 + stop - pos)
-            dst = out[i, :, pos - c0 : pos - c0 + t1 - t0]
-            np.copyto(dst, src[b, :, ids[b, slot], t0:t1], casting="unsafe")
-            pos += t1 - t0
-    return out
+    return _Call(*hosts, d, bounds, seeds_compat, plan.keep, plan.read, ranges)
 
 
 def _chunk_operands(c: _Call, rows: slice):
     """Per chunk ``(c0, w, K_c^T [n, HKV, D, w], V_c [n, HKV, w, D])`` in float64, V rows of
-    unread keys zeroed. Plain path: the kernel's host gather (compact BF16 K/V in slot
-    order), then each chunk widened. Speed path: each chunk gathered and widened in one pass
-    into two buffers reused by every chunk (a BF16 copy and a fresh float64 allocation per
-    chunk cost more than the widening itself). The same values either way."""
+    unread keys zeroed: the kernel's host gather (compact BF16 K/V in slot order), then each
+    chunk widened (exactly). The speed path's
+    :func:`tilesim.reference._msa_decode_fast.chunk_operands` gives the same values."""
     d, n = c.d, rows.stop - rows.start
-    if not _FAST:
-        bi = np.arange(rows.start, rows.stop)[:, None, None]
-        hi = np.arange(d.hkv)[None, :, None]
-        k_cmp = c.k[bi, hi, d.ids[rows, None, :]].reshape(n, d.hkv, d.topk * d.by, d.dim)
-        v_cmp = c.v[bi, hi, d.ids[rows, None, :]].reshape(n, d.hkv, d.topk * d.by, d.dim)
-        zero_unread_rows(v_cmp, c.read[rows, None, :])  # a fresh gather: zeroed in place
-        for c0, w in c.bounds:
-            k_c = k_cmp[:, :, c0 : c0 + w].astype(F64)
-            yield c0, w, k_c.swapaxes(-1, -2), v_cmp[:, :, c0 : c0 + w].astype(F64)
-        return
-    shape = (n, d.hkv, max(w for _, w in c.bounds), d.dim)
-    k_buf, v_buf = np.empty(shape, dtype=F64), np.empty(shape, dtype=F64)
-    for c0, w in c.bounds:  # a chunk's views are consumed before the next chunk refills them
-        k_c = _widened_keys(c.k, c, rows, c0, k_buf[:, :, :w])
-        v_c = _widened_keys(c.v, c, rows, c0, v_buf[:, :, :w])
-        zero_unread_rows(v_c, c.read[rows, None, c0 : c0 + w])
-        yield c0, w, k_c.swapaxes(-1, -2), v_c
+    bi = np.arange(rows.start, rows.stop)[:, None, None]
+    hi = np.arange(d.hkv)[None, :, None]
+    k_cmp = c.k[bi, hi, d.ids[rows, None, :]].reshape(n, d.hkv, d.topk * d.by, d.dim)
+    v_cmp = c.v[bi, hi, d.ids[rows, None, :]].reshape(n, d.hkv, d.topk * d.by, d.dim)
+    zero_unread_rows(v_cmp, c.read[rows, None, :])  # a fresh gather: zeroed in place
+    for c0, w in c.bounds:
+        k_c = k_cmp[:, :, c0 : c0 + w].astype(F64)
+        yield c0, w, k_c.swapaxes(-1, -2), v_cmp[:, :, c0 : c0 + w].astype(F64)
 
 
 def _rows(c: _Call, rows: slice) -> tuple[np.ndarray, list]:
@@ -190,7 +168,8 @@ def _rows(c: _Call, rows: slice) -> tuple[np.ndarray, list]:
     merges = [SoftmaxMerge("online", exp=exp_fp32_numpy) for _ in c.ranges]
     split_of = [j for j, (a, z) in enumerate(c.ranges) for _ in range(a, z)]
     stats = []
-    for i, (c0, w, k_c, v_c) in enumerate(_chunk_operands(c, rows)):  # NTILE chunks: online softmax
+    operands = _fast.chunk_operands if _FAST else _chunk_operands
+    for i, (c0, w, k_c, v_c) in enumerate(operands(c, rows)):  # NTILE chunks: online softmax
         # S = Q K_c^T [n, HKV, 16, w] FP32, formed 128 keys at a time: the same dot products
         # (same values) as one matmul, in (b, h) gemms that stay in cache
         s = np.empty((n, d.hkv, d.group, w), dtype=F32)
@@ -220,14 +199,10 @@ def _combine(merges: list) -> SoftmaxMerge:
 def _run(c: _Call) -> tuple[np.ndarray, list]:
     """Every batch row: FP32 ``[B, HKV, G, D]`` and per chunk ``(m_c, l_c)`` ``[B, HKV, G]``."""
     d = c.d
-    step = BATCH_BLOCK if _FAST else 1
-    starts = range(0, d.batch, step)
-    blocks = [slice(b0, min(d.batch, b0 + step)) for b0 in starts]
     if _FAST:
-        with blas_threads():  # numbers do not depend on it, speed on a busy machine does
-            results = list(map_in_order(lambda r: _rows(c, r), blocks))
-    else:
-        results = [_rows(c, r) for r in blocks]
+        results = _fast.run_rows(lambda r: _rows(c, r), d.batch)
+    else:  # one batch row at a time, in the calling thread
+        results = [_rows(c, slice(b, b + 1)) for b in range(d.batch)]
     out = np.concatenate([o for o, _ in results])
     stats = [
         tuple(np.concatenate([st[i][j] for _, st in results]) for j in (0, 1))
@@ -268,6 +243,7 @@ def msa_sparse_decode(
     seq_len,
     *,
     tiling: MsaTiling | None = None,
+    soc: str = DEFAULT_SOC,
     seeds_compat: bool = False,
     trace=None,
 ):
@@ -283,7 +259,12 @@ def msa_sparse_decode(
             tensor of ``B`` values, ``1 <= seq_len <= nb*128``.
         tiling: :class:`MsaTiling` (``ntile`` = key chunk width, ``kv_splits`` = split-KV
             ranges, see :mod:`tilesim.shared.msa_decode`); ``None`` means
-            ``MsaTiling.from_env()`` at call time (``MSA_NTILE``, ``MSA_KV_SPLITS``).
+            ``MsaTiling.from_env()`` at call time (``MSA_NTILE``) with ``kv_splits`` by the
+            shared split rule for this shape and ``soc``
+            (:func:`tilesim.shared.msa_decode.resolve_tiling`, the device wrapper's rule).
+        soc: the SoC the split rule of ``tiling=None`` is taken for (default
+            :data:`tilesim.shared.soc.DEFAULT_SOC`, as the device wrapper): the same call
+            gives the same bits in both.
         seeds_compat: ``True`` reproduces the seeds' kernel where tilesim deliberately differs:
             the tail ``topk*128 mod NTILE`` keys are dropped (``ValueError`` if no whole chunk
             fits, the kernel would leave the output unwritten) and a fully masked row keeps the
@@ -303,7 +284,7 @@ def msa_sparse_decode(
     FP32 merge and division, one final rounding to BF16. With ``kv_splits > 1``: one FP32
     online merge per split, then the splits' states merged in split order (same formulas).
     """
-    c = _check(q, k_blocks, v_blocks, block_ids, seq_len, tiling, seeds_compat, trace)
+    c = _check(q, k_blocks, v_blocks, block_ids, seq_len, tiling, soc, seeds_compat, trace)
     out, stats = _run(c)
     if not c.seeds_compat:
         # a batch row with no valid key: zeros (the kernel's arithmetic gives mean(V))
@@ -313,4 +294,4 @@ def msa_sparse_decode(
     return same_kind(to_bf16(out).reshape(c.d.batch, c.d.hq, c.d.dim), q)
 
 
-__all__ = ["BATCH_BLOCK", "msa_sparse_decode", "msa_sparse_decode_flop"]
+__all__ = ["msa_sparse_decode", "msa_sparse_decode_flop"]

@@ -1,4 +1,4 @@
-"""MiniMax-M3 MSA lightning indexer: decode block selection (``docs/ops/msa.md``).
+"""MiniMax-M3 MSA lightning indexer: decode block selection (``docs/ops/msa_indexer.md``).
 
 Two public ops:
 
@@ -11,7 +11,7 @@ Two public ops:
 
 Source: ``hicann/pypto-gym`` (the MiniMax-M3 lightning-indexer kernel and its host tail; see
 ``docs/sources.md``, "MSA lightning indexer"). Differences from the seeds' host tail (all in
-``docs/ops/msa.md``): ties are broken deterministically (the seeds use an unsorted
+``docs/ops/msa_indexer.md``): ties are broken deterministically (the seeds use an unsorted
 ``torch.topk``), the returned order is defined, ``seq_len`` keeps key rows at or beyond it
 out of the block max (the seeds score the zero padding of the partial last block), and
 ``head_reduce="none"`` gives MiniMax's per-index-head selection.
@@ -22,17 +22,20 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
+from tilesim.reference import _msa_indexer_fast as _fast
 from tilesim.reference.arith import F64, matmul_fp32
-from tilesim.reference.blas_pool import blas_threads
 from tilesim.reference.msa_common import K_STEP
 from tilesim.shared.models import MINIMAX_M3
 from tilesim.shared.msa_indexer import (
     HEAD_REDUCES,
-    IndexerArgs,
+    Args,
     block_head_max,
-    check_indexer,
+    check_meta,
+    check_values,
+    cost,
     select_from_head_max,
     selection_slots,
+    sized_args,
 )
 from tilesim.shared.trace import emit
 from tilesim.shared.validate import check_trace, host_array, same_kind
@@ -44,11 +47,12 @@ BY, NIDX, NPAD, DIM = (
     _CFG.index_heads_padded,
     _CFG.index_dim,
 )
-#: private speed switch. True: the product is formed for the 4 real index-head rows only, on
-#: ``TILESIM_BLAS_THREADS`` BLAS threads (:func:`tilesim.reference.blas_pool.blas_threads`).
-#: False: the kernel's 16-row product (4 heads + 12 zero rows, computed and then dropped), on
-#: whatever BLAS threads NumPy has. Each output row is its own dot products (rows do not
-#: interact), so both give the same bits and the same trace records (tested).
+#: the one private speed switch. True: the speed path of
+#: :mod:`tilesim.reference._msa_indexer_fast` (the product for the 4 real index-head rows only,
+#: on ``TILESIM_BLAS_THREADS`` BLAS threads). False: the readable path below, the kernel's
+#: 16-row product (4 heads + 12 zero rows, computed and then dropped). Each output row is its
+#: own dot products (rows do not interact), so both give the same bits and the same trace
+#: records (tested).
 _FAST = True
 
 
@@ -56,21 +60,23 @@ def msa_indexer_flop(nb: int, *, padded: bool = True) -> int:
     """Matmul FLOPs of the score kernel over ``nb`` key blocks (2 per multiply-add).
 
     ``padded=True``: as the cube runs it, 16 rows (4 index heads + 12 zero rows) per block;
-    ``False``: the 4 real heads only. One block's share is ``msa_indexer_flop(1)``.
+    ``False``: the 4 real heads only. One block's share is ``msa_indexer_flop(1)``. A thin
+    call of :func:`tilesim.shared.msa_indexer.cost`.
     """
-    rows = NPAD if padded else NIDX
-    return 2 * rows * nb * BY * DIM
+    return cost(sized_args(nb), padded=padded)["flop"]  # the one counter of the op
 
 
 class _Inputs(NamedTuple):
     q: np.ndarray  # host BF16 [4, 128]
     k: np.ndarray  # host BF16 [nb*128, 128]
-    args: IndexerArgs
+    args: Args
 
 
 def _check(idx_q, idx_k, nb, trace, **kw) -> _Inputs:
+    """The shared contract: :func:`check_meta`, then :func:`check_values` (always: the golden
+    reads the data anyway)."""
     check_trace(trace)
-    args = check_indexer(idx_q, idx_k, nb, **kw)
+    args = check_values(check_meta(idx_q, idx_k, nb, **kw))
     return _Inputs(host_array(idx_q, "idx_q"), host_array(idx_k, "idx_k"), args)
 
 
@@ -83,9 +89,7 @@ def _scores(q: np.ndarray, k: np.ndarray) -> np.ndarray:
     # Key rows at or beyond seq_len may hold NaN/inf (never read by the selection): no warning.
     with np.errstate(invalid="ignore", over="ignore"):
         if _FAST:
-            with blas_threads():  # a small GEMM: extra BLAS threads only wait on a busy machine
-                s = matmul_fp32(q.astype(F64), kt, k_tile=K_STEP)
-            return s * np.float32(1.0)
+            return _fast.scores(q, kt)
         q_pad = np.zeros((NPAD, q.shape[1]), dtype=F64)
         q_pad[: q.shape[0]] = q.astype(F64)
         s = matmul_fp32(q_pad, kt, k_tile=K_STEP) * np.float32(1.0)
@@ -127,7 +131,7 @@ def msa_indexer_scores(idx_q, idx_k, nb, *, trace=None):
     return same_kind(s, idx_q)
 
 
-def _trace_blocks(trace, head_max: np.ndarray, args: IndexerArgs) -> None:
+def _trace_blocks(trace, head_max: np.ndarray, args: Args) -> None:
     """One record per key block: the keys that count, the maxima, the block's slot."""
     nb = args.nb
     slots = selection_slots(head_max, nb)

@@ -23,17 +23,17 @@ Public names:
 
 Arithmetic: :mod:`tilesim.reference.arith` (``matmul_fp32`` with 128-column K tiles, NumPy's
 float32 exp, ``SoftmaxMerge("online")``). Both paths batch the 16 heads of a KV group into one
-matmul per chunk. The speed path (:data:`_FAST`, or ``_fast=`` per call) adds blocks of
-:data:`ROW_BLOCK` query rows run as (KV head, row block) items on the reference worker pool
-(:func:`tilesim.reference.blas_pool.map_in_order`) and skips the K steps no row of a row
-block sees when that provably changes no bit (:func:`_may_skip_dead_keys`). The plain path
+matmul per chunk. The speed path (:mod:`tilesim.reference._msa_main_fast`, chosen by
+:data:`_FAST`, or ``_fast=`` per call) adds blocks of :data:`ROW_BLOCK` query rows run as
+(KV head, row block) items on the reference worker pool and skips the K steps no row of a row
+block sees when that provably changes no bit. The plain path (this module, the golden)
 runs one item per KV head over all rows, serially, every key. Both give the same bits and,
 with a trace hook, the same records. The path is chosen by the switch alone, never by
 ``trace``: when the speed path skipped dead keys (which leaves out the per-chunk ``m_c`` /
 ``l_c`` of the rows it skips), a trace hook adds a statistics pass of the plain path over all
 keys, so tracing costs about one more run.
 
-Deliberate differences from the seeds' kernel (``docs/ops/msa.md``): a last partial chunk is
+Deliberate differences from the seeds' kernel (``docs/ops/msa_main.md``): a last partial chunk is
 processed when ``topk*bk`` is not a multiple of NTILE (``seeds_compat=True`` drops it, as the
 kernel does), and a query row that sees no selected key returns zeros (the kernel's
 arithmetic gives the mean of V there).
@@ -41,21 +41,23 @@ arithmetic gives the mean of V there).
 
 from __future__ import annotations
 
-from functools import partial
 from typing import NamedTuple
 
 import numpy as np
+from tilesim.reference import _msa_main_fast
+from tilesim.reference._msa_main_fast import DEAD_KEY_SCORE_BOUND, ROW_BLOCK, live_key_steps
 from tilesim.reference.arith import F64, SoftmaxMerge, exp_fp32_numpy, matmul_fp32
-from tilesim.reference.blas_pool import blas_threads, map_in_order
 from tilesim.reference.msa_common import K_STEP, chunk_bounds, softmax_chunk, zero_unread_rows
 from tilesim.shared.casts import BF16, FP32, to_bf16, widen_to_fp32
 from tilesim.shared.msa_main import (
     MASK_NEG,
-    MainBranchArgs,
+    Args,
     build_msa_block_mask,
-    check_msa_main_args,
+    check_meta,
+    check_values,
+    cost,
+    host_plan,
     kernel_mask,
-    read_keys,
 )
 from tilesim.shared.tiling import MsaTiling
 from tilesim.shared.trace import Trace, emit
@@ -65,40 +67,40 @@ OP = "msa_main_branch"
 F16 = np.dtype(np.float16)
 _P_DTYPES = {"fp32": FP32, "fp16": F16, "bf16": BF16}
 
-#: the speed path (row blocks on the worker pool, dead-key skipping) is on by default
+#: the one speed switch: :mod:`tilesim.reference._msa_main_fast` (row blocks on the worker
+#: pool, dead-key skipping) instead of the golden loop below; ``_fast=`` overrides it per call
 _FAST = True
-#: query rows per item of the speed path (no numeric effect: rows never interact); one query
-#: block of the seeds' cases, so dead-key skipping works at block granularity
-ROW_BLOCK = 128
-#: largest ``|q|*|k|*scale`` for which a -1e9 mask entry provably gives ``exp(S - m) == 0``
-DEAD_KEY_SCORE_BOUND = 1e8
 
 
 # ----------------------------------------------------------------------------- FLOP counts
+def _count_args(n: int, hq: int, dh: int, kv_len: int, block_mask=None) -> Args:
+    """An :class:`~tilesim.shared.msa_main.Args` carrying just what ``cost`` reads."""
+    nbq, topk, bk = (1, 1, kv_len) if block_mask is None else tuple(block_mask.shape[:3])
+    return Args(int(n), int(hq), 1, int(dh), nbq, topk, bk, int(kv_len), "fp32", 0, None,
+                block_mask)  # fmt: skip
+
+
 def msa_main_flop_count(n: int, hq: int, dh: int, kv_len: int) -> int:
     """The kernel's matmul FLOPs (2 per multiply-add): ``S = Q K^T`` and ``P V`` for ``n``
     rows of ``hq`` heads over ``kv_len`` keys, masked keys included (one trace record:
-    ``hq=1`` and the chunk's width)."""
-    return 2 * n * hq * kv_len * 2 * dh
+    ``hq=1`` and the chunk's width). A thin call of :func:`tilesim.shared.msa_main.cost`."""
+    return cost(_count_args(n, hq, dh, kv_len))["flop"]
 
 
 def msa_main_live_flop_count(n: int, hq: int, dh: int, block_mask) -> int:
     """The part of :func:`msa_main_flop_count` any golden has to do: the ``(query block,
     slot)`` pairs in which some entry of ``block_mask [nbq, topk, bk, bk]`` is visible
     (> -1e9), each with the query block's real rows (< ``n``) and ``bk`` keys. Future blocks
-    and padding slots are dead work."""
+    and padding slots are dead work. A thin call of :func:`tilesim.shared.msa_main.cost`."""
     mask = host_array(block_mask, "block_mask")
-    nbq, _, bk, _ = mask.shape
-    rows = np.minimum(bk, n - np.arange(nbq) * bk)  # real query rows per query block
-    live = (mask > MASK_NEG).any(axis=(2, 3))  # [nbq, topk]
-    return int(2 * hq * 2 * dh * bk * (rows[:, None] * live).sum())
+    return cost(_count_args(n, hq, dh, mask.shape[1] * mask.shape[2], mask))["live_flop"]
 
 
 # ----------------------------------------------------------------------------- checks
 class _Call(NamedTuple):
     """The checked arguments of one call."""
 
-    args: MainBranchArgs
+    args: Args
     q: np.ndarray
     k: np.ndarray
     v: np.ndarray
@@ -115,9 +117,10 @@ def _check(
     check_trace(trace)
     seeds_compat = check_bool(seeds_compat, "seeds_compat")
     fast = _FAST if fast is None else check_bool(fast, "_fast")
-    a = check_msa_main_args(
+    a = check_meta(
         query, key_blocks, value_blocks, block_mask, dtype=dtype, max_n=max_n, tiling=tiling
     )
+    a = check_values(a)
     bounds = chunk_bounds(a.kv_len, a.tiling.ntile, seeds_compat=seeds_compat)
     if not bounds:
         raise ValueError(
@@ -167,10 +170,9 @@ def _plan(call: _Call) -> _Plan:
     a = call.args
     n, hkv, dh = a.n, a.hkv, a.dh
     group = a.hq // hkv
-    mask2d = kernel_mask(a.block_mask, a.nbq * a.bk)[:n]  # rows past nbq*bk are never read
+    mask2d, read, _ = host_plan(a)  # mask rows < n; keys no row sees (padding, past n)
     q64 = _cast_inputs(call.q, a.dtype).reshape(n, hkv, group, dh)
     q64 = np.ascontiguousarray(q64.transpose(1, 0, 2, 3)).reshape(hkv, n * group, dh)
-    read = read_keys(mask2d)  # keys no row sees (padding, past n): K and V rows zeroed
     k_kv, v_kv = (
         zero_unread_rows(_cast_inputs(x, a.dtype).transpose(1, 0, 2), read)
         for x in (call.k, call.v)
@@ -195,50 +197,12 @@ def _plan(call: _Call) -> _Plan:
     )
 
 
-# ----------------------------------------------------------------------------- speed path rules
-def _may_skip_dead_keys(plan: _Plan) -> bool:
-    """True when dropping the K steps that every row of a row block has masked changes no bit.
-
-    A masked score is ``raw*scale + (-1e9)``; a visible one is ``raw*scale + 0``. When the mask
-    holds only 0 and -1e9 and ``|raw*scale| <= DEAD_KEY_SCORE_BOUND`` (Cauchy-Schwarz on the row
-    norms), a masked key of a row that also sees a key in the chunk gets ``P = exp(S - m) = 0``
-    exactly, so its column adds exact zeros to ``l`` and to every K step of ``P.V`` (V must be
-    finite: ``0 * inf`` is NaN). A chunk in which a row sees nothing is erased by the online merge
-    (its weight ``exp(-1e9 - m')`` is 0), whatever keys it held. Either way the output bits do not
-    depend on whether those keys were computed.
-    """
-    mask, q64, k64, v64 = plan.mask2d, plan.q64, plan.k64, plan.v64
-    if not ((mask == 0) | (mask == MASK_NEG)).all():
-        return False
-    if not (np.isfinite(q64).all() and np.isfinite(k64).all() and np.isfinite(v64).all()):
-        return False
-    q_norm = float(np.sqrt(np.einsum("hrd,hrd->hr", q64, q64).max()))  # q64: [HKV, rows, dh]
-    k_norm = float(np.sqrt(np.einsum("hdk,hdk->hk", k64, k64).max()))  # k64: [HKV, dh, kv]
-    return q_norm * k_norm * float(plan.scale) * (1 + 1e-6) <= DEAD_KEY_SCORE_BOUND
-
-
-def live_key_steps(visible: np.ndarray, c0: int, w: int) -> np.ndarray | None:
-    """Key columns (chunk-relative) of the K steps some row of ``visible`` ``[rows, kv]`` sees.
-
-    Whole :data:`K_STEP` groups counted from the chunk start are kept or dropped, so the P.V
-    K-step boundaries of the kept keys are the kernel's. ``None``: every group is live.
-    """
-    seen = visible[:, c0 : c0 + w].any(axis=0)
-    starts = range(0, w, K_STEP)
-    live = [k0 for k0 in starts if seen[k0 : k0 + K_STEP].any()]
-    if len(live) == len(starts):
-        return None
-    if not live:
-        return np.empty(0, dtype=np.intp)
-    return np.concatenate([np.arange(k0, min(w, k0 + K_STEP)) for k0 in live])
-
-
 # ----------------------------------------------------------------------------- the loop nest
 def _chunk_operands(plan: _Plan, h_kv: int, c: int, r0: int, r1: int, skip_dead: bool):
     """``(K_c [dh, keys], V_c [keys, dh], mask_c [rows, keys])`` of chunk ``c`` for rows
     ``r0:r1``: every key, or only the live K steps; ``None`` when no row sees a key of it."""
     c0, w = plan.bounds[c]
-    cols = live_key_steps(plan.visible[r0:r1], c0, w) if skip_dead else None
+    cols = _msa_main_fast.live_key_steps(plan.visible[r0:r1], c0, w) if skip_dead else None
     if cols is None:  # the whole chunk, as the kernel computes it
         return plan.k_chunks[h_kv][c], plan.v64[h_kv, c0 : c0 + w], plan.mask2d[r0:r1, c0 : c0 + w]
     if cols.size == 0:
@@ -272,8 +236,9 @@ def _rows_item(plan: _Plan, out: np.ndarray, stats, skip_dead: bool, item) -> No
 
 
 def _run(call: _Call, plan: _Plan, *, want_stats: bool):
-    """The kernel's loop nest over every (KV head, row block) item: ``(out [n, HQ, dh],
-    stats)``. Items share no reduction; each writes only its own rows.
+    """The kernel's loop nest: ``(out [n, HQ, dh], stats)``. The golden: one item per KV head
+    over all rows, serially, every key; with ``call.fast`` the items are row blocks on the
+    worker pool, dead keys skipped where provably exact (:mod:`tilesim.reference._msa_main_fast`).
 
     ``stats`` (the per-chunk ``(m_c, l_c)`` of every row) when ``want_stats`` and no chunk was
     skipped, else ``None``: dead-key skipping leaves out the statistics of the rows it skips.
@@ -281,24 +246,21 @@ def _run(call: _Call, plan: _Plan, *, want_stats: bool):
     a = call.args
     n, hkv, g = a.n, a.hkv, plan.group
     out = np.zeros((n, hkv, g, a.dh), dtype=FP32)
-    rows = ROW_BLOCK if call.fast else n
-    items = [(h, r0, min(n, r0 + rows)) for h in range(hkv) for r0 in range(0, n, rows)]
-    skip_dead = call.fast and not call.seeds_compat and _may_skip_dead_keys(plan)
-    stats = None
-    if want_stats and not skip_dead:
-        stats = tuple(np.empty((len(plan.bounds), n, hkv, g), dtype=FP32) for _ in range(2))
-    body = partial(_rows_item, plan, out, stats, skip_dead)
     if call.fast:
-        with blas_threads():  # numbers do not depend on it, speed on a busy machine does
-            for _ in map_in_order(body, items):
-                pass
+        stats = _msa_main_fast.run(call, plan, out, _rows_item, want_stats=want_stats)
     else:
-        for item in items:
-            body(item)
+        stats = _new_stats(plan, n, hkv) if want_stats else None
+        for h in range(hkv):  # KV heads, all rows at once
+            _rows_item(plan, out, stats, False, (h, 0, n))
     out = out.reshape(n, a.hq, a.dh)
     if not call.seeds_compat:
         out[~plan.visible.any(axis=1)] = 0.0  # a row that sees no key: zeros
     return out, stats
+
+
+def _new_stats(plan: _Plan, n: int, hkv: int) -> tuple[np.ndarray, np.ndarray]:
+    """Empty FP32 ``(m_c, l_c)`` arrays ``[chunk, n, HKV, 16]`` for the trace records."""
+    return tuple(np.empty((len(plan.bounds), n, hkv, plan.group), dtype=FP32) for _ in range(2))
 
 
 def _emit_records(call: _Call, plan: _Plan, stats) -> None:

@@ -1,12 +1,15 @@
-"""Host glue of DeepSeek-V3.2 sparse attention, shared by the golden and the kernel wrapper.
+"""The contract of DeepSeek-V3.2 sparse attention (op ``dsa``), shared by the golden and the
+kernel wrapper: :class:`Args`, :func:`check_meta`, :func:`check_values`, :func:`host_plan`,
+:func:`cost`. Everything here runs on host data and rounds nothing:
 
-Everything here runs on host NumPy data and rounds nothing:
-
-* :func:`check_dsa_args` — the argument checks of ``sparse_attention_antiquant`` and
-  ``..._kv_split`` (reference and device call the same function, so they accept and reject the
-  same arguments with the same messages), returning a :class:`DsaArgs` named tuple;
-  :func:`check_packed_cache` / :func:`check_split_cache` check the cache forms;
-  :func:`resolve_tiling` handles ``tiling=`` and its deprecated alias ``tile_config=``.
+* :func:`check_meta` — shapes, dtypes and static sizes of ``sparse_attention_antiquant`` /
+  ``..._kv_split`` (queries, the packed or kv_split cache, ``topk_indices``, ``block_table``,
+  ``kv_act_seqs``), reading no value; returns :class:`Args`. :func:`check_values` — the
+  checks that read the integer inputs (``kv_act_seqs`` bounds, every used top-k entry). Both
+  twins call both, so they accept and reject the same arguments with the same messages;
+  :func:`resolve_tiling` is the one rule for ``tiling=None``.
+* :func:`host_plan` — :func:`plan_physical_rows`, :func:`stand_in_positions` and the split.
+* :func:`cost` — the one FLOP / byte counter (the golden's and the kernel's accounting).
 * :func:`cur_seq_lengths` — how many top-k entries each query token uses.
 * :func:`plan_physical_rows` — check every used top-k entry and translate it to a physical
   cache row, ``block_table[b, p // block_size] * block_size + p % block_size``.
@@ -43,7 +46,6 @@ golden and the kernel always see the same split). ``docs/ops/dsa.md``
 
 from __future__ import annotations
 
-import warnings
 from typing import NamedTuple
 
 import numpy as np
@@ -77,17 +79,21 @@ QUANT_NAMES = {FP8_E4M3: "fp8", np.dtype(np.int8): "int8"}
 _PLAN_CHUNK = 1024
 
 
-class DsaArgs(NamedTuple):
-    """The checked arguments of one sparse-attention call.
+class Args(NamedTuple):
+    """The checked arguments of one sparse-attention call (:func:`check_meta`).
 
-    ``query_nope`` / ``query_rope`` are the caller's arrays or tensors (metadata checked, data
-    not read); the integer inputs are host int64 copies."""
+    ``query_nope`` / ``query_rope`` and ``caches`` are the caller's arrays or tensors (metadata
+    checked, data not read). ``topk_indices``, ``block_table`` and ``kv_act_seqs`` are the
+    caller's objects after :func:`check_meta` and host int64 copies after
+    :func:`check_values` (``values`` tells which). ``caches``: ``(nope_cache,)`` for a packed
+    ``layout`` (``"pypto"`` / ``"flashmla"``), ``(kn_quant, kr, kn_scales)`` for
+    ``"kv_split"``; ``quant`` ``"fp8"`` or ``"int8"``; ``cache_rows`` its row count."""
 
     query_nope: object
     query_rope: object
-    topk_indices: np.ndarray
-    block_table: np.ndarray
-    kv_act_seqs: np.ndarray
+    topk_indices: object
+    block_table: object
+    kv_act_seqs: object
     nq: int
     topk: int
     block_size: int
@@ -96,27 +102,43 @@ class DsaArgs(NamedTuple):
     n_b: int
     rows: int
     tiling: SaTileShapeConfig
+    caches: tuple = ()
+    layout: str = "pypto"
+    quant: str = "int8"
+    cache_rows: int = 0
+    values: bool = False
+
+
+#: the old name of :class:`Args`
+DsaArgs = Args
+
+
+class HostPlan(NamedTuple):
+    """The host rules of one checked call (:func:`host_plan`): ``phys`` int32 ``[T, topk]``
+    physical rows (``NO_ROW`` for skipped ``-1`` entries and columns past ``cur_seq``),
+    ``cur_seq`` int64 ``[T]``, ``skipped`` bool ``[T, topk]`` (used ``-1`` entries),
+    ``stand_in`` int64 ``[B]`` positions for them (``None`` when there is none; see
+    :func:`stand_in_positions`), ``tiles_per_split`` (all of a token's tiles when
+    ``kv_splits = 1``)."""
+
+    phys: np.ndarray
+    cur_seq: np.ndarray
+    skipped: np.ndarray
+    stand_in: np.ndarray | None
+    tiles_per_split: int
 
 
 # ----------------------------------------------------------------------------- checks
-def tiling_argument(tiling, tile_config=None, *, stacklevel: int = 4):
-    """The ``tiling`` argument of a call, or its deprecated alias ``tile_config`` (a
-    ``DeprecationWarning``; both given: ``TypeError``): a ``SaTileShapeConfig`` or ``None``."""
-    name = "tiling"
-    if tile_config is not None:
-        if tiling is not None:
-            raise TypeError("tiling: got tiling= and its deprecated alias tile_config=; pass one")
-        warnings.warn(
-            "tile_config= is deprecated, use tiling= (same meaning)", DeprecationWarning, stacklevel
-        )
-        tiling, name = tile_config, "tile_config"
-    return check_instance(tiling, name, SaTileShapeConfig, optional=True)
+def tiling_argument(tiling):
+    """The ``tiling`` argument of a call: a ``SaTileShapeConfig`` or ``None`` (``TypeError``
+    naming ``tiling`` otherwise)."""
+    return check_instance(tiling, "tiling", SaTileShapeConfig, optional=True)
 
 
-def resolve_tiling(tiling, tile_config=None) -> SaTileShapeConfig:
+def resolve_tiling(tiling) -> SaTileShapeConfig:
     """The tile config of a call (:func:`tiling_argument`); ``None`` reads
-    ``SaTileShapeConfig.from_env()`` now."""
-    tiling = tiling_argument(tiling, tile_config)
+    ``SaTileShapeConfig.from_env()`` now (the one rule, for the golden and the kernel)."""
+    tiling = tiling_argument(tiling)
     return SaTileShapeConfig.from_env() if tiling is None else tiling
 
 
@@ -129,24 +151,17 @@ def _check_queries(query_nope, query_rope) -> int:
     return rows
 
 
-def check_dsa_args(
-    query_nope,
-    query_rope,
-    topk_indices,
-    block_table,
-    kv_act_seqs,
-    *,
-    nq,
-    n_kv,
-    softmax_scale,
-    topk,
-    block_size,
-    tiling=None,
-    tile_config=None,
-    trace=None,
-    progress=None,
-) -> DsaArgs:
-    """Check the arguments shared by both ops (see :class:`DsaArgs`), before any work."""
+def _int_meta(x, name: str, *, ndim=None, shape=None, layout="") -> tuple[int, ...]:
+    """Shape of an integer array or tensor (metadata only: no value is read)."""
+    check_array(x, name, ndim=ndim, shape=shape, layout=layout)
+    dt = dtype_of(x, name)
+    if dt.kind not in "iu":
+        raise TypeError(f"{name}: expected an integer dtype, got {dt}")
+    return tuple(shape_of(x, name))
+
+
+def _check_scalars(nq, n_kv, softmax_scale, topk, block_size, tiling, trace, progress):
+    """``(nq, topk, block_size, scale, tiling)`` checked (no array involved)."""
     nq = check_pos_int(nq, "nq")
     if check_pos_int(n_kv, "n_kv") != 1:
         raise ValueError(
@@ -156,7 +171,7 @@ def check_dsa_args(
     topk = check_pos_int(topk, "topk")
     block_size = check_int(block_size, "block_size", lo=1, hi=INT32_MAX)
     scale = np.float32(check_float(softmax_scale, "softmax_scale", positive=True, fp32=True))
-    cfg = resolve_tiling(tiling, tile_config)
+    cfg = resolve_tiling(tiling)
     if cfg.kv_splits > 1 and cfg.softmax != "online":
         raise ValueError(
             f"tiling.kv_splits: expected 1 with softmax 'per_tile' (split-KV combines "
@@ -165,31 +180,174 @@ def check_dsa_args(
     check_trace(trace)
     if progress is not None:
         check_bool(progress, "progress")
-    rows = _check_queries(query_nope, query_rope)
-    acts = host_ints(kv_act_seqs, "kv_act_seqs", ndim=1, layout="[B]")
-    n_b = acts.shape[0]
+    return nq, topk, block_size, scale, cfg
+
+
+def _check_int_shapes(rows, topk_indices, block_table, kv_act_seqs, *, nq, topk):
+    """``(n_b, s1)`` from the integer inputs' shapes (metadata only)."""
+    n_b = _int_meta(kv_act_seqs, "kv_act_seqs", ndim=1, layout="[B]")[0]
     if n_b == 0:
         raise ValueError("kv_act_seqs: expected at least one batch, got shape (0,)")
-    check_range(acts, "kv_act_seqs", lo=0)
     if rows == 0 or rows % (n_b * nq):
         raise ValueError(
             f"query_nope: expected rows = B*s1*nq > 0 with B = len(kv_act_seqs) = {n_b} and "
             f"nq = {nq}, got {rows} rows"
         )
     s1 = rows // (n_b * nq)
-    ti = host_ints(topk_indices, "topk_indices", shape=(n_b * s1, topk), layout="[T, n_kv*topk]")
-    bt = host_ints(block_table, "block_table", ndim=2, layout="[B, max_blocks]")
-    if bt.shape[0] != n_b:
+    _int_meta(topk_indices, "topk_indices", shape=(n_b * s1, topk), layout="[T, n_kv*topk]")
+    bt = _int_meta(block_table, "block_table", ndim=2, layout="[B, max_blocks]")
+    if bt[0] != n_b:
         raise ValueError(
             f"block_table: expected shape ({n_b}, *) (B = len(kv_act_seqs) = {n_b}; "
-            f"kv_act_seqs and block_table hold one entry / row per batch), got {tuple(bt.shape)}"
+            f"kv_act_seqs and block_table hold one entry / row per batch), got {bt}"
         )
+    return n_b, s1
+
+
+def check_meta(
+    query_nope,
+    query_rope,
+    caches: tuple,
+    topk_indices,
+    block_table,
+    kv_act_seqs,
+    *,
+    layout: str,
+    nq,
+    n_kv,
+    softmax_scale,
+    topk,
+    block_size,
+    tiling=None,
+    trace=None,
+    progress=None,
+) -> Args:
+    """Shapes, dtypes and static sizes of one call, before any work; reads no value (so it
+    runs as it is on FakeTensor / ``meta`` tensors and for ``validate=False``).
+
+    ``caches``: ``(nope_cache,)`` with ``layout`` ``"pypto"`` / ``"flashmla"``, or
+    ``(kn_quant, kr, kn_scales)`` with ``layout="kv_split"``. Raises ``ValueError`` /
+    ``TypeError`` naming the argument. Returns :class:`Args` (``values=False``)."""
+    nq, topk, block_size, scale, cfg = _check_scalars(
+        nq, n_kv, softmax_scale, topk, block_size, tiling, trace, progress
+    )
+    rows = _check_queries(query_nope, query_rope)
+    n_b, s1 = _check_int_shapes(rows, topk_indices, block_table, kv_act_seqs, nq=nq, topk=topk)
+    if layout == "kv_split":
+        cache_rows, quant = check_split_cache(*caches)
+    else:
+        cache_rows, quant = check_packed_cache(caches[0], layout)
+    return Args(
+        query_nope, query_rope, topk_indices, block_table, kv_act_seqs, nq, topk, block_size,
+        scale, s1, n_b, rows, cfg, tuple(caches), layout, quant, cache_rows, False,
+    )  # fmt: skip
+
+
+def check_values(args: Args) -> Args:
+    """The checks that read the integer inputs (host int64 copies, returned in the
+    :class:`Args`, ``values=True``): ``kv_act_seqs`` in ``[0, max_blocks * block_size]``
+    and every used top-k entry (:func:`plan_physical_rows`: ``-1`` or a position inside the
+    sequence, an allocated block, a row inside the cache). ``ValueError`` naming the entry."""
+    acts = host_ints(args.kv_act_seqs, "kv_act_seqs", ndim=1, layout="[B]")
+    check_range(acts, "kv_act_seqs", lo=0)
+    ti = host_ints(args.topk_indices, "topk_indices", ndim=2, layout="[T, n_kv*topk]")
+    bt = host_ints(args.block_table, "block_table", ndim=2, layout="[B, max_blocks]")
     # a length past the table's capacity would address keys no block holds (and wrap in the
     # kernel's INT32 arithmetic)
-    check_range(acts, "kv_act_seqs", lo=0, hi=bt.shape[1] * block_size)
-    return DsaArgs(
-        query_nope, query_rope, ti, bt, acts, nq, topk, block_size, scale, s1, n_b, rows, cfg
-    )
+    check_range(acts, "kv_act_seqs", lo=0, hi=bt.shape[1] * args.block_size)
+    checked = args._replace(topk_indices=ti, block_table=bt, kv_act_seqs=acts, values=True)
+    _physical_rows(checked)
+    return checked
+
+
+def _physical_rows(a: Args) -> tuple[np.ndarray, np.ndarray]:
+    return plan_physical_rows(
+        a.topk_indices, a.block_table, a.kv_act_seqs,
+        s1=a.s1, topk=a.topk, block_size=a.block_size, cache_rows=a.cache_rows,
+    )  # fmt: skip
+
+
+def _require_values(args: Args, what: str) -> None:
+    if not (isinstance(args, Args) and args.values):
+        raise TypeError(f"args: {what} needs the Args of check_values, got {type(args).__name__}")
+
+
+def host_plan(args: Args) -> HostPlan:
+    """The host rules of a checked call (:func:`check_values` first): the physical rows
+    (:func:`plan_physical_rows`), the used ``-1`` entries and their stand-in positions
+    (:func:`stand_in_positions`, only when there is one), and the split
+    (:func:`tiles_per_split` of ``args.tiling``). NumPy; the device path's torch twin for
+    ``validate=False`` is :func:`kernel_indices_torch`."""
+    _require_values(args, "host_plan")
+    phys, cur = _physical_rows(args)
+    skipped = (np.arange(args.topk)[None, :] < cur[:, None]) & (phys == NO_ROW)
+    stand_in = None
+    if skipped.any():
+        stand_in = stand_in_positions(
+            skipped, args.block_table,
+            s1=args.s1, block_size=args.block_size, cache_rows=args.cache_rows,
+        )  # fmt: skip
+    cfg = args.tiling
+    tps = tiles_per_split(args.topk, cfg.s_kv_tile, cfg.kv_splits)
+    return HostPlan(phys, cur, skipped, stand_in, tps)
+
+
+def kernel_indices(a: Args, plan: HostPlan | None = None) -> tuple[np.ndarray, int | None]:
+    """``(indices, mask_col0)``: the INT32 index tensor the kernel reads, from the host plan
+    (:func:`host_plan` of ``a``, the :func:`check_values` arguments, unless ``plan`` is
+    given). The columns are zero-padded to whole KV tiles so that the last tile's
+    ``[1, s_kv_tile]`` view stays inside the tensor (only ``cur_seq`` columns are read; the
+    entries past ``cur_seq`` are written 0, whatever the caller left there). When some used
+    entry is ``-1`` (the masked build), it is replaced by a stand-in position of its batch
+    (:func:`stand_in_positions`) and as many columns again follow, 1 at every skipped entry,
+    0 elsewhere (one tensor, not two: PyPTO 0.2.0's cost-model machine crashes with ten
+    kernel arguments); ``mask_col0`` is where they start, else ``None``."""
+    plan = host_plan(a) if plan is None else plan
+    st = a.tiling.s_kv_tile
+    cols = -(-a.topk // st) * st
+    skipped, filler = plan.skipped, plan.stand_in
+    n = a.topk_indices.shape[0]
+    used = np.arange(a.topk)[None, :] < plan.cur_seq[:, None]
+    entries = np.where(used, a.topk_indices[:, : a.topk], 0)  # past cur_seq: never read, 0
+    if filler is None:
+        idx = np.zeros((n, cols), dtype=np.int32)
+        idx[:, : a.topk] = entries
+        return idx, None
+    idx = np.zeros((n, 2 * cols), dtype=np.int32)
+    idx[:, : a.topk] = entries
+    rows, c = np.nonzero(skipped)
+    idx[rows, c] = filler[rows // a.s1]
+    idx[rows, cols + c] = 1
+    return idx, cols
+
+
+def kernel_indices_torch(ti, bt, acts, *, s1: int, topk: int, block_size: int, s_kv_tile: int,
+                         cache_rows: int):  # fmt: skip
+    """The torch twin of :func:`kernel_indices`: its masked form built where the tensors live
+    (torch ops on the inputs' device, no host copy; the ``validate=False`` path), with no
+    value check: INT32 ``[T, 2*cols]``, the entries (0 past ``cur_seq``, a used ``-1``
+    replaced by its batch's stand-in position, the first one whose block is allocated and
+    inside the cache: :func:`stand_in_positions`), then the 0/1 skip columns from ``cols``.
+    Always the masked layout: whether a ``-1`` is used is not known without reading the data.
+    A batch with a used ``-1`` and no allocated block gets position 0 (undefined, as every
+    unchecked bad entry is). Tested equal to :func:`kernel_indices`."""
+    import torch  # lazily: importing this module needs no torch
+
+    dev = ti.device
+    cols = -(-topk // s_kv_tile) * s_kv_tile
+    s = torch.arange(s1, device=dev, dtype=torch.int64)
+    cur = (acts.to(torch.int64)[:, None] - s1 + 1 + s[None, :]).clamp(0, topk).reshape(-1)
+    used = torch.arange(topk, device=dev)[None, :] < cur[:, None]
+    t = ti[:, :topk].to(torch.int64)
+    skipped = used & (t == -1)
+    table = bt.to(torch.int64)
+    ok = (table >= 0) & ((table + 1) * block_size <= cache_rows)
+    filler = (ok.to(torch.int32).argmax(dim=1) * block_size).repeat_interleave(s1)
+    entries = torch.where(skipped, filler[:, None], torch.where(used, t, 0))
+    idx = torch.zeros((t.shape[0], 2 * cols), dtype=torch.int32, device=dev)
+    idx[:, :topk] = entries.to(torch.int32)
+    idx[:, cols : cols + topk] = skipped.to(torch.int32)
+    return idx, cols
 
 
 def check_packed_cache(nope_cache, layout) -> tuple[int, str]:
@@ -230,6 +388,57 @@ def attention_flop(heads: int, keys: int) -> int:
     """Matmul FLOPs of ``heads`` query heads over ``keys`` keys: ``2 * heads * keys * (576 +
     512)`` (C1 ``Q K^T`` over 576 columns, C2 ``P V`` over 512; 2 per multiply-add)."""
     return 2 * int(heads) * int(keys) * (HEAD_DIM + NOPE)
+
+
+def cost(args: Args) -> dict:
+    """The one FLOP / byte counter of the op (reads ``topk_indices`` and ``kv_act_seqs``).
+
+    FlashMLA's accounting (``docs/sources.md``), with ``attended`` = the used entries that are
+    not ``-1``: ``flop = attention_flop(nq, attended)`` (the sum of the golden's trace
+    records' ``flop``), ``bytes`` = Q (BF16 576 per head) + ``attended`` gathered rows x 656 +
+    O (BF16 512 per head); ``unique_kv_bytes`` counts each (batch, position) once. The
+    kernel's traffic (``g_tile = args.tiling.g_tile``, ``nq / g_tile`` group tiles, each
+    gathering all ``keys`` = ``sum(cur_seq)`` used entries, masked ``-1`` ones included):
+    ``kernel_flop = (nq / g_tile) * attention_flop(g_tile, keys)`` and ``kernel_bytes`` = Q
+    + O + ``(nq / g_tile) * keys`` x (656 + 4: the row and its INT32 index)."""
+    ti = host_ints(args.topk_indices, "topk_indices", ndim=2)
+    acts = host_ints(args.kv_act_seqs, "kv_act_seqs", ndim=1)
+    n_t, nq, topk, s1 = ti.shape[0], args.nq, args.topk, args.s1
+    cur = cur_seq_lengths(acts, s1, topk)
+    live = (np.arange(topk)[None, :] < cur[:, None]) & (ti[:, :topk] != -1)
+    attended, keys = int(live.sum()), int(cur.sum())
+    unique = 0
+    for b in range(acts.shape[0]):
+        rows = slice(b * s1, (b + 1) * s1)
+        unique += int(np.unique(ti[rows, :topk][live[rows]]).size)
+    qo_bytes = n_t * nq * (HEAD_DIM + NOPE) * 2
+    g_tile = args.tiling.g_tile
+    g_loops = nq // g_tile
+    return {
+        "flop": attention_flop(nq, attended),
+        "bytes": qo_bytes + attended * PYPTO_ROW_BYTES,
+        "attended": attended,
+        "unique_kv_bytes": qo_bytes + unique * PYPTO_ROW_BYTES,
+        "keys": keys,
+        "kernel_flop": g_loops * attention_flop(g_tile, keys),
+        "kernel_bytes": g_loops
+        * (n_t * g_tile * (HEAD_DIM + NOPE) * 2 + keys * (PYPTO_ROW_BYTES + 4)),  # fmt: skip
+    }
+
+
+def cost_args(topk_indices, kv_act_seqs, *, nq: int, topk: int, s1: int | None = None,
+              g_tile: int | None = None) -> Args:  # fmt: skip
+    """The :class:`Args` :func:`cost` reads, from the counters' old arguments (no queries or
+    cache): ``s1`` defaults to ``len(topk_indices) // len(kv_act_seqs)``, ``g_tile`` to
+    ``nq`` (one group tile)."""
+    nq, topk = check_pos_int(nq, "nq"), check_pos_int(topk, "topk")
+    ti = host_ints(topk_indices, "topk_indices", ndim=2)
+    acts = host_ints(kv_act_seqs, "kv_act_seqs", ndim=1)
+    s1 = ti.shape[0] // max(acts.shape[0], 1) if s1 is None else check_pos_int(s1, "s1")
+    g = nq if g_tile is None else check_pos_int(g_tile, "g_tile")
+    cfg = SaTileShapeConfig.decode().replace(g_tile=g)
+    return Args(None, None, ti, None, acts, nq, topk, 1, np.float32(1), s1, acts.shape[0],
+                ti.shape[0] * nq, cfg, values=True)  # fmt: skip
 
 
 def _fail_first(mask, idx, r0, s1, acts, why: str) -> None:
@@ -429,18 +638,26 @@ def split_tiling(tiling: SaTileShapeConfig, *, tokens: int, nq: int, topk: int,
 
 
 __all__ = [
+    "Args",
     "DsaArgs",
     "HEAD_DIM",
+    "HostPlan",
     "NO_ROW",
     "QUANT_NAMES",
     "UNROLL_TILES",
     "attention_flop",
-    "check_dsa_args",
+    "check_meta",
     "check_packed_cache",
     "check_split_cache",
+    "check_values",
+    "cost",
+    "cost_args",
     "cur_seq_lengths",
     "default_kv_splits",
     "effective_kv_splits",
+    "host_plan",
+    "kernel_indices",
+    "kernel_indices_torch",
     "kv_tiles",
     "merge_chain",
     "plan_physical_rows",

@@ -39,12 +39,16 @@ PYPTO_ROW_BYTES = NOPE + 2 * ROPE + 4 * NSCALES  # 656
 FLASHMLA_ROW_BYTES = PYPTO_ROW_BYTES  # 656, different order
 PYPTO_UB_PITCH = 672  # 656 rounded up to a 32-byte multiple (UB tile pitch only)
 
-# (start, stop) byte ranges of each field per layout
-_FIELDS = {
+#: ``(start, stop)`` byte ranges of each field of a packed row, per layout (the one table: the
+#: packers here, the kernel's V0 stage and the CLI's byte-layout notes read it)
+FIELD_BYTES = {
     "pypto": {"nope": (0, 512), "rope": (512, 640), "scales": (640, 656)},
     "flashmla": {"nope": (0, 512), "scales": (512, 528), "rope": (528, 656)},
 }
+_FIELDS = FIELD_BYTES
 LAYOUTS = ("pypto", "flashmla")
+#: byte offsets ``(rope, scales)`` inside a packed row, per layout (the kernel's view offsets)
+LAYOUT_OFFSETS = {k: (f["rope"][0], f["scales"][0]) for k, f in FIELD_BYTES.items()}
 QUANT_DTYPES = (FP8_E4M3, np.dtype(np.int8))
 
 

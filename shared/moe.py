@@ -1,15 +1,19 @@
-"""Host rules of the MoE grouped GEMM, written once for the golden and the kernel wrapper.
+"""The contract of the MoE grouped GEMM (``moe_grouped_gemm``), written once for the golden
+(:mod:`tilesim.reference.moe`) and the kernel wrapper (:mod:`tilesim.device.moe`).
 
-* :func:`check_moe_args` — the argument checks both ``tilesim.reference.moe_grouped_gemm``
-  and ``tilesim.device.moe_grouped_gemm`` apply (policy: :mod:`tilesim.shared.validate`);
-  metadata checks only, plus the host values of ``expert_cumsum``.
-* :func:`check_moe_tiling` — the swiglu constants of a resolved tiling must agree with ``dims``.
-* :func:`moe_tile_schedule` — the chunk schedule of the kernel: per expert, the token range
-  split as ``pypto.loop_unroll`` splits it (:func:`tilesim.shared.tiling.loop_unroll_chunks`).
+* :class:`Args` — the checked arguments; :func:`check_meta` checks shapes, dtypes and static
+  sizes only (never a value: FakeTensor / ``meta`` / ``validate=False`` calls use it as is);
+  :func:`check_values` reads ``expert_cumsum`` on the host and checks it (``c[0] == 0``,
+  non-decreasing, ``c[E] <= N_total``); :func:`resolve_tiling` applies the one ``tiling=None``
+  rule (policy: :mod:`tilesim.shared.validate`).
+* :func:`host_plan` — the kernel's chunk schedule (:func:`moe_tile_schedule`): per expert, the
+  token range split as ``pypto.loop_unroll`` splits it
+  (:func:`tilesim.shared.tiling.loop_unroll_chunks`).
+* :func:`cost` — the one FLOP / HBM-byte counter of a call.
 * :func:`emit_moe_schedule` — the trace records of a schedule (:mod:`tilesim.shared.trace`):
   lane ``{"expert": e}``, ``step`` = chunk index within the expert, ``key_range`` = rows
   ``[row0, row0 + chunk)`` of ``sorted_tokens``, ``keys_used`` = ``chunk``, ``flop`` = the
-  chunk's mm1 + mm2 FLOPs (:func:`moe_chunk_flop`), extra ``token_offset`` and ``chunk``.
+  chunk's mm1 + mm2 FLOPs, extra ``token_offset`` and ``chunk``.
 
 The kernel and its schedule: hicann/pypto-gym,
 src/pypto_gym/ops/pypto_tensor/minimax/minimax_grouped_gemm_impl.py (docs/ops/moe.md).
@@ -60,19 +64,19 @@ class MoeTileRecord(NamedTuple):
             "step": self.step,
             "key_range": (self.row0, self.row0 + self.chunk),
             "keys_used": self.chunk,
-            "flop": moe_chunk_flop(self.chunk, dims),
+            "flop": _rows_flop(self.chunk, dims),
             "token_offset": self.token_offset,
             "chunk": self.chunk,
         }
 
 
-def moe_chunk_flop(rows: int, dims: MoeDims) -> int:
+def _rows_flop(rows: int, dims: MoeDims) -> int:
     """Matmul FLOPs of ``rows`` token rows: mm1 ``2*H*2I`` plus mm2 ``2*I*H`` per row."""
     h, i = dims.hidden_size, dims.intermediate_size
     return int(rows) * (2 * h * 2 * i + 2 * i * h)
 
 
-def check_cumsum_values(cs: np.ndarray, name: str = "expert_cumsum") -> None:
+def _check_cumsum_values(cs: np.ndarray, name: str = "expert_cumsum") -> None:
     """``ValueError`` unless host int array ``cs`` starts at 0 and never decreases."""
     if cs.size == 0 or cs[0] != 0:
         got = int(cs[0]) if cs.size else "an empty array"
@@ -90,7 +94,7 @@ def moe_tile_schedule(expert_cumsum, unroll) -> list[MoeTileRecord]:
     """The chunk schedule the kernel runs for ``expert_cumsum`` (a 1-D integer array, NumPy
     or torch, starting at 0 and non-decreasing) and an unroll list, in loop order."""
     cs = host_ints(expert_cumsum, "expert_cumsum", ndim=1)
-    check_cumsum_values(cs)
+    _check_cumsum_values(cs)
     records = []
     for e in range(cs.size - 1):
         start = int(cs[e])
@@ -108,16 +112,25 @@ def emit_moe_schedule(trace: Trace, schedule, dims: MoeDims) -> None:
         emit(trace, OP_NAME, **rec._record_fields(dims))
 
 
-# ----------------------------------------------------------------------------- checks
-class MoeArgs(NamedTuple):
-    """What :func:`check_moe_args` found: the weights pair, the host ``expert_cumsum``
-    (int64), ``N_total`` and the tiling as given (``None`` or a :class:`MoeTiling`)."""
+# ----------------------------------------------------------------------------- contract
+class Args(NamedTuple):
+    """The checked arguments of one call (arrays as given: NumPy or torch, any device).
 
+    ``tiling`` is as given (``None`` or a :class:`MoeTiling`) until :func:`resolve_tiling`;
+    ``cs`` is the host ``expert_cumsum`` (int64 ``[E+1]``) once :func:`check_values` read it,
+    ``None`` before."""
+
+    sorted_tokens: object
     w13: object
     w2: object
-    cs: np.ndarray
-    n_total: int
+    expert_cumsum: object
+    dims: MoeDims
     tiling: MoeTiling | None
+    out: object
+    round_activation: bool
+    trace: Trace
+    n_total: int
+    cs: np.ndarray | None = None
 
 
 def check_moe_dims(dims) -> MoeDims:
@@ -146,20 +159,13 @@ def _check_weights(weights, dims: MoeDims):
     return w13, w2
 
 
-def _check_cumsum(expert_cumsum, dims: MoeDims, n_total: int) -> np.ndarray:
+def _check_cumsum_meta(expert_cumsum, dims: MoeDims) -> None:
     e = dims.num_experts
     check_array(expert_cumsum, "expert_cumsum", dtype=np.int32, ndim=1)
     if shape_of(expert_cumsum, "expert_cumsum") != (e + 1,):
         raise ValueError(
             f"expert_cumsum: expected length E+1 = {e + 1}, got shape {tuple(expert_cumsum.shape)}"
         )
-    cs = host_ints(expert_cumsum, "expert_cumsum")
-    check_cumsum_values(cs)
-    if cs[-1] > n_total:
-        raise ValueError(
-            f"expert_cumsum: expected the last value <= N_total = {n_total}, got {int(cs[-1])}"
-        )
-    return cs
 
 
 def _storage(x):
@@ -184,24 +190,83 @@ def _check_out(out, n_total: int, h: int, inputs: dict) -> None:
             raise ValueError(f"out: expected memory of its own, got memory shared with {name}")
 
 
-def check_moe_args(
+def check_meta(
     sorted_tokens, weights, expert_cumsum, dims, tiling, out, round_activation, trace
-) -> MoeArgs:
-    """The grouped GEMM's argument checks (reference and device), in argument order, before
-    any work. Arrays: NumPy or torch (any device; only ``expert_cumsum`` is read)."""
+) -> Args:
+    """The grouped GEMM's metadata checks (reference and device), in argument order, before
+    any work: dtypes, shapes, types. Reads no value (``expert_cumsum``'s data is left to
+    :func:`check_values`); arrays may be NumPy or torch on any device, FakeTensor or meta."""
     check_moe_dims(dims)
     h = dims.hidden_size
     check_array(sorted_tokens, "sorted_tokens", dtype=BF16, ndim=2, shape=(None, h),
                 layout="[N_total, H]")  # fmt: skip
     n_total = shape_of(sorted_tokens, "sorted_tokens")[0]
     w13, w2 = _check_weights(weights, dims)
-    cs = _check_cumsum(expert_cumsum, dims, n_total)
+    _check_cumsum_meta(expert_cumsum, dims)
     check_instance(tiling, "tiling", MoeTiling, optional=True)
     inputs = {"sorted_tokens": sorted_tokens, "w13_flat": w13, "w2_flat": w2}
     _check_out(out, n_total, h, inputs)
     check_bool(round_activation, "round_activation")
     check_trace(trace)
-    return MoeArgs(w13, w2, cs, n_total, tiling)
+    return Args(sorted_tokens, w13, w2, expert_cumsum, dims, tiling, out,
+                bool(round_activation), trace, n_total)  # fmt: skip
+
+
+def check_values(args: Args) -> Args:
+    """``args`` with ``cs``: ``expert_cumsum`` copied to the host (one read) and checked —
+    ``c[0] == 0``, non-decreasing, ``c[E] <= N_total``; ``ValueError`` naming it otherwise."""
+    cs = host_ints(args.expert_cumsum, "expert_cumsum")
+    _check_cumsum_values(cs)
+    if cs[-1] > args.n_total:
+        raise ValueError(
+            f"expert_cumsum: expected the last value <= N_total = {args.n_total}, got {int(cs[-1])}"
+        )
+    return args._replace(cs=cs)
+
+
+def resolve_tiling(args: Args, soc: str | None = None) -> Args:
+    """``args`` with the tiling resolved by the one rule of both twins: the given one, else
+    ``tilesim.shared.soc.moe_tiling(dims.activation, soc)`` (``soc=None``:
+    ``MoeTiling.from_env(dims.activation)``, the same up to ``vec_tile``, which changes no
+    number); then :func:`check_moe_tiling`."""
+    tiling = args.tiling
+    if tiling is None and soc is None:
+        tiling = MoeTiling.from_env(args.dims.activation)
+    elif tiling is None:
+        from tilesim.shared.soc import moe_tiling
+
+        tiling = moe_tiling(args.dims.activation, soc)
+    return args._replace(tiling=check_moe_tiling(tiling, args.dims))
+
+
+def host_plan(args: Args) -> list[MoeTileRecord]:
+    """The chunk schedule of the call (:func:`moe_tile_schedule` of ``args.cs`` and
+    ``args.tiling.unroll``); needs :func:`check_values` and :func:`resolve_tiling` first."""
+    return moe_tile_schedule(_values(args), args.tiling.unroll)
+
+
+def _values(args: Args) -> np.ndarray:
+    if args.cs is None:
+        raise ValueError("expert_cumsum: its values were not read; call check_values(args) first")
+    return args.cs
+
+
+def cost(args: Args) -> dict:
+    """``{"flop": int, "bytes": int}`` of one call (needs :func:`check_values` first).
+
+    ``flop``: matmul FLOPs, ``2*H*2I`` (mm1) plus ``2*I*H`` (mm2) per routed row
+    (``R = c[E]`` rows; the sum of the trace records' ``flop``; empty experts cost nothing).
+    ``bytes``: the HBM traffic of the kernel, inputs read once and the output written once:
+    the ``R`` routed BF16 token rows (``2*R*H``), the BF16 weights of the experts with a
+    token (``2*(H*2I + I*H)`` each), the INT32 cumsum (``4*(E+1)``) and the ``R`` BF16
+    output rows (``2*R*H``); intermediates (GU, A) stay on chip.
+    """
+    cs, dims = _values(args), args.dims
+    h, i = dims.hidden_size, dims.intermediate_size
+    rows = int(cs[-1])
+    live = int(np.count_nonzero(np.diff(cs)))
+    nbytes = 2 * rows * h * 2 + 2 * live * (h * 2 * i + i * h) + 4 * cs.size
+    return {"flop": _rows_flop(rows, dims), "bytes": int(nbytes)}
 
 
 def check_moe_tiling(tiling: MoeTiling, dims: MoeDims) -> MoeTiling:
@@ -223,13 +288,15 @@ def check_moe_tiling(tiling: MoeTiling, dims: MoeDims) -> MoeTiling:
 
 __all__ = [
     "OP_NAME",
-    "MoeArgs",
+    "Args",
     "MoeTileRecord",
-    "check_cumsum_values",
-    "check_moe_args",
+    "check_meta",
     "check_moe_dims",
     "check_moe_tiling",
+    "check_values",
+    "cost",
     "emit_moe_schedule",
-    "moe_chunk_flop",
+    "host_plan",
     "moe_tile_schedule",
+    "resolve_tiling",
 ]

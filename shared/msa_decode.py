@@ -1,50 +1,40 @@
-"""Host rules and argument checks of the MiniMax-M3 MSA block-sparse decode (``msa_sparse_decode``),
-written once for the golden and the device wrapper, and its split-KV rule.
+"""The contract of the MiniMax-M3 MSA block-sparse decode (``msa_sparse_decode``), written
+once for the golden and the device wrapper, and its split-KV rule.
 
-Host rules of the MiniMax-M3 MSA ops, written once for the goldens and the kernel wrappers.
+NumPy on host data; :mod:`tilesim.reference.msa_decode` and :mod:`tilesim.device.msa_decode`
+call these functions, so both apply literally the same rule (``docs/ops/msa_decode.md``):
 
-NumPy on host data; both :mod:`tilesim.reference` (``msa_indexer``, ``msa_decode``)
-and :mod:`tilesim.device` (the same module names) call these functions, so the golden and the
-device's host tail apply literally the same rule (``docs/ops/msa.md``):
-
-* **Indexer selection** (:func:`select_blocks`, :func:`select_from_head_max`): key rows at or
-  beyond ``seq_len`` take no part; head max = max over a block's keys, block score = max over
-  the index heads; ``nb <= 16`` gives ``arange(nb)``; otherwise the 15 best of the non-local
-  blocks ``0 .. nb-2`` (score descending, equal scores: the LOWER block id first, a stable sort)
-  followed by the local block ``nb - 1``. ``head_reduce="none"``: one selection per index head.
-* **Decode keep-mask** (:func:`decode_keep_mask`): ``cur = (seq_len-1)//by``; a slot holding
-  block ``cur`` keeps its first ``seq_len - by*cur`` keys, a slot holding a later block is
-  dropped, earlier blocks are kept whole (key ``t`` of block ``b`` is kept iff
-  ``by*b + t < seq_len``). The current block is recognised by id, so slot order is free.
-  Masking is NaN-robust: a dropped key's score is SET to the mask constant (a select) and its
-  V row is zeroed before P.V (:func:`decode_read_mask` says which gathered V rows are read), so
-  whatever a dropped slot holds (NaN, inf, garbage) never reaches the output.
-* **Argument checks** (:func:`check_indexer`, :func:`check_decode_inputs`) with the policy of
-  :mod:`tilesim.shared.validate`; they read only metadata, except the value checks (block ids,
-  ``seq_len``, finite index data below ``seq_len``), which copy those arrays to the host.
-
-Functions taking an array return the kind (NumPy or torch) of their first array argument.
-
-Split-KV for the MSA block-sparse decode: which key chunks form which split, and the rule
-that picks the split count.
+* :class:`Args`, :func:`check_meta` (shapes, dtypes, an int ``seq_len``; no value read, so it
+  works on torch ``meta`` / FakeTensors and for ``validate=False``), :func:`check_values`
+  (block ids in range and unique per row, ``seq_len`` arrays in range: host copies);
+* **Keep-mask** (:func:`decode_keep_mask`, torch twin :func:`keep_mask_torch`):
+  ``cur = (seq_len-1)//by``; a slot holding block ``cur`` keeps its first
+  ``seq_len - by*cur`` keys, a slot holding a later block is dropped, earlier blocks are kept
+  whole (key ``t`` of block ``b`` is kept iff ``by*b + t < seq_len``). The current block is
+  recognised by id, so slot order is free. Masking is NaN-robust: a dropped key's score is SET
+  to the mask constant (a select) and its V row is zeroed before P.V (:func:`decode_read_mask`
+  says which gathered V rows are read), so whatever a dropped slot holds never reaches the
+  output. :func:`host_plan` gives both masks; :func:`page_table_torch` the device's page ids;
+* :func:`cost`: the op's one FLOP / byte counter;
+* **Split-KV**: which key chunks form which split, and the rule that picks the split count.
 
 A (batch row, KV head) of the decode reads ``topk*128`` selected keys in NTILE-wide chunks
-(``chunk_bounds``: ``ceil(topk*128 / ntile)`` chunks, the last one maybe partial). With
+(``ceil(topk*128 / ntile)`` chunks, the last one maybe partial). With
 ``MsaTiling.kv_splits = k`` the chunks are grouped into ranges of ``ceil(chunks / k)``
 consecutive chunks (:func:`split_ranges`); each range is an independent online softmax with
 its own FP32 ``(O, l, m)`` state, and the ranges' states are then folded into range 0's state
 in range order ``1, 2, ..`` with the same online-merge formulas, before ``bf16(O / l)``.
 The layout depends on ``topk`` and ``ntile`` only (never on ``seq_len`` or the ids): a range
 whose keys are all masked is folded like any other (its merge weight is exactly 0).
+``kv_splits = 1`` is the unsplit chunk loop. So is every ``k`` that gives one chunk per range.
 
-``kv_splits = 1`` is the unsplit chunk loop. So is every ``k`` that gives one chunk per range:
-folding single-chunk states in order is the chunk loop's own merge sequence (same bits).
+:func:`default_kv_splits` is the rule (a pure function of the call shape and the SoC's cube
+core count), :func:`split_tiling` applies it to a tiling and :func:`resolve_tiling` is what
+both the golden and the kernel do with their ``tiling`` argument: ``None`` means
+``MsaTiling.from_env()`` with ``kv_splits`` by the rule for the call's ``soc``; an explicit
+tiling is used as given. So the same call gives the same bits in both.
 
-The golden (``tilesim.reference.msa_decode``) and the kernel (``tilesim.device.msa_decode``)
-take the split from the tiling they are given; :func:`default_kv_splits` is the rule (a pure
-function of the call shape and the SoC's cube core count) and :func:`split_tiling` applies it
-to a tiling. The kernel wrapper applies it when called with ``tiling=None``; the golden never
-changes a tiling by itself.
+Functions taking an array return the kind (NumPy or torch) of their first array argument.
 """
 
 from __future__ import annotations
@@ -62,6 +52,7 @@ from tilesim.shared.validate import (
     check_instance,
     check_ndim,
     check_pos_int,
+    dtype_of,
     host_array,
     host_ints,
     is_array,
@@ -71,14 +62,13 @@ from tilesim.shared.validate import (
 
 _CFG = MINIMAX_M3.msa
 BY = _CFG.block_size  # 128 keys per block
-NIDX = _CFG.num_index_heads  # 4 index heads
-DIM = _CFG.index_dim  # 128
 TOPK = _CFG.topk_blocks  # 16 selected blocks
-HEAD_REDUCES = ("max", "none")
 
 
-class DecodeInputs(NamedTuple):
-    """The checked decode inputs: sizes, host block ids and per-row lengths."""
+class Args(NamedTuple):
+    """The checked decode arguments: sizes (:func:`check_meta`), then the host block ids and
+    per-row lengths (``None`` until :func:`check_values` fills them), and the caller's
+    ``block_ids`` / ``seq_len`` as given (not copied)."""
 
     batch: int
     hq: int
@@ -87,13 +77,71 @@ class DecodeInputs(NamedTuple):
     by: int
     dim: int
     topk: int
-    ids: np.ndarray  #: int64 ``[B, topk]``
-    seq: np.ndarray  #: int64 ``[B]``
+    ids: np.ndarray | None = None  #: int64 ``[B, topk]`` (:func:`check_values`)
+    seq: np.ndarray | None = None  #: int64 ``[B]`` (:func:`check_values`)
+    block_ids: object = None  #: the caller's ``[B, topk]`` integer array / tensor
+    seq_len: object = None  #: the caller's int or integer ``[B]`` array / tensor
 
     @property
     def group(self) -> int:
         """Query heads per KV head."""
         return self.hq // self.hkv
+
+
+#: the former name of :class:`Args`
+DecodeInputs = Args
+
+
+def _check_int_dtype(x, name: str) -> None:
+    """``TypeError`` unless ``x`` has an integer dtype (bool refused); metadata only."""
+    dt = dtype_of(x, name)
+    if dt.kind not in "iu":
+        raise TypeError(f"{name}: expected an integer dtype, got {dt}")
+
+
+def _meta_block_ids(block_ids, batch: int) -> int:
+    """Integer ``[batch, topk >= 1]`` (metadata) -> ``topk``."""
+    check_array(block_ids, "block_ids", ndim=2, layout="[B, topk]")
+    _check_int_dtype(block_ids, "block_ids")
+    shape = tuple(shape_of(block_ids, "block_ids"))
+    if shape[0] != batch or shape[1] < 1:
+        raise ValueError(f"block_ids: expected shape ({batch}, topk>=1), got {shape}")
+    return shape[1]
+
+
+def _seq_range(a: np.ndarray, nb: int, by: int) -> None:
+    """``ValueError`` naming the first batch row of int64 ``a`` outside ``[1, nb*by]``."""
+    bad = (a < 1) | (a > nb * by)
+    if bad.any():
+        b = int(np.flatnonzero(bad)[0])
+        raise ValueError(
+            f"seq_len: expected 1 <= seq_len <= nb*{by} = {nb * by}, got {int(a[b])} "
+            f"(batch row {b})"
+        )
+
+
+def _seq_type(seq_len, batch: int) -> None:
+    if isinstance(seq_len, (bool, np.bool_)) or not (
+        isinstance(seq_len, (int, np.integer)) or is_array(seq_len)
+    ):
+        raise TypeError(
+            f"seq_len: expected an int or an integer array of {batch} values, "
+            f"got {type(seq_len).__name__} {seq_len!r}"
+        )
+
+
+def _meta_seq_len(seq_len, batch: int, nb: int, by: int) -> None:
+    """``seq_len``: one int (range checked: a static value) or an integer array / tensor of
+    shape ``()`` or ``(batch,)`` (metadata only). Lists are refused like every array."""
+    _seq_type(seq_len, batch)
+    if not is_array(seq_len):
+        _seq_range(np.full(batch, int(seq_len), dtype=np.int64), nb, by)
+        return
+    check_array(seq_len, "seq_len")
+    _check_int_dtype(seq_len, "seq_len")
+    shape = tuple(shape_of(seq_len, "seq_len"))
+    if shape not in ((), (batch,)):
+        raise ValueError(f"seq_len: expected one int or shape ({batch},), got {shape}")
 
 
 def check_block_ids(block_ids, batch: int, nb: int) -> np.ndarray:
@@ -116,13 +164,7 @@ def check_block_ids(block_ids, batch: int, nb: int) -> np.ndarray:
 def check_decode_seq_len(seq_len, batch: int, nb: int, by: int) -> np.ndarray:
     """One int (or a 0-d integer array) or an integer array / tensor ``[batch]``, each in
     ``[1, nb*by]`` -> int64 ``[batch]``. Lists are refused like every array argument."""
-    if isinstance(seq_len, (bool, np.bool_)) or not (
-        isinstance(seq_len, (int, np.integer)) or is_array(seq_len)
-    ):
-        raise TypeError(
-            f"seq_len: expected an int or an integer array of {batch} values, "
-            f"got {type(seq_len).__name__} {seq_len!r}"
-        )
+    _seq_type(seq_len, batch)
     if is_array(seq_len):
         a = host_ints(seq_len, "seq_len")
         if a.ndim == 0:  # a 0-d array / tensor is one int
@@ -131,23 +173,24 @@ def check_decode_seq_len(seq_len, batch: int, nb: int, by: int) -> np.ndarray:
             raise ValueError(f"seq_len: expected one int or shape ({batch},), got {a.shape}")
     else:
         a = np.full(batch, int(seq_len), dtype=np.int64)
-    bad = (a < 1) | (a > nb * by)
-    if bad.any():
-        b = int(np.flatnonzero(bad)[0])
-        raise ValueError(
-            f"seq_len: expected 1 <= seq_len <= nb*{by} = {nb * by}, got {int(a[b])} "
-            f"(batch row {b})"
-        )
+    _seq_range(a, nb, by)
     return a
 
 
-def check_decode_inputs(
-    q, k_blocks, v_blocks, block_ids, seq_len, *, block_size: int | None = None
-) -> DecodeInputs:
-    """Checks of ``msa_sparse_decode`` (reference and device): BF16 ``q [B, HQ, D]`` and
-    paged ``k_blocks`` / ``v_blocks [B, HKV, nb, BY, D]`` with ``HQ % HKV == 0``
-    (``block_size``: a required BY, the kernel's 128), then :func:`check_block_ids` and
-    :func:`check_decode_seq_len`."""
+def check_meta(q, k_blocks, v_blocks, block_ids, seq_len, *, block_size: int | None = None) -> Args:
+    """Metadata checks of ``msa_sparse_decode`` (reference and device; no value read): BF16
+    ``q [B, HQ, D]`` and paged ``k_blocks`` / ``v_blocks [B, HKV, nb, BY, D]`` with
+    ``HQ % HKV == 0`` (``block_size``: a required BY, the kernel's 128), integer ``block_ids
+    [B, topk >= 1]``, ``seq_len`` one int in ``[1, nb*BY]`` or an integer array of shape ``()``
+    / ``(B,)``. Returns :class:`Args` with ``ids`` / ``seq`` ``None``."""
+    batch, hq, hkv, nb, by, dim = _meta_arrays(q, k_blocks, v_blocks, block_size)
+    topk = _meta_block_ids(block_ids, batch)
+    _meta_seq_len(seq_len, batch, nb, by)
+    return Args(batch, hq, hkv, nb, by, dim, topk, None, None, block_ids, seq_len)
+
+
+def _meta_arrays(q, k_blocks, v_blocks, block_size):
+    """The q / K / V checks -> ``(batch, hq, hkv, nb, by, dim)``."""
     for name, x in (("q", q), ("k_blocks", k_blocks), ("v_blocks", v_blocks)):
         check_array(x, name, dtype=BF16)
     batch, hq, dim = check_ndim(q, "q", 3, "[B, HQ, D]")
@@ -169,9 +212,83 @@ def check_decode_inputs(
             f"v_blocks: expected the shape of k_blocks {kshape}, "
             f"got {shape_of(v_blocks, 'v_blocks')}"
         )
-    ids = check_block_ids(block_ids, batch, nb)
-    seq = check_decode_seq_len(seq_len, batch, nb, by)
-    return DecodeInputs(batch, hq, hkv, nb, by, dim, ids.shape[1], ids, seq)
+    return batch, hq, hkv, nb, by, dim
+
+
+def check_values(args: Args) -> Args:
+    """Value checks (host copies of ``block_ids`` and a ``seq_len`` array):
+    :func:`check_block_ids` and :func:`check_decode_seq_len`, same errors. Returns ``args``
+    with the int64 host ``ids [B, topk]`` and ``seq [B]`` filled in."""
+    ids = check_block_ids(args.block_ids, args.batch, args.nb)
+    seq = check_decode_seq_len(args.seq_len, args.batch, args.nb, args.by)
+    return args._replace(ids=ids, seq=seq)
+
+
+def check_decode_inputs(q, k_blocks, v_blocks, block_ids, seq_len, *, block_size=None) -> Args:
+    """:func:`check_meta` then :func:`check_values` (the former one-call check)."""
+    args = check_meta(q, k_blocks, v_blocks, block_ids, seq_len, block_size=block_size)
+    return check_values(args)
+
+
+class Plan(NamedTuple):
+    """The host plan of a call (:func:`host_plan`)."""
+
+    keep: np.ndarray  #: bool ``[B, topk*by]``: the key's score counts
+    read: np.ndarray  #: bool ``[B, topk*by]``: the key's gathered V row is read (else zeroed)
+
+
+def host_plan(args: Args, *, seeds_compat: bool = False) -> Plan:
+    """The host rules of a value-checked call (:func:`check_values`): the keep-mask
+    (:func:`decode_keep_mask`) and the V rows P.V reads (:func:`decode_read_mask`). The
+    device builds the same mask on its own device with :func:`keep_mask_torch`."""
+    keep = decode_keep_mask(args.ids, args.seq, args.by)
+    return Plan(keep > 0, decode_read_mask(keep, seeds_compat=seeds_compat))
+
+
+def cost(args: Args, *, keys: int | None = None) -> dict:
+    """``{"flop", "bytes"}`` of a decode call.
+
+    ``flop``: 2 per multiply-add of ``S = Q K^T`` and ``P V`` for ``batch`` rows of ``hq``
+    query heads over ``keys`` gathered keys each (default ``topk*by``: the keys the chunk loop
+    runs, masked keys included), head dim ``dim``. ``bytes``: HBM bytes read + written: the
+    BF16 query ``[B, HQ, D]``, the BF16 K and V rows of the ``keys`` gathered keys of every
+    (batch row, KV head) and the BF16 output ``[B, HQ, D]`` (ids, lengths, masks not counted).
+    """
+    keys = args.topk * args.by if keys is None else keys
+    flop = 4 * args.batch * args.hq * keys * args.dim
+    q_out = 2 * args.batch * args.hq * args.dim * 2
+    kv = 2 * args.batch * args.hkv * keys * args.dim * 2
+    return {"flop": flop, "bytes": q_out + kv}
+
+
+def sized_args(batch: int, hq: int, dim: int, *, hkv: int = 1, topk: int = 1) -> Args:
+    """:class:`Args` from sizes alone (no arrays; ``nb = topk``, ``by = 128``), for
+    :func:`cost`."""
+    return Args(batch, hq, hkv, topk, BY, dim, topk)
+
+
+def keep_mask_torch(ids, seq):
+    """The torch twin of :func:`decode_keep_mask`, built where ``ids`` live (no host copy):
+    FP32 ``[B, topk*128]``, key ``t`` of the block in a slot kept iff ``128*block + t <
+    seq_len`` (the per-token form, tested equal). ``ids``: integer ``[B, topk]`` tensor,
+    ``seq``: integer ``[B]`` tensor on the same device."""
+    import torch  # lazily: importing this module needs no torch
+
+    t = torch.arange(BY, device=ids.device, dtype=torch.int64)
+    pos = ids.to(torch.int64)[:, :, None] * BY + t  # [B, topk, 128] absolute key positions
+    keep = pos < seq.to(torch.int64).reshape(-1, 1, 1)
+    return keep.reshape(ids.shape[0], -1).to(torch.float32)
+
+
+def page_table_torch(ids, hkv: int, nb: int):
+    """INT32 ``[B*HKV, topk]`` global page ids, computed where ``ids`` live: row ``b*HKV + h``
+    holds ``(b*HKV + h)*nb + block_ids[b]`` -- the pages of (batch row, KV head) in the cache
+    viewed as ``[B*HKV*nb*128, 128]`` rows."""
+    import torch  # lazily
+
+    batch = ids.shape[0]
+    base = torch.arange(batch * hkv, device=ids.device, dtype=torch.int64).reshape(batch, hkv, 1)
+    return (ids.to(torch.int64)[:, None, :] + base * nb).reshape(batch * hkv, -1).to(torch.int32)
 
 
 def decode_keep_mask(block_ids, seq_len, by: int = BY):
@@ -270,20 +387,40 @@ def split_tiling(tiling: MsaTiling, *, batch: int, hkv: int, topk: int, soc: str
     return tiling.replace(kv_splits=k)
 
 
+def resolve_tiling(tiling, *, batch: int, hkv: int, topk: int, soc: str) -> MsaTiling:
+    """The one ``tiling`` rule of the golden and the kernel: ``None`` ->
+    ``MsaTiling.from_env()`` (``MSA_NTILE``) with ``kv_splits`` by :func:`split_tiling` for
+    this shape and ``soc``; an :class:`MsaTiling` is used as given (``TypeError`` otherwise)."""
+    if tiling is None:
+        return split_tiling(MsaTiling.from_env(), batch=batch, hkv=hkv, topk=topk, soc=soc)
+    check_instance(tiling, "tiling", MsaTiling)
+    return tiling
+
+
 __all__ = [
     "BY",
+    "Args",
     "DecodeInputs",
+    "Plan",
     "SPLIT_MIN_CHUNKS",
     "TOPK",
     "check_block_ids",
     "check_decode_inputs",
     "check_decode_seq_len",
+    "check_meta",
+    "check_values",
+    "cost",
     "decode_keep_mask",
     "decode_read_mask",
     "default_kv_splits",
     "effective_kv_splits",
+    "host_plan",
+    "keep_mask_torch",
     "merge_chain",
     "n_chunks",
+    "page_table_torch",
+    "resolve_tiling",
+    "sized_args",
     "split_ranges",
     "split_tiling",
 ]

@@ -1,27 +1,20 @@
-"""Host rules and argument checks of the MiniMax-M3 MSA lightning indexer (``msa_indexer``,
+"""The contract of the MiniMax-M3 MSA lightning indexer (``msa_indexer``,
 ``msa_indexer_scores``), written once for the golden and the device wrapper.
 
-Host rules of the MiniMax-M3 MSA ops, written once for the goldens and the kernel wrappers.
+NumPy on host data; :mod:`tilesim.reference.msa_indexer` and :mod:`tilesim.device.msa_indexer`
+call these functions, so both apply literally the same rule (``docs/ops/msa_indexer.md``):
 
-NumPy on host data; both :mod:`tilesim.reference` (``msa_indexer``, ``msa_decode``)
-and :mod:`tilesim.device` (the same module names) call these functions, so the golden and the
-device's host tail apply literally the same rule (``docs/ops/msa.md``):
-
-* **Indexer selection** (:func:`select_blocks`, :func:`select_from_head_max`): key rows at or
-  beyond ``seq_len`` take no part; head max = max over a block's keys, block score = max over
-  the index heads; ``nb <= 16`` gives ``arange(nb)``; otherwise the 15 best of the non-local
-  blocks ``0 .. nb-2`` (score descending, equal scores: the LOWER block id first, a stable sort)
-  followed by the local block ``nb - 1``. ``head_reduce="none"``: one selection per index head.
-* **Decode keep-mask** (:func:`decode_keep_mask`): ``cur = (seq_len-1)//by``; a slot holding
-  block ``cur`` keeps its first ``seq_len - by*cur`` keys, a slot holding a later block is
-  dropped, earlier blocks are kept whole (key ``t`` of block ``b`` is kept iff
-  ``by*b + t < seq_len``). The current block is recognised by id, so slot order is free.
-  Masking is NaN-robust: a dropped key's score is SET to the mask constant (a select) and its
-  V row is zeroed before P.V (:func:`decode_read_mask` says which gathered V rows are read), so
-  whatever a dropped slot holds (NaN, inf, garbage) never reaches the output.
-* **Argument checks** (:func:`check_indexer`, :func:`check_decode_inputs`) with the policy of
-  :mod:`tilesim.shared.validate`; they read only metadata, except the value checks (block ids,
-  ``seq_len``, finite index data below ``seq_len``), which copy those arrays to the host.
+* :class:`Args`, :func:`check_meta` (shapes, dtypes, ``nb``, ``seq_len``, ``head_reduce``;
+  no value read), :func:`check_values` (finite index data where it counts: a host copy);
+* :func:`host_plan` (NumPy) / :func:`host_plan_torch` (its torch twin, on the inputs'
+  device): the key mask of ``seq_len`` and the tie ids of the device ranking;
+* the selection (:func:`select_blocks`, :func:`select_from_head_max`): key rows at or beyond
+  ``seq_len`` take no part; head max = max over a block's keys, block score = max over the
+  index heads; ``nb <= 16`` gives ``arange(nb)``; otherwise the 15 best of the non-local
+  blocks ``0 .. nb-2`` (score descending, equal scores: the LOWER block id first, a stable
+  sort) followed by the local block ``nb - 1``. ``head_reduce="none"``: one selection per
+  index head;
+* :func:`cost`: the op's one FLOP / byte counter.
 
 Functions taking an array return the kind (NumPy or torch) of their first array argument.
 """
@@ -45,17 +38,33 @@ from tilesim.shared.validate import (
 _CFG = MINIMAX_M3.msa
 BY = _CFG.block_size  # 128 keys per block
 NIDX = _CFG.num_index_heads  # 4 index heads
+NPAD = _CFG.index_heads_padded  # 16 cube rows
 DIM = _CFG.index_dim  # 128
 TOPK = _CFG.topk_blocks  # 16 selected blocks
 HEAD_REDUCES = ("max", "none")
 
 
-class IndexerArgs(NamedTuple):
-    """The checked arguments of an indexer call."""
+class Args(NamedTuple):
+    """The checked arguments of an indexer call (:func:`check_meta`)."""
 
     nb: int  #: key blocks
     valid: int  #: keys that count (``seq_len``, or ``nb*128``)
     head_reduce: str
+    idx_q: object = None  #: the caller's ``[4, 128]`` BF16 array / tensor (not copied)
+    idx_k: object = None  #: the caller's ``[nb*128, 128]`` BF16 array / tensor (not copied)
+
+
+#: the former name of :class:`Args`
+IndexerArgs = Args
+
+
+class Plan(NamedTuple):
+    """The host plan of a call (:func:`host_plan`): the selection's sizes and masks."""
+
+    rows: int  #: selections: 1 (``head_reduce="max"``) or 4 (``"none"``)
+    k: int  #: blocks per selection, ``min(16, nb)``
+    key_keep: np.ndarray  #: bool ``[1, nb*128]``: True below ``seq_len``
+    order: np.ndarray  #: FP32 ``[1, nb]`` tie ids: ``0 .. nb-2``, then NOT_CANDIDATE
 
 
 def check_indexer_seq_len(seq_len, nb: int) -> int:
@@ -73,24 +82,83 @@ def check_indexer_seq_len(seq_len, nb: int) -> int:
     return seq_len
 
 
-def check_indexer(idx_q, idx_k, nb, *, seq_len=None, head_reduce="max") -> IndexerArgs:
-    """Checks of ``msa_indexer`` / ``msa_indexer_scores`` (reference and device).
-
-    ``idx_q`` BF16 ``[4, 128]``, ``idx_k`` BF16 ``[nb*128, 128]``, ``nb >= 1``, finite index
-    data where it counts (a NaN/inf makes the ranking void: ``idx_q`` and the key rows below
-    ``seq_len``; rows at or beyond it are never read by the selection, so they may hold
-    anything), ``seq_len`` (:func:`check_indexer_seq_len`) and ``head_reduce`` in
-    :data:`HEAD_REDUCES`.
-    """
+def check_meta(idx_q, idx_k, nb, *, seq_len=None, head_reduce="max") -> Args:
+    """Metadata checks of ``msa_indexer`` / ``msa_indexer_scores`` (no value read: works on
+    torch ``meta`` / FakeTensors): ``idx_q`` BF16 ``[4, 128]``, ``idx_k`` BF16
+    ``[nb*128, 128]``, ``nb >= 1``, ``seq_len`` (:func:`check_indexer_seq_len`, a static int)
+    and ``head_reduce`` in :data:`HEAD_REDUCES`."""
     check_array(idx_q, "idx_q", dtype=BF16, shape=(NIDX, DIM), layout="[index heads, dim]")
     check_array(idx_k, "idx_k", dtype=BF16)
     nb = check_int(nb, "nb", lo=1)
     check_array(idx_k, "idx_k", shape=(nb * BY, DIM), layout=f"[nb*{BY} keys, dim] for nb={nb}")
     valid = check_indexer_seq_len(seq_len, nb)
     check_choice(head_reduce, "head_reduce", HEAD_REDUCES)
-    check_finite(host_array(idx_q, "idx_q"), "idx_q")
-    check_finite(host_array(idx_k, "idx_k")[:valid], "idx_k")  # rows read by the selection
-    return IndexerArgs(nb, valid, head_reduce)
+    return Args(nb, valid, head_reduce, idx_q, idx_k)
+
+
+def check_values(args: Args) -> Args:
+    """Value checks (host copies): finite index data where it counts -- ``idx_q`` and the key
+    rows below ``seq_len`` (a NaN/inf makes the ranking void); rows at or beyond it are never
+    read by the selection, so they may hold anything. Returns ``args``."""
+    check_finite(host_array(args.idx_q, "idx_q"), "idx_q")
+    check_finite(host_array(args.idx_k, "idx_k")[: args.valid], "idx_k")
+    return args
+
+
+def check_indexer(idx_q, idx_k, nb, *, seq_len=None, head_reduce="max") -> Args:
+    """:func:`check_meta` then :func:`check_values` (the former one-call check)."""
+    return check_values(check_meta(idx_q, idx_k, nb, seq_len=seq_len, head_reduce=head_reduce))
+
+
+#: tie id of the local block (and of the device ranking's padding): never a candidate
+NOT_CANDIDATE = float(1 << 23)
+
+
+def host_plan(args: Args) -> Plan:
+    """The host rules of a call in NumPy: selections and their size, the bool key mask of
+    ``seq_len`` ``[1, nb*128]`` and the FP32 tie ids ``[1, nb]`` of the ranking (block id,
+    :data:`NOT_CANDIDATE` for the local block ``nb - 1``). Reads no data."""
+    keep = np.zeros((1, args.nb * BY), dtype=bool)
+    keep[0, : args.valid] = True  # keys at or beyond seq_len take no part in the max
+    order = np.arange(args.nb, dtype=np.float32)[None, :]
+    order[0, -1] = NOT_CANDIDATE
+    rows = 1 if args.head_reduce == "max" else NIDX
+    return Plan(rows, min(TOPK, args.nb), keep, order)
+
+
+def host_plan_torch(args: Args, device, width: int | None = None):
+    """The torch twin of :func:`host_plan`, built on ``device`` (no host copy): ``(key_keep
+    bool [1, nb*128], order FP32 [1, width])`` (``width`` >= ``nb``, default ``nb``; the
+    padding is :data:`NOT_CANDIDATE`). Same values as the NumPy plan (tested)."""
+    import torch  # lazily: importing this module needs no torch
+
+    width = args.nb if width is None else width
+    keep = torch.zeros(1, args.nb * BY, dtype=torch.bool, device=device)
+    keep[0, : args.valid] = True
+    order = torch.full((1, width), NOT_CANDIDATE, dtype=torch.float32, device=device)
+    order[0, : args.nb - 1] = torch.arange(args.nb - 1, dtype=torch.float32, device=device)
+    return keep, order
+
+
+def cost(args: Args, *, padded: bool = True) -> dict:
+    """``{"flop", "bytes"}`` of the score kernel over ``args.nb`` key blocks.
+
+    ``flop``: 2 per multiply-add of ``S = q @ K^T``; ``padded=True`` as the cube runs it, 16
+    rows (4 index heads + 12 zero rows) per block; ``False``: the 4 real heads only.
+    ``bytes``: HBM bytes read + written: the BF16 query (16 or 4 rows x 128), the BF16 keys
+    ``nb*128 x 128`` and the FP32 scores written (16 or 4 rows x ``nb*128``).
+    """
+    rows = NPAD if padded else NIDX
+    keys = args.nb * BY
+    flop = 2 * rows * keys * DIM
+    return {"flop": flop, "bytes": rows * DIM * 2 + keys * DIM * 2 + rows * keys * 4}
+
+
+def sized_args(nb: int, head_reduce: str = "max") -> Args:
+    """:class:`Args` of a call with ``nb`` blocks and every key counting, no arrays (for
+    :func:`cost` from sizes alone)."""
+    nb = check_int(nb, "nb", lo=1)
+    return Args(nb, nb * BY, head_reduce)
 
 
 def block_head_max(scores, nb: int, valid: int) -> np.ndarray:
@@ -147,13 +215,22 @@ def selection_slots(head_max: np.ndarray, nb: int) -> np.ndarray:
 __all__ = [
     "BY",
     "HEAD_REDUCES",
+    "NOT_CANDIDATE",
+    "Args",
     "IndexerArgs",
+    "Plan",
     "TOPK",
     "block_head_max",
     "check_indexer",
     "check_indexer_seq_len",
+    "check_meta",
+    "check_values",
+    "cost",
+    "host_plan",
+    "host_plan_torch",
     "select_blocks",
     "select_from_head_max",
     "selection_slots",
+    "sized_args",
     "top_blocks",
 ]

@@ -11,15 +11,18 @@
   slots, token positions past ``n``) are zeroed before the kernel, whatever they held (NaN).
   :func:`mask_flags_torch` gives it, and the rows that see some key, from the block mask on
   its device (no ``[n, topk*bk]`` array is built).
-* :func:`check_msa_main_args` — the argument rules the reference and the wrapper share
-  (dtypes, the shape relations between query, key/value blocks and block mask, ``dtype``,
-  ``max_n``, ``tiling``), returning a :class:`MainBranchArgs`; :func:`check_mask_finite` is
-  its value check alone (on an accelerator: a device reduction, one flag read back).
+* The contract of ``msa_main_branch``: :class:`Args`; :func:`check_meta` — the argument rules
+  the reference and the wrapper share that need no value (dtypes, the shape relations between
+  query, key/value blocks and block mask, ``dtype``, ``max_n``, ``tiling``); never reads data;
+  :func:`check_values` — the finiteness of the block mask (:func:`check_mask_finite`; on an
+  accelerator a device reduction, one flag read back); :func:`host_plan` — the kernel mask
+  rows ``< n``, the read keys and the rows that see a key in NumPy, :func:`host_plan_torch`
+  its torch twin; :func:`cost` — the one FLOP / byte counter.
 
 The torch twins are tested bit-identical to the NumPy rules
 (``tests/shared/test_msa_main_device.py``). torch is imported only when a twin is called.
 
-The rules are described in ``docs/ops/msa.md`` ("Main branch / prefill").
+The rules are described in ``docs/ops/msa_main.md``.
 """
 
 from __future__ import annotations
@@ -167,11 +170,12 @@ def mask_flags_torch(block_mask, n: int):
 
 
 def check_mask_finite(block_mask) -> None:
-    """The value check of :func:`check_msa_main_args` alone: ``ValueError`` naming the first
+    """The value check of :func:`check_values`: ``ValueError`` naming the first
     NaN / inf entry of ``block_mask``. A tensor off the CPU is reduced on its device first
     (``torch.isfinite(...).all()``: one flag read back); only a failing one is copied to the
-    host, for the message. Host arrays and CPU tensors are checked in place (no copy)."""
-    if is_torch_tensor(block_mask) and block_mask.device.type != "cpu":
+    host, for the message. Host arrays and CPU tensors are checked in place (no copy); a
+    ``meta`` tensor holds no data (``ValueError``)."""
+    if is_torch_tensor(block_mask) and block_mask.device.type not in ("cpu", "meta"):
         import torch
 
         if bool(torch.isfinite(block_mask.detach()).all()):
@@ -179,7 +183,7 @@ def check_mask_finite(block_mask) -> None:
     check_finite(host_array(block_mask, "block_mask"), "block_mask")
 
 
-class MainBranchArgs(NamedTuple):
+class Args(NamedTuple):
     """The checked arguments of a main-branch call (shapes from the inputs' metadata)."""
 
     n: int  #: query rows
@@ -193,9 +197,13 @@ class MainBranchArgs(NamedTuple):
     dtype: str  #: ``"fp32"`` / ``"fp16"`` / ``"bf16"``
     max_n: int  #: rows of the kernel mask
     tiling: MsaTiling
-    #: the FP32 block mask as a host NumPy array (finite); ``None`` when the values were not
-    #: read (``check_msa_main_args(..., read_values=False)``)
-    block_mask: np.ndarray | None
+    #: the FP32 block mask as given (NumPy array or tensor; its values are read only by
+    #: :func:`check_values`, :func:`host_plan` and :func:`cost`)
+    block_mask: object
+
+
+#: the former name of :class:`Args`
+MainBranchArgs = Args
 
 
 def _check_shapes(query, key_blocks, value_blocks, block_mask) -> tuple[int, ...]:
@@ -224,25 +232,15 @@ def _check_shapes(query, key_blocks, value_blocks, block_mask) -> tuple[int, ...
     return n, hq, hkv, dh, nbq, topk, bk, kv_len
 
 
-def check_msa_main_args(
-    query,
-    key_blocks,
-    value_blocks,
-    block_mask,
-    *,
-    dtype=None,
-    max_n=None,
-    tiling=None,
-    read_values: bool = True,
-) -> MainBranchArgs:
-    """The argument rules of the main branch shared by the reference and the wrapper.
+def check_meta(
+    query, key_blocks, value_blocks, block_mask, *, dtype=None, max_n=None, tiling=None
+) -> Args:
+    """The argument rules of the main branch that need no value, shared by the reference and
+    the wrapper; reads no data (FakeTensor / ``meta`` inputs and ``validate=False`` use it).
 
     ``tiling=None`` is ``MsaTiling.from_env()`` (read now); ``dtype=None`` / ``max_n=None``
     take ``tiling.dtype`` / ``tiling.max_n``. ``max_n`` must be a multiple of bk and
-    ``>= ceil(n/bk)*bk``; the block mask must be finite (masked keys carry -1e9, not -inf).
-    ``read_values=False``: metadata only -- the block mask's data is not read (no finiteness
-    check, ``block_mask`` field ``None``; :func:`check_mask_finite` is that check alone).
-    Raises ``TypeError`` / ``ValueError`` naming the argument.
+    ``>= ceil(n/bk)*bk``. Raises ``TypeError`` / ``ValueError`` naming the argument.
     """
     tiling = MsaTiling.from_env() if tiling is None else tiling
     check_instance(tiling, "tiling", MsaTiling)
@@ -258,20 +256,90 @@ def check_msa_main_args(
         raise ValueError(
             f"max_n: expected a multiple of bk={bk} and >= ceil(n/bk)*bk = {nbq * bk}, got {max_n}"
         )
-    bm = None
-    if read_values:
-        bm = host_array(block_mask, "block_mask")
-        check_finite(bm, "block_mask")
-    return MainBranchArgs(n, hq, hkv, dh, nbq, topk, bk, kv_len, dtype, max_n, tiling, bm)
+    return Args(n, hq, hkv, dh, nbq, topk, bk, kv_len, dtype, max_n, tiling, block_mask)
+
+
+def check_values(args: Args) -> Args:
+    """The value rule: the block mask must be finite (masked keys carry -1e9, not -inf);
+    ``ValueError`` naming the first NaN / inf entry (:func:`check_mask_finite`). Returns
+    ``args``."""
+    check_mask_finite(args.block_mask)
+    return args
+
+
+class MainPlan(NamedTuple):
+    """The host rules of one call (NumPy, :func:`host_plan`)."""
+
+    mask2d: np.ndarray  #: FP32 ``[n, kv_len]``: the kernel mask rows ``< n``
+    read: np.ndarray  #: bool ``[kv_len]``: :func:`read_keys` (a key some row sees)
+    seen: np.ndarray  #: bool ``[n]``: the rows that see some key
+
+
+def host_plan(args: Args) -> MainPlan:
+    """The kernel mask rows ``< n`` (:func:`kernel_mask`; rows past ``nbq*bk`` are never read),
+    the keys some row reads and the rows that see a key, from ``args.block_mask`` on the host.
+    The torch twin on the mask's device: :func:`host_plan_torch`."""
+    mask2d = kernel_mask(args.block_mask, args.nbq * args.bk)[: args.n]
+    visible = mask2d > MASK_NEG
+    return MainPlan(mask2d, visible.any(axis=0), visible.any(axis=1))
+
+
+def host_plan_torch(args: Args, rows: int, block_mask=None):
+    """The torch twin of :func:`host_plan` on the mask's device (no host copy): ``(mask [rows,
+    kv_len] FP32, read [kv_len], seen [n])`` -- :func:`kernel_mask_torch` with ``n`` (rows
+    ``>= n`` are -1e9) and :func:`mask_flags_torch`. ``block_mask``: the mask to use (e.g.
+    moved to the query's device), default ``args.block_mask``."""
+    bm = args.block_mask if block_mask is None else block_mask
+    read, seen = mask_flags_torch(bm, args.n)
+    return kernel_mask_torch(bm, rows, n=args.n), read, seen
+
+
+_ITEMSIZE = {"fp32": 4, "fp16": 2, "bf16": 2}
+
+
+def cost(args: Args) -> dict:
+    """``{"flop": int, "bytes": int, "live_flop": int}`` of one call (``live_flop`` only when
+    ``args.block_mask`` is not ``None``).
+
+    ``flop``: the kernel's matmul FLOPs (2 per multiply-add), ``S = Q K^T`` and ``P V`` for
+    ``n`` rows of ``hq`` heads over ``kv_len`` keys, masked keys included. ``live_flop``: the
+    part any golden has to do (reads ``block_mask``): the ``(query block, slot)`` pairs with a
+    visible entry (> -1e9), each with the block's real rows (< ``n``) and ``bk`` keys.
+    ``bytes``: the kernel's HBM traffic, inputs read once and the output written once: q
+    ``n*hq*dh``, k and v ``kv_len*hkv*dh`` each, in the kernel's operand dtype (4 bytes for
+    ``"fp32"``, 2 otherwise), the FP32 kernel mask rows ``n*kv_len*4`` and the FP32 output
+    ``n*hq*dh*4``.
+    """
+    n, hq, dh, kv_len = args.n, args.hq, args.dh, args.kv_len
+    size = _ITEMSIZE[args.dtype]
+    nbytes = size * (n * hq * dh + 2 * kv_len * args.hkv * dh) + 4 * n * kv_len + 4 * n * hq * dh
+    flop = 2 * n * hq * kv_len * 2 * dh
+    out = {"flop": flop, "bytes": nbytes}
+    if args.block_mask is not None:
+        out["live_flop"] = _live_flop(args)
+    return out
+
+
+def _live_flop(args: Args) -> int:
+    mask = host_array(args.block_mask, "block_mask")
+    rows = np.minimum(args.bk, args.n - np.arange(args.nbq) * args.bk)  # real rows per block
+    live = (mask > MASK_NEG).any(axis=(2, 3))  # [nbq, topk]
+    return int(2 * args.hq * 2 * args.dh * args.bk * (rows[:, None] * live).sum())
 
 
 __all__ = [
     "MAIN_INPUT_DTYPES",
     "MASK_NEG",
+    "Args",
     "MainBranchArgs",
+    "MainPlan",
     "build_msa_block_mask",
     "check_mask_finite",
-    "check_msa_main_args",
+    "check_meta",
+    "check_values",
+    "cost",
+    "host_plan",
+    "host_plan_torch",
     "kernel_mask",
     "kernel_mask_torch",
     "mask_flags_torch",

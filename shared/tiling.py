@@ -306,7 +306,7 @@ class SaTileShapeConfig:
         )
 
     def as_tuple(self) -> tuple:
-        """The kernel's ``tile_config`` tuple ``(g_tile, s_kv_tile, c1, v1, c2, v2)``."""
+        """The kernel's tile tuple ``(g_tile, s_kv_tile, c1, v1, c2, v2)``."""
         return (
             self.g_tile,
             self.s_kv_tile,

@@ -1,4 +1,4 @@
-"""The repository's structural rules (issue 12), checked on the source tree.
+"""The repository's structural rules, checked on the source tree.
 
 * ``device/`` never imports ``tilesim.reference``; device modules import no other public
   device module sideways (only the back end, the simulator, the lazy imports and private
@@ -114,3 +114,70 @@ def test_import_tilesim_tests_fails_in_a_checkout():
         text=True,
     )
     assert res.returncode == 0, res.stderr
+
+
+# ----------------------------------------------------------------------------- one op, one name
+#: every op: its contract, golden, wrapper (+ kernel), tests and docs page share this name
+OPS = ("moe", "msa_indexer", "msa_decode", "msa_main", "dsa")
+#: what each op's contract module in shared/ exports
+CONTRACT = ("Args", "check_meta", "check_values", "host_plan", "cost")
+
+
+def _top_level_names(path: Path) -> set[str]:
+    names = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        elif isinstance(node, (ast.ImportFrom, ast.Import)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_one_op_is_five_files_of_one_name(op):
+    for rel in (f"shared/{op}.py", f"reference/{op}.py", f"device/{op}.py",
+                f"device/_{op}_kernel.py", f"docs/ops/{op}.md"):  # fmt: skip
+        assert (ROOT / rel).is_file(), f"{rel} is missing"
+    for layer in ("reference", "device"):
+        found = sorted((ROOT / "tests" / layer).glob(f"test_{op}*.py"))
+        assert found, f"no tests/{layer}/test_{op}*.py"
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_each_contract_module_exports_the_five_things(op):
+    names = _top_level_names(ROOT / "shared" / f"{op}.py")
+    missing = [n for n in CONTRACT if n not in names]
+    assert not missing, f"shared/{op}.py lacks {missing}"
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_wrappers_hold_no_kernel_body(op):
+    """The ``@pypto.frontend.jit`` builders live in ``device/_<op>_kernel.py``."""
+    text = (ROOT / "device" / f"{op}.py").read_text()
+    assert "frontend.jit" not in text, f"device/{op}.py defines a jit kernel"
+
+
+def test_no_probe_smoke_or_alias_in_the_package():
+    bad = []
+    for p in _py_files(*LAYERS, "app"):
+        if re.search(r"probe|smoke", p.name):
+            bad.append(f"{p.relative_to(ROOT)}: a probe / smoke module")
+        for i, line in enumerate(p.read_text().splitlines(), 1):
+            if re.search(r"\bdef \w*probe\w*\(|\btile_config\b|\bkeep_mask = ", line):
+                bad.append(f"{p.relative_to(ROOT)}:{i}: {line.strip()[:80]}")
+    assert not (ROOT / "reference" / "interop.py").exists(), "reference/interop.py shim"
+    assert not bad, "\n".join(bad)
+
+
+def test_cache_layout_offsets_are_defined_once():
+    """The packed-cache field widths and row sizes are assigned only in shared/mla_cache.py."""
+    pat = re.compile(r"^\s*(NOPE|ROPE|NSCALES|\w*ROW_BYTES|LAYOUT_OFFSETS)\s*=", re.M)
+    bad = [
+        str(p.relative_to(ROOT))
+        for p in _py_files(*LAYERS, "app")
+        if p.name != "mla_cache.py" and pat.search(p.read_text())
+    ]
+    assert not bad, f"layout constants assigned outside shared/mla_cache.py: {bad}"
+

@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import tilesim
 from tilesim.cli import CliError, require
 from tilesim.cli import tensorio as tio
 from tilesim.cli.dumps import GoldenSet, load_goldens, match_actuals
@@ -42,12 +43,6 @@ from tilesim.cli.runner import (
     run_reference,
     tiling_used,
 )
-
-
-def _version() -> str:
-    import tilesim
-
-    return tilesim.__version__
 
 
 def _fmt_bytes(n: int) -> str:
@@ -193,7 +188,7 @@ def _build_and_run(info, seed, progress: _Progress, trace=None):
 def golden_header(built: BuiltCase, goldens: dict, *, run_seconds: float) -> dict:
     i = built.info
     return {
-        "tilesim_version": _version(),
+        "tilesim_version": tilesim.__version__,
         "case": i.name,
         "family": i.family,
         **({"kind": i.kind} if i.kind else {}),
@@ -217,23 +212,21 @@ def golden_header(built: BuiltCase, goldens: dict, *, run_seconds: float) -> dic
 def byte_layout_notes(built: BuiltCase) -> dict:
     """Row byte layouts of the packed MLA caches (``tilesim.shared.mla_cache``; the layout is
     described in docs/sources.md, "DeepSeek sparse attention")."""
-    from tilesim.shared.mla_cache import NOPE, NSCALES, ROPE
+    from tilesim.shared.mla_cache import FIELD_BYTES, NOPE, NSCALES, PYPTO_ROW_BYTES, ROPE
 
     if "nope_cache" not in built.inputs:
         return {}
     q = built.inputs["nope_cache"].dtype.name
-    nope = f"quantized nope ({NOPE} x {q})"
-    rope = f"rope ({ROPE} x bfloat16, little-endian)"
-    scales = f"scales ({NSCALES} x float32, little-endian; scale g covers nope g*128..g*128+127)"
-    r0, s0 = NOPE + 2 * ROPE, NOPE + 4 * NSCALES
-    end = NOPE + 2 * ROPE + 4 * NSCALES
+    what = {
+        "nope": f"quantized nope ({NOPE} x {q})",
+        "rope": f"rope ({ROPE} x bfloat16, little-endian)",
+        "scales": f"scales ({NSCALES} x float32, little-endian; scale g covers nope "
+        "g*128..g*128+127)",
+    }
     layout = built.op_args.get("layout", "pypto")
-    if layout == "flashmla":
-        fields = [(0, NOPE, nope), (NOPE, s0, scales), (s0, end, rope)]
-    else:
-        fields = [(0, NOPE, nope), (NOPE, r0, rope), (r0, end, scales)]
-    desc = [f"bytes {a}..{b - 1}: {what}" for a, b, what in fields]
-    return {"nope_cache": {"row_layout": layout, "row_bytes": end, "row_fields": desc}}
+    fields = sorted(FIELD_BYTES[layout].items(), key=lambda kv: kv[1])
+    desc = [f"bytes {a}..{b - 1}: {what[name]}" for name, (a, b) in fields]
+    return {"nope_cache": {"row_layout": layout, "row_bytes": PYPTO_ROW_BYTES, "row_fields": desc}}
 
 
 def _early_check(out_dir: Path, fmt: str, force: bool) -> None:
@@ -346,7 +339,7 @@ def _golden_replay(args: argparse.Namespace) -> int:
     if scores:
         groups["scores"] = scores
     header = {
-        "tilesim_version": _version(),
+        "tilesim_version": tilesim.__version__,
         "case": name,
         "op": args.op,
         "replay": {"inputs": str(args.inputs), "tolerance_from": tol_src},
@@ -457,11 +450,15 @@ def _print_report(rep, dist, ties, a, g, tol, scores_missing: bool) -> None:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     png = Path(args.png) if args.png else None
+    png_error = None  # a bad --png is reported after the verdict, which does not need it
     if png is not None:
-        _check_png_arg(png)
-        from tilesim.cli.plot import require_matplotlib
+        try:
+            _check_png_arg(png)
+            from tilesim.cli.plot import require_matplotlib
 
-        require_matplotlib("compare --png")
+            require_matplotlib("compare --png")
+        except CliError as e:
+            png, png_error = None, e
     gs = load_goldens(args.golden, dtype=args.golden_dtype)
     pairs, notes = match_actuals(args.actual, gs, dtype=args.actual_dtype)
     tol = _tolerance(args, gs.outputs[0])
@@ -490,6 +487,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if png is not None:
         _compare_png(outputs, png, results[0], tol)
         print(f"  wrote {png} ({_fmt_bytes(png.stat().st_size)})")
+    if png_error is not None:
+        sys.stdout.flush()
+        raise png_error
     return 0 if passed else 1
 
 
@@ -526,9 +526,10 @@ def _check_png_arg(png: Path) -> None:
 
 
 def _trace_actual(args, built: BuiltCase, goldens: dict):
-    """(actual, golden, title of the error panel) for ``--actual``; (None, None, "") without."""
+    """(actual, golden, title of the error panel, passed) for ``--actual``; (None, None, "",
+    True) without."""
     if not args.actual:
-        return None, None, ""
+        return None, None, "", True
     (gname, garr), *_ = sorted(goldens.items())
     g_loaded = tio.Loaded(garr, f"reference {gname}", None, {"name": gname})
     act = tio.load_tensor(args.actual, like=g_loaded, dtype=args.actual_dtype)
@@ -543,7 +544,7 @@ def _trace_actual(args, built: BuiltCase, goldens: dict):
         f"{act.source} vs golden: {'PASS' if rep.passed else 'FAIL'}, {rep.n_fail} failing "
         f"(allowed {rep.threshold}), max |err| {rep.max_abs_err:.3g}"
     )
-    return act.array, garr, title
+    return act.array, garr, title, rep.passed
 
 
 def _judging_tolerance(tol: dict) -> dict:
@@ -592,7 +593,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
     built, goldens, run_s = _build_and_run(info, args.seed, progress, trace=records.append)
     _check_records(built.op_name, records)
     summary = summarize(records)
-    actual, golden, err_title = _trace_actual(args, built, goldens)
+    actual, golden, err_title, passed = _trace_actual(args, built, goldens)
     with outputs:
         if png is not None:
             _trace_png(outputs.temp(png), built, records, summary, run_s, actual, golden, err_title)
@@ -609,7 +610,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
         print(f"  trace records: {args.records}")
     if png is not None:
         print(f"  wrote {png} ({_fmt_bytes(png.stat().st_size)})")
-    return 0
+    return 0 if passed else 1
 
 
 def _trace_png(path, built, records, summary, run_s, actual, golden, err_title) -> None:
@@ -630,3 +631,35 @@ def _trace_png(path, built, records, summary, run_s, actual, golden, err_title) 
         rtol=tol["rtol"],
         err_title=err_title,
     )
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Quantize a random DeepSeek latent, pack it in the PyPTO cache layout, unpack, dequantize
+    and judge the round trip with the comparison utility against a float64 oracle."""
+    import numpy as np
+    from tilesim.reference import compare, to_bf16
+    from tilesim.shared import (
+        dequantize_latent,
+        pack_pypto_rows,
+        quantize_latent_fp8,
+        unpack_pypto_rows,
+    )
+
+    rng = np.random.default_rng(args.seed)
+    kn = to_bf16(rng.uniform(-1, 1, size=(args.rows, 512)).astype(np.float32))
+    kr = to_bf16(rng.uniform(-1, 1, size=(args.rows, 64)).astype(np.float32))
+    q, s = quantize_latent_fp8(kn)
+    cache = pack_pypto_rows(q, kr, s)
+    rows = unpack_pypto_rows(cache)
+    deq = dequantize_latent(rows.nope, rows.scales)
+    # oracle: float64 dequantization of the same bytes, rounded once to BF16
+    oracle = rows.nope.astype(np.float64).reshape(-1, 4, 128) * s[:, :, None].astype(np.float64)
+    rep = compare(deq, to_bf16(oracle.reshape(-1, 512).astype(np.float32)), atol=0, rtol=0, ratio=0)
+    print(
+        f"packed cache {cache.shape} {cache.dtype}; rope round trip exact: "
+        f"{np.array_equal(rows.rope.view(np.uint16), kr.view(np.uint16))}"
+    )
+    print(rep.summary())
+    err = np.abs(deq.astype(np.float64) - kn.astype(np.float64)).max()
+    print(f"FP8 quantization error vs the BF16 latent: max |err| {err:.4g}")
+    return 0 if rep.passed else 1

@@ -97,8 +97,12 @@ class Outputs:
         return Path(name)
 
     def commit(self) -> None:
-        """Rename every temporary onto its target (targets never written are skipped)."""
+        """Rename every temporary onto its target (targets never written are skipped), with
+        the permissions a plain ``open()`` would give under the process umask (``mkstemp``
+        makes its files private, ``0600``)."""
+        mode = 0o666 & ~_umask()
         for target, tmp in self.temps.items():
+            os.chmod(tmp, mode)
             os.replace(tmp, target)
         self.committed = True
 
@@ -127,3 +131,10 @@ class Outputs:
                 raise CliError(f"cannot write the output files: {e}") from None
         else:
             self.abort()
+
+
+def _umask() -> int:
+    """The process umask (read by setting it and putting it back)."""
+    old = os.umask(0o022)
+    os.umask(old)
+    return old

@@ -197,7 +197,7 @@ DSA_SPLIT = {
 _REF = "reference/"
 WORK = {
     "moe": (
-        (_REF + "moe.py", "_run_fast"),
+        (_REF + "_moe_fast.py", "run"),
         (_REF + "moe.py", "_expert_ffn"),
         (_REF + "moe.py", "_deliver"),
     ),  # fmt: skip

@@ -211,3 +211,14 @@ def test_the_tolerance_mode_drives_the_rule():
     with pytest.raises(CliError, match="no atol .*mode ulp"):
         _tolerance(_args(), u)
     assert _tolerance(_args(atol=1.0, rtol=0.0), u)["mode"] == "compare"
+
+
+def test_a_bad_png_path_is_reported_after_the_verdict(cli, golden_dir, tmp_path):
+    np.save(tmp_path / "same.npy", _golden(golden_dir))
+    code, out, err = cli(
+        "compare", tmp_path / "same.npy", golden_dir, "--png", tmp_path / "no_dir" / "x.png"
+    )
+    assert "PASS" in out  # the verdict is printed first
+    assert code == 2 and "no_dir" in err and "--png" in err
+    code, out, err = cli("compare", tmp_path / "same.npy", golden_dir, "--png", tmp_path / "x.txt")
+    assert "PASS" in out and code == 2 and ".png" in err

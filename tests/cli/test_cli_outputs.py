@@ -4,6 +4,7 @@ one-line error naming the install."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import numpy as np
@@ -175,3 +176,19 @@ def test_pt_without_torch(cli, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)
     code, _, err = cli("compare", tmp_path / "x.pt", tmp_path / "g.npy", "--atol", "0")
     assert code == 2 and "torch" in err and "pip install 'tilesim[torch]'" in err
+
+
+def test_written_files_follow_the_umask(cli, tmp_path):
+    """Goldens are meant to be shared: the files get 0666 & ~umask, as open() would give."""
+    old = os.umask(0o022)
+    try:
+        assert cli("golden", CASE, "-o", tmp_path / "a")[0] == 0
+        os.umask(0o077)
+        assert cli("golden", CASE, "-o", tmp_path / "b")[0] == 0
+    finally:
+        os.umask(old)
+    files_a = [p for p in (tmp_path / "a" / CASE).iterdir() if p.is_file()]
+    files_b = [p for p in (tmp_path / "b" / CASE).iterdir() if p.is_file()]
+    assert files_a and files_b
+    assert {p.stat().st_mode & 0o777 for p in files_a} == {0o644}
+    assert {p.stat().st_mode & 0o777 for p in files_b} == {0o600}

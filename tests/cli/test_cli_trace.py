@@ -133,6 +133,11 @@ def test_trace_png_and_records(cli, tmp_path):
     assert "ran 4 tiles" in out and "tile sizes [1, 2, 4]" in out
 
 
+def _golden_bf16(tmp_path):
+    g = np.fromfile(tmp_path / CASE / "golden_out.bin", dtype=ml_dtypes.bfloat16)
+    return g.reshape(8, 256)
+
+
 def test_trace_with_actual_draws_error_map(cli, tmp_path):
     assert cli("golden", CASE, "-o", tmp_path, "--format", "bin")[0] == 0
     g = np.fromfile(tmp_path / CASE / "golden_out.bin", dtype=ml_dtypes.bfloat16)
@@ -142,8 +147,11 @@ def test_trace_with_actual_draws_error_map(cli, tmp_path):
     code, out, err = cli(
         "trace", CASE, "--png", tmp_path / "e.png", "--actual", tmp_path / "act.npy"
     )
-    assert code == 0, err
-    assert "FAIL, 1 failing" in out
+    assert code == 1, err  # a failing --actual is a failing trace, as in compare
+    assert "FAIL, 1 failing" in out and (tmp_path / "e.png").exists()
+    np.save(tmp_path / "same.npy", _golden_bf16(tmp_path))
+    code, out, _ = cli("trace", CASE, "--actual", tmp_path / "same.npy")
+    assert code == 0 and "PASS, 0 failing" in out
     _, h_err = cli.png_size(tmp_path / "e.png")
     assert cli("trace", CASE, "--png", tmp_path / "n.png")[0] == 0
     _, h_plain = cli.png_size(tmp_path / "n.png")

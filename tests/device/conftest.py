@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -185,9 +186,9 @@ class SimReport:
                 old = json.loads(sidecar.read_text())["rows"]
             except (ValueError, KeyError):
                 old = []
-        ran = {(r["kernel"], r["soc"], r["case"]) for r in self.rows}
-        keep = [r for r in old if (r.get("kernel"), r.get("soc"), r.get("case")) not in ran]
-        rows = keep + self.rows
+        fresh = {_row_key(r): r for r in self.rows}  # one row per key: the last one added
+        keep = [r for r in old if _row_key(r) not in fresh]
+        rows = keep + list(fresh.values())
         order = {"910b": 0, "950": 1}
         return sorted(
             rows, key=lambda r: (r["kernel"], order.get(r["soc"], 9), r["soc"], r["case"])
@@ -266,10 +267,89 @@ class SimReport:
         )
         return self.path
 
+    # ---------------------------------------------------------- pytest-xdist workers
+    def write_part(self, parts: Path, worker: str) -> Path | None:
+        """A worker's rows as ``parts/<worker>.json`` (the controller merges the parts once,
+        :func:`merge_parts`); nothing when no row was added."""
+        if not self.rows:
+            return None
+        parts.mkdir(parents=True, exist_ok=True)
+        part = parts / f"{worker}.json"
+        part.write_text(json.dumps({"rows": self.rows}, sort_keys=True, default=str) + "\n")
+        return part
+
+
+def _row_key(r: dict) -> tuple:
+    return (r.get("kernel"), r.get("soc"), r.get("case"))
+
+
+def parts_dir(report: Path) -> Path:
+    """Where the workers of one run leave their rows: ``build/perf/cost_model.parts/``."""
+    return Path(report).with_suffix(".parts")
+
+
+def merge_parts(report: SimReport, parts: Path) -> Path | None:
+    """Write ``report``'s table from the rows of every worker part in ``parts`` (plus the
+    earlier rows, as :meth:`SimReport.write` keeps them), then remove the parts. A
+    (kernel, SoC, case) key that two workers both report is a test bug (the same row produced
+    twice in one run): ``ValueError`` naming it."""
+    seen: dict[tuple, str] = {}
+    files = sorted(parts.glob("*.json")) if parts.is_dir() else []
+    for part in files:
+        for row in json.loads(part.read_text())["rows"]:
+            key = _row_key(row)
+            if key in seen and seen[key] != part.stem:
+                raise ValueError(
+                    f"cost-model row {key}: reported by workers {seen[key]} and {part.stem}"
+                )
+            seen[key] = part.stem
+            report.rows.append(row)
+    out = report.write()
+    shutil.rmtree(parts, ignore_errors=True)
+    return out
+
+
+SimReport.parts_dir = staticmethod(parts_dir)
+SimReport.merge_parts = staticmethod(merge_parts)
+
+
+def _report_path() -> Path:
+    return Path(os.environ.get("TILESIM_PERF_REPORT") or REPORT_MD)
+
+
+def _worker(config) -> str | None:
+    """The pytest-xdist worker id of this process (``None``: the controller or a plain run)."""
+    winput = getattr(config, "workerinput", None)
+    return None if winput is None else str(winput["workerid"])
+
+
+def _distributed(config) -> bool:
+    """This run has pytest-xdist workers (``-n N`` with ``N >= 1``)."""
+    return bool(getattr(config.option, "numprocesses", None)) and config.pluginmanager.hasplugin(
+        "dsession"
+    )
+
+
+def pytest_configure(config):
+    if _worker(config) is None and _distributed(config):  # a part left by an aborted run
+        shutil.rmtree(parts_dir(_report_path()), ignore_errors=True)
+
+
+def pytest_sessionfinish(session):
+    config = session.config
+    if _worker(config) is None and _distributed(config):
+        merge_parts(SimReport(_report_path()), parts_dir(_report_path()))
+
 
 @pytest.fixture(scope="session")
-def sim_report():
-    """Session-wide :class:`SimReport`; the table is written when the session ends."""
-    rep = SimReport(Path(os.environ.get("TILESIM_PERF_REPORT") or REPORT_MD))
+def sim_report(request):
+    """Session-wide :class:`SimReport`. A plain run writes the table when the session ends;
+    under pytest-xdist each worker leaves its rows as a part and the controller merges them
+    (:func:`merge_parts`), so no row is lost or written twice."""
+    rep = SimReport(_report_path())
     yield rep
-    rep.write()
+    worker = _worker(request.config)
+    if worker is None:
+        rep.write()
+    else:
+        rep.write_part(parts_dir(_report_path()), worker)

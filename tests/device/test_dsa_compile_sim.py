@@ -7,7 +7,7 @@
 * NaN robustness: every cache row no live entry reads -- unreached rows, the pool's spare rows
   and the stand-in rows that ``-1`` entries gather -- poisoned with NaN, and the entries past
   ``cur_seq`` overwritten with garbage, give output bit-identical to the clean run.
-* CPU (no sim): :func:`device_indices` equals the host plan; shape-only inputs.
+* CPU (no sim): ``kernel_indices_torch`` equals the host plan; shape-only inputs.
 """
 
 from __future__ import annotations
@@ -124,20 +124,20 @@ def test_nan_in_unread_rows_changes_no_bit():
 @pytest.mark.torch
 def test_device_plan_equals_the_host_plan():
     import torch
-    from tilesim.device.dsa import device_indices, kernel_indices
-    from tilesim.shared.dsa import check_dsa_args
+    from tilesim.shared.dsa import check_meta, check_values, kernel_indices, kernel_indices_torch
 
     case = _case(2, (300, 600), seed=5, invalid_frac=0.3)
     inp, prm = case["inputs"], case["params"]
-    a = check_dsa_args(
-        inp["query_nope"], inp["query_rope"], inp["topk_indices"], inp["block_table"],
-        inp["kv_act_seqs"], nq=prm["nq"], n_kv=1, softmax_scale=prm["softmax_scale"],
-        topk=prm["topk"], block_size=prm["block_size"], tiling=prm["tiling"],
-    )  # fmt: skip
+    a = check_values(check_meta(
+        inp["query_nope"], inp["query_rope"], (inp["nope_cache"],), inp["topk_indices"],
+        inp["block_table"], inp["kv_act_seqs"], layout=prm["layout"], nq=prm["nq"], n_kv=1,
+        softmax_scale=prm["softmax_scale"], topk=prm["topk"], block_size=prm["block_size"],
+        tiling=prm["tiling"],
+    ))  # fmt: skip
     rows = inp["nope_cache"].shape[0]
-    host, col0 = kernel_indices(a, rows)
+    host, col0 = kernel_indices(a)
     assert col0 is not None  # the case has used -1 entries
-    dev, dcol0 = device_indices(
+    dev, dcol0 = kernel_indices_torch(
         *(torch.from_numpy(np.asarray(inp[k])) for k in ("topk_indices", "block_table",
                                                            "kv_act_seqs")),
         s1=1, topk=256, block_size=128, s_kv_tile=prm["tiling"].s_kv_tile, cache_rows=rows,
@@ -193,8 +193,9 @@ def test_jit_options_per_soc_are_seeds_options(mode):
     ``ready_on_host`` contract; ``combine_axis`` goes to the kernel body, not to jit."""
     pytest.importorskip("pypto")
     from tilesim.device import _dsa_kernel as k
+    from tilesim.device._pypto_common import jit_options
 
-    seeds = k.jit_options(k.SEED_JIT[mode])
+    seeds = jit_options(k.SEED_JIT[mode], ready_on_host=k.READY_ON_HOST)
     host = seeds["runtime_options"].pop("ready_on_host_tensors")
     assert host == ["block_table", "kv_act_seqs"]
     assert seeds == _SEEDS_DOC[mode]
@@ -202,5 +203,5 @@ def test_jit_options_per_soc_are_seeds_options(mode):
     for soc in ("910b", "950"):
         spec = k.jit_spec(soc, mode)
         assert set(spec) <= set(k.SEED_JIT[mode]), (soc, spec)
-        opts = k.jit_options(spec)
+        opts = jit_options(spec, ready_on_host=k.READY_ON_HOST)
         assert opts["runtime_options"]["ready_on_host_tensors"] == host

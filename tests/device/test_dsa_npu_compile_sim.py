@@ -171,7 +171,7 @@ def test_shape_inputs_match_the_case_builder(name):
     (checked where building it is cheap: the medium cases)."""
     import numpy as np
     import tilesim.reference as reference
-    from tilesim.reference.interop import to_numpy
+    from tilesim.shared.interop import to_numpy
 
     got = shape_inputs(name)
     case = reference.dsa_make_case(name)

@@ -39,7 +39,7 @@ def _device_soc() -> str:
 
 def _to_npu(x):
     import torch_npu  # noqa: F401 -- registers the npu device
-    from tilesim.reference.interop import to_torch
+    from tilesim.shared.interop import to_torch
 
     if isinstance(x, (int, float)) or x is None:
         return x
@@ -50,7 +50,7 @@ def _to_npu(x):
 def test_seeds_matrix_on_npu(name):
     import tilesim.reference as reference
     from tilesim.device import dsa as dev
-    from tilesim.reference.interop import to_numpy
+    from tilesim.shared.interop import to_numpy
 
     spec = DSA_CASES[name]
     soc = _device_soc()

@@ -392,24 +392,23 @@ def test_minus_one_entries_need_a_block_to_stand_in():
 
 
 def _checked(case, **over):
-    from tilesim.shared.dsa import check_dsa_args
+    from tilesim.shared.dsa import check_meta, check_values
 
     inp, prm = {**case["inputs"], **over}, case["params"]
-    return check_dsa_args(
-        inp["query_nope"], inp["query_rope"], inp["topk_indices"], inp["block_table"],
-        inp["kv_act_seqs"], nq=prm["nq"], n_kv=1, softmax_scale=prm["softmax_scale"],
-        topk=prm["topk"], block_size=prm["block_size"], tiling=prm["tiling"],
-    )  # fmt: skip
+    return check_values(check_meta(
+        inp["query_nope"], inp["query_rope"], (inp["nope_cache"],), inp["topk_indices"],
+        inp["block_table"], inp["kv_act_seqs"], layout=prm["layout"], nq=prm["nq"], n_kv=1,
+        softmax_scale=prm["softmax_scale"], topk=prm["topk"], block_size=prm["block_size"],
+        tiling=prm["tiling"],
+    ))  # fmt: skip
 
 
 def test_kernel_indices_mask_the_skipped_entries():
-    from tilesim.device.dsa import kernel_indices
-    from tilesim.shared.dsa import cur_seq_lengths
+    from tilesim.shared.dsa import cur_seq_lengths, kernel_indices
 
     case = _small_case(actual_seq=(300, 40), topk_rule="causal", invalid_frac=0.3)
     inp = case["inputs"]
-    rows = inp["nope_cache"].shape[0]
-    idx, col0 = kernel_indices(_checked(case), rows)
+    idx, col0 = kernel_indices(_checked(case))
     assert col0 == 512 and idx.shape == (4, 1024)
     ti = inp["topk_indices"]
     cur = cur_seq_lengths(inp["kv_act_seqs"], 2, 256)
@@ -422,7 +421,7 @@ def test_kernel_indices_mask_the_skipped_entries():
     assert not idx[:, :256][~used].any()  # past cur_seq: never read, written 0
     assert (idx[:, :256][used] >= 0).all()  # the gather never reads a -1
     clean = _small_case(actual_seq=(300, 40))
-    idx, col0 = kernel_indices(_checked(clean), rows)
+    idx, col0 = kernel_indices(_checked(clean))
     assert col0 is None and idx.shape == (4, 512)
     cti = clean["inputs"]["topk_indices"]
     cused = (
@@ -544,7 +543,7 @@ def run_layouts(acts, topk: int) -> dict:
     import tilesim.reference as reference
     import torch
     from tilesim.device import dsa as dev
-    from tilesim.reference.interop import to_numpy, to_torch
+    from tilesim.shared.interop import to_numpy, to_torch
 
     outs = {}
     for layout in ("pypto", "flashmla", "kv_split"):

@@ -5,7 +5,7 @@ Per SoC (910B INT8, 950 FP8 packed cache, decode preset, one query token per bat
 keys): B 1 and B 8 through the kernel with ``tiling = split_tiling(decode, ...)`` (the default
 rule of :mod:`tilesim.shared.dsa`), compared with the reference twin given the same
 tiling (>= 99 % bit-exact, <= 1 row-ULP), and the probe
-(:func:`tilesim.device.dsa.matmul_probe`: the same C1/C2 matmuls on the same
+(``tests/probes/dsa_probe.py`` ``matmul_probe``: the same C1/C2 matmuls on the same
 tiles, nothing else) in the same process. The rows go to the cost-model report with "probe µs"
 and "kernel / probe"; the test asserts numbers (agreement, split counts), never times.
 """
@@ -21,6 +21,7 @@ from tilesim.shared.soc import get_soc
 def run_decode(soc: str, quant: str, b: int) -> dict:
     """Child process: kernel + reference twin + probe for one shape."""
     import tilesim.reference as reference
+    from probes.dsa_probe import matmul_probe
     from tilesim.device import dsa as dev
     from tilesim.reference.numerics import ulp_distance
     from tilesim.shared.dsa import split_tiling
@@ -34,7 +35,7 @@ def run_decode(soc: str, quant: str, b: int) -> dict:
     inp, prm = case["inputs"], case["params"]
     got, us = dev.sparse_attention_antiquant(**inp, **prm, backend="sim", soc=soc)
     ref = reference.sparse_attention_antiquant(**inp, **prm)
-    _, probe_us = dev.matmul_probe(b, nq=128, topk=2048, tiling=cfg, backend="sim", soc=soc)
+    _, probe_us = matmul_probe(b, nq=128, topk=2048, tiling=cfg, backend="sim", soc=soc)
     traffic = dev.sparse_attention_traffic(inp["topk_indices"], inp["kv_act_seqs"])
     return {
         "kv_splits": prm["tiling"].kv_splits,

@@ -1,6 +1,6 @@
 """MSA block-sparse decode against its matmul-only probe (issue 13, point 4).
 
-The probe (:func:`tilesim.device._msa_decode_probe.msa_decode_probe`) runs the decode's C1
+The probe (:func:`probes.msa_decode_probe.msa_decode_probe`) runs the decode's C1
 (``Q @ K_c^T``) and C2 (``P_c @ V_c``) per (batch row, KV head, key chunk) with the decode's
 cube tiles, and nothing else. Two kinds of checks:
 
@@ -9,7 +9,7 @@ cube tiles, and nothing else. Two kinds of checks:
   the same order -- operand shapes and dtypes, transposes, cube tiles, enclosing dynamic
   loops -- and their FLOPs must equal the op's own counter
   (``tilesim.reference.msa_sparse_decode_flop``). This is what keeps the probe's mirrored tiles
-  and chunk bounds from drifting away from ``device/msa_decode.py``;
+  and chunk bounds from drifting away from ``device/_msa_decode_kernel.py``;
 * on the simulator (both SoCs), in ONE process per SoC: the decode through the public wrapper
   (``gather="device"``, inputs as ``test_msa_decode_sim.py`` builds them) against the reference
   (>= 99 % bit-exact, <= 1 row-ULP), then the probe on the same queries and the same selected
@@ -154,9 +154,11 @@ def _fake(t) -> _T:
 
 
 def trace_decode(batch, nb, topk, tiling, gather="device", soc="910b", recorder=None):
-    """The matmuls the decode kernel body issues for this call (``device/msa_decode.py`` run on
-    the recorder: its own launch preparation, kernel factory and body, no pypto)."""
+    """The matmuls the decode kernel body issues for this call
+    (``device/_msa_decode_kernel.py`` run on the recorder: its own launch preparation, kernel
+    factory and body, no pypto)."""
     import torch
+    from tilesim.device import _msa_decode_kernel as mk
     from tilesim.device import msa_decode as md
 
     rec = _Recorder() if recorder is None else recorder
@@ -166,16 +168,16 @@ def trace_decode(batch, nb, topk, tiling, gather="device", soc="910b", recorder=
     seq = torch.full((batch,), nb * 128, dtype=torch.int64)
     sh = md.CallShape(batch, HQ, HKV, nb, D, topk)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(md, "require_pypto", lambda: rec)
-        mp.setattr(md, "build_kernel", md.build_kernel.__wrapped__)  # the factory, uncached
+        mp.setattr(mk, "require_pypto", lambda: rec)
+        mp.setattr(md, "build_kernel", mk.build_kernel.__wrapped__)  # the factory, uncached
         kernel, ins, outs = md.decode_launch(q, kb, kb, ids, seq, sh, tiling, gather, soc)
         kernel(*[_fake(t) for t in (*ins, *outs)])
     return rec.matmuls
 
 
 def trace_probe(batch, topk, ntile):
-    """The matmuls the probe kernel body issues (``device/_msa_decode_probe.py``, recorder)."""
-    from tilesim.device import _msa_decode_probe as pr
+    """The matmuls the probe kernel body issues (``tests/probes/msa_decode_probe.py``, recorder)."""
+    from probes import msa_decode_probe as pr
 
     rec = _Recorder()
     sel, n_c = topk * 128, len(pr.chunk_bounds(topk, ntile))
@@ -267,7 +269,7 @@ def test_decode_refuses_a_body_without_l1_reuse():
 
 
 def test_probe_jit_options_are_the_decodes():
-    from tilesim.device import _msa_decode_probe as pr
+    from probes import msa_decode_probe as pr
     from tilesim.device import msa_decode as md
 
     assert pr.JIT == md.JIT
@@ -343,8 +345,8 @@ def run_against_probe(soc: str, seed: int = 7) -> dict:
     import ml_dtypes
     import numpy as np
     import torch
+    from probes.msa_decode_probe import chunk_bounds, msa_decode_probe
     from tilesim.device import msa_sparse_decode
-    from tilesim.device._msa_decode_probe import chunk_bounds, msa_decode_probe
     from tilesim.reference import msa_sparse_decode as reference
     from tilesim.reference import msa_sparse_decode_flop
     from tilesim.reference.numerics import ulp_distance

@@ -333,38 +333,36 @@ def test_bad_arguments_name_the_argument(change, exc, match):
 
 
 @pytest.mark.torch
-def test_keep_mask_is_the_shared_host_rule():
+def test_keep_mask_rule_on_torch_input():
+    """The NumPy rule takes torch ids / lengths and returns a torch FP32 mask, equal to the
+    per-token rule: key t of block b is kept iff 128*b + t < seq_len."""
     import numpy as np
-    from tilesim.device.msa_decode import keep_mask
     from tilesim.shared.msa_decode import decode_keep_mask
 
-    assert keep_mask is decode_keep_mask  # the reference's rule, not a torch twin
     g = torch.Generator().manual_seed(3)
     ids = torch.stack([torch.randperm(9, generator=g)[:6] for _ in range(5)])
     seq = torch.tensor([1, 128, 129, 700, 1152])
-    mask_t = keep_mask(ids, seq)
+    mask_t = decode_keep_mask(ids, seq)
     assert isinstance(mask_t, torch.Tensor) and mask_t.dtype == torch.float32
-    got = mask_t.numpy()
-    np.testing.assert_array_equal(decode_keep_mask(ids.numpy(), seq.numpy()), got)
-    # and straight from the per-token rule: key t of block b is kept iff 128*b + t < seq_len
     pos = ids[:, :, None] * 128 + torch.arange(128)
-    np.testing.assert_array_equal(got, (pos < seq[:, None, None]).reshape(5, -1).float().numpy())
+    want = (pos < seq[:, None, None]).reshape(5, -1).float().numpy()
+    np.testing.assert_array_equal(mask_t.numpy(), want)
 
 
 @pytest.mark.torch
-def test_device_keep_mask_equals_the_shared_rule():
-    """The keep-mask the wrapper builds on the inputs' device (no host copy) is the shared
-    host rule's, on every (block, length) pair of a small cache: ids before, at and after the
-    current block, lengths 1 .. nb*128 with a partial and a full current block."""
+def test_torch_keep_mask_equals_the_shared_rule():
+    """The keep-mask the wrapper builds on the inputs' device (no host copy,
+    ``keep_mask_torch``) is the shared host rule's, on every (block, length) pair of a small
+    cache: ids before, at and after the current block, lengths 1 .. nb*128 with a partial and
+    a full current block."""
     import numpy as np
-    from tilesim.device.msa_decode import device_keep_mask
-    from tilesim.shared.msa_decode import decode_keep_mask
+    from tilesim.shared.msa_decode import decode_keep_mask, keep_mask_torch
 
     nb = 4
     seqs = torch.arange(1, nb * 128 + 1)  # every length
     ids = torch.arange(nb).repeat(seqs.numel(), 1)  # every block in every row
     ids = ids[:, torch.tensor([2, 0, 3, 1])]  # slot order is free
-    got = device_keep_mask(ids.to(torch.int32), seqs)
+    got = keep_mask_torch(ids.to(torch.int32), seqs)
     assert got.dtype == torch.float32 and got.shape == (seqs.numel(), nb * 128)
     np.testing.assert_array_equal(got.numpy(), decode_keep_mask(ids.numpy(), seqs.numpy()))
 
@@ -373,13 +371,13 @@ def test_device_keep_mask_equals_the_shared_rule():
 def test_page_table_addresses_the_pair_pages():
     """Row ``b*HKV + h`` of the page table, times 128, is where (b, h)'s pages start in the
     cache viewed as rows: gathering by it returns exactly ``k_blocks[b, h, block_ids[b]]``."""
-    from tilesim.device.msa_decode import page_table
+    from tilesim.shared.msa_decode import page_table_torch
 
     g = torch.Generator().manual_seed(5)
     b, hkv, nb, topk = 3, 4, 6, 4
     kb = torch.randn(b, hkv, nb, 128, 8, generator=g)
     ids = torch.stack([torch.randperm(nb, generator=g)[:topk] for _ in range(b)])
-    table = page_table(ids.to(torch.int32), hkv, nb)
+    table = page_table_torch(ids.to(torch.int32), hkv, nb)
     assert table.dtype == torch.int32 and table.shape == (b * hkv, topk)
     pages = kb.reshape(-1, 128, 8)  # [B*HKV*nb, 128, D]
     for bi in range(b):
@@ -449,7 +447,7 @@ def test_merge_plan_gives_the_references_merge_bits(n, splits):
     weight and the chained sums: :func:`tilesim.device._msa_tiles.merge_plan`) against the
     reference's own online merge (``SoftmaxMerge`` per split range, then the ranges folded in
     order), on FP32 NumPy: the same bits of O / l, l and m."""
-    from tilesim.device._msa_tiles import eval_tree, merge_plan
+    from tilesim.device._pypto_common import eval_tree, merge_plan
     from tilesim.reference.arith import SoftmaxMerge, exp_fp32_numpy
     from tilesim.shared.msa_decode import split_ranges
 

@@ -279,7 +279,7 @@ def test_tail_reproduces_reference_selection(kind, nb, rng):
     """select_blocks on given scores == an independent rule (Python sort on (-score, id))."""
     import numpy as np
     from tilesim.device.msa_indexer import select_blocks
-    from tilesim.shared import msa_indexer as msa_select
+    from tilesim.shared import msa_indexer as contract
 
     if kind == "ties":
         bs = np.full(nb, 0.5, dtype=np.float32)
@@ -298,7 +298,7 @@ def test_tail_reproduces_reference_selection(kind, nb, rng):
     ranked = sorted(range(nb - 1), key=lambda b: (-float(bs[b]), b))[:15]
     assert got.tolist() == [ranked + [nb - 1]]
     assert got.dtype == torch.int32
-    assert select_blocks is msa_select.select_blocks  # one rule, not a torch twin
+    assert select_blocks is contract.select_blocks  # one rule, not a torch twin
     got_np = select_blocks(s.numpy(), nb)  # NumPy scores -> NumPy ids
     assert isinstance(got_np, np.ndarray) and got_np.tolist() == got.tolist()
 

@@ -80,14 +80,12 @@ def msa_decode_traffic(batch: int, hq: int, hkv: int, topk: int, dim: int) -> di
     ``topk*128`` selected K and V rows (``dim`` BF16 each) read once; the keep-masks and the
     page table (under 0.3 % of it at B 64) are left out. FLOPs: per (batch row, KV head)
     ``Q_g K^T`` and ``P V`` over every selected key (the kernel computes masked keys too),
-    ``2 * 2 * (hq/hkv) * keys * dim``."""
-    keys = topk * 128
-    pairs = batch * hkv
-    return {
-        "bytes": 2 * batch * hq * dim * 2 + pairs * 2 * keys * dim * 2,
-        "flop": pairs * 2 * 2 * (hq // hkv) * keys * dim,
-        "keys": pairs * keys,
-    }
+    ``2 * 2 * (hq/hkv) * keys * dim``: the op's one counter,
+    :func:`tilesim.shared.msa_decode.cost`."""
+    from tilesim.shared.msa_decode import cost, sized_args
+
+    c = cost(sized_args(batch, hq, dim, hkv=hkv, topk=topk))
+    return {"bytes": c["bytes"], "flop": c["flop"], "keys": batch * hkv * topk * 128}
 
 
 def cost_msa_decode(soc: str) -> dict:

@@ -106,3 +106,58 @@ def test_a_first_run_keeps_the_published_rows_without_touching_them(SimReport, t
     rows = json.loads(out.with_suffix(".json").read_text())["rows"]
     assert [(x["kernel"], x["us"]) for x in rows] == [("a", 1.0), ("b", 9.0)]
     assert (pub.read_bytes(), pub.with_suffix(".json").read_bytes()) == published
+
+
+def _row(SimReport, rep, kernel, soc, case, us):
+    rep.add(kernel=kernel, soc=soc, case=case, bit_exact=1, max_ulp=0, max_abs=0.0, us=us)
+
+
+def test_worker_parts_merge_once_without_losing_or_doubling_a_row(SimReport, tmp_path):
+    """pytest-xdist: two workers' parts + the published table -> every row once."""
+    pub = tmp_path / "docs" / "cost_model.md"
+    p0 = SimReport(pub, base=None)
+    for kernel, us in (("a", 1.0), ("b", 2.0), ("c", 3.0)):
+        _row(SimReport, p0, kernel, "910b", "x", us)
+    p0.write()
+    out = tmp_path / "build" / "cost_model.md"
+    parts = SimReport.parts_dir(out)
+    w0, w1 = SimReport(out, base=pub), SimReport(out, base=pub)
+    _row(SimReport, w0, "a", "910b", "x", 10.0)  # re-runs a published row
+    _row(SimReport, w0, "d", "950", "x", 4.0)  # a new row
+    _row(SimReport, w1, "b", "910b", "x", 20.0)
+    _row(SimReport, w1, "b", "950", "x", 21.0)
+    assert w0.write_part(parts, "gw0") and w1.write_part(parts, "gw1")
+    assert SimReport(out, base=pub).write_part(parts, "gw2") is None  # no rows, no part
+    assert not out.exists()  # the workers write parts only
+    SimReport.merge_parts(SimReport(out, base=pub), parts)
+    rows = json.loads(out.with_suffix(".json").read_text())["rows"]
+    got = sorted((r["kernel"], r["soc"], r["us"]) for r in rows)
+    assert got == [
+        ("a", "910b", 10.0),
+        ("b", "910b", 20.0),
+        ("b", "950", 21.0),
+        ("c", "910b", 3.0),  # kept from the published table, not re-run
+        ("d", "950", 4.0),
+    ]
+    assert not parts.exists()  # merged once: the parts are gone
+    assert out.read_text().count("| b | 950 | x |") == 1
+
+
+def test_the_same_row_from_two_workers_is_a_test_bug(SimReport, tmp_path):
+    out = tmp_path / "cost_model.md"
+    parts = SimReport.parts_dir(out)
+    for worker in ("gw0", "gw1"):
+        rep = SimReport(out, base=None)
+        _row(SimReport, rep, "a", "910b", "x", 1.0)
+        rep.write_part(parts, worker)
+    with pytest.raises(ValueError, match=r"reported by workers gw0 and gw1"):
+        SimReport.merge_parts(SimReport(out, base=None), parts)
+
+
+def test_a_row_added_twice_in_one_process_is_written_once(SimReport, tmp_path):
+    rep = SimReport(tmp_path / "r.md", base=None)
+    _row(SimReport, rep, "a", "910b", "x", 1.0)
+    _row(SimReport, rep, "a", "910b", "x", 2.0)
+    rep.write()
+    rows = json.loads((tmp_path / "r.json").read_text())["rows"]
+    assert [(r["kernel"], r["us"]) for r in rows] == [("a", 2.0)]

@@ -9,8 +9,8 @@ pytestmark = [pytest.mark.sim, pytest.mark.torch]
 
 
 def test_elementwise_kernel_matches_torch(sim_soc, sim_report):
+    from probes.smoke import check_scaled_exp_add
     from tilesim.device import sim
-    from tilesim.device._smoke import check_scaled_exp_add
 
     # 100 rows = three full 32-row tiles + a 4-row tail (dynamic first dim, valid_shape)
     r = sim.isolated(check_scaled_exp_add, 100, 7, soc=sim_soc)
@@ -32,8 +32,8 @@ def test_elementwise_kernel_matches_torch(sim_soc, sim_report):
 
 
 def test_fp8_cast_is_ocp_e4m3(sim_soc):
+    from probes.smoke import check_fp8_encode
     from tilesim.device import sim
-    from tilesim.device._smoke import check_fp8_encode
 
     r = sim.isolated(check_fp8_encode, 3, soc=sim_soc)
     # stock pypto 0.2.0 would give 1.0, 0.0, 2.0 (integer rounding) and 240 (E4M3 max 240)
@@ -43,8 +43,8 @@ def test_fp8_cast_is_ocp_e4m3(sim_soc):
 
 
 def _bad_call():
+    from probes.smoke import scaled_exp_add
     from tilesim.device import sim
-    from tilesim.device._smoke import scaled_exp_add
 
     sim.run_kernel(scaled_exp_add, [1.0, 2.0, 3.0])
 
@@ -85,8 +85,8 @@ def test_one_process_one_soc():
 def check_run_cost(rows: int, seed: int) -> dict:
     """Child: the smoke kernel through run_kernel and run_cost on the same inputs."""
     import torch
+    from probes.smoke import scaled_exp_add
     from tilesim.device import sim
-    from tilesim.device._smoke import scaled_exp_add
 
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, 128, generator=g)

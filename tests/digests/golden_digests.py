@@ -121,7 +121,7 @@ def _dsa_entries():
         "per_tile_kv1024": dict(s_kv_tile=1024, softmax="per_tile"),
     }
     for tag, kw in tiles.items():
-        yield f"dsa/adhoc_tile_{tag}", ("dsa", None, {"seed": 13}, {"tile_config": kw})
+        yield f"dsa/adhoc_tile_{tag}", ("dsa", None, {"seed": 13}, {"tiling": kw})
     for quant in ("fp8", "fp8_ue8m0", "int8"):
         for layout in ("pypto", "flashmla", "kv_split"):
             yield (
@@ -153,8 +153,8 @@ def _dsa_entries():
 def entries():
     """``[(entry id, (family, case name, builder overrides[, op overrides])), ...]``, fixed order.
 
-    Op overrides replace op parameters after the build; a ``tiling`` / ``tile_config`` given
-    as a dict is built as ``MsaTiling(**d)`` / ``SaTileShapeConfig(**d)``."""
+    Op overrides replace op parameters after the build; a ``tiling`` given as a dict is built
+    as ``MsaTiling(**d)`` (``SaTileShapeConfig(**d)`` for the ``dsa`` family)."""
     return [*_moe_entries(), *_msa_entries(), *_dsa_entries()]
 
 
@@ -194,14 +194,12 @@ def digest_of(arr) -> str:
     return h.hexdigest()
 
 
-def _op_overrides(op_over: dict) -> dict:
+def _op_overrides(op_over: dict, family: str = "") -> dict:
     from tilesim.shared import MsaTiling, SaTileShapeConfig
 
     kw = dict(op_over)
-    if isinstance(kw.get("tiling"), dict):
-        kw["tiling"] = MsaTiling(**kw["tiling"])
-    if isinstance(kw.get("tile_config"), dict):  # the DeepSeek ops' tiling (named tiling=)
-        kw["tiling"] = SaTileShapeConfig(**kw.pop("tile_config"))
+    if isinstance(kw.get("tiling"), dict):  # the DeepSeek ops' tiling is a SaTileShapeConfig
+        kw["tiling"] = (SaTileShapeConfig if family == "dsa" else MsaTiling)(**kw["tiling"])
     return kw
 
 
@@ -211,7 +209,7 @@ def golden_digest(family, name, over, op_over=None) -> dict:
     op = _op(op_name)
     out = {}
     for mode in ("plain", "traced"):
-        kw = {**case["params"], **_op_overrides(op_over or {})}
+        kw = {**case["params"], **_op_overrides(op_over or {}, family)}
         if mode == "traced":
             kw["trace"] = lambda rec: None
         res = op(**case["inputs"], **kw)

@@ -266,19 +266,10 @@ def test_trace_is_checked_before_any_work(small_case, monkeypatch):
         run(small_case, progress="yes")
 
 
-def test_tile_config_is_a_deprecated_alias_of_tiling(small_case):
+def test_the_removed_tile_config_alias_is_refused(small_case):
     prm = {k: v for k, v in small_case["params"].items() if k != "tiling"}
-    want = run(small_case, tiling=PER_TILE_64)
-    with pytest.warns(DeprecationWarning, match="tile_config= is deprecated"):
-        old = R.sparse_attention_antiquant(**small_case["inputs"], **prm, tile_config=PER_TILE_64)
-    assert np.array_equal(bits(old), bits(want))
-    with pytest.raises(TypeError, match="tiling: got tiling= and its deprecated alias"):
-        run(small_case, tiling=PER_TILE_64, tile_config=PER_TILE_64)
-    with (
-        pytest.warns(DeprecationWarning),
-        pytest.raises(TypeError, match="tile_config: expected a SaTileShapeConfig"),
-    ):
-        R.sparse_attention_antiquant(**small_case["inputs"], **prm, tile_config=(128, 512))
+    with pytest.raises(TypeError, match="tile_config"):
+        R.sparse_attention_antiquant(**small_case["inputs"], **prm, tile_config=PER_TILE_64)
 
 
 def test_cost_counts_by_hand():
@@ -305,7 +296,7 @@ def test_inputs_unmodified_and_deterministic(small_case):
 @pytest.mark.torch
 def test_torch_tensors_in_torch_tensor_out(small_case):
     torch = pytest.importorskip("torch")
-    from tilesim.reference.interop import to_numpy, to_torch
+    from tilesim.shared.interop import to_numpy, to_torch
 
     t_in = {k: to_torch(v) for k, v in small_case["inputs"].items()}
     out = R.sparse_attention_antiquant(**t_in, **small_case["params"])

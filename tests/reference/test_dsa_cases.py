@@ -206,7 +206,7 @@ def test_named_cases_match_the_seeds_matrix():
         assert sum(math.ceil(a / 128) for a in c.actual_seq) == blocks, name
         assert math.ceil(max(c.actual_seq) / 128) == width, name
         assert (c.tiling.softmax, c.tiling.s_kv_tile) == (softmax, tile), name
-        assert c.tile_config == c.tiling  # the deprecated alias
+        assert not hasattr(c, "tile_config")  # the removed alias
         assert c.tolerance == {"atol": 1e-4, "rtol": 5e-3, "ratio": 0.005}
         assert "950" in c.soc
     uni = cases["sfa_bf16_b64_s2_seq64K_uniform_per_fp8_d"].actual_seq

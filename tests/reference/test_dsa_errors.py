@@ -199,16 +199,10 @@ def test_errors_leave_inputs_untouched(case):
         ({"poison_unreached": 1}, TypeError, "poison_unreached: expected a bool"),
         ({"tiling": "decode"}, TypeError, "tiling: expected a SaTileShapeConfig"),
         ({"n_kv": 2}, ValueError, "n_kv: expected 1"),
-        ({"tile_config": "decode"}, TypeError, "tile_config: expected a SaTileShapeConfig"),
-        (
-            {"tiling": SaTileShapeConfig.decode(), "tile_config": SaTileShapeConfig.decode()},
-            TypeError,
-            "tiling: got tiling= and its deprecated alias",
-        ),
+        ({"tile_config": SaTileShapeConfig.decode()}, TypeError, "unknown parameter"),
         ({"preset": "train"}, ValueError, "preset: expected 'decode' or 'prefill'"),
     ],
 )
-@pytest.mark.filterwarnings("ignore:tile_config= is deprecated:DeprecationWarning")
 def test_bad_generator_arguments(kwargs, exc, match):
     kwargs = dict(kwargs)
     name = kwargs.pop("name", None)
@@ -216,14 +210,11 @@ def test_bad_generator_arguments(kwargs, exc, match):
         R.dsa_make_case(name, **kwargs)
 
 
-def test_generator_accepts_a_tiling_and_the_deprecated_alias():
+def test_generator_accepts_a_tiling():
     cfg = SaTileShapeConfig.prefill().replace(s_kv_tile=64)
     kw = dict(actual_seq=[30], s1=1, nq=2, topk=64, block_size=16)
     c = R.dsa_make_case(**kw, tiling=cfg)
     assert c["params"]["tiling"] is cfg and "tile_config" not in c["params"]
-    with pytest.warns(DeprecationWarning, match="tile_config= is deprecated"):
-        old = R.dsa_make_case(**kw, tile_config=cfg)
-    assert old["params"]["tiling"] is cfg
 
 
 @pytest.mark.parametrize("entry", [2**62, 2**55 + 3, 2**63 - 1])

@@ -168,3 +168,32 @@ def test_ref_workers_env(monkeypatch):
         monkeypatch.setenv("TILESIM_REF_THREADS", bad)
         with pytest.raises(ValueError, match="TILESIM_REF_THREADS: expected an integer >= 1"):
             ref_workers()
+
+
+def _named_cases():
+    from tilesim.reference.dsa_cases import DSA_CASES
+
+    return list(DSA_CASES.items())
+
+
+@pytest.mark.parametrize("name_case", _named_cases(), ids=[n for n, _ in _named_cases()])
+def test_fast_path_equals_the_loop_nest_on_every_named_case(name_case, monkeypatch):
+    """``reference/_dsa_fast.py`` (``_POOL = True``, 2 workers) against the readable loop nest
+    of ``reference/dsa.py`` (``_POOL = False``): same bits, same trace records, on every named
+    case at the reduced sizes of ``tests/digests/golden_digests.py`` (B <= 2, s1 <= 2, lengths
+    capped at 3000 + 917 j)."""
+    from tilesim.reference import dsa
+
+    name, c = name_case
+    b = min(c.b, 2)
+    acts = tuple(min(a, 3000 + 917 * j) for j, a in enumerate(c.actual_seq[:b]))
+    case = R.dsa_make_case(name, b=b, actual_seq=acts, s1=min(c.s1, 2), seed=7)
+    monkeypatch.setenv("TILESIM_REF_THREADS", "2")
+    outs, recs = {}, {}
+    for pool in (False, True):
+        monkeypatch.setattr(dsa, "_POOL", pool)
+        recs[pool] = []
+        op = getattr(R, case["op"])
+        outs[pool] = op(**case["inputs"], **case["params"], trace=recs[pool].append)
+    assert np.array_equal(bits(outs[False]), bits(outs[True])), name
+    assert recs[False] and same_records(recs[False], recs[True]), name

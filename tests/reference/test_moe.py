@@ -25,7 +25,6 @@ import math
 import ml_dtypes
 import numpy as np
 import pytest
-import tilesim.reference.moe as moe_mod
 from oracles.moe import (
     assert_within_oracle,
     chunk_loop_golden,
@@ -41,6 +40,7 @@ from tilesim.reference.moe import (
     moe_tile_schedule,
 )
 from tilesim.shared import MoeDims, MoeTiling, loop_unroll_chunks, to_bf16
+from tilesim.shared.casts import BF16
 from tilesim.shared.trace import check_record
 
 BF = ml_dtypes.bfloat16
@@ -327,19 +327,6 @@ def test_flop_count_is_the_sum_of_the_trace_and_the_published_m27_figure():
         moe_flop_count(np.array([0, 3, 2], np.int32), MoeDims(2, 32, 16))
 
 
-@pytest.mark.parametrize("activation", ["silu", "swigluoai"])
-def test_fast_path_equals_the_chunk_loop(activation, monkeypatch):
-    """_FAST (one product per expert) vs the plain chunk loop: same bits, same records."""
-    case = o1_case(activation, seed=21, counts=(63, 0, 100, 3))
-    t1, t2 = [], []
-    monkeypatch.setattr(moe_mod, "_FAST", True)
-    fast = run(case, trace=t1.append)
-    monkeypatch.setattr(moe_mod, "_FAST", False)
-    plain = run(case, trace=t2.append)
-    assert fast.tobytes() == plain.tobytes()
-    assert t1 == t2 and len(t1) == 11
-
-
 def test_tiling_none_reads_env_at_call_time(monkeypatch):
     case = o1_case("silu", seed=16, counts=(3, 0, 2, 1), hidden_size=32, intermediate_size=16)
     params = {**case["params"], "tiling": None}
@@ -579,3 +566,43 @@ def test_case_001_within_oracle_bound(case_001):
     """The derived float64 bound also holds on the full-size M2.7 case."""
     case, y = case_001
     assert_within_oracle(case, y)
+
+
+def test_shared_contract_meta_values_plan_cost():
+    """``tilesim.shared.moe`` exports the five-part contract; ``check_meta`` runs on meta
+    tensors (no value read), ``check_values`` catches what it cannot see, ``cost`` counts."""
+    import torch
+    from tilesim.shared import moe as contract
+
+    for name in ("Args", "check_meta", "check_values", "host_plan", "cost"):
+        assert name in contract.__all__ and callable(getattr(contract, name))
+    dims = MoeDims(3, 32, 16)
+
+    def meta(shape, dtype):
+        return torch.empty(shape, dtype=dtype, device="meta")
+
+    w = (meta((3 * 32, 32), torch.bfloat16), meta((3 * 16, 32), torch.bfloat16))
+    cs_meta = meta((4,), torch.int32)
+    args = contract.check_meta(meta((10, 32), torch.bfloat16), w, cs_meta, dims, None, None,
+                               True, None)  # fmt: skip
+    assert args.n_total == 10 and args.cs is None
+    with pytest.raises(ValueError, match="expected length E\\+1 = 4"):
+        contract.check_meta(meta((10, 32), torch.bfloat16), w, meta((3,), torch.int32), dims,
+                            None, None, True, None)  # fmt: skip
+    x = np.zeros((10, 32), BF16)
+    wn = (np.zeros((96, 32), BF16), np.zeros((48, 32), BF16))
+    for cs, msg in (([0, 4, 9, 11], "last value <= N_total = 10, got 11"),
+                    ([0, 5, 3, 9], "non-decreasing"), ([1, 2, 3, 4], "\\[0\\] == 0")):  # fmt: skip
+        a = contract.check_meta(x, wn, np.array(cs, np.int32), dims, None, None, True, None)
+        with pytest.raises(ValueError, match=msg):
+            contract.check_values(a)
+    a = contract.check_values(
+        contract.check_meta(x, wn, np.array([0, 4, 4, 9], np.int32), dims, None, None, True, None)
+    )
+    a = contract.resolve_tiling(a._replace(tiling=MoeTiling(unroll=(4, 1))))
+    plan = contract.host_plan(a)
+    assert [(r.expert, r.row0, r.chunk) for r in plan] == [(0, 0, 4), (2, 4, 4), (2, 8, 1)]
+    got = contract.cost(a)
+    assert got["flop"] == 9 * (2 * 32 * 32 + 2 * 16 * 32)  # 9 routed rows, mm1 + mm2
+    # 9 rows in + 9 rows out (BF16), 2 experts' weights (BF16), the INT32 cumsum
+    assert got["bytes"] == 2 * 9 * 32 * 2 + 2 * 2 * (32 * 32 + 16 * 32) + 4 * 4

@@ -252,7 +252,7 @@ def test_trace_records(rng):
 @pytest.mark.torch
 def test_torch_in_torch_out(rng):
     import torch
-    from tilesim.reference.interop import to_torch
+    from tilesim.shared.interop import to_torch
 
     q, k, v, ids = make(rng, 2, 5, 4)
     out = msa_sparse_decode(
@@ -352,7 +352,8 @@ def test_batch_blocks_and_workers_are_invisible(rng, monkeypatch, workers, block
 
     monkeypatch.setattr(blas_pool, "pin_blas_thread", spy)
     monkeypatch.setenv("TILESIM_REF_THREADS", str(workers))
-    monkeypatch.setattr(mod, "BATCH_BLOCK", block)
+    monkeypatch.setattr(importlib.import_module("tilesim.reference._msa_decode_fast"),
+                        "BATCH_BLOCK", block)  # fmt: skip
     recs = []
     got = msa_sparse_decode(q, k, v, ids, seq, tiling=T512, trace=recs.append)
     pool_threads = len(threads)  # the worker threads of this one call
@@ -428,3 +429,101 @@ def test_property_matches_oracle(batch, nb, topk_frac, ntile, seed):
     assert_in_budget(out, ref, amag)
     assert not out[~vis].astype(F32).any()  # rows with no visible key are zeros
     assert out.tobytes() == loop_kernel(q, k, v, ids, seq, ntile=ntile).tobytes()
+
+
+# ----------------------------------------------------------------------------- the contract
+def test_contract_module_exports_the_five_things():
+    from tilesim.shared import msa_decode as contract
+
+    for name in ("Args", "check_meta", "check_values", "host_plan", "cost"):
+        assert callable(getattr(contract, name)), name
+
+
+def _meta(torch, batch=2, nb=5, topk=3, ids_dtype=None, seq=None):
+    bf = torch.bfloat16
+    q = torch.empty((batch, 64, 128), dtype=bf, device="meta")
+    kv = torch.empty((batch, 4, nb, BY, 128), dtype=bf, device="meta")
+    ids = torch.empty((batch, topk), dtype=ids_dtype or torch.int32, device="meta")
+    seq = torch.empty((batch,), dtype=torch.int64, device="meta") if seq is None else seq
+    return q, kv, kv, ids, seq
+
+
+def test_check_meta_reads_no_value_on_meta_tensors():
+    """check_meta on torch ``meta`` tensors (any read would raise) gives the sizes and leaves
+    the values unchecked (``ids`` / ``seq`` None); wrong metadata is refused by name."""
+    torch = pytest.importorskip("torch")
+    from tilesim.shared.msa_decode import check_meta
+
+    q, k, v, ids, seq = _meta(torch)
+    args = check_meta(q, k, v, ids, seq)
+    assert (args.batch, args.hq, args.hkv, args.nb, args.by, args.dim, args.topk) == (
+        2, 64, 4, 5, BY, 128, 3)  # fmt: skip
+    assert args.ids is None and args.seq is None and args.block_ids is ids
+    with pytest.raises(TypeError, match="block_ids"):
+        check_meta(*_meta(torch, ids_dtype=torch.float32))
+    with pytest.raises(ValueError, match="seq_len"):
+        check_meta(*_meta(torch, seq=torch.empty((3,), dtype=torch.int64, device="meta")))
+    with pytest.raises(ValueError, match="seq_len"):
+        check_meta(q, k, v, ids, 5 * BY + 1)  # an int is a static value: checked here
+
+
+def test_check_values_catches_what_check_meta_does_not(rng):
+    from tilesim.shared.msa_decode import check_meta, check_values
+
+    q, k, v, ids = make(rng, 2, 5, 3, hq=8, hkv=2, d=32)
+    ids[1, 2] = 5  # out of range [0, nb)
+    args = check_meta(q, k, v, ids, 600)  # metadata only: passes
+    with pytest.raises(ValueError, match=r"block_ids: expected ids in \[0, nb=5\)"):
+        check_values(args)
+    ids[1, 2] = ids[1, 0]  # a duplicate
+    with pytest.raises(ValueError, match="block_ids: expected unique ids"):
+        check_values(check_meta(q, k, v, ids, 600))
+    ids[1, 2] = 4
+    with pytest.raises(ValueError, match="seq_len"):
+        check_values(check_meta(q, k, v, ids, np.array([600, 0])))
+    got = check_values(check_meta(q, k, v, ids, np.array([600, 1])))
+    assert got.ids.tolist() == ids.tolist() and got.seq.tolist() == [600, 1]
+
+
+def test_torch_keep_mask_and_page_table_twins():
+    torch = pytest.importorskip("torch")
+    from tilesim.shared.msa_decode import decode_keep_mask, keep_mask_torch, page_table_torch
+
+    ids = np.array([[3, 0, 4], [1, 2, 0]])
+    seq = np.array([3 * BY + 7, 1])
+    got = keep_mask_torch(torch.from_numpy(ids), torch.from_numpy(seq)).numpy()
+    np.testing.assert_array_equal(got, decode_keep_mask(ids, seq))
+    table = page_table_torch(torch.from_numpy(ids), 2, 5).numpy()
+    assert table.tolist() == [[3, 0, 4], [8, 5, 9], [11, 12, 10], [16, 17, 15]]
+
+
+def test_cost_counts_flops_and_bytes():
+    from tilesim.shared.msa_decode import cost, sized_args
+
+    args = sized_args(2, 64, 128, hkv=4, topk=16)
+    c = cost(args)
+    keys = 16 * BY
+    assert c["flop"] == 4 * 2 * 64 * keys * 128 == msa_sparse_decode_flop(2, 64, keys, 128)
+    # q and out BF16 [2, 64, 128]; K and V BF16 rows of 2*4 pairs x 2048 keys
+    assert c["bytes"] == 2 * (2 * 64 * 128 * 2) + 2 * (2 * 4 * keys * 128 * 2)
+
+
+def test_tiling_none_is_the_shared_rule_with_soc(rng, monkeypatch):
+    """``tiling=None``: the reference applies the shared split rule for its ``soc`` (as the
+    device wrapper): topk 64 (16 chunks), B 1, HKV 4 gives 4 splits on the 910B, and the
+    call's bits are those of an explicit tiling with those splits."""
+    from tilesim.shared.msa_decode import resolve_tiling
+
+    monkeypatch.delenv("MSA_NTILE", raising=False)
+    monkeypatch.delenv("MSA_KV_SPLITS", raising=False)
+    t = resolve_tiling(None, batch=1, hkv=4, topk=64, soc="910b")
+    assert t.kv_splits == 4 and t.ntile == 512
+    assert resolve_tiling(T512, batch=1, hkv=4, topk=64, soc="910b") is T512
+    with pytest.raises(TypeError, match="tiling"):
+        resolve_tiling(512, batch=1, hkv=4, topk=64, soc="910b")
+    q, k, v, ids = make(rng, 1, 64, 64, hq=8, hkv=4, d=32)
+    auto = msa_sparse_decode(q, k, v, ids, 64 * BY, soc="910b")
+    split = msa_sparse_decode(q, k, v, ids, 64 * BY, tiling=t)
+    assert auto.tobytes() == split.tobytes()
+    with pytest.raises(ValueError, match="soc"):
+        msa_sparse_decode(q, k, v, ids, 64 * BY, soc="nope")

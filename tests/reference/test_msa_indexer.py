@@ -185,7 +185,7 @@ def test_seed_cases_set_equal_to_bf16_reference():
 # ----------------------------------------------------------------------------- contract
 def test_torch_in_torch_out(rng):
     torch = pytest.importorskip("torch")
-    from tilesim.reference.interop import to_torch
+    from tilesim.shared.interop import to_torch
 
     nb = 17
     q, k = make(rng, nb)
@@ -279,3 +279,66 @@ def test_property_selection_equals_oracle(nb, seed, levels, partial):
     assert per_head.tolist() == oracle_select(sc_masked, nb, seq_len=seq_len, per_head=True)
     for row in per_head.tolist() + ids.tolist():
         assert len(set(row)) == len(row) == min(16, nb) and row[-1] == nb - 1
+
+
+# ----------------------------------------------------------------------------- the contract
+def test_contract_module_exports_the_five_things():
+    from tilesim.shared import msa_indexer as contract
+
+    for name in ("Args", "check_meta", "check_values", "host_plan", "cost"):
+        assert callable(getattr(contract, name)), name
+
+
+def test_check_meta_reads_no_value_on_meta_tensors():
+    """check_meta on torch ``meta`` tensors (no data to read: any read would raise) checks
+    shapes, dtypes and the static sizes, and refuses a wrong shape naming the argument."""
+    torch = pytest.importorskip("torch")
+    from tilesim.shared.msa_indexer import check_meta
+
+    q = torch.empty((4, 128), dtype=torch.bfloat16, device="meta")
+    k = torch.empty((20 * BY, 128), dtype=torch.bfloat16, device="meta")
+    args = check_meta(q, k, 20, seq_len=19 * BY + 3, head_reduce="none")
+    assert (args.nb, args.valid, args.head_reduce) == (20, 19 * BY + 3, "none")
+    assert args.idx_q is q and args.idx_k is k  # the caller's objects, not copies
+    with pytest.raises(ValueError, match="idx_k"):
+        check_meta(q, k, 19)
+    with pytest.raises(ValueError, match="seq_len"):
+        check_meta(q, k, 20, seq_len=19 * BY)  # not in (19*128, 20*128]
+    with pytest.raises(TypeError, match="idx_q"):
+        check_meta(torch.empty((4, 128), dtype=torch.float32, device="meta"), k, 20)
+
+
+def test_check_values_catches_what_check_meta_does_not(rng):
+    from tilesim.shared.msa_indexer import check_meta, check_values
+
+    q, k = make(rng, 3)
+    k[2 * BY + 7, 3] = np.inf  # a row that counts
+    args = check_meta(q, k, 3)  # metadata only: passes
+    with pytest.raises(ValueError, match="idx_k.*finite"):
+        check_values(args)
+    assert check_values(check_meta(q, k, 3, seq_len=2 * BY + 7)).valid == 2 * BY + 7  # past it
+
+
+def test_host_plan_and_its_torch_twin_agree():
+    pytest.importorskip("torch")
+    from tilesim.shared.msa_indexer import NOT_CANDIDATE, host_plan, host_plan_torch, sized_args
+
+    args = sized_args(20)._replace(valid=19 * BY + 5, head_reduce="none")
+    plan = host_plan(args)
+    assert (plan.rows, plan.k) == (4, 16)
+    assert plan.key_keep.sum() == 19 * BY + 5 and plan.key_keep[0, : 19 * BY + 5].all()
+    assert plan.order[0].tolist() == [*range(19), NOT_CANDIDATE]
+    keep, order = host_plan_torch(args, "cpu", 64)
+    assert np.array_equal(keep.numpy(), plan.key_keep)
+    assert order.shape == (1, 64) and np.array_equal(order[:, :20].numpy(), plan.order)
+    assert (order[0, 20:] == NOT_CANDIDATE).all()
+
+
+def test_cost_counts_flops_and_bytes():
+    from tilesim.shared.msa_indexer import cost, sized_args
+
+    c = cost(sized_args(3))
+    assert c["flop"] == 2 * 16 * 3 * BY * 128 == msa_indexer_flop(3)
+    # BF16 q_pad [16, 128] + BF16 keys [384, 128] read, FP32 scores [16, 384] written
+    assert c["bytes"] == 16 * 128 * 2 + 384 * 128 * 2 + 16 * 384 * 4
+    assert cost(sized_args(3), padded=False)["flop"] == msa_indexer_flop(3, padded=False)

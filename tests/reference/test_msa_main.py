@@ -141,7 +141,7 @@ def test_row_blocking_and_workers_are_invisible(monkeypatch, workers):
 
     from tilesim.reference import blas_pool
 
-    mod = importlib.import_module("tilesim.reference.msa_main")
+    fast_mod = importlib.import_module("tilesim.reference._msa_main_fast")
 
     inputs, _, ids = case(300, [2, 0, 1], hq=8, hkv=2, topk=4, seed=7)
     inputs = {k: (to_bf16(v).astype(F32) if k != "block_mask" else v) for k, v in inputs.items()}
@@ -156,7 +156,7 @@ def test_row_blocking_and_workers_are_invisible(monkeypatch, workers):
 
     monkeypatch.setattr(blas_pool, "pin_blas_thread", spy)
     monkeypatch.setenv("TILESIM_REF_THREADS", str(workers))
-    monkeypatch.setattr(mod, "ROW_BLOCK", 7)
+    monkeypatch.setattr(fast_mod, "ROW_BLOCK", 7)
     b = msa_main_branch(**inputs, dtype="bf16", max_n=2048, tiling=T)
     assert a.tobytes() == b.tobytes()
     assert len(threads) == (workers if workers > 1 else 0)
@@ -608,3 +608,30 @@ def test_huge_row_counts_fail_a_bound_check_not_an_allocation():
         msa_main_branch(**c["inputs"], **{**c["params"], "max_n": 2**40})
     with pytest.raises(ValueError, match=rf"n: expected an int in \[1, {MAX_PREFILL_ROWS}\]"):
         msa_make_case(None, op="msa_main_branch", n=MAX_PREFILL_ROWS + 1)
+
+
+def _main_case_names():
+    from tilesim.reference.msa_cases import MSA_CASES
+
+    return [k for k, v in MSA_CASES.items() if v["op"] == "msa_main_branch"]
+
+
+@pytest.mark.parametrize("name", _main_case_names())
+def test_speed_path_is_bit_equal_on_every_named_case(name, monkeypatch):
+    """The one switch ``_FAST`` (:mod:`tilesim.reference._msa_main_fast` vs the golden loop):
+    same output bits and trace records on every named main-branch case (n >= 1024 reduced as
+    tests/digests/golden_digests.py reduces it; seed and max_n kept)."""
+    from tilesim.reference.msa_cases import MSA_CASES, msa_make_case
+
+    mod = importlib.import_module("tilesim.reference.msa_main")
+    n = MSA_CASES[name]["params"]["n"]
+    case = msa_make_case(name, **({"n": 300 + n % 97} if n >= 1024 else {}))
+    monkeypatch.setenv("TILESIM_REF_THREADS", "2")
+    got = {}
+    for fast in (False, True):
+        monkeypatch.setattr(mod, "_FAST", fast)
+        recs = []
+        out = msa_main_branch(**case["inputs"], **case["params"], trace=recs.append)
+        got[fast] = (out.tobytes(), _records_bytes(recs))
+    assert got[True][0] == got[False][0]
+    assert got[True][1] == got[False][1] and got[False][1]

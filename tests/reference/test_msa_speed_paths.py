@@ -11,6 +11,8 @@
   against its plain path (compact BF16 gather, widened per chunk) and the independent loop
   oracle: chunk widths that cut blocks, short blocks, tails, ``seeds_compat``, unread slots
   poisoned with NaN / inf on both paths.
+* Each op's one switch (``_FAST``; the fast code in ``reference/_msa_indexer_fast.py`` /
+  ``reference/_msa_decode_fast.py``) on every named case of the op: same bits, same records.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ BF, E4M3 = ml_dtypes.bfloat16, ml_dtypes.float8_e4m3fn
 F32 = np.float32
 IDX = importlib.import_module("tilesim.reference.msa_indexer")
 DEC = importlib.import_module("tilesim.reference.msa_decode")
+FAST_DEC = importlib.import_module("tilesim.reference._msa_decode_fast")
 
 
 def _canon(x):
@@ -242,11 +245,56 @@ def test_decode_widened_keys_equal_the_compact_gather(rng):
     """The one-pass gather against fancy indexing of the compact sequence, for chunk bounds
     that start and stop inside blocks."""
     q, k, v, ids = _decode_case(rng, 3, 6, 4, by=16)
-    call = DEC._check(q, k, v, ids, 96, MsaTiling(ntile=16), False, None)
+    call = DEC._check(q, k, v, ids, 96, MsaTiling(ntile=16), "910b", False, None)
     bi, hi = np.arange(3)[:, None, None], np.arange(2)[None, :, None]
     compact = k[bi, hi, ids[:, None, :]].reshape(3, 2, 64, 32).astype(np.float64)
     for c0, w in [(0, 64), (5, 11), (15, 2), (16, 16), (31, 33), (63, 1)]:
         for rows in (slice(0, 3), slice(1, 2), slice(2, 3)):
             out = np.full((rows.stop - rows.start, 2, w, 32), np.nan)
-            DEC._widened_keys(k, call, rows, c0, out)
+            FAST_DEC.widened_keys(k, call, rows, c0, out)
             assert out.tobytes() == compact[rows, :, c0 : c0 + w].tobytes()
+
+
+# ----------------------------------------------------------------------------- named cases
+def _named(op: str) -> list[str]:
+    from tilesim.reference.msa_cases import MSA_CASES
+
+    return [name for name, spec in MSA_CASES.items() if spec["op"] == op]
+
+
+def _both_paths(monkeypatch, mod, fn, case):
+    """``fn`` on the case with the module's ``_FAST`` False then True: ``[(out, records)]``."""
+    out = []
+    for fast in (False, True):
+        monkeypatch.setattr(mod, "_FAST", fast)
+        recs = []
+        res = fn(**case["inputs"], **case["params"], trace=recs.append)
+        out.append((res, recs))
+    return out
+
+
+@pytest.mark.parametrize("name", _named("msa_indexer"))
+def test_indexer_speed_path_is_bit_equal_on_every_named_case(monkeypatch, name):
+    """The one switch of the indexer golden: same ids, same trace records on every named case
+    (they are small: no size reduction needed), and the scores kernel alike."""
+    from tilesim.reference.msa_cases import msa_make_case
+
+    case = msa_make_case(name)
+    (ids0, r0), (ids1, r1) = _both_paths(monkeypatch, IDX, msa_indexer, case)
+    assert ids0.dtype == ids1.dtype == np.int32 and ids0.tobytes() == ids1.tobytes()
+    _same_records(r1, r0)
+    scores_case = {"inputs": case["inputs"], "params": {"nb": case["params"]["nb"]}}
+    (s0, _), (s1, _) = _both_paths(monkeypatch, IDX, msa_indexer_scores, scores_case)
+    assert s0.tobytes() == s1.tobytes()
+
+
+@pytest.mark.parametrize("name", _named("msa_sparse_decode"))
+def test_decode_speed_path_is_bit_equal_on_every_named_case(monkeypatch, name):
+    """The one switch of the decode golden: same output, same trace records on every named
+    case (they are small: no size reduction needed)."""
+    from tilesim.reference.msa_cases import msa_make_case
+
+    case = msa_make_case(name)
+    (o0, r0), (o1, r1) = _both_paths(monkeypatch, DEC, msa_sparse_decode, case)
+    assert o0.dtype == o1.dtype and o0.tobytes() == o1.tobytes()
+    _same_records(r1, r0)

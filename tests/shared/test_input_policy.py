@@ -650,7 +650,11 @@ def test_env_values_must_be_strings(var, bad):
         read({var: bad})
 
 
-@pytest.mark.parametrize("bad", ["MSA_NTILE=256", [("MSA_NTILE", "256")], 3, object()], ids=repr)
+@pytest.mark.parametrize(
+    "bad",
+    ["MSA_NTILE=256", [("MSA_NTILE", "256")], 3, object()],
+    ids=["str", "pairs", "int", "object"],  # stable ids: pytest-xdist workers must agree
+)
 @pytest.mark.parametrize(
     "read",
     [

@@ -221,3 +221,24 @@ def test_bad_cache_names_the_argument():
         unpack_rows(np.zeros((4, 656), np.int8), "paged")
     with pytest.raises(ValueError, match="layout"):
         pack_rows(*fields(), layout="paged")
+
+
+@pytest.mark.parametrize("layout", ["pypto", "flashmla"])
+def test_the_field_offset_tables_locate_the_packed_fields(layout):
+    """``FIELD_BYTES`` / ``LAYOUT_OFFSETS`` (read by the kernel and the CLI) against bytes
+    written here with ``struct``: rope element 0 = BF16 1.5 (0x3FC0), scale 0 = FP32 2.0."""
+    from tilesim.shared.mla_cache import FIELD_BYTES, LAYOUT_OFFSETS
+
+    nope = np.zeros((1, 512), dtype=FP8)
+    rope = np.zeros((1, 64), dtype=BF16)
+    rope[0, 0] = 1.5
+    scales = np.zeros((1, 4), dtype=np.float32)
+    scales[0, 0] = 2.0
+    row = pack_rows(nope, rope, scales, layout).view(np.uint8)[0].tobytes()
+    rope_off, scale_off = LAYOUT_OFFSETS[layout]
+    assert row[rope_off : rope_off + 2] == struct.pack("<H", 0x3FC0)
+    assert row[scale_off : scale_off + 4] == struct.pack("<f", 2.0)
+    spans = sorted(FIELD_BYTES[layout].values())
+    assert spans[0][0] == 0 and spans[-1][1] == PYPTO_ROW_BYTES
+    assert all(a[1] == b[0] for a, b in zip(spans[:-1], spans[1:], strict=True))  # no gap
+    assert FIELD_BYTES[layout]["rope"][0] == rope_off

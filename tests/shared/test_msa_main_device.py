@@ -8,8 +8,10 @@ NumPy rules they copy, bit for bit, and the device wrapper's "no host read" cont
   also checked against the layout written out element by element.
 * :func:`mask_flags_torch` equals :func:`read_keys` of the kernel-mask rows ``< n`` and the
   rows' "sees some key" flags computed from those rows by NumPy.
-* :func:`check_mask_finite` raises the message of the shared check; ``read_values=False``
-  reads no data (a ``meta`` mask passes the metadata checks).
+* :func:`check_mask_finite` raises the message of the shared check; the contract
+  (``Args`` / ``check_meta`` / ``check_values`` / ``host_plan`` / ``cost``): ``check_meta``
+  reads no data (``meta`` tensors pass it), ``check_values`` catches the non-finite mask it
+  cannot see, ``host_plan_torch`` is ``host_plan`` bit for bit, ``cost`` counts.
 * The device wrapper's operands are built by torch ops alone: on ``meta`` tensors (no data
   exists, so any host read would fail) they come out with the right shapes; with
   ``validate=False`` no host-array helper is called, with ``validate=True`` the finiteness
@@ -177,19 +179,43 @@ def test_check_mask_finite_is_the_shared_check(bad):
 
 
 @pytest.mark.torch
-def test_read_values_false_reads_no_data():
+def test_contract_meta_reads_no_data_values_catch_the_rest():
+    for name in ("Args", "check_meta", "check_values", "host_plan", "cost"):
+        assert name in msa_mask.__all__ and callable(getattr(msa_mask, name))
     q = torch.empty(3, 16, 128, device="meta")
     kb = torch.empty(256, 1, 128, device="meta")
     mask = torch.empty(1, 2, 128, 128, device="meta")
     with pytest.raises(ValueError, match="block_mask: expected a tensor holding data"):
-        msa_mask.check_msa_main_args(q, kb, kb, mask)  # the value check needs data
-    a = msa_mask.check_msa_main_args(q, kb, kb, mask, read_values=False)
-    assert a.block_mask is None and (a.n, a.kv_len, a.nbq) == (3, 256, 1)
+        msa_mask.check_values(msa_mask.check_meta(q, kb, kb, mask))  # the value check needs data
+    a = msa_mask.check_meta(q, kb, kb, mask)
+    assert isinstance(a, msa_mask.Args) and (a.n, a.kv_len, a.nbq) == (3, 256, 1)
+    with pytest.raises(ValueError, match="key_blocks: expected shape"):
+        msa_mask.check_meta(q, torch.empty(255, 1, 128, device="meta"), kb, mask)
     q, kb = torch.zeros(3, 16, 128), torch.zeros(256, 1, 128)
     inf = torch.full((1, 2, 128, 128), -torch.inf)
+    a = msa_mask.check_meta(q, kb, kb, inf)  # metadata fine: the values are not read
     with pytest.raises(ValueError, match="block_mask: expected finite"):
-        msa_mask.check_msa_main_args(q, kb, kb, inf)
-    assert msa_mask.check_msa_main_args(q, kb, kb, inf, read_values=False).block_mask is None
+        msa_mask.check_values(a)
+
+
+@pytest.mark.torch
+def test_contract_host_plan_twin_and_cost():
+    n, bk, topk = 200, 128, 2
+    bm = build_msa_block_mask(n, np.array([1]), bk=bk, topk=topk)  # slot 1: padding
+    q, kb = np.zeros((n, 16, 128), np.float32), np.zeros((topk * bk, 1, 128), np.float32)
+    a = msa_mask.check_values(msa_mask.check_meta(q, kb, kb, bm, dtype="bf16", max_n=256))
+    mask2d, read, seen = msa_mask.host_plan(a)
+    assert mask2d.shape == (n, topk * bk) and read.shape == (topk * bk,) and seen.shape == (n,)
+    assert not seen[:128].any() and seen[128:].all()  # block 1 is seen by query block 1 only
+    assert read[:72].all() and not read[72:].any()  # tokens 128..199 of block 1; slot 1 unread
+    mask_t, read_t, seen_t = msa_mask.host_plan_torch(a, 256, torch.from_numpy(bm))
+    assert mask_t[:n].numpy().tobytes() == mask2d.tobytes() and (mask_t[n:] == NEG).all()
+    assert (read_t.numpy() == read).all() and (seen_t.numpy() == seen).all()
+    c = msa_mask.cost(a)
+    assert c["flop"] == 2 * n * 16 * 256 * 2 * 128
+    assert c["live_flop"] == 2 * 16 * 2 * 128 * 128 * (200 - 128)  # (qb 1, slot 0) only
+    # bf16 q, k, v in; FP32 mask rows < n and FP32 output
+    assert c["bytes"] == 2 * (n * 16 * 128 + 2 * 256 * 128) + 4 * n * 256 + 4 * n * 16 * 128
 
 
 # ----------------------------------------------------------------------------- device wrapper
@@ -207,7 +233,7 @@ def test_wrapper_operands_are_torch_ops_only():
     from tilesim.device import msa_main as dev
 
     q, kb, vb, bm = (t.to("meta") for t in _case())
-    a = msa_mask.check_msa_main_args(q, kb, vb, bm, dtype="bf16", read_values=False)
+    a = msa_mask.check_meta(q, kb, vb, bm, dtype="bf16")
     (q2, k2, v2, mask), seen = dev._operands(a, q, kb, vb, bm)
     assert [t.device.type for t in (q2, k2, v2, mask, seen)] == ["meta"] * 5
     assert q2.shape == (384, 16 * 128) and q2.dtype == torch.bfloat16

@@ -8,7 +8,7 @@ import sys
 import ml_dtypes
 import numpy as np
 import pytest
-from tilesim.reference.interop import is_torch_tensor, to_numpy, to_torch
+from tilesim.shared.interop import is_torch_tensor, to_numpy, to_torch
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 FP8 = np.dtype(ml_dtypes.float8_e4m3fn)
@@ -98,7 +98,7 @@ def test_to_numpy_rejects_non_cpu_tensors_with_a_named_error():
 
 def test_is_torch_tensor_does_not_import_torch():
     code = (
-        "import sys, numpy as np; from tilesim.reference.interop import is_torch_tensor; "
+        "import sys, numpy as np; from tilesim.shared.interop import is_torch_tensor; "
         "assert not is_torch_tensor(np.ones(2)); assert 'torch' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd="/")

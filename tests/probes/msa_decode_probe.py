@@ -1,10 +1,11 @@
-"""The matmul-only probe of the MSA block-sparse decode kernel (``device/msa_decode.py``).
+"""The matmul-only probe of the MSA block-sparse decode kernel (``device/_msa_decode_kernel.py``;
+test support, not installed).
 
 What the cost model charges for the decode's two matmuls alone, so that a report can state the
-kernel's time as a multiple of it (issue 13, point 4; the DeepSeek kernel's counterpart is
-``_dsa_kernel.probe_matmuls``). Private: reached as
-``tilesim.device._msa_decode_probe.msa_decode_probe``; importing it needs neither torch nor
-pypto (the kernel is built by :func:`build_probe` after the simulator is configured).
+kernel's time as a multiple of it (the DeepSeek kernel's counterpart is
+``tests/probes/dsa_probe.py``). Imported as ``probes.msa_decode_probe`` (``tests/`` is on the
+``sys.path`` of pytest and of the simulator's spawned child); importing it needs neither
+torch nor pypto (the kernel is built by :func:`build_probe` after the simulator is configured).
 
 The probe walks the decode's loop nest -- a ``pypto.loop_unroll`` over the batch rows with
 the decode's unroll factors (:data:`BATCH_UNROLL`, ``ub`` rows per body), the ``HKV`` KV heads
@@ -39,10 +40,9 @@ from tilesim.device._msa_tiles import (
     SEED_RUNTIME,
     c1_cube_tiles,
     c2_cube_tiles,
-    jit_options,
-    operation_options,
     page_pieces,
 )
+from tilesim.device._pypto_common import jit_options, operation_options
 from tilesim.shared.models import MINIMAX_M3
 from tilesim.shared.soc import DEFAULT_SOC
 from tilesim.shared.tiling import MsaTiling
@@ -58,7 +58,7 @@ BATCH_UNROLL = (4, 2, 1)
 
 def chunk_bounds(topk: int, ntile: int) -> tuple:
     """``((c0, w), ...)``: the decode's key chunks of the ``topk*128`` selected keys, ``ntile``
-    wide, the last one partial (``msa_decode.build_kernel``'s ``bounds``)."""
+    wide, the last one partial (``_msa_decode_kernel.build_kernel``'s ``bounds``)."""
     sel = topk * BY
     return tuple((c0, min(ntile, sel - c0)) for c0 in range(0, sel, ntile))
 
