@@ -88,12 +88,6 @@ def matmul_fp32(a, b, *, k_tile: int | None, out: np.ndarray | None = None) -> n
     return acc
 
 
-def matmul_fp32_widening(a, b, *, k_tile: int | None, out: np.ndarray | None = None):
-    """Former name of :func:`matmul_fp32` (``out=`` and the bounded work memory are its own
-    now); kept only until its last caller moves."""
-    return matmul_fp32(a, b, k_tile=k_tile, out=out)
-
-
 # ----------------------------------------------------------------------------- exp
 def exp_fp32_correctly_rounded(x) -> np.ndarray:
     """FP32 ``exp`` of FP32 ``x``: evaluated in float64, rounded once to FP32 (overflow: +inf)."""
@@ -219,7 +213,6 @@ __all__ = [
     "exp_fp32_correctly_rounded",
     "exp_fp32_numpy",
     "matmul_fp32",
-    "matmul_fp32_widening",
     "rowsum_fp32",
     "tile_softmax",
 ]

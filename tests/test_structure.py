@@ -181,3 +181,17 @@ def test_cache_layout_offsets_are_defined_once():
     ]
     assert not bad, f"layout constants assigned outside shared/mla_cache.py: {bad}"
 
+
+
+def test_docs_describe_not_narrate():
+    """The docs state facts; the history lives in docs/perf/journal.md, dated, and no page
+    refers to the issue tracker ("issue 13", "change 4")."""
+    pat = re.compile(r"\bissue[ #]*\d|\bchange \d", re.I)
+    bad = [
+        f"{p.relative_to(ROOT)}:{i}: {line.strip()[:80]}"
+        for p in sorted((ROOT / "docs").rglob("*.md")) + [ROOT / "README.md"]
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if pat.search(line)
+    ]
+    assert not bad, "\n".join(bad)
+    assert (ROOT / "docs" / "perf" / "journal.md").is_file()
