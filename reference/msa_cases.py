@@ -372,7 +372,7 @@ def _case_info() -> dict[str, CaseInfo]:
               "tests"),
         _info("msa_decode_b64_nb17", dec, 0, "medium",
               "B 64, nb 17, seq_len 2176, topk 16 (indexer selection per row), q/k/v randn*0.05",
-              status="tilesim extra", status_note="issue 4's speed case (a decode batch of 64)",
+              status="tilesim extra", status_note="the speed case: a decode batch of 64",
               builder_params={"case": None, "op": dec, "batch": 64, "nb": 17, "seq_len": 2176}),
     ]  # fmt: skip
     for name, n, seed, max_n in _MAIN_TABLE:

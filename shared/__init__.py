@@ -11,6 +11,7 @@ from tilesim.shared.casts import (
     to_fp8_e4m3,
     widen_to_fp32,
 )
+from tilesim.shared.index_cache import pack_fp8_pages, unpack_fp8_pages
 from tilesim.shared.mla_cache import (
     FLASHMLA_ROW_BYTES,
     PYPTO_ROW_BYTES,
@@ -35,6 +36,8 @@ from tilesim.shared.models import (
 )
 from tilesim.shared.quant import (
     dequantize_latent,
+    quantize_index_fp8,
+    quantize_index_int8,
     quantize_latent_fp8,
     quantize_latent_fp8_ue8m0,
     quantize_latent_int8,
@@ -69,8 +72,11 @@ __all__ = [
     "dequantize_latent",
     "loop_unroll_chunks",
     "pack_flashmla_rows",
+    "pack_fp8_pages",
     "pack_kv_split",
     "pack_pypto_rows",
+    "quantize_index_fp8",
+    "quantize_index_int8",
     "quantize_latent_fp8",
     "quantize_latent_fp8_ue8m0",
     "quantize_latent_int8",
@@ -78,6 +84,7 @@ __all__ = [
     "to_fp8_e4m3",
     "unconvert_minimax_weights",
     "unpack_flashmla_rows",
+    "unpack_fp8_pages",
     "unpack_kv_split",
     "unpack_pypto_rows",
     "widen_to_fp32",

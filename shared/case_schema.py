@@ -31,6 +31,8 @@ from tilesim.shared.validate import check_choice, check_float
 CASE_KEYS = ("name", "op", "inputs", "params", "tolerance", "meta")
 TOLERANCE_MODES = ("compare", "set", "ulp")
 CASE_SIZES = ("small", "medium", "large")
+#: the case families (one ``tilesim.reference.<family>_cases`` module each)
+CASE_FAMILIES = ("moe", "msa", "dsa", "dsa_indexer")
 
 
 def tolerance(atol=None, rtol=None, ratio: float = 0.0, mode: str = "compare") -> dict:
@@ -76,8 +78,9 @@ def make_case(*, name, op: str, inputs: dict, params: dict, tolerance: dict, met
 class CaseInfo:
     """One named case of a family's table, as the registry lists it.
 
-    ``family``: ``"moe"``, ``"msa"`` or ``"dsa"``; ``kind``: a sub-family (MSA: ``"indexer"``,
-    ``"decode"``, ``"main_branch"``; else ``""``); ``size``: ``"small"`` (seconds),
+    ``family``: one of :data:`CASE_FAMILIES`; ``kind``: a sub-family (MSA: ``"indexer"``,
+    ``"decode"``, ``"main_branch"``; DeepSeek indexer: ``"indexer"``, ``"decode_step"``; else
+    ``""``); ``size``: ``"small"`` (seconds),
     ``"medium"``, ``"large"`` (minutes or GiB); ``soc``: the seeds' SoC marks (``()``: none);
     ``status``: what the seeds' test does with it (``"runs"``, ``"skip: ..."``, ``"tilesim
     extra"``); ``builder``: the builder's import path (``"module:function"``);
@@ -101,10 +104,11 @@ class CaseInfo:
 
     def __post_init__(self) -> None:
         check_choice(self.size, f"CaseInfo({self.name!r}).size", CASE_SIZES)
-        check_choice(self.family, f"CaseInfo({self.name!r}).family", ("moe", "msa", "dsa"))
+        check_choice(self.family, f"CaseInfo({self.name!r}).family", CASE_FAMILIES)
 
 
 __all__ = [
+    "CASE_FAMILIES",
     "CASE_KEYS",
     "CASE_SIZES",
     "TOLERANCE_MODES",

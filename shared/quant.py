@@ -11,10 +11,25 @@ goldens the kernels are judged against:
   ``q = int8(clamp(round_half_even(x / s), -128, 127))``.
 * ``dequantize_latent`` — what every kernel does on load: ``bf16(fp32(q) * s)``.
 
+Quantizers for the DeepSeek-V3.2 lightning-indexer q and k (one scale per 128-value vector:
+per token and index head for q, per token for k; ``docs/ops/dsa_indexer.md``):
+
+* ``quantize_index_int8`` — the Ascend INT8 rule (per token-head): ``amax = max(max|x|,
+  amax_floor)``, ``q = int8(clip(round_half_even(x * fp32(127 / amax)), -127, 127))``, scale
+  ``fp16(fp32(amax / 127))``. ``amax_floor`` defaults to 1e-8 (an all-zero vector gives
+  codes 0); pypto-gym's prolog test uses none.
+* ``quantize_index_fp8`` — DeepSeek ``act_quant`` / DeepGEMM: ``amax = max(max|x|,
+  amax_floor)`` (default 1e-4, the DeepSeek and DeepGEMM floor), ``s = fp32(amax / 448)`` or,
+  with ``ue8m0=True``, ``s = 2^ceil(log2(amax / 448))`` (exact), ``q = e4m3(clamp(x / s,
+  -448, 448))``.
+* ``e4m3_to_fp32`` — the exact widening of FP8 codes by table look-up.
+
 Sources: the seeds' tests ``hicann/pypto-gym:tests/ops/experimental/ops_transformer/
 sparse_attention_antiquant_{fp8,kv_split}/``, ``deepseek-ai/FlashMLA:tests/quant.py``,
 ``deepseek-ai/DeepSeek-V3.2-Exp:inference/kernel.py`` (``act_quant``); the rules side by side
-in docs/sources.md#deepseek-sparse-attention.
+in docs/sources.md#deepseek-sparse-attention. Indexer: ``hicann/pypto-gym:tests/ops/
+deepseek_v32_exp/test_lightning_indexer_prolog_quant.py`` (INT8), ``act_quant`` above and
+``deepseek-ai/DeepGEMM:tests/test_attention.py`` (FP8); docs/ops/dsa_indexer.md.
 
 Arguments follow :mod:`tilesim.shared.validate` (NumPy arrays or torch tensors, BF16/FP8 and
 ``requires_grad`` tensors included; the results are NumPy arrays; inputs are never written).
@@ -24,7 +39,14 @@ from __future__ import annotations
 
 import numpy as np
 from tilesim.shared.casts import BF16, FP8_E4M3, FP8_E4M3_MAX, INT8_QMAX, to_bf16, to_fp8_e4m3
-from tilesim.shared.validate import check_array, check_finite, host_data, shape_of
+from tilesim.shared.validate import (
+    check_array,
+    check_bool,
+    check_finite,
+    check_float,
+    host_data,
+    shape_of,
+)
 
 QUANT_GROUP = 128
 #: FP32 value of every FP8 E4M3FN bit pattern (ml_dtypes' own widening, NaNs included): a table
@@ -47,6 +69,72 @@ def _groups(x, name: str) -> np.ndarray:
 
 def _amax(g: np.ndarray) -> np.ndarray:
     return np.abs(g).max(axis=2)  # FP32 [rows, ngroups]
+
+
+def e4m3_to_fp32(codes) -> np.ndarray:
+    """Exact FP32 value of every FP8 E4M3FN code (or raw ``uint8`` byte read as one), NaN codes
+    included (a table look-up: the same bits as ml_dtypes' ``astype(float32)``)."""
+    check_array(codes, "e4m3_to_fp32(codes)", dtype=(FP8_E4M3, np.uint8))
+    a = host_data(codes, "e4m3_to_fp32(codes)")
+    return np.take(_E4M3_TO_FP32, np.ascontiguousarray(a).view(np.uint8))
+
+
+def _index_vectors(x, name: str) -> np.ndarray:
+    """``x [..., 128]`` (BF16 or FP32, finite) -> FP32 copy of the same shape."""
+    check_array(x, name, dtype=(BF16, np.float32))
+    shp = shape_of(x, name)
+    if len(shp) < 1 or shp[-1] != QUANT_GROUP:
+        raise ValueError(f"{name}: expected shape [..., 128] (one vector per row), got {shp}")
+    a = host_data(x, name)
+    check_finite(a, name)
+    return a.astype(np.float32)
+
+
+def _floor(amax_floor, name: str) -> np.float32:
+    v = check_float(amax_floor, name, fp32=True)
+    if v < 0:
+        raise ValueError(f"{name}: expected a value >= 0, got {amax_floor!r}")
+    return np.float32(v)
+
+
+def quantize_index_int8(x, *, amax_floor: float = 1e-8) -> tuple[np.ndarray, np.ndarray]:
+    """Indexer INT8 rule per 128-vector: ``(codes int8 [..., 128], scales float16 [...])``.
+
+    ``amax = max(max|x|, amax_floor)`` (FP32); codes ``clip(rint(x * fp32(127 / amax)), -127,
+    127)`` (half to even); scale ``fp16(fp32(amax / 127))`` (RNE). ``amax_floor > 0`` keeps an
+    all-zero vector finite (its codes are 0); ``0`` is pypto-gym's floor-less rule and then
+    needs a non-zero vector."""
+    g = _index_vectors(x, "quantize_index_int8(x)")
+    floor = _floor(amax_floor, "amax_floor")
+    amax = np.maximum(np.abs(g).max(axis=-1), floor)
+    if not (amax > 0).all():
+        raise ValueError("quantize_index_int8(x): an all-zero vector needs amax_floor > 0")
+    inv = np.float32(INT8_QMAX) / amax  # FP32 quotient
+    codes = np.clip(np.rint(g * inv[..., None]), -127, 127).astype(np.int8)
+    return codes, (amax / np.float32(INT8_QMAX)).astype(np.float16)
+
+
+def quantize_index_fp8(
+    x, *, ue8m0: bool = False, amax_floor: float = 1e-4
+) -> tuple[np.ndarray, np.ndarray]:
+    """Indexer FP8 rule per 128-vector: ``(codes e4m3 [..., 128], scales float32 [...])``.
+
+    ``amax = max(max|x|, amax_floor)``; ``s = fp32(amax / 448)``, or with ``ue8m0`` the power
+    of two ``2^ceil(log2(amax / 448))`` (exponent from ``frexp``, exact); codes ``e4m3(clamp(x
+    / s, -448, 448))`` (RNE). ``amax_floor`` must be > 0 (DeepSeek and DeepGEMM: 1e-4; vLLM's
+    q path: 1e-10)."""
+    check_bool(ue8m0, "ue8m0")
+    g = _index_vectors(x, "quantize_index_fp8(x)")
+    floor = _floor(amax_floor, "amax_floor")
+    if not floor > 0:
+        raise ValueError(f"amax_floor: expected a value > 0, got {amax_floor!r}")
+    amax = np.maximum(np.abs(g).max(axis=-1), floor)
+    scale = amax / np.float32(FP8_E4M3_MAX)
+    if ue8m0:
+        m, e = np.frexp(scale)  # scale = m * 2^e, m in [0.5, 1): ceil(log2) = e - (m == 0.5)
+        scale = np.ldexp(np.float32(1.0), e - (m == 0.5)).astype(np.float32)
+    codes = to_fp8_e4m3(g / scale[..., None], saturate=True)
+    return codes, scale.astype(np.float32)
 
 
 def quantize_latent_fp8(x) -> tuple[np.ndarray, np.ndarray]:

@@ -1,9 +1,11 @@
-"""The named-case registry: the ``CASE_INFO`` tables of the three families' case modules.
+"""The named-case registry: the ``CASE_INFO`` tables of the families' case modules.
 
-Each family's cases module (:mod:`tilesim.reference.moe_cases`, ``msa_cases``, ``dsa_cases``)
+Each family's cases module (:mod:`tilesim.reference.moe_cases`, ``msa_cases``, ``dsa_cases``,
+``dsa_indexer_cases``)
 exports ``CASE_INFO: dict[str, tilesim.shared.case_schema.CaseInfo]`` — family, op, model,
 summary, seed, size, tolerance, builder (``"module:function"``), kind, SoC marks, the seeds'
-status and notes. The registry is their union, in family order (MoE, MSA, DeepSeek); there is
+status and notes. The registry is their union, in family order (MoE, MSA, DeepSeek sparse
+attention, DeepSeek lightning indexer and decode step); there is
 no second copy of the table. The builder's own case name is the entry's name unless
 ``builder_params`` holds ``"case"`` (``None`` = an ad-hoc builder call, e.g. a tilesim extra
 case built from parameters).
@@ -16,9 +18,9 @@ import importlib
 from functools import lru_cache
 
 from tilesim.cli import CliError
-from tilesim.shared.case_schema import CaseInfo
+from tilesim.shared.case_schema import CASE_FAMILIES, CaseInfo
 
-FAMILIES = ("moe", "msa", "dsa")
+FAMILIES = CASE_FAMILIES
 #: where each family's ``CASE_INFO`` lives
 CASE_MODULES = {f: f"tilesim.reference.{f}_cases" for f in FAMILIES}
 
@@ -53,13 +55,13 @@ def _merge(tables: dict[str, dict[str, CaseInfo]]) -> dict[str, CaseInfo]:
 
 @lru_cache(maxsize=1)
 def load_registry() -> dict[str, CaseInfo]:
-    """All named cases (``{name: CaseInfo}``): MoE, then MSA, then DeepSeek, table order."""
+    """All named cases (``{name: CaseInfo}``): in :data:`FAMILIES` order, table order."""
     return _merge({f: _family_table(f) for f in FAMILIES})
 
 
 def list_cases(family: str | None = None) -> list[CaseInfo]:
-    """The cases of one family (``moe``, ``msa``, ``dsa``; also an MSA kind such as
-    ``decode``) or all of them."""
+    """The cases of one family (``moe``, ``msa``, ``dsa``, ``dsa_indexer``; also a kind such
+    as ``decode`` or ``decode_step``) or all of them."""
     reg = load_registry()
     if family is None:
         return list(reg.values())

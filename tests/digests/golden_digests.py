@@ -4,7 +4,7 @@ Each entry builds a case with its family's public builder (named cases are reduc
 full size would take minutes: fewer batches, shorter sequences, same quant / layout / preset),
 runs the public reference op once without and once with a trace hook, and hashes the output's
 dtype, shape and bytes. ``digests.json`` beside this file holds the values committed before
-the consolidation of issue 12; ``tests/digests/test_golden_digests.py`` asserts them.
+the consolidation of the goldens; ``tests/digests/test_golden_digests.py`` asserts them.
 
 Regenerate (only when a change is meant to move bits, and say so in the commit)::
 
@@ -150,12 +150,20 @@ def _dsa_entries():
         )
 
 
+def _dsa_indexer_entries():
+    from tilesim.reference.dsa_indexer_cases import CASE_INFO
+
+    for name, info in CASE_INFO.items():
+        if info.size == "small":
+            yield f"dsa_indexer/{name}", ("dsa_indexer", name, {})
+
+
 def entries():
     """``[(entry id, (family, case name, builder overrides[, op overrides])), ...]``, fixed order.
 
     Op overrides replace op parameters after the build; a ``tiling`` given as a dict is built
     as ``MsaTiling(**d)`` (``SaTileShapeConfig(**d)`` for the ``dsa`` family)."""
-    return [*_moe_entries(), *_msa_entries(), *_dsa_entries()]
+    return [*_moe_entries(), *_msa_entries(), *_dsa_entries(), *_dsa_indexer_entries()]
 
 
 def _build(family, name, over):
@@ -169,6 +177,11 @@ def _build(family, name, over):
         from tilesim.reference.msa_cases import msa_make_case
 
         case = msa_make_case(name, **over)
+        op = case["op"]
+    elif family == "dsa_indexer":
+        from tilesim.reference.dsa_indexer_cases import dsa_indexer_make_case
+
+        case = dsa_indexer_make_case(name, **over)
         op = case["op"]
     else:
         from tilesim.reference.dsa_cases import dsa_make_case
@@ -187,6 +200,14 @@ def _op(name):
 
 
 def digest_of(arr) -> str:
+    """SHA-256 of one array's dtype, shape and bytes; a tuple or dict of outputs (the
+    indexer's ids and scores, the decode step's three outputs) is hashed member by member."""
+    if isinstance(arr, dict):
+        return digest_of(tuple(f"{k}={digest_of(v)}" for k, v in sorted(arr.items())))
+    if isinstance(arr, tuple):
+        h = hashlib.sha256("|".join(digest_of(np.asarray(v)) if not isinstance(v, str) else v
+                                    for v in arr).encode())  # fmt: skip
+        return h.hexdigest()
     a = np.ascontiguousarray(np.asarray(arr))
     h = hashlib.sha256()
     h.update(f"{a.dtype.str}|{a.dtype.name}|{a.shape}|".encode())

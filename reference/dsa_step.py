@@ -1,0 +1,112 @@
+"""One DeepSeek-V3.2 decode step end to end: lightning indexer -> top-k -> sparse attention.
+
+:func:`dsa_decode_step` runs :func:`tilesim.reference.dsa_indexer.dsa_indexer` and feeds its
+ids to :func:`tilesim.reference.dsa.sparse_attention_antiquant` (packed ``"pypto"`` /
+``"flashmla"`` latent cache) or ``..._kv_split`` (``layout="kv_split"``), in one call, with
+nothing in between: the index-key cache and the latent cache share ``block_table`` and
+``seq_lens`` (= the attention's ``kv_act_seqs``), query row ``b*s1 + s`` of the indexer is
+query token ``b*s1 + s`` of the attention. Row ``r`` of the ids holds ``min(topk, visible)``
+positions and then ``-1``; the attention uses exactly its first ``min(topk, visible)`` entries
+(``tilesim.shared.dsa.cur_seq_lengths``), so no ``-1`` is ever used. Both goldens keep their
+own arithmetic (``docs/ops/dsa_indexer.md``, ``docs/ops/dsa.md``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from tilesim.reference.dsa import sparse_attention_antiquant, sparse_attention_antiquant_kv_split
+from tilesim.reference.dsa_indexer import dsa_indexer
+from tilesim.shared.models import DEEPSEEK_V32
+from tilesim.shared.tiling import SaTileShapeConfig
+
+#: the step's output names, in order
+STEP_OUTPUTS = ("topk_indices", "scores", "out")
+_SPLIT = ("kn_quant", "kr", "kn_scales")
+
+
+def _attention_cache(layout, nope_cache, split: dict):
+    """``("packed", (nope_cache,))`` or ``("kv_split", (kn_quant, kr, kn_scales))``, checked
+    against ``layout`` (``ValueError`` naming the argument)."""
+    given = [k for k, v in split.items() if v is not None]
+    if layout == "kv_split":
+        if nope_cache is not None or len(given) != 3:
+            raise ValueError(
+                "layout: 'kv_split' takes kn_quant, kr and kn_scales and no nope_cache, got "
+                f"{given + (['nope_cache'] if nope_cache is not None else [])}"
+            )
+        return tuple(split[k] for k in _SPLIT)
+    if given or nope_cache is None:
+        raise ValueError(f"layout: {layout!r} takes nope_cache and none of {_SPLIT}, got "
+                         f"{given or 'no nope_cache'}")  # fmt: skip
+    return (nope_cache,)
+
+
+def dsa_decode_step(q, weights, k_cache, block_table, seq_lens, query_nope, query_rope, *,
+                    q_scale=None, k_scale=None, nope_cache=None, kn_quant=None, kr=None,
+                    kn_scales=None, layout="pypto", path="int8", int8_order="gym", topk=2048,
+                    block_size=128, nq=128, softmax_scale=DEEPSEEK_V32.test_softmax_scale,
+                    tiling: SaTileShapeConfig | None = None, trace=None,
+                    progress=None) -> dict:  # fmt: skip
+    """Indexer -> top-k -> sparse attention of one decode step (``s1 = T // B``, 1..4).
+
+    Args:
+        q, weights, k_cache, block_table, seq_lens, q_scale, k_scale, path, int8_order, topk,
+            block_size: the indexer's (:func:`tilesim.reference.dsa_indexer.dsa_indexer`,
+            decode: no ``q_lens``).
+        query_nope, query_rope: BF16 ``[T*nq, 512]`` / ``[T*nq, 64]``; nope_cache (packed,
+            ``layout`` ``"pypto"`` / ``"flashmla"``) or kn_quant, kr, kn_scales
+            (``layout="kv_split"``); nq, softmax_scale, tiling: the attention's
+            (:func:`tilesim.reference.dsa.sparse_attention_antiquant`).
+        trace: passed to both goldens (their records carry their own ``op``).
+        progress: the two goldens' bars.
+
+    Returns:
+        ``{"topk_indices": INT32 [T, topk], "scores": FP32 [T, S], "out": BF16 [T*nq, 512]}``
+        (:data:`STEP_OUTPUTS`; the ids and scores exactly those of ``dsa_indexer``).
+    """
+    caches = _attention_cache(layout, nope_cache, dict(zip(_SPLIT, (kn_quant, kr, kn_scales),
+                                                           strict=True)))  # fmt: skip
+    ids, scores = dsa_indexer(
+        q, weights, k_cache, block_table, seq_lens, q_scale=q_scale, k_scale=k_scale,
+        path=path, int8_order=int8_order, topk=topk, block_size=block_size, trace=trace,
+        progress=progress,
+    )  # fmt: skip
+    kw = dict(nq=nq, softmax_scale=softmax_scale, topk=topk, block_size=block_size,
+              tiling=tiling, trace=trace, progress=progress)  # fmt: skip
+    if layout == "kv_split":
+        out = sparse_attention_antiquant_kv_split(
+            query_nope, query_rope, *caches, ids, block_table, seq_lens, **kw
+        )
+    else:
+        out = sparse_attention_antiquant(
+            query_nope, query_rope, caches[0], ids, block_table, seq_lens, layout=layout, **kw
+        )
+    return dict(zip(STEP_OUTPUTS, (ids, scores, out), strict=True))
+
+
+def step_case_inputs(p: dict, inputs: dict, n_blocks: int, seed: int) -> tuple[dict, dict]:
+    """The attention half of a step case (``tilesim.reference.dsa_indexer_cases``): grid-uniform
+    BF16 queries and a latent cache of ``n_blocks * block_size`` rows built by
+    :func:`tilesim.reference.dsa_cases.build_cache` (quant ``p["attn_quant"]``, default the
+    indexer's path; layout ``p["layout"]``, default ``"pypto"``), its own streams from
+    ``seed``. Returns ``(inputs, params)``."""
+    from tilesim.reference.dsa_cases import build_cache, grid_bf16, random_bytes
+    from tilesim.shared.mla_cache import NOPE, ROPE
+
+    quant = p["attn_quant"] or p["path"]
+    layout = p["layout"] or "pypto"
+    nq = DEEPSEEK_V32.num_q_heads
+    rng_q, rng_nope, rng_rope = (
+        np.random.default_rng(s) for s in np.random.SeedSequence([seed, 1]).spawn(3)
+    )
+    n_q = inputs["q"].shape[0] * nq
+    qv = grid_bf16(random_bytes(rng_q, n_q * (NOPE + ROPE))).reshape(n_q, NOPE + ROPE)
+    cache = build_cache(n_blocks * p["block_size"], quant, layout, rng_nope, rng_rope)
+    out = {"query_nope": np.ascontiguousarray(qv[:, :NOPE]),
+           "query_rope": np.ascontiguousarray(qv[:, NOPE:]), **cache}  # fmt: skip
+    params = {"layout": layout, "nq": nq, "softmax_scale": DEEPSEEK_V32.test_softmax_scale,
+              "tiling": SaTileShapeConfig.preset("decode")}  # fmt: skip
+    return out, params
+
+
+__all__ = ["STEP_OUTPUTS", "dsa_decode_step", "step_case_inputs"]

@@ -1,0 +1,377 @@
+"""The contract of the DeepSeek-V3.2 lightning indexer (op ``dsa_indexer``), written once for
+the golden (:mod:`tilesim.reference.dsa_indexer`) and the device wrapper.
+
+NumPy on host data; rounds nothing (``docs/ops/dsa_indexer.md``):
+
+* :class:`Args`, :func:`check_meta` (dtypes, shapes, static sizes, the path switches; no
+  value read), :func:`check_values` (host copies of the lengths and the block table, every
+  visible block's table entry, finite non-negative scales and finite weights among the rows
+  that are read, no FP8 NaN code among them);
+* :func:`host_plan`: per query row its batch, its visible length and its ``k``;
+* :func:`cost`: the op's one FLOP / byte counter;
+* :func:`select_topk`: the one top-k rule (NumPy): score descending, exactly equal scores ->
+  the lower position first, ``-1`` in the unused slots.
+
+Rows are batch-major: batch ``b`` owns ``q_lens[b]`` consecutive query rows (decode,
+``q_lens=None``: ``s1 = T // B`` rows each, ``1 <= s1 <= 4``). Row ``r`` (0-based inside its
+batch) sees the positions ``0 .. seq_lens[b] - q_lens[b] + r``, i.e. ``visible = seq_lens[b] -
+(q_lens[b] - 1 - r)`` tokens (the MTP / causal offset).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from tilesim.shared.casts import FP8_E4M3
+from tilesim.shared.index_cache import (
+    FP8_SCALE_BYTES,
+    INDEX_DIM,
+    check_fp8_cache,
+    check_int8_cache,
+    fp8_page_views,
+)
+from tilesim.shared.validate import (
+    INT32_MAX,
+    check_array,
+    check_bool,
+    check_choice,
+    check_finite,
+    check_int,
+    check_trace,
+    dtype_of,
+    host_array,
+    host_ints,
+    shape_of,
+)
+
+INDEX_HEADS = 64  #: index-query heads (DeepSeek-V3.2 ``index_n_heads``)
+TOPK = 2048  #: DeepSeek-V3.2 ``index_topk``
+PATHS = ("int8", "fp8")
+INT8_ORDERS = ("gym", "pypto")
+MAX_DECODE_S1 = 4  #: decode query rows per batch (pypto-gym's kernel buffer)
+#: the INT8 path's per-head scale before the FP16 rounding (keeps it below FP16's range)
+INT8_QK_SCALE = 2.0**-11
+#: the id of an unused top-k slot
+NO_ID = -1
+
+
+class Args(NamedTuple):
+    """The checked arguments of one indexer call (:func:`check_meta`; after
+    :func:`check_values` ``block_table``, ``seq_lens`` and ``q_lens`` are host int64 copies,
+    ``q_lens`` resolved for decode, and ``values`` is True)."""
+
+    q: object
+    weights: object
+    k_cache: object
+    block_table: object
+    seq_lens: object
+    q_scale: object
+    k_scale: object
+    q_lens: object
+    path: str
+    int8_order: str
+    topk: int
+    block_size: int
+    n_b: int
+    rows: int
+    max_blocks: int
+    num_blocks: int
+    s1: int | None  #: decode rows per batch, None for ``q_lens`` (prefill / ragged)
+    values: bool = False
+
+
+class Plan(NamedTuple):
+    """The host rules of a checked call (:func:`host_plan`), all int64."""
+
+    row_batch: np.ndarray  #: ``[T]`` batch of each query row
+    row_start: np.ndarray  #: ``[B + 1]`` first row of each batch (and ``T``)
+    visible: np.ndarray  #: ``[T]`` visible tokens of each row
+    k: np.ndarray  #: ``[T]`` ids each row returns, ``min(topk, visible)``
+    blocks: np.ndarray  #: ``[B]`` blocks read per batch, ``ceil(seq_lens / block_size)``
+    width: int  #: columns of the score output, ``max_blocks * block_size``
+
+
+# ----------------------------------------------------------------------------- meta checks
+def _check_queries(q, weights, path: str) -> int:
+    qdt = np.int8 if path == "int8" else FP8_E4M3
+    check_array(q, "q", dtype=qdt, ndim=3, layout="[T, 64, 128]")
+    rows = shape_of(q, "q")[0]
+    if rows == 0:
+        raise ValueError("q: expected at least one query row, got shape (0, 64, 128)")
+    check_array(q, "q", shape=(rows, INDEX_HEADS, INDEX_DIM), layout="[T, 64, 128]")
+    wdt = np.float16 if path == "int8" else np.float32
+    check_array(weights, "weights", dtype=wdt, shape=(rows, INDEX_HEADS), layout="[T, 64]")
+    return rows
+
+
+def _check_scales(q_scale, k_scale, k_cache, path: str, rows: int, block_size: int) -> int:
+    """The path's scale arguments and cache; returns ``num_blocks``."""
+    if path == "fp8":
+        for name, v in (("q_scale", q_scale), ("k_scale", k_scale)):
+            if v is not None:
+                raise ValueError(
+                    f"{name}: expected None for path='fp8' (the q scale is folded into the FP32 "
+                    f"weights, the k scales sit inside the paged cache), got {type(v).__name__}"
+                )
+        return check_fp8_cache(k_cache, block_size=block_size)[0]
+    for name, v in (("q_scale", q_scale), ("k_scale", k_scale)):
+        if v is None:
+            raise TypeError(f"{name}: expected a float16 array for path='int8', got None")
+    check_array(q_scale, "q_scale", dtype=np.float16, shape=(rows, INDEX_HEADS), layout="[T, 64]")
+    return check_int8_cache(k_cache, k_scale, block_size=block_size)[0]
+
+
+def _int_shape(x, name: str, ndim: int, layout: str) -> tuple[int, ...]:
+    check_array(x, name, ndim=ndim, layout=layout)
+    if dtype_of(x, name).kind not in "iu":
+        raise TypeError(f"{name}: expected an integer dtype, got {dtype_of(x, name)}")
+    return shape_of(x, name)
+
+
+def _check_lengths(block_table, seq_lens, q_lens, rows: int) -> tuple[int, int, int | None]:
+    """``(B, max_blocks, s1)`` from the integer inputs' shapes (``s1`` None with q_lens)."""
+    n_b = _int_shape(seq_lens, "seq_lens", 1, "[B]")[0]
+    if n_b == 0:
+        raise ValueError("seq_lens: expected at least one batch, got shape (0,)")
+    bt = _int_shape(block_table, "block_table", 2, "[B, max_blocks]")
+    if bt[0] != n_b:
+        raise ValueError(f"block_table: expected shape ({n_b}, *) (B = len(seq_lens)), got {bt}")
+    if q_lens is not None:
+        if _int_shape(q_lens, "q_lens", 1, "[B]")[0] != n_b:
+            raise ValueError(f"q_lens: expected shape ({n_b},), got {shape_of(q_lens, 'q_lens')}")
+        return n_b, bt[1], None
+    s1, rem = divmod(rows, n_b)
+    if rem or not 1 <= s1 <= MAX_DECODE_S1:
+        raise ValueError(
+            f"q: expected T = B*s1 rows with 1 <= s1 <= {MAX_DECODE_S1} for decode (q_lens=None,"
+            f" B = {n_b}), got T = {rows}; pass q_lens for prefill / ragged rows"
+        )
+    return n_b, bt[1], s1
+
+
+def check_meta(q, weights, k_cache, block_table, seq_lens, *, q_scale=None, k_scale=None,
+               q_lens=None, path="int8", int8_order="gym", topk=TOPK, block_size=128,
+               trace=None, progress=None) -> Args:  # fmt: skip
+    """Metadata checks of ``dsa_indexer`` (no value read; works on ``meta`` tensors).
+
+    INT8 path: ``q`` int8 ``[T, 64, 128]``, ``q_scale`` / ``weights`` float16 ``[T, 64]``,
+    ``k_cache`` int8 ``[num_blocks, block_size, 128]``, ``k_scale`` float16 ``[num_blocks,
+    block_size]``. FP8 path: ``q`` float8_e4m3fn, ``weights`` float32, ``k_cache`` uint8
+    ``[num_blocks, block_size*132]``, ``q_scale`` / ``k_scale`` None. ``block_table`` int
+    ``[B, max_blocks]``, ``seq_lens`` int ``[B]``, ``q_lens`` int ``[B]`` or None (decode).
+    ``ValueError`` / ``TypeError`` naming the argument."""
+    check_choice(path, "path", PATHS)
+    check_choice(int8_order, "int8_order", INT8_ORDERS)
+    topk = check_int(topk, "topk", lo=1, hi=INT32_MAX)
+    block_size = check_int(block_size, "block_size", lo=1, hi=INT32_MAX)
+    check_trace(trace)
+    if progress is not None:
+        check_bool(progress, "progress")
+    rows = _check_queries(q, weights, path)
+    num_blocks = _check_scales(q_scale, k_scale, k_cache, path, rows, block_size)
+    n_b, max_blocks, s1 = _check_lengths(block_table, seq_lens, q_lens, rows)
+    return Args(q, weights, k_cache, block_table, seq_lens, q_scale, k_scale, q_lens, path,
+                int8_order, topk, block_size, n_b, rows, max_blocks, num_blocks, s1)  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- value checks
+def _first_bad(mask: np.ndarray) -> int:
+    return int(np.flatnonzero(mask)[0])
+
+
+def _check_length_values(a: Args) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    lens = host_ints(a.seq_lens, "seq_lens", ndim=1)
+    ql = (np.full(a.n_b, a.s1, dtype=np.int64) if a.q_lens is None
+          else host_ints(a.q_lens, "q_lens", ndim=1))  # fmt: skip
+    if (ql < 0).any():
+        b = _first_bad(ql < 0)
+        raise ValueError(f"q_lens[{b}]: expected a value >= 0, got {int(ql[b])}")
+    if int(ql.sum()) != a.rows:
+        raise ValueError(f"q_lens: expected sum(q_lens) = T = {a.rows} rows of q, got {ql.sum()}")
+    cap = a.max_blocks * a.block_size
+    bad = (lens < ql) | (lens > cap)
+    if bad.any():
+        b = _first_bad(bad)
+        raise ValueError(
+            f"seq_lens[{b}]: expected q_lens[{b}] = {int(ql[b])} <= seq_lens[{b}] <= max_blocks"
+            f"*block_size = {cap} (cached tokens including the new ones), got {int(lens[b])}"
+        )
+    bt = host_ints(a.block_table, "block_table", ndim=2)
+    for b in range(a.n_b):
+        n = -(-int(lens[b]) // a.block_size)
+        row = bt[b, :n]
+        bad = (row < 0) | (row >= a.num_blocks)
+        if bad.any():
+            j = _first_bad(bad)
+            raise ValueError(
+                f"block_table[{b}, {j}]: expected a physical block in [0, {a.num_blocks}) (block "
+                f"{j} holds visible tokens: seq_lens[{b}] = {int(lens[b])}), got {int(row[j])}"
+            )
+    return bt, lens, ql
+
+
+def _check_scale(a: np.ndarray, name: str, where: str) -> None:
+    check_finite(a, name)
+    if (a < 0).any():
+        idx = [int(i) for i in np.argwhere(a < 0)[0]]
+        raise ValueError(f"{name}: expected scales >= 0 {where}, got {float(a[tuple(idx)])!r} "
+                         f"at index {idx}")  # fmt: skip
+
+
+def _check_read_keys(a: Args, bt: np.ndarray, lens: np.ndarray) -> None:
+    """Finite, non-negative k scales (and, FP8, no NaN code) in every token that is read."""
+    cache = host_array(a.k_cache, "k_cache")
+    kscale = None if a.k_scale is None else host_array(a.k_scale, "k_scale")
+    for b in range(a.n_b):
+        n_tok = int(lens[b])
+        blocks = bt[b, : -(-n_tok // a.block_size)]
+        where = f"(batch {b}, the first {n_tok} tokens)"
+        if a.path == "int8":
+            s = kscale[blocks].reshape(-1)[:n_tok]
+            _check_scale(s, f"k_scale[block_table[{b}]]", where)
+            continue
+        pages = fp8_page_views(cache[blocks], block_size=a.block_size)
+        codes = pages.codes.view(np.uint8).reshape(-1)[: n_tok * INDEX_DIM]
+        nan = (codes & np.uint8(0x7F)) == np.uint8(0x7F)
+        if nan.any():
+            t = _first_bad(nan) // INDEX_DIM
+            raise ValueError(f"k_cache: expected finite E4M3 codes {where}, got a NaN code in "
+                             f"token {t}")  # fmt: skip
+        s = pages.scales.reshape(-1)[:n_tok].astype(np.float32)
+        _check_scale(s, f"k_cache scales of batch {b}", where)
+
+
+def check_values(args: Args) -> Args:
+    """Value checks on host copies, before any work (``ValueError`` naming the entry):
+    ``0 <= q_lens``, ``sum(q_lens) = T``, ``q_lens <= seq_lens <= max_blocks * block_size``;
+    every block that holds a visible token has a table entry in ``[0, num_blocks)`` (entries
+    past them are never read, so anything goes there); ``weights`` finite, ``q_scale`` finite
+    and ``>= 0``, no NaN code in ``q`` (FP8); among the tokens that are read, finite ``>= 0``
+    k scales and no FP8 NaN code. Returns ``args`` with host int64 ``block_table``,
+    ``seq_lens``, ``q_lens`` and ``values=True``."""
+    bt, lens, ql = _check_length_values(args)
+    check_finite(host_array(args.weights, "weights"), "weights")
+    if args.path == "int8":
+        _check_scale(host_array(args.q_scale, "q_scale"), "q_scale", "(every row is read)")
+    else:
+        check_finite(host_array(args.q, "q"), "q")
+    _check_read_keys(args, bt, lens)
+    return args._replace(block_table=bt, seq_lens=lens, q_lens=ql, values=True)
+
+
+# ----------------------------------------------------------------------------- plan and cost
+def _require_values(args: Args, what: str) -> None:
+    if not (isinstance(args, Args) and args.values):
+        raise TypeError(f"args: {what} needs the Args of check_values, got {type(args).__name__}")
+
+
+def visible_lengths(seq_lens, q_lens) -> np.ndarray:
+    """int64 ``[sum(q_lens)]``: ``seq_lens[b] - (q_lens[b] - 1 - r)`` for row ``r`` of batch
+    ``b``, batch-major."""
+    lens = np.asarray(seq_lens, dtype=np.int64)
+    ql = np.asarray(q_lens, dtype=np.int64)
+    start = np.concatenate([[0], np.cumsum(ql)])
+    rb = np.repeat(np.arange(lens.size), ql)
+    r = np.arange(int(start[-1])) - start[rb]
+    return lens[rb] - (ql[rb] - 1 - r)
+
+
+def host_plan(args: Args) -> Plan:
+    """The host rules of a checked call (:func:`check_values` first), NumPy int64."""
+    _require_values(args, "host_plan")
+    ql, lens = args.q_lens, args.seq_lens
+    vis = visible_lengths(lens, ql)
+    return Plan(
+        np.repeat(np.arange(args.n_b, dtype=np.int64), ql),
+        np.concatenate([[0], np.cumsum(ql)]).astype(np.int64),
+        vis,
+        np.minimum(vis, args.topk),
+        -(-lens // args.block_size),
+        args.max_blocks * args.block_size,
+    )
+
+
+def cost(args: Args) -> dict:
+    """``{"flop", "bytes", "keys", "scored"}`` of one checked call, as the kernel runs it:
+    every row of batch ``b`` is scored against all ``seq_lens[b]`` tokens (``scored`` = sum of
+    ``q_lens[b] * seq_lens[b]``; later rows mask the tail). ``flop`` = ``2 * 64 * (128 + 1) *
+    scored`` (the q.k dots and the weighted head sum, 2 per multiply-add). ``bytes`` (HBM): q
+    codes + the q scale and weights (INT8: 2 + 2 bytes per head, FP8: the 4-byte weight) + every
+    read block whole (``block_size * (128 + scale bytes)``) + the FP32 scores ``[T, width]``
+    + the INT32 ids ``[T, topk]``; ``keys`` = sum of ``seq_lens``."""
+    _require_values(args, "cost")
+    plan = host_plan(args)
+    scored = int((args.q_lens * args.seq_lens).sum())
+    sbytes = 2 if args.path == "int8" else FP8_SCALE_BYTES
+    t = args.rows
+    key_bytes = int(plan.blocks.sum()) * args.block_size * (INDEX_DIM + sbytes)
+    q_bytes = t * INDEX_HEADS * (INDEX_DIM + 4)  # INT8: FP16 q scale + FP16 weight; FP8: FP32 w
+    out_bytes = t * plan.width * 4 + t * args.topk * 4
+    return {
+        "flop": 2 * INDEX_HEADS * (INDEX_DIM + 1) * scored,
+        "bytes": q_bytes + key_bytes + out_bytes,
+        "keys": int(args.seq_lens.sum()),
+        "scored": scored,
+    }
+
+
+# ----------------------------------------------------------------------------- top-k rule
+def _row_topk(s: np.ndarray, k: int) -> np.ndarray:
+    """The ``k`` best positions of one row of FP32 scores (all visible, no NaN): score
+    descending, equal scores -> lower position first. O(len) selection + O(k log k) sort."""
+    n = s.size
+    if k < n:
+        thr = np.partition(s, n - k)[n - k]  # the k-th largest value
+        above = np.flatnonzero(s > thr)
+        ties = np.flatnonzero(s == thr)[: k - above.size]  # the lowest tied positions
+        cand = np.concatenate([above, ties])
+    else:
+        cand = np.arange(n)
+    order = np.lexsort((cand, -s[cand].astype(np.float64)))  # key 2: -score, key 1: position
+    return cand[order]
+
+
+def select_topk(scores, visible, topk: int) -> np.ndarray:
+    """The one top-k rule: INT32 ``[T, topk]`` from FP32 ``scores [T, >= max(visible)]`` and
+    the visible length of each row (``visible [T]``, ints).
+
+    Row ``i`` holds the ``min(topk, visible[i])`` best positions among ``0 .. visible[i]-1``,
+    ordered by score descending; exactly equal scores (``-0.0 == 0.0``) put the lower position
+    first; the remaining slots are :data:`NO_ID`. Columns at or past ``visible[i]`` are never
+    read. A NaN among the visible scores is a ``ValueError`` (the ranking would be void)."""
+    topk = check_int(topk, "topk", lo=1)
+    s = host_array(scores, "scores")
+    check_array(s, "scores", dtype=np.float32, ndim=2, layout="[T, S]")
+    vis = host_ints(visible, "visible", ndim=1)
+    if vis.shape[0] != s.shape[0] or (vis < 0).any() or (vis > s.shape[1]).any():
+        raise ValueError(f"visible: expected {s.shape[0]} lengths in [0, {s.shape[1]}], got "
+                         f"{vis.tolist()[:8]}")  # fmt: skip
+    out = np.full((s.shape[0], topk), NO_ID, dtype=np.int32)
+    for i, v in enumerate(vis.tolist()):
+        row = s[i, :v]
+        if np.isnan(row).any():
+            raise ValueError(f"scores[{i}, {_first_bad(np.isnan(row))}]: expected a number, got "
+                             "NaN (the ranking would be void)")  # fmt: skip
+        ids = _row_topk(row, min(topk, v))
+        out[i, : ids.size] = ids
+    return out
+
+
+__all__ = [
+    "INDEX_HEADS",
+    "INT8_ORDERS",
+    "INT8_QK_SCALE",
+    "MAX_DECODE_S1",
+    "NO_ID",
+    "PATHS",
+    "TOPK",
+    "Args",
+    "Plan",
+    "check_meta",
+    "check_values",
+    "cost",
+    "host_plan",
+    "select_topk",
+    "visible_lengths",
+]
