@@ -18,13 +18,14 @@ _COMMAND_TEXT = {
     "cases": (
         "list the named cases (op, size, tolerances, SoC marks, the seeds' status)",
         "List the named cases of the seeds' test matrices (the CASE_INFO tables "
-        "of tilesim.reference.moe_cases, msa_cases and dsa_cases).",
+        "of tilesim.reference.moe_cases, msa_cases, dsa_cases and dsa_indexer_cases).",
     ),
     "golden": (
         "build a case's inputs (or read captured ones), run the reference, write the golden",
         "Write DIR/CASE/{manifest.json, inputs + golden} for a named case, or "
         "DIR/NAME/{manifest.json, golden} for captured inputs (--inputs FILE --op OP "
-        "--params JSON: replay a failing device case).",
+        "[--params JSON] [--like CASE]: replay a failing device case; --inputs GOLDEN_DIR "
+        "alone reproduces that golden).",
     ),
     "compare": (
         "judge ACTUAL against GOLDEN with the case's rule (exit 0 pass / 1 fail)",
@@ -34,7 +35,8 @@ _COMMAND_TEXT = {
     ),
     "trace": (
         "run a case with the trace hook and draw its tile schedule (PNG)",
-        "Draw which tiles ran (one swim lane per trace-record lane, bars over each "
+        "Run a named case, or the call a golden directory records, with the trace hook; "
+        "draw which tiles ran (one swim lane per trace-record lane, bars over each "
         "record's key_range), per-tile softmax max/sum where the records carry them; with "
         "--actual also an error heat map.",
     ),
@@ -78,9 +80,18 @@ def _add_golden(sub, c) -> None:
         metavar="FILE",
         help=".npz, a directory of .npy, a manifest (or its directory) of .bin files, or .pt",
     )
-    r.add_argument("--op", help="the reference op to run (e.g. msa_indexer)")
+    r.add_argument(
+        "--op",
+        help="the reference op to run (e.g. msa_indexer; default: the op of an --inputs "
+        "golden directory)",
+    )
     r.add_argument("--params", metavar="JSON", help="the op's other arguments: JSON text or file")
-    r.add_argument("--like", metavar="CASE", help="record the tolerance of this named case")
+    r.add_argument(
+        "--like",
+        metavar="CASE",
+        help="take this named case's tolerance, and its parameters where --params does not "
+        "name them",
+    )
     r.add_argument("--name", help="output sub-directory (default: the inputs' file name)")
     p.add_argument(
         "--format",
@@ -108,6 +119,13 @@ def _add_compare(sub, c) -> None:
         help="evaluate the rule exactly (default) or in the tensors' dtype like torch",
     )
     p.add_argument(
+        "--rule",
+        choices=("default", "seeds"),
+        default="default",
+        help="default: the seeds' element rule and the golden-aware checks (cosine, relative "
+        "L2 per tensor and per row); seeds: the seeds' rule alone (pypto-gym's verdict)",
+    )
+    p.add_argument(
         "--actual-dtype", help="reinterpret ACTUAL's bytes as this dtype (e.g. bfloat16)"
     )
     p.add_argument("--golden-dtype", help="reinterpret GOLDEN's bytes as this dtype")
@@ -124,7 +142,11 @@ def _add_compare(sub, c) -> None:
 
 def _add_trace(sub, c) -> None:
     p = _command(sub, "trace")
-    p.add_argument("case", metavar="CASE")
+    p.add_argument(
+        "case",
+        metavar="CASE|DIR",
+        help="a named case, or a golden directory written by `tilesim golden` (a replayed one too)",
+    )
     p.add_argument(
         "--png", metavar="FILE", help="draw the schedule (needs matplotlib; else a text report)"
     )
@@ -170,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="tilesim",
         description="Named cases, golden files, comparisons and tile traces of tilesim's "
-        "NumPy references (MiniMax MoE/MSA, DeepSeek-V3.2 sparse MLA).",
+        "NumPy references (MiniMax MoE/MSA, DeepSeek-V3.2 sparse MLA and lightning indexer).",
     )
     parser.add_argument("--version", action="version", version=f"tilesim {tilesim.__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

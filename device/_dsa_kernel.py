@@ -2,7 +2,7 @@
 
 Imported lazily by :mod:`tilesim.device.dsa` (this module imports pypto at the top).
 The public entry points, argument checks and the CPU/NPU launch live there; this module holds
-the tensor programs only. Contract, options and measured figures: ``docs/device.md`` section
+the tensor programs only. Contract, options and measured figures: ``docs/ops/dsa.md#kernel``
 "DeepSeek sparse attention kernels".
 
 One loop nest serves every cache form (:func:`attention_nest`)::
@@ -25,7 +25,8 @@ One loop nest serves every cache form (:func:`attention_nest`)::
 Online softmax, ``kv_splits = 1``, at most ``UNROLL_TILES`` tiles (the decode preset: 4):
 L4 is unrolled at trace time (:func:`unrolled_tiles`): tile ``t`` runs in a 0/1-trip loop
 (``t < bn``) and leaves its raw ``(O_t, l_t, m_t)`` in its own FP32 tensors, and V2 becomes
-the fold of the tiles in tile order after them (:func:`fold_tiles`): one task computes the
+the fold of the tiles in tile order after them (:func:`fold_tiles`, the merge plan of
+:mod:`tilesim.device._pypto_common` as in the MSA kernels): one task computes the
 merge coefficients ``a_t, c_t`` and ``L`` from the tiles' ``(l, m)`` (ready after V1, so
 while the C2 matmuls run), then one task per column block folds ``O = O*a + O_t*c`` and
 writes ``BF16(O / L)``: merge_online's expressions in its order (same bits), but one
@@ -38,7 +39,7 @@ Split-KV (``kv_splits > 1``, online; :func:`split_tiles`): L4 becomes one loop p
 none when ``cur_seq = 0``), which writes ``BF16(O / L)``. The query is ONE ``[T*nq, 576]``
 tensor (the wrapper concatenates ``query_nope`` and ``query_rope``) so that C1 reads Q from
 an input: a Q assembled per group tile was a task with ~129 successor edges whose
-resolution stalled the schedule (docs/device.md, "Where the time goes").
+resolution stalled the schedule (docs/ops/dsa.md#kernel).
 The matmul-only probe of the same tiles is ``tests/probes/dsa_probe.py`` (not installed).
 
 The V0 stage differs per cache form (``load_*`` below). Where PyPTO 0.2.0 cannot express the
@@ -55,7 +56,14 @@ tile, with the dequant done per 128-column group straight into K (no reshape).
 # no `from __future__ import annotations`: the frontend evaluates the pypto.Tensor(...) annotations
 import pypto
 from pypto.experimental import gather_in_ub
-from tilesim.device._pypto_common import combine_axis, jit_options
+from tilesim.device._pypto_common import (
+    combine_axis,
+    eval_tree,
+    fold_stats,
+    jit_options,
+    merge_chunk,
+    merge_plan,
+)
 from tilesim.device.backend import compiled
 
 # online, kv_splits = 1: tokens of up to UNROLL_TILES tiles fold once (also the split cap)
@@ -72,7 +80,8 @@ TAIL_BYTES = 144  # rope (128 B) + scales (16 B) of a packed row, bytes 512..655
 TAIL_PITCH = 160  # 144 padded to a 32-byte multiple
 SCALE_PITCH = 8  # 4 FP32 scales padded to 32 bytes (kv_split)
 #: keys per V0 row tile = per V0 task (load_keys): every task costs the device a fixed dispatch
-#: + completion overhead and every dependency edge a resolution (docs/device.md). 64-row tasks
+#: + completion overhead and every dependency edge a resolution (docs/ops/dsa.md#kernel). 64-row
+#: tasks
 #: compile within both SoCs' UB; 32 and 128 rows measured slower (128 on the 910B)
 V0_ROWS = 64
 #: the manual subgraph scope (``set_pass_options(sg_set_scope=)``) of the V0 stage
@@ -140,7 +149,7 @@ class NestParams:
 # casts into K and the rope copy -- is built on row tiles of V0_ROWS keys and placed in one
 # manual subgraph scope (load_keys), so the partitioner makes ONE task per row tile out of it
 # (s_kv_tile / V0_ROWS tasks per KV tile, each a successor of the root's entry task and a
-# predecessor of the C1 / C2 tasks that read its rows). docs/device.md, "Where the time goes".
+# predecessor of the C1 / C2 tasks that read its rows). docs/ops/dsa.md#kernel
 
 
 def int8_to_fp32(q8):
@@ -326,7 +335,9 @@ def safe_sum(l, p):
 
 
 def merge_online(t, o_t, l, m, acc, out, row0, p):
-    """V2 of the online kernel (first / middle / last), FP32; writes BF16 rows on the last tile."""
+    """V2 of the online kernel (first / middle / last), FP32; writes BF16 rows on the last tile.
+    A middle tile: :func:`~tilesim.device._pypto_common.fold_stats` (``maximum=True``, as
+    :func:`~tilesim.device._pypto_common.merge_chunk`), then ``O*a + O_t*c``."""
     o_acc, l_acc, m_acc = acc
     if pypto.cond(pypto.is_loop_begin(t)):
         if pypto.cond(pypto.is_loop_end(t)):
@@ -336,11 +347,7 @@ def merge_online(t, o_t, l, m, acc, out, row0, p):
             l_acc[:] = l
             m_acc[:] = m
     else:
-        m_new = pypto.maximum(m_acc, m)
-        a = pypto.exp(pypto.sub(m_acc, m_new))
-        big_a = pypto.mul(a, l_acc)
-        c = pypto.exp(pypto.sub(m, m_new))
-        l_new = pypto.add(big_a, pypto.mul(c, l))
+        (m_new, l_new), (a, c) = fold_stats(pypto, (m_acc, l_acc), (m, l), maximum=True)
         tmp = pypto.add(pypto.mul(o_acc, a), pypto.mul(o_t, c))
         if pypto.cond(pypto.is_loop_end(t)):
             write_rows(pypto.div(tmp, safe_sum(l_new, p)), out, row0)
@@ -409,7 +416,7 @@ def kv_tile(query, topk_indices, block_table, tok, t, load, p):
         )
         skip = drop = flag  # selects of the score columns (V1) and of the V rows (V0)
     kn, kj = load_keys(load, idx, bt, valid, drop, p)
-    # Q is a view of the kernel's [T*nq, 576] query: no per-group-tile copy (docs/device.md)
+    # Q is a view of the kernel's [T*nq, 576] query: no per-group-tile copy (docs/ops/dsa.md#kernel)
     qi = pypto.view(query, [p.g_tile, HEAD], [tok.row0, 0])
     return tile_attention(qi, kn, kj, skip, valid, p)
 
@@ -423,17 +430,13 @@ def store_state(acc, o, l, m):
 
 def merge_split(t, o_t, l, m, acc, p):
     """V2 inside one split (online): first / middle / last, all kept in the split's state
-    ``acc`` (no division and no output: the combine stage reads the state)."""
+    ``acc`` by :func:`~tilesim.device._pypto_common.merge_chunk` (no division and no output:
+    the combine stage reads the state)."""
     o_acc, l_acc, m_acc = acc
     if pypto.cond(pypto.is_loop_begin(t)):
-        store_state(acc, o_t, l, m)
+        merge_chunk(pypto, m_acc, l_acc, o_acc, m, l, o_t, first=True)
     else:
-        m_new = pypto.maximum(m_acc, m)
-        a = pypto.exp(pypto.sub(m_acc, m_new))
-        big_a = pypto.mul(a, l_acc)
-        c = pypto.exp(pypto.sub(m, m_new))
-        l_new = pypto.add(big_a, pypto.mul(c, l))
-        store_state(acc, pypto.add(pypto.mul(o_acc, a), pypto.mul(o_t, c)), l_new, m_new)
+        merge_chunk(pypto, m_acc, l_acc, o_acc, m, l, o_t, first=False)
 
 
 def state_tensors(gt, tag=""):
@@ -474,32 +477,29 @@ def coef_col_ids(gt, cols):
 
 
 def fold_coefficients(states, coef, p):
-    """The scalar part of the online fold of the tiles' states, in tile order: ``M' = max(M,
-    m)``, ``a = exp(M - M')``, ``c = exp(m - M')``, ``L' = a*L + c*l`` (merge_online's
-    expressions). ``a_t, c_t`` (t >= 1) and the final (safe) ``L`` are placed in columns
-    ``2t-2, 2t-1`` and ``2n-2`` of ONE FP32 ``[g_tile, cols]`` tensor ``coef`` by selects in UB
-    (exact) and written at once, so that each fold task reads them with one copy and one
-    dependence edge. One subgraph (``sg_set_scope``): a single task."""
+    """The scalar part of the online fold of the tiles' states, in tile order: the ``(m, l)``
+    half of :func:`~tilesim.device._pypto_common.merge_plan` over one range (``maximum=True``:
+    merge_online's expressions, ``M' = max(M, m)``, ``a = exp(M - M')``, ``c = exp(m - M')``,
+    ``L' = a*L + c*l``). The plan's weights -- ``pre[0..n-1]`` (one per state), then its
+    ``chained`` ones -- and the final (safe) ``L`` are placed in columns ``0 .. 2n-2`` of ONE
+    FP32 ``[g_tile, cols]`` tensor ``coef`` by selects in UB (exact) and written at once, so
+    that each fold task reads them with one copy and one dependence edge. One subgraph
+    (``sg_set_scope``): a single task. Returns the plan (its ``tree`` is the O half)."""
     pypto.set_semantic_label("Sa_V2")
     gt, cols = coef.shape
     pypto.set_vec_tile_shapes(gt, cols)
     pypto.set_pass_options(sg_set_scope=SCOPE_COEF)
-    _o, l_acc, m_acc = states[0]
-    values = []
-    for _o_j, l_j, m_j in states[1:]:
-        m_new = pypto.maximum(m_acc, m_j)
-        a = pypto.exp(pypto.sub(m_acc, m_new))
-        c = pypto.exp(pypto.sub(m_j, m_new))
-        l_acc = pypto.add(pypto.mul(a, l_acc), pypto.mul(c, l_j))
-        m_acc = m_new
-        values += [a, c]
-    values.append(safe_sum(l_acc, p))
+    m_c = [m for _o, _l, m in states]
+    l_c = [l for _o, l, _m in states]
+    plan = merge_plan(pypto, m_c, l_c, [(0, len(states))], maximum=True)
+    values = plan.pre + plan.chained + [safe_sum(plan.l, p)]
     col_id = coef_col_ids(gt, cols)
     packed = pypto.full([gt, cols], 0.0, pypto.DT_FP32)
     for k, v in enumerate(values):
         packed = pypto.where(pypto.eq(col_id, float(k)), v, packed)
     coef[:] = packed
     pypto.set_pass_options(sg_set_scope=-1)
+    return plan
 
 
 def coef_column(cf, col_id, k):
@@ -518,11 +518,12 @@ def fold_width(n, gt):
     return w
 
 
-def fold_outputs(states, coef, out, row0, p):
-    """The O part of the fold: ``O' = O*a + O_t*c`` in tile order with the coefficients of
-    :func:`fold_coefficients`, then ``BF16(O / L)`` into the output rows; per column block of
-    :func:`fold_width` columns, each block ONE task (its own ``sg_set_scope``) that reads the
-    packed coefficients once."""
+def fold_outputs(states, coef, tree, out, row0, p):
+    """The O part of the fold: the merge plan's ``tree``
+    (:func:`~tilesim.device._pypto_common.eval_tree`) over ``O_t * pre[t]`` with the
+    coefficients of :func:`fold_coefficients` -- ``O' = O*a + O_t*c`` in tile order -- then
+    ``BF16(O / L)`` into the output rows; per column block of :func:`fold_width` columns, each
+    block ONE task (its own ``sg_set_scope``) that reads the packed coefficients once."""
     pypto.set_semantic_label("Sa_V2")
     gt, cols = coef.shape
     n = len(states)
@@ -533,11 +534,9 @@ def fold_outputs(states, coef, out, row0, p):
         col_id = coef_col_ids(gt, cols)
         k = [coef_column(coef, col_id, j) for j in range(2 * n - 1)]
         pypto.set_vec_tile_shapes(gt, w)
-        o_acc = pypto.view(states[0][0], [gt, w], [0, b * w])
-        for j, (o_j, _l, _m) in enumerate(states[1:]):
-            o_jb = pypto.view(o_j, [gt, w], [0, b * w])
-            o_acc = pypto.add(pypto.mul(o_acc, k[2 * j]), pypto.mul(o_jb, k[2 * j + 1]))
-        res = pypto.div(o_acc, k[-1])
+        views = [pypto.view(o_t, [gt, w], [0, b * w]) for o_t, _l, _m in states]
+        prods = [pypto.mul(v, k[t]) for t, v in enumerate(views)]  # O_t * pre[t]
+        res = pypto.div(eval_tree(tree, prods, k[n:-1]), k[-1])
         pypto.assemble(pypto.cast(res, pypto.DT_BF16), [row0, b * w], out)
     pypto.set_pass_options(sg_set_scope=-1)
 
@@ -561,9 +560,9 @@ def fold_tiles(states, out, tok, bn, p):
         cols = -(-(2 * n - 1) // 8) * 8
         coef = pypto.tensor([gt, cols], pypto.DT_FP32, f"fold_coef{n}")
         for _c in pypto.loop(0, is_n, 1, name=f"LOOP_L5c{n}_SA", idx_name=f"c{n}"):
-            fold_coefficients(states[:n], coef, p)
+            plan = fold_coefficients(states[:n], coef, p)
         for _f in pypto.loop(0, is_n, 1, name=f"LOOP_L5f{n}_SA", idx_name=f"f{n}"):
-            fold_outputs(states[:n], coef, out, tok.row0, p)
+            fold_outputs(states[:n], coef, plan.tree, out, tok.row0, p)
 
 
 def unrolled_tiles(query, topk_indices, block_table, out, tok, bn, load, p):
@@ -571,8 +570,8 @@ def unrolled_tiles(query, topk_indices, block_table, out, tok, bn, load, p):
     trace time, tile ``t`` in a 0/1-trip loop (``t < bn``) that leaves its raw ``(O_t, l_t,
     m_t)`` in its own FP32 tensors, then :func:`fold_tiles`. Same expressions in the same
     order as :func:`merge_online` (the loop it replaces): same bits. Why: the loop's merge is
-    a chain of two dependent tasks per tile after the tiles' C2 (docs/device.md, "Where the
-    time goes"); the fold is one task per column block after the last C2."""
+    a chain of two dependent tasks per tile after the tiles' C2 (docs/ops/dsa.md#kernel); the fold
+    is one task per column block after the last C2."""
     gt = p.g_tile
     states = []
     for t in range(-(-p.topk // p.s_kv_tile)):
@@ -766,7 +765,7 @@ SEED_JIT = {
 
 
 #: the options the kernels keep, per (SoC, mode): the seeds' options that do not make the cost
-#: model worse (tests/device/dsa_sweep.py; docs/device.md, "Options per SoC and mode"): all of
+#: model worse (tests/device/dsa_sweep.py; docs/ops/dsa.md#kernel): all of
 #: them in the decode preset on both SoCs and in the prefill preset on the 910B; the 950's
 #: prefill preset keeps the seeds' set unmeasured
 JIT = {(soc, mode): spec for soc in ("910b", "950") for mode, spec in SEED_JIT.items()}

@@ -85,7 +85,7 @@ def _chunk_softmax(pypto, qg, k_pieces, vc, keep, keep_rows, w: int, p: "_Static
 #: the seeds' jit options of the decode kernel (hicann/pypto-gym,
 #: src/pypto_gym/ops/pypto_tensor/minimax/minimax_m3_msa_sparse_attention_impl.py), as a
 #: hashable spec (:func:`tilesim.device._pypto_common.jit_options`); the cost-model sweep and
-#: which of them are kept: docs/device.md, "JIT options of the MSA kernels"
+#: which of them are kept: docs/ops/msa.md#kernels
 SEED_JIT = (
     *SEED_RUNTIME,
     ("pass", "cube_l1_reuse_setting", ((-1, 3),)),
@@ -93,7 +93,8 @@ SEED_JIT = (
     ("pass", "vec_nbuffer_setting", ((-1, 1),)),
     ("operation", "combine_axis", True),
 )
-#: the options the kernel runs with, the sweep's verdict (docs/device.md): the seeds' runtime
+#: the options the kernel runs with, the sweep's verdict (docs/ops/msa_decode.md#kernel): the
+#: seeds' runtime
 #: options, which the cost model is indifferent to; their pass options and combine_axis make
 #: the model slower on at least one SoC or case and are left out (the L1 reuse is set per body
 #: of the batch loop instead: :data:`L1_REUSE_BY_ROWS`)
@@ -131,7 +132,7 @@ def _chunk_kv(pypto, k, v, block_table, positions, outer, c0: int, w: int, p: _S
     (``"device"``, bodies of several batch rows): the chunk's page-table row goes through a
     producer task first (an exact INT32 ``+ 0``), so its V gather is that task's successor
     rather than a source of the root function, whose successor edges one AICPU thread
-    resolves one by one (docs/device.md, block-sparse decode)."""
+    resolves one by one (docs/ops/msa_decode.md#kernel)."""
     if p.gather == "host":  # the compact rows of the chunk are contiguous: one piece
         row = outer * p.topk * BY + c0
         return [(pypto.view(k, [w, p.dim], [row, 0]), w)], pypto.view(v, [w, p.dim], [row, 0])

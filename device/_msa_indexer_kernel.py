@@ -12,27 +12,20 @@ from tilesim.device import backend as _backend
 from tilesim.device._lazy import require_pypto
 from tilesim.device._msa_tiles import SEED_RUNTIME, l0_tile
 from tilesim.device._pypto_common import jit_options, without
-from tilesim.shared.models import MINIMAX_M3
-from tilesim.shared.msa_indexer import NOT_CANDIDATE
+from tilesim.shared.msa_indexer import BY, DIM, NIDX, NOT_CANDIDATE, NPAD, TOPK  # op's sizes
 
-_CFG = MINIMAX_M3.msa
-BY = _CFG.block_size  # 128
-NIDX = _CFG.num_index_heads  # 4
-NPAD = _CFG.index_heads_padded  # 16
-DIM = _CFG.index_dim  # 128
-TOPK = _CFG.topk_blocks  # 16
 NEG_INF = float("-inf")  # the score of a key that takes no part in the block max
 NAN_OFFSET = float(1 << 20)  # added to the tie id of a NaN block: after every number
 
 #: the seeds' jit options of the indexer kernel (hicann/pypto-gym,
 #: src/pypto_gym/ops/pypto_tensor/minimax/minimax_m3_msa_indexer_impl.py) as a hashable spec
-#: (:func:`tilesim.device._pypto_common.jit_options`); the sweep: docs/device.md
+#: (:func:`tilesim.device._pypto_common.jit_options`); the sweep: docs/ops/msa.md#kernels
 SEED_JIT = (
     *SEED_RUNTIME,
     ("pass", "cube_l1_reuse_setting", ((-1, 4),)),
     ("pass", "vec_nbuffer_setting", ((-1, 2),)),
 )
-#: the options the kernels run with, the sweep's verdict (docs/device.md): all but the L1
+#: the options the kernels run with, the sweep's verdict (docs/ops/msa.md#kernels): all but the L1
 #: reuse setting, which makes the cost model slower on both SoCs (the rest it is indifferent to)
 JIT = without(SEED_JIT, "cube_l1_reuse_setting")
 
@@ -57,6 +50,14 @@ def _key_loops(pypto, idx_k, ktile: int):
     tail = (nkeys - full * ktile) // BY
     for j in pypto.loop(0, tail, 1, name="LOOP_KBLOCK", idx_name="j"):
         yield full * ktile + j * BY, BY
+
+
+def _kept_tiles(pypto, q_pad, idx_k, key_keep, ktile: int):
+    """The key tiles of :func:`_key_loops` with their scores (:func:`_tile_scores`) and the
+    ``[1, w]`` view of the bool ``key_keep`` over their keys: yields ``(k0, w, s, keep)``."""
+    for k0, w in _key_loops(pypto, idx_k, ktile):
+        s = _tile_scores(pypto, q_pad, idx_k, k0, w)
+        yield k0, w, s, pypto.view(key_keep, [1, w], [0, k0])
 
 
 @_backend.compile_once("msa_indexer_scores")
@@ -95,9 +96,8 @@ def build_block_max_kernel(ktile: int, jit=JIT):
         key_keep: pypto.Tensor([pypto.STATIC, pypto.DYNAMIC], pypto.DT_BOOL),  # [1, nb*128]
         block_max: pypto.Tensor([pypto.STATIC, pypto.DYNAMIC], pypto.DT_FP32),  # [16, nb]
     ):
-        for k0, w in _key_loops(pypto, idx_k, ktile):
-            s = _tile_scores(pypto, q_pad, idx_k, k0, w)
-            s = pypto.where(pypto.view(key_keep, [1, w], [0, k0]), s, NEG_INF)
+        for k0, w, s, keep in _kept_tiles(pypto, q_pad, idx_k, key_keep, ktile):
+            s = pypto.where(keep, s, NEG_INF)
             for j in range(w // BY):  # the blocks of this tile (static)
                 pypto.set_vec_tile_shapes(NPAD, BY)
                 blk = pypto.view(s, [NPAD, BY], [0, j * BY])
@@ -177,9 +177,8 @@ def build_select_kernel(ktile: int, width: int, rows: int, jit=JIT):
         ids: pypto.Tensor([pypto.STATIC, pypto.STATIC], pypto.DT_INT32),  # [rows, 16]
     ):
         nb = block_max.shape[1]
-        for k0, w in _key_loops(pypto, idx_k, ktile):
-            s = _tile_scores(pypto, q_pad, idx_k, k0, w)
-            _tile_block_max(pypto, s, pypto.view(key_keep, [1, w], [0, k0]), k0, w, block_max)
+        for k0, w, s, keep in _kept_tiles(pypto, q_pad, idx_k, key_keep, ktile):
+            _tile_block_max(pypto, s, keep, k0, w, block_max)
         pypto.set_vec_tile_shapes(NIDX, width)
         hm4 = pypto.view(block_max, [NIDX, width], [0, 0], valid_shape=[NIDX, nb])
         order = pypto.view(order, [1, width], [0, 0], valid_shape=[1, nb])  # same valid shape

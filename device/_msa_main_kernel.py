@@ -12,14 +12,14 @@ from tilesim.device._pypto_common import jit_options, merge_chunk, operation_opt
 #: hashable spec (:func:`tilesim.device._pypto_common.jit_options`). Not accepted by 0.2.0 and left
 #: out: pass ``ooo_sched_mode`` / ``sg_set_tunevf_mode``, codegen ``vf_options``,
 #: ``pypto.experimental.auto_mix_partition``; host ``compile_timeout`` changes no kernel. The
-#: cost-model sweep and the verdict: docs/device.md, "Main branch".
+#: cost-model sweep and the verdict: docs/ops/msa_main.md#kernel
 SEED_JIT = (
     *SEED_RUNTIME,
     ("pass", "vec_nbuffer_setting", ((-1, 1),)),
     ("pass", "cube_l1_reuse_setting", ((-1, 2),)),
     ("pass", "cube_nbuffer_setting", ((-1, 2),)),
 )
-#: the options the kernel runs with per SoC (the sweep's verdict, docs/device.md, "Main
+#: the options the kernel runs with per SoC (the sweep's verdict, docs/ops/msa_main.md#kernel
 #: branch"): the seeds' five on both; ``combine_axis`` only on the 950 (slower on the 910B)
 JIT = {"910b": SEED_JIT, "950": (*SEED_JIT, ("operation", "combine_axis", True))}
 

@@ -55,33 +55,33 @@ def without(spec: tuple, *names: str) -> tuple:
 def merge_chunk(pypto, m, l, o, m_c, l_c, o_c, *, first: bool) -> None:
     """Online-softmax merge of one key chunk into the running ``m, l, o`` (FP32), in the order
     of operations of the reference (``reference/arith.py``, ``SoftmaxMerge``, mode
-    ``"online"``): the first chunk is copied; later ones do ``m' = max(m, m_c)``,
-    ``a = exp(m - m')``, ``b = exp(m_c - m')``, ``l = a*l + b*l_c``, ``o = o*a + o_c*b``.
-    Shared by decode and the main branch."""
+    ``"online"``): the first chunk is copied; later ones do ``m' = max(m, m_c)``
+    (``pypto.maximum``), then :func:`fold_stats`' ``a``, ``b`` and ``l = a*l + b*l_c``, and
+    ``o = o*a + o_c*b``. Shared by decode, the main branch and the DeepSeek kernels."""
     if first:
         m[:] = m_c
         l[:] = l_c
         o[:] = o_c
         return
-    m_new = pypto.maximum(m, m_c)
-    a = pypto.exp(m - m_new)
-    b = pypto.exp(m_c - m_new)
-    l[:] = a * l + b * l_c
+    (m_new, l_new), (a, b) = fold_stats(pypto, (m, l), (m_c, l_c), maximum=True)
+    l[:] = l_new
     o[:] = o * a + o_c * b
     m[:] = m_new
 
 
-def fold_stats(pypto, state: tuple, part: tuple) -> tuple:
+def fold_stats(pypto, state: tuple, part: tuple, *, maximum: bool = False) -> tuple:
     """The ``(m, l)`` half of one online merge (:func:`merge_chunk`'s formulas, same order):
     ``m' = max(m, m_c)``, ``a = exp(m - m')``, ``b = exp(m_c - m')``, ``l' = a*l + b*l_c``.
     Returns ``((m', l'), (a, b))``: the weights the ``O`` half multiplies by. The max is a
     compare and a select (``m_c`` where ``m < m_c``, else ``m``): the value of ``max`` on
     numbers (which of two zeros it keeps changes no later value: ``m`` only enters ``exp`` of
     a difference and the next max), at a tenth of the cost model's ``maximum``. A NaN ``m_c``
-    may be dropped from ``m'``, but its ``b`` is NaN, so ``l'`` (and ``O``) stay NaN."""
+    may be dropped from ``m'``, but its ``b`` is NaN, so ``l'`` (and ``O``) stay NaN.
+    ``maximum=True``: ``pypto.maximum`` instead (:func:`merge_chunk`; the DeepSeek kernels'
+    choice, whose NaN rows keep the bits they always had)."""
     m, l = state
     m_c, l_c = part
-    m_new = pypto.where(pypto.lt(m, m_c), m_c, m)
+    m_new = pypto.maximum(m, m_c) if maximum else pypto.where(pypto.lt(m, m_c), m_c, m)
     a = pypto.exp(m - m_new)
     b = pypto.exp(m_c - m_new)
     return (m_new, a * l + b * l_c), (a, b)
@@ -114,23 +114,24 @@ class MergePlan:
         return ("*", x, len(self.chained) - 1)
 
 
-def merge_plan(pypto, m_c: list, l_c: list, ranges) -> MergePlan:
+def merge_plan(pypto, m_c: list, l_c: list, ranges, *, maximum: bool = False) -> MergePlan:
     """The :class:`MergePlan` of the chunks' ``m_c`` / ``l_c`` (FP32 ``[G, 1]``) for the
     split ``ranges`` (``[(first, stop), ...]``, :func:`tilesim.shared.msa_decode.split_ranges`):
     each range folds its chunks in order, then ranges ``1, 2, ..`` fold into range 0's
-    state -- the reference's order (``reference/msa_decode.py``)."""
+    state -- the reference's order (``reference/msa_decode.py``). ``maximum``: as in
+    :func:`fold_stats`."""
     plan = MergePlan(len(m_c))
     states, trees = [], []
     for first, stop in ranges:
         st, tree = (m_c[first], l_c[first]), ("c", first)
         for c in range(first + 1, stop):
-            st, (a, b) = fold_stats(pypto, st, (m_c[c], l_c[c]))
+            st, (a, b) = fold_stats(pypto, st, (m_c[c], l_c[c]), maximum=maximum)
             tree = ("+", plan.mul(tree, a), plan.mul(("c", c), b))
         states.append(st)
         trees.append(tree)
     st, tree = states[0], trees[0]
     for other, t in zip(states[1:], trees[1:], strict=True):
-        st, (a, b) = fold_stats(pypto, st, other)
+        st, (a, b) = fold_stats(pypto, st, other, maximum=maximum)
         tree = ("+", plan.mul(tree, a), plan.mul(t, b))
     plan.m, plan.l = st
     plan.tree = ("p", 0) if tree == ("c", 0) else tree

@@ -193,7 +193,8 @@ def compile_once(name: str):
 
 def compile_stats() -> dict[str, int]:
     """{kernel name: distinct compiled variants} since the process started or the last
-    :func:`reset_compile_stats` (kernel names: ``docs/device.md``, "Compile once")."""
+    :func:`reset_compile_stats` (kernel names: ``docs/device.md``, "Compiled once per model
+    configuration")."""
     return dict(sorted(_BUILDS.items()))
 
 

@@ -50,19 +50,21 @@ from tilesim.device._lazy import require_torch
 from tilesim.shared.casts import BF16
 from tilesim.shared.dsa import (
     Args,
-    check_meta,
+    check_inputs,
     check_values,
     cost,
     cost_args,
     kernel_indices,
     kernel_indices_torch,
+    kv_split_inputs,
+    model_keywords,
+    packed_inputs,
     tiles_per_split,
 )
 from tilesim.shared.interop import is_torch_tensor
 from tilesim.shared.mla_cache import NOPE
 from tilesim.shared.soc import DEFAULT_SOC
-from tilesim.shared.tiling import SaTileShapeConfig
-from tilesim.shared.validate import check_array, check_bool, check_choice, shape_of
+from tilesim.shared.validate import check_array, check_bool, check_choice, op_signature, shape_of
 
 __all__ = [
     "prepared_launch",
@@ -204,25 +206,25 @@ def _resolve(a: Args, quant: str, cache_name: str, backend_name: str, soc: str):
     return target
 
 
-def _checked_args(query_nope, query_rope, caches: tuple, ints: tuple, layout: str, validate,
-                  **kw) -> tuple[Args, bool]:  # fmt: skip
-    """``(a, shape_only)``: :func:`~tilesim.shared.dsa.check_meta` on the caller's arguments
-    (metadata only), then :func:`~tilesim.shared.dsa.check_values` when ``validate`` and the
-    data is real (``a.values`` tells whether it ran); ``ints`` = ``(topk_indices,
-    block_table, kv_act_seqs)``."""
+def _checked_args(ins, layout: str, validate) -> tuple[Args, bool, tuple]:
+    """``(a, shape_only, ints)``: :func:`~tilesim.shared.dsa.check_inputs` on the caller's
+    arguments ``ins`` (metadata only), then :func:`~tilesim.shared.dsa.check_values` when
+    ``validate`` and the data is real (``a.values`` tells whether it ran); ``ints`` = the
+    caller's ``(topk_indices, block_table, kv_act_seqs)``."""
     check_bool(validate, "validate")
-    a = check_meta(query_nope, query_rope, caches, *ints, layout=layout, **kw)
-    shape_only = _backend.is_shape_only(query_nope, query_rope, *ints)
-    return (check_values(a) if validate and not shape_only else a), shape_only
+    a = check_inputs(ins, layout)
+    ints = (ins.topk_indices, ins.block_table, ins.kv_act_seqs)
+    shape_only = _backend.is_shape_only(ins.query_nope, ins.query_rope, *ints)
+    return (check_values(a) if validate and not shape_only else a), shape_only, ints
 
 
-def _checked_call(checked, ints, form: str, layout: str, out, backend, soc):
+def _checked_call(checked, form: str, layout: str, out, backend, soc):
     """The rest of a call once the arguments are checked (``checked``: :func:`_checked_args`):
     the kernel's limits, the index plan (host, :func:`~tilesim.shared.dsa.kernel_indices`, when
     the values were checked; else its torch twin at launch), ``out``, the target; then the launch of
     the ``form`` (``"packed"`` in ``layout``, or ``"split"``) kernel. Shape-only inputs
     (FakeTensor / ``meta``) get an empty output, no kernel."""
-    a, shape_only = checked
+    a, shape_only, ints = checked
     _check_kernel_limits(a)
     plan = kernel_indices(a) if a.values else None
     _check_out(out, a.rows)
@@ -238,20 +240,10 @@ def _checked_call(checked, ints, form: str, layout: str, out, backend, soc):
 
 # ----------------------------------------------------------------------------- public ops
 @_backend.graph_safe
+@op_signature(packed_inputs, model_keywords)
 def sparse_attention_antiquant(
-    query_nope,
-    query_rope,
-    nope_cache,
-    topk_indices,
-    block_table,
-    kv_act_seqs,
+    ins,
     *,
-    nq: int = 128,
-    n_kv: int = 1,
-    softmax_scale: float,
-    topk: int = 2048,
-    block_size: int = 128,
-    tiling: SaTileShapeConfig | None = None,
     layout: str = "pypto",
     out=None,
     backend: str = "auto",
@@ -274,7 +266,8 @@ def sparse_attention_antiquant(
     * ``validate`` — ``True`` (default) copies ``topk_indices``, ``block_table`` and
       ``kv_act_seqs`` to the host for the reference's value checks (every used entry) and
       plans the kernel's index tensor there (one ``[T, topk]`` int64 pass, then a host-to-device
-      copy of the INT32 plan: ``docs/device.md``, "validate="); ``False`` checks metadata only,
+      copy of the INT32 plan: docs/device.md#host-round-trips-and-validate); ``False`` checks
+      metadata only,
       reads no value and plans the index tensor on the inputs' device
       (:func:`~tilesim.shared.dsa.kernel_indices_torch`, always the masked kernel build); bad
       entries are then undefined.
@@ -287,47 +280,20 @@ def sparse_attention_antiquant(
     for torch); with ``backend="sim"`` the pair ``(out, cost_us)``, ``cost_us`` being the cost
     model's simulated AICore time in µs. Inputs are never modified.
     """
-    ints = (topk_indices, block_table, kv_act_seqs)
-    checked = _checked_args(
-        query_nope, query_rope, (nope_cache,), ints, layout, validate,
-        nq=nq, n_kv=n_kv, softmax_scale=softmax_scale, topk=topk, block_size=block_size,
-        tiling=tiling,
-    )  # fmt: skip
-    return _checked_call(checked, ints, "packed", layout, out, backend, soc)
+    checked = _checked_args(ins, layout, validate)
+    return _checked_call(checked, "packed", layout, out, backend, soc)
 
 
 @_backend.graph_safe
+@op_signature(kv_split_inputs, model_keywords)
 def sparse_attention_antiquant_kv_split(
-    query_nope,
-    query_rope,
-    kn_quant,
-    kr,
-    kn_scales,
-    topk_indices,
-    block_table,
-    kv_act_seqs,
-    *,
-    nq: int = 128,
-    n_kv: int = 1,
-    softmax_scale: float,
-    topk: int = 2048,
-    block_size: int = 128,
-    tiling: SaTileShapeConfig | None = None,
-    out=None,
-    backend: str = "auto",
-    soc: str = DEFAULT_SOC,
-    validate: bool = True,
+    ins, *, out=None, backend: str = "auto", soc: str = DEFAULT_SOC, validate: bool = True
 ):
     """:func:`sparse_attention_antiquant` over the kv_split cache: ``kn_quant [rows, 512]`` FP8
     E4M3 (950) or INT8, ``kr [rows, 64]`` BF16, ``kn_scales [rows, 4]`` FP32. Same arithmetic
     and output as the packed kernel on the same data."""
-    ints = (topk_indices, block_table, kv_act_seqs)
-    checked = _checked_args(
-        query_nope, query_rope, (kn_quant, kr, kn_scales), ints, "kv_split", validate,
-        nq=nq, n_kv=n_kv, softmax_scale=softmax_scale, topk=topk, block_size=block_size,
-        tiling=tiling,
-    )  # fmt: skip
-    return _checked_call(checked, ints, "split", "pypto", out, backend, soc)
+    checked = _checked_args(ins, "kv_split", validate)
+    return _checked_call(checked, "split", "pypto", out, backend, soc)
 
 
 def sparse_attention_traffic(

@@ -44,7 +44,7 @@ C1 reads K where it lies: one matmul per page piece of the chunk
 its K operand a view of the page's rows, the products assembled into the chunk's ``S`` by
 columns. Each score is the same one dot product over D as in a single matmul over the chunk,
 so the numbers do not change; what changes is that no gather task stands between the root
-and C1 (docs/device.md, block-sparse decode).
+and C1 (docs/ops/msa_decode.md#kernel).
 
 The rounding points are the reference's one for one (split-KV included:
 :mod:`tilesim.shared.msa_decode`), and so is the NaN-robust masking: a dropped key's score is
@@ -74,7 +74,8 @@ Three ways to bring the selected blocks in:
   ``[B*HKV*topk*128, 128]`` K/V buffers (a torch gather of ``2*B*HKV*topk*32 KB`` on the
   inputs' device) and the kernel views them.
 
-All three give identical bits (tested); the cost-model comparison is in ``docs/device.md``.
+All three give identical bits (tested); the cost-model comparison is in
+``docs/ops/msa_decode.md#kernel``.
 
 Where the seeds' kernel is wrong at the edges, this one is right (and the tests check it): a
 last partial chunk is processed when ``topk*128`` is not a multiple of NTILE (the seeds floor
@@ -100,13 +101,14 @@ from tilesim.shared.models import MINIMAX_M3
 from tilesim.shared.msa_decode import (
     check_meta,
     check_values,
+    decode_inputs,
     keep_mask_torch,
     page_table_torch,
     resolve_tiling,
 )
 from tilesim.shared.soc import DEFAULT_SOC, MSA_DEVICE_TILES, get_soc, msa_device_tile
 from tilesim.shared.tiling import MsaTiling
-from tilesim.shared.validate import check_bool, check_choice, env_mapping, is_array
+from tilesim.shared.validate import check_bool, check_choice, env_mapping, is_array, op_signature
 
 OP_NAME = "msa_sparse_decode"
 GATHERS = ("device", "paged", "host")
@@ -128,7 +130,7 @@ def gather_rows(soc=DEFAULT_SOC, env=None) -> int:
 #: rows of one ``gather="device"`` V-gather tile per SoC family (``MSA_V_GATHER_ROWS`` of
 #: :data:`~tilesim.shared.soc.MSA_DEVICE_TILES`): V is needed only by P.V, so its gather may
 #: move a whole 512-key chunk in few, large tiles: few gather tasks leave the root
-#: (docs/device.md, block-sparse decode)
+#: (docs/ops/msa_decode.md#kernel)
 V_GATHER_ROWS = MSA_DEVICE_TILES["MSA_V_GATHER_ROWS"][0]
 
 
@@ -236,14 +238,10 @@ def _check(q, k_blocks, v_blocks, block_ids, seq_len, gather, validate, soc):
 
 
 @_backend.graph_safe
+@op_signature(decode_inputs)
 def msa_sparse_decode(
-    q,
-    k_blocks,
-    v_blocks,
-    block_ids,
-    seq_len,
+    ins,
     *,
-    tiling: MsaTiling | None = None,
     gather: str = "device",
     backend: str = "auto",
     soc: str = DEFAULT_SOC,
@@ -276,10 +274,12 @@ def msa_sparse_decode(
         BF16 ``[B, HQ, 128]`` of the kind of ``q``; ``backend="sim"`` returns
         ``(out, cost_us)``. FakeTensor / ``meta`` inputs (torch.compile tracing): an empty
         ``[B, HQ, 128]`` BF16 tensor, no data read. Inputs are never modified. Budget against
-        the reference: ``docs/device.md`` (## MSA kernels).
+        the reference: ``docs/ops/msa_decode.md#kernel``.
     """
-    sh, shape_only = _check(q, k_blocks, v_blocks, block_ids, seq_len, gather, validate, soc)
-    tiling = resolve_tiling(tiling, batch=sh.batch, hkv=sh.hkv, topk=sh.topk, soc=soc)
+    arrays = (ins.q, ins.k_blocks, ins.v_blocks, ins.block_ids, ins.seq_len)
+    q, k_blocks, v_blocks, block_ids, seq_len = arrays
+    sh, shape_only = _check(*arrays, gather, validate, soc)
+    tiling = resolve_tiling(ins.tiling, batch=sh.batch, hkv=sh.hkv, topk=sh.topk, soc=soc)
     if shape_only:
         check_choice(backend, "backend", _backend.BACKENDS)
         return q.new_empty((sh.batch, sh.hq, sh.dim))

@@ -40,9 +40,13 @@ from tilesim.device._msa_indexer_kernel import (
     build_kernel,
     build_select_kernel,
 )
-from tilesim.shared.models import MINIMAX_M3
 from tilesim.shared.msa_indexer import (
+    BY,
+    DIM,
     HEAD_REDUCES,
+    NIDX,
+    NPAD,
+    TOPK,
     Args,
     block_head_max,
     check_meta,
@@ -54,12 +58,6 @@ from tilesim.shared.msa_indexer import (
 from tilesim.shared.soc import DEFAULT_SOC, MSA_DEVICE_TILES, msa_device_tile
 from tilesim.shared.validate import check_bool, check_choice, host_array
 
-_CFG = MINIMAX_M3.msa
-BY = _CFG.block_size  # 128
-NIDX = _CFG.num_index_heads  # 4
-NPAD = _CFG.index_heads_padded  # 16
-DIM = _CFG.index_dim  # 128
-TOPK = _CFG.topk_blocks  # 16
 BLOCK_MAX = ("host", "device")
 RANKS = ("device", "host")
 #: the device ranking's static row widths (compile buckets): the smallest one ``>= nb`` is

@@ -33,7 +33,7 @@ The seeds' kernel (hicann/pypto-gym,
 src/pypto_gym/ops/pypto_tensor/minimax/msa_main_branch_impl.py) makes ``n`` a
 ``pypto.DYNAMIC`` axis too, but walks it as one ``[max_n, .]`` view with ``valid_shape`` n;
 in PyPTO 0.2.0's cost model that costs the full ``max_n`` rows whatever ``n`` is, so this
-kernel loops over 128-row blocks instead (docs/device.md, "Main branch").
+kernel loops over 128-row blocks instead (docs/ops/msa_main.md#kernel).
 
 Tiling: ``MsaTiling.from_env()`` (``MSA_NTILE``, ``MSA_DTYPE``, ``MSA_MAX_N``) and the per-SoC
 vector tile rows :data:`VEC_ROWS` (``MSA_VEC_ROWS``). Importing needs neither torch nor pypto.
@@ -53,10 +53,10 @@ from tilesim.shared.msa_main import (
     check_values,
     host_plan_torch,
     kernel_mask,
+    main_inputs,
 )
 from tilesim.shared.soc import DEFAULT_SOC, MSA_DEVICE_TILES, get_soc, msa_device_tile
-from tilesim.shared.tiling import MsaTiling
-from tilesim.shared.validate import check_bool, check_choice
+from tilesim.shared.validate import check_bool, check_choice, op_signature
 
 MASK_NEG = float(_MASK_NEG)  # -1e9, exact in FP32 (a Python float for the kernel body)
 
@@ -130,19 +130,8 @@ def kernel_for(a: Args, soc: str, jit=None):
 
 
 @_backend.graph_safe
-def msa_main_branch(
-    query,
-    key_blocks,
-    value_blocks,
-    block_mask,
-    *,
-    dtype: str | None = None,
-    max_n: int | None = None,
-    tiling: MsaTiling | None = None,
-    backend: str = "auto",
-    soc: str = DEFAULT_SOC,
-    validate: bool = True,
-):
+@op_signature(main_inputs)
+def msa_main_branch(ins, *, backend: str = "auto", soc: str = DEFAULT_SOC, validate: bool = True):
     """MSA prefill attention with a precomputed block mask (PyPTO kernel).
 
     Args:
@@ -168,15 +157,16 @@ def msa_main_branch(
         FP32 ``[n, HQ, 128]``, of the kind of ``query`` (NumPy or torch); ``backend="sim"``
         returns ``(out, cost_us)``. FakeTensor / ``meta`` inputs (torch.compile tracing): an
         empty FP32 ``[n, HQ, 128]`` tensor, no data read. Inputs are never modified. Budget
-        against the reference: ``docs/device.md`` (## MSA kernels).
+        against the reference: ``docs/ops/msa_main.md#kernel``.
     """
-    a, shape_only = _check(query, key_blocks, value_blocks, block_mask, dtype, max_n, tiling,
-                           backend, validate)  # fmt: skip
+    arrays = (ins.query, ins.key_blocks, ins.value_blocks, ins.block_mask)
+    query = ins.query
+    a, shape_only = _check(*arrays, ins.dtype, ins.max_n, ins.tiling, backend, validate)
     if shape_only:
         return query.new_empty((a.n, a.hq, a.dh), dtype=require_torch().float32)
     target = _backend.resolve(backend, soc, query)
     torch = require_torch()
-    operands, seen = _operands(a, query, key_blocks, value_blocks, block_mask)
+    operands, seen = _operands(a, *arrays)
     out = torch.zeros(operands[0].shape[0], a.hq * a.dh, dtype=torch.float32,
                       device=operands[0].device)  # fmt: skip
     us = _backend.launch(kernel_for(a, target.soc), list(operands), [out], target)

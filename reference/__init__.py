@@ -46,6 +46,13 @@ _LAZY = {
     "sparse_attention_antiquant_kv_split": "dsa",
     "dsa_make_case": "dsa_cases",
     "DSA_CASES": "dsa_cases",
+    # DeepSeek-V3.2 lightning indexer and one decode step (docs/ops/dsa_indexer.md)
+    "dsa_indexer": "dsa_indexer",
+    "dsa_decode_step": "dsa_step",
+    "dsa_indexer_make_case": "dsa_indexer_cases",
+    # the one verdict of every output kind (docs/numerics.md, "Judging an output")
+    "judge": "judge",
+    "Verdict": "judge",
 }
 
 

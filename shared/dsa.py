@@ -243,6 +243,53 @@ def check_meta(
     )  # fmt: skip
 
 
+# the inputs of the two ops, written once for the golden and the wrapper (op_signature)
+def packed_inputs(query_nope, query_rope, nope_cache, topk_indices, block_table, kv_act_seqs):
+    """The arrays of ``sparse_attention_antiquant`` (golden and kernel), in order: BF16
+    ``query_nope [T*nq, 512]`` and ``query_rope [T*nq, 64]``; the packed FP8 E4M3 / INT8
+    ``nope_cache [rows, 656]``; int ``topk_indices [T, n_kv*topk]`` (``-1`` = skipped),
+    ``block_table [B, max_blocks]``, ``kv_act_seqs [B]``."""
+
+
+def kv_split_inputs(
+    query_nope, query_rope, kn_quant, kr, kn_scales, topk_indices, block_table, kv_act_seqs
+):
+    """The arrays of ``sparse_attention_antiquant_kv_split``: as :func:`packed_inputs` with
+    the kv_split cache ``kn_quant [rows, 512]`` FP8 E4M3 / INT8, ``kr [rows, 64]`` BF16,
+    ``kn_scales [rows, 4]`` FP32 in place of ``nope_cache``."""
+
+
+def model_keywords(
+    *,
+    nq: int = 128,
+    n_kv: int = 1,
+    softmax_scale: float,
+    topk: int = 2048,
+    block_size: int = 128,
+    tiling: SaTileShapeConfig | None = None,
+):
+    """The sizes both ops take after their arrays (DeepSeek-V3.2's by default): query heads
+    ``nq``, KV heads ``n_kv`` (must be 1), ``softmax_scale``, ``topk`` entries per token, the
+    cache's ``block_size``, and the tile config (``None``: :func:`resolve_tiling`)."""
+
+
+def check_inputs(ins, layout: str, *, trace=None, progress=None) -> Args:
+    """:func:`check_meta` on the inputs of a call (the namespace of
+    :func:`tilesim.shared.validate.op_signature` over :func:`packed_inputs` or
+    :func:`kv_split_inputs` and :func:`model_keywords`); ``layout="kv_split"`` reads the
+    kv_split cache, any other the packed one."""
+    if layout == "kv_split":
+        caches = (ins.kn_quant, ins.kr, ins.kn_scales)
+    else:
+        caches = (ins.nope_cache,)
+    return check_meta(
+        ins.query_nope, ins.query_rope, caches, ins.topk_indices, ins.block_table,
+        ins.kv_act_seqs, layout=layout, nq=ins.nq, n_kv=ins.n_kv,
+        softmax_scale=ins.softmax_scale, topk=ins.topk, block_size=ins.block_size,
+        tiling=ins.tiling, trace=trace, progress=progress,
+    )  # fmt: skip
+
+
 def check_values(args: Args) -> Args:
     """The checks that read the integer inputs (host int64 copies, returned in the
     :class:`Args`, ``values=True``): ``kv_act_seqs`` in ``[0, max_blocks * block_size]``
@@ -252,12 +299,28 @@ def check_values(args: Args) -> Args:
     check_range(acts, "kv_act_seqs", lo=0)
     ti = host_ints(args.topk_indices, "topk_indices", ndim=2, layout="[T, n_kv*topk]")
     bt = host_ints(args.block_table, "block_table", ndim=2, layout="[B, max_blocks]")
-    # a length past the table's capacity would address keys no block holds (and wrap in the
-    # kernel's INT32 arithmetic)
-    check_range(acts, "kv_act_seqs", lo=0, hi=bt.shape[1] * args.block_size)
+    _check_capacity(acts, bt.shape[1], args.block_size, args.cache_rows)
     checked = args._replace(topk_indices=ti, block_table=bt, kv_act_seqs=acts, values=True)
     _physical_rows(checked)
     return checked
+
+
+def _check_capacity(acts: np.ndarray, max_blocks: int, block_size: int, cache_rows: int) -> None:
+    """Every ``kv_act_seqs[b] <= max_blocks * block_size``: a length past the block table's
+    capacity would address keys no block holds (and wrap in the kernel's INT32 arithmetic).
+    The ``ValueError`` names where the bound comes from (the table's width and
+    ``block_size``) and the cache's row count, since a ``block_size`` that does not match the
+    cache's layout is the usual cause."""
+    cap = max_blocks * block_size
+    bad = np.flatnonzero(acts > cap)
+    if bad.size:
+        b = int(bad[0])
+        fit = "" if cache_rows % block_size == 0 else ", not a multiple of block_size"
+        raise ValueError(
+            f"kv_act_seqs[{b}]: expected a value in [0, {cap}] (block_table width {max_blocks} "
+            f"blocks * block_size {block_size}; the cache holds {cache_rows} rows{fit}: check "
+            f"block_size against the cache's block layout), got {int(acts[b])}"
+        )
 
 
 def _physical_rows(a: Args) -> tuple[np.ndarray, np.ndarray]:
@@ -646,6 +709,7 @@ __all__ = [
     "QUANT_NAMES",
     "UNROLL_TILES",
     "attention_flop",
+    "check_inputs",
     "check_meta",
     "check_packed_cache",
     "check_split_cache",
@@ -658,8 +722,11 @@ __all__ = [
     "host_plan",
     "kernel_indices",
     "kernel_indices_torch",
+    "kv_split_inputs",
     "kv_tiles",
     "merge_chain",
+    "model_keywords",
+    "packed_inputs",
     "plan_physical_rows",
     "resolve_tiling",
     "split_tiling",

@@ -190,6 +190,25 @@ def _check_out(out, n_total: int, h: int, inputs: dict) -> None:
             raise ValueError(f"out: expected memory of its own, got memory shared with {name}")
 
 
+def moe_inputs(
+    sorted_tokens,
+    weights,
+    expert_cumsum,
+    dims: MoeDims,
+    *,
+    tiling: MoeTiling | None = None,
+    out=None,
+    round_activation: bool = True,
+    trace: Trace = None,
+):
+    """The arguments of ``moe_grouped_gemm`` that the golden and the kernel wrapper share,
+    written once (:func:`tilesim.shared.validate.op_signature`): BF16 ``sorted_tokens
+    [N_total, H]``, the kernel-layout ``weights (w13_flat, w2_flat)``, INT32 ``expert_cumsum
+    [E+1]``, :class:`MoeDims` ``dims``, then ``tiling`` (``None``: :func:`resolve_tiling`),
+    an optional in-place ``out``, ``round_activation`` and ``trace``; checked by
+    :func:`check_meta` in this order."""
+
+
 def check_meta(
     sorted_tokens, weights, expert_cumsum, dims, tiling, out, round_activation, trace
 ) -> Args:
@@ -297,6 +316,7 @@ __all__ = [
     "cost",
     "emit_moe_schedule",
     "host_plan",
+    "moe_inputs",
     "moe_tile_schedule",
     "resolve_tiling",
 ]

@@ -44,7 +44,7 @@ from typing import NamedTuple
 import numpy as np
 from tilesim.shared import splitkv
 from tilesim.shared.casts import BF16
-from tilesim.shared.models import MINIMAX_M3
+from tilesim.shared.msa_indexer import BY, TOPK  # the indexer's picks: TOPK blocks of BY keys
 from tilesim.shared.soc import get_soc
 from tilesim.shared.tiling import MsaTiling
 from tilesim.shared.validate import (
@@ -59,10 +59,6 @@ from tilesim.shared.validate import (
     same_kind,
     shape_of,
 )
-
-_CFG = MINIMAX_M3.msa
-BY = _CFG.block_size  # 128 keys per block
-TOPK = _CFG.topk_blocks  # 16 selected blocks
 
 
 class Args(NamedTuple):
@@ -175,6 +171,13 @@ def check_decode_seq_len(seq_len, batch: int, nb: int, by: int) -> np.ndarray:
         a = np.full(batch, int(seq_len), dtype=np.int64)
     _seq_range(a, nb, by)
     return a
+
+
+def decode_inputs(q, k_blocks, v_blocks, block_ids, seq_len, *, tiling: MsaTiling | None = None):
+    """The arguments of ``msa_sparse_decode`` that the golden and the kernel wrapper share,
+    written once (:func:`tilesim.shared.validate.op_signature`): BF16 ``q [B, HQ, D]``, the
+    paged BF16 ``k_blocks`` / ``v_blocks [B, HKV, nb, 128, D]``, int ``block_ids [B, topk]``,
+    ``seq_len`` (an int or ``B`` ints), then ``tiling`` (``None``: :func:`resolve_tiling`)."""
 
 
 def check_meta(q, k_blocks, v_blocks, block_ids, seq_len, *, block_size: int | None = None) -> Args:
@@ -325,7 +328,8 @@ def decode_read_mask(keep, *, seeds_compat: bool = False) -> np.ndarray:
 #: chunks (topk 32, 910B) 59.5 us with and without. The model fused a pair's whole merge chain
 #: (every chunk's merge and the split combine) into one vector task that waits for the pair's
 #: last P.V, so a split cannot shorten it. The kernel now builds that task on purpose (one
-#: merge task per pair, docs/device.md): 4 chunks cost the same with 1 and 2 splits (910B
+#: merge task per pair, docs/ops/msa_decode.md#kernel): 4 chunks cost the same with 1 and 2 splits
+#: (910B
 #: 29.8 us, 950 30.5 us). 16 chunks and more are not measured.
 SPLIT_MIN_CHUNKS = 16
 
@@ -410,6 +414,7 @@ __all__ = [
     "check_meta",
     "check_values",
     "cost",
+    "decode_inputs",
     "decode_keep_mask",
     "decode_read_mask",
     "default_kv_splits",

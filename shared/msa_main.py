@@ -38,6 +38,7 @@ from tilesim.shared.tiling import MSA_DTYPES, MsaTiling
 from tilesim.shared.validate import (
     check_choice,
     check_dtype,
+    check_elements,
     check_finite,
     check_instance,
     check_int,
@@ -63,7 +64,7 @@ def build_msa_block_mask(n, topk_indices, *, bk=128, topk=16):
     """The host's additive block mask of the main branch.
 
     Args:
-        n: query (= key) length of the sequence, ``>= 1``.
+        n: query (= key) length of the sequence, ``1 <= n <= MAX_PREFILL_ROWS``.
         topk_indices: 1-D integer ids of the ``ksel <= topk`` selected blocks in slot order,
             unique, each in ``[0, ceil(n/bk))`` (NumPy array or torch tensor).
         bk: block size; topk: slots (slots ``>= ksel`` are zero padding).
@@ -72,12 +73,20 @@ def build_msa_block_mask(n, topk_indices, *, bk=128, topk=16):
         FP32 ``[ceil(n/bk), topk, bk, bk]``: entry ``[qb, i, r, c]`` is 0 when slot ``i`` is
         real, query row ``qb*bk + r < n`` and block ``topk_indices[i]`` is before ``qb``, or
         equals ``qb`` with ``c <= r``; -1e9 otherwise. Same kind as ``topk_indices``.
+        Sizes are bound-checked (``ValueError`` naming them) before the mask is allocated.
     """
     n = check_pos_int(n, "n")
+    if n > MAX_PREFILL_ROWS:  # before the [ceil(n/bk), topk, bk, bk] allocation
+        raise ValueError(
+            f"n: expected an int in [1, {MAX_PREFILL_ROWS}] (MAX_PREFILL_ROWS of "
+            f"tilesim.shared.msa_main, the largest prefill row count accepted, as for max_n), "
+            f"got {n}"
+        )
     bk = check_pos_int(bk, "bk")
     topk = check_pos_int(topk, "topk")
-    ids = host_ints(topk_indices, "topk_indices", ndim=1, layout="[ksel] of selected block ids")
     nbq = math.ceil(n / bk)
+    check_elements((nbq, topk, bk, bk), "n, topk, bk", "the block mask")
+    ids = host_ints(topk_indices, "topk_indices", ndim=1, layout="[ksel] of selected block ids")
     ksel = ids.shape[0]
     if not 1 <= ksel <= topk:
         raise ValueError(f"topk_indices: expected 1..topk={topk} ids, got {ksel}")
@@ -232,6 +241,23 @@ def _check_shapes(query, key_blocks, value_blocks, block_mask) -> tuple[int, ...
     return n, hq, hkv, dh, nbq, topk, bk, kv_len
 
 
+def main_inputs(
+    query,
+    key_blocks,
+    value_blocks,
+    block_mask,
+    *,
+    dtype: str | None = None,
+    max_n: int | None = None,
+    tiling: MsaTiling | None = None,
+):
+    """The arguments of ``msa_main_branch`` that the golden and the kernel wrapper share,
+    written once (:func:`tilesim.shared.validate.op_signature`): ``query [n, HQ, dh]``,
+    ``key_blocks`` / ``value_blocks [topk*bk, HKV, dh]``, the FP32 ``block_mask [ceil(n/bk),
+    topk, bk, bk]``, then ``dtype``, ``max_n`` and ``tiling`` (``None``: as in
+    :func:`check_meta`, whose parameters these are)."""
+
+
 def check_meta(
     query, key_blocks, value_blocks, block_mask, *, dtype=None, max_n=None, tiling=None
 ) -> Args:
@@ -342,6 +368,7 @@ __all__ = [
     "host_plan_torch",
     "kernel_mask",
     "kernel_mask_torch",
+    "main_inputs",
     "mask_flags_torch",
     "read_keys",
 ]

@@ -17,7 +17,8 @@ cores in that ini; the 958x SKUs have 32). ``950dt`` differs only in HBM bandwid
 and is here for roofline columns; it compiles exactly like ``950``. Cube peaks are
 ``cores x 16x16x16 MACs x 2 x clock`` (FP8 doubles K to 32).
 
-Per-SoC tile defaults (:func:`moe_vec_tile`) follow the UB budgets: see ``docs/device.md``.
+Per-SoC tile defaults (:func:`moe_vec_tile`) follow the UB budgets: see
+``docs/device.md#soc-descriptions-and-tile-defaults``.
 """
 
 from __future__ import annotations
@@ -136,7 +137,8 @@ def _tile_family(soc: str | SocSpec) -> str:
 #: MoE activation-stage vector tile width (columns of FP32) per (soc, activation); a tile is
 #: ``[min(chunk, vt), vt]`` with chunks up to 64 rows. 910B: the seeds' values (UB 192 KB).
 #: 950: silu stays at 128 (the cost model has it 9 % faster than 256 on the M2.7 seed case),
-#: swigluoai 256. Compile limits and measurements: docs/device.md.
+#: swigluoai 256. Compile limits and measurements:
+#: docs/device.md#soc-descriptions-and-tile-defaults.
 _MOE_VEC_TILE = {
     ("910b", "silu"): 128,
     ("910b", "swigluoai"): 256,

@@ -10,8 +10,8 @@ Sub-modules, one job each:
   ``manifest.json``, and reading any of ``.npy``, ``.npz[:key]``, ``.bin``, ``.pt`` back.
 * :mod:`~tilesim.cli.dumps` — device dumps (CANN's npy naming, multi-output files) matched to
   a golden's outputs.
-* :mod:`~tilesim.cli.judging` — the verdict: the compare rule, the tie-aware id compare, the
-  error distribution.
+* :mod:`~tilesim.cli.judging` — the verdict: :func:`tilesim.reference.judge` on each output,
+  with the error distribution.
 * :mod:`~tilesim.cli.outputs` — all-or-nothing output files (``--force``, no partial files).
 * :mod:`~tilesim.cli.commands` — the sub-commands ``cases``, ``golden``, ``compare``,
   ``trace``.

@@ -8,8 +8,10 @@ Exit codes: 0 success / comparison passed, 1 comparison failed, 2 usage or input
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -21,8 +23,9 @@ from tilesim.cli.dumps import GoldenSet, load_goldens, match_actuals
 from tilesim.cli.judging import (
     distribution,
     distribution_text,
+    golden_scores,
     judge,
-    judge_ids,
+    kind_of,
     ulp_distances,
 )
 from tilesim.cli.outputs import Outputs
@@ -40,8 +43,9 @@ from tilesim.cli.runner import (
     has_own_progress,
     jsonable,
     manifest_params,
+    resolved_settings,
     run_reference,
-    tiling_used,
+    tiling_text,
 )
 
 
@@ -185,8 +189,9 @@ def _build_and_run(info, seed, progress: _Progress, trace=None):
 # golden
 
 
-def golden_header(built: BuiltCase, goldens: dict, *, run_seconds: float) -> dict:
+def golden_header(built: BuiltCase, goldens: dict, *, run_seconds: float, out_dir: Path) -> dict:
     i = built.info
+    params = manifest_params(built)
     return {
         "tilesim_version": tilesim.__version__,
         "case": i.name,
@@ -199,14 +204,21 @@ def golden_header(built: BuiltCase, goldens: dict, *, run_seconds: float) -> dic
         "soc": [s.upper() for s in i.soc],
         "summary": i.summary,
         "builder": {"function": i.builder, "params": jsonable(i.builder_params)},
-        "params": manifest_params(built),
+        "params": params,
         "builder_meta": jsonable(built.meta),
-        "tiling": tiling_used(built),
+        "tiling": params.get("tiling"),
         "tolerance": {**built.tolerance, "rule": tolerance_rule(built.tolerance)},
         "golden": sorted(goldens),
-        "reproduce": f"tilesim golden {i.name}"
-        + (f" --seed {built.seed}" if built.seed != i.seed else ""),
+        "reproduce": _reproduce_case(i, built.seed, out_dir),
     }
+
+
+def _reproduce_case(info, seed, out_dir: Path) -> str:
+    """The command that writes this golden again (into ``out_dir``'s parent, absolute)."""
+    argv = ["tilesim", "golden", info.name, "-o", str(out_dir.parent.resolve())]
+    if seed != info.seed:
+        argv += ["--seed", str(seed)]
+    return shlex.join(argv)
 
 
 def byte_layout_notes(built: BuiltCase) -> dict:
@@ -287,11 +299,10 @@ def cmd_golden(args: argparse.Namespace) -> int:
     progress = _Progress(_want_progress(args))
     built, goldens, run_s = _build_and_run(info, args.seed, progress)
     progress.stage(f"writing {args.format} files to {out_dir}")
-    header = golden_header(built, goldens, run_seconds=run_s)
-    groups = {"input": built.inputs, "golden": goldens}
-    scores = indexer_block_scores(built.op_name, built.op_args)
-    if scores:
-        groups["scores"] = scores
+    header = golden_header(built, goldens, run_seconds=run_s, out_dir=out_dir)
+    if args.format != "npz":
+        header["reproduce"] += f" --format {args.format}"
+    groups = {"input": built.inputs, **_golden_groups(built.op_name, built.op_args, goldens)}
     manifest = _write_golden(
         out_dir,
         fmt=args.format,
@@ -305,8 +316,19 @@ def cmd_golden(args: argparse.Namespace) -> int:
         f"  built inputs in {built.build_seconds:.2f} s, ran {built.op_name} in {run_s:.2f} s "
         f"(seed {built.seed})"
     )
+    print(f"  tiling: {tiling_text(resolved_settings(built.op_name, built.op_args).get('tiling'))}")
     _print_files(out_dir, manifest)
     return 0
+
+
+def _golden_groups(op: str, op_args: dict, goldens: dict) -> dict:
+    """The golden tensor groups of a manifest: ``golden``, plus ``scores`` where the op's
+    selection has block scores to judge ties by (the MSA indexer)."""
+    groups = {"golden": goldens}
+    scores = indexer_block_scores(op, op_args)
+    if scores:
+        groups["scores"] = scores
+    return groups
 
 
 def _golden_replay(args: argparse.Namespace) -> int:
@@ -314,51 +336,78 @@ def _golden_replay(args: argparse.Namespace) -> int:
 
     if args.case is not None or args.seed is not None:
         raise CliError("--inputs replays captured inputs: give no CASE and no --seed")
-    if args.op is None:
-        raise CliError(f"--inputs needs --op (one of {', '.join(rp.registry_ops())})")
-    if args.op not in rp.registry_ops():
-        raise CliError(f"--op {args.op!r}: expected one of {', '.join(rp.registry_ops())}")
     src = Path(args.inputs)
     name = args.name or (src.name if src.is_dir() else src.stem) or "replay"
+    if src.name == tio.MANIFEST and not args.name:
+        name = src.parent.name or "replay"
     if Path(name).name != name or name in (".", ".."):
         raise CliError(f"--name {name!r}: expected a plain directory name")
     out_dir = Path(args.output) / name
-    params, manifest_tol = rp.read_params(args.params)
-    if manifest_tol is not None and args.like is None:
-        tol, tol_src = manifest_tol, f"from {args.params}"
-    else:
-        tol, tol_src = rp.op_tolerance(args.op, args.like)
     _early_check(out_dir, args.format, args.force)
-    inputs = rp.read_inputs(args.inputs)
-    op_args = rp.op_arguments(args.op, inputs, params)
+    plan = rp.plan_replay(args.inputs, op=args.op, params_text=args.params, like=args.like)
+    op_args, params = _replay_arguments(plan)
     t0 = time.perf_counter()
-    goldens = rp.run_op(args.op, op_args)
+    goldens = rp.run_op(plan.op, op_args)
     run_s = time.perf_counter() - t0
-    groups = {"golden": goldens}
-    scores = rp.indexer_block_scores(args.op, op_args)
-    if scores:
-        groups["scores"] = scores
-    header = {
-        "tilesim_version": tilesim.__version__,
-        "case": name,
-        "op": args.op,
-        "replay": {"inputs": str(args.inputs), "tolerance_from": tol_src},
-        "params": jsonable({k: v for k, v in op_args.items() if k in params}),
-        "inputs": rp.input_records(inputs, str(args.inputs)),
-        "tolerance": {**tol, "rule": tolerance_rule(tol)},
-        "golden": list(goldens),
-        "reproduce": f"tilesim golden --inputs {args.inputs} --op {args.op} --params <params>",
-    }
+    groups = _golden_groups(plan.op, op_args, goldens)
     manifest = _write_golden(
-        out_dir, fmt=args.format, groups=groups, header=header, force=args.force
+        out_dir,
+        fmt=args.format,
+        groups=groups,
+        header=_replay_header(plan, params, goldens, name=name, out_dir=out_dir, fmt=args.format),
+        force=args.force,
     )
     print(
-        f"{name}: {args.op} on {len(inputs)} captured inputs from {args.inputs}, "
+        f"{name}: {plan.op} on {len(plan.inputs)} captured inputs from {args.inputs}, "
         f"ran in {run_s:.2f} s"
     )
-    print(f"  tolerance: {tolerance_text(tol)} ({tol_src})")
+    print(f"  params: {plan.params_from}")
+    print(f"  tiling: {tiling_text(params.get('tiling'))}")
+    print(f"  tolerance: {tolerance_text(plan.tolerance)} ({plan.tolerance_from})")
+    for n in plan.notes:
+        print(f"  note: {n}")
     _print_files(out_dir, manifest)
     return 0
+
+
+def _replay_arguments(plan) -> tuple[dict, dict]:
+    """(the op's keyword arguments, its non-tensor ones) with the tiling resolved."""
+    from tilesim.cli import replay as rp
+    from tilesim.cli.runner import effective_params
+
+    op_args = rp.op_arguments(plan.op, plan.inputs, plan.params)
+    tensors = set(op_args) - set(plan.params) - {"progress"}
+    try:
+        params = effective_params(plan.op, op_args, tensors)
+    except (ValueError, TypeError) as e:
+        raise CliError(f"{plan.op} rejected the inputs: {e}") from None
+    op_args.update(params)
+    return op_args, params
+
+
+def _replay_header(plan, params: dict, goldens: dict, *, name: str, out_dir: Path, fmt: str):
+    from tilesim.cli import replay as rp
+
+    params_json = jsonable(params)
+    source = str(Path(plan.source).resolve())
+    replay = {
+        "inputs": source,
+        "params_from": plan.params_from,
+        "tolerance_from": plan.tolerance_from,
+        **({"like": plan.like} if plan.like else {}),
+    }
+    return {
+        "tilesim_version": tilesim.__version__,
+        "case": name,
+        "op": plan.op,
+        "replay": replay,
+        "params": params_json,
+        "tiling": params_json.get("tiling"),
+        "inputs": rp.input_records(plan.inputs, source),
+        "tolerance": {**plan.tolerance, "rule": tolerance_rule(plan.tolerance)},
+        "golden": list(goldens),
+        "reproduce": rp.reproduce_replay(plan, params_json, name=name, out_dir=out_dir, fmt=fmt),
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -366,7 +415,9 @@ def _golden_replay(args: argparse.Namespace) -> int:
 
 
 def _tolerance(args, golden) -> dict:
-    """The tolerance to judge with: the manifest's, with ``--atol/--rtol/--ratio`` overrides."""
+    """The tolerance to judge with: the manifest's, with ``--atol/--rtol/--ratio`` overrides.
+    Mode ``ulp`` (no published numbers) without ``--atol/--rtol`` is judged by the default
+    rule's golden-aware checks alone; ``--rule seeds`` needs the numbers."""
     manifest = golden.manifest if golden is not None else None
     tol = tio.check_tolerance_fields((manifest or {}).get("tolerance"), "manifest")
     mode = tol.get("mode", "compare")
@@ -379,6 +430,10 @@ def _tolerance(args, golden) -> dict:
         return {"atol": 0.0, "rtol": 0.0, "ratio": given.get("ratio", 0.0), "mode": "set"}
     vals = {k: given.get(k, tol.get(k)) for k in ("atol", "rtol", "ratio")}
     vals["ratio"] = 0.0 if vals["ratio"] is None else vals["ratio"]
+    seeds = (getattr(args, "rule", None) or "default") == "seeds"
+    if mode == "ulp" and vals["atol"] is None and vals["rtol"] is None and not seeds:
+        # no published numbers: the golden-aware checks of the default rule judge alone
+        return {"atol": None, "rtol": None, "ratio": float(vals["ratio"]), "mode": "ulp"}
     for k in ("atol", "rtol"):
         if vals[k] is None:
             why = " (no published tolerance: mode ulp)" if mode == "ulp" else ""
@@ -390,13 +445,17 @@ def _tolerance(args, golden) -> dict:
 
 
 def _check_pair(actual: tio.Loaded, golden: tio.Loaded, allow_dtype_mismatch: bool) -> None:
+    """Shapes with the same element count are judged after a reshape the report states; ids
+    of any integer width (int32 / int64) are compared as values."""
     a, g = actual.array, golden.array
-    if a.shape != g.shape:
+    if a.size != g.size:
         raise CliError(
-            f"mismatched files: actual {actual.source} has shape {list(a.shape)}, golden "
-            f"{golden.source} has {list(g.shape)}"
+            f"mismatched files: actual {actual.source} has shape {list(a.shape)} ({a.size} "
+            f"elements); expected the golden's shape {list(g.shape)} ({golden.source}), or any "
+            f"shape with {g.size} elements"
         )
-    if a.dtype != g.dtype and not allow_dtype_mismatch:
+    both_ids = a.dtype.kind in "iu" and g.dtype.kind in "iu"
+    if a.dtype != g.dtype and not allow_dtype_mismatch and not both_ids:
         raise CliError(
             f"mismatched files: actual {actual.source} is {a.dtype}, golden {golden.source} is "
             f"{g.dtype} (--allow-dtype-mismatch compares the values anyway; --actual-dtype "
@@ -405,47 +464,39 @@ def _check_pair(actual: tio.Loaded, golden: tio.Loaded, allow_dtype_mismatch: bo
 
 
 def _judge_pair(args, gs: GoldenSet, g: tio.Loaded, a: tio.Loaded, tol: dict, name: str):
-    """(report, distribution, TieResult or None) of one golden output."""
-    scores = gs.scores.get("block_scores") if len(gs.outputs) == 1 else None
-    check = not args.allow_dtype_mismatch
-    if tol["mode"] == "set" and scores is not None:
-        rep, ties = judge_ids(a.array, g.array, scores, tol, name=name, check_dtype=check)
-    else:
-        rep = judge(a.array, g.array, tol, name=name, check_dtype=check, arithmetic=args.arithmetic)
-        ties = None
-    dist = distribution(a.array, g.array) if tol["mode"] != "set" else None
-    return rep, dist, ties
+    """(verdict, distribution or None) of one golden output."""
+    scores = golden_scores(gs.scores) if len(gs.outputs) == 1 else None
+    rule = getattr(args, "rule", None) or "default"
+    rep = judge(a.array, g.array, tol, name=name, arithmetic=args.arithmetic, rule=rule,
+                scores=scores if tol["mode"] == "set" else None,
+                kind=kind_of(gs.manifest, tol))  # fmt: skip
+    flat = a.array.reshape(g.array.shape)
+    dist = distribution(flat, g.array) if tol["mode"] != "set" else None
+    return rep, dist
 
 
-def _report_json(rep, dist, ties, a, g, tol) -> dict:
-    d = {k: jsonable(v) for k, v in vars(rep).items()}
+def _report_json(rep, dist, a, g, tol) -> dict:
+    """The verdict as JSON; the seeds' report fields (``n_fail``, ``worst``, ...) also sit at
+    the top level, as before the golden-aware layer."""
+    v = rep.as_dict()
+    d = {k: jsonable(x) for k, x in v.pop("seeds", {}).items()}
+    d.update(v)
     d.update(actual=a.source, golden=g.source, mode=tol["mode"])
     if dist is not None:
         d["distribution"] = dist
-    if ties is not None:
-        d["ties"] = {
-            "accepted_rows": ties.accepted,
-            "mismatched_rows": ties.mismatched,
-            "rows": [jsonable(vars(t)) for t in ties.ties],
-        }
     return d
 
 
-def _print_report(rep, dist, ties, a, g, tol, scores_missing: bool) -> None:
+def _print_report(rep, dist, a, g, tol, scores_missing: bool) -> None:
     print(f"actual: {a.source}\ngolden: {g.source}")
     if tol["mode"] == "set":
-        how = "tie-aware: the golden's block scores" if ties is not None else "sorted rows"
-        print(f"(ids compared as sets, {how})")
+        how = "sorted rows" if rep.rule == "seeds" else "tie-aware with the golden's scores"
+        print(f"(ids compared as sets, {how if not scores_missing else 'exact sets'})")
         if scores_missing:
             print("(the golden stores no block scores: ties cannot be recognised)")
     print(rep.summary())
     if dist is not None:
         print(distribution_text(dist))
-    if ties is not None:
-        for t in ties.ties:
-            print(t.text())
-        if ties.accepted:
-            print(f"  {len(ties.accepted)} row(s) differ from the golden only among tied blocks")
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -472,14 +523,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
     results, passed = [], True
     for g, a in pairs:
         name = case if len(gs.outputs) == 1 else f"{case}:{g.name}"
-        rep, dist, ties = _judge_pair(args, gs, g, a, tol, name)
-        results.append((rep, dist, ties, a, g))
+        rep, dist = _judge_pair(args, gs, g, a, tol, name)
+        results.append((rep, dist, a, g))
         passed = passed and rep.passed
     if args.json:
         reps = [_report_json(*r, tol) for r in results]
         print(json.dumps(reps[0] if len(reps) == 1 else {"passed": passed, "outputs": reps}))
     else:
-        missing = tol["mode"] == "set" and "block_scores" not in gs.scores
+        missing = tol["mode"] == "set" and golden_scores(gs.scores) is None
         for r in results:
             _print_report(*r, tol, missing)
         for n in notes:
@@ -496,17 +547,22 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def _compare_png(outputs: Outputs, png: Path, result, tol) -> None:
     from tilesim.cli.plot import save_compare_png
 
-    rep, _, _, a, g = result
+    rep, _, a, g = result
     title = (
         f"{rep.name}: {'PASS' if rep.passed else 'FAIL'}, {rep.n_fail} failing "
         f"(allowed {rep.threshold}), max |err| {rep.max_abs_err:.3g}, max ULP {rep.max_ulp}"
     )
+    if rep.failed:
+        title += f"; failed: {', '.join(rep.failed)}"
+    if rep.n_nonfinite:
+        where = ", ".join(str(i) for i, _ in rep.nonfinite[:3])
+        title += f"; {rep.n_nonfinite} NaN/Inf at {where}"
     with outputs:
         save_compare_png(
             outputs.temp(png),
-            actual=a.array,
+            actual=a.array.reshape(g.array.shape),
             golden=g.array,
-            ulps=ulp_distances(a.array, g.array),
+            ulps=ulp_distances(a.array.reshape(g.array.shape), g.array),
             atol=tol["atol"],
             rtol=tol["rtol"],
             title=title,
@@ -525,7 +581,7 @@ def _check_png_arg(png: Path) -> None:
         raise CliError(f"directory {str(parent)!r} of --png does not exist")
 
 
-def _trace_actual(args, built: BuiltCase, goldens: dict):
+def _trace_actual(args, run, goldens: dict):
     """(actual, golden, title of the error panel, passed) for ``--actual``; (None, None, "",
     True) without."""
     if not args.actual:
@@ -536,10 +592,10 @@ def _trace_actual(args, built: BuiltCase, goldens: dict):
     if act.array.shape != garr.shape:
         raise CliError(
             f"mismatched file: {act.source} has shape {list(act.array.shape)}, the golden "
-            f"of {built.info.name} has {list(garr.shape)}"
+            f"of {run.name} has {list(garr.shape)}"
         )
-    tol = _judging_tolerance(built.tolerance)
-    rep = judge(act.array, garr, tol, name=built.info.name, check_dtype=False)
+    tol = _judging_tolerance(run.tolerance)
+    rep = judge(act.array, garr, tol, name=run.name, check_dtype=False)
     title = (
         f"{act.source} vs golden: {'PASS' if rep.passed else 'FAIL'}, {rep.n_fail} failing "
         f"(allowed {rep.threshold}), max |err| {rep.max_abs_err:.3g}"
@@ -571,10 +627,54 @@ def _write_records(path: Path, records: list[dict]) -> None:
             f.write(json.dumps(jsonable(r)) + "\n")
 
 
+@dataclasses.dataclass
+class _TraceRun:
+    """One traced reference run: a named case, or the call a golden directory records."""
+
+    name: str
+    op: str
+    tolerance: dict
+    goldens: dict
+    seconds: float
+
+
+def _trace_target(args) -> tuple[str, object]:
+    """``("case", CaseInfo)`` for a case name, ``("golden", path)`` for a golden directory
+    (or its manifest.json) written by ``tilesim golden``, named cases and replays alike."""
+    from tilesim.cli import replay as rp
+
+    if rp.golden_manifest(args.case) is not None:
+        if args.seed is not None:
+            raise CliError("--seed goes with a CASE; a golden directory records its inputs")
+        return "golden", args.case
+    if Path(args.case).exists():
+        raise CliError(
+            f"{args.case!r} is not a golden directory (no manifest.json naming an op); expected "
+            "a named case (`tilesim cases`) or a directory written by `tilesim golden`"
+        )
+    return "case", get_case(args.case)
+
+
+def _trace_run(kind: str, target, args, records: list) -> _TraceRun:
+    if kind == "case":
+        progress = _Progress(_want_progress(args))
+        built, goldens, run_s = _build_and_run(target, args.seed, progress, trace=records.append)
+        return _TraceRun(target.name, built.op_name, built.tolerance, goldens, run_s)
+    from tilesim.cli import replay as rp
+
+    plan = rp.plan_replay(target, op=None, params_text=None, like=None)
+    op_args, _ = _replay_arguments(plan)
+    t0 = time.perf_counter()
+    goldens = rp.run_op(plan.op, op_args, trace=records.append)
+    _, m = rp.golden_manifest(target)
+    name = m.get("case") or Path(target).name
+    return _TraceRun(name, plan.op, plan.tolerance, goldens, time.perf_counter() - t0)
+
+
 def cmd_trace(args: argparse.Namespace) -> int:
     from tilesim.cli.plot import summarize
 
-    info = get_case(args.case)
+    kind, target = _trace_target(args)
     png = Path(args.png) if args.png else None
     outputs = Outputs(force=args.force)
     if png is not None:
@@ -589,19 +689,18 @@ def cmd_trace(args: argparse.Namespace) -> int:
     if args.actual:  # a missing or unreadable ACTUAL fails before the run
         tio._resolve(args.actual)
     records: list[dict] = []
-    progress = _Progress(_want_progress(args))
-    built, goldens, run_s = _build_and_run(info, args.seed, progress, trace=records.append)
-    _check_records(built.op_name, records)
+    run = _trace_run(kind, target, args, records)
+    _check_records(run.op, records)
     summary = summarize(records)
-    actual, golden, err_title, passed = _trace_actual(args, built, goldens)
+    actual, golden, err_title, passed = _trace_actual(args, run, run.goldens)
     with outputs:
         if png is not None:
-            _trace_png(outputs.temp(png), built, records, summary, run_s, actual, golden, err_title)
+            _trace_png(outputs.temp(png), run, records, summary, actual, golden, err_title)
         if args.records:
             _write_records(outputs.temp(Path(args.records)), records)
     lanes = ", ".join(summary["lane_keys"]) or "no lane keys"
     print(
-        f"{info.name}: {built.op_name} ran {summary['tiles']} tiles in {summary['lanes']} lanes "
+        f"{run.name}: {run.op} ran {summary['tiles']} tiles in {summary['lanes']} lanes "
         f"({lanes}); tile sizes {summary['tile_sizes']}"
     )
     if err_title:
@@ -613,13 +712,13 @@ def cmd_trace(args: argparse.Namespace) -> int:
     return 0 if passed else 1
 
 
-def _trace_png(path, built, records, summary, run_s, actual, golden, err_title) -> None:
+def _trace_png(path, run, records, summary, actual, golden, err_title) -> None:
     from tilesim.cli.plot import save_trace_png
 
-    tol = _judging_tolerance(built.tolerance) if actual is not None else {"atol": 0, "rtol": 0}
+    tol = _judging_tolerance(run.tolerance) if actual is not None else {"atol": 0, "rtol": 0}
     title = (
-        f"{built.info.name}: {built.op_name}, {summary['tiles']} tiles"
-        f" (sizes {', '.join(map(str, summary['tile_sizes'][:8]))}), reference {run_s:.2f} s"
+        f"{run.name}: {run.op}, {summary['tiles']} tiles"
+        f" (sizes {', '.join(map(str, summary['tile_sizes'][:8]))}), reference {run.seconds:.2f} s"
     )
     save_trace_png(
         path,

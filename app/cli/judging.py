@@ -1,25 +1,19 @@
-"""The verdict of ``tilesim compare``: the compare rule, the tie-aware id compare and the error
-distribution.
+"""The verdict of ``tilesim compare``: :func:`tilesim.reference.judge` under the golden's
+tolerance, and the error distribution the report adds.
 
-* :func:`judge` — :func:`tilesim.reference.compare` under a tolerance dict; mode ``"set"``
-  (block-id outputs) compares each row's ids as a set, and with the golden's block scores
-  (:func:`tie_check`) accepts a selection that differs from the golden only among candidates
-  tied at the selection boundary.
+* :func:`judge` — the one judge (floats: the seeds' element rule and, under the default rule,
+  the golden-aware checks; ids: per-row sets, tie-aware with the golden's block scores).
 * :func:`distribution` — percentiles (50/90/99/max) of ``|err|`` and of the ULP distance, and
   the relative L2 error.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 from tilesim.cli import CliError
 
 #: the percentiles the report gives (plus the max)
 PERCENTILES = (50, 90, 99)
-#: two FP32 scores closer than this many ULPs are a tie at the selection boundary
-TIE_ULPS = 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -37,13 +31,18 @@ def _percentiles(x: np.ndarray) -> dict:
 
 
 def ulp_distances(actual: np.ndarray, golden: np.ndarray) -> np.ndarray | None:
-    """ULP distance per element in ACTUAL's float dtype (the golden rounded once to it when the
-    dtypes differ); ``-1`` where either is NaN; ``None`` for integer / bool outputs."""
+    """ULP distance per element in the golden's float dtype when ACTUAL is wider (ACTUAL
+    rounded once to it), else in ACTUAL's dtype (the golden rounded once to it when the dtypes
+    differ); ``-1`` where either is NaN; ``None`` for integer / bool outputs."""
     from tilesim.reference import ulp_distance
 
     if actual.dtype.kind not in "fV":
         return None
     g = golden
+    if golden.dtype.kind in "fV" and actual.dtype.itemsize > golden.dtype.itemsize:
+        with np.errstate(all="ignore"):
+            a32 = actual.astype(np.float64).astype(np.float32)
+            actual = a32.astype(golden.dtype) if golden.dtype != np.float32 else a32
     if g.dtype != actual.dtype:
         with np.errstate(all="ignore"):
             g64 = golden.astype(np.float64)
@@ -88,114 +87,50 @@ def distribution_text(d: dict) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# tie-aware id compare
-
-
-@dataclass
-class RowTies:
-    """One selection row with candidates tied at its boundary."""
-
-    row: int
-    boundary: float  # the golden's lowest selected (non-local) score
-    tied: list[int]  # every candidate block within TIE_ULPS of the boundary
-    actual_only: list[int] = field(default_factory=list)
-    golden_only: list[int] = field(default_factory=list)
-
-    def text(self) -> str:
-        s = (
-            f"  row {self.row}: blocks {self.tied} tie at the selection boundary "
-            f"(score {self.boundary:.9g}, within {TIE_ULPS} FP32 ULP)"
-        )
-        if self.actual_only:
-            s += f"; actual picks {self.actual_only}, golden {self.golden_only}: accepted"
-        return s
-
-
-@dataclass
-class TieResult:
-    """The id rows accepted by ties, the rows that differ beyond them, the tie report."""
-
-    accepted: list[int]
-    mismatched: list[int]
-    ties: list[RowTies]
-
-
-def _row_ties(r: int, a_row, g_row, score: np.ndarray):
-    """(RowTies or None, explained?) for one row."""
-    from tilesim.reference import ulp_distance
-
-    nb = score.size
-    a, g = set(a_row.tolist()), set(g_row.tolist())
-    valid = len(a) == a_row.size and all(0 <= b < nb for b in a)
-    local = nb - 1
-    ranked = sorted(g - {local}) if nb > g_row.size else []
-    if not ranked:  # nb <= k: arange, nothing is ranked
-        return None, valid and a == g
-    t = np.float32(min(score[b] for b in ranked))
-    d = ulp_distance(score.astype(np.float32), np.full(nb, t, np.float32))
-    near = (d >= 0) & (d <= TIE_ULPS)  # -1 = NaN: never a tie
-    tied = [b for b in range(nb - 1) if near[b]]
-    diff = a ^ g
-    explained = valid and local in a and all(b != local and near[b] for b in diff)
-    if diff and not explained:
-        return None, False
-    if not diff and len(tied) == sum(b in g for b in tied):  # no candidate left out: no tie
-        return None, True
-    return RowTies(r, float(t), tied, sorted(a - g), sorted(g - a)), True
-
-
-def tie_check(actual: np.ndarray, golden: np.ndarray, scores: np.ndarray) -> TieResult:
-    """Rows of block ids ``actual`` vs ``golden`` (``[rows, k]``) under the golden's block
-    scores ``[rows, nb]`` (FP32): a row is accepted when its ids are distinct, in range, hold
-    the local block ``nb-1``, and differ from the golden's only by blocks whose score is
-    within :data:`TIE_ULPS` FP32 ULP of the boundary (the golden's lowest selected non-local
-    score)."""
-    if actual.shape != golden.shape or scores.ndim != 2 or scores.shape[0] != golden.shape[0]:
-        raise CliError(
-            f"block scores {list(scores.shape)} do not fit ids {list(golden.shape)} "
-            f"(actual {list(actual.shape)})"
-        )
-    res = TieResult([], [], [])
-    for r in range(golden.shape[0]):
-        rt, ok = _row_ties(r, actual[r], golden[r], scores[r])
-        if rt is not None:
-            res.ties.append(rt)
-        if set(actual[r].tolist()) != set(golden[r].tolist()):
-            (res.accepted if ok else res.mismatched).append(r)
-    return res
-
-
-# ---------------------------------------------------------------------------------------------
 # the verdict
 
+#: the reference op of a golden's manifest -> the judge's ``kind`` (names the report's
+#: coordinates)
+_OP_KINDS = {
+    "moe_grouped_gemm": "moe",
+    "msa_sparse_decode": "msa_decode",
+    "msa_main_branch": "msa_main",
+    "msa_indexer": "msa_indexer",
+    "sparse_attention_antiquant": "dsa",
+    "sparse_attention_antiquant_kv_split": "dsa",
+    "dsa_indexer": "dsa_indexer",
+}
+#: the ops whose judged output is ids
+_ID_KINDS = ("msa_indexer", "dsa_indexer")
 
-def judge(actual, golden, tol: dict, *, name: str, check_dtype=True, arithmetic="float64"):
-    """The report of ``actual`` vs ``golden`` under ``tol``: the compare rule, or for mode
-    ``"set"`` equality of every row's id set (both sorted along the last axis, then exact)."""
-    from tilesim.reference import compare
 
-    if tol["mode"] == "set":  # block-id selections: order is not part of the contract
-        actual, golden = np.sort(actual, axis=-1), np.sort(golden, axis=-1)
+def golden_scores(scores: dict):
+    """The golden's scores for the id judge: its ``block_scores`` (the MSA indexer), else its
+    only ``scores`` tensor whatever its name, else ``None``."""
+    if "block_scores" in scores:
+        return scores["block_scores"]
+    return next(iter(scores.values())) if len(scores) == 1 else None
+
+
+def kind_of(manifest: dict | None, tol: dict) -> str | None:
+    """The judge's ``kind`` for a golden's manifest (``None``: inferred from the tolerance).
+    A float op under mode ``"set"`` (or ids under another mode) keeps ``None``."""
+    kind = _OP_KINDS.get((manifest or {}).get("op"))
+    if kind is None or (kind in _ID_KINDS) != (tol["mode"] == "set"):
+        return None
+    return kind
+
+
+def judge(actual, golden, tol: dict, *, name: str, check_dtype=False, arithmetic="float64",
+          rule="default", scores=None, kind=None):  # fmt: skip
+    """:func:`tilesim.reference.judge` of ``actual`` vs ``golden`` under the tolerance dict
+    ``tol``; bad tolerance values or data become a :class:`CliError`. ``check_dtype`` is
+    accepted for the callers that pass it (the CLI checks dtypes before judging)."""
+    from tilesim.reference.judge import judge as reference_judge
+
+    del check_dtype
     try:
-        return compare(
-            actual,
-            golden,
-            atol=tol["atol"],
-            rtol=tol["rtol"],
-            ratio=tol["ratio"],
-            name=name,
-            check_dtype=check_dtype,
-            arithmetic=arithmetic,
-        )
-    except (ValueError, TypeError) as e:  # bad tolerance values, complex data
+        return reference_judge(actual, golden, tol, scores=scores, rule=rule, name=name,
+                               arithmetic=arithmetic, kind=kind)  # fmt: skip
+    except (ValueError, TypeError) as e:
         raise CliError(str(e)) from None
-
-
-def judge_ids(actual, golden, scores, tol: dict, *, name: str, check_dtype=True):
-    """Mode ``"set"`` with block scores: rows accepted by ties count as equal (their golden row
-    is used); returns ``(report, TieResult)``."""
-    ties = tie_check(actual, golden, scores)
-    adjusted = actual.copy()
-    for r in ties.accepted:
-        adjusted[r] = golden[r]
-    return judge(adjusted, golden, tol, name=name, check_dtype=check_dtype), ties

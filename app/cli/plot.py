@@ -5,8 +5,12 @@ Headless: the Agg backend is selected before pyplot is imported. The functions r
 trace-record schema of :mod:`tilesim.shared.trace` (``op, lane, step, key_range, keys_used,
 row_max, row_sum, flop, extra``): one swim lane per distinct ``lane`` dict, one bar per record
 over its ``key_range``, coloured by ``keys_used``; below, the records' ``row_max``, ``row_sum``
-and ``extra["head_max"]`` when they carry them. ``extra["slot"]`` (indexer: the block's slot,
--1 = dropped) and ``extra["branch"]`` (a merge branch) label the bars.
+and ``extra["head_max"]`` when they carry them, each panel titled with what that op's records
+mean (:func:`panel_title`: the attention ops' softmax statistics; the indexer's per-head block
+score maxima, which are no softmax). A row that sees no key in a tile (every score masked, its
+max near the -1e9 mask value) is left out of the row max and row sum panels, and the title
+says how many were. ``extra["slot"]`` (indexer: the block's slot, -1 = dropped) and
+``extra["branch"]`` (a merge branch) label the bars.
 """
 
 from __future__ import annotations
@@ -15,7 +19,11 @@ from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
+from tilesim.shared.msa_main import MASK_NEG
 from tilesim.shared.trace import lane_id
+
+#: a row max at or below this is a row with every score of the tile masked (mask -1e9)
+MASKED_BELOW = float(MASK_NEG) / 2
 
 
 def require_matplotlib(purpose: str = "drawing a PNG"):
@@ -56,11 +64,25 @@ def tile_extent(rec: dict) -> tuple[int, int]:
     return int(start), int(stop) - int(start)
 
 
-def _stat(rec: dict, key: str):
+def _values(rec: dict, key: str) -> np.ndarray | None:
     v = rec["extra"].get(key) if key == "head_max" else rec[key]
-    if v is None:
+    return None if v is None else np.asarray(v, dtype=np.float64).reshape(-1)
+
+
+def masked_rows(rec: dict) -> np.ndarray | None:
+    """bool per row of the record: True where the row sees no key in the tile (its row max
+    is at or below :data:`MASKED_BELOW`); ``None`` when the record has no row max."""
+    m = _values(rec, "row_max")
+    return None if m is None else m <= MASKED_BELOW
+
+
+def _stat(rec: dict, key: str, *, drop_masked: bool = False):
+    a = _values(rec, key)
+    if a is None:
         return None
-    a = np.asarray(v, dtype=np.float64).reshape(-1)
+    masked = masked_rows(rec) if drop_masked else None
+    if masked is not None and masked.shape == a.shape:
+        a = a[~masked]
     a = a[np.isfinite(a)]
     if a.size == 0:
         return None
@@ -83,11 +105,32 @@ def summarize(records: list[dict]) -> dict:
 # schedules
 
 #: per-tile statistics drawn under the schedule when the trace records carry them
-_STAT_PANELS = (
-    ("row_max", "per-tile softmax row max m (min / mean / max over rows)"),
-    ("head_max", "per-block score max per index head (min / mean / max over heads)"),
-    ("row_sum", "per-tile softmax row sum l of exp(S - m) (min / mean / max)"),
-)
+_STAT_KEYS = ("row_max", "head_max", "row_sum")
+#: ops whose ``row_max`` is the per-head max of a block's index scores (no softmax)
+_INDEXER_OPS = ("msa_indexer", "msa_indexer_scores")
+_TITLES = {
+    "row_max": "per-tile softmax row max m of the scaled, masked scores",
+    "row_sum": "per-tile softmax row sum l = sum of exp(S - m)",
+    "head_max": "per-block score max per index head",
+}
+
+
+def panel_title(op: str | None, key: str, n_masked: int = 0) -> str:
+    """What the panel of ``key`` shows for ``op``'s records (see the module docstring)."""
+    if op in _INDEXER_OPS and key in ("row_max", "head_max"):
+        return "per-block max of the FP32 index scores q.k per index head (min / mean / max)"
+    text = f"{_TITLES[key]} (min / mean / max over rows)"
+    if n_masked and key in ("row_max", "row_sum"):
+        text += f"; {n_masked} rows seeing no key in their tile (mask -1e9) left out"
+    return text
+
+
+def _drops_masked(op: str | None, key: str) -> bool:
+    return op not in _INDEXER_OPS and key in ("row_max", "row_sum")
+
+
+def _n_masked(records: list[dict]) -> int:
+    return sum(int(m.sum()) for m in map(masked_rows, records) if m is not None)
 
 
 def _bar_label(rec: dict, show_counts: bool) -> str | None:
@@ -174,7 +217,8 @@ def _draw_lanes(ax, records: list[dict]):
 
 
 def _draw_stat(ax, records: list[dict], key: str, title: str) -> None:
-    st = [_stat(r, key) for r in records]
+    drop = _drops_masked(records[0]["op"], key)
+    st = [_stat(r, key, drop_masked=drop) for r in records]
     ok = [i for i, s in enumerate(st) if s is not None]
     lo, mid, hi = (np.array([st[i][j] for i in ok]) for j in range(3))
     ax.vlines(ok, lo, hi, color="tab:gray", linewidth=0.8)
@@ -186,10 +230,17 @@ def _draw_stat(ax, records: list[dict], key: str, title: str) -> None:
 
 
 def stat_panels(records: list[dict]) -> list[tuple[str, str]]:
-    """The statistics the records carry (at most two panels: row max and row sum, or the
-    indexer's head max)."""
-    have = [(k, t) for k, t in _STAT_PANELS if any(_stat(r, k) is not None for r in records)]
-    return have[:2]
+    """``[(record key, panel title)]`` of the statistics the records carry (at most two
+    panels: the attention ops' row max and row sum, or the indexer's per-head block max once:
+    its ``row_max`` and ``extra["head_max"]`` hold the same values)."""
+    if not records:
+        return []
+    op = records[0]["op"]
+    keys = [k for k in _STAT_KEYS if any(_stat(r, k) is not None for r in records)]
+    if op in _INDEXER_OPS and "row_max" in keys and "head_max" in keys:
+        keys.remove("head_max")
+    n_masked = _n_masked(records) if op not in _INDEXER_OPS else 0
+    return [(k, panel_title(op, k, n_masked)) for k in keys][:2]
 
 
 def draw_schedule(fig, records: list[dict]) -> None:

@@ -3,6 +3,11 @@
 ``tilesim golden --inputs FILE --op OP --params JSON`` reads the captured input tensors,
 decodes the op's keyword arguments and runs ``tilesim.reference.OP`` on them. Inputs:
 
+* a golden directory (or its ``manifest.json``) written by ``tilesim golden``: its ``input``
+  tensors, or for a replayed golden the inputs it was made from (found by their recorded
+  path, checked against their sha256). Its manifest also gives the op, every parameter
+  (tiling and split count included) and the tolerance, so ``--inputs DIR`` alone reproduces
+  that golden bit for bit;
 * an ``.npz`` (ml_dtypes restored from a ``__tilesim_dtypes__`` member when present);
 * a directory of ``<name>.npy`` files;
 * raw ``.bin`` files + a manifest: a tilesim ``manifest.json`` (its ``input`` tensors, or every
@@ -11,10 +16,16 @@ decodes the op's keyword arguments and runs ``tilesim.reference.OP`` on them. In
 * a ``.pt`` file holding a dict of name -> tensor, loaded with
   ``torch.load(weights_only=True)`` (no pickled code runs).
 
+``np.savez`` / ``np.save`` store ml_dtypes arrays (BF16, FP8) as opaque void elements
+(``|V2``, ``|V1``): such an input takes the type of that size the op's metadata check
+(``check_meta`` of :mod:`tilesim.shared`) accepts for it (:func:`settle_dtypes`).
+
 ``--params`` is JSON text or a JSON file. Dataclass arguments are written as in a manifest's
 ``params`` (``{"__type__": "MoeDims", ...}``, the public classes of :mod:`tilesim.shared`), so
 the ``params`` of a golden's manifest can be passed back unchanged (a manifest file is accepted
-and its ``params`` used).
+and its ``params`` used). The parameters of a replay are, key by key: ``--params``, else the
+``--inputs`` golden's manifest, else the ``--like`` case's (built to read them), else the op's
+defaults; the tiling is then resolved by the rule the op itself calls and recorded.
 """
 
 from __future__ import annotations
@@ -22,16 +33,24 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import inspect
+import itertools
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 from tilesim.cli import CliError
 from tilesim.cli import tensorio as tio
-from tilesim.cli.runner import PACKED_INPUTS, jsonable, op_callable
+from tilesim.cli.runner import PACKED_INPUTS, RESERVED, check_meta_of, jsonable, op_callable
 
-#: op arguments the command line never takes from --params
-RESERVED = ("trace", "progress", "out", "_fast")
+#: the ml_dtypes types a file stored as opaque void elements of each size may hold
+OPAQUE_CANDIDATES = {1: ("float8_e4m3fn", "float8_e5m2"), 2: ("bfloat16",)}
+#: how to give dtypes a file cannot carry (the hint of every opaque-dtype error)
+DTYPE_HINT = (
+    "write the inputs with tilesim's npz writer (tilesim.cli.tensorio.write_npz), or list "
+    'the files in a manifest.json beside them: {"NAME": {"file": ..., "dtype": ..., '
+    '"shape": [...]}, ...}, and pass that to --inputs'
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -43,6 +62,9 @@ def read_inputs(spec: str) -> dict[str, np.ndarray]:
     path = Path(spec)
     if not path.exists():
         raise CliError(f"no such file or directory {str(path)!r}")
+    found = golden_manifest(path)
+    if found is not None:
+        return golden_inputs(*found)
     if path.is_dir():
         if (path / tio.MANIFEST).is_file():
             return _from_manifest(path / tio.MANIFEST)
@@ -68,7 +90,98 @@ def read_inputs(spec: str) -> dict[str, np.ndarray]:
 
 
 def _plain(a: np.ndarray, where: str) -> np.ndarray:
+    """``a`` when its dtype is supported or opaque of a size :func:`settle_dtypes` can name."""
+    if is_opaque(a) and a.dtype.itemsize in OPAQUE_CANDIDATES and not a.dtype.names:
+        return a
+    if is_opaque(a):
+        raise CliError(
+            f"{where}: opaque {a.dtype.itemsize}-byte elements ({a.dtype.str}): no supported "
+            f"dtype has that size; {DTYPE_HINT}"
+        )
     return tio.check_dtype_supported(a, where)
+
+
+def is_opaque(a: np.ndarray) -> bool:
+    """Void elements of no known type (ml_dtypes types are void-kind too, but named)."""
+    return a.dtype.kind == "V" and a.dtype.name not in tio.DTYPE_NAMES
+
+
+def golden_manifest(spec) -> tuple[Path, dict] | None:
+    """``(manifest path, manifest)`` when ``spec`` is a golden directory written by
+    ``tilesim golden`` (or its ``manifest.json``): a manifest naming an ``op`` and its
+    ``params``. ``None`` for anything else."""
+    path = Path(spec)
+    mpath = path / tio.MANIFEST if path.is_dir() else path
+    if mpath.suffix != ".json" or not mpath.is_file():
+        return None
+    with tio.reading(f"manifest {str(mpath)!r}"):
+        m = json.loads(mpath.read_text(encoding="utf-8"))
+    if not (isinstance(m, dict) and isinstance(m.get("op"), str) and "tensors" in m):
+        return None
+    if not isinstance(m.get("params", {}), dict):
+        raise CliError(f"{str(mpath)!r}: 'params' must be an object")
+    return mpath, tio.read_manifest(mpath)
+
+
+def golden_inputs(mpath: Path, m: dict) -> dict[str, np.ndarray]:
+    """The inputs of a golden: its ``input`` tensors; for a replayed golden (which stores
+    none) the inputs it was made from, at their recorded path, checked by sha256."""
+    es = tio.entries(m, "input")
+    if es:
+        return {e["name"]: tio.load_from_manifest(mpath, e) for e in es}
+    src = (m.get("replay") or {}).get("inputs")
+    records = m.get("inputs")
+    if not isinstance(src, str) or not isinstance(records, list):
+        raise CliError(f"{str(mpath)!r} holds no input tensors and names no replayed inputs")
+    if Path(src).resolve() == mpath.parent.resolve():
+        raise CliError(f"{str(mpath)!r}: its replayed inputs point back at itself")
+    if not Path(src).exists():
+        raise CliError(
+            f"{str(mpath)!r} was replayed from {src!r}, which no longer exists: the inputs of "
+            "a replayed golden are not copied into it"
+        )
+    got = read_inputs(src)
+    for r in records:
+        name = r.get("name") if isinstance(r, dict) else None
+        if name not in got or digest(got[name]) != r.get("sha256"):
+            raise CliError(
+                f"{str(mpath)!r}: input {name!r} at {src!r} is missing or changed since the "
+                "replay (its sha256 differs from the manifest's)"
+            )
+    return got
+
+
+def settle_dtypes(op: str, inputs: dict, params: dict) -> tuple[dict, list[str]]:
+    """``(inputs, notes)`` with every opaque-void input (``|V2`` / ``|V1``, an ml_dtypes array
+    saved by ``np.savez`` / ``np.save``) viewed as the type of that size which the op's
+    metadata check accepts (:func:`tilesim.cli.runner.check_meta_of`); the caller's arrays are
+    not modified. ``notes`` says which dtype each took."""
+    opaque = [k for k, a in inputs.items() if is_opaque(a)]
+    if not opaque:
+        return inputs, []
+    choices = [[tio.dtype_from_name(n) for n in OPAQUE_CANDIDATES[inputs[k].dtype.itemsize]]
+               for k in opaque]  # fmt: skip
+    last = None
+    for combo in itertools.product(*choices):
+        trial = dict(inputs)
+        trial.update({k: inputs[k].view(dt) for k, dt in zip(opaque, combo, strict=True)})
+        try:
+            check_meta_of(op, op_arguments(op, trial, params))
+        except (TypeError, ValueError) as e:
+            last = e
+            continue
+        except CliError:  # no metadata check to ask: the usual type of that size
+            pass
+        notes = [
+            f"{k}: opaque {inputs[k].dtype.str} elements read as {dt.name} (what {op} takes)"
+            for k, dt in zip(opaque, combo, strict=True)
+        ]
+        return trial, notes
+    sizes = ", ".join(f"{k} {inputs[k].dtype.str}" for k in opaque)
+    raise CliError(
+        f"--inputs: opaque elements ({sizes}) that no type of their size makes acceptable to "
+        f"{op} ({last}); {DTYPE_HINT}"
+    )
 
 
 def _from_manifest(mpath: Path) -> dict[str, np.ndarray]:
@@ -202,13 +315,13 @@ def op_arguments(op: str, inputs: dict, params: dict) -> dict:
     return args
 
 
-def run_op(op: str, args: dict) -> dict:
-    """``{name: golden array}`` of ``tilesim.reference.OP(**args)``; a rejected argument is a
-    :class:`CliError` (exit 2)."""
+def run_op(op: str, args: dict, trace=None) -> dict:
+    """``{name: golden array}`` of ``tilesim.reference.OP(**args, trace=trace)``; a rejected
+    argument is a :class:`CliError` (exit 2)."""
     from tilesim.cli.runner import run_reference_call
 
     try:
-        return run_reference_call(op, args)
+        return run_reference_call(op, args, trace=trace)
     except (ValueError, TypeError) as e:
         raise CliError(f"{op} rejected the inputs: {e}") from None
 
@@ -263,6 +376,114 @@ def input_records(inputs: dict, source: str) -> list[dict]:
     ]
 
 
+# ---------------------------------------------------------------------------------------------
+# the replay plan
+
+
+@dataclass
+class ReplayPlan:
+    """What one ``golden --inputs`` runs: the op, its inputs and parameters, the tolerance to
+    record, and where each came from."""
+
+    op: str
+    source: str  # --inputs as given
+    inputs: dict  # tensor name -> ndarray (opaque dtypes settled)
+    params: dict  # argument -> decoded value (before the tiling is resolved)
+    params_from: str
+    tolerance: dict
+    tolerance_from: str
+    #: "like" (a --like case), "params" (a --params manifest), "inputs" (the --inputs
+    #: golden's manifest) or "op" (the op's published or default one)
+    tolerance_kind: str
+    like: str | None = None
+    notes: list = field(default_factory=list)
+
+
+def _manifest_tolerance(m: dict, where: str) -> dict | None:
+    tol = tio.check_tolerance_fields(m.get("tolerance"), where)
+    if not tol:
+        return None
+    out = {k: tol.get(k) for k in ("atol", "rtol", "ratio", "mode")}
+    out["mode"] = out["mode"] or "compare"
+    return out
+
+
+def case_params(like: str) -> dict:
+    """The non-tensor arguments the named case ``like`` runs its op with (built to read them)."""
+    from tilesim.cli.registry import get_case
+    from tilesim.cli.runner import build_case
+
+    built = build_case(get_case(like), progress=False)
+    return {
+        k: v
+        for k, v in built.op_args.items()
+        if k not in RESERVED and k not in built.case["inputs"]
+    }
+
+
+def plan_replay(spec: str, *, op: str | None, params_text: str | None, like: str | None):
+    """The :class:`ReplayPlan` of ``golden --inputs SPEC [--op OP] [--params P] [--like C]``."""
+    found = golden_manifest(spec)
+    m = found[1] if found else None
+    if m is not None and op is not None and op != m["op"]:
+        raise CliError(f"--op {op}: the golden at {spec!r} was made by {m['op']}")
+    op = op or (m["op"] if m is not None else None)
+    ops = registry_ops()
+    if op is None:
+        raise CliError(
+            f"--inputs needs --op (one of {', '.join(ops)}) unless it is a golden directory"
+        )
+    if op not in ops:
+        raise CliError(f"--op {op!r}: expected one of {', '.join(ops)}")
+    given, given_tol = read_params(params_text)
+    if m is not None:
+        base, base_from = read_params(json.dumps(m.get("params", {})))[0], f"manifest of {spec}"
+    elif like is not None:
+        op_tolerance(op, like)  # the case must run this op
+        base, base_from = case_params(like), f"case {like}"
+    else:
+        base, base_from = {}, "the op's defaults"
+    if given:
+        base_from = f"--params over {base_from}" if base else "--params"
+    tol, tol_from, kind = _plan_tolerance(op, like, given_tol, params_text, m, spec)
+    inputs = golden_inputs(*found) if found else read_inputs(spec)
+    params = {**base, **given}
+    inputs, notes = settle_dtypes(op, inputs, params)
+    return ReplayPlan(op, spec, inputs, params, base_from, tol, tol_from, kind, like, notes)
+
+
+def _plan_tolerance(op, like, given_tol, params_text, m, spec) -> tuple[dict, str, str]:
+    if like is not None:
+        return (*op_tolerance(op, like), "like")
+    if given_tol is not None:
+        return given_tol, f"from {params_text}", "params"
+    own = _manifest_tolerance(m, spec) if m is not None else None
+    if own is not None:
+        src = m.get("case")
+        return own, f"from the manifest of {spec}" + (f" (case {src})" if src else ""), "inputs"
+    return (*op_tolerance(op, None), "op")
+
+
+def reproduce_replay(plan: ReplayPlan, params_json: dict, *, name: str, out_dir: Path, fmt: str):
+    """The command that writes this replayed golden again (absolute paths, every parameter
+    inline, the tolerance's source named)."""
+    import shlex
+
+    if plan.tolerance_kind == "params":  # a manifest-shaped --params carries the tolerance
+        tol = {k: plan.tolerance[k] for k in ("atol", "rtol", "ratio", "mode")}
+        text = json.dumps({"params": params_json, "tolerance": tol, "tensors": []})
+    else:
+        text = json.dumps(params_json)
+    argv = ["tilesim", "golden", "--inputs", str(Path(plan.source).resolve())]
+    argv += ["--op", plan.op, "--params", text, "--name", name]
+    argv += ["-o", str(out_dir.parent.resolve())]
+    if plan.tolerance_kind == "like":
+        argv += ["--like", plan.like]
+    if fmt != "npz":
+        argv += ["--format", fmt]
+    return shlex.join(argv)
+
+
 def registry_ops() -> list[str]:
     from tilesim.cli.registry import load_registry
 
@@ -270,15 +491,22 @@ def registry_ops() -> list[str]:
 
 
 __all__ = [
+    "ReplayPlan",
+    "case_params",
     "decode",
     "digest",
     "indexer_block_scores",
     "input_records",
     "jsonable",
     "op_arguments",
+    "golden_inputs",
+    "golden_manifest",
     "op_tolerance",
+    "plan_replay",
     "read_inputs",
     "read_params",
     "registry_ops",
+    "reproduce_replay",
     "run_op",
+    "settle_dtypes",
 ]

@@ -8,7 +8,9 @@ the case dict of :mod:`tilesim.shared.case_schema`: ``{"name", "op", "inputs", "
 * a flat ``{name: ndarray}`` of input tensors (what a golden directory stores; a pair such as
   MoE's ``weights = (w13_flat, w2_flat)`` is stored as its two named members),
 * the op's keyword arguments: exactly ``{**case["inputs"], **case["params"]}``,
-* the tiling the op runs with (recorded in the manifest),
+* every other argument the golden depends on (:func:`effective_params`: the op's defaults
+  filled in, the tiling resolved by the shared rule the op itself calls, split count
+  included), recorded in the manifest so that a replay runs exactly the same call,
 
 and calls the op with an optional trace hook. Nothing here changes numbers: the golden is
 exactly ``getattr(tilesim.reference, case["op"])(**case["inputs"], **case["params"])``.
@@ -29,6 +31,8 @@ from tilesim.shared.case_schema import CASE_KEYS, CaseInfo
 
 #: inputs passed to an op as one tuple argument, stored as separately named tensors
 PACKED_INPUTS = {"weights": ("w13_flat", "w2_flat")}
+#: op arguments the command line never takes from --params nor records
+RESERVED = ("trace", "progress", "out", "_fast")
 
 
 @dataclass
@@ -135,13 +139,10 @@ def build_case(
 
 
 def manifest_params(built: BuiltCase) -> dict:
-    """The op's non-tensor arguments (JSON-able), for the manifest."""
-    inputs = built.case["inputs"]
-    return {
-        k: jsonable(v)
-        for k, v in built.op_args.items()
-        if k != "progress" and not (k in inputs and _is_tensorish(v))
-    }
+    """Every non-tensor argument the golden depends on, JSON-able, for the manifest: the
+    case's params, the op's defaults of the rest, the tiling resolved (:func:`effective_params`)."""
+    names = {k for k, v in built.case["inputs"].items() if _is_tensorish(v)}
+    return jsonable(effective_params(built.op_name, built.op_args, names))
 
 
 def _is_tensorish(v) -> bool:
@@ -150,27 +151,107 @@ def _is_tensorish(v) -> bool:
     )
 
 
-def tiling_used(built: BuiltCase) -> dict | None:
-    """The tiling the op runs with: its explicit ``tiling`` argument, else the op's
-    documented default evaluated now (environment overrides included)."""
-    args = built.op_args
-    if args.get("tiling") is not None:
-        return jsonable(args["tiling"])
-    from tilesim.shared import MoeTiling, MsaTiling, SaTileShapeConfig
+def op_family(op: str) -> str:
+    """The op's contract module name in :mod:`tilesim.shared` (``moe``, ``msa_indexer``,
+    ``msa_decode``, ``msa_main``, ``dsa``): the name of the reference module defining it."""
+    return op_callable(op).__module__.rsplit(".", 1)[-1]
 
-    fam = built.info.family
-    if fam == "moe" and "dims" in args:
-        return jsonable(MoeTiling.from_env(args["dims"].activation))
-    if fam == "msa" and built.op_name in ("msa_sparse_decode", "msa_main_branch"):
-        d = jsonable(MsaTiling.from_env())
-        if built.op_name == "msa_main_branch":
-            for k in ("dtype", "max_n"):
-                if args.get(k) is not None:
-                    d[k] = jsonable(args[k])
-        return d
+
+def full_arguments(op: str, args: dict) -> dict:
+    """``args`` plus the op's defaults of every keyword it was not given (no reserved one)."""
+    sig = inspect.signature(op_callable(op))
+    out = {
+        k: p.default
+        for k, p in sig.parameters.items()
+        if p.default is not inspect.Parameter.empty and k not in RESERVED
+    }
+    out.update({k: v for k, v in args.items() if k not in RESERVED})
+    return out
+
+
+def check_meta_of(op: str, args: dict):
+    """The op's metadata check (``check_meta`` of ``tilesim.shared.<family>``) on ``args`` (the
+    op's keyword arguments, defaults filled): its ``Args``, or its ``TypeError`` / ``ValueError``
+    naming the argument. Reads no value."""
+    fam = op_family(op)
+    mod = _contract(fam)
+    a = full_arguments(op, args)
+    if fam == "moe":
+        return mod.check_meta(
+            a["sorted_tokens"], a["weights"], a["expert_cumsum"], a["dims"], a["tiling"],
+            None, a["round_activation"], None,
+        )  # fmt: skip
     if fam == "dsa":
-        return jsonable(SaTileShapeConfig.from_env())
-    return None
+        split = "nope_cache" not in a
+        names = ("kn_quant", "kr", "kn_scales") if split else ("nope_cache",)
+        caches = tuple(a[k] for k in names)
+        keys = ("nq", "n_kv", "softmax_scale", "topk", "block_size", "tiling")
+        return mod.check_meta(
+            a["query_nope"], a["query_rope"], caches, a["topk_indices"], a["block_table"],
+            a["kv_act_seqs"], layout="kv_split" if split else a["layout"],
+            **{k: a[k] for k in keys},
+        )  # fmt: skip
+    # the other contracts name their parameters as the op does: bind them by name
+    check = getattr(mod, "check_meta", None)
+    if check is None:
+        raise CliError(f"reference op {op!r}: tilesim.shared.{fam} has no check_meta")
+    params = inspect.signature(check).parameters
+    return check(**{k: a[k] for k in params if k in a})
+
+
+def _contract(fam: str):
+    """The module ``tilesim.shared.<fam>``; a :class:`CliError` when there is none."""
+    try:
+        return importlib.import_module(f"tilesim.shared.{fam}")
+    except ImportError:
+        raise CliError(f"no contract module tilesim.shared.{fam} for its metadata check") from None
+
+
+def resolved_settings(op: str, args: dict) -> dict:
+    """The settings the op resolves itself when given ``None``, by the shared rule it calls:
+    ``tiling`` (MoE ``resolve_tiling``, MSA decode ``resolve_tiling`` with its split-KV rule
+    for the shape and ``soc``, the main branch's ``check_meta`` with ``dtype`` / ``max_n``,
+    DeepSeek ``resolve_tiling``); ``{}`` for an op without a tiling. Passing them back
+    explicitly gives the same bits."""
+    fam = op_family(op)
+    a = full_arguments(op, args)
+    if "tiling" not in a:
+        return {}
+    if fam in ("dsa", "dsa_step"):  # one decode step: its tiling is the attention's
+        from tilesim.shared.dsa import resolve_tiling
+
+        return {"tiling": resolve_tiling(a["tiling"])}
+    mod = _contract(fam)
+    meta = check_meta_of(op, a)
+    if fam == "moe":
+        return {"tiling": mod.resolve_tiling(meta).tiling}
+    if fam == "msa_decode":
+        t = mod.resolve_tiling(
+            a["tiling"], batch=meta.batch, hkv=meta.hkv, topk=meta.topk, soc=a["soc"]
+        )
+        return {"tiling": t}
+    if fam == "msa_main":
+        return {"tiling": meta.tiling, "dtype": meta.dtype, "max_n": meta.max_n}
+    return {}  # an op whose tiling rule this module does not know: recorded as given
+
+
+def effective_params(op: str, args: dict, tensors) -> dict:
+    """Every argument of ``op`` except the tensors named in ``tensors`` and the reserved ones:
+    the given values, the op's defaults for the rest, and the resolved settings of
+    :func:`resolved_settings` (the tiling that runs, split count included)."""
+    a = full_arguments(op, args)
+    a.update(resolved_settings(op, a))
+    return {k: v for k, v in a.items() if k not in set(tensors)}
+
+
+def tiling_text(tiling) -> str:
+    """One line naming a tiling: ``MsaTiling(ntile=512, ..., kv_splits=2)``; ``-`` for none."""
+    if tiling is None:
+        return "-"
+    if dataclasses.is_dataclass(tiling):
+        fields = ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(tiling).items())
+        return f"{type(tiling).__name__}({fields})"
+    return repr(tiling)
 
 
 def has_own_progress(built: BuiltCase) -> bool:
@@ -185,10 +266,13 @@ def run_reference(built: BuiltCase, trace: Callable[[dict], None] | None = None)
 
 def run_reference_call(op: str, args: dict, trace: Callable[[dict], None] | None = None) -> dict:
     """``{name: ndarray}`` of ``tilesim.reference.OP(**args, trace=trace)``: ``out`` for one
-    result, ``out0, out1, ...`` for a tuple, the keys of a dict (the op's output order)."""
+    result, the field names of a named tuple (``topk_indices, scores``), ``out0, out1, ...``
+    for a plain tuple, the keys of a dict (the op's output order)."""
     res = op_callable(op)(**args, trace=trace)
     if isinstance(res, dict):
         return {k: np.asarray(v) for k, v in res.items()}
+    if isinstance(res, tuple) and hasattr(res, "_fields"):
+        return {k: np.asarray(v) for k, v in zip(res._fields, res, strict=True)}
     if isinstance(res, tuple):
         return {f"out{j}": np.asarray(v) for j, v in enumerate(res)}
     return {"out": np.asarray(res)}

@@ -50,17 +50,29 @@ def test_nan_in_actual_fails_even_with_huge_tolerance(cli, golden_dir, tmp_path)
     assert code == 1 and "NaN" in out
 
 
-def test_strict_rule_boundary_on_plain_npy(cli, tmp_path):
+def test_strict_rule_boundary_on_plain_npy(capsys, tmp_path):
+    """The seeds' element rule alone (``--rule seeds``): the boundary is strict."""
     g = np.ones((4, 4), np.float32)
     np.save(tmp_path / "g.npy", g)
     a = g.copy()
     a[1, 1] = 1.75  # |diff| = 0.75 = atol 0.5 + rtol 0.25 * 1: not an error (strict >)
     np.save(tmp_path / "a.npy", a)
-    args = ["--atol", "0.5", "--rtol", "0.25", "--ratio", "0"]
-    assert cli("compare", tmp_path / "a.npy", tmp_path / "g.npy", *args)[0] == 0
+    args = [
+        tmp_path / "a.npy",
+        tmp_path / "g.npy",
+        "--atol",
+        "0.5",
+        "--rtol",
+        "0.25",
+        "--ratio",
+        "0",
+    ]
+    assert compare_with_rule(capsys, "seeds", *args)[0] == 0
+    code, out, _ = compare_with_rule(capsys, "default", *args)  # one element 75 % off: FAIL
+    assert code == 1 and "relative L2 (worst row)" in out and "seeds element rule: 0" in out
     a[1, 1] = np.nextafter(np.float32(1.75), np.float32(2))
     np.save(tmp_path / "a.npy", a)
-    assert cli("compare", tmp_path / "a.npy", tmp_path / "g.npy", *args)[0] == 1
+    assert compare_with_rule(capsys, "seeds", *args)[0] == 1
 
 
 def test_tolerance_is_required_without_a_manifest(cli, tmp_path):
@@ -189,8 +201,9 @@ def _args(**kw):
 
 
 def test_the_tolerance_mode_drives_the_rule():
-    """mode "compare": the manifest's numbers (flags override); "set": exact equality of the
-    sorted rows, atol/rtol refused; "ulp": no published numbers, flags required."""
+    """mode "compare": the manifest's numbers (flags override); "set": per-row id sets,
+    atol/rtol refused; "ulp": no published numbers: the default rule's golden-aware checks
+    alone, or flags (required by the seeds' rule)."""
     from tilesim.cli import CliError
     from tilesim.cli.commands import _tolerance, judge
 
@@ -209,8 +222,15 @@ def test_the_tolerance_mode_drives_the_rule():
         _tolerance(_args(atol=1.0), s)
     u = _manifest_golden({"atol": None, "rtol": None, "ratio": 0.0, "mode": "ulp"})
     with pytest.raises(CliError, match="no atol .*mode ulp"):
-        _tolerance(_args(), u)
+        _tolerance(_args(rule="seeds"), u)  # the seeds' rule needs published numbers
+    with pytest.raises(CliError, match="no rtol .*mode ulp"):
+        _tolerance(_args(atol=1.0), u)
     assert _tolerance(_args(atol=1.0, rtol=0.0), u)["mode"] == "compare"
+    tol = _tolerance(_args(), u)  # the default rule: the golden-aware checks alone
+    assert tol["mode"] == "ulp"
+    g = np.linspace(-1, 1, 64, dtype=np.float32).reshape(4, 16)
+    assert judge(g, g, tol, name="u").passed
+    assert not judge(np.zeros_like(g), g, tol, name="u").passed
 
 
 def test_a_bad_png_path_is_reported_after_the_verdict(cli, golden_dir, tmp_path):
@@ -222,3 +242,90 @@ def test_a_bad_png_path_is_reported_after_the_verdict(cli, golden_dir, tmp_path)
     assert code == 2 and "no_dir" in err and "--png" in err
     code, out, err = cli("compare", tmp_path / "same.npy", golden_dir, "--png", tmp_path / "x.txt")
     assert "PASS" in out and code == 2 and ".png" in err
+
+
+def compare_with_rule(capsys, rule: str, *argv) -> tuple[int, str, str]:
+    """``tilesim compare ARGV --rule RULE``; returns (exit code, stdout, stderr)."""
+    from tilesim.__main__ import main
+
+    code = main(["compare", *map(str, argv), "--rule", rule])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# ---------------------------------------------------------------------------------------------
+# the judge's verdict through the CLI
+
+
+def test_all_zero_msa_decode_output_fails_by_default_and_passes_the_seeds_rule(
+    cli, capsys, tmp_path
+):
+    """The MSA decode case's atol (5e-2) is above every golden value: pypto-gym's rule passes
+    zeros (``--rule seeds``); the default rule fails them and flags the tolerance."""
+    name = "msa_decode_partial_nb17"
+    code, _, err = cli("golden", name, "-o", tmp_path)
+    assert code == 0, err
+    np.save(tmp_path / "zeros.npy", np.zeros((1, 64, 128), ml_dtypes.bfloat16))
+    code, out, _ = cli("compare", tmp_path / "zeros.npy", tmp_path / name)
+    assert code == 1 and "FAIL" in out and "[FAIL] relative L2 (tensor): 1" in out
+    assert "loose tolerance: atol 0.05" in out
+    code, out, _ = compare_with_rule(capsys, "seeds", tmp_path / "zeros.npy", tmp_path / name)
+    assert code == 0 and "PASS" in out and "rule seeds" in out
+
+
+def test_a_reshaped_dump_is_judged_and_the_reshape_stated(cli, golden_dir, tmp_path):
+    g = _golden(golden_dir)
+    for shape in ((2048,), (1, 8, 256)):
+        np.save(tmp_path / "flat.npy", g.reshape(shape))
+        code, out, _ = cli("compare", tmp_path / "flat.npy", golden_dir)
+        assert code == 0, out
+        assert f"actual {list(shape)} reshaped to the golden's [8, 256]" in out
+
+
+def test_nan_positions_in_text_json_and_png_title(cli, golden_dir, tmp_path, monkeypatch):
+    import json
+
+    from tilesim.cli import plot
+
+    a = _golden(golden_dir).astype(np.float32)
+    a[3, 4], a[6, 200] = np.nan, np.inf
+    np.save(tmp_path / "nan.npy", _bf16(a))
+    code, out, _ = cli("compare", tmp_path / "nan.npy", golden_dir)
+    assert code == 1 and "2 NaN/Inf in actual at (3, 4) = nan, (6, 200) = inf" in out
+    code, out, _ = cli("compare", tmp_path / "nan.npy", golden_dir, "--json")
+    rep = json.loads(out)
+    assert [p["index"] for p in rep["nonfinite"]] == [[3, 4], [6, 200]]
+    titles = []
+
+    def fake_png(path, *, title, **_):
+        titles.append(title)
+        path.write_bytes(b"png")
+
+    monkeypatch.setattr(plot, "save_compare_png", fake_png)
+    monkeypatch.setattr(plot, "require_matplotlib", lambda _: None)
+    code, _, _ = cli("compare", tmp_path / "nan.npy", golden_dir, "--png", tmp_path / "e.png")
+    assert code == 1 and "2 NaN/Inf at (3, 4), (6, 200)" in titles[0]
+
+
+def test_a_wider_dump_counts_ulps_in_the_golden_dtype(cli, golden_dir, tmp_path):
+    g = _golden(golden_dir)
+    up = (g.view(np.uint16) + np.uint16(3)).view(ml_dtypes.bfloat16)  # 3 BF16 steps off
+    np.save(tmp_path / "f32.npy", up.astype(np.float32))
+    code, out, _ = cli("compare", tmp_path / "f32.npy", golden_dir, "--allow-dtype-mismatch")
+    assert "max ULP 3 in the golden's bfloat16" in out, out
+
+
+def test_int64_ids_are_accepted_without_a_flag(cli, tmp_path):
+    code, _, err = cli("golden", "msa_indexer_nb17", "-o", tmp_path)
+    assert code == 0, err
+    d = tmp_path / "msa_indexer_nb17"
+    with np.load(d / "golden.npz") as z:
+        ids = z["out"]
+    np.save(tmp_path / "ids64.npy", ids.astype(np.int64)[:, ::-1])
+    code, out, _ = cli("compare", tmp_path / "ids64.npy", d)
+    assert code == 0 and "PASS" in out, out
+    dup = ids.astype(np.int64)
+    dup[0, 1] = dup[0, 0]
+    np.save(tmp_path / "dup.npy", dup)
+    code, out, _ = cli("compare", tmp_path / "dup.npy", d)
+    assert code == 1 and "duplicate ids" in out, out

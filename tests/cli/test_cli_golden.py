@@ -118,7 +118,8 @@ def test_seed_override_is_deterministic(cli, tmp_path):
     b = (tmp_path / "b" / CASE / "golden.npz").read_bytes()
     assert a == b
     m = _manifest(tmp_path / "a" / CASE)
-    assert m["seed"] == 7 and m["reproduce"] == f"tilesim golden {CASE} --seed 7"
+    out = (tmp_path / "a").resolve()
+    assert m["seed"] == 7 and m["reproduce"] == f"tilesim golden {CASE} -o {out} --seed 7"
 
 
 def test_unwritable_output_is_a_clear_error(cli, tmp_path):

@@ -1,5 +1,5 @@
 """The compare report's error distribution (percentiles of |err| and ULP, relative L2) and the
-tie-aware compare of block-id selections."""
+tie-aware judging of block-id selections (:func:`tilesim.reference.judge`, ids as sets)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import math
 import ml_dtypes
 import numpy as np
 import pytest
-from tilesim.cli.judging import distribution, tie_check
+from test_cli_compare import compare_with_rule
+from tilesim.cli.judging import distribution
+from tilesim.reference import judge
 
 BF16 = ml_dtypes.bfloat16
 
@@ -49,25 +51,34 @@ def test_distribution_skips_nan_and_handles_integers():
     assert d["ulp"] is None and d["rel_l2"] == 0.0
 
 
-def test_compare_prints_the_distribution(cli, tmp_path):
+def test_compare_prints_the_distribution(capsys, tmp_path):
     g = np.ones(100, np.float32)
     a = g.copy()
     a[:10] = np.nextafter(np.float32(1), np.float32(2))  # 10 elements 1 ULP up
     a[0] = 1.5
     np.save(tmp_path / "a.npy", a)
     np.save(tmp_path / "g.npy", g)
-    argv = ["compare", tmp_path / "a.npy", tmp_path / "g.npy", "--atol", "1", "--rtol", "0"]
-    code, out, _ = cli(*argv)
+    argv = [tmp_path / "a.npy", tmp_path / "g.npy", "--atol", "1", "--rtol", "0"]
+    code, out, _ = compare_with_rule(capsys, "seeds", *argv)
     assert code == 0
     assert "ULP p50 0 p90 0 p99 1 max 4194304" in out  # 1.5 is 2**22 ULP above 1.0
     rel = 0.5 / 10  # ||err|| is dominated by the 0.5; ||g|| = 10
-    code, out, _ = cli(*argv, "--json")
+    code, out, _ = compare_with_rule(capsys, "seeds", *argv, "--json")
     dist = json.loads(out)["distribution"]
     assert dist["rel_l2"] == pytest.approx(rel, rel=1e-6) and dist["abs_err"]["max"] == 0.5
 
 
 # ---------------------------------------------------------------------------------------------
 # ties, on crafted scores
+
+
+SET = {"atol": None, "rtol": None, "ratio": 0.0, "mode": "set"}
+
+
+def tie_check(actual, golden, scores):
+    """The id verdict of one row: (passed, IdReport)."""
+    v = judge(actual, golden, SET, scores=scores)
+    return v.passed, v.ids
 
 
 def _scores(values):
@@ -93,10 +104,10 @@ def test_tie_within_one_ulp_is_accepted_and_reported():
     s[15] = float(_ulp_up(s[14]))  # block 15 1 ULP above block 14: should have won
     s[14], s[15] = s[15], s[14]  # golden picked 14 (the higher); 15 is 1 ULP below
     actual = [b for b in golden if b != 14] + [15]
-    r = tie_check(np.array([actual]), np.array([golden]), _scores(s))
-    assert r.accepted == [0] and r.mismatched == []
-    (t,) = r.ties
-    assert t.tied == [14, 15] and t.actual_only == [15] and t.golden_only == [14]
+    ok, r = tie_check(np.array([actual]), np.array([golden]), _scores(s))
+    assert ok and r.wrong == []
+    (t,) = r.tied
+    assert t.row == (0,) and [x[:2] for x in t.ties] == [(15, 14)]
 
 
 def test_two_ulps_is_not_a_tie():
@@ -104,40 +115,41 @@ def test_two_ulps_is_not_a_tie():
     s[15] = float(np.float32(s[14]))
     s[14] = float(_ulp_up(s[14], 2))
     actual = [b for b in golden if b != 14] + [15]
-    r = tie_check(np.array([actual]), np.array([golden]), _scores(s))
-    assert r.accepted == [] and r.mismatched == [0]
+    ok, r = tie_check(np.array([actual]), np.array([golden]), _scores(s))
+    assert not ok and r.tied == [] and r.wrong[0].missing == [14] and r.wrong[0].extra == [15]
 
 
 def test_swapping_a_block_above_the_boundary_is_refused():
     s, golden = _case()
     s[15] = s[14]  # an exact tie at the boundary ...
     actual = [b for b in golden if b != 3] + [15]  # ... but block 3 (score 97) was dropped
-    r = tie_check(np.array([actual]), np.array([golden]), _scores(s))
-    assert r.mismatched == [0]
+    ok, r = tie_check(np.array([actual]), np.array([golden]), _scores(s))
+    assert not ok and r.wrong[0].missing == [3] and r.wrong[0].extra == [15]
 
 
 @pytest.mark.parametrize(
-    "actual",
+    ("actual", "named"),
     [
-        list(range(14)) + [15, 15, 19],  # a duplicate
-        list(range(14)) + [15, 25],  # out of range
-        list(range(14)) + [15, -1],  # negative
-        list(range(15)) + [15],  # the local block missing
+        (list(range(14)) + [15, 15, 19], "duplicates"),
+        (list(range(14)) + [15, 25], "out_of_range"),
+        (list(range(14)) + [15, -1], "missing"),  # -1 = an empty slot: an id is missing
+        (list(range(15)) + [15], "missing"),  # the local block missing
     ],
 )
-def test_malformed_selections_are_refused(actual):
+def test_malformed_selections_are_refused(actual, named):
     s, golden = _case()
     s[15] = s[14]
     actual = (actual + [19])[:16]
-    r = tie_check(np.array([actual]), np.array([golden]), _scores(s))
-    assert r.mismatched == [0] and r.accepted == []
+    ok, r = tie_check(np.array([actual]), np.array([golden]), _scores(s))
+    assert not ok and getattr(r.wrong[0], named)
 
 
 def test_nan_scores_never_tie():
     s, golden = _case()
     s[15] = float("nan")
     actual = [b for b in golden if b != 14] + [15]
-    assert tie_check(np.array([actual]), np.array([golden]), _scores(s)).mismatched == [0]
+    ok, r = tie_check(np.array([actual]), np.array([golden]), _scores(s))
+    assert not ok and r.tied == []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -172,7 +184,7 @@ def test_cli_accepts_a_tied_selection(cli, tmp_path):
     np.save(tmp_path / "dev.npy", other)
     code, out, err = cli("compare", tmp_path / "dev.npy", d)
     assert code == 0, out + err
-    assert f"blocks [{lo}, {hi}] tie" in out and "accepted" in out
+    assert f"id {hi} replaces {lo}: golden scores tie" in out and "accepted by score ties" in out
     other[0, list(other[0]).index(order[0])] = lo  # and now a block above the boundary lost
     np.save(tmp_path / "dev2.npy", other)
     code, out, _ = cli("compare", tmp_path / "dev2.npy", d)

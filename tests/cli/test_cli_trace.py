@@ -193,3 +193,54 @@ def test_msa_decode_trace_is_the_kernels_chunk_loop(cli, tmp_path):
     # a row sum of exp(S - m) over at most 512 keys lies in [1, 512]
     assert all(1.0 <= v <= 512.0 for r in rows for v in r["row_sum"])
     assert "4 lanes (batch, kv_head)" in out
+
+
+def test_indexer_panel_names_its_scores_not_a_softmax():
+    """The indexer's row_max is the per-head max of a block's index scores (no softmax); its
+    extra head_max holds the same values, so one panel shows them."""
+    from tilesim.reference import msa_indexer
+
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((4, 128)).astype(ml_dtypes.bfloat16)
+    k = rng.standard_normal((17 * 128, 128)).astype(ml_dtypes.bfloat16)
+    recs: list = []
+    msa_indexer(q, k, 17, trace=recs.append)
+    panels = stat_panels(recs)
+    assert [key for key, _ in panels] == ["row_max"]
+    title = panels[0][1]
+    assert "softmax" not in title and "index scores" in title and "head" in title
+
+
+def test_masked_rows_are_left_out_of_the_softmax_panels():
+    """A row with every key of the tile masked has m = score - 1e9 and l = the tile's key
+    count; both are left out and the title says how many were."""
+    from tilesim.cli.plot import _stat
+
+    recs = [
+        trace_record("msa_main_branch", {"head": 0, "kv_head": 0}, 0, (0, 512),
+                     row_max=[-1e9 + 2.0, 1.5, 3.0], row_sum=[512.0, 4.0, 6.0]),
+        trace_record("msa_main_branch", {"head": 0, "kv_head": 0}, 1, (512, 1024),
+                     row_max=[-1e9, -1e9 - 1.0, -1e9], row_sum=[512.0, 512.0, 512.0]),
+    ]  # fmt: skip
+    panels = dict(stat_panels(recs))
+    assert set(panels) == {"row_max", "row_sum"}
+    assert all("4 rows seeing no key" in t and "left out" in t for t in panels.values())
+    assert _stat(recs[0], "row_max", drop_masked=True) == (1.5, 2.25, 3.0)
+    assert _stat(recs[0], "row_sum", drop_masked=True) == (4.0, 5.0, 6.0)
+    assert _stat(recs[1], "row_max", drop_masked=True) is None  # nothing left to draw
+
+
+def test_main_branch_row_max_panel_is_not_swamped(cli, tmp_path):
+    """msa_main_unaligned_100 has rows that see no key in some tiles (their m is near -1e9);
+    the drawn row maxima stay in the range of real scaled scores."""
+    from tilesim.cli.plot import _stat
+
+    rec = tmp_path / "r.jsonl"
+    assert cli("trace", "msa_main_unaligned_100", "--records", rec)[0] == 0
+    rows = [json.loads(line) for line in rec.read_text().splitlines()]
+    raw = np.concatenate([np.asarray(r["row_max"], dtype=np.float64) for r in rows])
+    assert raw.min() < -1e8  # the mask value is in the records
+    panels = dict(stat_panels(rows))
+    assert "left out" in panels["row_max"]
+    drawn = [s for r in rows if (s := _stat(r, "row_max", drop_masked=True)) is not None]
+    assert drawn and min(s[0] for s in drawn) > -100.0

@@ -1,6 +1,6 @@
 """MSA lightning-indexer score kernel on PyPTO's CPU simulator (910B, 950) vs tilesim.reference.
 
-Budget (docs/device.md, "## MSA kernels"), against ``tilesim.reference.msa_indexer_scores`` /
+Budget (docs/ops/msa_indexer.md#kernel), against ``tilesim.reference.msa_indexer_scores`` /
 ``msa_indexer``:
 
 1. scores (FP32): every element within ``128 * 2**-24 * sum_d |q_d k_d|`` of the reference (the
@@ -8,7 +8,9 @@ Budget (docs/device.md, "## MSA kernels"), against ``tilesim.reference.msa_index
    once, PyPTO's interpreter sums in libtorch's FP32 order); the fraction of bit-identical
    scores is reported, not promised;
 2. block ids: identical to the reference's (same ids, same order) on every case, ranked on
-   the device (``rank="device"``, the default: the fused select kernel) and on the host;
+   the device (``rank="device"``, the default: the fused select kernel) and on the host; and
+   the verdict of :func:`tilesim.reference.judge` passes on the ids (per-row sets) and on the
+   scores (relative-L2 / cosine bounds per head and over the tensor);
 3. ``block_max="device"`` (block max fused into the kernel): per-head block maxima equal to
    those of the unfused kernel's scores bit for bit, ids identical to the reference's;
 3b. the device ranking on crafted block maxima (ties across the selection boundary, all-equal
@@ -99,7 +101,20 @@ def check_indexer(spec, soc, seed=11) -> dict:
         and np.array_equal(per_head, want_ph.numpy()),
         "ids_dtype": str(ids.dtype),
         "inputs_kept": torch.equal(before[0], q) and torch.equal(before[1], k),
+        **_judged(s, gold, ids, want),
     }
+
+
+def _judged(s, gold, ids, want) -> dict:
+    """The judge's verdicts of the scores and the ids against the reference's."""
+    from tilesim.reference import judge
+    from tilesim.shared.interop import to_numpy
+
+    scores = judge(to_numpy(s), to_numpy(gold), {"mode": "ulp"}, kind="msa_indexer_scores")
+    tol = {"atol": None, "rtol": None, "ratio": 0.0, "mode": "set"}
+    sets = judge(to_numpy(ids), to_numpy(want), tol, kind="msa_indexer")
+    return {"judged": scores.passed and sets.passed,
+            "verdict": f"{scores.summary()}\n{sets.summary()}"}  # fmt: skip
 
 
 def _ulp32(a, b) -> int:
@@ -130,6 +145,7 @@ def test_indexer_kernel_matches_reference(name, sim_soc, sim_report):
         },
     )
     assert r["inputs_kept"]
+    assert r["judged"], r["verdict"]
     assert r["bound_ratio"] <= 1.0, r
     assert r["same_ids"], r
     assert r["same_per_head"], r

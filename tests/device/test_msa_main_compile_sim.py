@@ -1,10 +1,11 @@
-"""MSA main branch: one compiled kernel per model configuration (issue 14), NaN-proof unread
-key rows (issue 15) on the simulator, compile checks at the NPU tests' shapes, torch.compile.
+"""MSA main branch: one compiled kernel per model configuration, NaN-proof unread key rows on
+the simulator, compile checks at the NPU tests' shapes, torch.compile.
 
 * The prefill length ``n`` is a runtime value of the kernel (a dynamic row axis walked by a
   ``pypto.loop`` with a symbolic trip count), so driving the wrapper over n = 1, 100, 500,
-  1500 builds ONE kernel (``tilesim.device.compile_stats()``), and each output still meets
-  the sim budget of ``test_msa_main_sim.py`` against the reference (and empty rows are +0).
+  1500 builds ONE kernel (``tilesim.device.compile_stats()``), and each output still passes
+  the judge with the sim budget of ``test_msa_main_sim.py`` against the reference (and empty
+  rows are +0).
 * The key rows no query row sees (padding slots, token positions past ``n``) are zeroed by
   the wrapper: poisoning them with NaN / inf gives the same output bits on the simulator.
 * Every shape of the ``npu`` tests (``test_msa_main_sim.py::SEED_CASES``: n 1 ... 4096 at the
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import pytest
 
-BUDGET_FP32 = 2.0**-16  # test_msa_main_sim.py / docs/device.md, fp32
 NS = (1, 100, 500, 1500)
 HQ, HKV, TOPK = 16, 1, 4  # one KV group, topk 4 = one 512-key chunk
 
@@ -57,6 +57,7 @@ def _unread_rows(n, ids, topk=TOPK):
 
 def check_one_compile_over_n(soc) -> dict:
     import torch
+    from test_msa_main_sim import _judged
     from tilesim.device import compile_stats, reset_compile_stats
     from tilesim.device.msa_main import msa_main_branch
     from tilesim.reference import msa_main_branch as reference
@@ -78,6 +79,8 @@ def check_one_compile_over_n(soc) -> dict:
             "empty_rows": int(empty.sum()),
             "empty_zero": bool((out[empty].view(torch.int32) == 0).all()),
         }
+        v = _judged(out, gold, "fp32", f"n{n}")
+        res[n].update(judged=v.passed, verdict=v.summary())
     return {"stats": compile_stats(), "cases": res}
 
 
@@ -94,7 +97,8 @@ def test_main_branch_one_compile_over_n(sim_soc, sim_report):
                        case=f"one compile n{n} fp32 HQ{HQ}/HKV{HKV} topk{TOPK}",
                        bit_exact=c["bit_exact"], max_ulp=-1, max_abs=c["max_abs"], us=c["us"],
                        extra={"err / max|golden|": c["scaled"]})  # fmt: skip
-        assert c["scaled"] <= BUDGET_FP32 and c["empty_zero"] and c["us"] > 0.0, (n, c)
+        assert c["judged"], (n, c["verdict"])
+        assert c["empty_zero"] and c["us"] > 0.0, (n, c)
     assert r["cases"][500]["empty_rows"] == 128  # block 0 not selected: rows 0..127 see nothing
     # the cost follows n (a runtime trip count), not a static bound
     assert r["cases"][1]["us"] < r["cases"][500]["us"] < r["cases"][1500]["us"], r

@@ -14,7 +14,8 @@ Each row goes to the cost-model report with the HBM and cube bounds of its shape
 asserted: the cost is a positive finite number, the shapes are what they claim (keys per
 token), and -- on a small case per SoC and kernel -- that the cost-only path gives exactly the
 µs of the interpreted one while leaving the output unwritten. Never a time threshold: the
-cost model's matmul charge is not tied to FLOPs (docs/device.md, "Headline shapes"), so not
+cost model's matmul charge is not tied to FLOPs
+(docs/device.md#what-the-cost-model-does-not-model), so not
 even "µs >= cube bound" is a property of the model.
 
 CPU cost (2 shared cores): b 4 and the MSA case ~10-30 s per SoC; b 64 ~100 s of cost-model

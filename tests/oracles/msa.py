@@ -13,7 +13,6 @@ None of them calls ``tilesim.reference`` or ``tilesim.shared.msa_indexer`` / ``m
 * :func:`loop_kernel` — the decode kernel written the plain way: one (batch row, KV head) at a
   time, Python loops over chunks and K steps, the keep-mask built slot by slot; with
   ``kv_splits``, the chunk runs and their merge spelled out too.
-* :func:`row_ulp` — the sim tests' row-wise ULP measure (torch).
 * :func:`torch_dense_oracle` — the float64 attention of :func:`dense_oracle` written with
   torch (``torch.softmax``), for the sim tests.
 
@@ -199,21 +198,6 @@ def loop_kernel(q, k, v, ids, seq, ntile=512, seeds_compat=False, kv_splits=1):
     return out.astype(BF)
 
 
-def row_ulp(out, gold) -> float:
-    """max ``|out - gold|`` (torch tensors) in BF16 ULPs of each row's largest ``|gold|``
-    (last axis = one row); a row whose golden is all zero counts in units of 2^-133."""
-    import torch
-
-    err = (out.double() - gold.double()).abs()
-    row_max = gold.double().abs().amax(dim=-1, keepdim=True)
-    ulp = torch.where(
-        row_max > 0,
-        torch.exp2(torch.floor(torch.log2(row_max)) - 7),
-        torch.full_like(row_max, 2.0**-133),
-    )
-    return float((err / ulp).max())
-
-
 def torch_dense_oracle(q, kb, vb, ids, seq):
     """float64 softmax attention over the visible tokens of the selected blocks (torch)."""
     import torch
@@ -242,6 +226,5 @@ __all__ = [
     "inject",
     "loop_kernel",
     "oracle_select",
-    "row_ulp",
     "torch_dense_oracle",
 ]
