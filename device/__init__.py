@@ -23,6 +23,7 @@ _LAZY = {
     "msa_main_branch": "msa_main",
     "sparse_attention_antiquant": "dsa",
     "sparse_attention_antiquant_kv_split": "dsa",
+    "dsa_indexer": "dsa_indexer",
     "compile_stats": "backend",
     "reset_compile_stats": "backend",
     "allow_in_graph": "backend",

@@ -116,6 +116,22 @@ def rowsum_fp32(x, axis: int = -1) -> np.ndarray:
     return np.asarray(x).astype(F64).sum(axis=axis, keepdims=True).astype(F32)
 
 
+def halving_sum_fp32(x, axis: int) -> np.ndarray:
+    """FP32 sum over ``axis`` (removed) as a vector unit's halving tree computes it: the upper
+    half is added to the lower half element-wise in FP32 until one slice is left
+    (``n -> n/2 -> ... -> 1``; every add rounds once). ``x``: FP32 values, the axis length a
+    power of two (the DeepSeek indexer's 64 heads). The order is fixed, so the bits are too;
+    they differ from :func:`rowsum_fp32` (one rounding) in the last places."""
+    t = np.moveaxis(np.asarray(x, dtype=F32), axis, 0)
+    n = t.shape[0]
+    if n < 1 or n & (n - 1):
+        raise ValueError(f"x: expected a power-of-two length on axis {axis}, got {n}")
+    while t.shape[0] > 1:
+        h = t.shape[0] // 2
+        t = t[:h] + t[h:]
+    return t[0]
+
+
 def tile_softmax(s, *, exp: ExpModel, inplace: bool = False):
     """The softmax statistics of one key tile of FP32 scores ``s [..., rows, w]``.
 
@@ -212,6 +228,7 @@ __all__ = [
     "SoftmaxMerge",
     "exp_fp32_correctly_rounded",
     "exp_fp32_numpy",
+    "halving_sum_fp32",
     "matmul_fp32",
     "rowsum_fp32",
     "tile_softmax",

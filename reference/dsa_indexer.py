@@ -21,17 +21,22 @@ trace records emitted in batch order from the calling thread. Per tile, rounding
     int8, "gym"   (pypto-gym kernel and golden; the default):
         v_h   = FP16(relu(d) * 2^-11)                        cube, fix-pipe epilogue
         w_h   = FP16(q_scale_h * weights_h)                   vector
-        s     = FP32(sum_h w_h * v_h)                         cube, one K tile of 64
+        s     = HSUM_h(w_h * v_h)    (products exact in FP32)   vector
         score = FP32(s * fp32(k_scale))                       vector
     int8, "pypto" (hicann/pypto lightning_indexer.cpp):
         t = FP16(d * 2^-11); t = FP16(t * q_scale_h); t = FP16(t * k_scale); t = relu(t)
         t = FP16(t * weights_h);  score = FP32(sum_h t)
     fp8 (DeepSeek inference/kernel.py fp8_index, DeepGEMM):
-        l_h = FP32(d); t_h = FP32(relu(l_h) * weights_h); s = FP32(sum_h t_h)
+        l_h = FP32(d); t_h = FP32(relu(l_h) * weights_h); s = HSUM_h(t_h)
         score = FP32(s * k_scale)
 
-``FP32(d)`` and ``FP32(sum ...)`` are :func:`~tilesim.reference.arith.matmul_fp32` with one K
-tile, or a float64 sum rounded once (the INT8 dots are exact in FP32 already: ``|d| <= 2^21``).
+``FP32(d)`` is :func:`~tilesim.reference.arith.matmul_fp32` with one K tile (the INT8 dots are
+exact in FP32 already: ``|d| <= 2^21``); ``HSUM_h`` is the kernel's head sum, the FP32 halving
+tree of :func:`~tilesim.reference.arith.halving_sum_fp32` (32 + 32, then 16 + 16, ... 1 + 1:
+every add rounds). pypto-gym's kernel sums the heads in a cube matmul instead and its golden
+in an FP32 ``bmm``: those orders differ from the tree in the last bits only, which the judge's
+score-aware id rule absorbs. The "pypto" order keeps ``FP32(sum_h t)``, a float64 sum rounded
+once (PyPTO's own reduction order is not modelled).
 Then positions a row does not see get ``-inf`` and :func:`tilesim.shared.dsa_indexer.select_topk`
 picks the ids. Only the blocks and tokens the table selects for ``seq_lens`` are read.
 """
@@ -42,7 +47,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
-from tilesim.reference.arith import F32, F64, matmul_fp32
+from tilesim.reference.arith import F32, F64, halving_sum_fp32, matmul_fp32
 from tilesim.reference.blas_pool import blas_threads, map_in_order
 from tilesim.reference.dsa import progress_bar
 from tilesim.shared.dsa_indexer import (
@@ -109,8 +114,8 @@ def _tile_int8_gym(rows: _Rows, k: np.ndarray, ks: np.ndarray) -> np.ndarray:
     n_rows = rows.w.shape[0]
     d = rows.q @ k.T  # exact: integer products and sums below 2^24
     v = (np.maximum(d, 0) * _QK_SCALE).astype(F16).astype(F32)  # FP16 values [n*64, n_tok]
-    s = matmul_fp32(rows.w[:, None, :], v.reshape(n_rows, INDEX_HEADS, -1), k_tile=None)
-    return s[:, 0, :] * ks[None, :]
+    t = v.reshape(n_rows, INDEX_HEADS, -1) * rows.w[:, :, None]  # FP16 x FP16: exact in FP32
+    return halving_sum_fp32(t, axis=1) * ks[None, :]
 
 
 def _tile_int8_pypto(rows: _Rows, k: np.ndarray, ks: np.ndarray) -> np.ndarray:
@@ -128,8 +133,7 @@ def _tile_fp8(rows: _Rows, k: np.ndarray, ks: np.ndarray) -> np.ndarray:
     n_rows = rows.w.shape[0]
     logits = matmul_fp32(rows.q, k.T, k_tile=None)  # exact float64 dots, one FP32 rounding
     t = np.maximum(logits, 0) * rows.w.reshape(-1, 1)  # FP32 multiply
-    s = t.reshape(n_rows, INDEX_HEADS, -1).astype(F64).sum(axis=1).astype(F32)
-    return s * ks[None, :]
+    return halving_sum_fp32(t.reshape(n_rows, INDEX_HEADS, -1), axis=1) * ks[None, :]
 
 
 def _tile_fn(a: Args) -> Callable:

@@ -8,10 +8,14 @@ nothing in between: the index-key cache and the latent cache share ``block_table
 query token ``b*s1 + s`` of the attention. Row ``r`` of the ids holds ``min(topk, visible)``
 positions and then ``-1``; the attention uses exactly its first ``min(topk, visible)`` entries
 (``tilesim.shared.dsa.cur_seq_lengths``), so no ``-1`` is ever used. Both goldens keep their
-own arithmetic (``docs/ops/dsa_indexer.md``, ``docs/ops/dsa.md``).
+own arithmetic (``docs/ops/dsa_indexer.md``, ``docs/ops/dsa.md``). :func:`step_attention` is
+that attention half alone, from given ids (``tilesim compare`` recomputes the golden attention
+with a device's ids that differ from the golden's only by score ties).
 """
 
 from __future__ import annotations
+
+import inspect
 
 import numpy as np
 from tilesim.reference.dsa import sparse_attention_antiquant, sparse_attention_antiquant_kv_split
@@ -64,24 +68,54 @@ def dsa_decode_step(q, weights, k_cache, block_table, seq_lens, query_nope, quer
         ``{"topk_indices": INT32 [T, topk], "scores": FP32 [T, S], "out": BF16 [T*nq, 512]}``
         (:data:`STEP_OUTPUTS`; the ids and scores exactly those of ``dsa_indexer``).
     """
-    caches = _attention_cache(layout, nope_cache, dict(zip(_SPLIT, (kn_quant, kr, kn_scales),
-                                                           strict=True)))  # fmt: skip
+    _attention_cache(layout, nope_cache, dict(zip(_SPLIT, (kn_quant, kr, kn_scales),
+                                                  strict=True)))  # fmt: skip
     ids, scores = dsa_indexer(
         q, weights, k_cache, block_table, seq_lens, q_scale=q_scale, k_scale=k_scale,
         path=path, int8_order=int8_order, topk=topk, block_size=block_size, trace=trace,
         progress=progress,
     )  # fmt: skip
+    out = step_attention(
+        ids, query_nope, query_rope, block_table, seq_lens, nope_cache=nope_cache,
+        kn_quant=kn_quant, kr=kr, kn_scales=kn_scales, layout=layout, topk=topk,
+        block_size=block_size, nq=nq, softmax_scale=softmax_scale, tiling=tiling, trace=trace,
+        progress=progress,
+    )  # fmt: skip
+    return dict(zip(STEP_OUTPUTS, (ids, scores, out), strict=True))
+
+
+def step_attention(topk_indices, query_nope, query_rope, block_table, seq_lens, *,
+                   nope_cache=None, kn_quant=None, kr=None, kn_scales=None, layout="pypto",
+                   topk=2048, block_size=128, nq=128,
+                   softmax_scale=DEEPSEEK_V32.test_softmax_scale,
+                   tiling: SaTileShapeConfig | None = None, trace=None, progress=None):  # fmt: skip
+    """The attention half of :func:`dsa_decode_step` from given ids: the step's own call of
+    :func:`tilesim.reference.dsa.sparse_attention_antiquant` (``layout`` ``"pypto"`` /
+    ``"flashmla"``, ``nope_cache``) or ``..._kv_split`` (``layout="kv_split"``: ``kn_quant``,
+    ``kr``, ``kn_scales``). ``topk_indices``: int ``[T, topk]`` (``-1`` = empty; row ``r``'s
+    first ``min(topk, visible)`` entries are used, in their order); the other arguments as in
+    :func:`dsa_decode_step`. ``tilesim compare`` calls it with a device's ids. Returns BF16
+    ``[T*nq, 512]``."""
+    caches = _attention_cache(layout, nope_cache, dict(zip(_SPLIT, (kn_quant, kr, kn_scales),
+                                                           strict=True)))  # fmt: skip
     kw = dict(nq=nq, softmax_scale=softmax_scale, topk=topk, block_size=block_size,
               tiling=tiling, trace=trace, progress=progress)  # fmt: skip
     if layout == "kv_split":
-        out = sparse_attention_antiquant_kv_split(
-            query_nope, query_rope, *caches, ids, block_table, seq_lens, **kw
+        return sparse_attention_antiquant_kv_split(
+            query_nope, query_rope, *caches, topk_indices, block_table, seq_lens, **kw
         )
-    else:
-        out = sparse_attention_antiquant(
-            query_nope, query_rope, caches[0], ids, block_table, seq_lens, layout=layout, **kw
-        )
-    return dict(zip(STEP_OUTPUTS, (ids, scores, out), strict=True))
+    return sparse_attention_antiquant(
+        query_nope, query_rope, caches[0], topk_indices, block_table, seq_lens, layout=layout,
+        **kw,
+    )  # fmt: skip
+
+
+def attention_arguments(step_args: dict) -> dict:
+    """The keyword arguments of :func:`step_attention` among ``step_args`` (a full
+    :func:`dsa_decode_step` argument dict, e.g. a golden's inputs and params; the indexer's
+    own are dropped). ``topk_indices`` is never among them."""
+    names = set(inspect.signature(step_attention).parameters) - {"topk_indices"}
+    return {k: v for k, v in step_args.items() if k in names}
 
 
 def step_case_inputs(p: dict, inputs: dict, n_blocks: int, seed: int) -> tuple[dict, dict]:
@@ -109,4 +143,10 @@ def step_case_inputs(p: dict, inputs: dict, n_blocks: int, seed: int) -> tuple[d
     return out, params
 
 
-__all__ = ["STEP_OUTPUTS", "dsa_decode_step", "step_case_inputs"]
+__all__ = [
+    "STEP_OUTPUTS",
+    "attention_arguments",
+    "dsa_decode_step",
+    "step_attention",
+    "step_case_inputs",
+]

@@ -118,7 +118,7 @@ def test_import_tilesim_tests_fails_in_a_checkout():
 
 # ----------------------------------------------------------------------------- one op, one name
 #: every op: its contract, golden, wrapper (+ kernel), tests and docs page share this name
-OPS = ("moe", "msa_indexer", "msa_decode", "msa_main", "dsa")
+OPS = ("moe", "msa_indexer", "msa_decode", "msa_main", "dsa", "dsa_indexer")
 #: what each op's contract module in shared/ exports
 CONTRACT = ("Args", "check_meta", "check_values", "host_plan", "cost")
 
@@ -180,7 +180,6 @@ def test_cache_layout_offsets_are_defined_once():
         if p.name != "mla_cache.py" and pat.search(p.read_text())
     ]
     assert not bad, f"layout constants assigned outside shared/mla_cache.py: {bad}"
-
 
 
 def test_docs_describe_not_narrate():

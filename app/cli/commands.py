@@ -21,10 +21,16 @@ from tilesim.cli import CliError, require
 from tilesim.cli import tensorio as tio
 from tilesim.cli.dumps import GoldenSet, load_goldens, match_actuals
 from tilesim.cli.judging import (
+    DSA_OPS,
+    IDS,
+    SCORES,
+    attention_golden,
     distribution,
     distribution_text,
     golden_scores,
+    ids_tolerance,
     judge,
+    judge_scores,
     kind_of,
     ulp_distances,
 )
@@ -475,25 +481,69 @@ def _judge_pair(args, gs: GoldenSet, g: tio.Loaded, a: tio.Loaded, tol: dict, na
     return rep, dist
 
 
-def _report_json(rep, dist, a, g, tol) -> dict:
+def _judge_pairs(args, gs: GoldenSet, pairs, tol: dict, case: str) -> list:
+    """``(verdict, distribution or None, actual, golden, against or None)`` per pair, in the
+    golden's order (``against``: which golden the step's attention was judged against)."""
+    if (gs.manifest or {}).get("op") in DSA_OPS:
+        return _judge_dsa(args, gs, pairs, tol, case)
+    results = []
+    for g, a in pairs:
+        name = case if len(gs.outputs) == 1 else f"{case}:{g.name}"
+        results.append((*_judge_pair(args, gs, g, a, tol, name), a, g, None))
+    return results
+
+
+def _judge_dsa(args, gs: GoldenSet, pairs, tol: dict, case: str) -> list:
+    """The lightning indexer / decode step: ``topk_indices`` by the score-aware id rule with
+    the golden's ``scores``, ``scores`` as floats (:func:`judge_scores`), the attention ``out``
+    against :func:`attention_golden` (ids judged first)."""
+    rule = getattr(args, "rule", None) or "default"
+    by_name = {g.name: (g, a) for g, a in pairs}
+    done, ids_rep, ids = {}, None, None
+    for n in sorted(by_name, key=lambda n: (n != IDS, n)):
+        g, a = by_name[n]
+        name = case if len(gs.outputs) == 1 else f"{case}:{n}"
+        if n == IDS:
+            ids_rep = judge(a.array, g.array, ids_tolerance(tol), name=name, rule=rule,
+                            scores=golden_scores(gs.scores), kind="dsa_indexer")  # fmt: skip
+            ids, done[n] = a.array, (ids_rep, None, a, g, None)
+        elif n == SCORES:
+            rep = judge_scores(a.array, g.array, name=name, arithmetic=args.arithmetic)
+            done[n] = (rep, distribution(a.array.reshape(g.array.shape), g.array), a, g, None)
+        else:
+            gold, against = attention_golden(gs, ids, ids_rep, g.array)
+            if gold is not g.array:
+                src = f"{g.source} recomputed with the ids of {by_name[IDS][1].source}"
+                g = tio.Loaded(gold, src, g.manifest, g.entry)
+            rep = judge(a.array, gold, tol, name=name, arithmetic=args.arithmetic, rule=rule,
+                        kind="dsa")  # fmt: skip
+            done[n] = (rep, distribution(a.array.reshape(gold.shape), gold), a, g, against)
+    return [done[g.name] for g, _ in pairs]
+
+
+def _report_json(rep, dist, a, g, against, tol) -> dict:
     """The verdict as JSON; the seeds' report fields (``n_fail``, ``worst``, ...) also sit at
     the top level, as before the golden-aware layer."""
     v = rep.as_dict()
     d = {k: jsonable(x) for k, x in v.pop("seeds", {}).items()}
     d.update(v)
-    d.update(actual=a.source, golden=g.source, mode=tol["mode"])
+    d.update(actual=a.source, golden=g.source, mode=rep.tolerance.get("mode", tol["mode"]))
     if dist is not None:
         d["distribution"] = dist
+    if against is not None:
+        d["judged_against"] = against
     return d
 
 
-def _print_report(rep, dist, a, g, tol, scores_missing: bool) -> None:
+def _print_report(rep, dist, a, g, against, tol, scores_missing: bool) -> None:
     print(f"actual: {a.source}\ngolden: {g.source}")
-    if tol["mode"] == "set":
+    if rep.kind == "ids":
         how = "sorted rows" if rep.rule == "seeds" else "tie-aware with the golden's scores"
         print(f"(ids compared as sets, {how if not scores_missing else 'exact sets'})")
         if scores_missing:
             print("(the golden stores no block scores: ties cannot be recognised)")
+    if against is not None:
+        print(f"(attention judged against {against})")
     print(rep.summary())
     if dist is not None:
         print(distribution_text(dist))
@@ -520,17 +570,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
         outputs.add(png)
         outputs.check()
     case = (gs.manifest or {}).get("case", Path(gs.outputs[0].source).name)
-    results, passed = [], True
-    for g, a in pairs:
-        name = case if len(gs.outputs) == 1 else f"{case}:{g.name}"
-        rep, dist = _judge_pair(args, gs, g, a, tol, name)
-        results.append((rep, dist, a, g))
-        passed = passed and rep.passed
+    results = _judge_pairs(args, gs, pairs, tol, case)
+    passed = all(r[0].passed for r in results)
     if args.json:
         reps = [_report_json(*r, tol) for r in results]
         print(json.dumps(reps[0] if len(reps) == 1 else {"passed": passed, "outputs": reps}))
     else:
-        missing = tol["mode"] == "set" and golden_scores(gs.scores) is None
+        missing = golden_scores(gs.scores) is None
         for r in results:
             _print_report(*r, tol, missing)
         for n in notes:
@@ -547,7 +593,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def _compare_png(outputs: Outputs, png: Path, result, tol) -> None:
     from tilesim.cli.plot import save_compare_png
 
-    rep, _, a, g = result
+    rep, _, a, g, _ = result
     title = (
         f"{rep.name}: {'PASS' if rep.passed else 'FAIL'}, {rep.n_fail} failing "
         f"(allowed {rep.threshold}), max |err| {rep.max_abs_err:.3g}, max ULP {rep.max_ulp}"

@@ -12,6 +12,11 @@ output order, plus its ``scores`` tensors (the MSA indexer's block scores). The 
   ``i``; a directory holding one such dump (one ``op_type.op_name.task.stream.timestamp``
   prefix) answers every output by index (its ``.input.<i>.npy`` files are ignored);
 * a directory of ``<name>.npy`` files answers by name; another golden directory by name.
+
+Some goldens hold outputs a device need not dump (:data:`OPTIONAL_OUTPUTS`: the lightning
+indexer's and the decode step's ``scores``). A missing optional output is left unjudged (a note
+says so); a missing required output is an error naming it. With one required output, a single
+``.npy`` / ``.bin`` file answers it.
 """
 
 from __future__ import annotations
@@ -29,19 +34,35 @@ CANN_NPY = re.compile(
     r"^(?P<op_type>[^.]+)\.(?P<op_name>.+)\.(?P<task>\d+)\.(?P<stream>\d+)"
     r"\.(?P<timestamp>\d+)\.(?P<io>input|output)\.(?P<index>\d+)\.npy$"
 )
+#: the golden outputs of an op a device may leave out (the op's golden keeps them; the ids'
+#: judge reads the golden's ``scores``, never the device's)
+OPTIONAL_OUTPUTS = {"dsa_indexer": ("scores",), "dsa_decode_step": ("scores",)}
+#: ops whose golden output ``scores`` is also the id judge's scores (ties)
+_GOLDEN_SCORES = ("dsa_indexer", "dsa_decode_step")
 
 
 @dataclass
 class GoldenSet:
-    """The golden outputs (op order), the ``scores`` tensors and the manifest."""
+    """The golden outputs (op order), the ``scores`` tensors (the id judge's), the manifest
+    and its path."""
 
     outputs: list[tio.Loaded]
     scores: dict[str, np.ndarray] = field(default_factory=dict)
     manifest: dict | None = None
+    path: Path | None = None
 
     @property
     def names(self) -> list[str]:
         return [g.name or f"out{j}" for j, g in enumerate(self.outputs)]
+
+    @property
+    def optional(self) -> tuple[str, ...]:
+        """The names of the outputs a dump may leave out (:data:`OPTIONAL_OUTPUTS`)."""
+        return OPTIONAL_OUTPUTS.get((self.manifest or {}).get("op"), ())
+
+    @property
+    def required(self) -> list[str]:
+        return [n for n in self.names if n not in self.optional]
 
 
 def load_goldens(spec: str, *, dtype: str | None = None) -> GoldenSet:
@@ -66,11 +87,11 @@ def load_goldens(spec: str, *, dtype: str | None = None) -> GoldenSet:
             )
             for e in es
         ]
-        return GoldenSet(outs, _scores(path, m), m)
+        return GoldenSet(outs, _scores(path, m), m, path)
     one = tio.load_tensor(spec, dtype=dtype)
     m = one.manifest
-    scores = _scores(path.parent / tio.MANIFEST, m) if m is not None else {}
-    return GoldenSet([one], scores, m)
+    mpath = path.parent / tio.MANIFEST if m is not None else None
+    return GoldenSet([one], _scores(mpath, m) if m is not None else {}, m, mpath)
 
 
 def _dir_key(spec: str) -> str:
@@ -86,7 +107,20 @@ def _names(m: dict) -> list[str]:
 
 
 def _scores(mpath: Path, m: dict) -> dict[str, np.ndarray]:
-    return {e["name"]: tio.load_from_manifest(mpath, e) for e in tio.entries(m, "scores")}
+    """The ``scores`` tensors; for the ops of :data:`_GOLDEN_SCORES` their golden output
+    ``scores`` (also when another output alone is selected)."""
+    es = tio.entries(m, "scores")
+    if m.get("op") in _GOLDEN_SCORES:
+        es += [e for e in tio.entries(m, "golden") if e["name"] == "scores"]
+    return {e["name"]: tio.load_from_manifest(mpath, e) for e in es}
+
+
+def _missing(names: list[str], golden: GoldenSet, where: str) -> list[str]:
+    """Notes for the outputs in ``names`` a dump lacks; a required one is a CliError."""
+    required = [n for n in names if n not in golden.optional]
+    if required:
+        raise CliError(f"{where}: no dump of golden output(s) {required} (required)")
+    return [f"no dump of optional output {n!r}: not judged" for n in names]
 
 
 def match_actuals(
@@ -109,39 +143,63 @@ def match_actuals(
         return [(outs[i], tio.load_tensor(str(path), like=outs[i], dtype=dtype))], []
     if len(outs) == 1:
         return [(outs[0], tio.load_tensor(spec, like=outs[0], dtype=dtype))], []
+    if len(golden.required) == 1 and key is None and path.suffix in (".npy", ".bin"):
+        g = outs[golden.names.index(golden.required[0])]
+        notes = _missing([n for n in golden.names if n != g.name], golden, str(spec))
+        return [(g, tio.load_tensor(spec, like=g, dtype=dtype))], notes
     return _by_name(spec, path, key, golden, dtype)
 
 
 def _by_name(spec, path: Path, key, golden: GoldenSet, dtype):
     names = golden.names
     if path.suffix in (".pt", ".pth") and key is None:
-        obj = tio.read_pt(path)
-        want = tio.dtype_from_name(dtype) if dtype is not None else None
-        if isinstance(obj, dict):
-            got = {n: obj[n] for n in names if n in obj}
-            arrays = [(n, got.get(n), f"{path}:{n}") for n in names]
-        else:
-            arrays = [
-                (n, obj[j] if j < len(obj) else None, f"{path}:{j}") for j, n in enumerate(names)
-            ]
-        if any(a is None for _, a, _ in arrays):
-            raise CliError(f"{path}: does not hold every golden output {names}")
-        pairs = [
-            (g, tio.Loaded(tio._reinterpret(a, want, src) if want else a, src))
-            for g, (_, a, src) in zip(golden.outputs, arrays, strict=True)
-        ]
-        return pairs, []
+        return _from_pt(path, golden, dtype)
     if path.suffix == ".npz" or path.name == tio.MANIFEST or path.is_dir():
+        held = _held_names(path)
         pairs = []
         for g, n in zip(golden.outputs, names, strict=True):
-            sub = f"{path / tio.MANIFEST}:{n}" if path.is_dir() else f"{path}:{n}"
-            pairs.append((g, tio.load_tensor(sub, like=g, dtype=dtype)))
-        return pairs, []
+            if n in held:
+                sub = f"{path / tio.MANIFEST}:{n}" if path.is_dir() else f"{path}:{n}"
+                pairs.append((g, tio.load_tensor(sub, like=g, dtype=dtype)))
+        return pairs, _missing([n for n in names if n not in held], golden, str(path))
     raise CliError(
         f"the golden has {len(names)} outputs {names}; ACTUAL {str(spec)!r} must hold them all "
         "(a CANN dump directory, a .pt list/dict, an .npz or a directory of <name>.npy) or "
         "name one golden output as GOLDEN:NAME"
     )
+
+
+def _held_names(path: Path) -> set[str]:
+    """The tensor names an ``.npz`` holds, or the golden names of a manifest / its directory."""
+    if path.suffix == ".npz":
+        with tio.reading(f"{str(path)!r} as .npz"), np.load(path, allow_pickle=False) as z:
+            if not hasattr(z, "files"):
+                raise ValueError("not an .npz file")
+            return set(z.files) - {tio.DTYPES_KEY}
+    m = tio.read_manifest(path / tio.MANIFEST if path.is_dir() else path)
+    return set(_names(m))
+
+
+def _from_pt(path: Path, golden: GoldenSet, dtype):
+    """A ``.pt`` dict answers by name; a list / tuple by position: every output, or the
+    required ones only, in the golden's order."""
+    obj = tio.read_pt(path)
+    want = tio.dtype_from_name(dtype) if dtype is not None else None
+    names = golden.names
+    if isinstance(obj, dict):
+        arrays = [(n, obj.get(n), f"{path}:{n}") for n in names]
+    else:
+        order = golden.required if len(obj) == len(golden.required) < len(names) else names
+        arrays = [(n, obj[j] if j < len(obj) else None, f"{path}:{j}") for j, n in enumerate(order)]
+        arrays += [(n, None, "") for n in names if n not in order]
+    notes = _missing([n for n, a, _ in arrays if a is None], golden, str(path))
+    by_name = dict(zip(names, golden.outputs, strict=True))
+    pairs = [
+        (by_name[n], tio.Loaded(tio._reinterpret(a, want, src) if want else a, src))
+        for n, a, src in arrays
+        if a is not None
+    ]
+    return sorted(pairs, key=lambda p: names.index(p[0].name or "")), notes
 
 
 def _from_directory(path: Path, golden: GoldenSet, dtype):
@@ -165,20 +223,22 @@ def _from_directory(path: Path, golden: GoldenSet, dtype):
         ]
         missing = [names[i] for i in range(len(outs)) if i not in by_index]
         extra = [by_index[i].name for i in sorted(by_index) if i >= len(outs)]
-        if missing:
-            raise CliError(f"{str(path)!r}: no dump of golden output(s) {missing}")
-        notes = [f"ignored device output {n} (the golden has {len(outs)})" for n in extra]
+        notes = _missing(missing, golden, repr(str(path)))
+        notes += [f"ignored device output {n} (the golden has {len(outs)})" for n in extra]
         return pairs, notes
-    pairs = []
+    pairs, absent = [], []
     for g, n in zip(outs, names, strict=True):
         f = path / f"{n}.npy"
         if not f.is_file():
             if len(outs) == 1 and len(npys) == 1:
                 f = npys[0]
+            elif n in golden.optional:
+                absent.append(n)
+                continue
             else:
                 raise CliError(
-                    f"{str(path)!r}: no {n}.npy and no CANN dump "
-                    "(<op_type>.<op_name>.<task>.<stream>.<timestamp>.output.<i>.npy)"
+                    f"{str(path)!r}: no {n}.npy (golden output {n!r}, required) and no CANN "
+                    "dump (<op_type>.<op_name>.<task>.<stream>.<timestamp>.output.<i>.npy)"
                 )
         pairs.append((g, tio.load_tensor(str(f), like=g, dtype=dtype)))
-    return pairs, []
+    return pairs, _missing(absent, golden, repr(str(path)))

@@ -5,6 +5,11 @@ tolerance, and the error distribution the report adds.
   the golden-aware checks; ids: per-row sets, tie-aware with the golden's block scores).
 * :func:`distribution` — percentiles (50/90/99/max) of ``|err|`` and of the ULP distance, and
   the relative L2 error.
+* the lightning indexer and the decode step (:data:`DSA_OPS`): :func:`judge_scores` (the
+  ``-inf`` visibility mask, then the float checks) and :func:`attention_golden` (the step's
+  attention judged against the golden recomputed with the device's ids when those differ from
+  the golden's only by score ties, else against the stored golden; ``docs/cli.md``, "Judging
+  the indexer and the decode step").
 """
 
 from __future__ import annotations
@@ -134,3 +139,89 @@ def judge(actual, golden, tol: dict, *, name: str, check_dtype=False, arithmetic
                                arithmetic=arithmetic, kind=kind)  # fmt: skip
     except (ValueError, TypeError) as e:
         raise CliError(str(e)) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# the lightning indexer and the decode step (``dsa_indexer``, ``dsa_decode_step``)
+
+#: the ops whose goldens hold ``topk_indices`` + ``scores`` (+ the step's attention ``out``)
+DSA_OPS = ("dsa_indexer", "dsa_decode_step")
+#: the id, score and attention outputs of those goldens
+IDS, SCORES, OUT = "topk_indices", "scores", "out"
+#: the indexer's scores: no published numbers, the golden-aware checks judge them
+SCORES_TOLERANCE = {"atol": None, "rtol": None, "ratio": 0.0, "mode": "ulp"}
+
+
+def ids_tolerance(tol: dict) -> dict:
+    """The id judge's tolerance: set equality, the ``ratio`` of a set-mode golden (the
+    indexer's) or 0 (the step's ``ratio`` is the attention's, per element)."""
+    ratio = tol["ratio"] if tol["mode"] == "set" else 0.0
+    return {"atol": 0.0, "rtol": 0.0, "ratio": ratio, "mode": "set"}
+
+
+def judge_scores(actual: np.ndarray, golden: np.ndarray, *, name: str, arithmetic="float64"):
+    """The indexer's FP32 scores ``[T, S]``: ``-inf`` (a position the row does not see) in
+    the golden must be ``-inf`` in ``actual`` too (the check "visibility (-inf)"); every other
+    element is judged by :func:`judge` under :data:`SCORES_TOLERANCE` (the default rule's
+    relative L2 / cosine checks, whatever ``--rule``). ``actual`` is not modified."""
+    from tilesim.reference.judge import Check
+
+    if actual.size != golden.size:
+        raise CliError(f"{name}: expected {golden.size} scores, got {actual.size}")
+    a = actual.reshape(golden.shape)
+    with np.errstate(invalid="ignore"):
+        hidden = np.isneginf(golden.astype(np.float64))
+        differ = hidden != np.isneginf(a.astype(np.float64))
+    rep = judge(np.where(hidden, np.zeros((), a.dtype), a), np.where(hidden, 0, golden),
+                SCORES_TOLERANCE, name=name, arithmetic=arithmetic, kind="float")  # fmt: skip
+    n_bad = int(differ.sum())
+    where = tuple(int(i) for i in np.argwhere(differ)[0]) if n_bad else None
+    txt = f"{int(hidden.sum())} positions not visible (-inf in the golden); {n_bad} differ"
+    rep.checks.insert(0, Check("visibility (-inf)", n_bad == 0, n_bad, 0, where, txt))
+    rep.passed = rep.passed and n_bad == 0
+    return rep
+
+
+def ids_tie_only(rep) -> bool:
+    """Do the judged ids differ from the golden's at most by accepted score ties (and order
+    within rows)? The default rule's id report has no wrong row; the seeds' rule passed."""
+    return not rep.ids.wrong if rep.ids is not None else rep.passed
+
+
+def attention_golden(gs, ids: np.ndarray | None, ids_rep, stored: np.ndarray):
+    """``(golden out, which)``: the decode step's attention golden to judge a dump against.
+
+    The stored golden, unless the device's ids (``ids``, judged by ``ids_rep``) differ from
+    the golden's only by accepted ties or order: then the golden recomputed with exactly those
+    ids (:func:`tilesim.reference.dsa_step.step_attention` on the golden directory's inputs and
+    params). ``which`` says which one, in words."""
+    if ids is None or ids_rep is None:
+        return stored, "the stored golden: no ids judged with it"
+    if not ids_tie_only(ids_rep):
+        return stored, "the stored golden: the ids differ beyond ties"
+    g_ids = gs.outputs[gs.names.index(IDS)].array
+    ids = ids.reshape(g_ids.shape)
+    if np.array_equal(ids, g_ids):
+        return stored, "the stored golden: the ids are the golden's"
+    how = "score ties" if ids_rep.ids is not None and ids_rep.ids.tied else "order within rows"
+    out = _recompute_attention(gs, ids.astype(np.int32))
+    return out, f"the golden recomputed with the device's ids: they differ by {how}"
+
+
+def _recompute_attention(gs, ids: np.ndarray) -> np.ndarray:
+    from tilesim.cli.replay import decode, golden_inputs, golden_manifest
+    from tilesim.reference.dsa_step import attention_arguments, step_attention
+
+    found = golden_manifest(gs.path) if gs.path is not None else None
+    if found is None:
+        raise CliError(
+            "the attention golden must be recomputed with the device's ids, which needs the "
+            "golden directory (its inputs and params): compare against the directory"
+        )
+    mpath, m = found
+    params = {k: decode(v, f"{mpath}: params.{k}") for k, v in m.get("params", {}).items()}
+    args = attention_arguments({**golden_inputs(mpath, m), **params})
+    try:
+        return np.asarray(step_attention(ids, **args, progress=False))
+    except (ValueError, TypeError) as e:
+        raise CliError(f"recomputing the attention with the device's ids: {e}") from None

@@ -2,9 +2,10 @@
 
 Written without ``tilesim.reference`` or ``tilesim.shared.dsa_indexer``: one query row and one
 logical position at a time, the cache read through the block table by hand (the FP8 page bytes
-decoded with ``struct``), integer dots in Python ints, the head sums with ``math.fsum`` and
-every FP16 / FP32 step as a NumPy scalar operation. :func:`oracle_topk` is the tie rule as a
-plain ``sorted`` on ``(-score, position)``.
+decoded with ``struct``), integer dots in Python ints, every FP16 / FP32 step as a NumPy
+scalar operation, and the kernel's head sum (an FP32 halving tree) as a recursive pairwise
+sum of FP32 scalars (``_tree``; the "pypto" order keeps ``math.fsum``, rounded once).
+:func:`oracle_topk` is the tie rule as a plain ``sorted`` on ``(-score, position)``.
 """
 
 from __future__ import annotations
@@ -38,14 +39,23 @@ def _key_fp8(pages, bt_row, p: int, bs: int):
     return codes.tolist(), F32(scale)
 
 
+def _tree(terms: list) -> np.float32:
+    """FP32 sum of ``terms`` (a power-of-two count): element ``i`` of the lower half plus
+    element ``i`` of the upper half, recursively, each add one FP32 rounding."""
+    if len(terms) == 1:
+        return F32(terms[0])
+    h = len(terms) // 2
+    return _tree([F32(F32(a) + F32(b)) for a, b in zip(terms[:h], terms[h:], strict=True)])
+
+
 def _score_gym(qi, qs, w, key, ks) -> np.float32:
     terms = []
     for h in range(64):
         d = sum(a * b for a, b in zip(qi[h], key, strict=True))
         v = F16(max(d, 0) / 2048.0)  # exact quotient, one FP16 rounding
         wh = F16(qs[h]) * F16(w[h])  # NumPy FP16 scalar product
-        terms.append(float(wh) * float(v))
-    return F32(math.fsum(terms)) * ks
+        terms.append(F32(float(wh) * float(v)))  # exact: FP16 x FP16 fits FP32
+    return _tree(terms) * ks
 
 
 def _score_pypto(qi, qs, w, key, ks) -> np.float32:
@@ -65,8 +75,8 @@ def _score_fp8(qi, w, key, ks) -> np.float32:
     terms = []
     for h in range(64):
         logit = F32(math.fsum(a * b for a, b in zip(qi[h], key, strict=True)))
-        terms.append(float(max(logit, F32(0)) * F32(w[h])))
-    return F32(math.fsum(terms)) * ks
+        terms.append(max(logit, F32(0)) * F32(w[h]))
+    return _tree(terms) * ks
 
 
 def oracle_indexer(inputs: dict, *, path="int8", int8_order="gym", topk=2048, block_size=128,

@@ -171,3 +171,35 @@ def test_softmax_merge_formulas_step_by_step():
         SoftmaxMerge("lazy")
     with pytest.raises(ValueError, match="no tile"):
         SoftmaxMerge().normalized()
+
+
+def _pairwise_python(vals):
+    """FP32 halving tree, element by element in Python with NumPy FP32 scalars."""
+    vals = [np.float32(v) for v in vals]
+    while len(vals) > 1:
+        h = len(vals) // 2
+        vals = [np.float32(vals[i] + vals[i + h]) for i in range(h)]
+    return vals[0]
+
+
+@pytest.mark.parametrize("n", [1, 2, 4, 64])
+def test_halving_sum_fp32_is_the_halving_tree(n):
+    from tilesim.reference.arith import halving_sum_fp32
+
+    rng = np.random.default_rng(n)
+    x = (rng.standard_normal((n, 5, 3)) * 10.0 ** rng.integers(-3, 4, (n, 5, 3))).astype(np.float32)
+    got = halving_sum_fp32(x, axis=0)
+    want = np.array([[_pairwise_python(x[:, i, j]) for j in range(3)] for i in range(5)])
+    assert got.dtype == np.float32 and got.shape == (5, 3)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    # and within the tree's bound of the exact sum: log2(n) roundings of partial sums
+    exact = x.astype(np.float64).sum(axis=0)
+    bound = max(1, int(np.log2(n))) * 2.0**-24 * np.abs(x.astype(np.float64)).sum(axis=0)
+    assert (np.abs(got - exact) <= bound).all()
+
+
+def test_halving_sum_fp32_refuses_a_length_that_is_not_a_power_of_two():
+    from tilesim.reference.arith import halving_sum_fp32
+
+    with pytest.raises(ValueError, match="power-of-two length on axis 1, got 3"):
+        halving_sum_fp32(np.zeros((2, 3), np.float32), axis=1)

@@ -1,0 +1,204 @@
+"""DeepSeek-V3.2 lightning indexer on Ascend — one PyPTO kernel: scores and top-k on the device.
+
+Same name and arguments as the golden :func:`tilesim.reference.dsa_indexer` (contract:
+:mod:`tilesim.shared.dsa_indexer`), plus ``backend`` / ``soc`` / ``validate``; NumPy arrays or
+torch tensors in, the same kind out (:mod:`tilesim.device.backend`). The kernel
+(:mod:`tilesim.device._dsa_indexer_kernel`, whose docstring has the loop nest and the
+selection) writes both outputs on the inputs' device: the FP32 scores and the INT32 ids, which
+stay there for the sparse-attention kernel (no device-to-host copy unless ``validate``).
+
+What the kernel computes, per path:
+
+* ``"int8"`` (910B and 950), the ``int8_order="gym"`` rounding order: ``v = FP16(relu(d) *
+  2^-11)`` of the exact INT32 dot, ``w = FP16(q_scale * weights)``, the head sum of ``w * v``
+  in FP32 as a fixed pairwise tree (:func:`tilesim.device._dsa_indexer_kernel.head_sum`; the
+  products are exact, the tree fixes every rounding), times the FP32 k scale;
+* ``"fp8"`` (950 only): FP32 logits of the E4M3 codes, ``relu * weight``, the same tree, times
+  the k scale read from the page (the cache is handed to the kernel twice, as 128-byte E4M3
+  rows and as FP32 words of the same memory: PyPTO 0.2.0 cannot reinterpret FP8 bytes).
+
+Compile key (one kernel per model config): the path, block size, ``topk``, the cache's row
+count (a deployment constant: PyPTO 0.2.0's ``view`` needs static shapes) and the block
+table's width padded to a power of two with ``-1`` columns (never read), so a growing context
+costs one compile per doubling -- the same bucket as the sparse-attention kernel. Batch,
+``s1`` and every length are runtime values. The score buffer is that padded width wide
+(prefilled with ``-inf`` on the device); the caller gets its first ``max_blocks *
+block_size`` columns (a view when padded).
+
+Not supported by the kernel (``ValueError`` before launch; the golden covers them):
+``q_lens`` (prefill / ragged rows), ``int8_order="pypto"``, ``topk`` not a multiple of 32,
+FP8 with ``block_size`` not a multiple of 32.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from tilesim.device import backend as _backend
+from tilesim.device._lazy import require_torch
+from tilesim.shared.dsa_indexer import Args, check_meta, check_values
+from tilesim.shared.soc import DEFAULT_SOC
+from tilesim.shared.validate import check_bool, check_choice
+
+#: ``topk`` and the FP8 block size must be multiples of this (32-element sort groups, and
+#: the FP8 page's scales as whole 128-byte rows)
+ALIGN = 32
+
+
+def padded_columns(max_blocks: int, topk: int, block_size: int) -> int:
+    """Block-table columns the kernel is built for: the smallest power of two holding
+    ``max_blocks`` and at least ``topk`` tokens (the selection reads ``topk`` columns)."""
+    need = max(int(max_blocks), -(-int(topk) // int(block_size)), 1)
+    return 1 << (need - 1).bit_length()
+
+
+def _check_kernel_limits(a: Args) -> None:
+    """What the kernel cannot do on top of the shared checks (``ValueError``)."""
+    if a.s1 is None:  # q_lens given: prefill / ragged rows
+        raise ValueError(
+            "q_lens: expected None (decode, s1 = T // B rows per batch) for the device kernel, "
+            "got an array; prefill / ragged rows are golden-only (tilesim.reference.dsa_indexer)"
+        )
+    if a.path == "int8" and a.int8_order != "gym":
+        raise ValueError(f"int8_order: the kernel implements 'gym' only, got {a.int8_order!r}")
+    if a.topk % ALIGN:
+        raise ValueError(f"topk: expected a multiple of {ALIGN} for the kernel, got {a.topk}")
+    if a.path == "fp8" and a.block_size % ALIGN:
+        raise ValueError(
+            f"block_size: expected a multiple of {ALIGN} for the FP8 kernel (the page's scales "
+            f"as whole 128-byte rows), got {a.block_size}"
+        )
+
+
+def _kernel_inputs(a: Args, dev):
+    """The kernel's input tensors (zero-copy views where possible) on ``dev``."""
+    torch = require_torch()
+    q, w, kc, bt, lens = _backend.to_tensors(a.q, a.weights, a.k_cache, a.block_table, a.seq_lens)
+    t, bs = a.rows, a.block_size
+    cols = padded_columns(a.max_blocks, a.topk, bs)
+    table = torch.full((a.n_b, cols), -1, dtype=torch.int32, device=dev)
+    table[:, : a.max_blocks] = bt.to(device=dev, dtype=torch.int32)
+    q2 = q.contiguous().reshape(t * 64, 128)
+    w2 = w.contiguous().reshape(t * 64, 1)
+    if a.path == "int8":
+        qs, ks = _backend.to_tensors(a.q_scale, a.k_scale)
+        head = [q2, qs.contiguous().reshape(t * 64, 1), w2, kc.contiguous().reshape(-1, 128),
+                ks.contiguous()]  # fmt: skip
+    else:
+        pages = kc.contiguous()
+        head = [q2, w2, pages.view(torch.float8_e4m3fn).reshape(-1, 128), pages.view(torch.float32)]
+    width = cols * bs
+    const = [-torch.arange(width, dtype=torch.float32, device=dev)[None],
+             torch.arange(a.topk, dtype=torch.float32, device=dev)[None]]  # fmt: skip
+    lens32 = lens.to(device=dev, dtype=torch.int32).contiguous()
+    codes = head[3] if a.path == "int8" else head[2]
+    return [*head, table, lens32, *const], width, (codes.shape[0], cols)
+
+
+def prepared_launch(*args, soc=DEFAULT_SOC, validate=True, scores_only=False, **kwargs) -> dict:
+    """What :func:`dsa_indexer` (``backend="sim"``) would launch for these arguments, checks
+    included, without launching: ``{"kernel", "inputs", "outputs", "width", "target"}`` -- the
+    kernel with its static parameters bound and the exact tensors (``outputs`` = the padded
+    scores, the ids). ``scores_only``: the same kernel without the selection (the reports'
+    cost split). Run it with ``tilesim.device.sim.run_compile(kernel, [*inputs, *outputs])``
+    (compile only), ``run_cost`` or ``run_kernel``."""
+    check_bool(scores_only, "scores_only")
+    a, shape_only = _checked(args, kwargs, validate)
+    if shape_only:
+        raise ValueError("dsa_indexer: shape-only inputs launch no kernel")
+    return _prepare(a, _target(a, "sim", soc), select=not scores_only)
+
+
+def _prepare(a: Args, target, select: bool = True) -> dict:
+    from tilesim.device import _dsa_indexer_kernel as kernels
+
+    torch = require_torch()
+    dev = _backend.to_tensors(a.q)[0].device
+    inputs, width, static_dims = _kernel_inputs(a, dev)
+    params = kernels.IndexerParams(path=a.path, block_size=a.block_size, topk=a.topk,
+                                   width=width, select=select)  # fmt: skip
+    kernel = kernels.build(params, static_dims)
+    outputs = [torch.full((a.rows, width), float("-inf"), dtype=torch.float32, device=dev),
+               torch.full((a.rows, a.topk), -1, dtype=torch.int32, device=dev)]  # fmt: skip
+    return {"kernel": functools.partial(kernel, params=params), "inputs": inputs,
+            "outputs": outputs, "width": width, "target": target}  # fmt: skip
+
+
+def _checked(args: tuple, kwargs: dict, validate) -> tuple[Args, bool]:
+    """The shared contract's :func:`~tilesim.shared.dsa_indexer.check_meta`, then
+    :func:`~tilesim.shared.dsa_indexer.check_values` (host copies) when ``validate`` and the
+    inputs hold data, then the kernel's limits."""
+    check_bool(validate, "validate")
+    a = check_meta(*args, **kwargs)
+    shape_only = _backend.is_shape_only(a.q, a.weights, a.k_cache, a.block_table, a.seq_lens)
+    if validate and not shape_only:
+        a = check_values(a)
+    _check_kernel_limits(a)
+    return a, shape_only
+
+
+def _target(a: Args, backend: str, soc: str):
+    target = _backend.resolve(backend, soc, a.q)
+    if a.path == "fp8" and target.soc != "950":
+        raise ValueError(
+            f"path: 'fp8' needs the Ascend 950 (the 910B has no FP8 type); this call targets "
+            f"{target.soc!r} -- use path='int8' on 910B, or soc='950' in the simulator"
+        )
+    return target
+
+
+def _finish(ids, scores, us, target):
+    """``(ids, scores)`` (NumPy for NumPy input), paired with ``cost_us`` on the simulator."""
+    if target.numpy_io:
+        from tilesim.shared.interop import to_numpy
+
+        ids, scores = to_numpy(ids).copy(), to_numpy(scores).copy()
+    return ((ids, scores), 0.0 if us is None else us) if target.sim else (ids, scores)
+
+
+@_backend.graph_safe
+def dsa_indexer(q, weights, k_cache, block_table, seq_lens, *, q_scale=None, k_scale=None,
+                q_lens=None, path="int8", int8_order="gym", topk=2048, block_size=128,
+                backend="auto", soc=DEFAULT_SOC, validate=True):  # fmt: skip
+    """Lightning indexer on the device: ``(topk_indices, scores)``.
+
+    Arguments as :func:`tilesim.reference.dsa_indexer` (checked by the same contract,
+    :mod:`tilesim.shared.dsa_indexer`); decode only (``q_lens=None``: ``s1 = T // B`` rows per
+    batch, ``1 <= s1 <= 4``), ``int8_order="gym"``. Device-only keywords: ``backend``
+    (``"npu"``, ``"sim"`` or ``"auto"``, :func:`tilesim.device.backend.resolve`), ``soc``
+    (the simulator's target, ``"910b"`` or ``"950"``; FP8 needs ``"950"``) and ``validate``
+    (``True``: host copies of the lengths, the block table and the read scales for the
+    contract's value checks; ``False``: metadata only -- bad values are then undefined).
+
+    Returns INT32 ``[T, topk]`` ids (the ``min(topk, visible)`` best positions, score
+    descending, equal scores lower position first, then ``-1``) and FP32 ``[T, max_blocks *
+    block_size]`` scores (``-inf`` where a row sees no token), on the inputs' device; NumPy
+    arrays for NumPy input; with ``backend="sim"`` the pair ``((ids, scores), cost_us)``.
+    FakeTensor / ``meta`` inputs: empty outputs of those shapes, no data read, no kernel.
+    Inputs are never modified.
+    """
+    kw = dict(q_scale=q_scale, k_scale=k_scale, q_lens=q_lens, path=path, int8_order=int8_order,
+              topk=topk, block_size=block_size)  # fmt: skip
+    a, shape_only = _checked((q, weights, k_cache, block_table, seq_lens), kw, validate)
+    width = a.max_blocks * a.block_size
+    if shape_only:
+        torch = require_torch()
+        check_choice(backend, "backend", _backend.BACKENDS)
+        return (q.new_empty((a.rows, a.topk), dtype=torch.int32),
+                q.new_empty((a.rows, width), dtype=torch.float32))  # fmt: skip
+    target = _target(a, backend, soc)
+    run = _prepare(a, target)
+    scores, ids = run["outputs"]
+    us = _backend.launch(run["kernel"], run["inputs"], run["outputs"], target)
+    return _finish(ids, scores[:, :width], us, target)
+
+
+def dsa_indexer_traffic(args: Args) -> dict:
+    """HBM bytes and FLOPs of one call (the physical-limit columns of the reports): the op's
+    one counter :func:`tilesim.shared.dsa_indexer.cost` (``args`` from ``check_values``)."""
+    from tilesim.shared.dsa_indexer import cost
+
+    return cost(args)
+
+
+__all__ = ["ALIGN", "dsa_indexer", "dsa_indexer_traffic", "padded_columns", "prepared_launch"]

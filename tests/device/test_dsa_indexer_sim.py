@@ -1,0 +1,475 @@
+"""DeepSeek-V3.2 lightning indexer kernel on PyPTO's CPU simulator (910B INT8, 950 FP8).
+
+What is asserted, per SoC (910B: the INT8 path; 950: the FP8 path):
+
+1. scores (FP32 ``[T, S]``): bit for bit the float64/NumPy model of this file
+   (:func:`model_scores`: exact dots, the FP16 roundings of the INT8 path, the kernel's pairwise
+   head-sum tree in FP32, the k scale), ``-inf`` at every position a row does not see (FP8:
+   on integer E4M3 codes, where every dot is exact in FP32 in any summation order; the
+   ``"wide codes"`` case only within the FP32 dot bound: PyPTO's interpreter sums a matmul in
+   libtorch's order); against
+   the golden :func:`tilesim.reference.dsa_indexer` (which models the same head-sum tree) bit
+   for bit wherever the model is exact, else within the FP32 dot bound; the ids then equal
+   the golden's (the same scores, the same tie rule);
+2. ids: equal to the shared rule :func:`tilesim.shared.dsa_indexer.select_topk` on the
+   kernel's own scores AND to an independent Python sort on ``(-score, position)`` --
+   including rows with ties at several levels across the boundary, all-tie rows, rows
+   shorter than ``topk`` (``-1`` padding) and rows at ``topk - 1``, ``topk``, ``topk + 1``;
+3. NaN-poisoned cache rows the rows never see (other blocks, the tail of the last block,
+   INT8 k scales / FP8 codes and scales) change no output bit;
+4. NumPy in -> NumPy out, torch in (``validate=False``) -> torch out with the same bits,
+   inputs untouched, one compile for several batches / lengths / ``s1``.
+
+The small cases use ``topk = 64`` and 64-token blocks so that each interprets in seconds (the
+selection's logic does not depend on ``k``), plus one case at DeepSeek's sizes (topk 2048,
+128-token blocks, rows at 2048 / 2049 / 4099 / 4100 visible tokens). Compile checks at the NPU
+test shapes (decode b4 s2 and, ``slow``, b64 s2 over 64K). The cost-model rows (decode b4 s2 /
+b64 s2 over 64K, cost only, with the HBM bound, the matmul-only probe
+``tests/probes/dsa_indexer_probe.py`` and the selection's share = 1 - scores-only build /
+kernel) are ``slow``: 1.5-2 min of CPU per SoC at b4, about 16 times that at b64.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+TOPK = 64
+BS = 64
+
+
+# ----------------------------------------------------------------------------- case builder
+def make_case(path, lens, s1, *, seed=0, topk=TOPK, bs=BS, data="randn", num_blocks=40,
+              cols=16):  # fmt: skip
+    """Inputs of one decode call (NumPy, the contract's dtypes) with random paged blocks.
+
+    ``data``: ``"randn"`` random codes (FP8: integers in [-16, 16], so that every dot is exact
+    in FP32 whatever the summation order; ``"wide"``: up to ~+-40, where it is not);
+    ``"levels"`` keys drawn from 16 distinct rows and one k
+    scale (scores tie at several levels); ``"zeros"`` every score 0 (all-tie rows). The
+    ``num_blocks`` physical blocks (a fixed pool: one compile) include some no row uses (the
+    NaN-poison test fills them)."""
+    from tilesim.shared.casts import FP8_E4M3
+    from tilesim.shared.index_cache import pack_fp8_pages
+
+    g = np.random.default_rng(seed)
+    b, t = len(lens), len(lens) * s1
+    nblk = [-(-n // bs) for n in lens]
+    nb = num_blocks
+    bt = np.full((b, cols), -1, np.int32)
+    perm = g.permutation(nb)
+    start = np.concatenate([[0], np.cumsum(nblk)])
+    for i, n in enumerate(nblk):
+        bt[i, :n] = perm[start[i] : start[i] + n]
+    if path == "int8":
+        q = g.integers(-127, 128, (t, 64, 128)).astype(np.int8)
+        codes = g.integers(-127, 128, (nb, bs, 128)).astype(np.int8)
+    elif data == "wide":  # E4M3 codes up to ~+-40: the FP32 dots may round (order-dependent)
+        q = g.standard_normal((t, 64, 128)).astype(FP8_E4M3)
+        codes = (g.standard_normal((nb, bs, 128)) * 8).astype(FP8_E4M3)
+    else:  # integer E4M3 codes in [-16, 16]: every dot is exact in FP32, in any order
+        q = g.integers(-16, 17, (t, 64, 128)).astype(FP8_E4M3)
+        codes = g.integers(-16, 17, (nb, bs, 128)).astype(FP8_E4M3)
+    ks = g.uniform(0.001, 0.02, (nb, bs))
+    if data == "levels":
+        codes = codes[0, :16][g.integers(0, 16, (nb, bs))]
+        ks[:] = 0.01
+    elif data == "zeros":
+        codes = np.zeros_like(codes)
+    inp = {"block_table": bt, "seq_lens": np.asarray(lens, np.int32)}
+    if path == "int8":
+        inp.update(q=q, q_scale=g.uniform(0.001, 0.02, (t, 64)).astype(np.float16),
+                   weights=g.standard_normal((t, 64)).astype(np.float16), k_cache=codes,
+                   k_scale=ks.astype(np.float16))  # fmt: skip
+    else:
+        scales = (ks * 5).astype(np.float32)
+        inp.update(q=q, weights=(g.standard_normal((t, 64)) * 0.1).astype(np.float32),
+                   k_cache=pack_fp8_pages(codes, scales))  # fmt: skip
+    return inp, {"path": path, "topk": topk, "block_size": bs}
+
+
+def poison(inp, prm):
+    """A copy of the case with NaN in every cache entry no row sees: spare blocks and the
+    tail of each batch's last block (INT8: the k scales; FP8: codes and scales)."""
+    from tilesim.shared.index_cache import fp8_scale_offset
+
+    out = {k: np.array(v, copy=True) for k, v in inp.items()}
+    bs = prm["block_size"]
+    seen = np.zeros((out["k_cache"].shape[0], bs), bool)
+    for b, n in enumerate(out["seq_lens"].tolist()):
+        for p in range(n):
+            seen[out["block_table"][b, p // bs], p % bs] = True
+    if prm["path"] == "int8":
+        out["k_scale"][~seen] = np.float16(np.nan)
+        return out
+    off = fp8_scale_offset(bs)
+    pages = out["k_cache"]
+    blk, tok = np.nonzero(~seen)
+    for j in range(128):
+        pages[blk, tok * 128 + j] = 0x7F  # E4M3 NaN
+    for j in range(4):
+        pages[blk, off + 4 * tok + j] = 0xFF  # FP32 NaN (0xFFFFFFFF)
+    return out
+
+
+# ----------------------------------------------------------------------------- the model
+def _visible(inp, s1):
+    lens = inp["seq_lens"].astype(np.int64)
+    return np.concatenate([[n - (s1 - 1 - r) for r in range(s1)] for n in lens])
+
+
+def _row_keys(inp, prm, b, n):
+    """Codes float64 ``[n, 128]`` and scales float64 ``[n]`` of batch ``b``'s first ``n``
+    tokens, read through the block table (the FP8 page split by hand, not by the packer)."""
+    from tilesim.shared.casts import FP8_E4M3
+
+    bs = prm["block_size"]
+    pos = np.arange(n)
+    blk = inp["block_table"][b, pos // bs]
+    if prm["path"] == "int8":
+        return inp["k_cache"][blk, pos % bs].astype(np.float64), inp["k_scale"][blk, pos % bs]
+    pages = inp["k_cache"][blk]
+    tok = (pos % bs)[:, None]
+    codes = np.take_along_axis(pages, tok * 128 + np.arange(128), 1).view(FP8_E4M3)
+    sc = np.take_along_axis(pages, bs * 128 + tok * 4 + np.arange(4), 1).copy().view("<f4")
+    return codes.astype(np.float64), sc[:, 0]
+
+
+def _tree(t):
+    """The kernel's head sum: FP32 halves 32, 16, .., 1."""
+    t = t.astype(np.float32)
+    while t.shape[0] > 1:
+        h = t.shape[0] // 2
+        t = t[:h] + t[h:]
+    return t[0]
+
+
+def model_scores(inp, prm, s1):
+    """FP32 ``[T, max_blocks*bs]``: the kernel's arithmetic in float64 / NumPy FP16 / FP32."""
+    f16, f32 = np.float16, np.float32
+    bt = inp["block_table"]
+    t = bt.shape[0] * s1
+    out = np.full((t, bt.shape[1] * prm["block_size"]), -np.inf, f32)
+    vis = _visible(inp, s1)
+    for row in range(t):
+        k, ks = _row_keys(inp, prm, row // s1, int(vis[row]))
+        d = inp["q"][row].astype(np.float64) @ k.T  # exact: small integers / E4M3 grid
+        if prm["path"] == "int8":
+            v = (np.maximum(d, 0) * 2.0**-11).astype(f16).astype(f32)
+            w = (inp["q_scale"][row].astype(f32) * inp["weights"][row].astype(f32)).astype(f16)
+            terms = v * w.astype(f32)[:, None]
+        else:
+            terms = np.maximum(d.astype(f32), 0) * inp["weights"][row][:, None]
+        with np.errstate(invalid="ignore", over="ignore"):
+            out[row, : vis[row]] = _tree(terms) * ks.astype(f32)
+    return out
+
+
+def sorted_ids(scores, vis, topk):
+    """Independent oracle: Python ``sorted`` on ``(-score, position)`` per row, then ``-1``."""
+    out = np.full((scores.shape[0], topk), -1, np.int32)
+    for i, n in enumerate(vis.tolist()):
+        order = sorted(range(n), key=lambda j, r=scores[i]: (-float(r[j]), j))[:topk]
+        out[i, : len(order)] = order
+    return out
+
+
+# ----------------------------------------------------------------------------- child checks
+def check_case(inp, prm, s1, soc) -> dict:
+    from tilesim.device.dsa_indexer import dsa_indexer
+    from tilesim.reference import dsa_indexer as golden
+    from tilesim.shared.dsa_indexer import select_topk
+
+    before = {k: np.array(v, copy=True) for k, v in inp.items()}
+    (ids, scores), us = dsa_indexer(**inp, **prm, backend="sim", soc=soc)  # NumPy in
+    vis = _visible(inp, s1)
+    want = model_scores(inp, prm, s1)
+    g_ids, g_scores = golden(**inp, **prm)
+    kernel_rule = select_topk(scores, vis, prm["topk"])
+    fin = np.isfinite(want)
+    got, gold = scores[fin], g_scores[fin]
+    err = np.abs(got.astype(np.float64) - gold)
+    k = prm["topk"]
+    pad_ok = all((ids[i, min(n, k) :] == -1).all() and (ids[i, : min(n, k)] >= 0).all()
+                 for i, n in enumerate(vis))  # fmt: skip
+    return {
+        "us": us,
+        "numpy_out": isinstance(ids, np.ndarray) and ids.dtype == np.int32,
+        "shape": (ids.shape, scores.shape),
+        "scores_exact": bool(np.array_equal(scores.view(np.uint32), want.view(np.uint32))),
+        "model_exact": float((got.view(np.uint32) == want[fin].view(np.uint32)).mean()),
+        "mask_ok": bool(np.array_equal(np.isfinite(scores), fin)),
+        "golden_exact": float((got.view(np.uint32) == gold.view(np.uint32)).mean()),
+        "golden_within": bool((err <= _tree_bound(inp, prm, s1, want)[fin]).all()),
+        "ids_rule": bool(np.array_equal(ids, kernel_rule)),
+        "ids_sorted": bool(np.array_equal(ids, sorted_ids(scores, vis, k))),
+        "ids_golden": bool(np.array_equal(ids, g_ids)) if np.array_equal(got, gold) else None,
+        "pad_ok": bool(pad_ok),
+        "boundary_ties": _boundary_ties(want, vis, k),
+        "inputs_kept": all(np.array_equal(before[n], inp[n], equal_nan=True) for n in inp),
+        "ids": ids,
+        "scores": scores,
+    }
+
+
+def _boundary_ties(scores, vis, topk) -> tuple[int, int]:
+    """``(rows whose k-th best score is shared with a position left out, rows with a tie
+    above it)``: that the case exercises the tie rule at the boundary and inside the list."""
+    across = above = 0
+    for i, n in enumerate(vis.tolist()):
+        if n <= topk:
+            continue
+        row = np.sort(scores[i, :n])[::-1]
+        tau = row[topk - 1]
+        across += int((row[topk:] == tau).any())
+        top = row[:topk][row[:topk] > tau]
+        above += int(np.unique(top).size < top.size)
+    return across, above
+
+
+def _tree_bound(inp, prm, s1, want):
+    """|tree - exact sum| <= 6 levels * 2^-24 * sum|terms| (times the scale), per position,
+    from the model's terms recomputed in float64 (a generous first-order bound)."""
+    bt = inp["block_table"]
+    out = np.zeros_like(want, dtype=np.float64)
+    vis = _visible(inp, s1)
+    for row in range(bt.shape[0] * s1):
+        k, ks = _row_keys(inp, prm, row // s1, int(vis[row]))
+        d = np.maximum(inp["q"][row].astype(np.float64) @ k.T, 0)
+        if prm["path"] == "int8":
+            w = inp["q_scale"][row].astype(np.float32) * inp["weights"][row].astype(np.float32)
+            d = d * 2.0**-11 * np.abs(w.astype(np.float16).astype(np.float64))[:, None]
+        else:  # plus the FP32 dot bound: 128 * 2^-24 * sum_d |q_d k_d| per logit
+            qk = np.abs(inp["q"][row].astype(np.float64)) @ np.abs(k.T)
+            d = (d + 128 * qk) * np.abs(inp["weights"][row].astype(np.float64))[:, None]
+        out[row, : vis[row]] = 8 * 2.0**-24 * d.sum(0) * np.abs(ks.astype(np.float64))
+    return out
+
+
+# ----------------------------------------------------------------------------- tests
+#: name -> (lens, s1, data): rows below, at and above topk; several batches
+CASES = {
+    "b2 s2 randn": ((300, 700), 2, "randn"),
+    "b4 s1 short rows": ((40, 63, 64, 65), 1, "randn"),  # < topk, topk - 1, topk, topk + 1
+    "b1 s4 tie levels": ((500,), 4, "levels"),
+    "b2 s2 all-tie": ((130, 257), 2, "zeros"),
+    "b2 s1 wide codes": ((200, 333), 1, "wide"),  # FP8: within the FP32 dot bound only
+}
+
+
+def _soc_path(soc):
+    return "int8" if soc == "910b" else "fp8"
+
+
+def torch_in(inp, prm, want, soc) -> dict:
+    """Torch tensors in (``validate=False``: metadata only) -> torch tensors out, the same
+    bits as the NumPy call ``want``."""
+    import torch
+    from tilesim.device.dsa_indexer import dsa_indexer
+
+    tin = {k: torch.from_numpy(np.ascontiguousarray(v).view(np.uint8))
+           if v.dtype.kind == "V" else torch.from_numpy(v) for k, v in inp.items()}  # fmt: skip
+    if prm["path"] == "fp8":
+        tin["q"] = tin["q"].view(torch.float8_e4m3fn)
+    (ids, scores), _ = dsa_indexer(**tin, **prm, backend="sim", soc=soc, validate=False)
+    return {
+        "torch_out": isinstance(ids, torch.Tensor) and ids.dtype == torch.int32,
+        "same": bool(np.array_equal(ids.numpy(), want["ids"]))
+        and bool(np.array_equal(scores.numpy().view(np.uint32), want["scores"].view(np.uint32))),
+    }
+
+
+def run_cases(soc) -> dict:
+    from tilesim.device import compile_stats, reset_compile_stats
+
+    reset_compile_stats()
+    res = {}
+    for name, (lens, s1, data) in CASES.items():
+        inp, prm = make_case(_soc_path(soc), lens, s1, seed=len(name), data=data)
+        res[name] = check_case(inp, prm, s1, soc)
+    inp, prm = make_case(_soc_path(soc), (300, 700), 2, seed=7)
+    clean = check_case(inp, prm, 2, soc)
+    dirty = check_case(poison(inp, prm), prm, 2, soc)
+    res["torch in"] = torch_in(inp, prm, clean, soc)
+    res["stats"] = compile_stats()
+    # DeepSeek's own sizes: topk 2048, 128-token blocks, rows at 2048, 2049, 4099, 4100
+    inp2, prm2 = make_case(_soc_path(soc), (2049, 4100), 2, seed=11, topk=2048, bs=128,
+                           num_blocks=60, cols=64)  # fmt: skip
+    res["b2 s2 topk 2048 seq 2049, 4100"] = check_case(inp2, prm2, 2, soc)
+    res["nan poison"] = {
+        "same_ids": bool(np.array_equal(clean["ids"], dirty["ids"])),
+        "same_scores": bool(
+            np.array_equal(clean["scores"].view(np.uint32), dirty["scores"].view(np.uint32))
+        ),  # fmt: skip
+    }
+    return res
+
+
+@pytest.mark.sim
+@pytest.mark.torch
+def test_indexer_kernel(sim_soc, sim_report):
+    from tilesim.device import sim
+
+    r = sim.isolated(run_cases, sim_soc, soc=sim_soc, timeout=1800)
+    for name in (*CASES, "b2 s2 topk 2048 seq 2049, 4100"):
+        c = r[name]
+        sim_report.add(kernel="dsa_indexer", soc=sim_soc, case=f"{_soc_path(sim_soc)} {name}",
+                       bit_exact=c["model_exact"], max_ulp=None, max_abs=None,
+                       us=c["us"], extra={"bit-exact vs golden": c["golden_exact"]})  # fmt: skip
+        assert c["numpy_out"] and c["inputs_kept"], name
+        exact_promised = not (name.endswith("wide codes") and sim_soc == "950")
+        assert c["scores_exact"] or not exact_promised, name
+        assert c["mask_ok"], name
+        assert c["golden_within"], name
+        assert c["golden_exact"] == 1.0 or not exact_promised, (name, c["golden_exact"])
+        assert c["ids_rule"] and c["ids_sorted"] and c["pad_ok"], name
+        assert c["ids_golden"] is True or not exact_promised, name
+        assert c["ids_golden"] in (None, True), name
+        assert c["us"] > 0
+    assert r["b2 s2 all-tie"]["ids"][0, :TOPK].tolist() == list(range(TOPK))
+    # the tie cases do tie: at the boundary (all-tie, levels) and above it (levels)
+    assert r["b2 s2 all-tie"]["boundary_ties"][0] == 4
+    assert min(r["b1 s4 tie levels"]["boundary_ties"]) > 0, r["b1 s4 tie levels"]
+    assert r["nan poison"] == {"same_ids": True, "same_scores": True}, r["nan poison"]
+    assert r["torch in"] == {"torch_out": True, "same": True}, r["torch in"]
+    # one compile over every batch count, s1 and length above (same table width)
+    assert r["stats"] == {"dsa_indexer": 1}, r["stats"]
+
+
+# ----------------------------------------------------------------------------- cost model
+CONTEXT = 65536  # cached tokens per batch row (DeepSeek decode over 64K)
+
+
+def decode_case(path, b, s1=2, context=CONTEXT, bs=128):
+    """A decode call of ``b`` batches x ``s1`` rows over ``context`` tokens each, topk 2048,
+    with zero-valued data (the cost model never reads values) and every batch's table
+    pointing at the same ``context / bs`` physical blocks (a small cache; same cost)."""
+    from tilesim.shared.casts import FP8_E4M3
+
+    nblk = -(-context // bs)
+    t = b * s1
+    inp = {"block_table": np.tile(np.arange(nblk, dtype=np.int32), (b, 1)),
+           "seq_lens": np.full(b, context, np.int32)}  # fmt: skip
+    if path == "int8":
+        inp.update(q=np.zeros((t, 64, 128), np.int8), q_scale=np.ones((t, 64), np.float16),
+                   weights=np.ones((t, 64), np.float16),
+                   k_cache=np.zeros((nblk, bs, 128), np.int8),
+                   k_scale=np.ones((nblk, bs), np.float16))  # fmt: skip
+    else:
+        inp.update(q=np.zeros((t, 64, 128), FP8_E4M3), weights=np.ones((t, 64), np.float32),
+                   k_cache=np.zeros((nblk, bs * 132), np.uint8))  # fmt: skip
+    return inp, {"path": path, "topk": 2048, "block_size": bs}
+
+
+def cost_decode(soc, b, s1=2) -> dict:
+    """Child: kernel, scores-only kernel and probe at decode ``b`` x ``s1`` over 64K, cost
+    only (compile + cost model), with the op's traffic counter."""
+    from probes.dsa_indexer_probe import matmul_probe
+    from tilesim.device import sim
+    from tilesim.device.dsa_indexer import dsa_indexer_traffic, prepared_launch
+    from tilesim.shared.dsa_indexer import check_meta, check_values
+
+    inp, prm = decode_case(_soc_path(soc), b, s1)
+    res = {}
+    for name, only in (("us", False), ("scores_us", True)):
+        run = prepared_launch(**inp, **prm, soc=soc, scores_only=only)
+        res[name] = sim.run_cost(run["kernel"], [*run["inputs"], *run["outputs"]]).us
+    with sim.cost_only():
+        _, res["probe_us"] = matmul_probe(inp["seq_lens"], s1=s1, path=prm["path"], soc=soc)
+    res.update(dsa_indexer_traffic(check_values(check_meta(**inp, **prm))))
+    return res
+
+
+def _cost_row(sim_report, soc, b, r):
+    from tilesim.shared.soc import get_soc
+
+    spec = get_soc(soc)
+    sel = r["us"] - r["scores_us"]
+    extra = {"HBM-bound µs": spec.hbm_bound_us(r["bytes"])}
+    if soc == "950":
+        extra["HBM-bound µs 950DT"] = get_soc("950dt").hbm_bound_us(r["bytes"])
+    extra.update({"probe µs": r["probe_us"], "kernel / probe": r["us"] / r["probe_us"],
+                  "scores-only µs": r["scores_us"], "selection share": sel / r["us"]})  # fmt: skip
+    sim_report.add(
+        kernel="dsa_indexer", soc=soc,
+        case=f"{_soc_path(soc)} decode b{b} s2 seq {CONTEXT} topk 2048 (cost only)",
+        bit_exact=None, max_ulp=None, max_abs=None, us=r["us"], extra=extra,
+    )  # fmt: skip
+    return sel
+
+
+@pytest.mark.sim
+@pytest.mark.torch
+@pytest.mark.slow
+@pytest.mark.parametrize("b", [4, 64])
+def test_decode_cost(b, sim_soc, sim_report):
+    """Decode b4 s2 / b64 s2 over 64K on the cost model: the kernel, its scores-only build and
+    the matmul-only probe (numbers asserted for sanity, never a time threshold)."""
+    from tilesim.device import sim
+
+    r = sim.isolated(cost_decode, sim_soc, b, soc=sim_soc, timeout=7200)
+    sel = _cost_row(sim_report, sim_soc, b, r)
+    assert r["us"] > 0 and r["probe_us"] > 0 and r["scores_us"] > 0
+    assert r["keys"] == b * CONTEXT
+    assert sel >= 0.0
+
+
+# ----------------------------------------------------------------------------- compile checks
+def compile_at(soc, b, s1=2) -> dict:
+    """Child: compile only (no interpreter, no cost model) at a decode shape over 64K."""
+    from tilesim.device import compile_stats, reset_compile_stats, sim
+    from tilesim.device.dsa_indexer import prepared_launch
+
+    reset_compile_stats()
+    inp, prm = decode_case(_soc_path(soc), b, s1)
+    run = prepared_launch(**inp, **prm, soc=soc)
+    seconds = sim.run_compile(run["kernel"], [*run["inputs"], *run["outputs"]])
+    return {"seconds": seconds, "stats": compile_stats(), "width": run["width"]}
+
+
+#: the NPU tests' decode shapes (the DeepSeek decode matrix: b4 s2 and b64 s2 over 64K)
+NPU_SHAPES = [pytest.param(4, id="b4"), pytest.param(64, id="b64", marks=pytest.mark.slow)]
+
+
+@pytest.mark.sim
+@pytest.mark.torch
+@pytest.mark.parametrize("b", NPU_SHAPES)
+def test_compiles_at_npu_shapes(b, sim_soc):
+    from tilesim.device import sim
+
+    r = sim.isolated(compile_at, sim_soc, b, soc=sim_soc, timeout=1800)
+    assert r["stats"] == {"dsa_indexer": 1}
+    assert r["width"] == CONTEXT and r["seconds"] > 0
+
+
+# ----------------------------------------------------------------------------- no simulator
+def test_shape_only_inputs_answer_without_a_kernel():
+    """``meta`` tensors (what torch.compile traces with): the contract's checks, then empty
+    outputs of the right shapes and dtypes; no data read, no simulator."""
+    torch = pytest.importorskip("torch")
+    from tilesim.device.dsa_indexer import dsa_indexer
+
+    inp, prm = make_case("int8", (300, 700), 2)
+    meta = {k: torch.from_numpy(v).to("meta") for k, v in inp.items()}
+    ids, scores = dsa_indexer(**meta, **prm, backend="sim")
+    assert ids.shape == (4, TOPK) and ids.dtype == torch.int32 and ids.device.type == "meta"
+    assert scores.shape == (4, 16 * BS) and scores.dtype == torch.float32
+
+
+@pytest.mark.parametrize(
+    ("over", "match"),
+    [
+        ({"int8_order": "pypto"}, "int8_order: the kernel implements 'gym' only"),
+        ({"topk": 48}, "topk: expected a multiple of 32"),
+        ({"q_lens": np.array([2, 2], np.int32)}, "q_lens: expected None"),
+        ({"path": "fp8"}, "q: expected"),
+    ],
+)
+def test_kernel_limits_raise_before_launch(over, match):
+    pytest.importorskip("torch")
+    from tilesim.device.dsa_indexer import dsa_indexer
+
+    inp, prm = make_case("int8", (300, 700), 2)
+    kw = {**inp, **prm, **over}
+    with pytest.raises((ValueError, TypeError), match=match):
+        dsa_indexer(**kw, backend="sim")

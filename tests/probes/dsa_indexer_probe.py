@@ -1,0 +1,127 @@
+"""The matmul-only probe of the DeepSeek-V3.2 lightning-indexer kernel
+(``device/_dsa_indexer_kernel.py``; test support, not installed).
+
+What the cost model charges for the indexer's matmuls alone, so that a report can state the
+kernel's time as a multiple of it ("probe µs" / "kernel / probe"). The kernel has one matmul
+stage, C1: per query row and cache block ``q_row [64, 128] @ K_block^T`` (INT8 -> INT32 on the
+910B, FP8 E4M3 -> FP32 on the 950), with the kernel's cube tiles
+(:func:`tilesim.device._dsa_indexer_kernel.c1_tiles`); the weighted head sum is vector work
+there (a fixed FP32 tree), so the probe has no second matmul. The probe walks the kernel's
+loops -- batches, rows, the row's blocks (dynamic trip counts from ``seq_lens``) -- and per
+block issues exactly that matmul on a block of a dense key tensor read through the block
+table, its product written to its own output columns. Dropped: the scales, the vector stage,
+the masks and the whole selection. Importing it imports pypto: import it in the simulator's
+child process (:func:`tilesim.device.sim.isolated`; ``tests/`` is on its ``sys.path``).
+"""
+
+# no `from __future__ import annotations`: the frontend evaluates the pypto.Tensor(...) annotations
+import functools
+
+import pypto
+from tilesim.device import backend as _backend
+from tilesim.device._dsa_indexer_kernel import DIM, HEADS, JIT, READY_ON_HOST, c1_tiles
+from tilesim.device._lazy import require_torch
+from tilesim.device._pypto_common import jit_options
+from tilesim.shared.soc import DEFAULT_SOC
+from tilesim.shared.validate import check_choice, check_pos_int
+
+
+class ProbeParams:
+    """Static parameters (``repr`` keys pypto's compiled-kernel cache)."""
+
+    def __init__(self, *, path: str, block_size: int):
+        self.path, self.bs = path, block_size
+
+    def __repr__(self) -> str:
+        return f"ProbeParams(path={self.path}, bs={self.bs})"
+
+
+def _probe_nest(pypto, q, keys, block_table, seq_lens, out, p):
+    """Batches, rows, blocks: one C1 matmul per (row, block), nothing else."""
+    bs = p.bs
+    acc = pypto.DT_INT32 if p.path == "int8" else pypto.DT_FP32
+    n_b = seq_lens.shape[0]
+    s1 = q.shape[0] // HEADS // n_b
+    pypto.set_vec_tile_shapes(16, bs)
+    for b in pypto.loop(0, n_b, 1, name="LIP_B", idx_name="b"):
+        seq = seq_lens[b]
+        for r in pypto.loop(0, s1, 1, name="LIP_S1", idx_name="r"):
+            row = b * s1 + r
+            nblk = (seq - (s1 - 1 - r) + bs - 1) // bs
+            qrow = pypto.view(q, [HEADS, DIM], [row * HEADS, 0])
+            for j in pypto.loop(0, nblk, 1, name="LIP_BLOCK", idx_name="j"):
+                kb = pypto.view(keys, [bs, DIM], [block_table[b, j] * bs, 0])
+                c1_tiles(pypto, bs)
+                d = pypto.matmul(qrow, kb, acc, b_trans=True)
+                pypto.set_vec_tile_shapes(16, bs)
+                pypto.assemble(d, [row * HEADS, j * bs], out)
+
+
+def probe_int8(
+    q: pypto.Tensor([pypto.DYNAMIC, DIM], pypto.DT_INT8),  # [T*64, 128]
+    keys: pypto.Tensor([pypto.STATIC, DIM], pypto.DT_INT8),  # [num_blocks*bs, 128]
+    block_table: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_INT32),
+    seq_lens: pypto.Tensor([pypto.DYNAMIC], pypto.DT_INT32),
+    out: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_INT32),  # [T*64, width]
+    params,
+):
+    _probe_nest(pypto, q, keys, block_table, seq_lens, out, params)
+
+
+def probe_fp8(
+    q: pypto.Tensor([pypto.DYNAMIC, DIM], pypto.DT_FP8E4M3),
+    keys: pypto.Tensor([pypto.STATIC, DIM], pypto.DT_FP8E4M3),
+    block_table: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_INT32),
+    seq_lens: pypto.Tensor([pypto.DYNAMIC], pypto.DT_INT32),
+    out: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_FP32),
+    params,
+):
+    _probe_nest(pypto, q, keys, block_table, seq_lens, out, params)
+
+
+def build_probe(params: ProbeParams):
+    """The jit probe for ``params`` (the kernel's options), built once per params."""
+    src = probe_int8 if params.path == "int8" else probe_fp8
+
+    def make():
+        return pypto.frontend.jit(**jit_options(JIT, ready_on_host=READY_ON_HOST))(src)
+
+    return _backend.compiled("dsa_indexer_probe", (repr(params),), make)
+
+
+def matmul_probe(seq_lens, *, s1: int, path: str = "int8", block_size: int = 128,
+                 backend: str = "sim", soc: str = DEFAULT_SOC, seed: int = 0):  # fmt: skip
+    """The probe for a decode call of ``len(seq_lens)`` batches x ``s1`` rows over
+    ``seq_lens`` cached tokens each (contiguous blocks per batch; values random codes).
+    Returns ``(products, cost_us)`` on the simulator."""
+    import numpy as np
+
+    torch = require_torch()
+    check_choice(path, "path", ("int8", "fp8"))
+    s1, bs = check_pos_int(s1, "s1"), check_pos_int(block_size, "block_size")
+    lens = [check_pos_int(int(n), "seq_lens[i]") for n in seq_lens]
+    target = _backend.resolve(backend, soc, np.zeros(1))
+    nblk = [-(-n // bs) for n in lens]
+    cols = max(nblk)
+    bt = torch.full((len(lens), cols), -1, dtype=torch.int32)
+    start = np.concatenate([[0], np.cumsum(nblk)])
+    for b, n in enumerate(nblk):
+        bt[b, :n] = torch.arange(int(start[b]), int(start[b]) + n, dtype=torch.int32)
+    gen = torch.Generator().manual_seed(seed)
+    t = len(lens) * s1
+
+    def codes(*shape):
+        x = torch.randint(-8, 8, shape, generator=gen, dtype=torch.int8)
+        return x if path == "int8" else x.float().to(torch.float8_e4m3fn)
+
+    args = [codes(t * HEADS, DIM), codes(int(start[-1]) * bs, DIM), bt,
+            torch.tensor(lens, dtype=torch.int32)]  # fmt: skip
+    out = torch.zeros((t * HEADS, cols * bs),
+                      dtype=torch.int32 if path == "int8" else torch.float32)  # fmt: skip
+    params = ProbeParams(path=path, block_size=bs)
+    kernel = functools.partial(build_probe(params), params=params)
+    us = _backend.launch(kernel, args, [out], target)
+    return _backend.finish(out, us, target)
+
+
+__all__ = ["ProbeParams", "build_probe", "matmul_probe"]
