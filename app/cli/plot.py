@@ -26,6 +26,14 @@ from tilesim.shared.trace import lane_id
 MASKED_BELOW = float(MASK_NEG) / 2
 
 
+def _wrapped(title: str, width: int = 110) -> str:
+    """A figure title broken into lines of at most ``width`` characters (a verdict's title
+    names every failed check and would run off the figure)."""
+    import textwrap
+
+    return "\n".join(textwrap.wrap(title, width)) if title else title
+
+
 def require_matplotlib(purpose: str = "drawing a PNG"):
     """matplotlib (Agg backend), or a one-line CliError naming the install."""
     from tilesim.cli import require
@@ -328,7 +336,7 @@ def draw_error_map(
         ax.set_xlabel("last axis")
         ax.set_ylabel("rows (leading axes flattened)")
     if title:
-        fig.suptitle(title, fontsize=10)
+        fig.suptitle(_wrapped(title), fontsize=10)
 
 
 def save_trace_png(
@@ -350,7 +358,7 @@ def save_trace_png(
         top, bottom = fig.subfigures(2, 1, height_ratios=[2.2, 1])
     else:
         top, bottom = fig, None
-    top.suptitle(title, fontsize=11)
+    top.suptitle(_wrapped(title), fontsize=11)
     draw_schedule(top, records)
     if with_err:
         draw_error_map(bottom, actual, golden, atol=atol, rtol=rtol, title=err_title)
@@ -389,7 +397,7 @@ def save_compare_png(
     else:
         bottom = fig
     draw_error_map(bottom, actual, golden, atol=atol, rtol=rtol)
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(_wrapped(title), fontsize=10)
     _save_small_png(fig, path)
     plt.close(fig)
 
