@@ -96,3 +96,40 @@ def test_every_id_mutation_fails_and_the_golden_passes():
         v = judge(wrong, ids, d["tol"], scores=scores, kind="msa_indexer")
         assert not v.passed, f"{what} passed\n{v.summary()}"
         assert v.failed == ["id sets"], what
+
+
+@pytest.mark.parametrize("name", ["dsa_indexer_boundary_int8", "dsa_indexer_boundary_fp8"])
+def test_every_id_mutation_of_the_deepseek_indexer_fails(name):
+    """The DeepSeek indexer's ids ``[T, 2048]`` (``-1`` padded) with its FP32 scores: the golden
+    passes itself (also as int64, and with each row's ids permuted); one wrong id (the
+    best-scored selected id replaced by the worst-scored visible one left out), a duplicate id
+    and an id cut to padding fail, on the row that sees more than ``topk`` tokens."""
+    from tilesim.reference import dsa_indexer, dsa_indexer_make_case
+
+    case = dsa_indexer_make_case(name)
+    ids, scores = (np.asarray(x) for x in dsa_indexer(**case["inputs"], **case["params"]))
+    tol = case["tolerance"]
+    assert judge(ids, ids, tol, scores=scores, kind="dsa_indexer").passed
+    assert judge(ids.astype(np.int64), ids, tol, scores=scores, kind="dsa_indexer").passed
+    assert judge(ids[:, ::-1].copy(), ids, tol, scores=scores, kind="dsa_indexer").passed
+    r = int(np.argmax(np.isfinite(scores).sum(axis=1)))  # the row that sees the most tokens
+    sel = {int(i) for i in ids[r] if i >= 0}
+    left_out = [c for c in np.flatnonzero(np.isfinite(scores[r])) if int(c) not in sel]
+    assert left_out, "the case has no row with more visible tokens than topk"
+    top = max(sel, key=lambda c: float(scores[r, c]))
+    low = min(left_out, key=lambda c: float(scores[r, c]))
+    assert scores[r, low] < scores[r, top]
+    wrong = {}
+    x = ids.copy()
+    x[r, list(ids[r]).index(top)] = low
+    wrong["one wrong id"] = x
+    x = ids.copy()
+    x[r, 1] = x[r, 0]
+    wrong["duplicate id"] = x
+    x = ids.copy()
+    x[r, 0] = -1
+    wrong["missing id (padding)"] = x
+    for what, a in wrong.items():
+        v = judge(a, ids, tol, scores=scores, kind="dsa_indexer")
+        assert not v.passed, f"{what} passed\n{v.summary()}"
+        assert v.failed == ["id sets"], (what, v.failed)
