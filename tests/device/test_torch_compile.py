@@ -1,4 +1,4 @@
-"""torch.compile and the device wrappers (issue 14), on a CPU, no simulator.
+"""torch.compile and the device wrappers, on a CPU, no simulator.
 
 Each wrapper is marked ``allow_in_graph``-safe (``tilesim.device.backend.graph_safe``) and
 answers FakeTensor / ``meta`` inputs with an empty output of the right shape, dtype and device
@@ -179,3 +179,23 @@ def test_deepseek_traces_without_graph_break(device_api):
             _meta(2, dtype=torch.int32))  # fmt: skip
     out = _compiled(attend)(*args)
     assert out.shape == (256, 512) and out.dtype == torch.float32 and out.device.type == "meta"
+
+
+def test_deepseek_indexer_traces_without_graph_break(device_api):
+    """The DeepSeek indexer wrapper under torch.compile(fullgraph=True) on ``meta`` inputs (INT8
+    path, decode s1 = 2 over 2 batches): ids INT32 ``[T, topk]`` and scores FP32 ``[T,
+    max_blocks * block_size]``, from the argument shapes."""
+    d = device_api
+    assert "dsa_indexer" in d.allow_in_graph()
+
+    def index(q, w, qs, kc, ks, bt, lens):
+        ids, scores = d.dsa_indexer(q, w, kc, bt, lens, q_scale=qs, k_scale=ks)
+        return ids, scores * 2.0
+
+    f16 = torch.float16
+    args = (_meta(4, 64, 128, dtype=torch.int8), _meta(4, 64, dtype=f16), _meta(4, 64, dtype=f16),
+            _meta(20, 128, 128, dtype=torch.int8), _meta(20, 128, dtype=f16),
+            _meta(2, 8, dtype=torch.int32), _meta(2, dtype=torch.int32))  # fmt: skip
+    ids, scores = _compiled(index)(*args)
+    assert ids.shape == (4, 2048) and ids.dtype == torch.int32 and ids.device.type == "meta"
+    assert scores.shape == (4, 8 * 128) and scores.dtype == torch.float32
