@@ -128,14 +128,15 @@ def float_mutations(d: dict) -> dict:
     return {**generic(d["golden"]), **SPECIFIC[d["op"]](d)}
 
 
-def id_mutations(ids: np.ndarray, scores: np.ndarray) -> dict:
-    """Wrong id outputs of a ``[rows, k]`` selection with golden ``scores [rows, n]``: one wrong
-    id (the lowest-scored unselected candidate replaces the highest-scored selected one), a
-    duplicate id, and a selection cut short (one id replaced by the -1 padding)."""
+def id_mutations(ids: np.ndarray, scores: np.ndarray, r: int = 0) -> dict:
+    """Wrong id outputs of a ``[rows, k]`` selection with golden ``scores [rows, n]``, on row
+    ``r``: one wrong id (the lowest-scored unselected visible candidate -- finite score --
+    replaces the highest-scored selected one), a duplicate id, and a selection cut short (one
+    id replaced by the -1 padding)."""
     out = {}
-    r = 0
     sel = [int(i) for i in ids[r] if i >= 0]
-    unsel = [c for c in range(scores.shape[1]) if c not in sel]
+    chosen = set(sel)
+    unsel = [int(c) for c in np.flatnonzero(np.isfinite(scores[r])) if int(c) not in chosen]
     top = max(sel, key=lambda c: float(scores[r, c]))
     low = min(unsel, key=lambda c: float(scores[r, c]))
     x = ids.copy()
