@@ -71,6 +71,14 @@ def _amax(g: np.ndarray) -> np.ndarray:
     return np.abs(g).max(axis=2)  # FP32 [rows, ngroups]
 
 
+def _ue8m0(s: np.ndarray) -> np.ndarray:
+    """The UE8M0 scale of positive FP32 ``s``: the power of two ``2^ceil(log2(s))``, exact.
+    ``frexp`` gives ``s = m * 2^e`` with ``m`` in ``[0.5, 1)``, so ``ceil(log2(s)) = e - (m ==
+    0.5)``."""
+    m, e = np.frexp(s)
+    return np.ldexp(np.float32(1.0), e - (m == 0.5)).astype(np.float32)
+
+
 def e4m3_to_fp32(codes) -> np.ndarray:
     """Exact FP32 value of every FP8 E4M3FN code (or raw ``uint8`` byte read as one), NaN codes
     included (a table look-up: the same bits as ml_dtypes' ``astype(float32)``)."""
@@ -131,8 +139,7 @@ def quantize_index_fp8(
     amax = np.maximum(np.abs(g).max(axis=-1), floor)
     scale = amax / np.float32(FP8_E4M3_MAX)
     if ue8m0:
-        m, e = np.frexp(scale)  # scale = m * 2^e, m in [0.5, 1): ceil(log2) = e - (m == 0.5)
-        scale = np.ldexp(np.float32(1.0), e - (m == 0.5)).astype(np.float32)
+        scale = _ue8m0(scale)
     codes = to_fp8_e4m3(g / scale[..., None], saturate=True)
     return codes, scale.astype(np.float32)
 
@@ -149,10 +156,7 @@ def quantize_latent_fp8_ue8m0(x) -> tuple[np.ndarray, np.ndarray]:
     """FlashMLA power-of-two (UE8M0) rule. Returns ``(q e4m3 [rows, D], scales fp32)``."""
     g = _groups(x, "quantize_latent_fp8_ue8m0(x)")
     s_inv = np.maximum(_amax(g) / np.float32(FP8_E4M3_MAX), np.float32(1e-4))
-    # frexp gives s_inv = m * 2^e with m in [0.5, 1): ceil(log2(s_inv)) = e - (m == 0.5).
-    m, e = np.frexp(s_inv)
-    exp = e - (m == 0.5)
-    scale = np.ldexp(np.float32(1.0), exp).astype(np.float32)
+    scale = _ue8m0(s_inv)
     q = to_fp8_e4m3(g / scale[:, :, None], saturate=True)
     return q.reshape(g.shape[0], g.shape[1] * QUANT_GROUP), scale
 
