@@ -42,6 +42,7 @@ from tilesim.shared.casts import BF16, FP8_E4M3, FP8_E4M3_MAX, INT8_QMAX, to_bf1
 from tilesim.shared.validate import (
     check_array,
     check_bool,
+    check_choice,
     check_finite,
     check_float,
     host_data,
@@ -49,6 +50,8 @@ from tilesim.shared.validate import (
 )
 
 QUANT_GROUP = 128
+#: how :func:`quantize_index_int8` forms the FP16 scale (``"1/(127/amax)"``: pypto-gym's prolog)
+INDEX_INT8_SCALE_RULES = ("amax/127", "1/(127/amax)")
 #: FP32 value of every FP8 E4M3FN bit pattern (ml_dtypes' own widening, NaNs included): a table
 #: look-up gives the same bits as ``astype(float32)`` about 10x faster
 with np.errstate(invalid="ignore"):
@@ -105,13 +108,18 @@ def _floor(amax_floor, name: str) -> np.float32:
     return np.float32(v)
 
 
-def quantize_index_int8(x, *, amax_floor: float = 1e-8) -> tuple[np.ndarray, np.ndarray]:
+def quantize_index_int8(
+    x, *, amax_floor: float = 1e-8, scale_rule: str = "amax/127"
+) -> tuple[np.ndarray, np.ndarray]:
     """Indexer INT8 rule per 128-vector: ``(codes int8 [..., 128], scales float16 [...])``.
 
     ``amax = max(max|x|, amax_floor)`` (FP32); codes ``clip(rint(x * fp32(127 / amax)), -127,
     127)`` (half to even); scale ``fp16(fp32(amax / 127))`` (RNE). ``amax_floor > 0`` keeps an
     all-zero vector finite (its codes are 0); ``0`` is pypto-gym's floor-less rule and then
-    needs a non-zero vector."""
+    needs a non-zero vector. ``scale_rule="1/(127/amax)"`` forms the scale as pypto-gym's
+    prolog golden does, ``fp16(fp32(1 / fp32(127 / amax)))`` (the reciprocal of the code
+    factor; it can differ from ``amax / 127`` by an FP32 ULP, and so, rarely, in FP16)."""
+    check_choice(scale_rule, "scale_rule", INDEX_INT8_SCALE_RULES)
     g = _index_vectors(x, "quantize_index_int8(x)")
     floor = _floor(amax_floor, "amax_floor")
     amax = np.maximum(np.abs(g).max(axis=-1), floor)
@@ -119,6 +127,8 @@ def quantize_index_int8(x, *, amax_floor: float = 1e-8) -> tuple[np.ndarray, np.
         raise ValueError("quantize_index_int8(x): an all-zero vector needs amax_floor > 0")
     inv = np.float32(INT8_QMAX) / amax  # FP32 quotient
     codes = np.clip(np.rint(g * inv[..., None]), -127, 127).astype(np.int8)
+    if scale_rule == "1/(127/amax)":
+        return codes, (np.float32(1) / inv).astype(np.float16)
     return codes, (amax / np.float32(INT8_QMAX)).astype(np.float16)
 
 
