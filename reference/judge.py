@@ -34,6 +34,7 @@ import numpy as np
 from tilesim.reference.compare import CompareReport, compare
 from tilesim.reference.numerics import _ULP_DTYPES, ulp_distance
 from tilesim.shared.casts import BF16, FP8_E4M3
+from tilesim.shared.ranking import rank
 from tilesim.shared.validate import check_choice, check_float, check_str, host_data
 
 #: unit roundoff (half an ULP at 1) of each float output dtype
@@ -511,15 +512,17 @@ def _pair_ties(s_row, missing: list, extra: list):
     """Pair each extra id with a missing one whose golden score ties with it; returns
     ``(ties, missing left, extra left)``."""
     ties, left = [], list(missing)
+    sc = s_row[extra]
+    nan = np.isnan(sc.astype(np.float64))  # an id scored NaN ties with nothing
     rest = []
-    for e in sorted(extra, key=lambda i: -float(s_row[i])):
+    for e in [extra[i] for i in np.flatnonzero(~nan)[rank(sc[~nan])]]:  # best first
         m = next((m for m in left if _ties(s_row, e, m)), None)
         if m is None:
             rest.append(e)
             continue
         left.remove(m)
         ties.append((e, m, float(s_row[e]), float(s_row[m])))
-    return ties, left, rest
+    return ties, left, rest + [extra[i] for i in np.flatnonzero(nan)]
 
 
 def _id_row(a_row, g_row, s_row, coords) -> tuple[IdRow | None, int]:

@@ -39,6 +39,7 @@ from typing import NamedTuple
 
 import numpy as np
 from tilesim.shared.casts import BF16, to_bf16, widen_to_fp32
+from tilesim.shared.ranking import top_k
 from tilesim.shared.trace import Trace, emit
 from tilesim.shared.validate import (
     as_array,
@@ -147,9 +148,8 @@ def _route(a: _DispatchArgs) -> tuple[np.ndarray, np.ndarray]:
     """(topk_ids [N, k] int64, topk_weights [N, k] FP32): steps 1-3 of the module docstring."""
     w = sigmoid_fp32(a.logits) if a.scores == "logits" else a.logits.copy()
     choice = w + a.bias  # FP32 add
-    # descending selection score; the stable sort keeps the lower expert id first on ties
-    order = np.argsort(-choice, axis=1, kind="stable")
-    topk_ids = np.ascontiguousarray(order[:, : a.top_k]).astype(np.int64)
+    # descending selection score, the lower expert id first on ties (tilesim.shared.ranking)
+    topk_ids = top_k(choice, a.top_k, name="selection scores (w + correction_bias)")
     topk_w = np.take_along_axis(w, topk_ids, axis=1)  # FP32, without the bias
     if a.normalize:
         total = np.zeros(topk_w.shape[0], dtype=_F32)

@@ -26,6 +26,7 @@ from typing import NamedTuple
 import numpy as np
 from tilesim.shared.casts import BF16
 from tilesim.shared.models import MINIMAX_M3
+from tilesim.shared.ranking import top_k
 from tilesim.shared.validate import (
     check_array,
     check_choice,
@@ -171,9 +172,10 @@ def block_head_max(scores, nb: int, valid: int) -> np.ndarray:
 
 def top_blocks(score: np.ndarray, nb: int, ksel: int) -> np.ndarray:
     """INT32: the ``ksel - 1`` best of blocks ``0 .. nb-2`` (score descending, lower id first
-    on ties: a stable sort of ``-score``), then the local block ``nb - 1``."""
-    order = np.argsort(-np.asarray(score)[: nb - 1], kind="stable")
-    return np.concatenate([order[: ksel - 1], [nb - 1]]).astype(np.int32)
+    on ties: :func:`tilesim.shared.ranking.top_k`, NaN refused), then the local block
+    ``nb - 1``."""
+    best = top_k(np.asarray(score)[: nb - 1], ksel - 1, name="block scores")
+    return np.concatenate([best, [nb - 1]]).astype(np.int32)
 
 
 def _select(head_max: np.ndarray, nb: int, head_reduce: str) -> np.ndarray:

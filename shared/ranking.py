@@ -1,0 +1,131 @@
+"""The one ranking rule of tilesim: score descending, equal scores -> lower position first.
+
+Every selection that ranks scores uses it: the MoE routing (experts by selection score), the
+MSA indexer (key blocks by block score), the DeepSeek-V3.2 lightning indexer (tokens by index
+score) and the judge (an id output's extra ids, best first). ``docs/numerics.md``, "Ranking".
+
+* Order: by score descending; scores that compare equal (``-0.0 == 0.0``, and two equal
+  integers) keep the lower position first. ``+inf`` and ``-inf`` are scores like any other
+  (``-inf`` ranks below every finite score; among ``-inf`` scores, lower position first).
+* NaN is refused: a ``ValueError`` naming the argument and the first NaN's index. A NaN score
+  has no place in the order, and no convention exists to mirror: ``torch.topk`` ranks NaN
+  above every number, a NumPy sort of ``-score`` ranks it below every number, PyPTO's ``topk``
+  promises neither. A golden that picked one would state a contract no kernel keeps; each op's
+  ``check_values`` already refuses NaN where a score is computed from read data, so on valid
+  input no NaN reaches the ranking, and one that does is a bug to report, not to rank.
+* Positions at or past a row's visible length are never read (they may hold NaN).
+* Inputs: any integer or float array (NumPy dtypes and the ml_dtypes floats, BF16 and FP8,
+  compared exactly after a widening to float64); bool, complex and object arrays are a
+  ``TypeError``. Integers are compared as integers (no rounding through float64).
+
+The result is an index array (``int64``); callers cast it to their output dtype.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+#: the id of an empty slot (fewer visible positions than slots)
+NO_ID = -1
+
+
+def _keys(scores, name: str) -> np.ndarray:
+    """``scores`` as an array whose ``<`` is the score order (ml_dtypes floats -> float64)."""
+    s = np.asarray(scores)
+    if s.dtype.kind in "iuf":
+        return s
+    if s.dtype.kind == "V" and s.dtype.names is None:
+        import ml_dtypes  # lazily: the widening of BF16 / FP8 scores only
+
+        try:
+            ml_dtypes.finfo(s.dtype)
+        except ValueError:
+            pass
+        else:
+            return s.astype(np.float64)  # exact for every ml_dtypes float
+    raise TypeError(f"{name}: expected integer or float scores, got dtype {s.dtype}")
+
+
+def _refuse_nan(s: np.ndarray, name: str, row: tuple = ()) -> None:
+    if s.dtype.kind != "f":
+        return
+    nan = np.isnan(s)
+    if nan.any():
+        idx = ", ".join(str(int(i)) for i in (*row, *np.argwhere(nan)[0]))
+        raise ValueError(f"{name}[{idx}]: expected a number, got NaN (the ranking would be void)")
+
+
+def _order(s: np.ndarray) -> np.ndarray:
+    """Stable descending order along the last axis, without negating (exact for integers):
+    a stable ascending sort of the reversed row, read backwards."""
+    n = s.shape[-1]
+    return n - 1 - np.argsort(s[..., ::-1], axis=-1, kind="stable")[..., ::-1]
+
+
+def _row_top(s: np.ndarray, k: int) -> np.ndarray:
+    """The ``min(k, len)`` best positions of one row (no NaN), best first. ``k < len``: an
+    O(len) selection of the candidates, then an O(k log k) sort of them."""
+    n = s.size
+    k = min(k, n)
+    if k == 0:
+        return np.zeros(0, dtype=np.int64)
+    if k < n:
+        thr = np.partition(s, n - k)[n - k]  # the k-th largest value
+        above = np.flatnonzero(s > thr)
+        ties = np.flatnonzero(s == thr)[: k - above.size]  # the lowest tied positions
+        cand = np.concatenate([above, ties])  # ascending positions within each score
+    else:
+        cand = np.arange(n)
+    return cand[_order(s[cand])]
+
+
+def _visible(visible, lead: tuple, n: int) -> np.ndarray:
+    v = np.asarray(visible)
+    if v.dtype.kind not in "iu" or v.shape != lead:
+        raise ValueError(f"visible: expected integers of shape {list(lead)} (one length per "
+                         f"row of scores), got {v.dtype} of shape {list(v.shape)}")  # fmt: skip
+    bad = (v < 0) | (v > n)
+    if bad.any():
+        i = tuple(int(j) for j in np.argwhere(bad)[0])
+        raise ValueError(f"visible{list(i)}: expected a length in [0, {n}], got {int(v[i])}")
+    return v.astype(np.int64)
+
+
+def top_k(scores, k: int, *, visible=None, name: str = "scores") -> np.ndarray:
+    """INT64 ``[..., k]``: per row of ``scores [..., n]`` (the last axis is ranked), the
+    ``min(k, visible)`` best positions among ``0 .. visible - 1``, best first (the module's
+    rule), then :data:`NO_ID` in the remaining slots. ``visible``: one length per row (shape
+    ``scores.shape[:-1]``, each in ``[0, n]``); ``None``: every position is visible. ``k``:
+    an int ``>= 0``; ``k > n`` pads every row. A NaN among the visible scores is a
+    ``ValueError`` naming ``name`` and its index; positions past ``visible`` are never read.
+    """
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
+        raise ValueError(f"k: expected an int >= 0, got {k!r}")
+    k = int(k)
+    s = _keys(scores, name)
+    if s.ndim < 1:
+        raise ValueError(f"{name}: expected at least one axis (positions), got a scalar")
+    n = s.shape[-1]
+    out = np.full((*s.shape[:-1], k), NO_ID, dtype=np.int64)
+    if visible is None:
+        _refuse_nan(s, name)
+        m = min(k, n)
+        out[..., :m] = _order(s)[..., :m]
+        return out
+    vis = _visible(visible, s.shape[:-1], n)
+    for row in np.ndindex(*s.shape[:-1]):
+        v = int(vis[row])
+        _refuse_nan(s[row][:v], name, row)
+        ids = _row_top(s[row][:v], k)
+        out[row][: ids.size] = ids
+    return out
+
+
+def rank(scores, *, name: str = "scores") -> np.ndarray:
+    """INT64 ``[..., n]``: every position of each row of ``scores [..., n]``, best first (the
+    module's rule; ``top_k(scores, n)``). A NaN is a ``ValueError`` naming ``name``."""
+    s = np.asarray(scores)
+    return top_k(s, s.shape[-1] if s.ndim else 0, name=name)
+
+
+__all__ = ["NO_ID", "rank", "top_k"]
