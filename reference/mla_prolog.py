@@ -1,0 +1,257 @@
+"""DeepSeek-V3.2 MLA prolog: hidden states -> queries, the normalised q, and the new latent
+cache rows. The contract is :mod:`tilesim.shared.mla_prolog`, the full page
+``docs/ops/mla_prolog.md``.
+
+Stages (``T`` tokens; rounding points in capitals; sums of products are
+:func:`~tilesim.reference.arith.matmul_fp32` with one K tile, i.e. the exact sum rounded once
+to FP32, and row sums :func:`~tilesim.reference.arith.rowsum_fp32`)::
+
+    q_a  = BF16(linear(x, w_dq))                                      [T, 1536]
+    qn   = BF16(rms_norm(q_a) * gamma_cq)                             rms_form, rms_eps
+    INT8 q_b:  q_norm, s = int8_gym(qn) per token;                    q_norm INT8, s FP32 [T, 1]
+               q_b = BF16(FP32(int32 q_norm @ w_uq_qr) * s * w_scale)
+    else:      q_norm = qn; q_b = BF16(linear(qn, w_uq_qr))
+    query_nope = BF16(FP32(q_b[:, h, :128] @ w_uk[h]))                [T, 128, 512]
+    query_rope = rope(q_b[:, h, 128:], cos, sin, rope_layout)         BF16 [T, 128, 64]
+    kv_a = BF16(linear(x, w_dkv_kr)); kvn = BF16(rms_norm(kv_a[:, :512]) * gamma_ckv)
+    codes, scales = kv_quant(kvn) per 128 values                      INT8/FP8 [T, 512], FP32 [T, 4]
+    kr   = rope(kv_a[:, 512:], cos, sin, rope_layout)                 BF16 [T, 64]
+    cache rows slot_mapping[t] (>= 0) <- (codes, kr, scales) in cache_layout
+
+``linear``: ``"bf16"`` is ``BF16(FP32(x @ w))``; ``"fp8_block"`` is DeepSeek's ``act_quant``
+(UE8M0) of the activation and ``fp8_gemm`` (per 128-deep K block ``acc = FP32(acc +
+FP32(FP32(a_k @ w_k) * FP32(sa * sb)))``, then BF16). ``int8_gym`` per group of ``n`` values:
+``s = FP32(127 / amax)``, codes ``int8(trunc(fp16(int32(rint(FP32(v * s))))))``, dequant scale
+``FP32(1 / s)`` (an all-zero group gives codes 0 and scale 0).
+
+The caches are never written: the result holds updated copies in the caller's shapes (only
+the rows named by ``slot_mapping`` differ from the inputs, byte for byte).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import numpy as np
+from tilesim.reference.arith import matmul_fp32, rowsum_fp32
+from tilesim.shared.casts import FP8_E4M3_MAX, INT8_QMAX, to_bf16, to_fp8_e4m3
+from tilesim.shared.mla_cache import NOPE, NSCALES, ROPE, pack_kv_split, pack_rows
+from tilesim.shared.mla_prolog import (
+    BLOCK,
+    HEADS,
+    KV_LORA,
+    Q_HEAD,
+    QK_NOPE,
+    check_meta,
+    check_values,
+    cost,
+    host_plan,
+    prolog_inputs,
+    prolog_keywords,
+)
+from tilesim.shared.quant import (
+    _ue8m0,
+    e4m3_to_fp32,
+    quantize_latent_fp8,
+    quantize_latent_fp8_ue8m0,
+    quantize_latent_int8,
+)
+from tilesim.shared.rope import apply_rope
+from tilesim.shared.trace import trace_record
+from tilesim.shared.validate import host_data, op_signature, same_kind
+
+F32 = np.float32
+OP = "mla_prolog"
+
+
+class MlaPrologOutputs(NamedTuple):
+    """The results of :func:`mla_prolog`. ``q_norm``: INT8 ``[T, 1536]`` with ``q_norm_scale``
+    FP32 ``[T, 1]`` when ``w_uq_qr`` is INT8, else BF16 ``[T, 1536]`` and ``None``. The caches
+    are updated copies in the caller's shapes (``kr_cache``/``kv_scale_cache`` ``None`` for a
+    packed layout)."""
+
+    query_nope: object
+    query_rope: object
+    q_norm: object
+    q_norm_scale: object
+    kv_cache: object
+    kr_cache: object
+    kv_scale_cache: object
+
+
+# ----------------------------------------------------------------------------- quantizers
+def quant_int8_gym(v, group: int) -> tuple[np.ndarray, np.ndarray]:
+    """pypto-gym's per-token INT8 quant over groups of ``group`` values of ``v [R, n]``:
+    ``(codes int8 [R, n], dequant scales FP32 [R, n // group])``."""
+    g = np.asarray(v, dtype=F32).reshape(v.shape[0], -1, group)
+    amax = np.abs(g).max(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        s = F32(INT8_QMAX) / amax  # FP32 quotient; inf for an all-zero group
+        y = g * s
+    y = np.where(np.isfinite(s), y, F32(0))  # all-zero group: codes 0 (x86 torch gives 0 too)
+    codes = np.rint(y).astype(np.int32).astype(np.float16)  # round half even, int32, fp16
+    codes = np.clip(np.trunc(codes), -128, 127).astype(np.int8)  # trunc, int8 (saturating)
+    return codes.reshape(v.shape), (F32(1) / s).reshape(v.shape[0], -1).astype(F32)
+
+
+def act_quant_deepseek(v) -> tuple[np.ndarray, np.ndarray]:
+    """DeepSeek's ``act_quant(v, 128, "ue8m0")`` of FP32 ``v [R, 128*g]``: ``amax = max(max|v|,
+    1e-4)``, ``s = 2^ceil(log2(FP32(amax * FP32(1/448))))`` (exact), codes ``e4m3(clamp(v / s,
+    +-448))`` -> ``(codes [R, 128*g], s FP32 [R, g])``."""
+    g = np.asarray(v, dtype=F32).reshape(v.shape[0], -1, BLOCK)
+    amax = np.maximum(np.abs(g).max(axis=-1), F32(1e-4))
+    s = _ue8m0(amax * F32(1.0 / FP8_E4M3_MAX))
+    codes = to_fp8_e4m3(g / s[..., None], saturate=True)
+    return codes.reshape(v.shape), s
+
+
+def _latent_quant(kvn: np.ndarray, rule: str) -> tuple[np.ndarray, np.ndarray]:
+    if rule == "int8_gym":
+        return quant_int8_gym(kvn, NOPE // NSCALES)
+    if rule == "fp8_ue8m0_deepseek":
+        return act_quant_deepseek(kvn.astype(F32))
+    fn = {
+        "int8_seeds": quantize_latent_int8,
+        "fp8_ue8m0_flashmla": quantize_latent_fp8_ue8m0,
+        "fp8_amax": quantize_latent_fp8,
+    }[rule]
+    return fn(kvn)
+
+
+# ----------------------------------------------------------------------------- stages
+def linear(a, w, scale, kind: str) -> np.ndarray:
+    """``BF16`` result of one projection ``a [R, K] @ w [K, N]`` (``kind`` ``"bf16"`` or
+    ``"fp8_block"``; module docstring)."""
+    if kind == "bf16":
+        return to_bf16(matmul_fp32(a, w, k_tile=None))
+    codes, sa = act_quant_deepseek(np.asarray(a, dtype=F32))
+    a32, w32 = e4m3_to_fp32(codes), e4m3_to_fp32(w)
+    n = w.shape[1]
+    sb = np.repeat(scale, BLOCK, axis=1)[:, :n]  # [K/128, N]: one scale per (K block, column)
+    acc = np.zeros((a32.shape[0], n), dtype=F32)
+    for k in range(sa.shape[1]):
+        ks = slice(k * BLOCK, (k + 1) * BLOCK)
+        part = matmul_fp32(a32[:, ks], w32[ks], k_tile=None)
+        acc = acc + part * (sa[:, k : k + 1] * sb[k][None, :])
+    return to_bf16(acc)
+
+
+def rms_norm(v, gamma, form: str, eps: np.float32) -> np.ndarray:
+    """BF16 ``rms_norm(v) * gamma`` of BF16 ``v [R, n]`` in ``form`` (``"gym_golden"``:
+    ``x / sqrt(sum(x*x * FP32(1/n)) + eps)``; ``"gym_kernel"``: the same mean, ``x * FP32(1 /
+    sqrt(.))``; ``"deepseek"``: ``FP32(sum(x*x)) / n``, ``x * FP32(1 / sqrt(. + eps))``)."""
+    x = np.asarray(v).astype(F32)
+    n = x.shape[-1]
+    if form == "deepseek":
+        ms = rowsum_fp32(x * x) / F32(n)
+    else:
+        ms = rowsum_fp32((x * x) * F32(1.0 / n))
+    root = np.sqrt(ms + eps)  # [R, 1]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        y = x / root if form == "gym_golden" else x * (F32(1) / root)
+    return to_bf16(y * np.asarray(gamma).astype(F32)[None, :])
+
+
+def _q_b(qn, ins, kind: str):
+    if kind != "int8_channel":
+        scale = None if kind == "bf16" else host_data(ins.w_uq_qr_scale, "w_uq_qr_scale")
+        return qn, None, linear(qn, host_data(ins.w_uq_qr, "w_uq_qr"), scale, kind)
+    codes, qs = quant_int8_gym(qn, qn.shape[1])
+    w = host_data(ins.w_uq_qr, "w_uq_qr")
+    acc = (codes.astype(np.float64) @ w.astype(np.float64)).astype(F32)  # exact int32, RNE
+    ws = host_data(ins.w_uq_qr_scale, "w_uq_qr_scale").reshape(1, -1)
+    return codes, qs, to_bf16((acc * qs) * ws)
+
+
+def _queries(a, ins, trace):
+    x = host_data(ins.x, "x")
+    sc = {k: (None if a.linears[k] == "bf16" else host_data(v, n))
+          for k, v, n in (("q_a", ins.w_dq_scale, "w_dq_scale"),
+                          ("kv_a", ins.w_dkv_kr_scale, "w_dkv_kr_scale"))}  # fmt: skip
+    q_a = linear(x, host_data(ins.w_dq, "w_dq"), sc["q_a"], a.linears["q_a"])
+    _emit(trace, 0, "q_a", a.tokens, 2 * a.tokens * x.shape[1] * q_a.shape[1])
+    qn = rms_norm(q_a, host_data(ins.gamma_cq, "gamma_cq"), a.rms_form, a.rms_eps)
+    q_norm, q_scale, q_b = _q_b(qn, ins, a.linears["q_b"])
+    _emit(trace, 1, "q_b", a.tokens, 2 * a.tokens * qn.shape[1] * q_b.shape[1])
+    q = q_b.reshape(a.tokens, HEADS, Q_HEAD)
+    w_uk = host_data(ins.w_uk, "w_uk")
+    nope = matmul_fp32(q[:, :, :QK_NOPE].transpose(1, 0, 2), w_uk, k_tile=None)
+    query_nope = to_bf16(nope).transpose(1, 0, 2).copy()
+    _emit(trace, 2, "absorb", a.tokens, 2 * a.tokens * HEADS * QK_NOPE * KV_LORA)
+    cos, sin = host_data(ins.cos, "cos"), host_data(ins.sin, "sin")
+    query_rope = apply_rope(q[:, :, QK_NOPE:], cos, sin, layout=a.rope_layout)
+    kv_a = linear(x, host_data(ins.w_dkv_kr, "w_dkv_kr"), sc["kv_a"], a.linears["kv_a"])
+    _emit(trace, 3, "kv_a", a.tokens, 2 * a.tokens * x.shape[1] * kv_a.shape[1])
+    return query_nope, query_rope, q_norm, q_scale, kv_a
+
+
+def _emit(trace, step: int, stage: str, tokens: int, flop: int, used=None) -> None:
+    if trace is not None:
+        rec = trace_record(OP, {}, step, (0, tokens), keys_used=used, flop=flop, stage=stage)
+        trace(rec)
+
+
+def _write_cache(a, ins, codes, kr, scales):
+    """Updated copies of the caches with the live tokens' rows written (module docstring)."""
+    live = host_plan(a)
+    rows = a.slot_mapping[live]
+    if a.cache_layout != "kv_split":
+        out = np.array(host_data(ins.kv_cache, "kv_cache"), copy=True)
+        if live.size:
+            out[rows] = pack_rows(codes[live], kr[live], scales[live], a.cache_layout)
+        return out, None, None
+    names = ("kv_cache", "kr_cache", "kv_scale_cache")
+    outs = []
+    fields = pack_kv_split(codes[live], kr[live], scales[live])
+    for name, width, field in zip(names, (NOPE, ROPE, NSCALES), fields, strict=True):
+        src = host_data(getattr(ins, name), name)
+        flat = np.array(src, copy=True).reshape(-1, width)
+        flat[rows] = field
+        outs.append(flat.reshape(src.shape))
+    return tuple(outs)
+
+
+@op_signature(prolog_inputs, prolog_keywords)
+def mla_prolog(ins, *, trace: Callable[[dict], None] | None = None) -> MlaPrologOutputs:
+    """The MLA prolog golden (module docstring; ``docs/ops/mla_prolog.md``).
+
+    Args: the arrays of :func:`tilesim.shared.mla_prolog.prolog_inputs` and the switches of
+    :func:`~tilesim.shared.mla_prolog.prolog_keywords` (``path="int8"``: pypto-gym's
+    ``mla_prolog_quant`` golden; ``"fp8"``: DeepSeek's reference with its FP8 KV-cache
+    simulation). ``trace``: called once per matmul stage (``q_a``, ``q_b``, ``absorb``,
+    ``kv_a``) with a :func:`~tilesim.shared.trace.trace_record` (lane ``{}``, ``key_range``
+    the tokens, ``extra["stage"]``), then once for the cache write.
+
+    Returns :class:`MlaPrologOutputs` (NumPy arrays, or CPU torch tensors when ``x`` is one).
+    Every check runs before any work; no argument is written.
+    """
+    a = check_values(check_meta(ins, **_switch_values(ins), trace=trace))
+    query_nope, query_rope, q_norm, q_scale, kv_a = _queries(a, ins, trace)
+    kvn = rms_norm(kv_a[:, :KV_LORA], host_data(ins.gamma_ckv, "gamma_ckv"), a.rms_form, a.rms_eps)
+    codes, scales = _latent_quant(kvn, a.kv_quant)
+    cos, sin = host_data(ins.cos, "cos"), host_data(ins.sin, "sin")
+    kr = apply_rope(kv_a[:, KV_LORA:], cos, sin, layout=a.rope_layout)
+    caches = _write_cache(a, ins, codes, kr, scales)
+    _emit(trace, 4, "cache_write", a.tokens, 0, used=int(host_plan(a).size))
+    outs = (query_nope, query_rope, q_norm, q_scale) + tuple(caches)
+    return MlaPrologOutputs(*(None if o is None else same_kind(o, ins.x) for o in outs))
+
+
+def _switch_values(ins) -> dict:
+    return {k: getattr(ins, k) for k in _SWITCHES}
+
+
+_SWITCHES = ("path", "rope_layout", "rms_form", "rms_eps", "kv_quant", "cache_layout")
+
+
+def mla_prolog_cost(*args, **kwargs) -> dict:
+    """``{flop, bytes}`` of a call with these arguments (:func:`tilesim.shared.mla_prolog.cost`)."""
+    bound = mla_prolog.__signature__.bind(*args, **kwargs)
+    bound.apply_defaults()
+    ns = type("Ins", (), dict(bound.arguments))
+    a = check_meta(ns, **{k: bound.arguments[k] for k in _SWITCHES})
+    return cost(a)
+
+
+__all__ = ["MlaPrologOutputs", "act_quant_deepseek", "mla_prolog", "mla_prolog_cost"]
