@@ -21,8 +21,9 @@ to FP32, and row sums :func:`~tilesim.reference.arith.rowsum_fp32`)::
 ``linear``: ``"bf16"`` is ``BF16(FP32(x @ w))``; ``"fp8_block"`` is DeepSeek's ``act_quant``
 (UE8M0) of the activation and ``fp8_gemm`` (per 128-deep K block ``acc = FP32(acc +
 FP32(FP32(a_k @ w_k) * FP32(sa * sb)))``, then BF16). ``int8_gym`` per group of ``n`` values:
-``s = FP32(127 / amax)``, codes ``int8(trunc(fp16(int32(rint(FP32(v * s))))))``, dequant scale
-``FP32(1 / s)`` (an all-zero group gives codes 0 and scale 0).
+``s = FP32(FP32(1 / amax) * 127)`` (torch's ``127 / amax``), codes
+``int8(trunc(fp16(int32(rint(FP32(v * s))))))``, dequant scale ``FP32(1 / s)`` (an all-zero
+group gives codes 0 and scale 0).
 
 The caches are never written: the result holds updated copies in the caller's shapes (only
 the rows named by ``slot_mapping`` differ from the inputs, byte for byte).
@@ -82,12 +83,14 @@ class MlaPrologOutputs(NamedTuple):
 
 # ----------------------------------------------------------------------------- quantizers
 def quant_int8_gym(v, group: int) -> tuple[np.ndarray, np.ndarray]:
-    """pypto-gym's per-token INT8 quant over groups of ``group`` values of ``v [R, n]``:
+    """pypto-gym's per-token INT8 quant over groups of ``group`` values of ``v [R, n]``
+    (``s = FP32(FP32(1 / amax) * 127)``, module docstring):
     ``(codes int8 [R, n], dequant scales FP32 [R, n // group])``."""
     g = np.asarray(v, dtype=F32).reshape(v.shape[0], -1, group)
     amax = np.abs(g).max(axis=-1, keepdims=True)
     with np.errstate(divide="ignore", invalid="ignore"):
-        s = F32(INT8_QMAX) / amax  # FP32 quotient; inf for an all-zero group
+        # torch's ``127 / t`` is ``t.reciprocal() * 127``: two FP32 roundings (inf for amax 0)
+        s = (F32(1) / amax) * F32(INT8_QMAX)
         y = g * s
     y = np.where(np.isfinite(s), y, F32(0))  # all-zero group: codes 0 (x86 torch gives 0 too)
     codes = np.rint(y).astype(np.int32).astype(np.float16)  # round half even, int32, fp16
