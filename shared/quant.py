@@ -50,8 +50,9 @@ from tilesim.shared.validate import (
 )
 
 QUANT_GROUP = 128
-#: how :func:`quantize_index_int8` forms the FP16 scale (``"1/(127/amax)"``: pypto-gym's prolog)
-INDEX_INT8_SCALE_RULES = ("amax/127", "1/(127/amax)")
+#: how :func:`quantize_index_int8` forms its code factor and FP16 scale (``"reciprocal"``:
+#: pypto-gym's prolog golden, ``127 * (1 / amax)`` and ``1 / factor``)
+INDEX_INT8_SCALE_RULES = ("amax/127", "reciprocal")
 #: FP32 value of every FP8 E4M3FN bit pattern (ml_dtypes' own widening, NaNs included): a table
 #: look-up gives the same bits as ``astype(float32)`` about 10x faster
 with np.errstate(invalid="ignore"):
@@ -116,18 +117,23 @@ def quantize_index_int8(
     ``amax = max(max|x|, amax_floor)`` (FP32); codes ``clip(rint(x * fp32(127 / amax)), -127,
     127)`` (half to even); scale ``fp16(fp32(amax / 127))`` (RNE). ``amax_floor > 0`` keeps an
     all-zero vector finite (its codes are 0); ``0`` is pypto-gym's floor-less rule and then
-    needs a non-zero vector. ``scale_rule="1/(127/amax)"`` forms the scale as pypto-gym's
-    prolog golden does, ``fp16(fp32(1 / fp32(127 / amax)))`` (the reciprocal of the code
-    factor; it can differ from ``amax / 127`` by an FP32 ULP, and so, rarely, in FP16)."""
+    needs a non-zero vector. ``scale_rule="reciprocal"`` is pypto-gym's prolog golden as
+    torch evaluates it (``127.0 / amax`` is ``reciprocal(amax) * 127`` there): code factor
+    ``f = fp32(fp32(1 / amax) * 127)``, codes ``rint(x * f)``, scale ``fp16(fp32(1 / f))``;
+    ``f`` can differ from ``fp32(127 / amax)`` by an FP32 ULP, which moves a code sitting
+    on a half and, rarely, the FP16 scale."""
     check_choice(scale_rule, "scale_rule", INDEX_INT8_SCALE_RULES)
     g = _index_vectors(x, "quantize_index_int8(x)")
     floor = _floor(amax_floor, "amax_floor")
     amax = np.maximum(np.abs(g).max(axis=-1), floor)
     if not (amax > 0).all():
         raise ValueError("quantize_index_int8(x): an all-zero vector needs amax_floor > 0")
-    inv = np.float32(INT8_QMAX) / amax  # FP32 quotient
+    if scale_rule == "reciprocal":
+        inv = (np.float32(1) / amax) * np.float32(INT8_QMAX)  # two FP32 roundings
+    else:
+        inv = np.float32(INT8_QMAX) / amax  # FP32 quotient
     codes = np.clip(np.rint(g * inv[..., None]), -127, 127).astype(np.int8)
-    if scale_rule == "1/(127/amax)":
+    if scale_rule == "reciprocal":
         return codes, (np.float32(1) / inv).astype(np.float16)
     return codes, (amax / np.float32(INT8_QMAX)).astype(np.float16)
 

@@ -1,0 +1,273 @@
+"""DeepSeek-V3.2 lightning-indexer prolog: the index queries, their scales and weights, and the
+new tokens' index keys written into the paged index-key cache (``docs/ops/dsa_indexer_prolog.md``;
+the contract is :mod:`tilesim.shared.dsa_indexer_prolog`).
+
+Per token ``t`` (``T`` tokens; ``H`` hidden, ``R`` q_lora_rank; rounding points in capitals;
+``MM`` = :func:`~tilesim.reference.arith.matmul_fp32` with one K tile: the exact sum of the
+exact products, rounded once to FP32)::
+
+    INT8 path (pypto-gym lightning_indexer_prolog_quant, its test golden):
+      q    = FP32(int32 q_norm @ w_qb)            exact integer sum, one RNE rounding
+      q    = BF16(FP32(q * q_norm_scale_t) * w_qb_scale_c)     two FP32 multiplies
+      q    = [ROPE(q[:, h, :64]) | q[:, h, 64:]]              ROPE: shared/rope.py, -> BF16
+      q    = BF16(MM(q, hadamard_q))                          the matrix input
+      q, q_scale = quant_int8(q) per (t, h)                   f = FP32(FP32(1/amax) * 127),
+                                                              codes rint(q * f), FP16(1/f)
+      k    = MM(x, w_k)                                       FP32, no BF16 rounding
+      k    = BF16(LN(k))                                      LN below
+      k    = BF16(MM([ROPE(k[:64]) | k[64:]], hadamard_k)); k, k_scale = quant_int8(k)
+      w    = FP16(FP32(FP32(BF16(MM(x, w_proj)) * 2^-3) * FP32(128^-0.5)))
+    FP8 path (DeepSeek-V3.2-Exp inference/model.py Indexer, after the indexer-RoPE fix):
+      q    = LIN8(q_norm, w_qb)                               BF16
+      q    = HAD([ROPE(q[:, h, :64]) | q[:, h, 64:]])         HAD: FP32 FWHT * 128^-0.5 -> BF16
+      q, q_scale = act_quant(q) per (t, h)                    E4M3, UE8M0 (or amax/448) scale
+      k    = BF16(LN(LIN8(x, w_k)))                           BF16 into the LayerNorm
+      k    = HAD([ROPE(k[:64]) | k[64:]]); k, k_scale = act_quant(k)
+      w    = FP32(FP32(FP32(MM(x, w_proj) * 2^-3) * q_scale) * FP32(128^-0.5))
+
+``LN(v)`` (both paths; pypto-gym's golden form): ``mean = FP32(sum v) / 128``, ``d = v -
+mean``, ``var = FP32(sum d*d) / 128``, ``y = d / sqrt(var + FP32(eps))``, ``y * gamma +
+beta``; every element-wise step one FP32 operation, each row sum the exact sum rounded once.
+``LIN8(a, W)`` (DeepSeek's ``fp8_gemm`` behind ``Linear``): ``a`` quantized per 128 values by
+``act_quant`` (amax floor 1e-4, UE8M0 scales when ``ue8m0``), then per K block ``kb`` of 128:
+``acc = FP32(acc + FP32(MM(a_kb, W_kb) * FP32(sa_kb * sb_kb)))``, BF16 at the end. With
+power-of-two scales the product is exact, so a fused multiply-add gives the same bits.
+``HAD`` is :func:`tilesim.shared.hadamard.hadamard_rotate`; ``act_quant`` is
+:func:`tilesim.shared.quant.quantize_index_fp8`, ``quant_int8``
+:func:`~tilesim.shared.quant.quantize_index_int8` with ``scale_rule="reciprocal"``.
+``ROPE`` is :func:`tilesim.shared.rope.apply_rope` (``rope_layout``: ``"halves"``, or
+DeepSeek's pre-fix ``"interleaved"``). The reductions' order (the matmuls' and the row sums')
+is modelled as one rounding of the exact sum; the public goldens leave it to the BLAS and
+the kernels to the cube (the op page says what that costs).
+
+The keys are written into copies of the caches at ``slot_mapping`` (``-1`` skipped) through
+:mod:`tilesim.shared.index_cache`; no other cache row changes and the inputs are never written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import numpy as np
+from tilesim.reference.arith import F32, F64, matmul_fp32, rowsum_fp32
+from tilesim.shared.casts import to_bf16
+from tilesim.shared.dsa_indexer import INDEX_HEADS
+from tilesim.shared.dsa_indexer_prolog import (
+    FP8_BLOCK,
+    QB_COLS,
+    ROPE_DIM,
+    Args,
+    check_meta,
+    check_values,
+    cost,
+    host_plan,
+    prolog_inputs,
+    prolog_keywords,
+)
+from tilesim.shared.hadamard import hadamard_rotate
+from tilesim.shared.index_cache import INDEX_DIM, fp8_page_views
+from tilesim.shared.quant import e4m3_to_fp32, quantize_index_fp8, quantize_index_int8
+from tilesim.shared.rope import apply_rope
+from tilesim.shared.trace import emit
+from tilesim.shared.validate import host_array, op_signature, same_kind
+
+F16 = np.dtype(np.float16)
+#: columns of ``w_qb`` per pass of the INT8 q projection (bounds the float64 copy)
+_QB_CHUNK = 1024
+#: DeepSeek ``act_quant``'s amax floor inside ``Linear`` (``kernel.py``)
+_LINEAR_AMAX_FLOOR = 1e-4
+_HEAD_SCALE = np.float32(INDEX_HEADS**-0.5)  # 2^-3, exact
+_SOFTMAX_SCALE = np.float32(INDEX_DIM**-0.5)  # FP32(128^-0.5)
+
+
+class PrologResult(NamedTuple):
+    """What :func:`dsa_indexer_prolog` returns (a tuple)."""
+
+    q: object  #: int8 / float8_e4m3fn ``[T, 64, 128]``
+    q_scale: object  #: float16 / float32 ``[T, 64]`` (FP8: already folded into ``weights``)
+    weights: object  #: float16 ``[T, 64]`` (INT8) / float32 ``[T, 64]`` (FP8, q scale folded)
+    k_cache: object  #: the updated copy of ``k_cache``
+    k_scale: object  #: the updated copy of ``k_scale`` (INT8), ``None`` (FP8)
+
+
+# ----------------------------------------------------------------------------- projections
+def _q_int8(ins, t: int) -> np.ndarray:
+    """BF16 ``[T, 8192]``: ``BF16(FP32(FP32(int32 q_norm @ w_qb) * q_norm_scale) * w_scale)``."""
+    qn = host_array(ins.q_norm, "q_norm").astype(F64)
+    w = host_array(ins.w_qb, "w_qb")
+    qs = host_array(ins.q_norm_scale, "q_norm_scale")  # FP32 [T, 1]
+    ws = host_array(ins.w_qb_scale, "w_qb_scale").reshape(1, QB_COLS)
+    out = np.empty((t, QB_COLS), dtype=F32)
+    for c0 in range(0, QB_COLS, _QB_CHUNK):
+        c1 = c0 + _QB_CHUNK
+        # |sum| <= R * 128 * 128 < 2^53: the float64 product is the exact int32 sum
+        acc = (qn @ w[:, c0:c1].astype(F64)).astype(F32)  # int32 -> FP32, one RNE rounding
+        out[:, c0:c1] = (acc * qs) * ws[:, c0:c1]
+    return to_bf16(out)
+
+
+def _linear_fp8(a_bf16: np.ndarray, w, w_scale, ue8m0: bool) -> np.ndarray:
+    """DeepSeek's FP8 ``Linear``: BF16 ``[T, N]`` from BF16 ``a [T, K]``, E4M3 ``w [K, N]``
+    and FP32 block scales ``[K/128, N/128]`` (module docstring, ``LIN8``)."""
+    t, k = a_bf16.shape
+    codes, sa = quantize_index_fp8(a_bf16.reshape(t, k // FP8_BLOCK, FP8_BLOCK), ue8m0=ue8m0,
+                                   amax_floor=_LINEAR_AMAX_FLOOR)  # fmt: skip
+    a32 = e4m3_to_fp32(codes).reshape(t, k)
+    w32 = e4m3_to_fp32(w)
+    sb = np.repeat(w_scale, FP8_BLOCK, axis=1)  # FP32 [K/128, N]
+    acc = np.zeros((t, w32.shape[1]), dtype=F32)
+    for kb in range(k // FP8_BLOCK):  # the K loop: one FP32 partial per 128-wide block
+        ks = slice(kb * FP8_BLOCK, (kb + 1) * FP8_BLOCK)
+        part = matmul_fp32(a32[:, ks], w32[ks], k_tile=None)
+        acc = acc + part * (sa[:, kb : kb + 1] * sb[kb][None, :])  # FP32 product, then add
+    return to_bf16(acc)
+
+
+def _layer_norm(v32: np.ndarray, gamma, beta, eps: float) -> np.ndarray:
+    """BF16 LayerNorm of FP32 rows ``[T, 128]`` (module docstring, ``LN``)."""
+    n = np.float32(v32.shape[-1])
+    mean = rowsum_fp32(v32) / n
+    d = v32 - mean
+    var = rowsum_fp32(d * d) / n
+    y = d / np.sqrt(var + np.float32(eps))
+    g = host_array(gamma, "ln_gamma").astype(F32)
+    b = host_array(beta, "ln_beta").astype(F32)
+    return to_bf16(y * g + b)
+
+
+# ----------------------------------------------------------------------------- q and k
+def _rope_half(v: np.ndarray, a: Args) -> np.ndarray:
+    """``[ROPE(v[..., :64]) | v[..., 64:]]`` for BF16 ``v [T, ..., 128]``."""
+    out = v.copy()
+    out[..., :ROPE_DIM] = apply_rope(v[..., :ROPE_DIM], a.ins.cos, a.ins.sin,
+                                     layout=a.rope_layout)  # fmt: skip
+    return out
+
+
+def _rotate(v: np.ndarray, a: Args, hadamard) -> np.ndarray:
+    """The Hadamard rotation of BF16 ``v [..., 128]`` -> BF16: the matrix input (INT8) or the
+    fast transform times ``128^-0.5`` (FP8)."""
+    if hadamard is None:
+        return hadamard_rotate(v)
+    h = host_array(hadamard, "hadamard").astype(F32)
+    return to_bf16(matmul_fp32(v.astype(F32), h, k_tile=None))
+
+
+def _quant(v: np.ndarray, a: Args) -> tuple[np.ndarray, np.ndarray]:
+    if a.path == "int8":
+        return quantize_index_int8(v, amax_floor=a.amax_floor, scale_rule="reciprocal")
+    return quantize_index_fp8(v, ue8m0=a.ue8m0, amax_floor=a.amax_floor)
+
+
+def _queries(a: Args) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(codes [T, 64, 128], scales [T, 64], rotated BF16 q)``."""
+    ins = a.ins
+    if a.path == "int8":
+        q = _q_int8(ins, a.rows)
+        had = ins.hadamard_q
+    else:
+        qn = host_array(ins.q_norm, "q_norm")
+        q = _linear_fp8(qn, host_array(ins.w_qb, "w_qb"),
+                        host_array(ins.w_qb_scale, "w_qb_scale"), a.ue8m0)  # fmt: skip
+        had = None
+    q = _rotate(_rope_half(q.reshape(a.rows, INDEX_HEADS, INDEX_DIM), a), a, had)
+    codes, scales = _quant(q, a)
+    return codes, scales, q
+
+
+def _keys(a: Args) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(codes [T, 128], scales [T], rotated BF16 k)``."""
+    ins = a.ins
+    x = host_array(ins.x, "x")
+    if a.path == "int8":
+        k32 = matmul_fp32(x, host_array(ins.w_k, "w_k"), k_tile=None)  # FP32, kept
+        had = ins.hadamard_k
+    else:
+        kb = _linear_fp8(x, host_array(ins.w_k, "w_k"), host_array(ins.w_k_scale, "w_k_scale"),
+                         a.ue8m0)  # fmt: skip
+        k32 = kb.astype(F32)  # BF16 values into the LayerNorm
+        had = None
+    k = _layer_norm(k32, ins.ln_gamma, ins.ln_beta, a.eps)
+    k = _rotate(_rope_half(k, a), a, had)
+    codes, scales = _quant(k, a)
+    return codes, scales, k
+
+
+def _weights(a: Args, q_scale: np.ndarray) -> np.ndarray:
+    x = host_array(a.ins.x, "x")
+    w = matmul_fp32(x, host_array(a.ins.w_proj, "w_proj"), k_tile=None)
+    if a.path == "int8":
+        w = to_bf16(w).astype(F32) * _HEAD_SCALE
+        return (w * _SOFTMAX_SCALE).astype(F16)
+    return ((w * _HEAD_SCALE) * q_scale) * _SOFTMAX_SCALE
+
+
+# ----------------------------------------------------------------------------- cache write
+def _write_cache(a: Args, codes: np.ndarray, scales: np.ndarray):
+    """Copies of the caches with the written tokens' rows replaced (the only rows that
+    change); ``(k_cache, k_scale or None)``."""
+    plan = host_plan(a)
+    rows = np.flatnonzero(plan.written)
+    blk, off = plan.block[rows], plan.offset[rows]
+    cache = host_array(a.ins.k_cache, "k_cache").copy()
+    if a.path == "int8":
+        kscale = host_array(a.ins.k_scale, "k_scale").copy()
+        cache[blk, off] = codes[rows]
+        kscale[blk, off] = scales[rows]
+        return cache, kscale
+    views = fp8_page_views(cache, block_size=a.block_size)  # the one place of the offsets
+    views.codes[blk, off] = codes[rows]
+    views.scales[blk, off] = scales[rows]
+    return cache, None
+
+
+def _trace(trace: Callable, a: Args, q_rot: np.ndarray, k_rot: np.ndarray) -> None:
+    plan, per_tok = host_plan(a), cost(a)["flop"] // a.rows
+    qa = np.abs(q_rot.astype(F32)).max(axis=-1)
+    ka = np.abs(k_rot.astype(F32)).max(axis=-1)
+    for t in range(a.rows):
+        emit(trace, "dsa_indexer_prolog", {}, t, (t, t + 1), keys_used=int(plan.written[t]),
+             row_max=qa[t], flop=per_tok, slot=int(a.slot_mapping[t]), k_amax=float(ka[t]),
+             block=int(plan.block[t]), offset=int(plan.offset[t]))  # fmt: skip
+
+
+@op_signature(prolog_inputs, prolog_keywords)
+def dsa_indexer_prolog(ins, *, trace: Callable[[dict], None] | None = None):
+    """Lightning-indexer prolog golden (both paths; module docstring for the arithmetic).
+
+    Args (declared once for the golden and a kernel wrapper:
+    :func:`tilesim.shared.dsa_indexer_prolog.prolog_inputs` and ``prolog_keywords``):
+        x, q_norm, w_qb, w_k, w_proj, ln_gamma, ln_beta, cos, sin, k_cache, slot_mapping and
+            the path's optional arrays (``q_norm_scale``, ``w_qb_scale``, ``w_k_scale``,
+            ``hadamard_q``, ``hadamard_k``, ``k_scale``): see the contract module.
+        path: ``"int8"`` (pypto-gym) or ``"fp8"`` (DeepSeek); rope_layout: ``"halves"`` or the
+            pre-fix ``"interleaved"``; eps: the LayerNorm epsilon; ue8m0: FP8 power-of-two
+            scales; amax_floor: the q/k quantizers' floor (``None``: the path's);
+            block_size: tokens per cache block.
+        trace: called once per token with a :func:`tilesim.shared.trace.trace_record`: ``lane
+            {}``, ``step`` = token, ``keys_used`` = 1 when its key is written, ``row_max`` =
+            FP32 ``[64]`` max ``|q|`` per head after the rotation, ``flop``; ``extra``:
+            ``slot``, ``block``, ``offset`` (``-1`` when skipped), ``k_amax``.
+
+    Returns:
+        :class:`PrologResult` ``(q, q_scale, weights, k_cache, k_scale)``; the caches are
+        updated copies (only the rows of the written slots differ from the inputs). Same kind
+        (NumPy / torch) as ``x``; inputs are never modified.
+    """
+    a = check_values(check_meta(
+        ins, path=ins.path, rope_layout=ins.rope_layout, eps=ins.eps, ue8m0=ins.ue8m0,
+        amax_floor=ins.amax_floor, block_size=ins.block_size, trace=trace,
+    ))  # fmt: skip
+    q_codes, q_scale, q_rot = _queries(a)
+    k_codes, k_scale, k_rot = _keys(a)
+    weights = _weights(a, q_scale)
+    cache, kscale = _write_cache(a, k_codes, k_scale)
+    if trace is not None:
+        _trace(trace, a, q_rot, k_rot)
+    like = ins.x
+    out = PrologResult(q_codes, q_scale, weights, cache, kscale)
+    return PrologResult(*(None if v is None else same_kind(v, like) for v in out))
+
+
+__all__ = ["PrologResult", "dsa_indexer_prolog"]

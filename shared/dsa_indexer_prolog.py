@@ -1,0 +1,391 @@
+"""The contract of the DeepSeek-V3.2 lightning-indexer prolog (op ``dsa_indexer_prolog``),
+written once for the golden (:mod:`tilesim.reference.dsa_indexer_prolog`) and a device wrapper.
+
+The prolog turns the hidden state of the new tokens into what the indexer
+(:mod:`tilesim.shared.dsa_indexer`) reads: the quantized index queries and their scales, the
+per-head weights, and the new tokens' quantized index keys written into the paged index-key
+cache (``docs/ops/dsa_indexer_prolog.md``). NumPy on host data; rounds nothing:
+
+* :func:`prolog_inputs` / :func:`prolog_keywords`: the op's arguments, declared once
+  (:func:`tilesim.shared.validate.op_signature`);
+* :class:`Args`, :func:`check_meta` (dtypes, shapes and the switches of each path; no value
+  read), :func:`check_values` (finite inputs, the FP8 weights' codes, the slots);
+* :func:`host_plan`: the cache slot (physical block, offset) each token is written to;
+* :func:`cost`: the op's one FLOP / byte counter;
+* :func:`slots_from_block_table`: the slot of each new token from the block table (the
+  host rule of pypto-gym's test and vLLM's ``slot_mapping``).
+
+Two paths (``path``):
+
+* ``"int8"`` (910B / A3): pypto-gym ``lightning_indexer_prolog_quant``
+  (``hicann/pypto-gym:tests/ops/deepseek_v32_exp/test_lightning_indexer_prolog_quant.py``):
+  ``q_norm`` is the MLA prolog's per-token INT8 output with its FP32 scale ``[T, 1]``,
+  ``w_qb`` INT8 ``[R, 8192]`` with per-channel FP32 scales ``[8192, 1]``, BF16 ``w_k [H, 128]``
+  and ``w_proj [H, 64]``, BF16 ``cos``/``sin`` ``[T, 64]``, the two BF16 Hadamard matrices
+  ``[128, 128]`` as inputs, the INT8 cache (codes int8 ``[num_blocks, block_size, 128]`` +
+  FP16 scales ``[num_blocks, block_size]``).
+* ``"fp8"`` (950 / GPU): DeepSeek-V3.2's reference after its indexer-RoPE fix
+  (``deepseek-ai/DeepSeek-V3.2-Exp:inference/model.py``, ``Indexer``): ``q_norm`` is the BF16
+  RMS-normed ``q_a`` (DeepSeek's ``qr``); ``w_qb`` E4M3 ``[R, 8192]`` and ``w_k`` E4M3 ``[H,
+  128]`` with FP32 scales per 128 x 128 block (``[R/128, 64]``, ``[H/128, 1]``); ``w_proj``
+  FP32 ``[H, 64]``; FP32 ``cos``/``sin`` (``[T, 32]`` one angle per pair, or ``[T, 64]``); no
+  Hadamard matrices (the fast transform); the 132-byte FP8 pages of
+  :mod:`tilesim.shared.index_cache`.
+
+Weights are stored ``[in, out]`` (``y = x @ W``) on both paths; DeepSeek's checkpoint stores the
+transpose (``[out, in]``, scales ``[out/128, in/128]``). ``H`` (hidden, 7168) and ``R``
+(``q_lora_rank``, 1536) are read from the shapes (multiples of 128 on the FP8 path).
+
+Slots: ``slot_mapping[t]`` is the physical cache row ``block * block_size + offset`` token
+``t``'s key goes to; ``-1`` skips the token (vLLM's padding convention); any other value
+outside ``[0, num_blocks * block_size)``, or a slot given to two tokens, is a ``ValueError``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import NamedTuple
+
+import numpy as np
+from tilesim.shared.casts import BF16, FP8_E4M3
+from tilesim.shared.dsa_indexer import INDEX_HEADS
+from tilesim.shared.index_cache import (
+    FP8_SCALE_BYTES,
+    INDEX_DIM,
+    check_fp8_cache,
+    check_int8_cache,
+)
+from tilesim.shared.validate import (
+    INT32_MAX,
+    check_array,
+    check_bool,
+    check_choice,
+    check_finite,
+    check_float,
+    check_int,
+    check_trace,
+    dtype_of,
+    host_array,
+    host_ints,
+    shape_of,
+)
+
+PATHS = ("int8", "fp8")
+#: the RoPE layouts of the index q/k rope half: ``"halves"`` (pairs ``(j, j + 32)``: pypto-gym
+#: and DeepSeek after the fix), ``"interleaved"`` (pairs ``(2j, 2j + 1)``: DeepSeek before it)
+PROLOG_ROPE_LAYOUTS = ("halves", "interleaved")
+ROPE_DIM = 64  #: the rope part of an index head: its first 64 values
+QB_COLS = INDEX_HEADS * INDEX_DIM  #: 8192 columns of ``w_qb``
+FP8_BLOCK = 128  #: FP8 weights: one FP32 scale per 128 x 128 block; activations per 128
+#: the amax floor of the q/k quantizers when ``amax_floor=None``: INT8 1e-8 (pypto-gym has
+#: none: its all-zero vector gives NaN codes), FP8 1e-4 (DeepSeek ``act_quant``)
+AMAX_FLOORS = {"int8": 1e-8, "fp8": 1e-4}
+NO_SLOT = -1  #: a token whose key is not written
+
+
+# ----------------------------------------------------------------------------- signature
+def prolog_inputs(x, q_norm, w_qb, w_k, w_proj, ln_gamma, ln_beta, cos, sin, k_cache,
+                  slot_mapping, q_norm_scale=None, w_qb_scale=None, w_k_scale=None,
+                  hadamard_q=None, hadamard_k=None, k_scale=None):  # fmt: skip
+    """The arrays of ``dsa_indexer_prolog`` (golden and kernel), in order: ``x [T, H]`` BF16;
+    ``q_norm [T, R]``; ``w_qb [R, 8192]``; ``w_k [H, 128]``; ``w_proj [H, 64]``; ``ln_gamma``,
+    ``ln_beta [128]``; ``cos``, ``sin``; the index-key cache ``k_cache``; int ``slot_mapping
+    [T]``; then the path's optional arrays: ``q_norm_scale [T, 1]`` and ``w_qb_scale [8192,
+    1]`` (INT8), ``w_qb_scale [R/128, 64]`` and ``w_k_scale [H/128, 1]`` (FP8),
+    ``hadamard_q``/``hadamard_k [128, 128]`` (INT8), ``k_scale [num_blocks, block_size]``
+    (INT8). Dtypes per path: the module docstring."""
+
+
+def prolog_keywords(*, path: str = "int8", rope_layout: str = "halves", eps: float = 1e-6,
+                    ue8m0: bool = True, amax_floor: float | None = None,
+                    block_size: int = 128):  # fmt: skip
+    """The switches after the arrays: ``path``; ``rope_layout`` (``"halves"``, or DeepSeek's
+    pre-fix ``"interleaved"``); the LayerNorm ``eps`` (1e-6: DeepSeek and pypto-gym's test);
+    ``ue8m0`` (FP8: power-of-two scales, DeepSeek-V3.2's ``scale_fmt``; ``False``: ``amax /
+    448``); ``amax_floor`` of the q/k quantizers (``None``: :data:`AMAX_FLOORS`); the cache's
+    ``block_size``."""
+
+
+#: the array arguments, in order
+INPUT_NAMES = tuple(inspect.signature(prolog_inputs).parameters)
+
+
+class Args(NamedTuple):
+    """The checked arguments of one call (:func:`check_meta`; after :func:`check_values`
+    ``slot_mapping`` is a host int64 copy and ``values`` is True)."""
+
+    ins: object  #: the namespace of :func:`prolog_inputs`' arrays
+    path: str
+    rope_layout: str
+    eps: float
+    ue8m0: bool
+    amax_floor: float
+    block_size: int
+    rows: int  #: T
+    hidden: int  #: H
+    rank: int  #: R
+    num_blocks: int
+    slot_mapping: object
+    values: bool = False
+
+
+class Plan(NamedTuple):
+    """The cache rows of a checked call (:func:`host_plan`), int64 ``[T]`` each."""
+
+    written: np.ndarray  #: bool ``[T]``: the token's key is written (slot != -1)
+    block: np.ndarray  #: physical block of each written token (-1 where skipped)
+    offset: np.ndarray  #: slot inside the block (-1 where skipped)
+
+
+# ----------------------------------------------------------------------------- meta checks
+def _vec(v, name: str, shape: tuple, dtypes, layout: str) -> None:
+    check_array(v, name, dtype=dtypes, shape=shape, layout=layout)
+
+
+def _check_sizes(ins, path: str) -> tuple[int, int, int]:
+    """``(T, H, R)`` from ``x`` and ``q_norm``."""
+    check_array(ins.x, "x", dtype=BF16, ndim=2, layout="[T, H]")
+    t, h = shape_of(ins.x, "x")
+    if t == 0 or h == 0:
+        raise ValueError(f"x: expected at least one token and one hidden value, got {(t, h)}")
+    qdt = np.int8 if path == "int8" else BF16
+    check_array(ins.q_norm, "q_norm", dtype=qdt, ndim=2, layout="[T, R]")
+    r = shape_of(ins.q_norm, "q_norm")[1]
+    _vec(ins.q_norm, "q_norm", (t, None), qdt, "[T, R]")
+    if r == 0:
+        raise ValueError("q_norm: expected R >= 1 columns (q_lora_rank), got 0")
+    if path == "fp8":
+        for name, n in (("x", h), ("q_norm", r)):
+            if n % FP8_BLOCK:
+                raise ValueError(f"{name}: expected a last axis that is a multiple of 128 on "
+                                 f"path='fp8' (one activation scale per 128), got {n}")  # fmt: skip
+    return t, h, r
+
+
+def _check_weights(ins, path: str, t: int, h: int, r: int) -> None:
+    int8 = path == "int8"
+    wdt = np.int8 if int8 else FP8_E4M3
+    _vec(ins.w_qb, "w_qb", (r, QB_COLS), wdt, "[R, 64*128]")
+    kdt = BF16 if int8 else FP8_E4M3
+    _vec(ins.w_k, "w_k", (h, INDEX_DIM), kdt, "[H, 128]")
+    _vec(ins.w_proj, "w_proj", (h, INDEX_HEADS), BF16 if int8 else np.float32, "[H, 64]")
+    for name in ("ln_gamma", "ln_beta"):
+        _vec(getattr(ins, name), name, (INDEX_DIM,), (BF16, np.float32), "[128]")
+    if int8:
+        _vec(ins.q_norm_scale, "q_norm_scale", (t, 1), np.float32, "[T, 1]")
+        _vec(ins.w_qb_scale, "w_qb_scale", (QB_COLS, 1), np.float32, "[64*128, 1]")
+        for name in ("hadamard_q", "hadamard_k"):
+            _vec(getattr(ins, name), name, (INDEX_DIM, INDEX_DIM), BF16, "[128, 128]")
+        return
+    _vec(ins.w_qb_scale, "w_qb_scale", (r // FP8_BLOCK, QB_COLS // FP8_BLOCK), np.float32,
+         "[R/128, 64]")  # fmt: skip
+    _vec(ins.w_k_scale, "w_k_scale", (h // FP8_BLOCK, 1), np.float32, "[H/128, 1]")
+
+
+def _check_absent(ins, path: str) -> None:
+    """The arrays the other path takes must be None (and the path's own ones present)."""
+    int8_only = ("q_norm_scale", "hadamard_q", "hadamard_k", "k_scale")
+    if path == "int8":
+        need, absent = ("q_norm_scale", "w_qb_scale", "k_scale"), ("w_k_scale",)
+        need += ("hadamard_q", "hadamard_k")
+    else:
+        need, absent = ("w_qb_scale", "w_k_scale"), int8_only
+    why = {"int8": "the INT8 path (pypto-gym)", "fp8": "the FP8 path (DeepSeek)"}[path]
+    for name in need:
+        if getattr(ins, name) is None:
+            raise TypeError(f"{name}: expected an array for path={path!r} ({why}), got None")
+    for name in absent:
+        v = getattr(ins, name)
+        if v is not None:
+            raise ValueError(f"{name}: expected None for path={path!r} ({why} does not take "
+                             f"it), got {type(v).__name__}")  # fmt: skip
+
+
+def _check_rope_tables(ins, t: int, rope_layout: str) -> None:
+    widths = (ROPE_DIM // 2,) if rope_layout == "interleaved" else (ROPE_DIM // 2, ROPE_DIM)
+    want = " or ".join(f"[{t}, {w}]" for w in widths)
+    for name in ("cos", "sin"):
+        v = getattr(ins, name)
+        check_array(v, name, dtype=(BF16, np.float32), ndim=2, layout=want)
+        shp = shape_of(v, name)
+        if shp[0] != t or shp[1] not in widths:
+            raise ValueError(
+                f"{name}: expected shape {want} (32: one angle per pair; 64: the halves "
+                f"table) for rope_layout={rope_layout!r}, got {shp}"
+            )
+
+
+def _check_cache(ins, path: str, block_size: int) -> int:
+    if path == "int8":
+        return check_int8_cache(ins.k_cache, ins.k_scale, block_size=block_size)[0]
+    return check_fp8_cache(ins.k_cache, block_size=block_size)[0]
+
+
+def check_meta(ins, *, path="int8", rope_layout="halves", eps=1e-6, ue8m0=True,
+               amax_floor=None, block_size=128, trace=None) -> Args:  # fmt: skip
+    """Metadata checks of ``dsa_indexer_prolog`` on the namespace of :func:`prolog_inputs`
+    (no value read; works on ``meta`` tensors): the switches, every array's dtype and shape
+    for ``path``, the arrays the path does not take are ``None``, ``slot_mapping`` an integer
+    ``[T]``. ``ValueError`` / ``TypeError`` naming the argument, expected and actual."""
+    check_choice(path, "path", PATHS)
+    check_choice(rope_layout, "rope_layout", PROLOG_ROPE_LAYOUTS)
+    eps = check_float(eps, "eps", positive=True, fp32=True)
+    check_bool(ue8m0, "ue8m0")
+    if amax_floor is None:
+        amax_floor = AMAX_FLOORS[path]
+    amax_floor = check_float(amax_floor, "amax_floor", positive=True, fp32=True)
+    block_size = check_int(block_size, "block_size", lo=1, hi=INT32_MAX)
+    check_trace(trace)
+    _check_absent(ins, path)
+    t, h, r = _check_sizes(ins, path)
+    _check_weights(ins, path, t, h, r)
+    _check_rope_tables(ins, t, rope_layout)
+    num_blocks = _check_cache(ins, path, block_size)
+    check_array(ins.slot_mapping, "slot_mapping", ndim=1, shape=(t,), layout="[T]")
+    if dtype_of(ins.slot_mapping, "slot_mapping").kind not in "iu":
+        raise TypeError(f"slot_mapping: expected an integer dtype, got "
+                        f"{dtype_of(ins.slot_mapping, 'slot_mapping')}")  # fmt: skip
+    return Args(ins, path, rope_layout, eps, bool(ue8m0), amax_floor, block_size, t, h, r,
+                num_blocks, ins.slot_mapping)  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- value checks
+def _check_slots(a: Args) -> np.ndarray:
+    slots = host_ints(a.slot_mapping, "slot_mapping", ndim=1)
+    cap = a.num_blocks * a.block_size
+    bad = (slots < NO_SLOT) | (slots >= cap)
+    if bad.any():
+        t = int(np.flatnonzero(bad)[0])
+        raise ValueError(
+            f"slot_mapping[{t}]: expected -1 (skip) or a cache row in [0, num_blocks * "
+            f"block_size = {cap}) (num_blocks {a.num_blocks}, block_size {a.block_size}), got "
+            f"{int(slots[t])}"
+        )
+    used = slots[slots != NO_SLOT]
+    uniq, counts = np.unique(used, return_counts=True)
+    if (counts > 1).any():
+        s = int(uniq[np.flatnonzero(counts > 1)[0]])
+        ts = np.flatnonzero(slots == s).tolist()
+        raise ValueError(
+            f"slot_mapping: expected each cache row at most once (the write order of two "
+            f"tokens is undefined), got row {s} for tokens {ts}"
+        )
+    return slots
+
+
+def check_values(args: Args) -> Args:
+    """Value checks on host copies, before any work (``ValueError`` naming the array and the
+    first bad index): every float input finite (the FP8 weights: no NaN code), FP8 weight
+    scales ``> 0``; the slots (module docstring). The caches are not read (any content,
+    NaN included, passes: only the written rows change). Returns ``args`` with a host int64
+    ``slot_mapping`` and ``values=True``."""
+    ins = args.ins
+    names = ["x", "q_norm", "w_proj", "ln_gamma", "ln_beta", "cos", "sin", "w_qb_scale"]
+    names += (["q_norm_scale", "hadamard_q", "hadamard_k"] if args.path == "int8"
+              else ["w_qb", "w_k", "w_k_scale"])  # fmt: skip
+    if args.path == "int8":
+        names.append("w_k")
+    for name in names:
+        check_finite(host_array(getattr(ins, name), name), name)
+    if args.path == "fp8":
+        for name in ("w_qb_scale", "w_k_scale"):
+            s = host_array(getattr(ins, name), name)
+            if not (s > 0).all():
+                idx = [int(i) for i in np.argwhere(~(s > 0))[0]]
+                raise ValueError(f"{name}: expected scales > 0, got {float(s[tuple(idx)])!r} "
+                                 f"at index {idx}")  # fmt: skip
+    return args._replace(slot_mapping=_check_slots(args), values=True)
+
+
+# ----------------------------------------------------------------------------- plan and cost
+def _require_values(args: Args, what: str) -> None:
+    if not (isinstance(args, Args) and args.values):
+        raise TypeError(f"args: {what} needs the Args of check_values, got {type(args).__name__}")
+
+
+def host_plan(args: Args) -> Plan:
+    """The cache rows of a checked call (:func:`check_values` first): per token whether it
+    is written, its physical block and its offset in the block (``-1`` for a skipped one)."""
+    _require_values(args, "host_plan")
+    s = args.slot_mapping
+    written = s != NO_SLOT
+    block = np.where(written, s // args.block_size, NO_SLOT).astype(np.int64)
+    offset = np.where(written, s % args.block_size, NO_SLOT).astype(np.int64)
+    return Plan(written, block, offset)
+
+
+def cost(args: Args) -> dict:
+    """``{"flop", "bytes", "written"}`` of one checked call. ``flop``: the matmuls as the
+    kernels run them, 2 per multiply-add: ``q_norm @ w_qb`` (``R * 8192``), ``x @ w_k``
+    (``H * 128``), ``x @ w_proj`` (``H * 64``), the Hadamard rotations of the 64 q heads and
+    the key (INT8: ``65 * 128 * 128`` as matmuls; FP8: the transform's ``65 * 128 * 7`` adds,
+    counted 1 each), per token. ``bytes`` (HBM): every input read once (weights, ``x``,
+    ``q_norm`` and its scales, the RoPE tables, the Hadamard matrices) + the outputs (q codes,
+    q scales, weights) + the written cache rows (``128 +`` scale bytes each); ``written`` =
+    the tokens whose key is written."""
+    _require_values(args, "cost")
+    ins, t, h, r = args.ins, args.rows, args.hidden, args.rank
+    per_tok = 2 * (r * QB_COLS + h * INDEX_DIM + h * INDEX_HEADS)
+    if args.path == "int8":
+        per_tok += 2 * (INDEX_HEADS + 1) * INDEX_DIM * INDEX_DIM
+    else:
+        per_tok += (INDEX_HEADS + 1) * INDEX_DIM * 7
+    read = 0
+    for n in INPUT_NAMES:
+        v = getattr(ins, n)
+        if v is not None and n not in ("k_cache", "k_scale", "slot_mapping"):
+            read += int(np.prod(shape_of(v, n))) * dtype_of(v, n).itemsize
+    written = int((args.slot_mapping != NO_SLOT).sum())
+    sbytes = 2 if args.path == "int8" else FP8_SCALE_BYTES
+    out = t * INDEX_HEADS * (INDEX_DIM + 2 * sbytes)  # q codes, q scales, weights
+    return {"flop": t * per_tok, "bytes": read + out + written * (INDEX_DIM + sbytes),
+            "written": written}  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- slot rule
+def slots_from_block_table(block_table, seq_lens, *, q_lens=None, block_size: int = 128):
+    """The cache slot of each new token, int64 ``[sum(q_lens)]``, batch-major: batch ``b``'s
+    ``q_lens[b]`` new tokens sit at positions ``seq_lens[b] - q_lens[b] .. seq_lens[b] - 1``
+    (``seq_lens`` counts them), position ``p`` at slot ``block_table[b, p // block_size] *
+    block_size + p % block_size`` (pypto-gym's test ``gen_block_table``, vLLM's
+    ``slot_mapping``). ``q_lens=None``: ``s1 = 1``. ``ValueError`` naming the entry when a
+    position's table entry is negative or past the table."""
+    bs = check_int(block_size, "block_size", lo=1, hi=INT32_MAX)
+    bt = host_ints(block_table, "block_table", ndim=2, layout="[B, max_blocks]")
+    lens = host_ints(seq_lens, "seq_lens", ndim=1, shape=(bt.shape[0],), layout="[B]")
+    ql = (np.ones_like(lens) if q_lens is None
+          else host_ints(q_lens, "q_lens", ndim=1, shape=(bt.shape[0],), layout="[B]"))  # fmt: skip
+    out = []
+    for b in range(bt.shape[0]):
+        if not 0 <= ql[b] <= lens[b]:
+            raise ValueError(f"q_lens[{b}]: expected a value in [0, seq_lens[{b}] = "
+                             f"{int(lens[b])}], got {int(ql[b])}")  # fmt: skip
+        for p in range(int(lens[b] - ql[b]), int(lens[b])):
+            j = p // bs
+            if j >= bt.shape[1] or bt[b, j] < 0:
+                got = "past the table" if j >= bt.shape[1] else int(bt[b, j])
+                raise ValueError(f"block_table[{b}, {j}]: expected a physical block >= 0 for "
+                                 f"position {p} of batch {b}, got {got}")  # fmt: skip
+            out.append(int(bt[b, j]) * bs + p % bs)
+    return np.asarray(out, dtype=np.int64)
+
+
+__all__ = [
+    "AMAX_FLOORS",
+    "FP8_BLOCK",
+    "INPUT_NAMES",
+    "NO_SLOT",
+    "PATHS",
+    "PROLOG_ROPE_LAYOUTS",
+    "QB_COLS",
+    "ROPE_DIM",
+    "Args",
+    "Plan",
+    "check_meta",
+    "check_values",
+    "cost",
+    "host_plan",
+    "prolog_inputs",
+    "prolog_keywords",
+    "slots_from_block_table",
+]
