@@ -227,9 +227,16 @@ def dsa_indexer(q, weights, k_cache, block_table, seq_lens, *, q_scale=None, k_s
         q_lens=q_lens, path=path, int8_order=int8_order, topk=topk, block_size=block_size,
         trace=trace, progress=progress,
     ))  # fmt: skip
+    return indexer_from_args(a, q, trace=trace, progress=progress)
+
+
+def indexer_from_args(a: Args, like, *, trace=None, progress=None) -> IndexerResult:
+    """:func:`dsa_indexer` on already checked arguments (:func:`check_values` Args): the
+    scores, the top-k, the kind of ``like`` (the caller's ``q``). The decode step checks both
+    halves first, then calls this."""
     scores = dsa_indexer_scores(a, trace=trace, progress=progress)
     ids = select_topk(scores, host_plan(a).visible, a.topk)
-    return IndexerResult(same_kind(ids, q), same_kind(scores, q))
+    return IndexerResult(same_kind(ids, like), same_kind(scores, like))
 
 
-__all__ = ["IndexerResult", "dsa_indexer", "dsa_indexer_scores"]
+__all__ = ["IndexerResult", "dsa_indexer", "dsa_indexer_scores", "indexer_from_args"]

@@ -19,18 +19,25 @@ import inspect
 
 import numpy as np
 from tilesim.reference.dsa import sparse_attention_antiquant, sparse_attention_antiquant_kv_split
-from tilesim.reference.dsa_indexer import dsa_indexer
+from tilesim.reference.dsa_indexer import indexer_from_args
+from tilesim.shared import dsa as dsa_contract
+from tilesim.shared import dsa_indexer as indexer_contract
+from tilesim.shared.casts import BF16
 from tilesim.shared.models import DEEPSEEK_V32
 from tilesim.shared.tiling import SaTileShapeConfig
+from tilesim.shared.validate import check_array, check_choice, check_pos_int, shape_of
 
 #: the step's output names, in order
 STEP_OUTPUTS = ("topk_indices", "scores", "out")
+#: the step's ``layout`` choices: the packed latent caches, then the kv_split triple
+STEP_LAYOUTS = ("pypto", "flashmla", "kv_split")
 _SPLIT = ("kn_quant", "kr", "kn_scales")
 
 
 def _attention_cache(layout, nope_cache, split: dict):
-    """``("packed", (nope_cache,))`` or ``("kv_split", (kn_quant, kr, kn_scales))``, checked
-    against ``layout`` (``ValueError`` naming the argument)."""
+    """``(nope_cache,)`` or ``(kn_quant, kr, kn_scales)``, checked against ``layout`` (one of
+    :data:`STEP_LAYOUTS`; ``ValueError`` naming the argument)."""
+    check_choice(layout, "layout", STEP_LAYOUTS)
     given = [k for k, v in split.items() if v is not None]
     if layout == "kv_split":
         if nope_cache is not None or len(given) != 3:
@@ -68,13 +75,16 @@ def dsa_decode_step(q, weights, k_cache, block_table, seq_lens, query_nope, quer
         ``{"topk_indices": INT32 [T, topk], "scores": FP32 [T, S], "out": BF16 [T*nq, 512]}``
         (:data:`STEP_OUTPUTS`; the ids and scores exactly those of ``dsa_indexer``).
     """
-    _attention_cache(layout, nope_cache, dict(zip(_SPLIT, (kn_quant, kr, kn_scales),
-                                                  strict=True)))  # fmt: skip
-    ids, scores = dsa_indexer(
+    caches = _attention_cache(layout, nope_cache, dict(zip(_SPLIT, (kn_quant, kr, kn_scales),
+                                                           strict=True)))  # fmt: skip
+    ia = indexer_contract.check_values(indexer_contract.check_meta(
         q, weights, k_cache, block_table, seq_lens, q_scale=q_scale, k_scale=k_scale,
         path=path, int8_order=int8_order, topk=topk, block_size=block_size, trace=trace,
         progress=progress,
-    )  # fmt: skip
+    ))  # fmt: skip
+    _check_attention_half(ia, query_nope, query_rope, caches, layout=layout, nq=nq,
+                          softmax_scale=softmax_scale, tiling=tiling)  # fmt: skip
+    ids, scores = indexer_from_args(ia, q, trace=trace, progress=progress)
     out = step_attention(
         ids, query_nope, query_rope, block_table, seq_lens, nope_cache=nope_cache,
         kn_quant=kn_quant, kr=kr, kn_scales=kn_scales, layout=layout, topk=topk,
@@ -82,6 +92,47 @@ def dsa_decode_step(q, weights, k_cache, block_table, seq_lens, query_nope, quer
         progress=progress,
     )  # fmt: skip
     return dict(zip(STEP_OUTPUTS, (ids, scores, out), strict=True))
+
+
+def _check_attention_half(ia, query_nope, query_rope, caches: tuple, *, layout, nq,
+                          softmax_scale, tiling) -> None:  # fmt: skip
+    """Every check of the attention half, before the indexer runs, in the step's own
+    arguments: ``nq``, the queries (``T*nq`` rows, ``T`` = the rows of ``q``), the latent
+    cache, ``softmax_scale``, ``tiling`` (:func:`tilesim.shared.dsa.check_meta` on a stand-in
+    of the ids the indexer will return: ``-1`` everywhere, shape ``[T, topk]``), and that every
+    visible block of ``block_table`` lies inside the latent cache (the ids may pick any
+    visible position). ``ia``: the indexer's value-checked Args."""
+    nq = check_pos_int(nq, "nq")
+    check_array(query_nope, "query_nope", dtype=BF16, ndim=2, layout="[T*nq, 512]")
+    rows = shape_of(query_nope, "query_nope")[0]
+    if rows != ia.rows * nq:
+        raise ValueError(
+            f"query_nope: expected T*nq = {ia.rows}*{nq} = {ia.rows * nq} rows (T = the {ia.rows} "
+            f"query rows of q, nq heads each), got {rows}"
+        )
+    ids = np.broadcast_to(np.int32(indexer_contract.NO_ID), (ia.rows, ia.topk))  # no memory
+    a = dsa_contract.check_meta(
+        query_nope, query_rope, caches, ids, ia.block_table, ia.seq_lens, layout=layout,
+        nq=nq, n_kv=1, softmax_scale=softmax_scale, topk=ia.topk, block_size=ia.block_size,
+        tiling=tiling,
+    )  # fmt: skip
+    _check_latent_blocks(ia, a.cache_rows, "kn_quant" if layout == "kv_split" else "nope_cache")
+
+
+def _check_latent_blocks(ia, cache_rows: int, cache: str) -> None:
+    """Every visible token of every batch has its latent row inside the cache (``ValueError``
+    naming the ``block_table`` entry, the cache and its row count)."""
+    bs = ia.block_size
+    for b in range(ia.n_b):
+        n_tok = int(ia.seq_lens[b])
+        for j in range(-(-n_tok // bs)):
+            entry, last = int(ia.block_table[b, j]), min(bs, n_tok - j * bs) - 1
+            if entry * bs + last >= cache_rows:
+                raise ValueError(
+                    f"block_table[{b}, {j}]: expected a block whose visible tokens lie inside "
+                    f"the latent cache ({cache}: {cache_rows} rows; seq_lens[{b}] = {n_tok}), "
+                    f"got {entry} (rows {entry * bs}..{entry * bs + last})"
+                )
 
 
 def step_attention(topk_indices, query_nope, query_rope, block_table, seq_lens, *,
@@ -144,6 +195,7 @@ def step_case_inputs(p: dict, inputs: dict, n_blocks: int, seed: int) -> tuple[d
 
 
 __all__ = [
+    "STEP_LAYOUTS",
     "STEP_OUTPUTS",
     "attention_arguments",
     "dsa_decode_step",

@@ -3,10 +3,13 @@ the golden (:mod:`tilesim.reference.dsa_indexer`) and the device wrapper.
 
 NumPy on host data; rounds nothing (``docs/ops/dsa_indexer.md``):
 
-* :class:`Args`, :func:`check_meta` (dtypes, shapes, static sizes, the path switches; no
-  value read), :func:`check_values` (host copies of the lengths and the block table, every
-  visible block's table entry, finite non-negative scales and finite weights among the rows
-  that are read, no FP8 NaN code among them);
+* :class:`Args`, :func:`check_meta` (dtypes, shapes, static sizes, the path switches, the
+  outputs' sizes against :data:`MAX_POSITIONS` and ``MAX_ELEMENTS``; no value read),
+  :func:`check_values` = :func:`check_int_values` (host copies of the lengths and the block
+  table, every visible block's table entry: the device wrapper's default) then
+  :func:`check_data_values` (finite non-negative scales, finite weights and a finite INT8
+  factor ``FP16(q_scale * weights)``, and among the tokens that are read finite
+  non-negative k scales and no FP8 NaN code: the wrapper's ``validate="full"``);
 * :func:`host_plan`: per query row its batch, its visible length and its ``k``;
 * :func:`cost`: the op's one FLOP / byte counter;
 * :func:`select_topk`: the one top-k rule (NumPy): score descending, exactly equal scores ->
@@ -36,6 +39,7 @@ from tilesim.shared.validate import (
     check_array,
     check_bool,
     check_choice,
+    check_elements,
     check_finite,
     check_int,
     check_trace,
@@ -54,6 +58,11 @@ MAX_DECODE_S1 = 4  #: decode query rows per batch (pypto-gym's kernel buffer)
 INT8_QK_SCALE = 2.0**-11
 #: the id of an unused top-k slot
 NO_ID = -1
+#: the most positions a score row may hold and the largest ``topk``: ``2**24``, the integers
+#: FP32 holds exactly -- the kernel orders equal scores by FP32 position keys -- and 100x
+#: DeepSeek-V3.2's 160K context. Checked with :data:`~tilesim.shared.validate.MAX_ELEMENTS`
+#: on the two outputs before any allocation.
+MAX_POSITIONS = 2**24
 
 
 class Args(NamedTuple):
@@ -150,6 +159,20 @@ def _check_lengths(block_table, seq_lens, q_lens, rows: int) -> tuple[int, int, 
     return n_b, bt[1], s1
 
 
+def _check_output_sizes(rows: int, topk: int, max_blocks: int, block_size: int) -> None:
+    """The two outputs, ``[T, max_blocks * block_size]`` FP32 scores and ``[T, topk]`` INT32
+    ids, bounded before any allocation (``ValueError`` naming the arguments that size them)."""
+    width = max_blocks * block_size
+    if width > MAX_POSITIONS:
+        raise ValueError(
+            f"block_table, block_size: expected max_blocks * block_size <= {MAX_POSITIONS} score "
+            f"columns (MAX_POSITIONS; the table's width sizes the [T, S] scores even where no "
+            f"token is read), got {max_blocks} * {block_size} = {width}"
+        )
+    check_elements((rows, width), "q, block_table, block_size", "the [T, S] scores")
+    check_elements((rows, topk), "q, topk", "the [T, topk] ids")
+
+
 def check_meta(q, weights, k_cache, block_table, seq_lens, *, q_scale=None, k_scale=None,
                q_lens=None, path="int8", int8_order="gym", topk=TOPK, block_size=128,
                trace=None, progress=None) -> Args:  # fmt: skip
@@ -164,6 +187,11 @@ def check_meta(q, weights, k_cache, block_table, seq_lens, *, q_scale=None, k_sc
     check_choice(path, "path", PATHS)
     check_choice(int8_order, "int8_order", INT8_ORDERS)
     topk = check_int(topk, "topk", lo=1, hi=INT32_MAX)
+    if topk > MAX_POSITIONS:
+        raise ValueError(
+            f"topk: expected an int in [1, {MAX_POSITIONS}] (MAX_POSITIONS: the most positions a "
+            f"score row may hold; DeepSeek-V3.2 uses {TOPK}), got {topk}"
+        )
     block_size = check_int(block_size, "block_size", lo=1, hi=INT32_MAX)
     check_trace(trace)
     if progress is not None:
@@ -171,6 +199,7 @@ def check_meta(q, weights, k_cache, block_table, seq_lens, *, q_scale=None, k_sc
     rows = _check_queries(q, weights, path)
     num_blocks = _check_scales(q_scale, k_scale, k_cache, path, rows, block_size)
     n_b, max_blocks, s1 = _check_lengths(block_table, seq_lens, q_lens, rows)
+    _check_output_sizes(rows, topk, max_blocks, block_size)
     return Args(q, weights, k_cache, block_table, seq_lens, q_scale, k_scale, q_lens, path,
                 int8_order, topk, block_size, n_b, rows, max_blocks, num_blocks, s1)  # fmt: skip
 
@@ -242,22 +271,56 @@ def _check_read_keys(a: Args, bt: np.ndarray, lens: np.ndarray) -> None:
         _check_scale(s, f"k_cache scales of batch {b}", where)
 
 
-def check_values(args: Args) -> Args:
-    """Value checks on host copies, before any work (``ValueError`` naming the entry):
-    ``0 <= q_lens``, ``sum(q_lens) = T``, ``q_lens <= seq_lens <= max_blocks * block_size``;
-    every block that holds a visible token has a table entry in ``[0, num_blocks)`` (entries
-    past them are never read, so anything goes there); ``weights`` finite, ``q_scale`` finite
-    and ``>= 0``, no NaN code in ``q`` (FP8); among the tokens that are read, finite ``>= 0``
-    k scales and no FP8 NaN code. Returns ``args`` with host int64 ``block_table``,
-    ``seq_lens``, ``q_lens`` and ``values=True``."""
+def _check_int8_factors(a: Args) -> None:
+    """INT8 ``"gym"`` order: the per (row, head) factor ``FP16(q_scale * weights)`` must stay
+    finite (an overflow to inf makes ``inf * 0 = NaN`` scores, and the ranking void)."""
+    qs = host_array(a.q_scale, "q_scale").astype(np.float32)
+    w = host_array(a.weights, "weights").astype(np.float32)
+    with np.errstate(over="ignore"):
+        bad = ~np.isfinite((qs * w).astype(np.float16))
+    if bad.any():
+        r, h = (int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(
+            f"weights, q_scale: expected FP16(q_scale * weights) finite (|product| <= 65504: "
+            f"int8_order='gym' rounds it to FP16), got q_scale[{r}, {h}] = {float(qs[r, h])!r} "
+            f"* weights[{r}, {h}] = {float(w[r, h])!r} (overflows to inf)"
+        )
+
+
+def check_int_values(args: Args) -> Args:
+    """The value checks of the small integer inputs (host int64 copies of ``seq_lens``,
+    ``block_table`` and ``q_lens``; the device wrapper's default): ``0 <= q_lens``,
+    ``sum(q_lens) = T``, ``q_lens <= seq_lens <= max_blocks * block_size``; every block that
+    holds a visible token has a table entry in ``[0, num_blocks)`` (entries past them are
+    never read, so anything goes there). Returns ``args`` with host int64 ``block_table``,
+    ``seq_lens``, ``q_lens`` and ``values=True`` (what :func:`host_plan` needs)."""
     bt, lens, ql = _check_length_values(args)
+    return args._replace(block_table=bt, seq_lens=lens, q_lens=ql, values=True)
+
+
+def check_data_values(args: Args) -> Args:
+    """The scans of the float data, after :func:`check_int_values` (``ValueError`` naming the
+    entry): ``weights`` finite, ``q_scale`` finite and ``>= 0``, ``FP16(q_scale * weights)``
+    finite (INT8 ``"gym"``), no NaN code in ``q`` (FP8); among the tokens that are read,
+    finite ``>= 0`` k scales and no FP8 NaN code (reads every visible block of the cache).
+    Returns ``args``."""
+    _require_values(args, "check_data_values")
     check_finite(host_array(args.weights, "weights"), "weights")
     if args.path == "int8":
         _check_scale(host_array(args.q_scale, "q_scale"), "q_scale", "(every row is read)")
+        if args.int8_order == "gym":
+            _check_int8_factors(args)
     else:
         check_finite(host_array(args.q, "q"), "q")
-    _check_read_keys(args, bt, lens)
-    return args._replace(block_table=bt, seq_lens=lens, q_lens=ql, values=True)
+    _check_read_keys(args, args.block_table, args.seq_lens)
+    return args
+
+
+def check_values(args: Args) -> Args:
+    """Every value check, on host copies, before any work (the golden's):
+    :func:`check_int_values` then :func:`check_data_values`. Returns ``args`` with host int64
+    ``block_table``, ``seq_lens``, ``q_lens`` and ``values=True``."""
+    return check_data_values(check_int_values(args))
 
 
 # ----------------------------------------------------------------------------- plan and cost
@@ -363,11 +426,14 @@ __all__ = [
     "INT8_ORDERS",
     "INT8_QK_SCALE",
     "MAX_DECODE_S1",
+    "MAX_POSITIONS",
     "NO_ID",
     "PATHS",
     "TOPK",
     "Args",
     "Plan",
+    "check_data_values",
+    "check_int_values",
     "check_meta",
     "check_values",
     "cost",
