@@ -109,10 +109,6 @@ class Args(NamedTuple):
     values: bool = False
 
 
-#: the old name of :class:`Args`
-DsaArgs = Args
-
-
 class HostPlan(NamedTuple):
     """The host rules of one checked call (:func:`host_plan`): ``phys`` int32 ``[T, topk]``
     physical rows (``NO_ROW`` for skipped ``-1`` entries and columns past ``cur_seq``),
@@ -702,7 +698,6 @@ def split_tiling(tiling: SaTileShapeConfig, *, tokens: int, nq: int, topk: int,
 
 __all__ = [
     "Args",
-    "DsaArgs",
     "HEAD_DIM",
     "HostPlan",
     "NO_ROW",

@@ -45,7 +45,6 @@ FIELD_BYTES = {
     "pypto": {"nope": (0, 512), "rope": (512, 640), "scales": (640, 656)},
     "flashmla": {"nope": (0, 512), "scales": (512, 528), "rope": (528, 656)},
 }
-_FIELDS = FIELD_BYTES
 LAYOUTS = ("pypto", "flashmla")
 #: byte offsets ``(rope, scales)`` inside a packed row, per layout (the kernel's view offsets)
 LAYOUT_OFFSETS = {k: (f["rope"][0], f["scales"][0]) for k, f in FIELD_BYTES.items()}
@@ -93,7 +92,7 @@ def _pack(layout: str, nope, rope, scales) -> np.ndarray:
     f = _check_fields(nope, rope, scales)
     rows = f.nope.shape[0]
     out = np.empty((rows, PYPTO_ROW_BYTES), dtype=np.uint8)
-    fields = _FIELDS[layout]
+    fields = FIELD_BYTES[layout]
     out[:, slice(*fields["nope"])] = f.nope.view(np.uint8)
     out[:, slice(*fields["rope"])] = _le_bytes(f.rope)
     out[:, slice(*fields["scales"])] = _le_bytes(f.scales.astype("<f4"))
@@ -110,7 +109,7 @@ def _unpack(layout: str, cache) -> MlaCacheRows:
     c = host_data(cache, "cache")
     qdtype = c.dtype if c.dtype in QUANT_DTYPES else FP8_E4M3
     b = np.ascontiguousarray(c).view(np.uint8)
-    fields = _FIELDS[layout]
+    fields = FIELD_BYTES[layout]
     nope = np.ascontiguousarray(b[:, slice(*fields["nope"])]).view(qdtype)
     rope = np.ascontiguousarray(b[:, slice(*fields["rope"])]).view("<u2").view(BF16)
     scales = np.ascontiguousarray(b[:, slice(*fields["scales"])]).view("<f4").astype(np.float32)

@@ -84,10 +84,6 @@ class Args(NamedTuple):
         return self.hq // self.hkv
 
 
-#: the former name of :class:`Args`
-DecodeInputs = Args
-
-
 def _check_int_dtype(x, name: str) -> None:
     """``TypeError`` unless ``x`` has an integer dtype (bool refused); metadata only."""
     dt = dtype_of(x, name)
@@ -225,12 +221,6 @@ def check_values(args: Args) -> Args:
     ids = check_block_ids(args.block_ids, args.batch, args.nb)
     seq = check_decode_seq_len(args.seq_len, args.batch, args.nb, args.by)
     return args._replace(ids=ids, seq=seq)
-
-
-def check_decode_inputs(q, k_blocks, v_blocks, block_ids, seq_len, *, block_size=None) -> Args:
-    """:func:`check_meta` then :func:`check_values` (the former one-call check)."""
-    args = check_meta(q, k_blocks, v_blocks, block_ids, seq_len, block_size=block_size)
-    return check_values(args)
 
 
 class Plan(NamedTuple):
@@ -404,12 +394,10 @@ def resolve_tiling(tiling, *, batch: int, hkv: int, topk: int, soc: str) -> MsaT
 __all__ = [
     "BY",
     "Args",
-    "DecodeInputs",
     "Plan",
     "SPLIT_MIN_CHUNKS",
     "TOPK",
     "check_block_ids",
-    "check_decode_inputs",
     "check_decode_seq_len",
     "check_meta",
     "check_values",

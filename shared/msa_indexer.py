@@ -55,10 +55,6 @@ class Args(NamedTuple):
     idx_k: object = None  #: the caller's ``[nb*128, 128]`` BF16 array / tensor (not copied)
 
 
-#: the former name of :class:`Args`
-IndexerArgs = Args
-
-
 class Plan(NamedTuple):
     """The host plan of a call (:func:`host_plan`): the selection's sizes and masks."""
 
@@ -104,11 +100,6 @@ def check_values(args: Args) -> Args:
     check_finite(host_array(args.idx_q, "idx_q"), "idx_q")
     check_finite(host_array(args.idx_k, "idx_k")[: args.valid], "idx_k")
     return args
-
-
-def check_indexer(idx_q, idx_k, nb, *, seq_len=None, head_reduce="max") -> Args:
-    """:func:`check_meta` then :func:`check_values` (the former one-call check)."""
-    return check_values(check_meta(idx_q, idx_k, nb, seq_len=seq_len, head_reduce=head_reduce))
 
 
 #: tie id of the local block (and of the device ranking's padding): never a candidate
@@ -219,11 +210,9 @@ __all__ = [
     "HEAD_REDUCES",
     "NOT_CANDIDATE",
     "Args",
-    "IndexerArgs",
     "Plan",
     "TOPK",
     "block_head_max",
-    "check_indexer",
     "check_indexer_seq_len",
     "check_meta",
     "check_values",

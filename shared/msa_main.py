@@ -211,10 +211,6 @@ class Args(NamedTuple):
     block_mask: object
 
 
-#: the former name of :class:`Args`
-MainBranchArgs = Args
-
-
 def _check_shapes(query, key_blocks, value_blocks, block_mask) -> tuple[int, ...]:
     """``(n, hq, hkv, dh, nbq, topk, bk, kv_len)`` after the shape relations are checked."""
     n, hq, dh = check_ndim(query, "query", 3, "[n, HQ, dh]")
@@ -357,7 +353,6 @@ __all__ = [
     "MAIN_INPUT_DTYPES",
     "MASK_NEG",
     "Args",
-    "MainBranchArgs",
     "MainPlan",
     "build_msa_block_mask",
     "check_mask_finite",

@@ -641,7 +641,7 @@ def _trace_actual(args, run, goldens: dict):
             f"of {run.name} has {list(garr.shape)}"
         )
     tol = _judging_tolerance(run.tolerance)
-    rep = judge(act.array, garr, tol, name=run.name, check_dtype=False)
+    rep = judge(act.array, garr, tol, name=run.name)
     title = (
         f"{act.source} vs golden: {'PASS' if rep.passed else 'FAIL'}, {rep.n_fail} failing "
         f"(allowed {rep.threshold}), max |err| {rep.max_abs_err:.3g}"

@@ -126,14 +126,13 @@ def kind_of(manifest: dict | None, tol: dict) -> str | None:
     return kind
 
 
-def judge(actual, golden, tol: dict, *, name: str, check_dtype=False, arithmetic="float64",
-          rule="default", scores=None, kind=None):  # fmt: skip
+def judge(actual, golden, tol: dict, *, name: str, arithmetic="float64", rule="default",
+          scores=None, kind=None):  # fmt: skip
     """:func:`tilesim.reference.judge` of ``actual`` vs ``golden`` under the tolerance dict
-    ``tol``; bad tolerance values or data become a :class:`CliError`. ``check_dtype`` is
-    accepted for the callers that pass it (the CLI checks dtypes before judging)."""
+    ``tol``; bad tolerance values or data become a :class:`CliError` (the CLI checks dtypes
+    before judging)."""
     from tilesim.reference.judge import judge as reference_judge
 
-    del check_dtype
     try:
         return reference_judge(actual, golden, tol, scores=scores, rule=rule, name=name,
                                arithmetic=arithmetic, kind=kind)  # fmt: skip

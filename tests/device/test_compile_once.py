@@ -1,4 +1,4 @@
-"""One compiled kernel per model configuration and tiling (issue 14), on PyPTO's CPU simulator.
+"""One compiled kernel per model configuration and tiling, on PyPTO's CPU simulator.
 
 ``tilesim.device.compile_stats()`` counts the kernels the compile registry
 (``tilesim.device.backend.compiled``) built. Driving a wrapper over runtime sizes -- decode
@@ -201,7 +201,7 @@ def _compile_msa_npu_shapes(soc) -> dict:
 
     # the module, not the op of the same name the package exports
     mi = importlib.import_module("tilesim.device.msa_indexer")
-    from tilesim.shared.msa_indexer import check_indexer
+    from tilesim.shared.msa_indexer import check_meta, check_values
     from tilesim.shared.tiling import MsaTiling
 
     nb, bf = 17, torch.bfloat16
@@ -209,10 +209,12 @@ def _compile_msa_npu_shapes(soc) -> dict:
     q, k = torch.zeros(4, 128, dtype=bf), torch.zeros(nb * 128, 128, dtype=bf)
     kernel, ins, outs = mi.score_launch(q, k, nb, soc)
     seconds["indexer nb17 scores"] = sim.run_compile(kernel, [*ins, *outs])
-    kernel, ins, outs = mi.block_max_launch(q, k, check_indexer(q, k, nb), soc)
+    kernel, ins, outs = mi.block_max_launch(q, k, check_values(check_meta(q, k, nb)), soc)
     seconds["indexer nb17 block max"] = sim.run_compile(kernel, [*ins, *outs])
     for hr in ("max", "none"):  # the device-ranked kernel, per head mode
-        kernel, ins, outs = mi.select_launch(q, k, check_indexer(q, k, nb, head_reduce=hr), soc)
+        kernel, ins, outs = mi.select_launch(
+            q, k, check_values(check_meta(q, k, nb, head_reduce=hr)), soc
+        )
         seconds[f"indexer nb17 select {hr}"] = sim.run_compile(kernel, [*ins, *outs])
     q = torch.zeros(1, 64, 128, dtype=bf)
     kb = torch.zeros(1, 4, nb, 128, 128, dtype=bf)

@@ -57,7 +57,7 @@ def check_indexer(spec, soc, seed=11) -> dict:
     from tilesim.reference import msa_indexer as ref_ids
     from tilesim.reference import msa_indexer_scores as ref_scores
     from tilesim.shared.interop import to_numpy
-    from tilesim.shared.msa_indexer import check_indexer
+    from tilesim.shared.msa_indexer import check_meta, check_values
 
     nb, seq_len, data = spec
     q, k = _case(nb, data, seed)
@@ -75,7 +75,7 @@ def check_indexer(spec, soc, seed=11) -> dict:
     )
     want_ph = ref_ids(q, k, nb, seq_len=seq_len, head_reduce="none")
     # the fused variant: block maxima on the device, ids from them
-    args = check_indexer(q, k, nb, seq_len=seq_len)
+    args = check_values(check_meta(q, k, nb, seq_len=seq_len))
     hm, us_fused = _run_block_max(q, k, args, resolve("sim", soc, q))
     masked = s.clone()
     masked[:, seq_len or nb * 128 :] = -torch.inf

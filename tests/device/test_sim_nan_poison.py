@@ -1,11 +1,11 @@
 """NaN poisoning of the slots a kernel never reads, on PyPTO's CPU simulator (910B and 950).
 
-The kernel twin of ``tests/reference/test_nan_poison.py`` (issue 15, point 2): in real serving
-unwritten cache rows hold garbage, so every slot a kernel must not read is filled with NaN or
-+-inf and the output must be the same BITS as with finite data there. Each test makes one
-clean and one poisoned call of the kernel (several poison kinds batched into the same call,
-since a simulator run costs seconds), and batches a control into the poisoned call: a slot
-that IS read, poisoned, must show NaN -- so the comparison is not vacuous.
+The kernel twin of ``tests/reference/test_nan_poison.py`` (docs/numerics.md, "Masking and
+NaN"): in real serving unwritten cache rows hold garbage, so every slot a kernel must not read
+is filled with NaN or +-inf and the output must be the same BITS as with finite data there.
+Each test makes one clean and one poisoned call of the kernel (several poison kinds batched
+into the same call, since a simulator run costs seconds), and batches a control into the
+poisoned call: a slot that IS read, poisoned, must show NaN -- so the comparison is not vacuous.
 
 * MSA decode (``gather`` "device", "paged", "host", and "device" with ``kv_splits`` 2): in K
   and V, the masked tail of the
@@ -146,7 +146,7 @@ def check_indexer_poison(soc) -> dict:
     import torch
     from tilesim.device.backend import resolve
     from tilesim.device.msa_indexer import _run_block_max, msa_indexer, msa_indexer_scores
-    from tilesim.shared.msa_indexer import block_head_max, check_indexer
+    from tilesim.shared.msa_indexer import block_head_max, check_meta, check_values
 
     g = torch.Generator().manual_seed(9)
     q = (torch.randn(4, 128, generator=g) * 0.1).bfloat16()
@@ -156,7 +156,7 @@ def check_indexer_poison(soc) -> dict:
     tail = bad[IDX_SEQ:]  # NaN, +inf, -inf row after row, and one NaN in a single column
     tail[0::3], tail[1::3], tail[2::3, 7] = NAN, INF, NAN
     tail[2::3, 8] = -INF
-    args = check_indexer(q, k, IDX_NB, seq_len=IDX_SEQ)
+    args = check_values(check_meta(q, k, IDX_NB, seq_len=IDX_SEQ))
     target = resolve("sim", soc, q)
     res = {}
     for name, keys in (("clean", k), ("dirty", bad)):
