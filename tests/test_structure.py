@@ -7,6 +7,8 @@
   ``@pypto.frontend.jit`` kernel bodies.
 * Code and docs cite public sources or the project's docs, never the team's private notes.
 * ``import tilesim.tests`` fails: no folder of the checkout is a half of the package.
+* No alias of a contract's names in the package; docs describe the present state (no issue
+  numbers, no "now / no longer" narration), tests carry no issue numbers or dates.
 """
 
 from __future__ import annotations
@@ -159,14 +161,28 @@ def test_wrappers_hold_no_kernel_body(op):
     assert "frontend.jit" not in text, f"device/{op}.py defines a jit kernel"
 
 
+#: names that were aliases of the contracts' names (``Args``, ``check_meta`` + ``check_values``,
+#: ``FIELD_BYTES``), and the phrase that announced such re-exports
+_ALIASES = re.compile(
+    r"\b(DsaArgs|IndexerArgs|check_indexer|DecodeInputs|check_decode_inputs|MainBranchArgs|"
+    r"_FIELDS)\b|\bformer\b"
+)
+#: package files another engineer is rewriting this session (they still name a removed alias
+#: in a docstring or re-export "under their former names"); the lead removes these entries
+_ALIAS_ALLOW = {"device/msa_decode.py", "device/msa_indexer.py"}
+
+
 def test_no_probe_smoke_or_alias_in_the_package():
     bad = []
     for p in _py_files(*LAYERS, "app"):
+        rel = p.relative_to(ROOT).as_posix()
         if re.search(r"probe|smoke", p.name):
-            bad.append(f"{p.relative_to(ROOT)}: a probe / smoke module")
+            bad.append(f"{rel}: a probe / smoke module")
         for i, line in enumerate(p.read_text().splitlines(), 1):
-            if re.search(r"\bdef \w*probe\w*\(|\btile_config\b|\bkeep_mask = ", line):
-                bad.append(f"{p.relative_to(ROOT)}:{i}: {line.strip()[:80]}")
+            if re.search(r"\bdef \w*probe\w*\(|\btile_config\b|\bkeep_mask = ", line) or (
+                rel not in _ALIAS_ALLOW and _ALIASES.search(line)
+            ):
+                bad.append(f"{rel}:{i}: {line.strip()[:80]}")
     assert not (ROOT / "reference" / "interop.py").exists(), "reference/interop.py shim"
     assert not bad, "\n".join(bad)
 
@@ -182,15 +198,53 @@ def test_cache_layout_offsets_are_defined_once():
     assert not bad, f"layout constants assigned outside shared/mla_cache.py: {bad}"
 
 
+#: references to the issue tracker ("issue 13", "change 4"), in docs, README and tests
+_TRACKER = re.compile(r"\bissue[ #]*\d|\bchange \d|\bthe issue\b", re.I)
+#: a date (history lives in CHANGELOG.md and docs/perf/journal.md), in tests
+_DATE = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b")
+#: narration of a change instead of the present state, in docs and README
+_NARRATION = re.compile(
+    r"\b(no longer|now|any ?more|previously|formerly|used to be|until now|this session|"
+    r"aimed at|not met|(was|were|has been|have been) (renamed|removed))\b",
+    re.I,
+)
+#: files the lead is rewriting this session (issue references, dates, narration); the lead
+#: removes these entries when done
+_NARRATION_ALLOW = {
+    "docs/device.md",
+    "docs/ops/moe.md",
+    "tests/device/test_moe_sim.py",
+    "tests/digests/test_golden_digests.py",
+    "tests/digests/test_kernel_digests.py",
+    # a new test of the indexer's owner, in progress this session (its header names the issue)
+    "tests/reference/test_dsa_indexer_bounds.py",
+}
+
+
+def _narration_hits(files, *patterns) -> list[str]:
+    return [
+        f"{rel}:{i}: {line.strip()[:80]}"
+        for p in files
+        if (rel := p.relative_to(ROOT).as_posix()) not in _NARRATION_ALLOW
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if any(pat.search(line) for pat in patterns)
+    ]
+
+
 def test_docs_describe_not_narrate():
     """The docs state facts; the history lives in docs/perf/journal.md, dated, and no page
-    refers to the issue tracker ("issue 13", "change 4")."""
-    pat = re.compile(r"\bissue[ #]*\d|\bchange \d", re.I)
-    bad = [
-        f"{p.relative_to(ROOT)}:{i}: {line.strip()[:80]}"
-        for p in sorted((ROOT / "docs").rglob("*.md")) + [ROOT / "README.md"]
-        for i, line in enumerate(p.read_text().splitlines(), 1)
-        if pat.search(line)
-    ]
+    refers to the issue tracker or narrates a change ("now", "no longer", "aimed at")."""
+    docs = sorted((ROOT / "docs").rglob("*.md")) + [ROOT / "README.md"]
+    bad = _narration_hits(docs, _TRACKER)
+    journal = ROOT / "docs" / "perf" / "journal.md"
+    bad += _narration_hits([p for p in docs if p != journal], _NARRATION)
     assert not bad, "\n".join(bad)
-    assert (ROOT / "docs" / "perf" / "journal.md").is_file()
+    assert journal.is_file()
+
+
+def test_tests_carry_no_issue_numbers_or_dates():
+    """Test headers, docstrings and comments describe what is checked; which issue asked for a
+    test, and when, is history (CHANGELOG.md, docs/perf/journal.md)."""
+    files = [p for p in sorted((ROOT / "tests").rglob("*.py")) if p != Path(__file__).resolve()]
+    bad = _narration_hits(files, _TRACKER, _DATE)
+    assert not bad, "\n".join(bad)

@@ -1,4 +1,5 @@
-"""The corruptions of the grid: one function per class of bad input of issue 15.
+"""The corruptions of the grid: one function per class of bad input of the input policy
+(docs/numerics.md).
 
 Each corruption takes the valid value of one argument and its :class:`~badinput.table.Arg`
 spec and returns the corrupted value, or ``None`` when the class does not apply to that

@@ -1,6 +1,6 @@
-"""The cross-op bad-input grid (issue 15, point 1; FlashMLA-style parameter grid).
+"""The cross-op bad-input grid (docs/numerics.md, "Input policy"; FlashMLA-style parameter grid).
 
-Every class of bad input of issue 15 (``corrupt.CLASSES``: wrong kind -- list, masked array,
+Every class of bad input of the policy (``corrupt.CLASSES``: wrong kind -- list, masked array,
 ``np.matrix``, object dtype, str, None --, wrong dtype, complex, wrong rank or shape, torch
 tensor of a wrong dtype, NaN in a finite-only array, out-of-range / int64-overflowing /
 negative / unsigned-huge / fractional / bool index and length arrays, inconsistent lengths,
@@ -178,7 +178,7 @@ def test_bad_input_rejected(op_name, key, cls):
 
 
 def test_grid_covers_every_class_and_op():
-    """Every class of the issue has cells, and every op has at least 2 cells."""
+    """Every class of bad input has cells, and every op has at least 2 cells."""
     classes = {p.values[2] for p in GRID}
     assert classes == set(CLASSES)
     per_op = {name: sum(p.values[0] == name for p in GRID) for name in OPS}

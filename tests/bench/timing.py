@@ -244,7 +244,7 @@ def _bench_only_cases() -> dict:
     }
 
 
-#: an M3-size grouped GEMM (the issue's second MoE case), built with moe_make_case
+#: an M3-size grouped GEMM (the second MoE case of the bench), built with moe_make_case
 M3_SIZE_CASE = "bench_m3_e8_h6144_i3072_r256"
 
 

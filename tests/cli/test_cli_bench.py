@@ -20,7 +20,7 @@ def test_moe_flop_count_matches_the_issue():
     cs = np.concatenate([[0], np.cumsum([0, 1, 2, 4, 8, 16, 32, 0])]).astype(np.int32)
     args = {"dims": MINIMAX_M27.moe_dims(8), "expert_cumsum": cs}
     built = SimpleNamespace(op_name="moe_grouped_gemm", op_args=args)  # m27_case_001's shape
-    # 63 tokens x (mm1 2*H*2I + mm2 2*I*H) = "about 1.8 GFLOP" (issue 3)
+    # 63 tokens x (mm1 2*H*2I + mm2 2*I*H) = about 1.8 GFLOP
     assert flop_count(built) == 63 * (2 * 3072 * 3072 + 2 * 1536 * 3072)
     assert 1.7e9 < flop_count(built) < 1.9e9
 

@@ -119,7 +119,7 @@ def test_like_alone_gives_the_case_parameters(cli, tmp_path, case):
     runs = (
         (npz, []),
         (npz, ["--params", json.dumps(partial)]),
-        (d, ["--params", json.dumps(partial)]),  # the issue's command: the case dir + --like
+        (d, ["--params", json.dumps(partial)]),  # the case dir + --like
     )
     for n, (src, extra) in enumerate(runs):
         out = tmp_path / f"r{n}"
@@ -134,7 +134,7 @@ def test_like_alone_gives_the_case_parameters(cli, tmp_path, case):
 
 def test_the_case_tiling_is_not_the_default_one(cli, tmp_path):
     """The DeepSeek case above runs the prefill preset; the env default is the decode preset,
-    so a replay that dropped the recorded tiling would differ (the issue's FAIL)."""
+    so a replay that dropped the recorded tiling would differ (a FAIL)."""
     from tilesim.shared import SaTileShapeConfig
 
     d, _ = _inputs_npz(cli, tmp_path, "sfa_bf16_b4_s2_seq64K_total_fp8_d")

@@ -1,4 +1,4 @@
-"""DeepSeek sparse attention kernels, deployability (issue 14) and NaN-robust masking (issue 15).
+"""DeepSeek sparse attention kernels, deployability and NaN-robust masking.
 
 * One compile per configuration: the packed INT8 wrapper driven over several batches, lengths
   and ``cur_seq`` (one fixed cache pool, as a serving process has) builds ONE kernel

@@ -1,6 +1,6 @@
-"""Compile checks of the DeepSeek sparse-attention kernels at the NPU tests' exact shapes
-(issue 14): every case ``tests/device/test_dsa_npu_sim.py`` runs under ``nox -s device`` is
-compiled through PyPTO's full pass pipeline for its SoC on the CPU, without interpreting.
+"""Compile checks of the DeepSeek sparse-attention kernels at the NPU tests' exact shapes:
+every case ``tests/device/test_dsa_npu_sim.py`` runs under ``nox -s device`` is compiled
+through PyPTO's full pass pipeline for its SoC on the CPU, without interpreting.
 
 The NPU test runs each :data:`tilesim.reference.DSA_CASES` entry whose SoC list holds the
 device (FP8 only on a 950) with the case's tile preset and the wrapper's default

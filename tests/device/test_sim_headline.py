@@ -1,6 +1,6 @@
 """The seeds' headline decode shapes on PyPTO 0.2.0's cost model, costed without interpreting.
 
-Shapes (issue 13, point 5), each through its public wrapper's own argument building, inside
+Shapes, each through its public wrapper's own argument building, inside
 :func:`tilesim.device.sim.cost_only` (compile + cost model, no host interpreter: the outputs are
 NOT computed, so these rows carry no numerics):
 

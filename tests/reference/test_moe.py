@@ -319,7 +319,7 @@ def test_flop_count_is_the_sum_of_the_trace_and_the_published_m27_figure():
     run(case, trace=seen.append)
     cs, dims = case["inputs"]["expert_cumsum"], case["params"]["dims"]
     assert moe_flop_count(cs, dims) == sum(r["flop"] for r in seen) == 18 * 6 * 64 * 32
-    # m27_case_001: 63 rows, H 3072, I 1536, "about 1.8 GFLOP" (issue 3 of this project)
+    # m27_case_001: 63 rows, H 3072, I 1536, about 1.8 GFLOP
     m27 = MoeDims(8, 3072, 1536)
     cs27 = np.concatenate([[0], np.cumsum([0, 1, 2, 4, 8, 16, 32, 0])]).astype(np.int32)
     assert 1.7e9 < moe_flop_count(cs27, m27) < 1.9e9

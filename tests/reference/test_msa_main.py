@@ -385,7 +385,7 @@ POISON_CASES = [  # n, ids, topk, dtype, ntile, seeds_compat, fast
 @pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf, 3e38])
 def test_unread_key_rows_never_reach_the_output(n, ids, topk, dtype, ntile, seeds_compat, fast,
                                                 value):  # fmt: skip
-    """NaN-robust masking (issue 15): the K and V rows of keys no query row sees are zeroed
+    """NaN-robust masking: the K and V rows of keys no query row sees are zeroed
     (a select), so NaN, inf or huge garbage there gives the same output bits and the same
     trace records as zeros; a poisoned key that IS seen shows up (the control)."""
     inputs, _, _ = case(n, ids, hq=8, hkv=2, topk=topk, seed=n + topk)

@@ -1,4 +1,4 @@
-"""NaN poisoning of every slot an op never reads (issue 15, point 2), for every reference op.
+"""NaN poisoning of every slot an op never reads, for every reference op (docs/numerics.md).
 
 In real serving, cache rows nobody has written yet hold garbage; FlashMLA's tests fill every
 unused slot with NaN to prove the kernel never lets one leak into the output. Here each test

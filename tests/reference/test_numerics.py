@@ -112,7 +112,7 @@ NAN_BITS = [
 
 @functools.lru_cache(maxsize=1)
 def probe_set() -> np.ndarray:
-    """~1.45M FP32 inputs (as float32) covering every case the issue lists."""
+    """~1.45M FP32 inputs (as float32) covering every case of docs/numerics.md's rounding rules."""
     rng = np.random.default_rng(2)
     parts = []
     # every BF16 pattern, its exact tie, one ULP either side of the tie, and the extremes of the
