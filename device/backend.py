@@ -27,6 +27,11 @@ And, for every kernel, written once here:
   ``tilesim.device.compile_stats``) report {kernel name: distinct compiled variants}. A
   key holds only model constants, tiles, dtypes and options (the SoC is added here);
   sequence lengths, ``nb`` and batch are runtime values of the kernels (dynamic axes).
+* **the value checks** — :func:`value_checks`, the one ``validate=`` policy of every wrapper
+  over the one table :data:`VALUE_CHECKS` that splits each op's value checks into the small
+  integer inputs the kernel's contract reads on the host anyway (``validate=True``, the
+  default) and the bulk scans of caches, weights, activations and masks
+  (``validate="full"``); ``validate=False`` checks metadata only.
 * **torch.compile** — :func:`graph_safe` marks a wrapper for ``torch._dynamo.allow_in_graph``
   (registered at once when dynamo is loaded, else by :func:`allow_in_graph`), and
   :func:`is_shape_only` / :func:`standin` let a wrapper answer FakeTensor or ``meta`` inputs
@@ -37,6 +42,7 @@ Importing this module needs neither torch nor pypto.
 
 from __future__ import annotations
 
+import importlib
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -140,6 +146,57 @@ def finish(out, cost_us: float | None, target: Target):
     return (out, 0.0 if cost_us is None else cost_us) if target.sim else out
 
 
+# ----------------------------------------------------------------------------- value checks
+#: the ``validate=`` choices of every wrapper: ``True`` (default) metadata and the small
+#: integer inputs, ``"full"`` every value check of the golden, ``False`` metadata only
+VALIDATE = (True, False, "full")
+
+#: THE split of every op's value checks (``tilesim.shared.<op>``): ``op -> (contract module,
+#: checks of the small integer inputs the kernel's contract reads on the host anyway -- run by
+#: default --, bulk scans of caches / weights / activations / masks -- ``validate="full"``
+#: only)``, as function names of the contract (``None``: the op has none). A default call
+#: copies to the host only what the first column reads (``docs/device.md``, "Host round trips
+#: and ``validate=``").
+VALUE_CHECKS = {
+    "moe": ("moe", "check_values", None),  # expert_cumsum [E+1]
+    "msa_indexer": ("msa_indexer", None, "check_values"),  # idx_q, idx_k finite
+    "msa_decode": ("msa_decode", "check_values", None),  # block_ids [B, topk], seq_len [B]
+    "msa_main": ("msa_main", None, "check_values"),  # block_mask finite
+    "dsa": ("dsa", "check_values", None),  # topk_indices, block_table, kv_act_seqs
+    "dsa_indexer": ("dsa_indexer", "check_int_values", "check_data_values"),
+}
+
+
+def validate_level(validate) -> str:
+    """``"meta"`` (``validate=False``), ``"ints"`` (``True``, the default) or ``"full"``;
+    ``TypeError`` naming ``validate`` for anything else (an int, another string)."""
+    if isinstance(validate, (bool, np.bool_)):
+        return "ints" if validate else "meta"
+    if isinstance(validate, str) and validate == "full":
+        return "full"
+    raise TypeError(
+        f"validate: expected a bool or 'full' (True: metadata and the small integer inputs; "
+        f"'full': every value check; False: metadata only), got {type(validate).__name__} "
+        f"{validate!r}"
+    )
+
+
+def value_checks(op: str, args, validate, *, shape_only: bool = False):
+    """The value checks of ``op`` (:data:`VALUE_CHECKS`) that ``validate`` asks for, on the
+    contract's checked ``args``; returns the contract's ``args`` after them. Shape-only
+    inputs (:func:`is_shape_only`) and ``validate=False`` read nothing."""
+    level = validate_level(validate)
+    if shape_only or level == "meta":
+        return args
+    module, ints, scans = VALUE_CHECKS[op]
+    contract = importlib.import_module(f"tilesim.shared.{module}")
+    if ints is not None:
+        args = getattr(contract, ints)(args)
+    if scans is not None and level == "full":
+        args = getattr(contract, scans)(args)
+    return args
+
+
 # ----------------------------------------------------------------------------- compile registry
 _KERNELS: dict[tuple, object] = {}  # (name, key, arch) -> built kernel
 _BUILDS: dict[str, int] = {}  # name -> kernels built since the last reset
@@ -241,15 +298,25 @@ def allow_in_graph() -> list[str]:
     return sorted({fn.__name__ for fn in _GRAPH_SAFE})
 
 
-def is_shape_only(*arrays) -> bool:
+def is_shape_only(*arrays, names: tuple[str, ...] | None = None) -> bool:
     """True when any argument is a tensor without data to read: a FakeTensor (torch.compile's
     tracing) or a ``meta`` tensor. A wrapper then checks metadata only and returns empty
-    outputs of the right shape, dtype and device (no kernel, no host copy)."""
+    outputs of the right shape, dtype and device (no kernel, no host copy), made like its first
+    array argument. ``names`` (the arguments' names, first = the one the outputs follow): then
+    a first argument that is not a torch tensor is a ``TypeError`` naming both."""
     if not any(is_torch_tensor(a) for a in arrays):
         return False
     from torch._subclasses.fake_tensor import is_fake  # noqa: PLC0415 -- torch is loaded
 
-    return any(is_torch_tensor(a) and (a.device.type == "meta" or is_fake(a)) for a in arrays)
+    hollow = [is_torch_tensor(a) and (a.device.type == "meta" or is_fake(a)) for a in arrays]
+    if any(hollow) and names is not None and not is_torch_tensor(arrays[0]):
+        which = names[hollow.index(True)]
+        raise TypeError(
+            f"{names[0]}: expected a torch tensor (a meta / FakeTensor {which} makes this a "
+            f"shape-only call, whose outputs are empty tensors like {names[0]}), got "
+            f"{type(arrays[0]).__name__}"
+        )
+    return any(hollow)
 
 
 def standin(x, fill=None):
@@ -267,6 +334,8 @@ __all__ = [
     "ARCH_950",
     "BACKENDS",
     "DEFAULT_SOC",
+    "VALIDATE",
+    "VALUE_CHECKS",
     "Target",
     "allow_in_graph",
     "compile_once",
@@ -281,4 +350,6 @@ __all__ = [
     "resolve",
     "standin",
     "to_tensors",
+    "validate_level",
+    "value_checks",
 ]

@@ -51,7 +51,6 @@ from tilesim.shared.casts import BF16
 from tilesim.shared.dsa import (
     Args,
     check_inputs,
-    check_values,
     cost,
     cost_args,
     kernel_indices,
@@ -64,7 +63,7 @@ from tilesim.shared.dsa import (
 from tilesim.shared.interop import is_torch_tensor
 from tilesim.shared.mla_cache import NOPE
 from tilesim.shared.soc import DEFAULT_SOC
-from tilesim.shared.validate import check_array, check_bool, check_choice, op_signature, shape_of
+from tilesim.shared.validate import check_array, check_choice, op_signature, shape_of
 
 __all__ = [
     "prepared_launch",
@@ -208,14 +207,21 @@ def _resolve(a: Args, quant: str, cache_name: str, backend_name: str, soc: str):
 
 def _checked_args(ins, layout: str, validate) -> tuple[Args, bool, tuple]:
     """``(a, shape_only, ints)``: :func:`~tilesim.shared.dsa.check_inputs` on the caller's
-    arguments ``ins`` (metadata only), then :func:`~tilesim.shared.dsa.check_values` when
-    ``validate`` and the data is real (``a.values`` tells whether it ran); ``ints`` = the
-    caller's ``(topk_indices, block_table, kv_act_seqs)``."""
-    check_bool(validate, "validate")
+    arguments ``ins`` (metadata only), then the value checks ``validate`` asks for
+    (:func:`tilesim.device.backend.value_checks`: :func:`~tilesim.shared.dsa.check_values`, the
+    integer inputs, for ``True`` and ``"full"``) when the data is real (``a.values`` tells
+    whether they ran); ``ints`` = the caller's ``(topk_indices, block_table, kv_act_seqs)``."""
+    _backend.validate_level(validate)
     a = check_inputs(ins, layout)
     ints = (ins.topk_indices, ins.block_table, ins.kv_act_seqs)
-    shape_only = _backend.is_shape_only(ins.query_nope, ins.query_rope, *ints)
-    return (check_values(a) if validate and not shape_only else a), shape_only, ints
+    names = ("query_nope", "query_rope", *_CACHE_NAMES[layout == "kv_split"], "topk_indices",
+             "block_table", "kv_act_seqs")  # fmt: skip
+    arrays = (ins.query_nope, ins.query_rope, *a.caches, *ints)
+    shape_only = _backend.is_shape_only(*arrays, names=names)
+    return _backend.value_checks("dsa", a, validate, shape_only=shape_only), shape_only, ints
+
+
+_CACHE_NAMES = (("nope_cache",), ("kn_quant", "kr", "kn_scales"))
 
 
 def _checked_call(checked, form: str, layout: str, out, backend, soc):
@@ -263,9 +269,10 @@ def sparse_attention_antiquant(
       tensors, PyPTO's host interpreter + cost model for ``soc``) or ``"auto"`` (``"npu"`` for
       NPU tensors, else a ``ValueError`` naming both) (:func:`tilesim.device.backend.resolve`);
     * ``soc`` — the simulator's target, ``"910b"`` or ``"950"`` (a process compiles for one);
-    * ``validate`` — ``True`` (default) copies ``topk_indices``, ``block_table`` and
-      ``kv_act_seqs`` to the host for the reference's value checks (every used entry) and
-      plans the kernel's index tensor there (one ``[T, topk]`` int64 pass, then a host-to-device
+    * ``validate`` — ``True`` (default; ``"full"`` is the same: this op has no float scan)
+      copies ``topk_indices``, ``block_table`` and ``kv_act_seqs`` to the host for the
+      reference's value checks (every used entry) and plans the kernel's index tensor
+      there (one ``[T, topk]`` int64 pass, then a host-to-device
       copy of the INT32 plan: docs/device.md#host-round-trips-and-validate); ``False`` checks
       metadata only,
       reads no value and plans the index tensor on the inputs' device

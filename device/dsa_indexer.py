@@ -5,7 +5,13 @@ Same name and arguments as the golden :func:`tilesim.reference.dsa_indexer` (con
 torch tensors in, the same kind out (:mod:`tilesim.device.backend`). The kernel
 (:mod:`tilesim.device._dsa_indexer_kernel`, whose docstring has the loop nest and the
 selection) writes both outputs on the inputs' device: the FP32 scores and the INT32 ids, which
-stay there for the sparse-attention kernel (no device-to-host copy unless ``validate``).
+stay there for the sparse-attention kernel (no device-to-host copy of an output).
+
+Host copies per call (``validate``, :func:`tilesim.device.backend.value_checks`): the default
+(``True``) copies ``seq_lens`` and ``block_table`` (``4 * B * (1 + max_blocks)`` bytes for INT32)
+for their range checks, and no float data; ``"full"`` adds the scans of ``weights``,
+``q_scale``, ``q`` (FP8) and every visible block of the key cache (about 550 MB at b64 over
+64K); ``False`` copies nothing.
 
 What the kernel computes, per path:
 
@@ -36,7 +42,7 @@ import functools
 
 from tilesim.device import backend as _backend
 from tilesim.device._lazy import require_torch
-from tilesim.shared.dsa_indexer import Args, check_meta, check_values
+from tilesim.shared.dsa_indexer import MAX_POSITIONS, Args, check_meta
 from tilesim.shared.soc import DEFAULT_SOC
 from tilesim.shared.validate import check_bool, check_choice
 
@@ -67,6 +73,13 @@ def _check_kernel_limits(a: Args) -> None:
         raise ValueError(
             f"block_size: expected a multiple of {ALIGN} for the FP8 kernel (the page's scales "
             f"as whole 128-byte rows), got {a.block_size}"
+        )
+    cols = padded_columns(a.max_blocks, a.topk, a.block_size)
+    if cols * a.block_size > MAX_POSITIONS:
+        raise ValueError(
+            f"block_table, topk, block_size: expected the kernel's padded score width (block "
+            f"table padded to {cols} columns) * block_size <= {MAX_POSITIONS} (its FP32 position "
+            f"keys are exact up to there), got {cols * a.block_size}"
         )
 
 
@@ -124,15 +137,20 @@ def _prepare(a: Args, target, select: bool = True) -> dict:
             "outputs": outputs, "width": width, "target": target}  # fmt: skip
 
 
+_NAMES = ("q", "weights", "k_cache", "block_table", "seq_lens", "q_scale", "k_scale", "q_lens")
+
+
 def _checked(args: tuple, kwargs: dict, validate) -> tuple[Args, bool]:
-    """The shared contract's :func:`~tilesim.shared.dsa_indexer.check_meta`, then
-    :func:`~tilesim.shared.dsa_indexer.check_values` (host copies) when ``validate`` and the
-    inputs hold data, then the kernel's limits."""
-    check_bool(validate, "validate")
+    """The shared contract's :func:`~tilesim.shared.dsa_indexer.check_meta`, then the value
+    checks ``validate`` asks for (:func:`tilesim.device.backend.value_checks`: by default the
+    lengths and the block table, ``"full"`` also the float scans) when the inputs hold data,
+    then the kernel's limits."""
+    _backend.validate_level(validate)
     a = check_meta(*args, **kwargs)
-    shape_only = _backend.is_shape_only(a.q, a.weights, a.k_cache, a.block_table, a.seq_lens)
-    if validate and not shape_only:
-        a = check_values(a)
+    arrays = [(n, getattr(a, n)) for n in _NAMES if getattr(a, n) is not None]
+    shape_only = _backend.is_shape_only(*(x for _, x in arrays),
+                                        names=tuple(n for n, _ in arrays))  # fmt: skip
+    a = _backend.value_checks("dsa_indexer", a, validate, shape_only=shape_only)
     _check_kernel_limits(a)
     return a, shape_only
 
@@ -167,8 +185,11 @@ def dsa_indexer(q, weights, k_cache, block_table, seq_lens, *, q_scale=None, k_s
     batch, ``1 <= s1 <= 4``), ``int8_order="gym"``. Device-only keywords: ``backend``
     (``"npu"``, ``"sim"`` or ``"auto"``, :func:`tilesim.device.backend.resolve`), ``soc``
     (the simulator's target, ``"910b"`` or ``"950"``; FP8 needs ``"950"``) and ``validate``
-    (``True``: host copies of the lengths, the block table and the read scales for the
-    contract's value checks; ``False``: metadata only -- bad values are then undefined).
+    (``True``, the default: host copies of ``seq_lens`` and ``block_table`` for their range
+    checks, no float data read; ``"full"``: also every float scan of the golden -- finite
+    weights and scales, a finite ``FP16(q_scale * weights)``, no NaN code or negative scale in
+    a visible block of the cache; ``False``: metadata only. A bad value a check skipped is
+    undefined behaviour: NaN scores make the top-k undefined).
 
     Returns INT32 ``[T, topk]`` ids (the ``min(topk, visible)`` best positions, score
     descending, equal scores lower position first, then ``-1``) and FP32 ``[T, max_blocks *

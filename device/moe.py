@@ -34,7 +34,6 @@ from tilesim.shared.models import MoeDims
 from tilesim.shared.moe import (
     Args,
     check_meta,
-    check_values,
     emit_moe_schedule,
     host_plan,
     moe_inputs,
@@ -42,7 +41,7 @@ from tilesim.shared.moe import (
 )
 from tilesim.shared.soc import DEFAULT_SOC, SIM_SOCS
 from tilesim.shared.tiling import MoeTiling
-from tilesim.shared.validate import check_bool, check_choice, op_signature
+from tilesim.shared.validate import check_choice, op_signature
 
 #: zero rows appended on the NPU path: dynamic-offset tiles may touch up to one max chunk past
 #: the last logical row (the seeds' host glue pads the same way)
@@ -63,7 +62,7 @@ def _check(ins, backend, soc, read) -> _MoeLaunch:
     then ``check_values`` when ``read`` (the only host read of ``expert_cumsum`` here), the
     kernel's own limits, the target and the tiling rule."""
     args = check_meta(**vars(ins))
-    args = check_values(args) if read else args
+    args = _backend.value_checks("moe", args, read)
     dims, round_activation, sorted_tokens = ins.dims, ins.round_activation, ins.sorted_tokens
     if dims.gate_up_layout != "halves":
         raise ValueError(
@@ -159,7 +158,8 @@ def moe_grouped_gemm(ins, *, backend: str = "auto", soc: str = DEFAULT_SOC, vali
         backend: ``"auto"`` / ``"npu"`` / ``"sim"`` (see the module docstring).
         soc: ``"910b"`` or ``"950"``: the simulator's compile target and tile defaults
             (``"sim"`` only; the NPU path takes both from the host's pypto/CANN).
-        validate: ``True`` (default) copies ``expert_cumsum`` to the host to check its values
+        validate: ``True`` (default; ``"full"`` is the same: this op has no float scan)
+            copies ``expert_cumsum`` (``4 * (E + 1)`` bytes) to the host to check its values
             (``c[0] == 0``, non-decreasing, ``c[E] <= N_total``) and skips the launch when it
             holds no token; ``False`` checks metadata only (no host copy; the kernel's
             ``ready_on_host`` read of the cumsum is then the call's only one).
@@ -173,11 +173,13 @@ def moe_grouped_gemm(ins, *, backend: str = "auto", soc: str = DEFAULT_SOC, vali
     BF16 output). The budget against ``tilesim.reference.moe_grouped_gemm`` is stated and
     enforced in ``docs/ops/moe.md#kernel`` / ``tests/device/test_moe_sim.py``.
     """
-    check_bool(validate, "validate")
+    level = _backend.validate_level(validate)
     sorted_tokens, weights, out, trace = ins.sorted_tokens, ins.weights, ins.out, ins.trace
-    pair = weights if isinstance(weights, (tuple, list)) else ()
-    shape_only = _backend.is_shape_only(sorted_tokens, *pair, ins.expert_cumsum, out)
-    read = not shape_only and (validate or trace is not None)
+    pair = weights if isinstance(weights, (tuple, list)) and len(weights) == 2 else (None, None)
+    names = ("sorted_tokens", "weights[0]", "weights[1]", "expert_cumsum", "out")
+    arrays = (sorted_tokens, *pair, ins.expert_cumsum, out)
+    shape_only = _backend.is_shape_only(*arrays, names=names)
+    read = not shape_only and (level != "meta" or trace is not None)
     target, args = _check(ins, backend, soc, read)
     if shape_only:
         return out if out is not None else sorted_tokens.new_empty(tuple(sorted_tokens.shape))

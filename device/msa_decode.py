@@ -3,8 +3,9 @@
 Same name and arguments as the golden ``msa_sparse_decode`` (``reference/msa_decode.py``),
 plus ``gather`` / ``backend`` / ``soc``; NumPy arrays or torch tensors in, the same kind out
 (:mod:`tilesim.device.backend`). The arguments are checked by the op's contract
-:mod:`tilesim.shared.msa_decode` (``check_meta``, then ``check_values`` unless
-``validate=False``: metadata only, no host copy), the functions the reference uses; the
+:mod:`tilesim.shared.msa_decode` (``check_meta``, then ``check_values`` -- the integer
+``block_ids`` / ``seq_len`` -- unless ``validate=False``: metadata only, no host copy), the
+functions the reference uses; the
 keep-mask and the page table are its torch twins
 (``keep_mask_torch``, ``page_table_torch``), built on the inputs' device. The jit kernel
 builder is :mod:`tilesim.device._msa_decode_kernel`.
@@ -100,7 +101,6 @@ from tilesim.device._msa_tiles import L1_REUSE_BY_ROWS
 from tilesim.shared.models import MINIMAX_M3
 from tilesim.shared.msa_decode import (
     check_meta,
-    check_values,
     decode_inputs,
     keep_mask_torch,
     page_table_torch,
@@ -108,7 +108,7 @@ from tilesim.shared.msa_decode import (
 )
 from tilesim.shared.soc import DEFAULT_SOC, MSA_DEVICE_TILES, get_soc, msa_device_tile
 from tilesim.shared.tiling import MsaTiling
-from tilesim.shared.validate import check_bool, check_choice, env_mapping, is_array, op_signature
+from tilesim.shared.validate import check_choice, env_mapping, is_array, op_signature
 
 OP_NAME = "msa_sparse_decode"
 GATHERS = ("device", "paged", "host")
@@ -227,12 +227,13 @@ def _check(q, k_blocks, v_blocks, block_ids, seq_len, gather, validate, soc):
     then :func:`~tilesim.shared.msa_decode.check_values` when ``validate`` and the inputs hold
     data. Returns ``(CallShape, shape_only)``."""
     check_choice(gather, "gather", GATHERS)
-    check_bool(validate, "validate")
+    _backend.validate_level(validate)
     get_soc(soc)  # TypeError / ValueError naming soc
     args = check_meta(q, k_blocks, v_blocks, block_ids, seq_len, block_size=BY)
-    shape_only = _backend.is_shape_only(q, k_blocks, v_blocks, block_ids, seq_len)
-    if validate and not shape_only:
-        check_values(args)
+    shape_only = _backend.is_shape_only(q, k_blocks, v_blocks, block_ids, seq_len,
+                                        names=("q", "k_blocks", "v_blocks", "block_ids",
+                                               "seq_len"))  # fmt: skip
+    _backend.value_checks("msa_decode", args, validate, shape_only=shape_only)
     sh = CallShape(args.batch, args.hq, args.hkv, args.nb, args.dim, args.topk)
     return sh, shape_only
 
@@ -265,8 +266,9 @@ def msa_sparse_decode(
             by a device-side gather); same numbers, different data movement.
         backend, soc: :func:`tilesim.device.backend.resolve` (``"auto"``: NPU tensors ->
             ``"npu"``, else an error naming both; ``"sim"``: PyPTO's CPU simulator for ``soc``).
-        validate: ``True`` (default) copies ``block_ids`` and a ``seq_len`` array to the host
-            for the value checks (range, unique per row, ``1 <= seq_len <= nb*128``);
+        validate: ``True`` (default; ``"full"`` is the same: this op has no float scan) copies
+            ``block_ids`` and a ``seq_len`` array to the host for the value checks (range,
+            unique per row, ``1 <= seq_len <= nb*128``);
             ``False`` checks metadata only -- no host copy at all (the keep-mask and the page
             table are built on the inputs' device); out-of-range ids are then undefined.
 

@@ -26,7 +26,8 @@ hold (NaN, inf, garbage; ``tests/device/test_sim_nan_poison.py``). :func:`select
 names here.
 
 Checks and host plan: the op's contract :mod:`tilesim.shared.msa_indexer` (``check_meta``,
-then ``check_values`` unless ``validate=False``; ``host_plan_torch`` for the masks). The jit
+then ``check_values``, the finiteness scan, with ``validate="full"`` only; ``host_plan_torch``
+for the masks). The jit
 builders are :mod:`tilesim.device._msa_indexer_kernel`. Per-SoC key tile :data:`KTILE`
 (``MSA_INDEXER_KTILE``). Importing needs neither torch nor pypto.
 """
@@ -50,13 +51,12 @@ from tilesim.shared.msa_indexer import (
     Args,
     block_head_max,
     check_meta,
-    check_values,
     host_plan_torch,
     select_blocks,
     select_from_head_max,
 )
 from tilesim.shared.soc import DEFAULT_SOC, MSA_DEVICE_TILES, msa_device_tile
-from tilesim.shared.validate import check_bool, check_choice, host_array
+from tilesim.shared.validate import check_choice, host_array
 
 BLOCK_MAX = ("host", "device")
 RANKS = ("device", "host")
@@ -152,13 +152,14 @@ def _run_select(q, k, args: Args, target: _backend.Target):
 
 def _check(idx_q, idx_k, nb, validate, **kw) -> tuple[Args, bool]:
     """The shared contract: :func:`tilesim.shared.msa_indexer.check_meta` (metadata only),
-    then :func:`~tilesim.shared.msa_indexer.check_values` (a host copy) when ``validate`` and
-    the inputs hold data. Returns ``(args, shape_only)``."""
-    check_bool(validate, "validate")
+    then, for ``validate="full"`` only, :func:`~tilesim.shared.msa_indexer.check_values` (the
+    finiteness scan of ``idx_q`` / ``idx_k``: a host copy) when the inputs hold data
+    (:func:`tilesim.device.backend.value_checks`; this op has no integer input to read).
+    Returns ``(args, shape_only)``."""
+    _backend.validate_level(validate)
     args = check_meta(idx_q, idx_k, nb, **kw)
-    shape_only = _backend.is_shape_only(idx_q, idx_k)
-    if validate and not shape_only:
-        check_values(args)
+    shape_only = _backend.is_shape_only(idx_q, idx_k, names=("idx_q", "idx_k"))
+    _backend.value_checks("msa_indexer", args, validate, shape_only=shape_only)
     return args, shape_only
 
 
@@ -170,8 +171,9 @@ def msa_indexer_scores(idx_q, idx_k, nb, *, backend="auto", soc=DEFAULT_SOC, val
     :func:`tilesim.shared.msa_indexer.check_meta` / ``check_values``, as in the reference).
     ``backend`` / ``soc``: :func:`tilesim.device.backend.resolve`; ``"sim"`` returns
     ``(scores, cost_us)``.
-    ``validate``: ``True`` (default) copies ``idx_q`` / ``idx_k`` to the host to check that
-    they are finite; ``False`` checks metadata only. FakeTensor / ``meta`` inputs: an empty
+    ``validate``: ``True`` (default) and ``False`` check metadata only and copy nothing to
+    the host (a NaN / inf input then ranks by the NaN rule); ``"full"`` copies ``idx_q`` /
+    ``idx_k`` to the host to check that they are finite. FakeTensor / ``meta`` inputs: an empty
     ``[4, nb*128]`` FP32 tensor, no data read. Promise: within the FP32 dot-product bound of
     the reference (``tests/device/test_msa_indexer_sim.py``).
     """

@@ -5,7 +5,7 @@ Same name and arguments as the reference op (``reference/msa_main.py``; ``block_
 (:func:`tilesim.shared.msa_main.check_msa_main_args`) and the same input policy: NumPy arrays or
 torch tensors in, output of the kind of ``query``; the back end comes from
 :mod:`tilesim.device.backend`. Wrapper, all torch ops on the inputs' device (no host copy;
-``validate=True`` adds the mask's finiteness check): the kernel mask rows ``< n`` of
+``validate="full"`` adds the mask's finiteness check): the kernel mask rows ``< n`` of
 :func:`tilesim.shared.msa_main.kernel_mask` padded with -1e9 rows to ``n_pad =
 ceil(n/128)*128`` (its torch twin :func:`~tilesim.shared.msa_main.kernel_mask_torch`); q, k, v
 cast to FP16/BF16 (RNE) unless ``dtype="fp32"``, q zero-padded to ``n_pad`` rows; the K and V
@@ -50,13 +50,12 @@ from tilesim.shared.msa_main import MASK_NEG as _MASK_NEG
 from tilesim.shared.msa_main import (
     Args,
     check_meta,
-    check_values,
     host_plan_torch,
     kernel_mask,
     main_inputs,
 )
 from tilesim.shared.soc import DEFAULT_SOC, MSA_DEVICE_TILES, get_soc, msa_device_tile
-from tilesim.shared.validate import check_bool, check_choice, op_signature
+from tilesim.shared.validate import check_choice, op_signature
 
 MASK_NEG = float(_MASK_NEG)  # -1e9, exact in FP32 (a Python float for the kernel body)
 
@@ -79,15 +78,16 @@ class _Call(NamedTuple):
 def _check(query, key_blocks, value_blocks, block_mask, dtype, max_n, tiling, backend, validate):
     """Every argument check (the reference's rules: ``check_meta``, plus the kernel's head dim
     and the back end's name), before any work. The one value check, ``check_values`` (the
-    finiteness of ``block_mask``), runs only with ``validate`` and on inputs holding data;
-    otherwise no data is read."""
+    finiteness scan of ``block_mask``), runs only with ``validate="full"`` and on inputs
+    holding data (:func:`tilesim.device.backend.value_checks`); otherwise no data is read."""
     check_choice(backend, "backend", _backend.BACKENDS)
-    check_bool(validate, "validate")
-    shape_only = _backend.is_shape_only(query, key_blocks, value_blocks, block_mask)
+    _backend.validate_level(validate)
+    shape_only = _backend.is_shape_only(query, key_blocks, value_blocks, block_mask,
+                                        names=("query", "key_blocks", "value_blocks",
+                                               "block_mask"))  # fmt: skip
     a = check_meta(query, key_blocks, value_blocks, block_mask, dtype=dtype, max_n=max_n,
                    tiling=tiling)  # fmt: skip
-    if validate and not shape_only:
-        check_values(a)
+    _backend.value_checks("msa_main", a, validate, shape_only=shape_only)
     if a.dh != 128:
         raise ValueError(f"query: expected head dim 128 (the kernel's tiles), got {a.dh}")
     return _Call(a, shape_only)
@@ -147,10 +147,11 @@ def msa_main_branch(ins, *, backend: str = "auto", soc: str = DEFAULT_SOC, valid
             ``n``); ``n`` itself is a runtime value (one compile for every ``n <= max_n``).
         tiling: :class:`MsaTiling`; ``None`` = ``MsaTiling.from_env()``.
         backend, soc: :func:`tilesim.device.backend.resolve`.
-        validate: ``True`` (default) checks that ``block_mask`` is finite (on an NPU a device
-            reduction and one flag read back; the mask is copied to the host only to name a
-            bad entry); ``False`` checks metadata only and reads no data on the host: a NaN /
-            inf mask entry is then undefined behaviour. The kernel mask, the read keys and
+        validate: ``True`` (default) and ``False`` check metadata only and read no data (the
+            op has no integer input): a NaN / inf mask entry is then undefined behaviour;
+            ``"full"`` also checks that ``block_mask`` is finite (on an NPU a device reduction
+            and one flag read back; the mask is copied to the host only to name a bad
+            entry). The kernel mask, the read keys and
             the empty-row flags are torch ops on the inputs' device either way.
 
     Returns:

@@ -526,7 +526,8 @@ def device_ops() -> list[Op]:
             "gather": A("mode", "gather")}, w, True),
         Op("device.msa_sparse_decode[seq_len array]", D("msa_sparse_decode"),
            _strip(decode_array_base, *ref_only, validate=True), DECODE_ARRAY_ARGS, w, True),
-        Op("device.msa_main_branch", D("msa_main_branch"), _strip(main_base, *ref_only),
+        Op("device.msa_main_branch", D("msa_main_branch"),
+           _strip(main_base, *ref_only, validate="full"),  # the mask's scan: "full" only
            {**_without(MAIN_ARGS, *ref_only), **DEVICE_COMMON}, w, True),
         Op("device.sparse_attention_antiquant", D("sparse_attention_antiquant"),
            _strip(dsa_base, *ref_only, validate=True, out=_torch_out(4)),

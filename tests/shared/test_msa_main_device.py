@@ -14,8 +14,8 @@ NumPy rules they copy, bit for bit, and the device wrapper's "no host read" cont
   cannot see, ``host_plan_torch`` is ``host_plan`` bit for bit, ``cost`` counts.
 * The device wrapper's operands are built by torch ops alone: on ``meta`` tensors (no data
   exists, so any host read would fail) they come out with the right shapes; with
-  ``validate=False`` no host-array helper is called, with ``validate=True`` the finiteness
-  check is (on CPU tensors, in place).
+  ``validate=False`` or ``True`` no host-array helper is called, with ``validate="full"`` the
+  finiteness check is (on CPU tensors, in place).
 """
 
 from __future__ import annotations
@@ -243,8 +243,9 @@ def test_wrapper_operands_are_torch_ops_only():
 
 @pytest.mark.torch
 def test_wrapper_host_reads_only_with_validate(monkeypatch):
-    """``validate=False``: none of the host-array helpers runs; ``validate=True``: only the
-    finiteness check of the mask. The operands equal the NumPy rules' result."""
+    """``validate=False`` and ``True`` (default): none of the host-array helpers runs;
+    ``validate="full"``: only the finiteness check of the mask. The operands equal the NumPy
+    rules' result."""
     from tilesim.device import msa_main as dev
 
     calls = []
@@ -263,14 +264,16 @@ def test_wrapper_host_reads_only_with_validate(monkeypatch):
     a, _ = dev._check(q, kb, vb, bm, "fp32", None, None, "sim", False)
     (q2, k2, v2, mask), seen = dev._operands(a, q, kb, vb, bm)
     assert calls == []
-    dev._check(q, kb, vb, bm, "fp32", None, None, "sim", True)
+    dev._check(q, kb, vb, bm, "fp32", None, None, "sim", True)  # the default: no scan
+    assert calls == []
+    dev._check(q, kb, vb, bm, "fp32", None, None, "sim", "full")
     assert calls == ["host_array", "check_finite"]
     calls.clear()
     bad = bm.clone()
     bad[0, 0, 0, 0] = float("nan")
     dev._check(q, kb, vb, bad, "fp32", None, None, "sim", False)  # not read: no error
     with pytest.raises(ValueError, match="block_mask: expected finite"):
-        dev._check(q, kb, vb, bad, "fp32", None, None, "sim", True)
+        dev._check(q, kb, vb, bad, "fp32", None, None, "sim", "full")
     rows = kernel_mask(bm, 384)[:300]
     np.testing.assert_array_equal(_bits(mask[:300]), _bits(rows))
     assert bool((mask[300:] == NEG).all())
