@@ -105,7 +105,7 @@ def test_drawings_are_real_pngs(cli, tmp_path):
 
 
 def test_plotter_ignores_legacy_lane_keys():
-    """The plotter no longer guesses lanes from top-level keys such as "expert"."""
+    """A record with top-level keys such as "expert" instead of ``lane`` is refused, not guessed."""
     legacy = {"op": "x", "expert": 0, "row0": 0, "chunk": 4}
     with pytest.raises(KeyError):
         summarize([legacy])

@@ -600,7 +600,7 @@ def test_matches_torch_sdpa_float64():
 
 def test_huge_row_counts_fail_a_bound_check_not_an_allocation():
     """``max_n`` (and the builder's ``n``) above MAX_PREFILL_ROWS are refused by a bound check,
-    before anything is allocated (a typo used to surface as a multi-PiB MemoryError)."""
+    before anything is allocated (a typo must not surface as a multi-PiB MemoryError)."""
     from tilesim.shared.msa_main import MAX_PREFILL_ROWS
 
     c = msa_make_case(None, op="msa_main_branch", n=100, seed=1)

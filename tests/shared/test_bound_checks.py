@@ -1,11 +1,11 @@
-"""Sizes that used to escape the input policy: each fails with a ``ValueError`` that names the
+"""Sizes at the edge of the input policy: each fails with a ``ValueError`` that names the
 argument, the bound and where the bound comes from, before any work or allocation.
 
-* ``build_msa_block_mask``: a huge ``n`` (a typo) was a ``MemoryError`` from the
-  ``[ceil(n/bk), topk, bk, bk]`` allocation; now a bound check on ``n`` (``MAX_PREFILL_ROWS``)
-  and one on the mask's element count.
+* ``build_msa_block_mask``: a huge ``n`` (a typo) meets a bound check on ``n``
+  (``MAX_PREFILL_ROWS``) and one on the mask's element count, not a ``MemoryError`` from the
+  ``[ceil(n/bk), topk, bk, bk]`` allocation.
 * ``sparse_attention_antiquant`` with a ``block_size`` that does not match the cache's block
-  layout: the capacity check on ``kv_act_seqs`` now names ``block_size``, the block table's
+  layout: the capacity check on ``kv_act_seqs`` names ``block_size``, the block table's
   width it multiplies and the cache's row count.
 * The argument lists the goldens and the wrappers take from one declaration
   (``tilesim.shared.validate.op_signature``): the published signatures are the parameter
