@@ -1,10 +1,13 @@
 """Float64 oracle of the DeepSeek-V3.2 MLA prolog, written from the math (docs/ops/mla_prolog.md),
-not from the golden: every sum, norm and rotation in float64 with no intermediate rounding.
+not from the golden: every sum, norm and rotation in float64.
 
-The only discrete steps it keeps are the ones that define the data (they are not rounding
-noise): the INT8 per-token quantization of the normalised q and the FP8 activation / weight
-codes of DeepSeek's FP8 linears, each recomputed here from its own float64 input with the
-rule's formula (``round(v * 127 / amax)``; ``2^ceil(log2(amax / 448))`` and an E4M3 rounding).
+Stage outputs are BF16 tensors by definition (``q_a``, the normed q, ``q_b``, ``kv_a``, the
+normed latent): the oracle stores each one in BF16 (:func:`_bf16`), as the data type of the
+pipeline, and computes everything between two of them in float64. The other discrete steps
+it keeps are the ones that define the data (they are not rounding noise): the INT8
+per-token quantization of the normalised q and the FP8 activation / weight codes of
+DeepSeek's FP8 linears, each recomputed here from its own float64 input with the rule's
+formula (``round(v * 127 / amax)``; ``2^ceil(log2(amax / 448))`` and an E4M3 rounding).
 RoPE rotates pairs by the angle ``atan2(sin, cos)`` of the given table, written as the 2 x 2
 rotation in float64. Returns float64 arrays.
 """
@@ -21,6 +24,12 @@ F64 = np.float64
 
 def _f64(a) -> np.ndarray:
     return np.asarray(a).astype(np.float32).astype(F64)
+
+
+def _bf16(v: np.ndarray) -> np.ndarray:
+    """Store a float64 stage output as BF16 (through FP32: the double rounding is ~2^-29 away
+    from mattering) and read it back as float64."""
+    return v.astype(np.float32).astype(ml_dtypes.bfloat16).astype(F64)
 
 
 def _e4m3(v: np.ndarray) -> np.ndarray:
@@ -73,21 +82,21 @@ def _rope(v: np.ndarray, cos, sin, layout: str) -> np.ndarray:
 def mla_prolog_oracle(inputs: dict, *, rope_layout: str, rms_eps: float) -> dict:
     """``{"q_a", "qn", "q_norm_deq", "query_nope", "query_rope", "kvn", "kr"}`` in float64."""
     x = _f64(inputs["x"])
-    q_a = _linear(x, inputs["w_dq"], inputs.get("w_dq_scale"))
-    qn = _rms(q_a, inputs["gamma_cq"], rms_eps)
+    q_a = _bf16(_linear(x, inputs["w_dq"], inputs.get("w_dq_scale")))
+    qn = _bf16(_rms(q_a, inputs["gamma_cq"], rms_eps))
     w_uq = inputs["w_uq_qr"]
     if np.asarray(w_uq).dtype == np.int8:
         amax = np.abs(qn).max(axis=-1, keepdims=True)
         q_deq = np.round(qn * 127.0 / amax) * (amax / 127.0)
-        q_b = q_deq @ _f64(w_uq) * _f64(inputs["w_uq_qr_scale"]).reshape(1, -1)
+        q_b = _bf16(q_deq @ _f64(w_uq) * _f64(inputs["w_uq_qr_scale"]).reshape(1, -1))
     else:
         q_deq = qn
-        q_b = _linear(qn, w_uq, inputs.get("w_uq_qr_scale"))
+        q_b = _bf16(_linear(qn, w_uq, inputs.get("w_uq_qr_scale")))
     q = q_b.reshape(x.shape[0], 128, 192)
     query_nope = np.einsum("thd,hdc->thc", q[:, :, :128], _f64(inputs["w_uk"]))
     query_rope = _rope(q[:, :, 128:], inputs["cos"], inputs["sin"], rope_layout)
-    kv_a = _linear(x, inputs["w_dkv_kr"], inputs.get("w_dkv_kr_scale"))
-    kvn = _rms(kv_a[:, :512], inputs["gamma_ckv"], rms_eps)
+    kv_a = _bf16(_linear(x, inputs["w_dkv_kr"], inputs.get("w_dkv_kr_scale")))
+    kvn = _bf16(_rms(kv_a[:, :512], inputs["gamma_ckv"], rms_eps))
     kr = _rope(kv_a[:, 512:], inputs["cos"], inputs["sin"], rope_layout)
     return {"q_a": q_a, "qn": qn, "q_norm_deq": q_deq, "query_nope": query_nope,
             "query_rope": query_rope, "kvn": kvn, "kr": kr}  # fmt: skip
