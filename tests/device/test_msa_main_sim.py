@@ -227,7 +227,7 @@ def _args(n=3):
         ({"q": torch.zeros(3, 16, 128).tolist()}, {}, TypeError, "query: expected a numpy array"),
         (
             {"mask": torch.full((1, 2, 128, 128), -torch.inf)},
-            {},
+            {"validate": "full"},  # the mask's scan: validate="full" only
             ValueError,
             "block_mask: expected finite",
         ),
