@@ -50,6 +50,9 @@ _LAZY = {
     "dsa_indexer": "dsa_indexer",
     "dsa_decode_step": "dsa_step",
     "dsa_indexer_make_case": "dsa_indexer_cases",
+    # DeepSeek-V3.2 lightning-indexer prolog (docs/ops/dsa_indexer_prolog.md)
+    "dsa_indexer_prolog": "dsa_indexer_prolog",
+    "dsa_indexer_prolog_make_case": "dsa_indexer_prolog_cases",
     # the one verdict of every output kind (docs/numerics.md, "Judging an output")
     "judge": "judge",
     "Verdict": "judge",
