@@ -53,6 +53,10 @@ _LAZY = {
     # DeepSeek-V3.2 lightning-indexer prolog (docs/ops/dsa_indexer_prolog.md)
     "dsa_indexer_prolog": "dsa_indexer_prolog",
     "dsa_indexer_prolog_make_case": "dsa_indexer_prolog_cases",
+    # DeepSeek-V3.2 MLA prolog (docs/ops/mla_prolog.md)
+    "mla_prolog": "mla_prolog",
+    "MlaPrologOutputs": "mla_prolog",
+    "mla_prolog_make_case": "mla_prolog_cases",
     # the one verdict of every output kind (docs/numerics.md, "Judging an output")
     "judge": "judge",
     "Verdict": "judge",
