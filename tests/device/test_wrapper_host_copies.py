@@ -1,4 +1,4 @@
-"""Issue 31, item 5: what a device wrapper reads on the host before its launch, per
+"""What a device wrapper reads on the host before its launch, per
 ``validate=`` (the one policy: ``tilesim.device.backend.value_checks`` over
 ``VALUE_CHECKS``).
 

@@ -1,7 +1,7 @@
-"""Issue 31, item 6: sizes and values of the indexer and the decode step that used to pass
-every check and fail late (``MemoryError``, an ``AttributeError``, a NaN after the work).
+"""Sizes and values of the indexer and the decode step that must not pass the checks and fail
+late (``MemoryError``, an ``AttributeError``, a NaN after the work).
 
-Each is now a ``ValueError`` / ``TypeError`` naming the argument(s), the expected and the
+Each is a ``ValueError`` / ``TypeError`` naming the argument(s), the expected and the
 actual value, raised before any work or allocation:
 
 * ``topk`` above ``MAX_POSITIONS`` (2**24) and a score width ``max_blocks * block_size`` above
