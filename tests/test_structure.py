@@ -216,8 +216,6 @@ _NARRATION_ALLOW = {
     "tests/device/test_moe_sim.py",
     "tests/digests/test_golden_digests.py",
     "tests/digests/test_kernel_digests.py",
-    # a new test of the indexer's owner, in progress this session (its header names the issue)
-    "tests/reference/test_dsa_indexer_bounds.py",
 }
 
 
