@@ -1,0 +1,126 @@
+"""Bad input to ``dsa_indexer_prolog`` and its case builder: ``ValueError`` / ``TypeError``
+naming the argument, what was expected and what was given, raised before any work (the
+trace hook never runs, no output is produced)."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+from tilesim.reference import dsa_indexer_prolog, dsa_indexer_prolog_make_case
+from tilesim.shared.dsa_indexer_prolog import slots_from_block_table
+
+BS = 16
+
+
+@pytest.fixture(scope="module")
+def cases():
+    kw = dict(hidden=256, rank=256, block_size=BS, seq_lens=(5, 6), s1=1)
+    return {p: dsa_indexer_prolog_make_case(None, path=p, **kw) for p in ("int8", "fp8")}
+
+
+def _call(case, **over):
+    inputs = {**case["inputs"], **{k: v for k, v in over.items() if k in case["inputs"]}}
+    params = {**case["params"], **{k: v for k, v in over.items() if k not in case["inputs"]}}
+    calls = []
+    with pytest.raises((ValueError, TypeError)) as e:
+        dsa_indexer_prolog(**inputs, **params, trace=calls.append)
+    assert calls == []  # refused before any work
+    return e
+
+
+BAD = [
+    ("int8", dict(x=np.zeros((2, 256), np.float32)), TypeError, ["x", "bfloat16", "float32"]),
+    ("int8", dict(q_norm=np.zeros((2, 256), np.int16)), TypeError, ["q_norm", "int8", "int16"]),
+    ("int8", dict(q_norm_scale=None), TypeError, ["q_norm_scale", "None", "int8"]),
+    ("int8", dict(hadamard_q=np.zeros((128, 64), ml_dtypes.bfloat16)), ValueError,
+     ["hadamard_q", "(128, 128)", "(128, 64)"]),
+    ("int8", dict(w_qb=np.zeros((256, 4096), np.int8)), ValueError, ["w_qb", "8192", "4096"]),
+    ("int8", dict(w_k_scale=np.ones((2, 1), np.float32)), ValueError, ["w_k_scale", "None"]),
+    ("int8", dict(cos=np.zeros((2, 48), np.float32)), ValueError, ["cos", "[2, 32]", "48"]),
+    ("int8", dict(rope_layout="interleaved"), ValueError, ["cos", "[2, 32]", "interleaved"]),
+    ("int8", dict(k_scale=np.zeros((4, BS), np.float32)), TypeError, ["k_scale", "float16"]),
+    ("int8", dict(block_size=32), ValueError, ["k_cache", "block_size=32"]),
+    ("int8", dict(slot_mapping=np.zeros(3, np.int64)), ValueError, ["slot_mapping", "(2)", "(3,)"]),
+    ("int8", dict(slot_mapping=np.zeros(2, np.float32)), TypeError, ["slot_mapping", "integer"]),
+    ("int8", dict(path="bf16"), ValueError, ["path", "'bf16'"]),
+    ("int8", dict(eps=0.0), ValueError, ["eps", "> 0"]),
+    ("int8", dict(ue8m0=1), TypeError, ["ue8m0", "bool"]),
+    ("int8", dict(amax_floor=-1.0), ValueError, ["amax_floor"]),
+    ("fp8", dict(hadamard_k=np.zeros((128, 128), ml_dtypes.bfloat16)), ValueError,
+     ["hadamard_k", "None", "path='fp8'"]),
+    ("fp8", dict(w_k_scale=None), TypeError, ["w_k_scale", "None"]),
+    ("fp8", dict(w_proj=np.zeros((256, 64), ml_dtypes.bfloat16)), TypeError,
+     ["w_proj", "float32", "bfloat16"]),
+    ("fp8", dict(k_cache=np.zeros((4, BS, 128), np.int8)), TypeError, ["k_cache", "uint8"]),
+    ("fp8", dict(x=np.zeros((2, 200), ml_dtypes.bfloat16)), ValueError, ["multiple of 128"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("path, over, exc, words", BAD, ids=[f"bad{i}" for i in range(len(BAD))])
+def test_bad_metadata_is_named(cases, path, over, exc, words):
+    e = _call(cases[path], **over)
+    assert e.type is exc
+    for w in words:
+        assert w in str(e.value), (w, str(e.value))
+
+
+def _poke(a, idx, value):
+    a = np.array(a, copy=True)
+    a[idx] = value
+    return a
+
+
+NAN_AT = [
+    ("int8", "x", (1, 3)),
+    ("int8", "q_norm_scale", (0, 0)),
+    ("int8", "hadamard_k", (5, 5)),
+    ("fp8", "w_proj", (2, 1)),
+    ("fp8", "cos", (1, 0)),
+    ("fp8", "ln_beta", (7,)),
+]
+
+
+@pytest.mark.parametrize("path, name, idx", NAN_AT)
+def test_non_finite_inputs_are_named(cases, path, name, idx):
+    a = cases[path]["inputs"][name]
+    e = _call(cases[path], **{name: _poke(a, idx, np.nan)})
+    assert e.type is ValueError and name in str(e.value) and "finite" in str(e.value)
+
+
+def test_fp8_nan_weight_code_and_bad_scales_are_named(cases):
+    c = cases["fp8"]
+    w = c["inputs"]["w_qb"].copy()
+    w.view(np.uint8)[3, 9] = 0x7F
+    assert "w_qb" in str(_call(c, w_qb=w).value)
+    e = _call(c, w_k_scale=_poke(c["inputs"]["w_k_scale"], (0, 0), 0.0))
+    assert "w_k_scale" in str(e.value) and "> 0" in str(e.value)
+
+
+def test_slots_from_block_table_rule_and_errors():
+    bt = np.array([[3, 1, -1], [0, 2, -1]])
+    got = slots_from_block_table(bt, np.array([130, 2]), q_lens=np.array([3, 2]), block_size=128)
+    assert got.tolist() == [3 * 128 + 127, 1 * 128 + 0, 1 * 128 + 1, 0, 1]
+    with pytest.raises(ValueError, match=r"block_table\[0, 2\].*position 256"):
+        slots_from_block_table(bt, np.array([257, 2]), block_size=128)
+    with pytest.raises(ValueError, match=r"q_lens\[1\]"):
+        slots_from_block_table(bt, np.array([5, 2]), q_lens=np.array([1, 3]), block_size=128)
+
+
+@pytest.mark.parametrize(
+    "kw, exc, words",
+    [
+        (dict(path="fp16"), ValueError, ["path"]),
+        (dict(recipe="gym", path="fp8"), ValueError, ["recipe", "INT8"]),
+        (dict(seq_lens=(3,), s1=4), ValueError, ["seq_lens[0]", ">= 4"]),
+        (dict(hidden=200), ValueError, ["hidden", "multiple of 128"]),
+        (dict(q_lens=(1, 2)), ValueError, ["q_lens", "1 values"]),
+        (dict(colour=1), TypeError, ["unknown parameter", "colour"]),
+    ],
+    ids=[f"case{i}" for i in range(6)],
+)
+def test_case_builder_refuses_bad_parameters(kw, exc, words):
+    with pytest.raises(exc) as e:
+        dsa_indexer_prolog_make_case(None, **{"seq_lens": (5,), **kw})
+    for w in words:
+        assert w in str(e.value)
