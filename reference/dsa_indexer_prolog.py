@@ -88,7 +88,9 @@ class PrologResult(NamedTuple):
     q_scale: object  #: float16 / float32 ``[T, 64]`` (FP8: already folded into ``weights``)
     weights: object  #: float16 ``[T, 64]`` (INT8) / float32 ``[T, 64]`` (FP8, q scale folded)
     k_cache: object  #: the updated copy of ``k_cache``
-    k_scale: object  #: the updated copy of ``k_scale`` (INT8), ``None`` (FP8)
+    #: INT8: the updated copy of ``k_scale``; FP8: a copy of the FP32 scales inside the new
+    #: pages (``[num_blocks, block_size]``, to read; the indexer takes ``k_scale=None`` there)
+    k_scale: object
 
 
 # ----------------------------------------------------------------------------- projections
@@ -206,7 +208,7 @@ def _weights(a: Args, q_scale: np.ndarray) -> np.ndarray:
 # ----------------------------------------------------------------------------- cache write
 def _write_cache(a: Args, codes: np.ndarray, scales: np.ndarray):
     """Copies of the caches with the written tokens' rows replaced (the only rows that
-    change); ``(k_cache, k_scale or None)``."""
+    change); ``(k_cache, k_scale)`` (FP8: a copy of the scales inside the new pages)."""
     plan = host_plan(a)
     rows = np.flatnonzero(plan.written)
     blk, off = plan.block[rows], plan.offset[rows]
@@ -219,7 +221,7 @@ def _write_cache(a: Args, codes: np.ndarray, scales: np.ndarray):
     views = fp8_page_views(cache, block_size=a.block_size)  # the one place of the offsets
     views.codes[blk, off] = codes[rows]
     views.scales[blk, off] = scales[rows]
-    return cache, None
+    return cache, views.scales.copy()  # the pages' scales, a copy to read
 
 
 def _trace(trace: Callable, a: Args, q_rot: np.ndarray, k_rot: np.ndarray) -> None:
@@ -267,7 +269,7 @@ def dsa_indexer_prolog(ins, *, trace: Callable[[dict], None] | None = None):
         _trace(trace, a, q_rot, k_rot)
     like = ins.x
     out = PrologResult(q_codes, q_scale, weights, cache, kscale)
-    return PrologResult(*(None if v is None else same_kind(v, like) for v in out))
+    return PrologResult(*(same_kind(v, like) for v in out))
 
 
 __all__ = ["PrologResult", "dsa_indexer_prolog"]
