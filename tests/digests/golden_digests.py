@@ -158,12 +158,21 @@ def _dsa_indexer_entries():
             yield f"dsa_indexer/{name}", ("dsa_indexer", name, {})
 
 
+def _dsa_indexer_prolog_entries():
+    from tilesim.reference.dsa_indexer_prolog_cases import CASE_INFO
+
+    for name, info in CASE_INFO.items():
+        if info.size == "small":
+            yield f"dsa_indexer_prolog/{name}", ("dsa_indexer_prolog", name, {})
+
+
 def entries():
     """``[(entry id, (family, case name, builder overrides[, op overrides])), ...]``, fixed order.
 
     Op overrides replace op parameters after the build; a ``tiling`` given as a dict is built
     as ``MsaTiling(**d)`` (``SaTileShapeConfig(**d)`` for the ``dsa`` family)."""
-    return [*_moe_entries(), *_msa_entries(), *_dsa_entries(), *_dsa_indexer_entries()]
+    return [*_moe_entries(), *_msa_entries(), *_dsa_entries(), *_dsa_indexer_entries(),
+            *_dsa_indexer_prolog_entries()]  # fmt: skip
 
 
 def _build(family, name, over):
@@ -177,6 +186,11 @@ def _build(family, name, over):
         from tilesim.reference.msa_cases import msa_make_case
 
         case = msa_make_case(name, **over)
+        op = case["op"]
+    elif family == "dsa_indexer_prolog":
+        from tilesim.reference.dsa_indexer_prolog_cases import dsa_indexer_prolog_make_case
+
+        case = dsa_indexer_prolog_make_case(name, **over)
         op = case["op"]
     elif family == "dsa_indexer":
         from tilesim.reference.dsa_indexer_cases import dsa_indexer_make_case
