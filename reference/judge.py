@@ -512,17 +512,15 @@ def _pair_ties(s_row, missing: list, extra: list):
     """Pair each extra id with a missing one whose golden score ties with it; returns
     ``(ties, missing left, extra left)``."""
     ties, left = [], list(missing)
-    sc = s_row[extra]
-    nan = np.isnan(sc.astype(np.float64))  # an id scored NaN ties with nothing
     rest = []
-    for e in [extra[i] for i in np.flatnonzero(~nan)[rank(sc[~nan])]]:  # best first
+    for e in [extra[i] for i in rank(s_row[extra])]:  # best first (NaN last: ties nothing)
         m = next((m for m in left if _ties(s_row, e, m)), None)
         if m is None:
             rest.append(e)
             continue
         left.remove(m)
         ties.append((e, m, float(s_row[e]), float(s_row[m])))
-    return ties, left, rest + [extra[i] for i in np.flatnonzero(nan)]
+    return ties, left, rest
 
 
 def _id_row(a_row, g_row, s_row, coords) -> tuple[IdRow | None, int]:

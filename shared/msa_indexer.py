@@ -163,8 +163,7 @@ def block_head_max(scores, nb: int, valid: int) -> np.ndarray:
 
 def top_blocks(score: np.ndarray, nb: int, ksel: int) -> np.ndarray:
     """INT32: the ``ksel - 1`` best of blocks ``0 .. nb-2`` (score descending, lower id first
-    on ties: :func:`tilesim.shared.ranking.top_k`, NaN refused), then the local block
-    ``nb - 1``."""
+    on ties, NaN last: :func:`tilesim.shared.ranking.top_k`), then the local block ``nb - 1``."""
     best = top_k(np.asarray(score)[: nb - 1], ksel - 1, name="block scores")
     return np.concatenate([best, [nb - 1]]).astype(np.int32)
 

@@ -7,12 +7,15 @@ score) and the judge (an id output's extra ids, best first). ``docs/numerics.md`
 * Order: by score descending; scores that compare equal (``-0.0 == 0.0``, and two equal
   integers) keep the lower position first. ``+inf`` and ``-inf`` are scores like any other
   (``-inf`` ranks below every finite score; among ``-inf`` scores, lower position first).
-* NaN is refused: a ``ValueError`` naming the argument and the first NaN's index. A NaN score
-  has no place in the order, and no convention exists to mirror: ``torch.topk`` ranks NaN
-  above every number, a NumPy sort of ``-score`` ranks it below every number, PyPTO's ``topk``
-  promises neither. A golden that picked one would state a contract no kernel keeps; each op's
-  ``check_values`` already refuses NaN where a score is computed from read data, so on valid
-  input no NaN reaches the ranking, and one that does is a bug to report, not to rank.
+* NaN ranks last: below every number, ``-inf`` included; among NaN scores, lower position
+  first. This is the order a NumPy sort of ``-score`` gives, so it is the order the goldens
+  have always produced (no golden changes, on any input), and the MSA indexer's device rank
+  builds it on purpose (a NaN block takes tie id ``b + 2**20``), tested against this rule on
+  both SoCs with ``validate=False``; a total order also lets the judge rank any golden score
+  row without a special case. An op that promises no NaN order refuses NaN before ranking:
+  the MoE routing refuses non-finite router logits and bias; the DeepSeek indexer's
+  ``select_topk`` refuses NaN scores (its kernel ranks with PyPTO's ``topk``, which states no
+  NaN order; ``torch.topk`` ranks NaN first).
 * Positions at or past a row's visible length are never read (they may hold NaN).
 * Inputs: any integer or float array (NumPy dtypes and the ml_dtypes floats, BF16 and FP8,
   compared exactly after a widening to float64); bool, complex and object arrays are a
@@ -46,29 +49,28 @@ def _keys(scores, name: str) -> np.ndarray:
     raise TypeError(f"{name}: expected integer or float scores, got dtype {s.dtype}")
 
 
-def _refuse_nan(s: np.ndarray, name: str, row: tuple = ()) -> None:
-    if s.dtype.kind != "f":
-        return
-    nan = np.isnan(s)
-    if nan.any():
-        idx = ", ".join(str(int(i)) for i in (*row, *np.argwhere(nan)[0]))
-        raise ValueError(f"{name}[{idx}]: expected a number, got NaN (the ranking would be void)")
-
-
 def _order(s: np.ndarray) -> np.ndarray:
-    """Stable descending order along the last axis, without negating (exact for integers):
-    a stable ascending sort of the reversed row, read backwards."""
+    """The rule's order along the last axis. Floats: a stable ascending sort of ``-s`` (exact;
+    NumPy sorts NaN last). Integers, without negating (exact at the minimum): a stable
+    ascending sort of the reversed row, read backwards."""
+    if s.dtype.kind == "f":
+        return np.argsort(-s, axis=-1, kind="stable")
     n = s.shape[-1]
     return n - 1 - np.argsort(s[..., ::-1], axis=-1, kind="stable")[..., ::-1]
 
 
 def _row_top(s: np.ndarray, k: int) -> np.ndarray:
-    """The ``min(k, len)`` best positions of one row (no NaN), best first. ``k < len``: an
+    """The ``min(k, len)`` best positions of one row, best first. ``k < len``: an
     O(len) selection of the candidates, then an O(k log k) sort of them."""
     n = s.size
     k = min(k, n)
     if k == 0:
         return np.zeros(0, dtype=np.int64)
+    if s.dtype.kind == "f" and np.isnan(s).any():  # the numbers first, then the NaN positions
+        nan = np.isnan(s)
+        num = np.flatnonzero(~nan)
+        best = num[_row_top(s[num], k)]
+        return np.concatenate([best, np.flatnonzero(nan)[: k - best.size]])
     if k < n:
         thr = np.partition(s, n - k)[n - k]  # the k-th largest value
         above = np.flatnonzero(s > thr)
@@ -96,9 +98,8 @@ def top_k(scores, k: int, *, visible=None, name: str = "scores") -> np.ndarray:
     ``min(k, visible)`` best positions among ``0 .. visible - 1``, best first (the module's
     rule), then :data:`NO_ID` in the remaining slots. ``visible``: one length per row (shape
     ``scores.shape[:-1]``, each in ``[0, n]``); ``None``: every position is visible. ``k``:
-    an int ``>= 0``; ``k > n`` pads every row. A NaN among the visible scores is a
-    ``ValueError`` naming ``name`` and its index; positions past ``visible`` are never read.
-    """
+    an int ``>= 0``; ``k > n`` pads every row. NaN ranks last; positions past ``visible``
+    are never read. ``name`` names ``scores`` in the errors."""
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
         raise ValueError(f"k: expected an int >= 0, got {k!r}")
     k = int(k)
@@ -108,22 +109,19 @@ def top_k(scores, k: int, *, visible=None, name: str = "scores") -> np.ndarray:
     n = s.shape[-1]
     out = np.full((*s.shape[:-1], k), NO_ID, dtype=np.int64)
     if visible is None:
-        _refuse_nan(s, name)
         m = min(k, n)
         out[..., :m] = _order(s)[..., :m]
         return out
     vis = _visible(visible, s.shape[:-1], n)
     for row in np.ndindex(*s.shape[:-1]):
-        v = int(vis[row])
-        _refuse_nan(s[row][:v], name, row)
-        ids = _row_top(s[row][:v], k)
+        ids = _row_top(s[row][: int(vis[row])], k)
         out[row][: ids.size] = ids
     return out
 
 
 def rank(scores, *, name: str = "scores") -> np.ndarray:
     """INT64 ``[..., n]``: every position of each row of ``scores [..., n]``, best first (the
-    module's rule; ``top_k(scores, n)``). A NaN is a ``ValueError`` naming ``name``."""
+    module's rule; ``top_k(scores, n)``)."""
     s = np.asarray(scores)
     return top_k(s, s.shape[-1] if s.ndim else 0, name=name)
 
