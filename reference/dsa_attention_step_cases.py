@@ -1,0 +1,320 @@
+"""Named cases of one DeepSeek-V3.2 attention layer step (``dsa_attention_step``,
+docs/ops/dsa_attention_step.md).
+
+``dsa_attention_step_make_case(name)`` returns a :func:`tilesim.shared.case_schema.make_case`
+dict: ``tilesim.reference.dsa_attention_step(**case["inputs"], **case["params"])`` is the
+golden. Every array is drawn from ``SeedSequence(seed)`` streams (same arguments, same arrays),
+weights included -- they are part of the case:
+
+* the block table of :func:`tilesim.reference.dsa_cases.build_block_table`; the new tokens are
+  the last ``s1`` (decode) or ``q_lens[b]`` (prefill rows, the same in every batch) positions of
+  each sequence;
+* ``x``: BF16 on the 256-value grid ``j / 128`` (:func:`tilesim.reference.dsa_cases.grid_bf16`,
+  one random byte per value, so the 7168-wide rows cost no FP32 copy);
+* weights: BF16 on the same grid times a power of two (exact); INT8 codes uniform in
+  ``[-127, 127]`` with per-column FP32 scales ``U(0.05, 0.1) / 127`` (what an ``amax / 127``
+  quantizer of such a column gives); E4M3 codes of the grid times 448 with FP32 block scales
+  (MLA: ``U(0.05, 0.1) / 448``; indexer: UE8M0 ``2^-10``); the true Hadamard matrix
+  (:func:`tilesim.shared.hadamard.scaled_hadamard_bf16`) on the INT8 path; LayerNorm
+  ``gamma ~ U(0.5, 1.5)``, ``beta ~ U(-0.1, 0.1)``;
+* ``cos``/``sin``: the YaRN table of :mod:`tilesim.shared.rope` at the new tokens' positions
+  (``max_seq_len`` 163840, DeepSeek-V3.2's ``max_position_embeddings``): FP32 ``[T, 32]`` on
+  the FP8 path, BF16 halves ``[T, 64]`` on the INT8 path, one table for both prologs;
+* the caches hold every earlier token: the latent cache grid rows quantized by
+  :func:`tilesim.reference.dsa_cases.build_cache` (INT8 ``"int8"`` in the ``kv_split``
+  triple; FP8 ``"fp8_ue8m0"`` in 656-byte ``"pypto"`` rows), the index cache standard normal
+  keys quantized by :mod:`tilesim.shared.quant` (INT8 + FP16 scales; FP8 UE8M0 pages), one
+  sequence at a time; with ``poison_unused`` (default) every other row -- the new tokens' slots
+  included -- holds NaN, so a stage that reads or keeps a row it should not is visible.
+
+``progress=``: the caches' bars (``True`` always, ``None`` after 3 s, ``False`` never). The
+64K cases build in chunks: the latent cache ``CHUNK_ROWS`` rows at a time, the index cache one
+sequence at a time.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from tilesim.reference.dsa import progress_bar
+from tilesim.reference.dsa_cases import (
+    build_block_table,
+    build_cache,
+    grid_bf16_bits,
+    poison_rows,
+    random_bytes,
+)
+from tilesim.reference.dsa_indexer_cases import UNIFORM_64
+from tilesim.shared.case_schema import CASE_FAMILIES, CaseInfo, make_case, tolerance
+from tilesim.shared.casts import BF16, FP8_E4M3_MAX, to_bf16, to_fp8_e4m3
+from tilesim.shared.dsa_attention_step import PATHS
+from tilesim.shared.dsa_indexer import INDEX_HEADS, MAX_DECODE_S1
+from tilesim.shared.dsa_indexer_prolog import QB_COLS, slots_from_block_table
+from tilesim.shared.hadamard import scaled_hadamard_bf16
+from tilesim.shared.index_cache import FP8_TOKEN_BYTES, INDEX_DIM, fp8_page_views, scatter_tokens
+from tilesim.shared.mla_prolog import BLOCK, HEADS, HIDDEN, KV_A, KV_LORA, Q_HEAD, Q_LORA, QK_NOPE
+from tilesim.shared.quant import quantize_index_fp8, quantize_index_int8
+from tilesim.shared.rope import halves_table, yarn_rope_table
+from tilesim.shared.tiling import SaTileShapeConfig
+from tilesim.shared.validate import check_bool, check_choice, check_int, check_int_sequence
+
+BUILDER = "tilesim.reference.dsa_attention_step_cases:dsa_attention_step_make_case"
+OP = "dsa_attention_step"
+MAX_POSITION = 163840  #: DeepSeek-V3.2 ``max_position_embeddings`` (the YaRN table's rows)
+#: the latent cache's quantizer of the earlier tokens (``tilesim.reference.dsa_cases``)
+HISTORY_QUANT = {"int8": "int8", "fp8": "fp8_ue8m0"}
+_64K = (65536,) * 4
+
+_DEFAULTS = {"path": "int8", "seq_lens": (300, 1000), "s1": 2, "q_lens": None,
+             "block_size": 128, "topk": 2048, "poison_unused": True, "spare_blocks": 0,
+             "cache_layout": None}  # fmt: skip
+
+# name -> (builder params, size, status, summary)
+_TABLE = {
+    "dsa_attention_step_b4_s2_64k_int8": (dict(seq_lens=_64K), "medium", "tilesim extra",
+                                          "seeds' decode shape B 4, s1 2, 64K, INT8 (910B)"),
+    "dsa_attention_step_b4_s2_64k_fp8": (dict(seq_lens=_64K, path="fp8"), "medium",
+                                         "tilesim extra",
+                                         "seeds' decode shape B 4, s1 2, 64K, FP8 (950)"),
+    "dsa_attention_step_b64_s2_uniform_int8": (dict(seq_lens=UNIFORM_64), "large",
+                                               "skip: large", "B 64, s1 2, the seeds' uniform "
+                                               "lengths 16K..112K, INT8"),
+    "dsa_attention_step_b64_s2_uniform_fp8": (dict(seq_lens=UNIFORM_64, path="fp8"), "large",
+                                              "skip: large", "B 64, s1 2, the seeds' uniform "
+                                              "lengths 16K..112K, FP8"),
+    "dsa_attention_step_short_int8": (dict(), "small", "tilesim extra",
+                                      "B 2, s1 2, lengths 300 / 1000 (< 2048 visible), INT8"),
+    "dsa_attention_step_short_fp8": (dict(path="fp8"), "small", "tilesim extra",
+                                     "B 2, s1 2, lengths 300 / 1000 (< 2048 visible), FP8"),
+    "dsa_attention_step_boundary_int8": (dict(seq_lens=(2049,), s1=3), "small",
+                                         "tilesim extra", "B 1, s1 3: rows see 2047 / 2048 / "
+                                         "2049 tokens, INT8"),
+    "dsa_attention_step_boundary_fp8": (dict(seq_lens=(2049,), s1=3, path="fp8"), "small",
+                                        "tilesim extra", "B 1, s1 3: rows see 2047 / 2048 / "
+                                        "2049 tokens, FP8"),
+    "dsa_attention_step_prefill_int8": (dict(seq_lens=(2052, 700), q_lens=(8, 8)), "small",
+                                        "tilesim extra", "prefill rows: 8 new tokens per "
+                                        "sequence, 2045..2052 and 693..700 visible, INT8"),
+    "dsa_attention_step_prefill_fp8": (dict(seq_lens=(2052, 700), q_lens=(8, 8), path="fp8"),
+                                       "small", "tilesim extra", "prefill rows: 8 new tokens "
+                                       "per sequence, 2045..2052 and 693..700 visible, FP8"),
+}  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- parameters
+def _checked(name, params: dict) -> dict:
+    unknown = sorted(set(params) - set(_DEFAULTS))
+    if unknown:
+        raise TypeError(f"dsa_attention_step_make_case: unknown parameter(s) {unknown}; "
+                        f"expected some of {sorted(_DEFAULTS)}")  # fmt: skip
+    p = dict(_DEFAULTS)
+    if name is not None:
+        check_choice(name, "name", sorted(_TABLE))
+        p.update(_TABLE[name][0])
+    p.update(params)
+    check_choice(p["path"], "path", PATHS)
+    p["seq_lens"] = check_int_sequence(p["seq_lens"], "seq_lens", lo=1, hi=MAX_POSITION)
+    if not p["seq_lens"]:
+        raise ValueError("seq_lens: expected at least one sequence, got ()")
+    n_b = len(p["seq_lens"])
+    if p["q_lens"] is None:
+        p["s1"] = check_int(p["s1"], "s1", lo=1, hi=MAX_DECODE_S1)
+        ql = (p["s1"],) * n_b
+    else:
+        ql = check_int_sequence(p["q_lens"], "q_lens", lo=1)
+        if len(ql) != n_b or len(set(ql)) != 1:
+            raise ValueError(f"q_lens: expected {n_b} equal values (one per sequence: the "
+                             f"attention takes one s1), got {ql}")  # fmt: skip
+    for b, (n, ln) in enumerate(zip(ql, p["seq_lens"], strict=True)):
+        if n > ln:
+            raise ValueError(f"seq_lens[{b}]: expected >= {n} (the new tokens), got {ln}")
+    p["rows_per_batch"] = ql
+    for k in ("block_size", "topk"):
+        p[k] = check_int(p[k], k, lo=1)
+    p["spare_blocks"] = check_int(p["spare_blocks"], "spare_blocks", lo=0)
+    check_bool(p["poison_unused"], "poison_unused")
+    if p["cache_layout"] is not None:
+        check_choice(p["cache_layout"], "cache_layout", ("kv_split", "pypto", "flashmla"))
+    return p
+
+
+# ----------------------------------------------------------------------------- weights
+def _grid(rng, shape, shift: int = 0) -> np.ndarray:
+    """BF16 ``j / 128 * 2^-shift`` (``j`` = one random signed byte per value; exact)."""
+    table = to_bf16(grid_bf16_bits().view(BF16).astype(np.float32) * np.float32(2.0**-shift))
+    n = int(np.prod(shape))
+    return table.take(random_bytes(rng, -(-n // 8) * 8)[:n]).reshape(shape)
+
+
+def _int8_codes(rng, shape) -> np.ndarray:
+    n = int(np.prod(shape))
+    c = random_bytes(rng, -(-n // 8) * 8)[:n].view(np.int8)
+    return np.maximum(c, np.int8(-127)).reshape(shape)
+
+
+def _fp8_codes(rng, shape) -> np.ndarray:
+    """E4M3 codes of ``grid * 448`` (never NaN)."""
+    vals = grid_bf16_bits().view(BF16).astype(np.float32) * np.float32(FP8_E4M3_MAX)
+    table = to_fp8_e4m3(vals)
+    n = int(np.prod(shape))
+    return table.take(random_bytes(rng, -(-n // 8) * 8)[:n]).reshape(shape)
+
+
+def _col_scales(rng, n: int, qmax: float) -> np.ndarray:
+    return (rng.uniform(0.05, 0.1, n).astype(np.float32) / np.float32(qmax)).astype(np.float32)
+
+
+def _mla_weights(path: str, rng) -> dict:
+    out = {"w_uk": _grid(rng, (HEADS, QK_NOPE, KV_LORA), 4), "gamma_cq": _grid(rng, (Q_LORA,)),
+           "gamma_ckv": _grid(rng, (KV_LORA,))}  # fmt: skip
+    if path == "int8":
+        out.update(w_dq=_grid(rng, (HIDDEN, Q_LORA), 4), w_dkv_kr=_grid(rng, (HIDDEN, KV_A), 4),
+                   w_uq_qr=_int8_codes(rng, (Q_LORA, HEADS * Q_HEAD)),
+                   w_uq_qr_scale=_col_scales(rng, HEADS * Q_HEAD, 127))  # fmt: skip
+        return out
+    for name, (k, n) in (("w_dq", (HIDDEN, Q_LORA)), ("w_uq_qr", (Q_LORA, HEADS * Q_HEAD)),
+                         ("w_dkv_kr", (HIDDEN, KV_A))):  # fmt: skip
+        out[name] = _fp8_codes(rng, (k, n))
+        nb = (k // BLOCK, -(-n // BLOCK))
+        out[name + "_scale"] = _col_scales(rng, nb[0] * nb[1], FP8_E4M3_MAX).reshape(nb)
+    return out
+
+
+def _index_weights(path: str, rng) -> dict:
+    gamma = to_bf16(rng.uniform(0.5, 1.5, INDEX_DIM).astype(np.float32))
+    beta = to_bf16(rng.uniform(-0.1, 0.1, INDEX_DIM).astype(np.float32))
+    if path == "int8":
+        return {"w_qb": _int8_codes(rng, (Q_LORA, QB_COLS)),
+                "w_qb_scale": _col_scales(rng, QB_COLS, 127).reshape(QB_COLS, 1),
+                "w_k": _grid(rng, (HIDDEN, INDEX_DIM)), "w_proj": _grid(rng, (HIDDEN, INDEX_HEADS)),
+                "ln_gamma": gamma, "ln_beta": beta, "hadamard_q": scaled_hadamard_bf16(),
+                "hadamard_k": scaled_hadamard_bf16()}  # fmt: skip
+    ue8m0 = np.float32(2.0**-10)
+    return {"w_qb": _fp8_codes(rng, (Q_LORA, QB_COLS)),
+            "w_qb_scale": np.full((Q_LORA // BLOCK, QB_COLS // BLOCK), ue8m0, np.float32),
+            "w_k": _fp8_codes(rng, (HIDDEN, INDEX_DIM)),
+            "w_k_scale": np.full((HIDDEN // BLOCK, 1), ue8m0, np.float32),
+            "w_proj": _grid(rng, (HIDDEN, INDEX_HEADS)).astype(np.float32),
+            "ln_gamma": gamma.astype(np.float32), "ln_beta": beta.astype(np.float32)}  # fmt: skip
+
+
+def _rope(path: str, positions: np.ndarray) -> dict:
+    cos, sin = yarn_rope_table(positions, max_seq_len=MAX_POSITION)
+    if path == "fp8":
+        return {"cos": cos, "sin": sin}
+    c2, s2 = halves_table(cos, sin)
+    return {"cos": c2, "sin": s2}
+
+
+# ----------------------------------------------------------------------------- caches
+def _history_rows(p: dict, table: np.ndarray, n_rows: int) -> np.ndarray:
+    """bool ``[n_rows]``: the rows of the earlier tokens (not the new ones)."""
+    bs, used = p["block_size"], np.zeros(n_rows, dtype=bool)
+    for b, (n, new) in enumerate(zip(p["seq_lens"], p["rows_per_batch"], strict=True)):
+        pos = np.arange(n - new)
+        used[table[b, pos // bs].astype(np.int64) * bs + pos % bs] = True
+    return used
+
+
+def _latent_cache(p: dict, rngs, n_rows: int, used, progress) -> dict:
+    layout = p["cache_layout"] or ("kv_split" if p["path"] == "int8" else "pypto")
+    cache = build_cache(n_rows, HISTORY_QUANT[p["path"]], layout, *rngs, progress=progress)
+    if p["poison_unused"]:
+        poison_rows(cache, ~used, layout)
+    if layout != "kv_split":
+        return {"kv_cache": cache["nope_cache"]}
+    return {"kv_cache": cache["kn_quant"], "kr_cache": cache["kr"],
+            "kv_scale_cache": cache["kn_scales"]}  # fmt: skip
+
+
+def _index_cache(p: dict, rng, table: np.ndarray, n_blocks: int, used, progress) -> dict:
+    bs, int8 = p["block_size"], p["path"] == "int8"
+    if int8:
+        codes = np.zeros((n_blocks, bs, INDEX_DIM), dtype=np.int8)
+        scales = np.zeros((n_blocks, bs), dtype=np.float16)
+    else:
+        pages = np.zeros((n_blocks, bs * FP8_TOKEN_BYTES), dtype=np.uint8)
+        codes, scales = fp8_page_views(pages, block_size=bs)
+    bar = progress_bar(len(p["seq_lens"]), progress, "dsa_attention_step index cache", unit="seq")
+    try:
+        for b, (n, new) in enumerate(zip(p["seq_lens"], p["rows_per_batch"], strict=True)):
+            k = rng.standard_normal((n - new, INDEX_DIM), dtype=np.float32)
+            c, s = quantize_index_int8(k) if int8 else quantize_index_fp8(k, ue8m0=True)
+            scatter_tokens(c, table[b], bs, codes)
+            scatter_tokens(s, table[b], bs, scales)
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    if p["poison_unused"]:
+        free = ~used.reshape(n_blocks, bs)
+        scales[free] = np.nan
+        codes.view(np.uint8)[free] = 0x7F
+    return {"k_cache": codes, "k_scale": scales} if int8 else {"k_cache": pages}
+
+
+# ----------------------------------------------------------------------------- entry point
+def dsa_attention_step_make_case(name: str | None = None, *, seed: int = 0, progress=None,
+                                 **params) -> dict:  # fmt: skip
+    """Build one case: a named entry of :data:`CASE_INFO` (``params`` override its builder
+    parameters) or, with ``name=None``, an ad-hoc one.
+
+    Builder parameters: ``path`` (``"int8"`` / ``"fp8"``), ``seq_lens`` (lengths including
+    the new tokens), ``s1`` (decode, 1..4) or ``q_lens`` (prefill rows, equal per sequence),
+    ``block_size``, ``topk``, ``poison_unused``, ``spare_blocks`` (physical blocks no table
+    entry names), ``cache_layout`` (the latent cache; ``None``: the path's). ``progress``: the
+    caches' bars. Returns the case dict; ``meta`` holds the seed, the builder parameters, the
+    new tokens' positions and slots, ``n_blocks``."""
+    seed = check_int(seed, "seed", lo=0)
+    if progress is not None:
+        check_bool(progress, "progress")
+    p = _checked(name, params)
+    rng_bt, rng_x, rng_w, rng_n, rng_r, rng_k = (
+        np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(6)
+    )
+    bs = p["block_size"]
+    table, n_blocks = build_block_table(p["seq_lens"], bs, rng_bt)
+    n_blocks += p["spare_blocks"]
+    lens, ql = np.asarray(p["seq_lens"], np.int32), np.asarray(p["rows_per_batch"], np.int32)
+    slots = slots_from_block_table(table, lens, q_lens=ql, block_size=bs)
+    pos = np.concatenate([np.arange(n - q, n) for n, q in zip(lens, ql, strict=True)])
+    used = _history_rows(p, table, n_blocks * bs)
+    inputs = {"x": _grid(rng_x, (slots.size, HIDDEN)), "block_table": table, "seq_lens": lens}
+    if p["q_lens"] is not None:
+        inputs["q_lens"] = ql
+    inputs.update(_mla_weights(p["path"], rng_w))
+    inputs.update(_index_weights(p["path"], rng_w))
+    inputs.update(_rope(p["path"], pos))
+    inputs.update(_latent_cache(p, (rng_n, rng_r), n_blocks * bs, used, progress))
+    inputs.update(_index_cache(p, rng_k, table, n_blocks, used, progress))
+    params_ = {"path": p["path"], "topk": p["topk"], "block_size": bs,
+               "tiling": SaTileShapeConfig.preset("decode")}  # fmt: skip
+    if p["cache_layout"] is not None:
+        params_["cache_layout"] = p["cache_layout"]
+    meta = {"seed": seed, "builder_params": {k: v for k, v in p.items() if k != "rows_per_batch"},
+            "positions": pos.astype(np.int64), "slots": slots, "n_blocks": n_blocks}  # fmt: skip
+    return make_case(name=name, op=OP, inputs=inputs, params=params_, tolerance=_tol(),
+                     meta=meta)  # fmt: skip
+
+
+def _tol() -> dict:
+    """The attention output's rule: the seeds' DeepSeek attention tolerance."""
+    return tolerance(atol=1e-4, rtol=5e-3, ratio=0.005, mode="compare")
+
+
+def _case_info(name: str) -> CaseInfo:
+    build, size, status, summary = _TABLE[name]
+    fp8 = build.get("path") == "fp8"
+    return CaseInfo(
+        name=name, family=OP, op=OP, model="DeepSeek-V3.2", summary=summary, seed=0,
+        size=size, tolerance=_tol(), builder=BUILDER, soc=("950",) if fp8 else ("910b", "950"),
+        status=status, notes={"rule": "the attention output's (the seeds' sparse-attention "
+                                      "rule); each stage's own rule is its op's"},
+    )  # fmt: skip
+
+
+#: every named case (``dsa_attention_step_make_case(name)`` builds it); registered once the
+#: family is listed in ``tilesim.shared.case_schema.CASE_FAMILIES``
+CASE_INFO: dict[str, CaseInfo] = {n: _case_info(n) for n in _TABLE} if OP in CASE_FAMILIES else {}
+
+__all__ = ["CASE_INFO", "HISTORY_QUANT", "dsa_attention_step_make_case"]

@@ -1,0 +1,445 @@
+"""The contract of one DeepSeek-V3.2 attention layer step (op ``dsa_attention_step``), written
+once for the golden (:mod:`tilesim.reference.dsa_attention_step`) and a future wrapper.
+
+The step chains five stages (``docs/ops/dsa_attention_step.md``), each the contract of its
+own op: the MLA prolog (:mod:`tilesim.shared.mla_prolog`), the indexer prolog
+(:mod:`tilesim.shared.dsa_indexer_prolog`), both writing the new tokens into copies of their
+caches, the lightning indexer with its top-k (:mod:`tilesim.shared.dsa_indexer`) and the
+sparse attention (:mod:`tilesim.shared.dsa`). Here every argument of every stage is checked
+before any stage runs, in the step's own argument names; the stages' outputs that feed later
+stages (``q_norm``, the index ``q``, the ids, the queries) are checked through stand-ins of
+their shapes and dtypes, which no data can make wrong.
+
+* :func:`step_inputs` / :func:`step_keywords`: the arguments, declared once;
+* :class:`Args`, :func:`check_meta` (dtypes, shapes, switches; no value read),
+  :func:`check_values` (lengths, block table, slots, finite inputs, the index-cache tokens
+  the indexer reads and no prolog writes);
+* :func:`host_plan`: the slot, batch and position of each new token, each row's visible length;
+* :func:`cost`: the stages' FLOPs and bytes, summed and per stage.
+
+Two paths (``path``): ``"int8"`` (910B: pypto-gym's prologs, INT8 latent cache in the
+``kv_split`` triple, INT8 index cache with FP16 scales) and ``"fp8"`` (950: DeepSeek's
+reference prologs, 656-byte packed latent rows or the ``kv_split`` triple, 132-byte FP8 index
+pages). One block table and one ``seq_lens`` (counting the new tokens) address both caches;
+the new tokens of batch ``b`` are its last ``q_lens[b]`` positions (decode ``q_lens=None``:
+``s1 = T // B`` each) and are written to the slot the block table gives them, the rule both
+prologs' slot helpers implement; a caller's ``slot_mapping`` may only replace a slot by ``-1``
+(the token's rows are not written; the caches must already hold them). ``cos`` / ``sin`` are
+one table for both prologs (DeepSeek's ``freqs_cis`` is shared by ``MLA`` and ``Indexer``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+from typing import NamedTuple
+
+import numpy as np
+from tilesim.shared import dsa as attn_contract
+from tilesim.shared import dsa_indexer as idx_contract
+from tilesim.shared import dsa_indexer_prolog as iprolog_contract
+from tilesim.shared import mla_prolog as mla_contract
+from tilesim.shared.casts import BF16, FP8_E4M3
+from tilesim.shared.index_cache import INDEX_DIM, fp8_page_views
+from tilesim.shared.mla_cache import NOPE, PYPTO_ROW_BYTES, ROPE
+from tilesim.shared.models import DEEPSEEK_V32
+from tilesim.shared.validate import (
+    check_array,
+    check_bool,
+    check_choice,
+    dtype_of,
+    host_array,
+    host_ints,
+    shape_of,
+)
+
+PATHS = ("int8", "fp8")
+HEADS = mla_contract.HEADS  #: 128 attention heads (the MLA prolog's query heads)
+NO_SLOT = -1
+#: the outputs of the step, one per stage output, in stage order
+STEP_FIELDS = (
+    "query_nope", "query_rope", "q_norm", "q_norm_scale",  # MLA prolog
+    "kv_cache", "kr_cache", "kv_scale_cache",  # its updated latent cache (copies)
+    "index_q", "index_q_scale", "index_weights",  # indexer prolog
+    "k_cache", "k_scale",  # its updated index cache (copies)
+    "topk_indices", "scores",  # indexer + top-k
+    "attn_out",  # sparse attention, before the output projection
+)  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- signature
+def step_inputs(x, block_table, seq_lens, kv_cache, k_cache, w_dq, w_uq_qr, w_uk, w_dkv_kr,
+                gamma_cq, gamma_ckv, w_qb, w_k, w_proj, ln_gamma, ln_beta, cos, sin,
+                kr_cache=None, kv_scale_cache=None, k_scale=None, w_dq_scale=None,
+                w_uq_qr_scale=None, w_dkv_kr_scale=None, w_qb_scale=None, w_k_scale=None,
+                hadamard_q=None, hadamard_k=None, q_lens=None, slot_mapping=None):  # fmt: skip
+    """The arrays of ``dsa_attention_step``: BF16 hidden states ``x [T, 7168]``; int
+    ``block_table [B, max_blocks]`` and ``seq_lens [B]`` (cached tokens including the new
+    ones), shared by both caches; the latent cache ``kv_cache`` (+ ``kr_cache``,
+    ``kv_scale_cache`` for ``kv_split``) as :func:`tilesim.shared.mla_prolog.prolog_inputs`
+    takes it; the index cache ``k_cache`` (+ ``k_scale`` on INT8) as
+    :func:`tilesim.shared.dsa_indexer_prolog.prolog_inputs` takes it; the MLA prolog's
+    weights (``w_dq``, ``w_uq_qr``, ``w_uk``, ``w_dkv_kr``, ``gamma_cq``, ``gamma_ckv`` and
+    their scales), the indexer prolog's (``w_qb``, ``w_k``, ``w_proj``, ``ln_gamma``,
+    ``ln_beta``, scales, INT8 Hadamard matrices); one RoPE table ``cos``/``sin`` for both;
+    ``q_lens [B]`` (None: decode) and ``slot_mapping [T]`` (None: from the block table)."""
+
+
+def step_keywords(*, path: str = "int8", rope_layout: str | None = None,
+                  rms_form: str | None = None, rms_eps: float | None = None,
+                  kv_quant: str | None = None, cache_layout: str | None = None,
+                  index_rope_layout: str = "halves", ln_eps: float = 1e-6, ue8m0: bool = True,
+                  amax_floor: float | None = None, int8_order: str = "gym", topk: int = 2048,
+                  block_size: int = 128,
+                  softmax_scale: float = DEEPSEEK_V32.model_softmax_scale,
+                  tiling=None):  # fmt: skip
+    """The switches: ``path`` for every stage; the MLA prolog's ``rope_layout``, ``rms_form``,
+    ``rms_eps``, ``kv_quant``, ``cache_layout`` (None: the path's default,
+    :data:`tilesim.shared.mla_prolog.PATH_DEFAULTS`); the indexer prolog's
+    ``index_rope_layout`` (its ``rope_layout``), ``ln_eps`` (its ``eps``), ``ue8m0``,
+    ``amax_floor``; the indexer's ``int8_order`` and ``topk``; ``block_size`` of both caches;
+    the attention's ``softmax_scale`` (default DeepSeek-V3.2's ``192^-0.5 * mscale^2``) and
+    ``tiling`` (None: ``SaTileShapeConfig.from_env()`` at call time)."""
+
+
+INPUT_NAMES = tuple(inspect.signature(step_inputs).parameters)
+KEYWORD_NAMES = tuple(inspect.signature(step_keywords).parameters)
+_MLA_ARRAYS = tuple(inspect.signature(mla_contract.prolog_inputs).parameters)
+_IPRO_ARRAYS = iprolog_contract.INPUT_NAMES
+
+
+class Args(NamedTuple):
+    """The checked arguments of one step (:func:`check_meta`; :func:`check_values` fills the
+    host copies, the slots and the value-checked stage Args)."""
+
+    ins: object  #: the namespace of :func:`step_inputs` and :func:`step_keywords`
+    path: str
+    tokens: int  #: T
+    layout: str  #: the latent cache layout (``"kv_split"``, ``"pypto"``, ``"flashmla"``)
+    latent_rows: int
+    mla: object  #: the MLA prolog's Args
+    iprolog: object  #: the indexer prolog's Args
+    indexer: object  #: the indexer's Args
+    attention: object  #: the sparse attention's Args (on stand-in queries and ids)
+    slots: object = None  #: int64 ``[T]`` after check_values
+    values: bool = False
+
+
+class Plan(NamedTuple):
+    """Host rules of a checked step (:func:`host_plan`), int64."""
+
+    slots: np.ndarray  #: ``[T]`` the row each token's latent and index key go to (-1: none)
+    row_batch: np.ndarray  #: ``[T]`` batch of each token
+    position: np.ndarray  #: ``[T]`` logical position of each token in its sequence
+    visible: np.ndarray  #: ``[T]`` tokens each row's indexer and attention see
+    q_lens: np.ndarray  #: ``[B]`` new tokens per batch
+
+
+# ----------------------------------------------------------------------------- stand-ins
+def _zeros(shape, dtype) -> np.ndarray:
+    """A read-only array of zeros that takes no memory (a stage output's stand-in)."""
+    return np.broadcast_to(np.zeros((), dtype=dtype), shape)
+
+
+def mla_namespace(ins, slots) -> types.SimpleNamespace:
+    """The MLA prolog's arrays from the step's (``slot_mapping`` = ``slots``)."""
+    d = {n: getattr(ins, n) for n in _MLA_ARRAYS if n != "slot_mapping"}
+    return types.SimpleNamespace(**d, slot_mapping=slots)
+
+
+def iprolog_namespace(ins, slots, q_norm, q_norm_scale) -> types.SimpleNamespace:
+    """The indexer prolog's arrays from the step's and the MLA prolog's ``q_norm`` (+ scale)."""
+    skip = ("slot_mapping", "q_norm", "q_norm_scale")
+    d = {n: getattr(ins, n) for n in _IPRO_ARRAYS if n not in skip}
+    return types.SimpleNamespace(**d, slot_mapping=slots, q_norm=q_norm, q_norm_scale=q_norm_scale)
+
+
+def mla_switches(ins) -> dict:
+    """The MLA prolog's keyword switches of the step."""
+    return {k: getattr(ins, k) for k in ("path", "rope_layout", "rms_form", "rms_eps",
+                                          "kv_quant", "cache_layout")}  # fmt: skip
+
+
+def iprolog_switches(ins) -> dict:
+    """The indexer prolog's keyword switches of the step (under its own names)."""
+    return {"path": ins.path, "rope_layout": ins.index_rope_layout, "eps": ins.ln_eps,
+            "ue8m0": ins.ue8m0, "amax_floor": ins.amax_floor,
+            "block_size": ins.block_size}  # fmt: skip
+
+
+def latent_views(layout: str, kv_cache, kr_cache, kv_scale_cache) -> tuple:
+    """The latent cache as the attention reads it: ``(nope_cache,)`` for a packed layout, or
+    the ``kv_split`` triple as 2-D ``[rows, d]`` views (pypto-gym's ``[blocks, bs, 1, d]``
+    forms reshaped; no copy for contiguous arrays)."""
+    if layout != "kv_split":
+        return (kv_cache,)
+    return tuple(v.reshape(-1, w) for v, w in ((kv_cache, NOPE), (kr_cache, ROPE),
+                                                (kv_scale_cache, 4)))  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- meta checks
+def _check_path_weights(ins, path: str, linears: dict) -> None:
+    """``w_uq_qr`` decides the MLA prolog's ``q_norm`` dtype; the indexer prolog of ``path``
+    reads it (INT8 + per-token scale on ``"int8"``, BF16 on ``"fp8"``)."""
+    int8 = linears["q_b"] == "int8_channel"
+    if int8 != (path == "int8"):
+        want = "INT8 (per-channel scales)" if path == "int8" else "FP8 E4M3 or BF16"
+        got = dtype_of(ins.w_uq_qr, "w_uq_qr")
+        raise TypeError(
+            f"w_uq_qr: expected {want} for path={path!r} (the indexer prolog of this path reads "
+            f"the MLA prolog's q_norm, {'INT8' if path == 'int8' else 'BF16'}), got {got}"
+        )
+
+
+def _check_latent_block_size(ins, layout: str, bs: int) -> None:
+    if layout == "kv_split" and len(shape_of(ins.kv_cache, "kv_cache")) == 4:
+        got = shape_of(ins.kv_cache, "kv_cache")
+        if got[1] != bs:
+            raise ValueError(f"kv_cache: expected [blocks, block_size = {bs}, 1, 512] (the "
+                             f"block_size of both caches), got {got}")  # fmt: skip
+
+
+def _meta_prologs(ins, t: int, trace):
+    stand_slots = _zeros((t,), np.int64)
+    mla = mla_contract.check_meta(mla_namespace(ins, stand_slots), **mla_switches(ins),
+                                  trace=trace)  # fmt: skip
+    _check_path_weights(ins, ins.path, mla.linears)
+    qdt, qs = (np.int8, _zeros((t, 1), np.float32)) if ins.path == "int8" else (BF16, None)
+    q_norm = _zeros((t, mla_contract.Q_LORA), qdt)
+    ip = iprolog_contract.check_meta(iprolog_namespace(ins, stand_slots, q_norm, qs),
+                                     **iprolog_switches(ins), trace=trace)  # fmt: skip
+    return mla, ip
+
+
+def _meta_indexer(ins, t: int, trace, progress):
+    int8 = ins.path == "int8"
+    q = _zeros((t, idx_contract.INDEX_HEADS, INDEX_DIM), np.int8 if int8 else FP8_E4M3)
+    w = _zeros((t, idx_contract.INDEX_HEADS), np.float16 if int8 else np.float32)
+    qs = _zeros((t, idx_contract.INDEX_HEADS), np.float16) if int8 else None
+    return idx_contract.check_meta(
+        q, w, ins.k_cache, ins.block_table, ins.seq_lens, q_scale=qs,
+        k_scale=ins.k_scale if int8 else None, q_lens=ins.q_lens, path=ins.path,
+        int8_order=ins.int8_order, topk=ins.topk, block_size=ins.block_size, trace=trace,
+        progress=progress,
+    )  # fmt: skip
+
+
+def _meta_attention(ins, mla, ia):
+    rows = ia.rows * HEADS
+    qn, qr = _zeros((rows, NOPE), BF16), _zeros((rows, ROPE), BF16)
+    caches = latent_views(mla.cache_layout, ins.kv_cache, ins.kr_cache, ins.kv_scale_cache)
+    ids = _zeros((ia.rows, ia.topk), np.int32)
+    return attn_contract.check_meta(
+        qn, qr, caches, ids, ins.block_table, ins.seq_lens, layout=mla.cache_layout, nq=HEADS,
+        n_kv=1, softmax_scale=ins.softmax_scale, topk=ia.topk, block_size=ia.block_size,
+        tiling=ins.tiling,
+    )  # fmt: skip
+
+
+def _check_decode_rows(ins, t: int) -> None:
+    """Decode (``q_lens=None``): ``T = B * s1`` tokens with ``1 <= s1 <= 4`` (the indexer's
+    decode rows; more new tokens per batch need ``q_lens``)."""
+    if ins.q_lens is not None:
+        return
+    check_array(ins.seq_lens, "seq_lens", ndim=1, layout="[B]")
+    n_b = shape_of(ins.seq_lens, "seq_lens")[0]
+    s1, rem = divmod(t, max(n_b, 1))
+    if n_b and (rem or not 1 <= s1 <= idx_contract.MAX_DECODE_S1):
+        raise ValueError(
+            f"x: expected T = B*s1 tokens with 1 <= s1 <= {idx_contract.MAX_DECODE_S1} for decode "
+            f"(q_lens=None, B = {n_b}), got T = {t}; pass q_lens for prefill rows"
+        )
+
+
+def check_meta(ins, *, trace=None, progress=None) -> Args:
+    """Dtypes, shapes and switches of every stage, before any value is read (``ins``: the
+    namespace of :func:`step_inputs` and :func:`step_keywords`): ``path``; the MLA prolog's
+    checks, then ``w_uq_qr``'s dtype against ``path``; the indexer prolog's (on a stand-in
+    ``q_norm``); the indexer's (stand-in ``q``, ``weights``, ``q_scale``); ``slot_mapping``
+    an integer ``[T]``; the latent cache's block size; the attention's (stand-in queries and
+    ids: ``softmax_scale``, ``tiling``, the latent cache as it reads it). ``ValueError`` /
+    ``TypeError`` naming the step's argument, expected and actual."""
+    check_choice(ins.path, "path", PATHS)
+    if progress is not None:
+        check_bool(progress, "progress")
+    check_array(ins.x, "x", dtype=BF16, ndim=2, layout="[T, 7168]")
+    t = shape_of(ins.x, "x")[0]
+    if t == 0:
+        raise ValueError("x: expected at least one token, got shape (0, 7168)")
+    mla, ip = _meta_prologs(ins, t, trace)
+    _check_decode_rows(ins, t)
+    ia = _meta_indexer(ins, t, trace, progress)
+    if ins.slot_mapping is not None:
+        check_array(ins.slot_mapping, "slot_mapping", ndim=1, shape=(t,), layout="[T]")
+        if dtype_of(ins.slot_mapping, "slot_mapping").kind not in "iu":
+            raise TypeError(f"slot_mapping: expected an integer dtype, got "
+                            f"{dtype_of(ins.slot_mapping, 'slot_mapping')}")  # fmt: skip
+    _check_latent_block_size(ins, mla.cache_layout, ia.block_size)
+    aa = _meta_attention(ins, mla, ia)
+    return Args(ins, ins.path, t, mla.cache_layout, mla.cache_rows, mla, ip, ia, aa)
+
+
+# ----------------------------------------------------------------------------- value checks
+def _uniform_q_lens(ia) -> None:
+    """The sparse attention takes one ``s1`` per call: every batch the same new tokens."""
+    ql = ia.q_lens
+    if (ql != ql[0]).any():
+        b = int(np.flatnonzero(ql != ql[0])[0])
+        raise ValueError(
+            f"q_lens[{b}]: expected {int(ql[0])} like q_lens[0] (the sparse attention takes the "
+            f"same number of new tokens in every batch), got {int(ql[b])}"
+        )
+
+
+def _slots(ins, ia) -> np.ndarray:
+    """The block table's slot of every new token, or ``-1`` where ``slot_mapping`` says so."""
+    slots = iprolog_contract.slots_from_block_table(
+        ia.block_table, ia.seq_lens, q_lens=ia.q_lens, block_size=ia.block_size
+    )
+    if ins.slot_mapping is None:
+        return slots
+    given = host_ints(ins.slot_mapping, "slot_mapping", ndim=1)
+    bad = (given != slots) & (given != NO_SLOT)
+    if bad.any():
+        t = int(np.flatnonzero(bad)[0])
+        raise ValueError(
+            f"slot_mapping[{t}]: expected -1 (not written) or {int(slots[t])} (the slot "
+            f"block_table gives token {t}: the indexer and the attention read it there), got "
+            f"{int(given[t])}"
+        )
+    return given
+
+
+def _check_latent_blocks(ia, rows: int) -> None:
+    """Every visible token's latent row lies inside ``kv_cache``."""
+    bs = ia.block_size
+    for b in range(ia.n_b):
+        n_tok = int(ia.seq_lens[b])
+        for j in range(-(-n_tok // bs)):
+            entry, last = int(ia.block_table[b, j]), min(bs, n_tok - j * bs) - 1
+            if entry * bs + last >= rows:
+                raise ValueError(
+                    f"block_table[{b}, {j}]: expected a block whose visible tokens lie inside the "
+                    f"latent cache (kv_cache: {rows} rows; seq_lens[{b}] = {n_tok}), got {entry} "
+                    f"(rows {entry * bs}..{entry * bs + last})"
+                )
+
+
+def _check_read_index_keys(ins, ia, slots: np.ndarray) -> None:
+    """Among the tokens the indexer reads and no prolog writes: finite ``>= 0`` k scales and
+    no E4M3 NaN code (the indexer's rule, ``tilesim.shared.dsa_indexer.check_data_values``;
+    the rows the indexer prolog writes may hold anything before the step)."""
+    written = np.zeros(ia.num_blocks * ia.block_size, dtype=bool)
+    written[slots[slots >= 0]] = True
+    int8 = ia.path == "int8"
+    cache = host_array(ins.k_cache, "k_cache")
+    views = None if int8 else fp8_page_views(cache, block_size=ia.block_size)
+    scales = host_array(ins.k_scale, "k_scale") if int8 else views.scales
+    name = "k_scale" if int8 else "k_cache"
+    for b in range(ia.n_b):
+        n_tok = int(ia.seq_lens[b])
+        pos = np.arange(n_tok)
+        row = ia.block_table[b, pos // ia.block_size].astype(np.int64) * ia.block_size
+        row += pos % ia.block_size
+        pos, row = pos[~written[row]], row[~written[row]]
+        blk, off = row // ia.block_size, row % ia.block_size
+        s = scales[blk, off].astype(np.float32)
+        bad = ~(s >= 0) | ~np.isfinite(s)
+        if not int8:
+            codes = views.codes.view(np.uint8)[blk, off]
+            bad |= ((codes & np.uint8(0x7F)) == np.uint8(0x7F)).any(axis=-1)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ValueError(
+                f"{name}: expected a finite scale >= 0{'' if int8 else ' and finite E4M3 codes'}"
+                f" in every cached token the indexer reads, got scale {float(s[i])!r} at batch "
+                f"{b}, position {int(pos[i])} (block {int(blk[i])}, slot {int(off[i])})"
+            )
+
+
+def check_values(args: Args) -> Args:
+    """The checks that read data, before any stage runs: the indexer's integer checks
+    (``seq_lens``, ``q_lens``, every visible block of ``block_table``); the same ``q_lens`` in
+    every batch; ``slot_mapping`` entries (``-1`` or the block table's slot); the MLA prolog's
+    and the indexer prolog's value checks with those slots (finite inputs, slots inside their
+    caches); every visible block inside the latent cache; the index cache's read tokens that
+    no prolog writes. Returns ``args`` with ``slots`` and ``values=True``."""
+    ins = args.ins
+    ia = idx_contract.check_int_values(args.indexer)
+    _uniform_q_lens(ia)
+    slots = _slots(ins, ia)
+    mla = mla_contract.check_values(args.mla._replace(ins=mla_namespace(ins, slots),
+                                                      slot_mapping=slots))  # fmt: skip
+    ipn = iprolog_namespace(ins, slots, args.iprolog.ins.q_norm, args.iprolog.ins.q_norm_scale)
+    ip = iprolog_contract.check_values(args.iprolog._replace(ins=ipn, slot_mapping=slots))
+    _check_latent_blocks(ia, args.latent_rows)
+    _check_read_index_keys(ins, ia, slots)
+    return args._replace(mla=mla, iprolog=ip, indexer=ia, slots=slots, values=True)
+
+
+# ----------------------------------------------------------------------------- plan and cost
+def _require_values(args: Args, what: str) -> None:
+    if not (isinstance(args, Args) and args.values):
+        raise TypeError(f"args: {what} needs the Args of check_values, got {type(args).__name__}")
+
+
+def host_plan(args: Args) -> Plan:
+    """Slots, batch, position and visible length of each new token (:func:`check_values`
+    first)."""
+    _require_values(args, "host_plan")
+    ia = args.indexer
+    ip = idx_contract.host_plan(ia)
+    pos = (
+        ia.seq_lens[ip.row_batch]
+        - ia.q_lens[ip.row_batch]
+        + (np.arange(ia.rows) - ip.row_start[ip.row_batch])
+    )
+    return Plan(args.slots, ip.row_batch, pos, ip.visible, ia.q_lens)
+
+
+def cost(args: Args) -> dict:
+    """``{"flop", "bytes", "stages"}``: each stage's own counter (the MLA prolog's, the indexer
+    prolog's, the indexer's) and the attention's FlashMLA accounting over the ids the indexer
+    returns (``min(topk, visible)`` per row, none ``-1``): ``flop = attention_flop(128,
+    attended)``, ``bytes`` = Q + attended x 656 + O. ``stages`` maps each stage to its
+    ``{flop, bytes}``."""
+    _require_values(args, "cost")
+    attended = int(np.minimum(host_plan(args).visible, args.indexer.topk).sum())
+    t = args.tokens
+    stages = {
+        "mla_prolog": mla_contract.cost(args.mla),
+        "dsa_indexer_prolog": iprolog_contract.cost(args.iprolog),
+        "dsa_indexer": idx_contract.cost(args.indexer),
+        "sparse_attention": {
+            "flop": attn_contract.attention_flop(HEADS, attended),
+            "bytes": t * HEADS * (NOPE + ROPE) * 2
+            + attended * PYPTO_ROW_BYTES
+            + t * HEADS * NOPE * 2,
+        },
+    }
+    stages = {k: {"flop": int(v["flop"]), "bytes": int(v["bytes"])} for k, v in stages.items()}
+    return {"flop": sum(v["flop"] for v in stages.values()),
+            "bytes": sum(v["bytes"] for v in stages.values()), "stages": stages}  # fmt: skip
+
+
+__all__ = [
+    "HEADS",
+    "INPUT_NAMES",
+    "KEYWORD_NAMES",
+    "NO_SLOT",
+    "PATHS",
+    "STEP_FIELDS",
+    "Args",
+    "Plan",
+    "check_meta",
+    "check_values",
+    "cost",
+    "host_plan",
+    "iprolog_namespace",
+    "iprolog_switches",
+    "latent_views",
+    "mla_namespace",
+    "mla_switches",
+    "step_inputs",
+    "step_keywords",
+]
