@@ -47,6 +47,7 @@ from tilesim.shared.validate import (
     check_array,
     check_bool,
     check_choice,
+    check_float,
     dtype_of,
     host_array,
     host_ints,
@@ -260,6 +261,9 @@ def check_meta(ins, *, trace=None, progress=None) -> Args:
     ids: ``softmax_scale``, ``tiling``, the latent cache as it reads it). ``ValueError`` /
     ``TypeError`` naming the step's argument, expected and actual."""
     check_choice(ins.path, "path", PATHS)
+    # the indexer prolog's switches the step renames, checked under the step's names
+    check_choice(ins.index_rope_layout, "index_rope_layout", iprolog_contract.PROLOG_ROPE_LAYOUTS)
+    check_float(ins.ln_eps, "ln_eps", positive=True, fp32=True)
     if progress is not None:
         check_bool(progress, "progress")
     check_array(ins.x, "x", dtype=BF16, ndim=2, layout="[T, 7168]")
