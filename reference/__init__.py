@@ -57,6 +57,10 @@ _LAZY = {
     "mla_prolog": "mla_prolog",
     "MlaPrologOutputs": "mla_prolog",
     "mla_prolog_make_case": "mla_prolog_cases",
+    # DeepSeek-V3.2 one attention layer step (docs/ops/dsa_attention_step.md)
+    "dsa_attention_step": "dsa_attention_step",
+    "AttentionStepResult": "dsa_attention_step",
+    "dsa_attention_step_make_case": "dsa_attention_step_cases",
     # the one verdict of every output kind (docs/numerics.md, "Judging an output")
     "judge": "judge",
     "Verdict": "judge",
