@@ -4,13 +4,16 @@ it is called, so an error raised after some work cannot pass."""
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 import pytest
-from tilesim.reference import dsa_attention_step as step_mod
 from tilesim.reference.dsa_attention_step_cases import dsa_attention_step_make_case
 from tilesim.shared.casts import BF16
 from tilesim.shared.index_cache import fp8_page_views
 
+#: the golden's module (``tilesim.reference.dsa_attention_step`` as an attribute is the function)
+step_mod = importlib.import_module("tilesim.reference.dsa_attention_step")
 STAGES = ("mla_prolog", "dsa_indexer_prolog", "dsa_indexer", "step_attention")
 
 
