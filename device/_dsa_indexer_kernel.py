@@ -45,6 +45,7 @@ from tilesim.device._pypto_common import jit_options
 from tilesim.shared.dsa_indexer import INDEX_HEADS as HEADS  # 64 index heads
 from tilesim.shared.dsa_indexer import INT8_QK_SCALE  # 2^-11
 from tilesim.shared.index_cache import INDEX_DIM as DIM  # 128
+from tilesim.shared.index_cache import index_page_view
 
 NEG_INF = float("-inf")
 #: blocks per score chunk (the unrolled block loop; then single blocks)
@@ -68,6 +69,10 @@ class IndexerParams:
         self.path, self.bs, self.topk, self.width, self.chunk = path, block_size, topk, width, chunk
         self.select = bool(select)  # False: the scores only (the cost split of the reports)
         self.buckets = buckets(topk, width)
+        # how the kernel addresses a block of the cache (tilesim.shared.index_cache): the codes
+        # view's rows per block, the scales view's first column of a block
+        page = index_page_view(path, block_size)
+        self.rows_per_block, self.scale_col0 = page.code_rows, page.scale_col0
 
     @property
     def key(self) -> tuple:
@@ -284,14 +289,14 @@ def _sources(pypto):
         params,
     ):
         ins = _Inputs(q, weights, q_scale, k_cache, k_scale, block_table, seq_lens, negpos,
-                      slots, params.bs, 0)  # fmt: skip
+                      slots, params.rows_per_block, params.scale_col0)  # fmt: skip
         indexer_nest(pypto, ins, scores, ids, params)
 
     def li_fp8(
         q: pypto.Tensor([pypto.DYNAMIC, DIM], pypto.DT_FP8E4M3),  # [T*64, 128]
         weights: pypto.Tensor([pypto.DYNAMIC, 1], pypto.DT_FP32),  # [T*64, 1]
         k_codes: pypto.Tensor([pypto.STATIC, DIM], pypto.DT_FP8E4M3),  # pages as 128-byte rows
-        k_scales: pypto.Tensor([pypto.STATIC, pypto.STATIC], pypto.DT_FP32),  # [nblocks, 33*bs]
+        k_scales: pypto.Tensor([pypto.STATIC, pypto.STATIC], pypto.DT_FP32),  # pages as FP32 words
         block_table: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_INT32),
         seq_lens: pypto.Tensor([pypto.DYNAMIC], pypto.DT_INT32),
         negpos: pypto.Tensor([1, pypto.STATIC], pypto.DT_FP32),
@@ -300,9 +305,8 @@ def _sources(pypto):
         ids: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_INT32),
         params,
     ):
-        bs = params.bs
         ins = _Inputs(q, weights, None, k_codes, k_scales, block_table, seq_lens, negpos, slots,
-                      bs + bs // 32, 32 * bs)  # fmt: skip
+                      params.rows_per_block, params.scale_col0)  # fmt: skip
         indexer_nest(pypto, ins, scores, ids, params)
 
     return {"int8": li_int8, "fp8": li_fp8}

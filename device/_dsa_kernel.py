@@ -69,16 +69,27 @@ from tilesim.device.backend import compiled
 # online, kv_splits = 1: tokens of up to UNROLL_TILES tiles fold once (also the split cap)
 from tilesim.shared.dsa import UNROLL_TILES
 
-# the packed row's byte layout: one table, in tilesim.shared.mla_cache
-from tilesim.shared.mla_cache import LAYOUT_OFFSETS, NOPE, NSCALES, ROPE
-from tilesim.shared.mla_cache import PYPTO_ROW_BYTES as ROW_BYTES
+# the cache's byte layouts: the kernel-facing views of tilesim.shared.mla_cache, as module ints
+from tilesim.shared.mla_cache import (
+    KV_SPLIT_VIEW,
+    NOPE,
+    NSCALES,
+    ROPE,
+    SCALE_GROUP,
+    packed_row_view,
+)
+from tilesim.shared.mla_cache import PYPTO_ROW_BYTES as ROW_BYTES  # a packed row in GM
 
-HEAD = NOPE + ROPE  # 576
-GROUP = NOPE // NSCALES  # 128 latent values per FP32 scale
-UB_PITCH = 672  # packed row padded to a 32-byte multiple in UB (the seeds' pitch)
-TAIL_BYTES = 144  # rope (128 B) + scales (16 B) of a packed row, bytes 512..655
-TAIL_PITCH = 160  # 144 padded to a 32-byte multiple
-SCALE_PITCH = 8  # 4 FP32 scales padded to 32 bytes (kv_split)
+_ROW = packed_row_view("pypto")  # the sizes, equal in both layouts (offsets: NestParams)
+HEAD = NOPE + ROPE  # query / key width: nope + rope values
+GROUP = SCALE_GROUP  # latent values per FP32 scale
+NOPE_BYTES = _ROW.nope_bytes  # the nope run, first in every packed layout (one byte per value)
+UB_PITCH = _ROW.ub_pitch  # a packed row padded to the UB alignment (the seeds' pitch)
+TAIL_BYTES = _ROW.tail_bytes  # rope + scales of a packed row, after the nope run
+TAIL_PITCH = _ROW.tail_pitch  # the tail padded to the UB alignment
+ROPE_BYTES = _ROW.rope_bytes  # the rope run (BF16)
+SCALE_BYTES = _ROW.scale_bytes  # the scales run (FP32)
+SCALE_PITCH = KV_SPLIT_VIEW.scale_pitch  # FP32 columns of a kv_split scale row in UB
 #: keys per V0 row tile = per V0 task (load_keys): every task costs the device a fixed dispatch
 #: + completion overhead and every dependency edge a resolution (docs/ops/dsa.md#kernel). 64-row
 #: tasks
@@ -119,7 +130,10 @@ class NestParams:
         self.v2 = tile[5]
         self.online = online
         self.quant = quant  # "int8" or "fp8"
-        self.rope_off, self.scale_off = LAYOUT_OFFSETS[layout]
+        # byte offsets inside a packed row and inside its tail (tilesim.shared.mla_cache)
+        row = packed_row_view(layout)
+        self.rope_off, self.scale_off = row.rope_off, row.scale_off
+        self.tail_rope_off, self.tail_scale_off = row.tail_rope_off, row.tail_scale_off
         # masked builds: topk_indices columns mask_col0.. hold 1 at skipped (-1) entries
         self.mask_col0 = mask_col0
         self.masked = mask_col0 is not None
@@ -163,11 +177,11 @@ def to_fp32(q, p):
 
 
 def load_packed_int8(cache, idx, bt, valid, p):
-    """Packed INT8 cache ``[rows, 656]``: ONE gather of whole rows through the block table into
-    a ``[s_kv_tile, 672]`` UB tile (656 valid bytes), then byte views: nope INT8, rope viewed as
-    BF16, scales viewed as FP32. Returns ``(q, scales, kr)``: ``q`` the quantized nope values
-    ``[s_kv_tile, 512]``, ``scales`` FP32 ``[s_kv_tile, 4]``, ``kr`` BF16 ``[s_kv_tile, 64]``,
-    ``valid`` rows each (:func:`assemble_keys` makes K of them)."""
+    """Packed INT8 cache ``[rows, ROW_BYTES]``: ONE gather of whole rows through the block table
+    into a ``[s_kv_tile, UB_PITCH]`` UB tile (ROW_BYTES valid), then byte views: nope INT8,
+    rope viewed as BF16, scales viewed as FP32. Returns ``(q, scales, kr)``: ``q`` the
+    quantized nope values ``[s_kv_tile, 512]``, ``scales`` FP32 ``[s_kv_tile, 4]``, ``kr`` BF16
+    ``[s_kv_tile, 64]``, ``valid`` rows each (:func:`assemble_keys` makes K of them)."""
     t = p.s_kv_tile
     pypto.set_vec_tile_shapes(V0_ROWS, UB_PITCH)
     rows_view = pypto.view(
@@ -175,33 +189,37 @@ def load_packed_int8(cache, idx, bt, valid, p):
     )
     rows = gather_in_ub(rows_view, idx, bt, p.block_size, -2)
     pypto.set_vec_tile_shapes(V0_ROWS, NOPE)
-    q8 = pypto.view(rows, [t, NOPE], [0, 0], valid_shape=[valid, NOPE])
-    sc8 = pypto.view(rows, [t, 4 * NSCALES], [0, p.scale_off], valid_shape=[valid, 4 * NSCALES])
-    kr8 = pypto.view(rows, [t, 2 * ROPE], [0, p.rope_off], valid_shape=[valid, 2 * ROPE])
+    q8 = pypto.view(rows, [t, NOPE_BYTES], [0, 0], valid_shape=[valid, NOPE_BYTES])
+    sc8 = pypto.view(rows, [t, SCALE_BYTES], [0, p.scale_off], valid_shape=[valid, SCALE_BYTES])
+    kr8 = pypto.view(rows, [t, ROPE_BYTES], [0, p.rope_off], valid_shape=[valid, ROPE_BYTES])
     return q8, pypto.view(sc8, dtype=pypto.DT_FP32), pypto.view(kr8, dtype=pypto.DT_BF16)
 
 
 def load_packed_fp8(cache, cache_fp8, idx, bt, valid, p):
-    """Packed FP8 cache ``[rows, 656]``, given twice: ``cache`` as INT8 bytes and ``cache_fp8`` as
-    FP8 E4M3 (the same memory). PyPTO 0.2.0 rejects ``view(dtype=)`` from or to FP8, so the
-    seeds' single whole-row gather followed by byte reinterpretation cannot be compiled. Instead
-    two gathers through the same indices and block table fetch disjoint byte ranges of each
-    row: bytes 0..511 from the FP8 view and bytes 512..655 (rope + scales, padded to 160) from
-    the INT8 view. Same HBM bytes as one gather; twice the descriptors. Used on CPU and NPU
-    alike. Returns as :func:`load_packed_int8` (``q`` FP8)."""
+    """Packed FP8 cache ``[rows, ROW_BYTES]``, given twice: ``cache`` as INT8 bytes and
+    ``cache_fp8`` as FP8 E4M3 (the same memory). PyPTO 0.2.0 rejects ``view(dtype=)`` from or to
+    FP8, so the seeds' single whole-row gather followed by byte reinterpretation cannot be
+    compiled. Instead two gathers through the same indices and block table fetch disjoint byte
+    ranges of each row: the nope run from the FP8 view and the tail (rope + scales,
+    ``TAIL_BYTES`` padded to ``TAIL_PITCH``) from the INT8 view. Same HBM bytes as one gather;
+    twice the descriptors. Used on CPU and NPU alike. Returns as :func:`load_packed_int8`
+    (``q`` FP8)."""
     t = p.s_kv_tile
     pypto.set_vec_tile_shapes(V0_ROWS, NOPE)
-    nope_view = pypto.view(cache_fp8, [cache_fp8.shape[0], NOPE], [0, 0])
+    nope_view = pypto.view(cache_fp8, [cache_fp8.shape[0], NOPE_BYTES], [0, 0])
     qf8 = gather_in_ub(nope_view, idx, bt, p.block_size, -2)
     pypto.set_vec_tile_shapes(V0_ROWS, TAIL_PITCH)
     tail_view = pypto.view(
-        cache, [cache.shape[0], TAIL_PITCH], [0, NOPE], valid_shape=[cache.shape[0], TAIL_BYTES]
+        cache,
+        [cache.shape[0], TAIL_PITCH],
+        [0, NOPE_BYTES],
+        valid_shape=[cache.shape[0], TAIL_BYTES],
     )
     tail = gather_in_ub(tail_view, idx, bt, p.block_size, -2)
     pypto.set_vec_tile_shapes(V0_ROWS, NOPE)
-    so, ro = p.scale_off - NOPE, p.rope_off - NOPE
-    sc8 = pypto.view(tail, [t, 4 * NSCALES], [0, so], valid_shape=[valid, 4 * NSCALES])
-    kr8 = pypto.view(tail, [t, 2 * ROPE], [0, ro], valid_shape=[valid, 2 * ROPE])
+    so, ro = p.tail_scale_off, p.tail_rope_off
+    sc8 = pypto.view(tail, [t, SCALE_BYTES], [0, so], valid_shape=[valid, SCALE_BYTES])
+    kr8 = pypto.view(tail, [t, ROPE_BYTES], [0, ro], valid_shape=[valid, ROPE_BYTES])
     return qf8, pypto.view(sc8, dtype=pypto.DT_FP32), pypto.view(kr8, dtype=pypto.DT_BF16)
 
 

@@ -42,12 +42,14 @@ import functools
 
 from tilesim.device import backend as _backend
 from tilesim.device._lazy import require_torch
-from tilesim.shared.dsa_indexer import MAX_POSITIONS, Args, check_meta
+from tilesim.shared.dsa_indexer import INDEX_HEADS, MAX_POSITIONS, Args, check_meta
+from tilesim.shared.index_cache import FP8_BLOCK_ALIGN, INDEX_DIM
 from tilesim.shared.soc import DEFAULT_SOC
 from tilesim.shared.validate import check_bool, check_choice
 
-#: ``topk`` and the FP8 block size must be multiples of this (32-element sort groups, and
-#: the FP8 page's scales as whole 128-byte rows)
+#: ``topk`` must be a multiple of this (the top-k's 32-element sort groups; not a layout size).
+#: The FP8 block size's multiple is the layout's :data:`~tilesim.shared.index_cache.FP8_BLOCK_ALIGN`
+#: (pages of whole 128-byte code rows), also 32
 ALIGN = 32
 
 
@@ -69,10 +71,10 @@ def _check_kernel_limits(a: Args) -> None:
         raise ValueError(f"int8_order: the kernel implements 'gym' only, got {a.int8_order!r}")
     if a.topk % ALIGN:
         raise ValueError(f"topk: expected a multiple of {ALIGN} for the kernel, got {a.topk}")
-    if a.path == "fp8" and a.block_size % ALIGN:
+    if a.path == "fp8" and a.block_size % FP8_BLOCK_ALIGN:
         raise ValueError(
-            f"block_size: expected a multiple of {ALIGN} for the FP8 kernel (the page's scales "
-            f"as whole 128-byte rows), got {a.block_size}"
+            f"block_size: expected a multiple of {FP8_BLOCK_ALIGN} for the FP8 kernel (the "
+            f"pages as whole {INDEX_DIM}-byte code rows), got {a.block_size}"
         )
     cols = padded_columns(a.max_blocks, a.topk, a.block_size)
     if cols * a.block_size > MAX_POSITIONS:
@@ -91,15 +93,16 @@ def _kernel_inputs(a: Args, dev):
     cols = padded_columns(a.max_blocks, a.topk, bs)
     table = torch.full((a.n_b, cols), -1, dtype=torch.int32, device=dev)
     table[:, : a.max_blocks] = bt.to(device=dev, dtype=torch.int32)
-    q2 = q.contiguous().reshape(t * 64, 128)
-    w2 = w.contiguous().reshape(t * 64, 1)
+    q2 = q.contiguous().reshape(t * INDEX_HEADS, INDEX_DIM)
+    w2 = w.contiguous().reshape(t * INDEX_HEADS, 1)
     if a.path == "int8":
         qs, ks = _backend.to_tensors(a.q_scale, a.k_scale)
-        head = [q2, qs.contiguous().reshape(t * 64, 1), w2, kc.contiguous().reshape(-1, 128),
-                ks.contiguous()]  # fmt: skip
-    else:
+        head = [q2, qs.contiguous().reshape(t * INDEX_HEADS, 1), w2,
+                kc.contiguous().reshape(-1, INDEX_DIM), ks.contiguous()]  # fmt: skip
+    else:  # the pages as INDEX_DIM-byte code rows and as FP32 words (index_page_view)
         pages = kc.contiguous()
-        head = [q2, w2, pages.view(torch.float8_e4m3fn).reshape(-1, 128), pages.view(torch.float32)]
+        head = [q2, w2, pages.view(torch.float8_e4m3fn).reshape(-1, INDEX_DIM),
+                pages.view(torch.float32)]  # fmt: skip
     width = cols * bs
     const = [-torch.arange(width, dtype=torch.float32, device=dev)[None],
              torch.arange(a.topk, dtype=torch.float32, device=dev)[None]]  # fmt: skip

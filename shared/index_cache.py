@@ -17,23 +17,30 @@ layout      arrays                                            source
 ==========  ================================================  ==================================
 
 The FP8 scale of a token is therefore NOT in bytes 128..131 of "its row": a page holds no
-per-token rows, only the two runs. Packing and unpacking are exact byte moves. Arguments follow
-:mod:`tilesim.shared.validate` (NumPy arrays or torch tensors, read without writing); the
-results are NumPy arrays.
+per-token rows, only the two runs. A kernel addresses a block of either layout through two 2-D
+views of the cache memory, codes as 128-byte rows and scales as rows of scale words; the
+offsets it needs come from :func:`index_page_view` (no kernel re-derives them). Packing and
+unpacking are exact byte moves. Arguments follow :mod:`tilesim.shared.validate` (NumPy arrays
+or torch tensors, read without writing); the results are NumPy arrays.
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 from tilesim.shared.casts import FP8_E4M3
-from tilesim.shared.validate import check_array, check_int, host_data, shape_of
+from tilesim.shared.validate import check_array, check_choice, check_int, host_data, shape_of
 
 INDEX_DIM = 128  #: values of one index key (and of one index-query head)
 FP8_SCALE_BYTES = 4  #: one FP32 scale per token
 FP8_TOKEN_BYTES = INDEX_DIM + FP8_SCALE_BYTES  # 132 bytes of page per token
 INDEX_CACHE_LAYOUTS = ("int8", "fp8")
+#: the FP8 block sizes whose pages are whole ``INDEX_DIM``-byte code rows are the multiples of
+#: this (32): ``block_size * 132`` is a multiple of 128 exactly then
+FP8_BLOCK_ALIGN = INDEX_DIM // math.gcd(FP8_TOKEN_BYTES, INDEX_DIM)
 
 
 def fp8_page_bytes(block_size: int) -> int:
@@ -45,6 +52,46 @@ def fp8_scale_offset(block_size: int) -> int:
     """Byte offset of the first scale in an FP8 page: ``block_size * 128`` (token ``t``'s scale
     starts ``4 * t`` bytes later)."""
     return check_int(block_size, "block_size", lo=1) * INDEX_DIM
+
+
+@dataclass(frozen=True)
+class IndexPageView:
+    """How a kernel addresses block ``phys`` of a key cache in ``layout`` (plain ints): the
+    codes as a ``[rows, INDEX_DIM]`` tensor (one byte per code), the block's ``block_size``
+    keys at rows ``phys * code_rows ..``; the scales as a ``[num_blocks, scale_cols]`` tensor of
+    scale words (float16 for INT8, FP32 for FP8), the block's at row ``phys``, columns
+    ``scale_col0 .. scale_col0 + block_size``.
+
+    ``int8``: the two arrays as they are (``code_rows = scale_cols = block_size``,
+    ``scale_col0 = 0``). ``fp8``: both views of the one page array: a page is ``block_size *
+    132 / 128`` code rows (``block_size`` of codes, then the scale run) and ``block_size * 132
+    / 4`` FP32 words, the scales from word ``block_size * 128 / 4`` on."""
+
+    layout: str
+    block_size: int
+    code_rows: int  #: rows of the ``[*, INDEX_DIM]`` codes view per block (its row stride)
+    scale_cols: int  #: scale words per block (the width of the scales view)
+    scale_col0: int  #: the word of the block's first scale in its row of the scales view
+
+
+def index_page_view(layout: str, block_size: int) -> IndexPageView:
+    """The kernel-facing view of a block of ``layout`` (``"int8"``/``"fp8"``) caches of
+    ``block_size`` keys (:class:`IndexPageView`); FP8 needs ``block_size`` a multiple of
+    :data:`FP8_BLOCK_ALIGN` (``ValueError``: else a page is not whole code rows)."""
+    check_choice(layout, "layout", INDEX_CACHE_LAYOUTS)
+    bs = check_int(block_size, "block_size", lo=1)
+    if layout == "int8":
+        return IndexPageView(layout, bs, code_rows=bs, scale_cols=bs, scale_col0=0)
+    if bs % FP8_BLOCK_ALIGN:
+        raise ValueError(
+            f"block_size: expected a multiple of {FP8_BLOCK_ALIGN} for a kernel's view of FP8 "
+            f"pages (a page of block_size*{FP8_TOKEN_BYTES} bytes as whole {INDEX_DIM}-byte "
+            f"code rows), got {bs}"
+        )
+    page = fp8_page_bytes(bs)
+    return IndexPageView(layout, bs, code_rows=page // INDEX_DIM,
+                         scale_cols=page // FP8_SCALE_BYTES,
+                         scale_col0=fp8_scale_offset(bs) // FP8_SCALE_BYTES)  # fmt: skip
 
 
 class IndexCachePages(NamedTuple):
@@ -137,16 +184,19 @@ def scatter_tokens(values: np.ndarray, table_row: np.ndarray, block_size: int, o
 
 
 __all__ = [
+    "FP8_BLOCK_ALIGN",
     "FP8_SCALE_BYTES",
     "FP8_TOKEN_BYTES",
     "INDEX_CACHE_LAYOUTS",
     "INDEX_DIM",
     "IndexCachePages",
+    "IndexPageView",
     "check_fp8_cache",
     "check_int8_cache",
     "fp8_page_bytes",
     "fp8_page_views",
     "fp8_scale_offset",
+    "index_page_view",
     "pack_fp8_pages",
     "pack_int8_cache",
     "scatter_tokens",

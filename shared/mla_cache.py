@@ -10,13 +10,15 @@ kv_split     three tensors                    ``kn_quant [rows,512]`` (e4m3 or i
 ===========  ==============================  ================================================
 
 Rows are 656 bytes in memory; PyPTO kernels pad each row to a 672-byte pitch in the UB only
-(``PYPTO_UB_PITCH``). All multi-byte fields are little-endian. A packed cache is an array of
-shape ``[rows, 656]`` whose dtype is the quantized type (float8_e4m3fn or int8), exactly like
-the tensors the kernels take. Packing and unpacking are exact byte moves. The unpackers also
-accept raw ``uint8`` bytes and then decode the nope field as float8_e4m3fn (view an INT8 cache
-as ``int8`` first). Arguments follow :mod:`tilesim.shared.validate`: NumPy arrays or torch
-tensors (FP8/BF16 and ``requires_grad`` tensors included, read without writing); the results
-are NumPy arrays.
+(``PYPTO_UB_PITCH``). All multi-byte fields are little-endian. Every byte count and offset here
+is derived once from the field sizes and orders (:data:`FIELD_SIZES`, :data:`FIELD_ORDER`); the
+kernels read their views of a row from :func:`packed_row_view` and :data:`KV_SPLIT_VIEW`. A
+packed cache is an array of shape ``[rows, 656]`` whose dtype is the quantized type
+(float8_e4m3fn or int8), exactly like the tensors the kernels take. Packing and unpacking are
+exact byte moves. The unpackers also accept raw ``uint8`` bytes and then decode the nope field
+as float8_e4m3fn (view an INT8 cache as ``int8`` first). Arguments follow
+:mod:`tilesim.shared.validate`: NumPy arrays or torch tensors (FP8/BF16 and ``requires_grad``
+tensors included, read without writing); the results are NumPy arrays.
 
 Sources: ``pypto`` = ``hicann/pypto:models/deepseek_v32_exp/sparse_attention_antiquant_impl.py``
 and the seeds' ``sparse_attention_antiquant_*`` kernels (hicann/pypto-gym); ``flashmla`` =
@@ -26,29 +28,120 @@ docs/sources.md#deepseek-sparse-attention.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 from tilesim.shared.casts import BF16, FP8_E4M3
 from tilesim.shared.validate import check_array, check_choice, host_data, shape_of
 
-NOPE = 512
-ROPE = 64
-NSCALES = 4
-PYPTO_ROW_BYTES = NOPE + 2 * ROPE + 4 * NSCALES  # 656
+NOPE = 512  #: quantized latent values per row (one byte each, E4M3 or INT8)
+ROPE = 64  #: BF16 rope values per row
+NSCALES = 4  #: FP32 dequantization scales per row
+SCALE_GROUP = NOPE // NSCALES  #: nope values per scale: scale ``g`` covers ``128g .. 128g+127``
+#: bytes of each field of a row (element count times element size)
+FIELD_SIZES = {
+    "nope": NOPE * FP8_E4M3.itemsize,
+    "rope": ROPE * BF16.itemsize,
+    "scales": NSCALES * np.dtype(np.float32).itemsize,
+}
+#: the order of the fields inside a packed row, per layout
+FIELD_ORDER = {"pypto": ("nope", "rope", "scales"), "flashmla": ("nope", "scales", "rope")}
+PYPTO_ROW_BYTES = sum(FIELD_SIZES.values())  # 656
 FLASHMLA_ROW_BYTES = PYPTO_ROW_BYTES  # 656, different order
-PYPTO_UB_PITCH = 672  # 656 rounded up to a 32-byte multiple (UB tile pitch only)
+#: bytes a UB tile row is aligned to: a row gathered into the UB is padded to a multiple
+UB_ALIGN = 32
+
+
+def ub_pitch(nbytes: int) -> int:
+    """``nbytes`` rounded up to a multiple of :data:`UB_ALIGN` (the pitch of a UB tile row)."""
+    return -(-nbytes // UB_ALIGN) * UB_ALIGN
+
+
+PYPTO_UB_PITCH = ub_pitch(PYPTO_ROW_BYTES)  # 672: 656 padded (UB tile pitch only)
+
+
+def _field_bytes(order: tuple[str, ...]) -> dict[str, tuple[int, int]]:
+    spans, at = {}, 0
+    for name in order:
+        spans[name] = (at, at + FIELD_SIZES[name])
+        at += FIELD_SIZES[name]
+    return spans
+
 
 #: ``(start, stop)`` byte ranges of each field of a packed row, per layout (the one table: the
-#: packers here, the kernel's V0 stage and the CLI's byte-layout notes read it)
-FIELD_BYTES = {
-    "pypto": {"nope": (0, 512), "rope": (512, 640), "scales": (640, 656)},
-    "flashmla": {"nope": (0, 512), "scales": (512, 528), "rope": (528, 656)},
-}
+#: packers here, the kernels' views (:func:`packed_row_view`) and the CLI's byte-layout notes
+#: read it)
+FIELD_BYTES = {layout: _field_bytes(order) for layout, order in FIELD_ORDER.items()}
 LAYOUTS = ("pypto", "flashmla")
 #: byte offsets ``(rope, scales)`` inside a packed row, per layout (the kernel's view offsets)
 LAYOUT_OFFSETS = {k: (f["rope"][0], f["scales"][0]) for k, f in FIELD_BYTES.items()}
 QUANT_DTYPES = (FP8_E4M3, np.dtype(np.int8))
+
+
+@dataclass(frozen=True)
+class PackedRowView:
+    """A kernel's view of one packed layout's ``[rows, 656]`` cache (bytes; plain ints).
+
+    The nope run is first in every layout; the *tail* is the rest of the row (rope and scales,
+    in the layout's order), which the FP8 kernel gathers on its own (``tail_*``: offsets
+    relative to the tail's first byte)."""
+
+    layout: str
+    row_bytes: int  #: 656: bytes of a row in GM
+    ub_pitch: int  #: 672: a whole row gathered into the UB, padded to :data:`UB_ALIGN`
+    nope_bytes: int  #: 512: the quantized nope run, bytes ``0 .. nope_bytes``
+    rope_off: int  #: first byte of the BF16 rope values
+    rope_bytes: int  #: 128
+    scale_off: int  #: first byte of the FP32 scales
+    scale_bytes: int  #: 16
+    tail_bytes: int  #: 144: bytes after the nope run (rope + scales)
+    tail_pitch: int  #: 160: the tail gathered into the UB, padded to :data:`UB_ALIGN`
+    tail_rope_off: int  #: ``rope_off - nope_bytes``
+    tail_scale_off: int  #: ``scale_off - nope_bytes``
+
+
+def _packed_view(layout: str) -> PackedRowView:
+    f = FIELD_BYTES[layout]
+    nope_end = f["nope"][1]
+    if f["nope"][0] != 0:
+        raise AssertionError(f"{layout}: the kernels read the nope run at byte 0")
+    tail = PYPTO_ROW_BYTES - nope_end
+    return PackedRowView(
+        layout=layout, row_bytes=PYPTO_ROW_BYTES, ub_pitch=PYPTO_UB_PITCH, nope_bytes=nope_end,
+        rope_off=f["rope"][0], rope_bytes=FIELD_SIZES["rope"], scale_off=f["scales"][0],
+        scale_bytes=FIELD_SIZES["scales"], tail_bytes=tail, tail_pitch=ub_pitch(tail),
+        tail_rope_off=f["rope"][0] - nope_end, tail_scale_off=f["scales"][0] - nope_end,
+    )  # fmt: skip
+
+
+#: the kernel-facing view of each packed layout (:class:`PackedRowView`)
+PACKED_ROW_VIEWS = {layout: _packed_view(layout) for layout in LAYOUTS}
+
+
+def packed_row_view(layout: str) -> PackedRowView:
+    """The kernel-facing view of packed ``layout`` (``"pypto"`` or ``"flashmla"``)."""
+    check_choice(layout, "layout", LAYOUTS)
+    return PACKED_ROW_VIEWS[layout]
+
+
+@dataclass(frozen=True)
+class KvSplitView:
+    """A kernel's view of the kv_split triple (columns of each tensor; plain ints)."""
+
+    nope_cols: int  #: 512: ``kn_quant [rows, 512]``
+    rope_cols: int  #: 64: ``kr [rows, 64]`` BF16
+    scale_cols: int  #: 4: ``kn_scales [rows, 4]`` FP32
+    scale_pitch: int  #: 8: FP32 columns of a ``kn_scales`` row padded to :data:`UB_ALIGN` bytes
+    scale_group: int  #: 128: nope values per scale (:data:`SCALE_GROUP`)
+
+
+_F32 = np.dtype(np.float32).itemsize
+#: the kernel-facing view of the kv_split cache (:class:`KvSplitView`)
+KV_SPLIT_VIEW = KvSplitView(
+    nope_cols=NOPE, rope_cols=ROPE, scale_cols=NSCALES,
+    scale_pitch=ub_pitch(FIELD_SIZES["scales"]) // _F32, scale_group=SCALE_GROUP,
+)  # fmt: skip
 
 
 class MlaCacheRows(NamedTuple):
