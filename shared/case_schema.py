@@ -32,7 +32,15 @@ CASE_KEYS = ("name", "op", "inputs", "params", "tolerance", "meta")
 TOLERANCE_MODES = ("compare", "set", "ulp")
 CASE_SIZES = ("small", "medium", "large")
 #: the case families (one ``tilesim.reference.<family>_cases`` module each)
-CASE_FAMILIES = ("moe", "msa", "dsa", "dsa_indexer", "dsa_indexer_prolog")
+CASE_FAMILIES = (
+    "moe",
+    "msa",
+    "dsa",
+    "dsa_indexer",
+    "dsa_indexer_prolog",
+    "mla_prolog",
+    "dsa_attention_step",
+)
 
 
 def tolerance(atol=None, rtol=None, ratio: float = 0.0, mode: str = "compare") -> dict:

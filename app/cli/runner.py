@@ -22,6 +22,7 @@ import dataclasses
 import importlib
 import inspect
 import time
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -191,12 +192,17 @@ def check_meta_of(op: str, args: dict):
             a["kv_act_seqs"], layout="kv_split" if split else a["layout"],
             **{k: a[k] for k in keys},
         )  # fmt: skip
-    # the other contracts name their parameters as the op does: bind them by name
+    # the other contracts name their parameters as the op does: bind them by name; a contract
+    # whose first parameter is ``ins`` (the prologs, the layer step) takes the arrays as one
+    # namespace and its switches by name
     check = getattr(mod, "check_meta", None)
     if check is None:
         raise CliError(f"reference op {op!r}: tilesim.shared.{fam} has no check_meta")
     params = inspect.signature(check).parameters
-    return check(**{k: a[k] for k in params if k in a})
+    kw = {k: a[k] for k in params if k in a and k != "ins"}
+    if "ins" in params:
+        return check(types.SimpleNamespace(**a), **kw)
+    return check(**kw)
 
 
 def _contract(fam: str):
@@ -217,7 +223,7 @@ def resolved_settings(op: str, args: dict) -> dict:
     a = full_arguments(op, args)
     if "tiling" not in a:
         return {}
-    if fam in ("dsa", "dsa_step"):  # one decode step: its tiling is the attention's
+    if fam in ("dsa", "dsa_step", "dsa_attention_step"):  # a step's tiling is the attention's
         from tilesim.shared.dsa import resolve_tiling
 
         return {"tiling": resolve_tiling(a["tiling"])}
@@ -266,15 +272,18 @@ def run_reference(built: BuiltCase, trace: Callable[[dict], None] | None = None)
 
 def run_reference_call(op: str, args: dict, trace: Callable[[dict], None] | None = None) -> dict:
     """``{name: ndarray}`` of ``tilesim.reference.OP(**args, trace=trace)``: ``out`` for one
-    result, the field names of a named tuple (``topk_indices, scores``), ``out0, out1, ...``
-    for a plain tuple, the keys of a dict (the op's output order)."""
+    result, the field names of a named tuple (``topk_indices, scores``; every stage output of
+    the prologs and the layer step, caches included), ``out0, out1, ...`` for a plain tuple,
+    the keys of a dict (the op's output order). A ``None`` member (an output the op's path does
+    not have, e.g. the FP8 path's ``q_norm_scale``) is left out."""
     res = op_callable(op)(**args, trace=trace)
     if isinstance(res, dict):
-        return {k: np.asarray(v) for k, v in res.items()}
+        return {k: np.asarray(v) for k, v in res.items() if v is not None}
     if isinstance(res, tuple) and hasattr(res, "_fields"):
-        return {k: np.asarray(v) for k, v in zip(res._fields, res, strict=True)}
+        pairs = zip(res._fields, res, strict=True)
+        return {k: np.asarray(v) for k, v in pairs if v is not None}
     if isinstance(res, tuple):
-        return {f"out{j}": np.asarray(v) for j, v in enumerate(res)}
+        return {f"out{j}": np.asarray(v) for j, v in enumerate(res) if v is not None}
     return {"out": np.asarray(res)}
 
 

@@ -1,0 +1,461 @@
+"""The stage verdict of the DeepSeek-V3.2 layer step and its prologs: which stage failed, and why.
+
+:func:`judge_stages` judges device outputs of ``mla_prolog``, ``dsa_indexer_prolog`` or
+``dsa_attention_step`` (any subset of the op's output names) against their goldens, stage by
+stage (:data:`STAGES`), and names the first stage that fails. ``tilesim compare`` and the tests
+call it; the CLI only loads arrays and prints (``docs/cli.md``, "Judging a layer step stage by
+stage"; ``docs/numerics.md``, "Judging an output").
+
+The plan, per stage of the step:
+
+* ``mla_prolog``: its seven outputs against the stored golden (its inputs are the step's).
+* ``dsa_indexer_prolog``: against the indexer prolog golden **recomputed from the device's own
+  ``q_norm`` (+ ``q_norm_scale``)** when the dump holds them and they differ from the golden's
+  bytes (else the stored golden): a wrong MLA prolog fails its own stage, not this one.
+* ``dsa_indexer``: ``topk_indices`` (per-row sets, tie-aware with the scores of the same
+  golden) and ``scores`` against the indexer golden recomputed from the device's index ``q``,
+  its scale, the weights and the updated index cache.
+* ``sparse_attention``: ``attn_out`` against the attention recomputed with the device's ids,
+  queries and updated latent cache (the step's own attention call).
+
+Each recomputation calls the step's stage functions (:mod:`tilesim.reference.dsa_attention_step`),
+so it is the golden the step itself would have given on those upstream values. A device
+upstream the stage golden refuses (a NaN in a row it reads, a wrong dtype) is reported and the
+stage is judged against the stored golden instead.
+
+Per output (:func:`output_spec`): floats by :func:`tilesim.reference.judge.judge` under the
+case table's per-output limits (INT8 path: pypto-gym's ``GYM_TOLERANCES`` of
+:mod:`~tilesim.reference.mla_prolog_cases` and :mod:`~tilesim.reference.dsa_indexer_prolog_cases`;
+the attention: the case's tolerance); quantized codes and quantization scales by the seeds'
+element rule alone (a discrete output: one code step or one ULP of a scale is the legitimate
+difference, which the golden-aware L2 bounds would count); caches as (a) every row the op does
+not write byte-equal to the golden (= the cache given) and (b) the written rows decoded through
+:mod:`tilesim.shared.mla_cache` / :mod:`tilesim.shared.index_cache` into their fields (codes,
+rope, scales), each judged by its field's rule.
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass, field
+
+import numpy as np
+from tilesim.reference.judge import Check, Verdict, judge
+from tilesim.shared.index_cache import INDEX_DIM, fp8_page_views
+from tilesim.shared.mla_cache import NOPE, NSCALES, ROPE, unpack_rows
+
+#: ops judged stage by stage
+PLAN_OPS = ("mla_prolog", "dsa_indexer_prolog", "dsa_attention_step")
+#: (stage, its outputs in the step's names, the upstream outputs its golden reads)
+STAGES = (
+    ("mla_prolog", ("query_nope", "query_rope", "q_norm", "q_norm_scale", "kv_cache",
+                    "kr_cache", "kv_scale_cache"), ()),
+    ("dsa_indexer_prolog", ("index_q", "index_q_scale", "index_weights", "k_cache", "k_scale"),
+     ("q_norm", "q_norm_scale")),
+    ("dsa_indexer", ("topk_indices", "scores"),
+     ("index_q", "index_q_scale", "index_weights", "k_cache", "k_scale")),
+    ("sparse_attention", ("attn_out",),
+     ("topk_indices", "query_nope", "query_rope", "kv_cache", "kr_cache", "kv_scale_cache")),
+)  # fmt: skip
+#: the indexer prolog's own output names -> the step's
+IPROLOG_NAMES = {"q": "index_q", "q_scale": "index_q_scale", "weights": "index_weights",
+                 "k_cache": "k_cache", "k_scale": "k_scale"}  # fmt: skip
+#: one E4M3 code step (a neighbouring code) and the smallest E4M3 subnormal
+FP8_CODE_TOL = {"atol": 2.0**-9, "rtol": 2.0**-3, "ratio": 0.005, "mode": "compare"}
+#: UE8M0 (power-of-two) FP32 scales: equal, up to the ratio
+FP8_SCALE_TOL = {"atol": 0.0, "rtol": 0.0, "ratio": 0.005, "mode": "compare"}
+#: no published numbers: the golden-aware checks alone (the FP8 path's FP32 weights)
+NUMBERLESS = {"atol": None, "rtol": None, "ratio": 0.0, "mode": "ulp"}
+#: the indexer's scores (as ``tilesim compare`` judges them for ``dsa_indexer``)
+SCORES_TOL = NUMBERLESS
+#: the id judge of the step: per-row sets, no wrong row
+IDS_TOL = {"atol": 0.0, "rtol": 0.0, "ratio": 0.0, "mode": "set"}
+
+
+@dataclass(frozen=True)
+class Spec:
+    """How one output (or one field of a cache's written rows) is judged: ``kind`` one of
+    ``"float"``, ``"ids"``, ``"scores"``, ``"cache"``; ``tol`` the tolerance dict; ``rule``
+    ``"seeds"`` to force the seeds' rule (discrete outputs), ``None`` for the caller's;
+    ``fields`` (caches) ``{field: Spec}``; ``judge_kind`` the judge's ``kind``."""
+
+    kind: str
+    tol: dict | None = None
+    rule: str | None = None
+    fields: dict | None = None
+    judge_kind: str | None = None
+
+
+def _gym(table: dict, key: str) -> dict:
+    atol, rtol, ratio = table[key]
+    return {"atol": atol, "rtol": rtol, "ratio": ratio, "mode": "compare"}
+
+
+def output_spec(name: str, path: str, case_tol: dict) -> Spec:
+    """The rule of the step output ``name`` on ``path`` (``"int8"`` / ``"fp8"``);
+    ``case_tol``: the case's tolerance (the attention output's)."""
+    from tilesim.reference.dsa_indexer_prolog_cases import GYM_TOLERANCES as IP
+    from tilesim.reference.mla_prolog_cases import GYM_TOLERANCES as MLA
+
+    int8 = path == "int8"
+    codes = Spec("float", _gym(MLA, "kv_cache") if int8 else FP8_CODE_TOL, "seeds")
+    scales = Spec("float", _gym(MLA, "kv_scale_cache") if int8 else FP8_SCALE_TOL, "seeds")
+    rope = Spec("float", _gym(MLA, "kr_cache"))
+    k_codes = Spec("float", _gym(IP, "k_cache") if int8 else FP8_CODE_TOL, "seeds")
+    k_scales = Spec("float", _gym(IP, "k_scale") if int8 else FP8_SCALE_TOL, "seeds")
+    latent = {"kv_cache": {"codes": codes, "rope": rope, "scales": scales},
+              "kr_cache": {"rope": rope}, "kv_scale_cache": {"scales": scales}}  # fmt: skip
+    if name in latent:  # a kv_split cache holds one field each, a packed row all three
+        return Spec("cache", fields=latent[name])
+    if name == "k_cache":  # INT8 codes; FP8 pages hold the scales too
+        return Spec("cache", fields={"codes": k_codes, "scales": k_scales})
+    if name == "k_scale":
+        return Spec("cache", fields={"scales": k_scales})
+    query = Spec("float", _gym(MLA, "query_nope"))
+    table = {
+        "query_nope": query,
+        "query_rope": Spec("float", _gym(MLA, "query_rope")),
+        "q_norm": Spec("float", _gym(MLA, "q_norm"), "seeds") if int8 else query,
+        "q_norm_scale": Spec("float", _gym(MLA, "q_norm_scale"), "seeds"),
+        "index_q": Spec("float", _gym(IP, "q") if int8 else FP8_CODE_TOL, "seeds"),
+        "index_q_scale": Spec("float", _gym(IP, "q_scale") if int8 else FP8_SCALE_TOL, "seeds"),
+        "index_weights": Spec("float", _gym(IP, "weights") if int8 else NUMBERLESS),
+        "topk_indices": Spec("ids", IDS_TOL, judge_kind="dsa_indexer"),
+        "scores": Spec("scores", SCORES_TOL),
+        "attn_out": Spec("float", case_tol, judge_kind="dsa"),
+    }
+    return table[name]
+
+
+# ----------------------------------------------------------------------------- results
+@dataclass
+class OutputResult:
+    """One judged output: its verdicts (one per cache field, else one), the plan's own checks
+    (a cache's untouched rows) and where its golden came from."""
+
+    name: str
+    verdicts: list = field(default_factory=list)  # [(label, Verdict)]
+    checks: list = field(default_factory=list)  # [Check]
+    against: str = "the stored golden"
+
+    @property
+    def passed(self) -> bool:
+        return all(v.passed for _, v in self.verdicts) and all(c.passed for c in self.checks)
+
+    def why(self) -> str:
+        """The failed checks in words (empty when it passes)."""
+        parts = [f"{c.name} ({c.text})" for c in self.checks if not c.passed]
+        for label, v in self.verdicts:
+            if not v.passed:
+                what = ", ".join(v.failed) or "failed"
+                parts.append(f"{label + ': ' if label else ''}{what}")
+        return "; ".join(parts)
+
+    def lines(self, verbose: bool = False) -> list[str]:
+        """The report: one line per verdict when it passes (unless ``verbose``), the judge's
+        full summary when it fails; a cache first says which rows it checked."""
+        out = []
+        if self.checks:
+            out.append(f"{'PASS' if self.passed else 'FAIL'} {self.name} (cache)")
+            out += [c.line() for c in self.checks]
+        for label, v in self.verdicts:
+            text = v.summary().splitlines()
+            if label:
+                text[0] = f"{text[0]} [written rows: {label}]"
+            out += text if (verbose or not v.passed) else text[:1]
+        return out
+
+
+@dataclass
+class StageResult:
+    """One stage: its judged outputs, the golden they were judged against, notes."""
+
+    stage: str
+    outputs: list = field(default_factory=list)
+    against: str = "the stored golden"
+    notes: list = field(default_factory=list)
+
+    @property
+    def judged(self) -> bool:
+        return bool(self.outputs)
+
+    @property
+    def passed(self) -> bool:
+        return all(o.passed for o in self.outputs)
+
+    def why(self) -> str:
+        return "; ".join(f"{o.name}: {o.why()}" for o in self.outputs if not o.passed)
+
+
+@dataclass
+class StageReport:
+    """The verdict of :func:`judge_stages`: every stage in order (``judged`` False: no output
+    of it was given) and the first stage that fails."""
+
+    op: str
+    name: str
+    stages: list
+
+    @property
+    def passed(self) -> bool:
+        return all(s.passed for s in self.stages)
+
+    @property
+    def first_failure(self) -> StageResult | None:
+        return next((s for s in self.stages if s.judged and not s.passed), None)
+
+    def summary(self, verbose: bool = False) -> str:
+        """Per stage: PASS/FAIL and the golden it was judged against, per output one line
+        (a failing one in full; ``verbose``: all in full); then the first failing stage."""
+        lines = []
+        for s in self.stages:
+            if not s.judged:
+                lines.append(f"stage {s.stage}: not dumped")
+                continue
+            lines.append(f"stage {s.stage}: {'PASS' if s.passed else 'FAIL'} "
+                         f"(against {s.against})")  # fmt: skip
+            lines += [f"  note: {n}" for n in s.notes]
+            for o in s.outputs:
+                lines += ["  " + ln for ln in o.lines(verbose)]
+        bad = self.first_failure
+        if bad is None:
+            lines.append(f"PASS {self.name}: every dumped stage passes")
+        else:
+            lines.append(f"FAIL {self.name}: first failing stage {bad.stage}: {bad.why()}")
+        return "\n".join(lines)
+
+    def as_dict(self) -> dict:
+        bad = self.first_failure
+        return {
+            "passed": self.passed, "op": self.op, "name": self.name,
+            "first_failing_stage": None if bad is None else bad.stage,
+            "why": None if bad is None else bad.why(),
+            "stages": [{"stage": s.stage, "judged": s.judged, "passed": s.passed,
+                        "against": s.against, "notes": s.notes,
+                        "outputs": [{"name": o.name, "passed": o.passed, "why": o.why(),
+                                     "checks": [vars(c) for c in o.checks],
+                                     "verdicts": [{"field": lb, **v.as_dict()}
+                                                  for lb, v in o.verdicts]}
+                                    for o in s.outputs]} for s in self.stages],
+        }  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- caches
+def _byte_rows(arr: np.ndarray, width_bytes: int) -> np.ndarray:
+    a = np.ascontiguousarray(arr)
+    return a.view(np.uint8).reshape(-1, width_bytes)
+
+
+def cache_fields(name: str, arr: np.ndarray, layout: str, block_size: int) -> tuple:
+    """``(byte rows [rows, bytes], {field: values [rows, width]})`` of one cache output: the
+    latent cache ``kv_cache`` (``kv_split`` codes, or packed ``pypto`` / ``flashmla`` rows),
+    ``kr_cache``, ``kv_scale_cache``, the index cache ``k_cache`` (INT8 codes, or FP8 pages)
+    and ``k_scale``; row ``r`` is cache slot ``r``."""
+    a = np.ascontiguousarray(arr)
+    if name == "kv_cache" and layout in ("pypto", "flashmla"):
+        rows = unpack_rows(a.reshape(-1, a.shape[-1]), layout)
+        fields = {"codes": rows.nope, "rope": rows.rope, "scales": rows.scales}
+        return _byte_rows(a, a.shape[-1] * a.itemsize), fields
+    widths = {"kv_cache": ("codes", NOPE), "kr_cache": ("rope", ROPE),
+              "kv_scale_cache": ("scales", NSCALES), "k_scale": ("scales", 1)}  # fmt: skip
+    if name == "k_cache" and a.dtype == np.uint8:  # FP8 pages: codes, then the scales
+        v = fp8_page_views(a, block_size=block_size)
+        codes, scales = v.codes.reshape(-1, INDEX_DIM), v.scales.reshape(-1, 1)
+        raw = np.concatenate([_byte_rows(codes, INDEX_DIM), _byte_rows(scales, 4)], axis=1)
+        return raw, {"codes": codes, "scales": scales}
+    fname, w = ("codes", INDEX_DIM) if name == "k_cache" else widths[name]
+    vals = a.reshape(-1, w)
+    return _byte_rows(vals, w * a.itemsize), {fname: vals}
+
+
+def _judge_cache(name, a, g, spec: Spec, slots, layout, block_size, rule) -> OutputResult:
+    a = a.reshape(g.shape)
+    if a.dtype != g.dtype:  # a dump of the same bytes under another name (uint8 for E4M3)
+        if a.dtype.itemsize != g.dtype.itemsize:
+            raise TypeError(f"{name}: expected {g.dtype} cache bytes, got {a.dtype}")
+        a = a.view(g.dtype)
+    ga, gf = cache_fields(name, g, layout, block_size)
+    aa, af = cache_fields(name, a, layout, block_size)
+    written = np.unique(slots[slots >= 0])
+    other = np.ones(ga.shape[0], bool)
+    other[written] = False
+    changed = np.flatnonzero(other & np.any(aa != ga, axis=1))
+    listed = ", ".join(str(int(r)) for r in changed[:10]) + (", ..." if changed.size > 10 else "")
+    txt = (f"{changed.size} of {int(other.sum())} rows the op does not write differ from the "
+           f"cache given" + (f": rows {listed}" if changed.size else ""))  # fmt: skip
+    first = int(changed[0]) if changed.size else None
+    res = OutputResult(name, checks=[Check("rows not written", not changed.size, changed.size,
+                                           0, first, txt)])  # fmt: skip
+    for fname, fspec in ((f, s) for f, s in spec.fields.items() if f in gf):
+        res.verdicts.append((f"{fname} of slots {written.tolist()[:8]}"
+                             + ("..." if written.size > 8 else ""),
+                             _judge_float(af[fname][written], gf[fname][written], fspec, rule,
+                                          f"{name}.{fname}")))  # fmt: skip
+    return res
+
+
+# ----------------------------------------------------------------------------- one output
+def _judge_float(a, g, spec: Spec, rule: str, name: str) -> Verdict:
+    return judge(a, g, spec.tol, rule=spec.rule or rule, name=name, kind=spec.judge_kind)
+
+
+def judge_scores(actual, golden, *, name: str) -> Verdict:
+    """The indexer's FP32 scores ``[T, S]``: a ``-inf`` of the golden (a position the row does
+    not see) must be ``-inf`` in ``actual`` ("visibility (-inf)"); the other elements by the
+    golden-aware checks alone (no published numbers)."""
+    a = np.asarray(actual).reshape(np.shape(golden))
+    g = np.asarray(golden)
+    with np.errstate(invalid="ignore"):
+        hidden = np.isneginf(g.astype(np.float64))
+        differ = hidden != np.isneginf(a.astype(np.float64))
+    v = judge(np.where(hidden, np.zeros((), a.dtype), a), np.where(hidden, 0, g), SCORES_TOL,
+              name=name, kind="float")  # fmt: skip
+    n_bad = int(differ.sum())
+    where = tuple(int(i) for i in np.argwhere(differ)[0]) if n_bad else None
+    txt = f"{int(hidden.sum())} positions not visible (-inf in the golden); {n_bad} differ"
+    v.checks.insert(0, Check("visibility (-inf)", n_bad == 0, n_bad, 0, where, txt))
+    v.passed = v.passed and n_bad == 0
+    return v
+
+
+def judge_output(name, a, g, spec: Spec, *, rule="default", scores=None, slots=None,
+                 layout="", block_size=128) -> OutputResult:  # fmt: skip
+    """One output by its :class:`Spec` (``scores``: the golden scores of the ids; ``slots``,
+    ``layout``, ``block_size``: a cache's written rows and byte layout)."""
+    if spec.kind == "cache":
+        return _judge_cache(name, a, g, spec, slots, layout, block_size, rule)
+    if spec.kind == "scores":
+        return OutputResult(name, [("", judge_scores(a, g, name=name))])
+    if spec.kind == "ids":
+        v = judge(a, g, spec.tol, rule=rule, name=name, scores=scores, kind=spec.judge_kind)
+        return OutputResult(name, [("", v)])
+    return OutputResult(name, [("", _judge_float(a, g, spec, rule, name))])
+
+
+# ----------------------------------------------------------------------------- the plan
+def _step_args(inputs: dict, params: dict):
+    """The step's checked Args (slots, latent layout) and its full argument namespace."""
+    from tilesim.reference.dsa_attention_step import dsa_attention_step
+    from tilesim.shared import dsa_attention_step as contract
+
+    bound = dsa_attention_step.__signature__.bind(**inputs, **params)
+    bound.apply_defaults()
+    got = dict(bound.arguments)
+    got.pop("trace", None), got.pop("progress", None)
+    ns = types.SimpleNamespace(**got)
+    return contract.check_values(contract.check_meta(ns, trace=None, progress=False))
+
+
+def _upstream(names, actual: dict, golden: dict):
+    """``({name: array}, [device names that differ from the golden])``: each upstream output
+    from the dump when given (reshaped to the golden's shape; ids to int32), else the golden's.
+    A device array of another dtype raises ``TypeError``."""
+    out, used = {}, []
+    for n in names:
+        if n not in golden:
+            out[n] = None
+            continue
+        g = golden[n]
+        if n not in actual:
+            out[n] = g
+            continue
+        a = np.asarray(actual[n])
+        if n == "topk_indices" and a.dtype.kind in "iu":
+            a = a.astype(np.int32)
+        if a.dtype != g.dtype or a.size != g.size:
+            raise TypeError(f"the device's {n} is {a.dtype}{list(a.shape)}, the stage golden "
+                            f"reads {g.dtype}{list(g.shape)}")  # fmt: skip
+        a = a.reshape(g.shape)
+        out[n] = a
+        if a.tobytes() != g.tobytes():
+            used.append(n)
+    return out, used
+
+
+def _recompute(stage: str, a, up: dict) -> dict:
+    """The stage's golden outputs (the step's names) from the upstream arrays ``up``."""
+    from tilesim.reference import dsa_attention_step as step
+
+    ns = types.SimpleNamespace
+    if stage == "dsa_indexer_prolog":
+        ip = step._run_iprolog(a, ns(q_norm=up["q_norm"], q_norm_scale=up["q_norm_scale"]), None)
+        return {IPROLOG_NAMES[k]: np.asarray(v) for k, v in zip(ip._fields, ip, strict=True)}
+    if stage == "dsa_indexer":
+        ip = ns(q=up["index_q"], q_scale=up["index_q_scale"], weights=up["index_weights"],
+                k_cache=up["k_cache"], k_scale=up["k_scale"])  # fmt: skip
+        ids, scores = step._run_indexer(a, ip, None, False)
+        return {"topk_indices": np.asarray(ids), "scores": np.asarray(scores)}
+    mla = ns(**{k: up[k] for k in ("query_nope", "query_rope", "kv_cache", "kr_cache",
+                                   "kv_scale_cache")})  # fmt: skip
+    return {"attn_out": np.asarray(step._run_attention(a, mla, up["topk_indices"], None, False))}
+
+
+def _stage_golden(stage, upstream, a, actual, golden) -> tuple[dict, str, list]:
+    """(golden outputs of the stage, against which in words, notes)."""
+    if not upstream or a is None:
+        return golden, "the stored golden", []
+    try:
+        up, used = _upstream(upstream, actual, golden)
+    except TypeError as e:
+        return golden, "the stored golden", [f"not recomputed: {e}"]
+    if not used:
+        return golden, "the stored golden (the device's upstream equals the golden's)", []
+    try:
+        out = _recompute(stage, a, up)
+    except (ValueError, TypeError) as e:
+        note = f"the {stage} golden refused the device's {', '.join(used)}: {e}"
+        return golden, "the stored golden", [note]
+    return out, f"the golden recomputed from the device's {', '.join(used)}", []
+
+
+def _op_layout(op: str, inputs: dict, params: dict):
+    """(slots, latent layout, block size, path, step Args or None) of a call."""
+    if op == "dsa_attention_step":
+        a = _step_args(inputs, params)
+        return np.asarray(a.slots, np.int64), a.layout, a.ins.block_size, a.path, a
+    slots = np.asarray(inputs["slot_mapping"], np.int64).reshape(-1)
+    path = params.get("path", "int8")
+    if op == "mla_prolog":
+        layout = params.get("cache_layout") or ("kv_split" if path == "int8" else "pypto")
+        return slots, layout, 128, path, None
+    return slots, "", int(params.get("block_size", 128)), path, None
+
+
+def judge_stages(op: str, actual: dict, golden: dict, inputs: dict, params: dict, *,
+                 case_tolerance: dict, rule: str = "default",
+                 name: str = "") -> StageReport:  # fmt: skip
+    """The stage verdict (module docstring) of device outputs ``actual`` (``{output name:
+    array}``, any subset of the op's outputs) against ``golden`` (``{name: array}``, every
+    output of the op) of the call ``op(**inputs, **params)``. ``case_tolerance``: the case's
+    tolerance (the attention output's rule); ``rule``: ``"default"`` or ``"seeds"`` for the
+    outputs whose rule is not forced. Names are the step's (``index_q``, ...); the indexer
+    prolog's own names (``q``, ``q_scale``, ``weights``) are accepted for that op."""
+    if op not in PLAN_OPS:
+        raise ValueError(f"op: expected one of {PLAN_OPS}, got {op!r}")
+    if op == "dsa_indexer_prolog":
+        actual = {IPROLOG_NAMES.get(k, k): v for k, v in actual.items()}
+        golden = {IPROLOG_NAMES.get(k, k): v for k, v in golden.items()}
+    unknown = sorted(set(actual) - set(golden))
+    if unknown:
+        raise ValueError(f"actual: outputs {unknown} are not outputs of {op} ({sorted(golden)})")
+    slots, layout, bs, path, a = _op_layout(op, inputs, params)
+    report = StageReport(op, name or op, [])
+    for stage, outs, upstream in STAGES:
+        if op != "dsa_attention_step" and stage != op:
+            continue
+        res = StageResult(stage)
+        given = [n for n in outs if n in actual and n in golden]
+        if given:
+            gold, res.against, res.notes = _stage_golden(stage, upstream, a, actual, golden)
+            for n in given:
+                spec = output_spec(n, path, case_tolerance)
+                res.outputs.append(judge_output(
+                    n, np.asarray(actual[n]), np.asarray(gold[n]), spec, rule=rule,
+                    scores=gold.get("scores"), slots=slots, layout=layout,
+                    block_size=bs))  # fmt: skip
+        report.stages.append(res)
+    return report
+
+
+__all__ = ["PLAN_OPS", "STAGES", "Spec", "StageReport", "cache_fields", "judge_output",
+           "judge_stages", "output_spec"]  # fmt: skip
