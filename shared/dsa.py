@@ -62,11 +62,13 @@ from tilesim.shared.validate import (
     check_float,
     check_instance,
     check_int,
+    check_int_array,
     check_pos_int,
     check_range,
     check_trace,
     dtype_of,
     host_ints,
+    require_values,
     shape_of,
 )
 
@@ -147,15 +149,6 @@ def _check_queries(query_nope, query_rope) -> int:
     return rows
 
 
-def _int_meta(x, name: str, *, ndim=None, shape=None, layout="") -> tuple[int, ...]:
-    """Shape of an integer array or tensor (metadata only: no value is read)."""
-    check_array(x, name, ndim=ndim, shape=shape, layout=layout)
-    dt = dtype_of(x, name)
-    if dt.kind not in "iu":
-        raise TypeError(f"{name}: expected an integer dtype, got {dt}")
-    return tuple(shape_of(x, name))
-
-
 def _check_scalars(nq, n_kv, softmax_scale, topk, block_size, tiling, trace, progress):
     """``(nq, topk, block_size, scale, tiling)`` checked (no array involved)."""
     nq = check_pos_int(nq, "nq")
@@ -181,7 +174,7 @@ def _check_scalars(nq, n_kv, softmax_scale, topk, block_size, tiling, trace, pro
 
 def _check_int_shapes(rows, topk_indices, block_table, kv_act_seqs, *, nq, topk):
     """``(n_b, s1)`` from the integer inputs' shapes (metadata only)."""
-    n_b = _int_meta(kv_act_seqs, "kv_act_seqs", ndim=1, layout="[B]")[0]
+    n_b = check_int_array(kv_act_seqs, "kv_act_seqs", ndim=1, layout="[B]")[0]
     if n_b == 0:
         raise ValueError("kv_act_seqs: expected at least one batch, got shape (0,)")
     if rows == 0 or rows % (n_b * nq):
@@ -190,8 +183,8 @@ def _check_int_shapes(rows, topk_indices, block_table, kv_act_seqs, *, nq, topk)
             f"nq = {nq}, got {rows} rows"
         )
     s1 = rows // (n_b * nq)
-    _int_meta(topk_indices, "topk_indices", shape=(n_b * s1, topk), layout="[T, n_kv*topk]")
-    bt = _int_meta(block_table, "block_table", ndim=2, layout="[B, max_blocks]")
+    check_int_array(topk_indices, "topk_indices", shape=(n_b * s1, topk), layout="[T, n_kv*topk]")
+    bt = check_int_array(block_table, "block_table", ndim=2, layout="[B, max_blocks]")
     if bt[0] != n_b:
         raise ValueError(
             f"block_table: expected shape ({n_b}, *) (B = len(kv_act_seqs) = {n_b}; "
@@ -326,18 +319,13 @@ def _physical_rows(a: Args) -> tuple[np.ndarray, np.ndarray]:
     )  # fmt: skip
 
 
-def _require_values(args: Args, what: str) -> None:
-    if not (isinstance(args, Args) and args.values):
-        raise TypeError(f"args: {what} needs the Args of check_values, got {type(args).__name__}")
-
-
 def host_plan(args: Args) -> HostPlan:
     """The host rules of a checked call (:func:`check_values` first): the physical rows
     (:func:`plan_physical_rows`), the used ``-1`` entries and their stand-in positions
     (:func:`stand_in_positions`, only when there is one), and the split
     (:func:`tiles_per_split` of ``args.tiling``). NumPy; the device path's torch twin for
     ``validate=False`` is :func:`kernel_indices_torch`."""
-    _require_values(args, "host_plan")
+    require_values(args, Args, "host_plan")
     phys, cur = _physical_rows(args)
     skipped = (np.arange(args.topk)[None, :] < cur[:, None]) & (phys == NO_ROW)
     stand_in = None

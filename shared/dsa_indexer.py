@@ -42,10 +42,12 @@ from tilesim.shared.validate import (
     check_elements,
     check_finite,
     check_int,
+    check_int_array,
     check_trace,
-    dtype_of,
+    e4m3_nan_codes,
     host_array,
     host_ints,
+    require_values,
     shape_of,
 )
 
@@ -131,23 +133,16 @@ def _check_scales(q_scale, k_scale, k_cache, path: str, rows: int, block_size: i
     return check_int8_cache(k_cache, k_scale, block_size=block_size)[0]
 
 
-def _int_shape(x, name: str, ndim: int, layout: str) -> tuple[int, ...]:
-    check_array(x, name, ndim=ndim, layout=layout)
-    if dtype_of(x, name).kind not in "iu":
-        raise TypeError(f"{name}: expected an integer dtype, got {dtype_of(x, name)}")
-    return shape_of(x, name)
-
-
 def _check_lengths(block_table, seq_lens, q_lens, rows: int) -> tuple[int, int, int | None]:
     """``(B, max_blocks, s1)`` from the integer inputs' shapes (``s1`` None with q_lens)."""
-    n_b = _int_shape(seq_lens, "seq_lens", 1, "[B]")[0]
+    n_b = check_int_array(seq_lens, "seq_lens", ndim=1, layout="[B]")[0]
     if n_b == 0:
         raise ValueError("seq_lens: expected at least one batch, got shape (0,)")
-    bt = _int_shape(block_table, "block_table", 2, "[B, max_blocks]")
+    bt = check_int_array(block_table, "block_table", ndim=2, layout="[B, max_blocks]")
     if bt[0] != n_b:
         raise ValueError(f"block_table: expected shape ({n_b}, *) (B = len(seq_lens)), got {bt}")
     if q_lens is not None:
-        if _int_shape(q_lens, "q_lens", 1, "[B]")[0] != n_b:
+        if check_int_array(q_lens, "q_lens", ndim=1, layout="[B]")[0] != n_b:
             raise ValueError(f"q_lens: expected shape ({n_b},), got {shape_of(q_lens, 'q_lens')}")
         return n_b, bt[1], None
     s1, rem = divmod(rows, n_b)
@@ -263,7 +258,7 @@ def _check_read_keys(a: Args, bt: np.ndarray, lens: np.ndarray) -> None:
             continue
         pages = fp8_page_views(cache[blocks], block_size=a.block_size)
         codes = pages.codes.view(np.uint8).reshape(-1)[: n_tok * INDEX_DIM]
-        nan = (codes & np.uint8(0x7F)) == np.uint8(0x7F)
+        nan = e4m3_nan_codes(codes)
         if nan.any():
             t = _first_bad(nan) // INDEX_DIM
             raise ValueError(f"k_cache: expected finite E4M3 codes {where}, got a NaN code in "
@@ -305,7 +300,7 @@ def check_data_values(args: Args) -> Args:
     finite (INT8 ``"gym"``), no NaN code in ``q`` (FP8); among the tokens that are read,
     finite ``>= 0`` k scales and no FP8 NaN code (reads every visible block of the cache).
     Returns ``args``."""
-    _require_values(args, "check_data_values")
+    require_values(args, Args, "check_data_values")
     check_finite(host_array(args.weights, "weights"), "weights")
     if args.path == "int8":
         _check_scale(host_array(args.q_scale, "q_scale"), "q_scale", "(every row is read)")
@@ -325,11 +320,6 @@ def check_values(args: Args) -> Args:
 
 
 # ----------------------------------------------------------------------------- plan and cost
-def _require_values(args: Args, what: str) -> None:
-    if not (isinstance(args, Args) and args.values):
-        raise TypeError(f"args: {what} needs the Args of check_values, got {type(args).__name__}")
-
-
 def visible_lengths(seq_lens, q_lens) -> np.ndarray:
     """int64 ``[sum(q_lens)]``: ``seq_lens[b] - (q_lens[b] - 1 - r)`` for row ``r`` of batch
     ``b``, batch-major."""
@@ -343,7 +333,7 @@ def visible_lengths(seq_lens, q_lens) -> np.ndarray:
 
 def host_plan(args: Args) -> Plan:
     """The host rules of a checked call (:func:`check_values` first), NumPy int64."""
-    _require_values(args, "host_plan")
+    require_values(args, Args, "host_plan")
     ql, lens = args.q_lens, args.seq_lens
     vis = visible_lengths(lens, ql)
     return Plan(
@@ -364,7 +354,7 @@ def cost(args: Args) -> dict:
     codes + the q scale and weights (INT8: 2 + 2 bytes per head, FP8: the 4-byte weight) + every
     read block whole (``block_size * (128 + scale bytes)``) + the FP32 scores ``[T, width]``
     + the INT32 ids ``[T, topk]``; ``keys`` = sum of ``seq_lens``."""
-    _require_values(args, "cost")
+    require_values(args, Args, "cost")
     plan = host_plan(args)
     scored = int((args.q_lens * args.seq_lens).sum())
     sbytes = 2 if args.path == "int8" else FP8_SCALE_BYTES

@@ -50,9 +50,9 @@ from tilesim.shared.tiling import MsaTiling
 from tilesim.shared.validate import (
     check_array,
     check_instance,
+    check_int_array,
     check_ndim,
     check_pos_int,
-    dtype_of,
     host_array,
     host_ints,
     is_array,
@@ -84,18 +84,9 @@ class Args(NamedTuple):
         return self.hq // self.hkv
 
 
-def _check_int_dtype(x, name: str) -> None:
-    """``TypeError`` unless ``x`` has an integer dtype (bool refused); metadata only."""
-    dt = dtype_of(x, name)
-    if dt.kind not in "iu":
-        raise TypeError(f"{name}: expected an integer dtype, got {dt}")
-
-
 def _meta_block_ids(block_ids, batch: int) -> int:
     """Integer ``[batch, topk >= 1]`` (metadata) -> ``topk``."""
-    check_array(block_ids, "block_ids", ndim=2, layout="[B, topk]")
-    _check_int_dtype(block_ids, "block_ids")
-    shape = tuple(shape_of(block_ids, "block_ids"))
+    shape = check_int_array(block_ids, "block_ids", ndim=2, layout="[B, topk]")
     if shape[0] != batch or shape[1] < 1:
         raise ValueError(f"block_ids: expected shape ({batch}, topk>=1), got {shape}")
     return shape[1]
@@ -129,9 +120,7 @@ def _meta_seq_len(seq_len, batch: int, nb: int, by: int) -> None:
     if not is_array(seq_len):
         _seq_range(np.full(batch, int(seq_len), dtype=np.int64), nb, by)
         return
-    check_array(seq_len, "seq_len")
-    _check_int_dtype(seq_len, "seq_len")
-    shape = tuple(shape_of(seq_len, "seq_len"))
+    shape = check_int_array(seq_len, "seq_len")
     if shape not in ((), (batch,)):
         raise ValueError(f"seq_len: expected one int or shape ({batch},), got {shape}")
 

@@ -223,14 +223,23 @@ def same_kind(result: np.ndarray, like):
 _NONFINITE_BITS = {BF16: (np.uint16, 0x7F80, 0x7F80), FP8_E4M3: (np.uint8, 0x7F, 0x7F)}
 
 
+def _nonfinite_bits(a: np.ndarray, dtype) -> np.ndarray:
+    uint, mask, pattern = _NONFINITE_BITS[dtype]
+    return (a.view(uint) & uint(mask)) == uint(pattern)
+
+
+def e4m3_nan_codes(codes: np.ndarray) -> np.ndarray:
+    """bool mask of the NaN codes (``S.1111.111``) among host FP8 E4M3FN values or their raw
+    ``uint8`` bytes (a test on the bits: nothing is widened)."""
+    return _nonfinite_bits(np.asarray(codes), FP8_E4M3)
+
+
 def check_finite(a: np.ndarray, name: str) -> None:
     """``ValueError`` naming the first NaN / inf element of a host float array (BF16, FP8,
     FP16, FP32, FP64); integer arrays pass."""
     a = np.asarray(a)
-    bits = _NONFINITE_BITS.get(a.dtype)
-    if bits is not None:
-        uint, mask, pattern = bits
-        bad = (a.view(uint) & uint(mask)) == uint(pattern)
+    if a.dtype in _NONFINITE_BITS:
+        bad = _nonfinite_bits(a, a.dtype)
     elif a.dtype.kind == "f":
         bad = ~np.isfinite(a)
     else:
@@ -242,16 +251,24 @@ def check_finite(a: np.ndarray, name: str) -> None:
         )
 
 
+def check_int_array(x, name: str, *, ndim: int | None = None, shape=None, layout=""):
+    """:func:`check_array` (kind, ``ndim`` / ``shape``), then ``TypeError`` unless the dtype
+    is an integer one (bool refused); metadata only. Returns the shape as a tuple of ints."""
+    check_array(x, name, ndim=ndim, shape=shape, layout=layout)
+    dt = dtype_of(x, name)
+    if dt.kind not in "iu":
+        raise TypeError(f"{name}: expected an integer dtype, got {dt}")
+    return shape_of(x, name)
+
+
 def host_ints(x, name: str, *, ndim: int | None = None, shape=None, layout="") -> np.ndarray:
     """An integer array's values as a host int64 NumPy array (a copy), checked for range.
 
     Rejects non-integer dtypes (bool included) and unsigned values above the int64 range, so
     no later cast can wrap a huge value around.
     """
-    check_array(x, name, ndim=ndim, shape=shape, layout=layout)
+    check_int_array(x, name, ndim=ndim, shape=shape, layout=layout)
     dt = dtype_of(x, name)
-    if dt.kind not in "iu":
-        raise TypeError(f"{name}: expected an integer dtype, got {dt}")
     a = host_array(x, name)
     if dt.kind == "u" and dt.itemsize >= 8 and a.size and int(a.max()) > _INT64_MAX:
         raise ValueError(f"{name}: expected values <= {_INT64_MAX}, got {int(a.max())}")
@@ -386,6 +403,13 @@ def check_trace(trace) -> None:
         raise TypeError(f"trace: expected a callable or None, got {_kind(trace)}")
 
 
+def require_values(args, cls: type, what: str) -> None:
+    """``TypeError`` unless ``args`` is a ``cls`` (an op's ``Args``) that its
+    ``check_values`` returned (``args.values`` set): ``what`` needs the values read."""
+    if not (isinstance(args, cls) and args.values):
+        raise TypeError(f"args: {what} needs the Args of check_values, got {type(args).__name__}")
+
+
 # ----------------------------------------------------------------------------- environment
 _ASCII_BLANKS = " \t\r\n"
 _ASCII_UINT = re.compile(r"[0-9]+\Z")
@@ -518,6 +542,7 @@ __all__ = [
     "check_float",
     "check_instance",
     "check_int",
+    "check_int_array",
     "check_int_sequence",
     "check_ndim",
     "check_pos_int",
@@ -527,6 +552,7 @@ __all__ = [
     "check_str",
     "check_trace",
     "dtype_of",
+    "e4m3_nan_codes",
     "env_choice",
     "env_float",
     "env_int",
@@ -539,6 +565,7 @@ __all__ = [
     "op_signature",
     "parse_int_text",
     "require_array",
+    "require_values",
     "same_kind",
     "shape_of",
 ]
