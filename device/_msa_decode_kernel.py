@@ -25,7 +25,7 @@ from tilesim.device._pypto_common import (
     without,
 )
 from tilesim.shared.models import MINIMAX_M3
-from tilesim.shared.msa_decode import split_ranges
+from tilesim.shared.splitkv import split_ranges
 
 _CFG = MINIMAX_M3.msa
 BY = _CFG.block_size  # 128 keys per block

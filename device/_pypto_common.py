@@ -116,7 +116,7 @@ class MergePlan:
 
 def merge_plan(pypto, m_c: list, l_c: list, ranges, *, maximum: bool = False) -> MergePlan:
     """The :class:`MergePlan` of the chunks' ``m_c`` / ``l_c`` (FP32 ``[G, 1]``) for the
-    split ``ranges`` (``[(first, stop), ...]``, :func:`tilesim.shared.msa_decode.split_ranges`):
+    split ``ranges`` (``[(first, stop), ...]``, :func:`tilesim.shared.splitkv.split_ranges`):
     each range folds its chunks in order, then ranges ``1, 2, ..`` fold into range 0's
     state -- the reference's order (``reference/msa_decode.py``). ``maximum``: as in
     :func:`fold_stats`."""

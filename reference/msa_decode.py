@@ -76,9 +76,9 @@ from tilesim.shared.msa_decode import (
     host_plan,
     resolve_tiling,
     sized_args,
-    split_ranges,
 )
 from tilesim.shared.soc import DEFAULT_SOC, get_soc
+from tilesim.shared.splitkv import split_ranges
 from tilesim.shared.trace import emit
 from tilesim.shared.validate import check_bool, check_trace, host_array, op_signature, same_kind
 

@@ -52,7 +52,6 @@ import numpy as np
 from tilesim.shared import splitkv
 from tilesim.shared.casts import BF16, FP8_E4M3
 from tilesim.shared.mla_cache import LAYOUTS, NOPE, NSCALES, PYPTO_ROW_BYTES, ROPE
-from tilesim.shared.soc import get_soc
 from tilesim.shared.tiling import SaTileShapeConfig
 from tilesim.shared.validate import (
     INT32_MAX,
@@ -621,12 +620,6 @@ def tiles_per_split(topk: int, s_kv_tile: int, kv_splits: int) -> int:
     return splitkv.units_per_split(kv_tiles(topk, s_kv_tile), kv_splits)
 
 
-def effective_kv_splits(topk: int, s_kv_tile: int, kv_splits: int) -> int:
-    """How many splits can be non-empty: ``ceil(kv_tiles / tiles_per_split)`` (<= kv_splits).
-    E.g. 4 tiles and ``kv_splits = 3`` give 2 tiles per split, so 2 splits."""
-    return splitkv.effective_kv_splits(kv_tiles(topk, s_kv_tile), kv_splits)
-
-
 #: online, unsplit: tokens of up to this many KV tiles run their tiles unrolled and fold the
 #: tiles' states in ONE dependent stage after the last tile (the kernel's ``unrolled_tiles``);
 #: longer tokens merge tile by tile in a loop. It is also the most splits the rule picks: the
@@ -649,9 +642,14 @@ def merge_chain(n_tiles: int, kv_splits: int) -> int:
     return n_tiles - 1
 
 
+#: the DeepSeek split policy: :func:`merge_chain`, at most :data:`UNROLL_TILES` splits
+SPLIT_RULE = splitkv.SplitRule(chain=merge_chain, max_splits=UNROLL_TILES)
+
+
 def default_kv_splits(*, tokens: int, nq: int, topk: int, tiling: SaTileShapeConfig,
                       soc: str) -> int:  # fmt: skip
-    """The split count for a call: a pure function of the shape and the SoC's cube cores.
+    """The split count for a call: a pure function of the shape and the SoC's cube cores
+    (:data:`SPLIT_RULE`, 1 for the ``per_tile`` softmax).
 
     ``items = tokens * (nq / g_tile)`` independent (token, group tile) work items. When they
     fill the cube cores (``items >= aic_cores``), or a token has one KV tile, or the softmax
@@ -662,26 +660,19 @@ def default_kv_splits(*, tokens: int, nq: int, topk: int, tiling: SaTileShapeCon
     is one stage); 8192 keys (16 tiles) B 1 -> 8 (chain 2: one merge per split, then the fold,
     instead of 15 loop merges).
     """
-    check_instance(tiling, "tiling", SaTileShapeConfig)
-    items = check_pos_int(tokens, "tokens") * max(check_pos_int(nq, "nq") // tiling.g_tile, 1)
-    units = kv_tiles(topk, tiling.s_kv_tile)
-    if tiling.softmax != "online":
-        return 1
-    return splitkv.default_kv_splits(
-        items=items,
-        units=units,
-        cores=get_soc(soc).aic_cores,
-        chain=merge_chain,
-        max_splits=UNROLL_TILES,
-    )
+    return split_tiling(tiling, tokens=tokens, nq=nq, topk=topk, soc=soc).kv_splits
 
 
 def split_tiling(tiling: SaTileShapeConfig, *, tokens: int, nq: int, topk: int,
                  soc: str) -> SaTileShapeConfig:  # fmt: skip
     """``tiling`` with ``kv_splits`` set by :func:`default_kv_splits` (pass the result to both
     the golden and the kernel)."""
-    k = default_kv_splits(tokens=tokens, nq=nq, topk=topk, tiling=tiling, soc=soc)
-    return tiling.replace(kv_splits=k)
+    check_instance(tiling, "tiling", SaTileShapeConfig)
+    items = check_pos_int(tokens, "tokens") * max(check_pos_int(nq, "nq") // tiling.g_tile, 1)
+    units = kv_tiles(topk, tiling.s_kv_tile)
+    if tiling.softmax != "online":
+        return tiling.replace(kv_splits=1)
+    return SPLIT_RULE.split_tiling(tiling, items=items, units=units, soc=soc)
 
 
 __all__ = [
@@ -690,6 +681,7 @@ __all__ = [
     "HostPlan",
     "NO_ROW",
     "QUANT_NAMES",
+    "SPLIT_RULE",
     "UNROLL_TILES",
     "attention_flop",
     "check_inputs",
@@ -701,7 +693,6 @@ __all__ = [
     "cost_args",
     "cur_seq_lengths",
     "default_kv_splits",
-    "effective_kv_splits",
     "host_plan",
     "kernel_indices",
     "kernel_indices_torch",

@@ -21,9 +21,10 @@ call these functions, so both apply literally the same rule (``docs/ops/msa_deco
 A (batch row, KV head) of the decode reads ``topk*128`` selected keys in NTILE-wide chunks
 (``ceil(topk*128 / ntile)`` chunks, the last one maybe partial). With
 ``MsaTiling.kv_splits = k`` the chunks are grouped into ranges of ``ceil(chunks / k)``
-consecutive chunks (:func:`split_ranges`); each range is an independent online softmax with
-its own FP32 ``(O, l, m)`` state, and the ranges' states are then folded into range 0's state
-in range order ``1, 2, ..`` with the same online-merge formulas, before ``bf16(O / l)``.
+consecutive chunks (:func:`tilesim.shared.splitkv.split_ranges`); each range is an
+independent online softmax with its own FP32 ``(O, l, m)`` state, and the ranges' states are
+then folded into range 0's state in range order ``1, 2, ..`` with the same online-merge
+formulas, before ``bf16(O / l)``.
 The layout depends on ``topk`` and ``ntile`` only (never on ``seq_len`` or the ids): a range
 whose keys are all masked is folded like any other (its merge weight is exactly 0).
 ``kv_splits = 1`` is the unsplit chunk loop. So is every ``k`` that gives one chunk per range.
@@ -45,7 +46,6 @@ import numpy as np
 from tilesim.shared import splitkv
 from tilesim.shared.casts import BF16
 from tilesim.shared.msa_indexer import BY, TOPK  # the indexer's picks: TOPK blocks of BY keys
-from tilesim.shared.soc import get_soc
 from tilesim.shared.tiling import MsaTiling
 from tilesim.shared.validate import (
     check_array,
@@ -318,55 +318,42 @@ def n_chunks(topk: int, ntile: int, block_size: int = 128) -> int:
     return -(-keys // check_pos_int(ntile, "ntile"))
 
 
-def split_ranges(chunks: int, kv_splits: int) -> list[tuple[int, int]]:
-    """``[(first, stop), ...]`` chunk-index ranges of the splits (non-empty ones only):
-    :func:`tilesim.shared.splitkv.split_ranges` over the pair's chunks."""
-    return splitkv.split_ranges(check_pos_int(chunks, "chunks"), kv_splits)
+#: the decode's split policy: the kernel merges chunk after chunk in a range, then folds the
+#: other ranges into range 0 (range 0's state is the combine's start, no copy):
+#: :func:`tilesim.shared.splitkv.loop_merge_chain`; no cap; at least :data:`SPLIT_MIN_CHUNKS`
+SPLIT_RULE = splitkv.SplitRule(min_units=SPLIT_MIN_CHUNKS)
 
 
-def effective_kv_splits(chunks: int, kv_splits: int) -> int:
-    """How many ranges :func:`split_ranges` gives (<= ``kv_splits``): 4 chunks and
-    ``kv_splits = 3`` give 2 chunks per range, so 2 ranges."""
-    return splitkv.effective_kv_splits(check_pos_int(chunks, "chunks"), kv_splits)
-
-
-def merge_chain(chunks: int, kv_splits: int) -> int:
-    """Dependent online merges on a pair's longest chain: ``per - 1`` inside a range, then
-    ``ranges - 1`` folds of the other ranges into range 0 (range 0's state is the combine's
-    start, no copy): :func:`tilesim.shared.splitkv.loop_merge_chain`."""
-    return splitkv.loop_merge_chain(check_pos_int(chunks, "chunks"), kv_splits)
+def _split_work(batch: int, hkv: int, topk: int, ntile: int, block_size: int) -> dict:
+    """``items`` (the ``batch * hkv`` (batch row, KV head) pairs) and ``units`` (a pair's
+    chunks, :func:`n_chunks`), checked."""
+    items = check_pos_int(batch, "batch") * check_pos_int(hkv, "hkv")
+    return {"items": items, "units": n_chunks(topk, ntile, block_size)}
 
 
 def default_kv_splits(*, batch: int, hkv: int, topk: int, ntile: int, soc: str,
                       block_size: int = 128) -> int:  # fmt: skip
-    """The split count for a decode call: a pure function of the shape and the SoC.
+    """The split count for a decode call: a pure function of the shape and the SoC
+    (:data:`SPLIT_RULE`).
 
     ``items = batch * hkv`` independent (batch row, KV head) work items. When they fill the
     cube cores (``items >= aic_cores``) or a pair has fewer than :data:`SPLIT_MIN_CHUNKS`
     chunks, 1. Otherwise the smallest ``k <= min(chunks, aic_cores // items)`` (each range can
-    have a core) with the shortest merge chain :func:`merge_chain` (about ``sqrt(chunks)``
-    ranges), returned as the number of ranges it gives
-    (:func:`tilesim.shared.splitkv.default_kv_splits`). M3 decode (topk 16, NTILE 512: 4
-    chunks) -> 1 on every SoC and batch; topk 64 (16 chunks), HKV 4, B 1 -> 4 (chain 6
-    instead of 15) on the 910B (24 cube cores) and the 950 (28).
+    have a core) with the shortest merge chain (about ``sqrt(chunks)`` ranges), returned as
+    the number of ranges it gives (:func:`tilesim.shared.splitkv.default_kv_splits`). M3
+    decode (topk 16, NTILE 512: 4 chunks) -> 1 on every SoC and batch; topk 64 (16 chunks),
+    HKV 4, B 1 -> 4 (chain 6 instead of 15) on the 910B (24 cube cores) and the 950 (28).
     """
-    items = check_pos_int(batch, "batch") * check_pos_int(hkv, "hkv")
-    return splitkv.default_kv_splits(
-        items=items,
-        units=n_chunks(topk, ntile, block_size),
-        cores=get_soc(soc).aic_cores,
-        chain=merge_chain,
-        min_units=SPLIT_MIN_CHUNKS,
-    )
+    work = _split_work(batch, hkv, topk, ntile, block_size)
+    return SPLIT_RULE.kv_splits(**work, soc=soc)
 
 
 def split_tiling(tiling: MsaTiling, *, batch: int, hkv: int, topk: int, soc: str) -> MsaTiling:
     """``tiling`` with ``kv_splits`` set by :func:`default_kv_splits` (give the result to both
     the golden and the kernel)."""
     check_instance(tiling, "tiling", MsaTiling)
-    k = default_kv_splits(batch=batch, hkv=hkv, topk=topk, ntile=tiling.ntile, soc=soc,
-                          block_size=tiling.block_size)  # fmt: skip
-    return tiling.replace(kv_splits=k)
+    work = _split_work(batch, hkv, topk, tiling.ntile, tiling.block_size)
+    return SPLIT_RULE.split_tiling(tiling, **work, soc=soc)
 
 
 def resolve_tiling(tiling, *, batch: int, hkv: int, topk: int, soc: str) -> MsaTiling:
@@ -384,6 +371,7 @@ __all__ = [
     "Args",
     "Plan",
     "SPLIT_MIN_CHUNKS",
+    "SPLIT_RULE",
     "TOPK",
     "check_block_ids",
     "check_decode_seq_len",
@@ -394,14 +382,11 @@ __all__ = [
     "decode_keep_mask",
     "decode_read_mask",
     "default_kv_splits",
-    "effective_kv_splits",
     "host_plan",
     "keep_mask_torch",
-    "merge_chain",
     "n_chunks",
     "page_table_torch",
     "resolve_tiling",
     "sized_args",
-    "split_ranges",
     "split_tiling",
 ]

@@ -13,13 +13,18 @@ depends on ``units`` and ``k`` only, never on the data, so the golden and the ke
 with the shortest dependent merge chain among those that give every range a cube core. The
 chain model is the op's (its kernel's dependency structure): :func:`loop_merge_chain` for a
 kernel that merges unit after unit and then folds the ranges one by one; an op whose kernel
-folds differently passes its own (``tilesim.shared.dsa.merge_chain``).
+folds differently passes its own. Each split op states its policy once as a :class:`SplitRule`
+(chain model, most splits, fewest units worth a split) and calls the rule through it, on the
+SoC's cube cores: :meth:`SplitRule.kv_splits` (the count) and :meth:`SplitRule.split_tiling`
+(a tiling with that count).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
+from tilesim.shared.soc import get_soc
 from tilesim.shared.validate import check_pos_int
 
 #: the ranges' states are folded in this order: range 0 first, then 1, 2, ...
@@ -80,8 +85,37 @@ def default_kv_splits(
     return effective_kv_splits(units, best)
 
 
+@dataclass(frozen=True)
+class SplitRule:
+    """One op's split-KV policy, the one wrapper of :func:`default_kv_splits`: the op's merge
+    chain model ``chain(units, k)``, the most splits it allows (``max_splits``, ``None``: no
+    cap) and the fewest units per work item worth a split (``min_units``)."""
+
+    chain: Callable[[int, int], int] = loop_merge_chain
+    max_splits: int | None = None
+    min_units: int = 2
+
+    def kv_splits(self, *, items: int, units: int, soc: str) -> int:
+        """:func:`default_kv_splits` for ``items`` work items of ``units`` units each on the
+        cube cores of ``soc`` (:func:`tilesim.shared.soc.get_soc`)."""
+        return default_kv_splits(
+            items=items,
+            units=units,
+            cores=get_soc(soc).aic_cores,
+            chain=self.chain,
+            max_splits=self.max_splits,
+            min_units=self.min_units,
+        )
+
+    def split_tiling(self, tiling, *, items: int, units: int, soc: str):
+        """``tiling`` (a tiling dataclass with ``kv_splits`` and ``replace``) with
+        ``kv_splits`` set by :meth:`kv_splits`."""
+        return tiling.replace(kv_splits=self.kv_splits(items=items, units=units, soc=soc))
+
+
 __all__ = [
     "MERGE_ORDER",
+    "SplitRule",
     "default_kv_splits",
     "effective_kv_splits",
     "loop_merge_chain",

@@ -462,7 +462,7 @@ def test_merge_plan_gives_the_references_merge_bits(n, splits):
     order), on FP32 NumPy: the same bits of O / l, l and m."""
     from tilesim.device._pypto_common import eval_tree, merge_plan
     from tilesim.reference.arith import SoftmaxMerge, exp_fp32_numpy
-    from tilesim.shared.msa_decode import split_ranges
+    from tilesim.shared.splitkv import split_ranges
 
     gen = np.random.default_rng(100 * n + splits)
     for _ in range(20):

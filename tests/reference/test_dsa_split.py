@@ -14,11 +14,12 @@ import tilesim.reference as R
 from oracles.dsa import check_budget, oracle
 from tilesim.shared.dsa import (
     default_kv_splits,
-    effective_kv_splits,
+    kv_tiles,
     merge_chain,
     split_tiling,
     tiles_per_split,
 )
+from tilesim.shared.splitkv import effective_kv_splits
 from tilesim.shared.tiling import SaTileShapeConfig
 
 SMALL = dict(nq=16, topk=256, block_size=16)
@@ -120,8 +121,8 @@ def test_split_layout_counts():
     # 2048 keys in 512-key tiles = 4 tiles
     assert tiles_per_split(2048, 512, 1) == 4
     assert [tiles_per_split(2048, 512, k) for k in (2, 3, 4, 8)] == [2, 2, 1, 1]
-    assert [effective_kv_splits(2048, 512, k) for k in (2, 3, 4, 8)] == [2, 2, 4, 4]
-    assert effective_kv_splits(1000, 512, 4) == 2  # 2 tiles (the last one partial)
+    assert [effective_kv_splits(kv_tiles(2048, 512), k) for k in (2, 3, 4, 8)] == [2, 2, 4, 4]
+    assert effective_kv_splits(kv_tiles(1000, 512), 4) == 2  # 2 tiles (the last one partial)
 
 
 @pytest.mark.parametrize(

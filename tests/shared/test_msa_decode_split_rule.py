@@ -8,13 +8,11 @@ import pytest
 from tilesim.shared.msa_decode import (
     SPLIT_MIN_CHUNKS,
     default_kv_splits,
-    effective_kv_splits,
-    merge_chain,
     n_chunks,
-    split_ranges,
     split_tiling,
 )
 from tilesim.shared.soc import get_soc
+from tilesim.shared.splitkv import effective_kv_splits, loop_merge_chain, split_ranges
 from tilesim.shared.tiling import MsaTiling
 
 
@@ -28,7 +26,7 @@ def test_ranges_cover_the_chunks_in_order(chunks, k):
     assert all(z - a == per for a, z in r[:-1]) and 0 < r[-1][1] - r[-1][0] <= per
     assert len(r) <= k and effective_kv_splits(chunks, k) == len(r)
     # the longest dependent merge sequence, counted by walking the ranges
-    assert merge_chain(chunks, k) == (r[0][1] - r[0][0] - 1) + (len(r) - 1)
+    assert loop_merge_chain(chunks, k) == (r[0][1] - r[0][0] - 1) + (len(r) - 1)
 
 
 def test_chunk_count_keeps_the_tail():
