@@ -34,6 +34,7 @@ from tilesim.shared.index_cache import (
     check_int8_cache,
     fp8_page_views,
 )
+from tilesim.shared.ranking import NO_ID, top_k
 from tilesim.shared.validate import (
     INT32_MAX,
     check_array,
@@ -58,8 +59,6 @@ INT8_ORDERS = ("gym", "pypto")
 MAX_DECODE_S1 = 4  #: decode query rows per batch (pypto-gym's kernel buffer)
 #: the INT8 path's per-head scale before the FP16 rounding (keeps it below FP16's range)
 INT8_QK_SCALE = 2.0**-11
-#: the id of an unused top-k slot
-NO_ID = -1
 #: the most positions a score row may hold and the largest ``topk``: ``2**24``, the integers
 #: FP32 holds exactly -- the kernel orders equal scores by FP32 position keys -- and 100x
 #: DeepSeek-V3.2's 160K context. Checked with :data:`~tilesim.shared.validate.MAX_ELEMENTS`
@@ -371,21 +370,6 @@ def cost(args: Args) -> dict:
 
 
 # ----------------------------------------------------------------------------- top-k rule
-def _row_topk(s: np.ndarray, k: int) -> np.ndarray:
-    """The ``k`` best positions of one row of FP32 scores (all visible, no NaN): score
-    descending, equal scores -> lower position first. O(len) selection + O(k log k) sort."""
-    n = s.size
-    if k < n:
-        thr = np.partition(s, n - k)[n - k]  # the k-th largest value
-        above = np.flatnonzero(s > thr)
-        ties = np.flatnonzero(s == thr)[: k - above.size]  # the lowest tied positions
-        cand = np.concatenate([above, ties])
-    else:
-        cand = np.arange(n)
-    order = np.lexsort((cand, -s[cand].astype(np.float64)))  # key 2: -score, key 1: position
-    return cand[order]
-
-
 def select_topk(scores, visible, topk: int) -> np.ndarray:
     """The one top-k rule: INT32 ``[T, topk]`` from FP32 ``scores [T, >= max(visible)]`` and
     the visible length of each row (``visible [T]``, ints).
@@ -401,15 +385,12 @@ def select_topk(scores, visible, topk: int) -> np.ndarray:
     if vis.shape[0] != s.shape[0] or (vis < 0).any() or (vis > s.shape[1]).any():
         raise ValueError(f"visible: expected {s.shape[0]} lengths in [0, {s.shape[1]}], got "
                          f"{vis.tolist()[:8]}")  # fmt: skip
-    out = np.full((s.shape[0], topk), NO_ID, dtype=np.int32)
     for i, v in enumerate(vis.tolist()):
         row = s[i, :v]
         if np.isnan(row).any():
             raise ValueError(f"scores[{i}, {_first_bad(np.isnan(row))}]: expected a number, got "
                              "NaN (the ranking would be void)")  # fmt: skip
-        ids = _row_topk(row, min(topk, v))
-        out[i, : ids.size] = ids
-    return out
+    return top_k(s, topk, visible=vis).astype(np.int32)  # the one rule (shared/ranking.py)
 
 
 __all__ = [
