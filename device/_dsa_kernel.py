@@ -67,7 +67,7 @@ from tilesim.device._pypto_common import (
 from tilesim.device.backend import compiled
 
 # online, kv_splits = 1: tokens of up to UNROLL_TILES tiles fold once (also the split cap)
-from tilesim.shared.dsa import UNROLL_TILES
+from tilesim.shared.dsa_split_rule import UNROLL_TILES
 
 # the cache's byte layouts: the kernel-facing views of tilesim.shared.mla_cache, as module ints
 from tilesim.shared.mla_cache import (
@@ -137,7 +137,7 @@ class NestParams:
         # masked builds: topk_indices columns mask_col0.. hold 1 at skipped (-1) entries
         self.mask_col0 = mask_col0
         self.masked = mask_col0 is not None
-        # split-KV: kv_splits ranges of tiles_per_split KV tiles (tilesim.shared.dsa)
+        # split-KV: kv_splits ranges of tiles_per_split KV tiles (tilesim.shared.dsa_split_rule)
         self.kv_splits = kv_splits
         self.tps = tiles_per_split
         # the jit spec's combine_axis operation option (set in the kernel body)

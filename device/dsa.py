@@ -51,15 +51,13 @@ from tilesim.shared.casts import BF16
 from tilesim.shared.dsa import (
     Args,
     check_inputs,
-    cost,
-    cost_args,
-    kernel_indices,
-    kernel_indices_torch,
+    cost_of_indices,
     kv_split_inputs,
     model_keywords,
     packed_inputs,
-    tiles_per_split,
 )
+from tilesim.shared.dsa_kernel_index import kernel_indices, kernel_indices_torch
+from tilesim.shared.dsa_split_rule import tiles_per_split
 from tilesim.shared.interop import is_torch_tensor
 from tilesim.shared.mla_cache import NOPE
 from tilesim.shared.soc import DEFAULT_SOC
@@ -102,8 +100,8 @@ def _launch(a: Args, ints: tuple, form: str, quant: str, layout: str, caches: tu
             out, target):  # fmt: skip
     """Run the kernel for the cache ``form`` on the queries, ``caches`` (kernel order) and the
     caller's integer arrays ``ints`` (``topk_indices``, ``block_table``, ``kv_act_seqs``);
-    ``plan``: :func:`~tilesim.shared.dsa.kernel_indices` (validated) or ``None``
-    (:func:`~tilesim.shared.dsa.kernel_indices_torch`). Returns
+    ``plan``: :func:`~tilesim.shared.dsa_kernel_index.kernel_indices` (validated) or ``None``
+    (:func:`~tilesim.shared.dsa_kernel_index.kernel_indices_torch`). Returns
     the wrapper's result (:func:`tilesim.device.backend.finish`)."""
     torch = require_torch()
     from tilesim.device import _dsa_kernel as kernels
@@ -226,7 +224,7 @@ _CACHE_NAMES = (("nope_cache",), ("kn_quant", "kr", "kn_scales"))
 
 def _checked_call(checked, form: str, layout: str, out, backend, soc):
     """The rest of a call once the arguments are checked (``checked``: :func:`_checked_args`):
-    the kernel's limits, the index plan (host, :func:`~tilesim.shared.dsa.kernel_indices`, when
+    the kernel's limits, the index plan (host, :func:`kernel_indices`, when
     the values were checked; else its torch twin at launch), ``out``, the target; then the launch of
     the ``form`` (``"packed"`` in ``layout``, or ``"split"``) kernel. Shape-only inputs
     (FakeTensor / ``meta``) get an empty output, no kernel."""
@@ -276,7 +274,7 @@ def sparse_attention_antiquant(
       copy of the INT32 plan: docs/device.md#host-round-trips-and-validate); ``False`` checks
       metadata only,
       reads no value and plans the index tensor on the inputs' device
-      (:func:`~tilesim.shared.dsa.kernel_indices_torch`, always the masked kernel build); bad
+      (:func:`kernel_indices_torch`, always the masked kernel build); bad
       entries are then undefined.
 
     FakeTensor / ``meta`` inputs (torch.compile tracing; the wrapper is
@@ -311,5 +309,5 @@ def sparse_attention_traffic(
     ``bytes`` = its ``kernel_bytes`` (Q in and O out per token and group tile, per used top-k
     entry and group tile one gathered 656 B row plus its INT32 index), ``flop`` = its
     ``kernel_flop`` (masked ``-1`` entries included: the kernel computes them), ``keys``."""
-    c = cost(cost_args(topk_indices, kv_act_seqs, nq=nq, topk=topk, g_tile=g_tile))
+    c = cost_of_indices(topk_indices, kv_act_seqs, nq=nq, topk=topk, g_tile=g_tile)
     return {"bytes": c["kernel_bytes"], "flop": c["kernel_flop"], "keys": c["keys"]}

@@ -77,18 +77,17 @@ from tilesim.reference.dsa_gather import PackedCache, SplitCache
 from tilesim.shared.casts import BF16, to_bf16
 from tilesim.shared.dsa import (
     HEAD_DIM,
-    NO_ROW,
     Args,
     attention_flop,
     check_inputs,
     check_values,
-    cost,
-    cost_args,
+    cost_of_indices,
     host_plan,
     kv_split_inputs,
     model_keywords,
     packed_inputs,
 )
+from tilesim.shared.dsa_rows import NO_ROW
 from tilesim.shared.mla_cache import NOPE
 from tilesim.shared.trace import trace_record
 from tilesim.shared.validate import host_array, op_signature, same_kind
@@ -352,7 +351,7 @@ def sparse_attention_cost(
     """FLOP and byte counts of one call: :func:`tilesim.shared.dsa.cost` (the op's one
     counter; ``flop`` is the sum of the trace records' ``flop`` fields) -- its ``flop``,
     ``attended``, ``bytes`` and ``unique_kv_bytes``."""
-    c = cost(cost_args(topk_indices, kv_act_seqs, nq=nq, topk=topk, s1=s1))
+    c = cost_of_indices(topk_indices, kv_act_seqs, nq=nq, topk=topk, s1=s1)
     return {k: c[k] for k in ("flop", "attended", "bytes", "unique_kv_bytes")}
 
 

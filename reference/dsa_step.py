@@ -7,7 +7,7 @@ nothing in between: the index-key cache and the latent cache share ``block_table
 ``seq_lens`` (= the attention's ``kv_act_seqs``), query row ``b*s1 + s`` of the indexer is
 query token ``b*s1 + s`` of the attention. Row ``r`` of the ids holds ``min(topk, visible)``
 positions and then ``-1``; the attention uses exactly its first ``min(topk, visible)`` entries
-(``tilesim.shared.dsa.cur_seq_lengths``), so no ``-1`` is ever used. Both goldens keep their
+(``tilesim.shared.dsa_rows.cur_seq_lengths``), so no ``-1`` is ever used. Both goldens keep their
 own arithmetic (``docs/ops/dsa_indexer.md``, ``docs/ops/dsa.md``). :func:`step_attention` is
 that attention half alone, from given ids (``tilesim compare`` recomputes the golden attention
 with a device's ids that differ from the golden's only by score ties).

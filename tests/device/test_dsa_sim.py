@@ -78,7 +78,7 @@ def run_case(spec: dict) -> dict:
     import torch
     from tilesim.device import dsa as dev
     from tilesim.device import sim
-    from tilesim.shared.dsa import cur_seq_lengths
+    from tilesim.shared.dsa_rows import cur_seq_lengths
 
     case = reference.dsa_make_case(
         seed=spec.get("seed", 7),
@@ -142,7 +142,7 @@ def _force_skips(inputs: dict, spec: dict, s_kv_tile: int) -> np.ndarray:
     """On top of ``invalid_frac``: token 0 loses a whole KV tile (its second), token 1 its
     first tile (with kv_splits 2: its first two, a whole split), and the last token every
     entry (-> a zero row)."""
-    from tilesim.shared.dsa import cur_seq_lengths
+    from tilesim.shared.dsa_rows import cur_seq_lengths
 
     ti = np.array(inputs["topk_indices"], copy=True)
     cur = cur_seq_lengths(inputs["kv_act_seqs"], spec["s1"], spec["topk"])
@@ -403,7 +403,8 @@ def _checked(case, **over):
 
 
 def test_kernel_indices_mask_the_skipped_entries():
-    from tilesim.shared.dsa import cur_seq_lengths, kernel_indices
+    from tilesim.shared.dsa_kernel_index import kernel_indices
+    from tilesim.shared.dsa_rows import cur_seq_lengths
 
     case = _small_case(actual_seq=(300, 40), topk_rule="causal", invalid_frac=0.3)
     inp = case["inputs"]

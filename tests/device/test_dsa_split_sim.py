@@ -3,7 +3,7 @@ the matmul-only probe.
 
 Per SoC (910B INT8, 950 FP8 packed cache, decode preset, one query token per batch row, 2048
 keys): B 1 and B 8 through the kernel with ``tiling = split_tiling(decode, ...)`` (the default
-rule of :mod:`tilesim.shared.dsa`), compared with the reference twin given the same
+rule of :mod:`tilesim.shared.dsa_split_rule`), compared with the reference twin given the same
 tiling (>= 99 % bit-exact, :func:`tilesim.reference.judge` passing under the cases' tolerance
 with a 1 row-ULP budget), and the probe
 (``tests/probes/dsa_probe.py`` ``matmul_probe``: the same C1/C2 matmuls on the same
@@ -25,7 +25,7 @@ def run_decode(soc: str, quant: str, b: int) -> dict:
     from probes.dsa_probe import matmul_probe
     from tilesim.device import dsa as dev
     from tilesim.reference.numerics import ulp_distance
-    from tilesim.shared.dsa import split_tiling
+    from tilesim.shared.dsa_split_rule import split_tiling
     from tilesim.shared.tiling import SaTileShapeConfig
 
     cfg = split_tiling(SaTileShapeConfig.decode(), tokens=b, nq=128, topk=2048, soc=soc)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tilesim.reference as R
-from tilesim.shared import dsa
+from tilesim.shared import dsa, dsa_split_rule
 from tilesim.shared.tiling import SaTileShapeConfig
 
 SMALL = dict(nq=2, topk=8, block_size=4)
@@ -90,13 +90,13 @@ def test_host_plan_maps_positions_to_physical_rows():
             p = int(ti[r, c])
             want = -1 if c >= cur or p == -1 else int(bt[r, p // 4]) * 4 + p % 4
             assert plan.phys[r, c] == want
-    assert plan.tiles_per_split == dsa.kv_tiles(8, a.tiling.s_kv_tile)
+    assert plan.tiles_per_split == dsa_split_rule.kv_tiles(8, a.tiling.s_kv_tile)
 
 
 def test_cost_counts_by_hand():
     ti = np.array([[0, 1, -1, 3], [5, -1, -1, -1]], dtype=np.int32)
     acts = np.array([10, 6], dtype=np.int32)
-    c = dsa.cost(dsa.cost_args(ti, acts, nq=2, topk=4, s1=1, g_tile=1))
+    c = dsa.cost_of_indices(ti, acts, nq=2, topk=4, s1=1, g_tile=1)
     # 4 used entries (all columns), 3 of them not -1
     assert (c["keys"], c["attended"]) == (8, 4)
     assert c["flop"] == 2 * 2 * 4 * (576 + 512)
@@ -111,7 +111,7 @@ def test_the_two_old_counters_are_thin_calls_of_cost():
 
     case = _case()
     ti, acts = case["inputs"]["topk_indices"], case["inputs"]["kv_act_seqs"]
-    c = dsa.cost(dsa.cost_args(ti, acts, nq=2, topk=8))
+    c = dsa.cost_of_indices(ti, acts, nq=2, topk=8)
     old = sparse_attention_cost(ti, acts, nq=2, topk=8)
     assert old == {k: c[k] for k in ("flop", "attended", "bytes", "unique_kv_bytes")}
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tilesim.reference as R
 from oracles.dsa import check_budget, oracle
-from tilesim.shared.dsa import (
+from tilesim.shared.dsa_split_rule import (
     default_kv_splits,
     kv_tiles,
     merge_chain,
