@@ -36,6 +36,7 @@ rope, scales), each judged by its field's rule.
 
 from __future__ import annotations
 
+import importlib
 import types
 from dataclasses import dataclass, field
 
@@ -128,6 +129,22 @@ def output_spec(name: str, path: str, case_tol: dict) -> Spec:
 
 
 # ----------------------------------------------------------------------------- results
+def _check_words(c: Check) -> str:
+    op = ">=" if c.higher_is_better else "<="
+    return f"{c.name} {c.value:.6g} (bound {op} {c.bound:.6g})"
+
+
+#: "at (...)" lines of a failing verdict kept in the short report
+_WORST_LINES = 2
+
+
+def _short(text: list[str]) -> list[str]:
+    """A failing verdict's summary without the worst elements past the first two."""
+    at = [j for j, ln in enumerate(text) if ln.startswith("  at (")]
+    drop = set(at[_WORST_LINES:])
+    return [ln for j, ln in enumerate(text) if j not in drop]
+
+
 @dataclass
 class OutputResult:
     """One judged output: its verdicts (one per cache field, else one), the plan's own checks
@@ -143,12 +160,12 @@ class OutputResult:
         return all(v.passed for _, v in self.verdicts) and all(c.passed for c in self.checks)
 
     def why(self) -> str:
-        """The failed checks in words (empty when it passes)."""
-        parts = [f"{c.name} ({c.text})" for c in self.checks if not c.passed]
+        """The failed checks with their values and bounds (empty when it passes)."""
+        parts = [_check_words(c) for c in self.checks if not c.passed]
         for label, v in self.verdicts:
+            bad = [_check_words(c) for c in v.checks if not c.passed] or ["failed"]
             if not v.passed:
-                what = ", ".join(v.failed) or "failed"
-                parts.append(f"{label + ': ' if label else ''}{what}")
+                parts.append(f"{label.split(' of ')[0] + ' ' if label else ''}{', '.join(bad)}")
         return "; ".join(parts)
 
     def lines(self, verbose: bool = False) -> list[str]:
@@ -162,7 +179,7 @@ class OutputResult:
             text = v.summary().splitlines()
             if label:
                 text[0] = f"{text[0]} [written rows: {label}]"
-            out += text if (verbose or not v.passed) else text[:1]
+            out += text if verbose else (_short(text) if not v.passed else text[:1])
         return out
 
 
@@ -374,8 +391,8 @@ def _upstream(names, actual: dict, golden: dict):
 
 def _recompute(stage: str, a, up: dict) -> dict:
     """The stage's golden outputs (the step's names) from the upstream arrays ``up``."""
-    from tilesim.reference import dsa_attention_step as step
-
+    # the module, not the registered function of the same name
+    step = importlib.import_module("tilesim.reference.dsa_attention_step")
     ns = types.SimpleNamespace
     if stage == "dsa_indexer_prolog":
         ip = step._run_iprolog(a, ns(q_norm=up["q_norm"], q_norm_scale=up["q_norm_scale"]), None)

@@ -30,8 +30,10 @@ from tilesim.cli.judging import (
     golden_scores,
     ids_tolerance,
     judge,
+    judge_plan,
     judge_scores,
     kind_of,
+    plan_op,
     ulp_distances,
 )
 from tilesim.cli.outputs import Outputs
@@ -570,6 +572,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         outputs.add(png)
         outputs.check()
     case = (gs.manifest or {}).get("case", Path(gs.outputs[0].source).name)
+    if plan_op(gs):
+        return _compare_stages(args, gs, pairs, notes, tol, case, png or png_error)
     results = _judge_pairs(args, gs, pairs, tol, case)
     passed = all(r[0].passed for r in results)
     if args.json:
@@ -588,6 +592,35 @@ def cmd_compare(args: argparse.Namespace) -> int:
         sys.stdout.flush()
         raise png_error
     return 0 if passed else 1
+
+
+def _compare_stages(args, gs: GoldenSet, pairs, notes, tol, case: str, png) -> int:
+    """The prologs and the layer step: the stage verdict of
+    :func:`tilesim.reference.judge_stages.judge_stages` (which stage first fails and why)."""
+    if png is not None:
+        raise CliError(
+            f"--png: {gs.manifest['op']} is judged stage by stage; draw one output with "
+            "`tilesim compare DUMP/NAME.npy GOLDEN:NAME` of a plain golden, or leave --png out"
+        )
+    rule = getattr(args, "rule", None) or "default"
+    rep = judge_plan(gs, pairs, tol, case=case, rule=rule)
+    notes = [n for n in notes if not n.startswith("no dump of optional output")]
+    if args.json:
+        print(json.dumps({**rep.as_dict(), "actual": [a.source for _, a in pairs],
+                          "golden": str(gs.path), "notes": notes}))  # fmt: skip
+    else:
+        print(f"actual: {', '.join(sorted({_dump_root(a.source) for _, a in pairs}))}")
+        print(f"golden: {gs.path}")
+        print(rep.summary(verbose=bool(getattr(args, "verbose", False))))
+        for n in notes:
+            print(f"note: {n}")
+    return 0 if rep.passed else 1
+
+
+def _dump_root(source: str) -> str:
+    """A dumped tensor's file (``file.npz:KEY`` -> ``file.npz``)."""
+    head, sep, _ = source.rpartition(":")
+    return head if sep and Path(head).exists() else source
 
 
 def _compare_png(outputs: Outputs, png: Path, result, tol) -> None:

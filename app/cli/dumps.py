@@ -37,6 +37,9 @@ CANN_NPY = re.compile(
 #: the golden outputs of an op a device may leave out (the op's golden keeps them; the ids'
 #: judge reads the golden's ``scores``, never the device's)
 OPTIONAL_OUTPUTS = {"dsa_indexer": ("scores",), "dsa_decode_step": ("scores",)}
+#: ops judged stage by stage (``tilesim.reference.judge_stages.PLAN_OPS``): a dump may hold
+#: any subset of their outputs, a single file answers the output of its stem's name
+STAGED_OPS = ("mla_prolog", "dsa_indexer_prolog", "dsa_attention_step")
 #: ops whose golden output ``scores`` is also the id judge's scores (ties)
 _GOLDEN_SCORES = ("dsa_indexer", "dsa_decode_step")
 
@@ -57,8 +60,12 @@ class GoldenSet:
 
     @property
     def optional(self) -> tuple[str, ...]:
-        """The names of the outputs a dump may leave out (:data:`OPTIONAL_OUTPUTS`)."""
-        return OPTIONAL_OUTPUTS.get((self.manifest or {}).get("op"), ())
+        """The names of the outputs a dump may leave out (:data:`OPTIONAL_OUTPUTS`; every
+        output of a stage-judged op, :data:`STAGED_OPS`: a dump holds any subset)."""
+        op = (self.manifest or {}).get("op")
+        if op in STAGED_OPS:
+            return tuple(self.names)
+        return OPTIONAL_OUTPUTS.get(op, ())
 
     @property
     def required(self) -> list[str]:
@@ -143,6 +150,10 @@ def match_actuals(
         return [(outs[i], tio.load_tensor(str(path), like=outs[i], dtype=dtype))], []
     if len(outs) == 1:
         return [(outs[0], tio.load_tensor(spec, like=outs[0], dtype=dtype))], []
+    named = key is None and path.suffix in (".npy", ".bin") and path.stem in golden.names
+    if named and (golden.manifest or {}).get("op") in STAGED_OPS:
+        g = outs[golden.names.index(path.stem)]
+        return [(g, tio.load_tensor(spec, like=g, dtype=dtype))], []
     if len(golden.required) == 1 and key is None and path.suffix in (".npy", ".bin"):
         g = outs[golden.names.index(golden.required[0])]
         notes = _missing([n for n in golden.names if n != g.name], golden, str(spec))

@@ -224,3 +224,48 @@ def _recompute_attention(gs, ids: np.ndarray) -> np.ndarray:
         return np.asarray(step_attention(ids, **args, progress=False))
     except (ValueError, TypeError) as e:
         raise CliError(f"recomputing the attention with the device's ids: {e}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# the prologs and the layer step: judged stage by stage (``tilesim.reference.judge_stages``)
+
+
+def plan_op(gs) -> bool:
+    """Is the golden one of the stage-judged ops (the prologs, the layer step)?"""
+    from tilesim.reference.judge_stages import PLAN_OPS
+
+    return (gs.manifest or {}).get("op") in PLAN_OPS
+
+
+def judge_plan(gs, pairs, tol: dict, *, case: str, rule: str = "default"):
+    """:func:`tilesim.reference.judge_stages.judge_stages` of the dumped outputs ``pairs``
+    (``[(golden, actual)]``, any subset) against every golden output of the directory, with
+    the call's inputs and params (read from the golden directory: the recomputations and the
+    cache slots need them); ``tol``: the case's tolerance (the attention's rule)."""
+    from tilesim.cli.dumps import load_goldens
+    from tilesim.cli.replay import decode, golden_inputs, golden_manifest
+    from tilesim.reference.judge_stages import judge_stages
+
+    found = golden_manifest(gs.path) if gs.path is not None else None
+    if found is None:
+        raise CliError(
+            f"{case}: the stages are judged with the golden directory (its inputs, params and "
+            "every output): compare against the directory or its manifest.json"
+        )
+    mpath, m = found
+    every = gs if len(gs.outputs) == len(tio_entries(m)) else load_goldens(str(mpath))
+    golden = {g.name: g.array for g in every.outputs}
+    params = {k: decode(v, f"{mpath}: params.{k}") for k, v in m.get("params", {}).items()}
+    actual = {g.name: a.array for g, a in pairs}
+    try:
+        return judge_stages(m["op"], actual, golden, golden_inputs(mpath, m), params,
+                            case_tolerance=tol, rule=rule, name=case)  # fmt: skip
+    except (ValueError, TypeError) as e:
+        raise CliError(f"{case}: {e}") from None
+
+
+def tio_entries(m: dict) -> list:
+    """The manifest's golden tensor entries."""
+    from tilesim.cli import tensorio as tio
+
+    return tio.entries(m, "golden")
