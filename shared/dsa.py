@@ -104,8 +104,12 @@ def tiling_argument(tiling):
 
 
 def resolve_tiling(tiling) -> SaTileShapeConfig:
-    """The tile config of a call (:func:`tiling_argument`); ``None`` reads
-    ``SaTileShapeConfig.from_env()`` now (the one rule, for the golden and the kernel)."""
+    """The tile config the call runs with, in the golden and the kernel alike (what
+    ``resolve_tiling`` means in every op: a given tiling is checked and used as it is, ``None``
+    is the op's default for the call). A ``SaTileShapeConfig`` as given
+    (:func:`tiling_argument`); ``None``: ``SaTileShapeConfig.from_env()``, read at the call.
+    The default applies no split rule: the split is the config's ``kv_splits`` (1), and
+    :func:`tilesim.shared.dsa_split_rule.split_tiling` sets it where a caller asks."""
     tiling = tiling_argument(tiling)
     return SaTileShapeConfig.from_env() if tiling is None else tiling
 

@@ -357,9 +357,11 @@ def split_tiling(tiling: MsaTiling, *, batch: int, hkv: int, topk: int, soc: str
 
 
 def resolve_tiling(tiling, *, batch: int, hkv: int, topk: int, soc: str) -> MsaTiling:
-    """The one ``tiling`` rule of the golden and the kernel: ``None`` ->
-    ``MsaTiling.from_env()`` (``MSA_NTILE``) with ``kv_splits`` by :func:`split_tiling` for
-    this shape and ``soc``; an :class:`MsaTiling` is used as given (``TypeError`` otherwise)."""
+    """The tiling the call runs with, in the golden and the kernel alike (what
+    ``resolve_tiling`` means in every op: a given tiling is checked and used as it is, ``None``
+    is the op's default for the call). An :class:`MsaTiling` as given (``TypeError``
+    otherwise); ``None``: ``MsaTiling.from_env()`` (``MSA_NTILE``) with ``kv_splits`` by
+    :func:`split_tiling` for this shape and ``soc``."""
     if tiling is None:
         return split_tiling(MsaTiling.from_env(), batch=batch, hkv=hkv, topk=topk, soc=soc)
     check_instance(tiling, "tiling", MsaTiling)
