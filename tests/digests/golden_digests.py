@@ -166,13 +166,30 @@ def _dsa_indexer_prolog_entries():
             yield f"dsa_indexer_prolog/{name}", ("dsa_indexer_prolog", name, {})
 
 
+def _mla_prolog_entries():
+    from tilesim.reference.mla_prolog_cases import CASE_INFO
+
+    for name, info in CASE_INFO.items():
+        if info.size == "small":
+            yield f"mla_prolog/{name}", ("mla_prolog", name, {})
+
+
+def _dsa_attention_step_entries():
+    from tilesim.reference.dsa_attention_step_cases import CASE_INFO
+
+    for name, info in CASE_INFO.items():
+        if info.size == "small":
+            yield f"dsa_attention_step/{name}", ("dsa_attention_step", name, {})
+
+
 def entries():
     """``[(entry id, (family, case name, builder overrides[, op overrides])), ...]``, fixed order.
 
     Op overrides replace op parameters after the build; a ``tiling`` given as a dict is built
     as ``MsaTiling(**d)`` (``SaTileShapeConfig(**d)`` for the ``dsa`` family)."""
     return [*_moe_entries(), *_msa_entries(), *_dsa_entries(), *_dsa_indexer_entries(),
-            *_dsa_indexer_prolog_entries()]  # fmt: skip
+            *_dsa_indexer_prolog_entries(), *_mla_prolog_entries(),
+            *_dsa_attention_step_entries()]  # fmt: skip
 
 
 def _build(family, name, over):
@@ -191,6 +208,16 @@ def _build(family, name, over):
         from tilesim.reference.dsa_indexer_prolog_cases import dsa_indexer_prolog_make_case
 
         case = dsa_indexer_prolog_make_case(name, **over)
+        op = case["op"]
+    elif family == "mla_prolog":
+        from tilesim.reference.mla_prolog_cases import mla_prolog_make_case
+
+        case = mla_prolog_make_case(name, **over)
+        op = case["op"]
+    elif family == "dsa_attention_step":
+        from tilesim.reference.dsa_attention_step_cases import dsa_attention_step_make_case
+
+        case = dsa_attention_step_make_case(name, **over)
         op = case["op"]
     elif family == "dsa_indexer":
         from tilesim.reference.dsa_indexer_cases import dsa_indexer_make_case
@@ -215,11 +242,15 @@ def _op(name):
 
 def digest_of(arr) -> str:
     """SHA-256 of one array's dtype, shape and bytes; a tuple or dict of outputs (the
-    indexer's ids and scores, the decode step's three outputs) is hashed member by member."""
+    indexer's ids and scores, the decode step's three outputs) is hashed member by member; a
+    ``None`` member (an output the op's path lacks) hashes as the word ``None``."""
+    if arr is None:
+        return "None"
     if isinstance(arr, dict):
         return digest_of(tuple(f"{k}={digest_of(v)}" for k, v in sorted(arr.items())))
     if isinstance(arr, tuple):
-        h = hashlib.sha256("|".join(digest_of(np.asarray(v)) if not isinstance(v, str) else v
+        h = hashlib.sha256("|".join(v if isinstance(v, str) else
+                                    digest_of(v if v is None else np.asarray(v))
                                     for v in arr).encode())  # fmt: skip
         return h.hexdigest()
     a = np.ascontiguousarray(np.asarray(arr))
