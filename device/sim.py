@@ -54,6 +54,7 @@ from tilesim.device._lazy import require_pypto, require_torch
 from tilesim.shared.soc import COST_MODEL_CYCLES_PER_US, DEFAULT_SOC, SIM_SOCS, get_soc
 
 __all__ = [
+    "PINNED_ENV",
     "SimError",
     "SimRun",
     "configure",
@@ -319,12 +320,16 @@ def _patch_source(path: Path, edits: list[tuple[str, str]]) -> None:
     path.write_text(text)
 
 
-def _fp8_fixed_sources(pkg_lib: Path, dst: Path) -> Path:
-    """Copy ``lib/calculator`` to ``dst`` and apply the two FP8 fixes; returns the source dir."""
+def _patched_sources(pkg_lib: Path, dst: Path) -> Path:
+    """Copy ``lib/calculator`` to ``dst`` and apply the two FP8 fixes and the K-tile matmul;
+    returns the source dir."""
     shutil.copytree(pkg_lib / "calculator", dst / "calculator")
     os.symlink(pkg_lib / "libc_sec.so", dst / "libc_sec.so")
     src = dst / "calculator" / "src"
-    _patch_source(src / "calc_torch.cpp", [(_CAST_OLD, _CAST_NEW)])
+    _patch_source(
+        src / "calc_torch.cpp",
+        [(_CAST_OLD, _CAST_NEW), (_MM_ANCHOR, _MM_HELPER + _MM_ANCHOR), *_MM_CALLS],
+    )
     _patch_source(
         src / "fp8_convert.cpp",
         [
@@ -343,6 +348,36 @@ def _fp8_fixed_sources(pkg_lib: Path, dst: Path) -> Path:
         ],
     )
     return dst / "calculator"
+
+
+# 3. calc_torch.cpp: the cube's K tiles. Stock 0.2.0 runs every matmul (and every K step of
+#    MatmulMultiDataLoad) as libtorch's FP32 matmul, so the sum inside a K tile is MKL's, in an
+#    order that depends on the CPU's code path: a partial that lands within a few FP32 ULPs of
+#    a BF16 rounding midpoint rounds either way on different machines. The patch sums each K
+#    step in float64 -- exact for products of BF16, FP16, FP8 and INT8 operands, so no order
+#    can change it -- and rounds the step's partial once to FP32 before the FP32 accumulator
+#    update: the cube model of ``tilesim.reference.arith.matmul_fp32`` (docs/device.md,
+#    "A deterministic interpreter").
+_MM_HELPER = """
+static torch::Tensor TilesimTileMatmul(const torch::Tensor &a, const torch::Tensor &b) {
+    if (a.scalar_type() != torch::kFloat || b.scalar_type() != torch::kFloat) {
+        return torch::matmul(a, b);
+    }
+    return torch::matmul(a.to(torch::kDouble), b.to(torch::kDouble)).to(torch::kFloat);
+}
+"""
+_MM_ANCHOR = "static void MatmulMultiDataLoad("
+_MM_CALLS = [
+    ("out.add_(torch::matmul(viewL, viewR));", "out.add_(TilesimTileMatmul(viewL, viewR));"),
+    (
+        "tout.second.add_(torch::matmul(tself.second, tother.second) + bias_tensor.second);",
+        "tout.second.add_(TilesimTileMatmul(tself.second, tother.second) + bias_tensor.second);",
+    ),
+    (
+        "tout.second.add_(torch::matmul(tself.second, tother.second));",
+        "tout.second.add_(TilesimTileMatmul(tself.second, tother.second));",
+    ),
+]
 
 
 @contextlib.contextmanager
@@ -371,7 +406,7 @@ def load_calculator() -> Path:
     stock = os.environ.get("TILESIM_SIM_STOCK_CALC", "") not in ("", "0")
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     key = f"calc-{_pkg_key(_pypto_pkg_dir())}-torch{torch.__version__}-abi{abi}-" + (
-        "stock" if stock else "fp8ocp"
+        "stock" if stock else "fp8ocp-tilemm"
     )
     build = cache_dir() / key
     lib = build / "install" / "lib" / "libtile_fwk_calculator.so"
@@ -382,7 +417,7 @@ def load_calculator() -> Path:
             shutil.rmtree(build, ignore_errors=True)
             build.mkdir(parents=True)
             pkg_lib = Path(str(mgr.pkg_lib_dir))
-            src = pkg_lib / "calculator" if stock else _fp8_fixed_sources(pkg_lib, build / "src")
+            src = pkg_lib / "calculator" if stock else _patched_sources(pkg_lib, build / "src")
             # built directly (not via mgr._TorchContext, which replaces os.environ by a dict)
             cmake = mgr._CMakeContext()
             ctx = mgr._CMakeContext.CompileContext(src_dir=src, tmp_dir=build)
@@ -585,14 +620,60 @@ def _prepare(args, costmodel: bool, **verify):
     return pypto_impl
 
 
+#: The environment a simulator child starts with (over the caller's): the interpreter's libtorch
+#: runs on one thread with fixed code paths, so its output bits do not depend on the caller's
+#: thread settings, the machine's load or (for ATen's vector kernels and MKL) the CPU
+#: generation. Measured and explained in docs/device.md, "A deterministic interpreter".
+PINNED_ENV = {
+    "OMP_NUM_THREADS": "1",  # libtorch's intra-op pool: one thread, one reduction order
+    "MKL_NUM_THREADS": "1",
+    "MKL_DYNAMIC": "FALSE",  # MKL may not pick its own thread count per call
+    "OMP_DYNAMIC": "FALSE",
+    "MKL_CBWR": "COMPATIBLE",  # MKL's CPU-independent code path (conditional reproducibility)
+    "ATEN_CPU_CAPABILITY": "avx2",  # ATen's vector width: the same on every AVX2+ x86 CPU
+}
+
+
+@contextlib.contextmanager
+def _pinned_threads():
+    """libtorch on one thread for the duration of a kernel call (restored after), so that a
+    process that did not start through :func:`isolated` interprets with the same reduction
+    order as one that did."""
+    torch = require_torch()
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def _call(kernel, args, params: dict) -> float:
-    """``kernel(*args, **params)`` with PyPTO's errors as :class:`SimError`; returns seconds."""
+    """``kernel(*args, **params)`` with PyPTO's errors as :class:`SimError`, libtorch pinned to
+    one thread; returns seconds."""
     t0 = time.perf_counter()
     try:
-        kernel(*args, **params)
+        with _pinned_threads():
+            kernel(*args, **params)
     except Exception as e:
         raise SimError(f"{getattr(kernel, '__name__', kernel)}: {type(e).__name__}: {e}") from e
     return time.perf_counter() - t0
+
+
+@contextlib.contextmanager
+def _child_environment():
+    """``os.environ`` with :data:`PINNED_ENV` while a child process is started (a spawned
+    child copies the parent's environment at start); restored after."""
+    saved = {k: os.environ.get(k) for k in PINNED_ENV}
+    os.environ.update(PINNED_ENV)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 # ---------------------------------------------------------------- process isolation
@@ -637,7 +718,8 @@ def isolated(fn, *args, soc: str = DEFAULT_SOC, timeout: float = 900.0, **kwargs
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     p = ctx.Process(target=_child_main, args=(q, target, workdir, payload), daemon=True)
-    p.start()
+    with _child_environment():
+        p.start()
     deadline = time.monotonic() + timeout
     msg = None
     try:

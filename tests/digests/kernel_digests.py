@@ -5,9 +5,12 @@ Each entry builds a case with its family's public builder, hands its inputs and 
 the public device wrapper of the case's op (``tilesim.device.<op>``, ``backend="sim"``) in a
 spawned simulator process, and hashes the output's dtype, shape and bytes (the same
 :func:`digests.golden_digests.digest_of` as the golden guard). ``kernel_digests.json`` beside
-this file holds the values taken before the one-contract-per-op reshape;
-``tests/digests/test_kernel_digests.py`` asserts them, so a refactor that moves a single bit of
-a kernel's output fails there.
+this file holds the values; ``tests/digests/test_kernel_digests.py`` asserts them, so a
+refactor that moves a single bit of a kernel's output fails there. They are machine-independent
+by construction: the simulator's child process is pinned and its matmuls sum each K tile
+exactly (docs/device.md, "A deterministic interpreter"), and
+``tests/device/test_sim_determinism.py`` reproduces one entry per family under other thread
+settings and load.
 
 Regenerate (only when a change is meant to move kernel bits, and say so in the commit)::
 
@@ -42,6 +45,8 @@ _ENTRIES = {
         {"quant": "fp8", "layout": "kv_split", "actual_seq": (300, 700), "seed": 22},
         ("950",),
     ),
+    "dsa_indexer/short_int8": ("dsa_indexer", "dsa_indexer_short_int8", {}, ("910b",)),
+    "dsa_indexer/short_fp8": ("dsa_indexer", "dsa_indexer_short_fp8", {}, ("950",)),
 }
 
 

@@ -1,0 +1,97 @@
+"""The simulator gives the same output bits whatever the caller's thread settings and the
+machine's load (docs/device.md, "A deterministic interpreter").
+
+One small case per kernel family (entries of ``tests/digests/kernel_digests.py``) is interpreted
+twice, each time in a fresh simulator process: once from a caller that asks for one thread on
+an otherwise idle machine, once from a caller that asks for four threads (OpenMP, MKL with
+dynamic threading on) while two processes spin on the CPU. The two output digests must be
+equal, and equal to the committed digest of the entry. A third test checks what the child
+process actually runs with: the pinned environment and one libtorch thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from digests.kernel_digests import DIGEST_FILE, entries, run_entry
+
+pytestmark = [pytest.mark.sim, pytest.mark.torch]
+
+#: one small entry per kernel family, the SoCs alternating
+FAMILY_ENTRIES = (
+    "moe/m3_case_smoke_edge@910b",
+    "msa_indexer/nb17@950",
+    "msa_decode/partial_nb17@910b",
+    "msa_main/unaligned_100@950",
+    "dsa/int8_pypto@910b",
+    "dsa_indexer/short_fp8@950",
+)
+
+_THREAD_KEYS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "MKL_DYNAMIC")
+
+
+@contextlib.contextmanager
+def caller_conditions(*, threads: int, busy: int):
+    """The caller's environment asks for ``threads`` threads (MKL's dynamic threading on) and
+    ``busy`` processes spin on the CPU while the block runs."""
+    saved = {k: os.environ.get(k) for k in _THREAD_KEYS}
+    os.environ.update(
+        OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), MKL_DYNAMIC="TRUE"
+    )
+    spin = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(busy)]
+    try:
+        yield
+    finally:
+        for p in spin:
+            p.kill()
+            p.wait()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def test_every_family_entry_is_a_digest_entry():
+    known = dict(entries())
+    assert set(FAMILY_ENTRIES) <= set(known)
+    families = {key.split("/")[0] for key in known}
+    assert {key.split("/")[0] for key in FAMILY_ENTRIES} == families
+
+
+@pytest.mark.parametrize("key", FAMILY_ENTRIES)
+def test_same_bits_whatever_the_threads_and_the_load(key):
+    with caller_conditions(threads=1, busy=0):
+        quiet = run_entry(key)
+    with caller_conditions(threads=4, busy=2):
+        loaded = run_entry(key)
+    assert quiet == loaded, f"{key}: the interpreter's bits moved with the threads / the load"
+    assert quiet == json.loads(DIGEST_FILE.read_text())[key]
+
+
+def child_settings() -> dict:
+    """Runs in a simulator child: what its libtorch was started with."""
+    import torch
+    from tilesim.device.sim import PINNED_ENV
+
+    return {
+        "env": {k: os.environ.get(k) for k in PINNED_ENV},
+        "threads": torch.get_num_threads(),
+        "capability": torch.backends.cpu.get_cpu_capability(),
+    }
+
+
+def test_the_child_runs_pinned():
+    from tilesim.device import sim
+
+    with caller_conditions(threads=3, busy=0):
+        got = sim.isolated(child_settings, soc="910b")
+        assert os.environ["OMP_NUM_THREADS"] == "3", "the caller's environment must be restored"
+    assert got["env"] == sim.PINNED_ENV
+    assert got["threads"] == 1
+    assert got["capability"] == "AVX2"
