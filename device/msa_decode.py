@@ -255,7 +255,7 @@ def msa_sparse_decode(
             BF16 paged cache; block_ids: ``[B, topk]`` integer ids, unique per row, in
             ``[0, nb)``; seq_len: KV length incl. the current token, one int or an integer
             array / tensor of ``B`` values. NumPy arrays or torch tensors; checked by
-            :func:`tilesim.shared.msa_decode.check_decode_inputs` as in the reference.
+            :func:`tilesim.shared.msa_decode.check_meta` and ``check_values`` as in the reference.
         tiling: :class:`MsaTiling` (``ntile``, ``kv_splits``); ``None`` =
             ``MsaTiling.from_env()`` with ``kv_splits`` by the shared rule
             (:func:`tilesim.shared.msa_decode.resolve_tiling` for this shape and ``soc``, the

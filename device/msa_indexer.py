@@ -17,13 +17,11 @@ keys at or beyond ``seq_len`` SET to -inf (a select on a bool key mask), the per
 of the 4 heads, then the rule of :mod:`tilesim.shared.msa_indexer` on the device -- 15 rounds
 of "row max, then the lowest block id scoring it" over a row padded to a static width
 (:data:`RANK_WIDTHS`), NaN blocks explicitly last -- and only the INT32 ids are written; they
-stay on the device. ``rank="host"`` keeps the former split: the score kernel (``block_max=
+stay on the device. ``rank="host"`` splits the work instead: the score kernel (``block_max=
 "host"``) or the block-max kernel (``"device"``, :func:`build_block_max_kernel`, ``[16, nb]``
 maxima) and the shared rule on a host copy. Max, compares and selects are exact, so every
 mode gives the same ids from the same FP32 scores, whatever the key rows past ``seq_len``
-hold (NaN, inf, garbage; ``tests/device/test_sim_nan_poison.py``). :func:`select_blocks` /
-:func:`select_from_head_max` are the shared module's functions, re-exported under their former
-names here.
+hold (NaN, inf, garbage; ``tests/device/test_sim_nan_poison.py``).
 
 Checks and host plan: the op's contract :mod:`tilesim.shared.msa_indexer` (``check_meta``,
 then ``check_values``, the finiteness scan, with ``validate="full"`` only; ``host_plan_torch``
@@ -52,7 +50,6 @@ from tilesim.shared.msa_indexer import (
     block_head_max,
     check_meta,
     host_plan_torch,
-    select_blocks,
     select_from_head_max,
 )
 from tilesim.shared.soc import DEFAULT_SOC, MSA_DEVICE_TILES, msa_device_tile
@@ -299,6 +296,4 @@ __all__ = [
     "resolve_rank",
     "score_launch",
     "select_launch",
-    "select_blocks",
-    "select_from_head_max",
 ]

@@ -294,8 +294,8 @@ def _scores_from(block_scores, rng):
 def test_tail_reproduces_reference_selection(kind, nb, rng):
     """select_blocks on given scores == an independent rule (Python sort on (-score, id))."""
     import numpy as np
-    from tilesim.device.msa_indexer import select_blocks
     from tilesim.shared import msa_indexer as contract
+    from tilesim.shared.msa_indexer import select_blocks
 
     if kind == "ties":
         bs = np.full(nb, 0.5, dtype=np.float32)
@@ -321,7 +321,7 @@ def test_tail_reproduces_reference_selection(kind, nb, rng):
 
 @pytest.mark.torch
 def test_tail_seq_len_excludes_padding_rows(rng):
-    from tilesim.device.msa_indexer import select_blocks
+    from tilesim.shared.msa_indexer import select_blocks
 
     nb = 20
     s = torch.zeros(4, nb * 128)
