@@ -81,7 +81,8 @@ def _check(ins, backend, soc, read) -> _MoeLaunch:
     else:
         # configure=False: no pypto import yet
         target = _backend.resolve(backend, soc, sorted_tokens, configure=False)
-    return _MoeLaunch(target, resolve_tiling(args, target.soc))
+    tiling = resolve_tiling(args.tiling, args.dims, target.soc)
+    return _MoeLaunch(target, args._replace(tiling=tiling))
 
 
 def kernel_config(dims: MoeDims, tiling: MoeTiling) -> tuple:

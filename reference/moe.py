@@ -149,7 +149,8 @@ class _MoeCall(NamedTuple):
 def _check_moe(ins) -> _MoeCall:
     """The shared checks on the call's inputs ``ins`` (:func:`~tilesim.shared.moe.moe_inputs`,
     the parameter names of :func:`~tilesim.shared.moe.check_meta`), then the host copies."""
-    args = resolve_tiling(check_values(check_meta(**vars(ins))))
+    args = check_values(check_meta(**vars(ins)))
+    args = args._replace(tiling=resolve_tiling(args.tiling, args.dims))
     out, dims = ins.out, ins.dims
     if out is None:
         result = np.zeros((args.n_total, dims.hidden_size), dtype=BF16)

@@ -4,8 +4,8 @@
 * :class:`Args` — the checked arguments; :func:`check_meta` checks shapes, dtypes and static
   sizes only (never a value: FakeTensor / ``meta`` / ``validate=False`` calls use it as is);
   :func:`check_values` reads ``expert_cumsum`` on the host and checks it (``c[0] == 0``,
-  non-decreasing, ``c[E] <= N_total``); :func:`resolve_tiling` applies the one ``tiling=None``
-  rule (policy: :mod:`tilesim.shared.validate`).
+  non-decreasing, ``c[E] <= N_total``); :func:`resolve_tiling` gives the tiling the call runs
+  with (policy: :mod:`tilesim.shared.validate`).
 * :func:`host_plan` — the kernel's chunk schedule (:func:`moe_tile_schedule`): per expert, the
   token range split as ``pypto.loop_unroll`` splits it
   (:func:`tilesim.shared.tiling.loop_unroll_chunks`).
@@ -116,9 +116,9 @@ def emit_moe_schedule(trace: Trace, schedule, dims: MoeDims) -> None:
 class Args(NamedTuple):
     """The checked arguments of one call (arrays as given: NumPy or torch, any device).
 
-    ``tiling`` is as given (``None`` or a :class:`MoeTiling`) until :func:`resolve_tiling`;
-    ``cs`` is the host ``expert_cumsum`` (int64 ``[E+1]``) once :func:`check_values` read it,
-    ``None`` before."""
+    ``tiling`` is as given (``None`` or a :class:`MoeTiling`) until the caller puts the
+    :func:`resolve_tiling` of it in its place; ``cs`` is the host ``expert_cumsum`` (int64
+    ``[E+1]``) once :func:`check_values` read it, ``None`` before."""
 
     sorted_tokens: object
     w13: object
@@ -243,24 +243,27 @@ def check_values(args: Args) -> Args:
     return args._replace(cs=cs)
 
 
-def resolve_tiling(args: Args, soc: str | None = None) -> Args:
-    """``args`` with the tiling resolved by the one rule of both twins: the given one, else
-    ``tilesim.shared.soc.moe_tiling(dims.activation, soc)`` (``soc=None``:
-    ``MoeTiling.from_env(dims.activation)``, the same up to ``vec_tile``, which changes no
-    number); then :func:`check_moe_tiling`."""
-    tiling = args.tiling
+def resolve_tiling(tiling, dims: MoeDims, soc: str | None = None) -> MoeTiling:
+    """The tiling the call runs with, in the golden and the kernel alike (what
+    ``resolve_tiling`` means in every op: a given tiling is checked and used as it is, ``None``
+    is the op's default for the call). A :class:`MoeTiling` as given (``TypeError``
+    otherwise); ``None``: ``tilesim.shared.soc.moe_tiling(dims.activation, soc)``
+    (``soc=None``: ``MoeTiling.from_env(dims.activation)``, the same up to ``vec_tile``, which
+    changes no number). Either one then passes :func:`check_moe_tiling` against ``dims``."""
+    check_instance(tiling, "tiling", MoeTiling, optional=True)
     if tiling is None and soc is None:
-        tiling = MoeTiling.from_env(args.dims.activation)
+        tiling = MoeTiling.from_env(dims.activation)
     elif tiling is None:
         from tilesim.shared.soc import moe_tiling
 
-        tiling = moe_tiling(args.dims.activation, soc)
-    return args._replace(tiling=check_moe_tiling(tiling, args.dims))
+        tiling = moe_tiling(dims.activation, soc)
+    return check_moe_tiling(tiling, dims)
 
 
 def host_plan(args: Args) -> list[MoeTileRecord]:
     """The chunk schedule of the call (:func:`moe_tile_schedule` of ``args.cs`` and
-    ``args.tiling.unroll``); needs :func:`check_values` and :func:`resolve_tiling` first."""
+    ``args.tiling.unroll``); needs :func:`check_values` first and ``args.tiling`` resolved
+    (:func:`resolve_tiling`)."""
     return moe_tile_schedule(_values(args), args.tiling.unroll)
 
 

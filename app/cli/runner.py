@@ -230,7 +230,7 @@ def resolved_settings(op: str, args: dict) -> dict:
     mod = _contract(fam)
     meta = check_meta_of(op, a)
     if fam == "moe":
-        return {"tiling": mod.resolve_tiling(meta).tiling}
+        return {"tiling": mod.resolve_tiling(meta.tiling, meta.dims)}
     if fam == "msa_decode":
         t = mod.resolve_tiling(
             a["tiling"], batch=meta.batch, hkv=meta.hkv, topk=meta.topk, soc=a["soc"]

@@ -599,7 +599,7 @@ def test_shared_contract_meta_values_plan_cost():
     a = contract.check_values(
         contract.check_meta(x, wn, np.array([0, 4, 4, 9], np.int32), dims, None, None, True, None)
     )
-    a = contract.resolve_tiling(a._replace(tiling=MoeTiling(unroll=(4, 1))))
+    a = a._replace(tiling=contract.resolve_tiling(MoeTiling(unroll=(4, 1)), a.dims))
     plan = contract.host_plan(a)
     assert [(r.expert, r.row0, r.chunk) for r in plan] == [(0, 0, 4), (2, 4, 4), (2, 8, 1)]
     got = contract.cost(a)
