@@ -44,7 +44,7 @@ from tilesim.reference.dsa_cases import (
     random_bytes,
 )
 from tilesim.reference.dsa_indexer_cases import UNIFORM_64
-from tilesim.shared.case_schema import CASE_FAMILIES, CaseInfo, make_case, tolerance
+from tilesim.shared.case_schema import CaseInfo, make_case, tolerance
 from tilesim.shared.casts import BF16, FP8_E4M3_MAX, to_bf16, to_fp8_e4m3
 from tilesim.shared.dsa_attention_step import PATHS
 from tilesim.shared.dsa_indexer import INDEX_HEADS, MAX_DECODE_S1
@@ -313,8 +313,7 @@ def _case_info(name: str) -> CaseInfo:
     )  # fmt: skip
 
 
-#: every named case (``dsa_attention_step_make_case(name)`` builds it); registered once the
-#: family is listed in ``tilesim.shared.case_schema.CASE_FAMILIES``
-CASE_INFO: dict[str, CaseInfo] = {n: _case_info(n) for n in _TABLE} if OP in CASE_FAMILIES else {}
+#: every named case (``dsa_attention_step_make_case(name)`` builds it), for the CLI registry
+CASE_INFO: dict[str, CaseInfo] = {n: _case_info(n) for n in _TABLE}
 
 __all__ = ["CASE_INFO", "HISTORY_QUANT", "dsa_attention_step_make_case"]

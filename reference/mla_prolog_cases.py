@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 from tilesim.reference.mla_prolog import quant_int8_gym
-from tilesim.shared.case_schema import CASE_FAMILIES, CaseInfo, make_case, tolerance
+from tilesim.shared.case_schema import CaseInfo, make_case, tolerance
 from tilesim.shared.casts import BF16, FP8_E4M3, FP8_E4M3_MAX, to_bf16, to_fp8_e4m3
 from tilesim.shared.mla_cache import NOPE, NSCALES, PYPTO_ROW_BYTES, ROPE
 from tilesim.shared.mla_prolog import (
@@ -220,10 +220,7 @@ def _case_info(name: str) -> CaseInfo:
     )  # fmt: skip
 
 
-#: every named case (``mla_prolog_make_case(name)`` builds it); registered only once the
-#: family is listed in ``tilesim.shared.case_schema.CASE_FAMILIES``
-CASE_INFO: dict[str, CaseInfo] = (
-    {n: _case_info(n) for n in _TABLE} if "mla_prolog" in CASE_FAMILIES else {}
-)
+#: every named case (``mla_prolog_make_case(name)`` builds it), for the CLI registry
+CASE_INFO: dict[str, CaseInfo] = {n: _case_info(n) for n in _TABLE}
 
 __all__ = ["CASE_INFO", "GYM_TOLERANCES", "mla_prolog_make_case"]
