@@ -29,12 +29,28 @@ PER_OP = (
 )
 
 
+#: cases left out of the replay check: their golden directory alone is 6.4 GB (the caches of
+#: 64 sequences of 16K..112K tokens, as inputs and as updated outputs) and a replay needs a
+#: second copy; the b4 s2 64K step cases run the same replay path at the seeds' shape
+NOT_REPLAYED = {"dsa_attention_step_b64_s2_uniform_int8", "dsa_attention_step_b64_s2_uniform_fp8"}
+
+
 def _params():
-    """Every named case; the large ones (goldens of up to ~25 s here) are marked slow."""
+    """Every named case but :data:`NOT_REPLAYED`; the large ones (goldens of up to ~25 s here)
+    are marked slow."""
     return [
         pytest.param(n, marks=[pytest.mark.slow] if i.size == "large" else [], id=n)
         for n, i in load_registry().items()
+        if n not in NOT_REPLAYED
     ]
+
+
+@pytest.fixture
+def tmp_path(tmp_path):
+    """pytest's ``tmp_path``, emptied after the test: the large cases' golden and replay
+    directories (hundreds of MB each) must not pile up on the CI disk."""
+    yield tmp_path
+    shutil.rmtree(tmp_path, ignore_errors=True)
 
 
 def _manifest(d: Path) -> dict:
