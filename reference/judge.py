@@ -2,7 +2,8 @@
 
 :func:`judge` is the single entry point the CLI, the sim tests and the bench call. It takes the
 case's tolerance dict explicitly (``{"atol", "rtol", "ratio", "mode"}``, ``mode`` one of
-``"compare"``, ``"set"``, ``"ulp"``; an optional ``"row_ulp"`` adds a row-ULP budget) and returns
+``"compare"``, ``"set"``, ``"ulp"``; an optional ``"row_ulp"`` adds a row-ULP budget: the dict
+of :func:`tilesim.shared.case_schema.tolerance`) and returns
 a :class:`Verdict` that says which rule failed, where and by how much (docs/numerics.md,
 "Judging an output").
 
@@ -33,6 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from tilesim.reference.compare import CompareReport, compare
 from tilesim.reference.numerics import _ULP_DTYPES, ulp_distance
+from tilesim.shared.case_schema import TOLERANCE_MODES
 from tilesim.shared.casts import BF16, FP8_E4M3
 from tilesim.shared.ranking import rank
 from tilesim.shared.validate import check_choice, check_float, check_str, host_data
@@ -215,7 +217,7 @@ def _check_tolerance(tol, rule: str, kind: str) -> dict:
         raise TypeError(
             f"tolerance: expected a dict with a 'mode' key (the case's tolerance), got {tol!r}"
         )
-    mode = check_choice(tol["mode"], "tolerance.mode", ("compare", "set", "ulp"))
+    mode = check_choice(tol["mode"], "tolerance.mode", TOLERANCE_MODES)
     out = {"mode": mode, "ratio": check_float(tol.get("ratio", 0.0) or 0.0, "tolerance.ratio")}
     if not 0 <= out["ratio"] <= 1:
         raise ValueError(f"tolerance.ratio: expected a fraction in [0, 1], got {out['ratio']}")

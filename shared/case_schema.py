@@ -6,7 +6,7 @@ A case dict (:func:`make_case`) has exactly the keys :data:`CASE_KEYS`::
      "op":        the public reference op that computes the golden,
      "inputs":    {argument name: array (or a tuple of arrays, MoE's weights)},
      "params":    {argument name: value} — the op's other keyword arguments,
-     "tolerance": {"atol", "rtol", "ratio", "mode"} (:func:`tolerance`),
+     "tolerance": {"atol", "rtol", "ratio", "mode"} and an optional "row_ulp" (:func:`tolerance`),
      "meta":      {what the case was built from: seed, builder parameters, ...}}
 
 so that ``getattr(tilesim.reference, case["op"])(**case["inputs"], **case["params"])`` is the
@@ -16,8 +16,13 @@ golden. ``tolerance["mode"]`` says how a device result is judged against it:
   ``round(ratio * numel)`` elements with ``|a - g| > atol + rtol * |g|``, no NaN/inf.
   ``ratio = 0`` means every element must pass (numpy ``assert_allclose``).
 * ``"set"`` — index outputs: each row must hold the same set of ids as the golden's.
-* ``"ulp"`` — no published tolerance exists (ad-hoc cases); judge with the op's ULP budget
-  (``docs/ops/``). ``atol``/``rtol`` are ``None``.
+* ``"ulp"`` — no published tolerance exists (ad-hoc cases): the judge's golden-aware checks
+  alone (relative L2 and cosine bounds derived from the output dtype, ``docs/numerics.md``).
+  ``atol``/``rtol`` are ``None``.
+
+``"row_ulp"`` (any mode, optional) adds a row-ULP budget: max ``|a - g|`` in ULPs of the
+golden's dtype at each row's largest ``|golden|``. These are exactly the modes and keys
+:func:`tilesim.reference.judge` takes (:data:`TOLERANCE_MODES`, :data:`TOLERANCE_KEYS`).
 
 :class:`CaseInfo` describes one named case for the registry (``tilesim cases``).
 """
@@ -30,6 +35,9 @@ from tilesim.shared.validate import check_choice, check_float
 
 CASE_KEYS = ("name", "op", "inputs", "params", "tolerance", "meta")
 TOLERANCE_MODES = ("compare", "set", "ulp")
+#: the keys of a tolerance dict: the four every case states, then the optional ones
+TOLERANCE_KEYS = ("atol", "rtol", "ratio", "mode")
+OPTIONAL_TOLERANCE_KEYS = ("row_ulp",)
 CASE_SIZES = ("small", "medium", "large")
 #: the case families (one ``tilesim.reference.<family>_cases`` module each)
 CASE_FAMILIES = (
@@ -43,8 +51,10 @@ CASE_FAMILIES = (
 )
 
 
-def tolerance(atol=None, rtol=None, ratio: float = 0.0, mode: str = "compare") -> dict:
-    """A checked ``{"atol", "rtol", "ratio", "mode"}`` dict (see the module docstring)."""
+def tolerance(atol=None, rtol=None, ratio: float = 0.0, mode: str = "compare",
+              row_ulp=None) -> dict:  # fmt: skip
+    """A checked ``{"atol", "rtol", "ratio", "mode"}`` dict, with ``"row_ulp"`` when given
+    (see the module docstring)."""
     check_choice(mode, "tolerance.mode", TOLERANCE_MODES)
     if mode == "compare":
         atol = check_float(atol, "tolerance.atol")
@@ -56,7 +66,25 @@ def tolerance(atol=None, rtol=None, ratio: float = 0.0, mode: str = "compare") -
     ratio = check_float(ratio, "tolerance.ratio")
     if not 0 <= ratio <= 1:
         raise ValueError(f"tolerance.ratio: expected a fraction in [0, 1], got {ratio}")
-    return {"atol": atol, "rtol": rtol, "ratio": ratio, "mode": mode}
+    out = {"atol": atol, "rtol": rtol, "ratio": ratio, "mode": mode}
+    if row_ulp is not None:
+        out["row_ulp"] = check_float(row_ulp, "tolerance.row_ulp")
+        if out["row_ulp"] < 0:
+            raise ValueError(f"tolerance.row_ulp: expected a number >= 0, got {row_ulp}")
+    return out
+
+
+def check_tolerance(tol) -> dict:
+    """``tol`` itself when it is a tolerance dict :func:`tolerance` could have made (its keys
+    and values checked), else ``ValueError`` naming the key."""
+    keys = set(tol) if isinstance(tol, dict) else set()
+    if not set(TOLERANCE_KEYS) <= keys <= set(TOLERANCE_KEYS + OPTIONAL_TOLERANCE_KEYS):
+        raise ValueError(
+            f"tolerance: expected a dict with keys {', '.join(TOLERANCE_KEYS)} (optionally "
+            f"{', '.join(OPTIONAL_TOLERANCE_KEYS)}), got {tol!r}"
+        )
+    tolerance(**tol)
+    return tol
 
 
 def make_case(*, name, op: str, inputs: dict, params: dict, tolerance: dict, meta: dict) -> dict:
@@ -68,10 +96,7 @@ def make_case(*, name, op: str, inputs: dict, params: dict, tolerance: dict, met
     for key, v in (("inputs", inputs), ("params", params), ("meta", meta)):
         if not isinstance(v, dict):
             raise TypeError(f"{key}: expected a dict, got {type(v).__name__}")
-    if not isinstance(tolerance, dict) or set(tolerance) != {"atol", "rtol", "ratio", "mode"}:
-        raise ValueError(
-            f"tolerance: expected a dict with keys atol, rtol, ratio, mode, got {tolerance!r}"
-        )
+    check_tolerance(tolerance)
     return {
         "name": name,
         "op": op,
@@ -119,8 +144,11 @@ __all__ = [
     "CASE_FAMILIES",
     "CASE_KEYS",
     "CASE_SIZES",
+    "OPTIONAL_TOLERANCE_KEYS",
+    "TOLERANCE_KEYS",
     "TOLERANCE_MODES",
     "CaseInfo",
+    "check_tolerance",
     "make_case",
     "tolerance",
 ]

@@ -2,19 +2,23 @@
 
 Sub-modules, one job each:
 
+* :mod:`~tilesim.cli.commands` — the sub-commands, one module each: :mod:`~tilesim.cli.cases`,
+  :mod:`~tilesim.cli.golden`, :mod:`~tilesim.cli.compare`, :mod:`~tilesim.cli.trace`,
+  :mod:`~tilesim.cli.demo`.
 * :mod:`~tilesim.cli.registry` — the named cases (the families' ``CASE_INFO`` tables).
 * :mod:`~tilesim.cli.runner` — build a case's inputs with its family's builder and run the
-  reference op (optionally with its trace hook).
+  reference op (optionally with its trace hook); :mod:`~tilesim.cli.progress` — progress on
+  stderr while it runs.
 * :mod:`~tilesim.cli.replay` — a golden from the user's own captured inputs.
 * :mod:`~tilesim.cli.tensorio` — golden files: ``.npz`` / raw little-endian ``.bin`` +
   ``manifest.json``, and reading any of ``.npy``, ``.npz[:key]``, ``.bin``, ``.pt`` back.
 * :mod:`~tilesim.cli.dumps` — device dumps (CANN's npy naming, multi-output files) matched to
   a golden's outputs.
+* :mod:`~tilesim.cli.tolerances` — the one tolerance resolver (a golden's stated tolerance
+  with the ``--atol/--rtol/--ratio`` overrides).
 * :mod:`~tilesim.cli.judging` — the verdict: :func:`tilesim.reference.judge` on each output,
-  with the error distribution.
+  with the error distribution; :mod:`~tilesim.cli.reports` prints it.
 * :mod:`~tilesim.cli.outputs` — all-or-nothing output files (``--force``, no partial files).
-* :mod:`~tilesim.cli.commands` — the sub-commands ``cases``, ``golden``, ``compare``,
-  ``trace``.
 * :mod:`~tilesim.cli.plot` — the tile-schedule and error pictures (matplotlib, Agg), read
   from the trace-record schema of :mod:`tilesim.shared.trace`.
 """

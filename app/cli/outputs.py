@@ -138,3 +138,21 @@ def _umask() -> int:
     old = os.umask(0o022)
     os.umask(old)
     return old
+
+
+def size_text(n: int) -> str:
+    """A file size in words: ``"512 B"``, ``"4.6 KiB"``, ``"82.2 MiB"``."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def check_png_path(png: Path) -> None:
+    """A ``--png`` target: a name ending in ``.png`` in an existing directory."""
+    if png.suffix.lower() != ".png":
+        raise CliError(f"--png {str(png)!r}: expected a file name ending in .png")
+    parent = png.parent if str(png.parent) else Path(".")
+    if not parent.is_dir():
+        raise CliError(f"directory {str(parent)!r} of --png does not exist")

@@ -292,23 +292,29 @@ def _max_pool(a: np.ndarray, limit: int = 256) -> np.ndarray:
 
 
 def draw_error_map(
-    fig, actual: np.ndarray, golden: np.ndarray, *, atol: float, rtol: float, title: str = ""
+    fig,
+    actual: np.ndarray,
+    golden: np.ndarray,
+    *,
+    atol: float | None,
+    rtol: float | None,
+    title: str = "",
 ) -> None:
     """|actual - golden| as a heat map (log scale, max-pooled to at most 256x256 cells) and
-    the same divided by the tolerance ``atol + rtol*|golden|`` (> 1 = failing element)."""
-    import matplotlib
-
+    the same divided by the tolerance ``atol + rtol*|golden|`` (> 1 = failing element); with
+    no published tolerance (``atol``/``rtol`` ``None``, mode ``ulp``) the first map alone."""
     a = _as_2d(actual).astype(np.float64)
     g = _as_2d(golden).astype(np.float64)
     with np.errstate(all="ignore"):
         err = np.abs(a - g)
-        ratio = err / (atol + rtol * np.abs(g))
     err = np.where(np.isnan(err), np.inf, err)
-    axes = fig.subplots(1, 2)
+    numbered = atol is not None and rtol is not None
+    axes = fig.subplots(1, 2 if numbered else 1)
+    axes = list(axes) if numbered else [axes]
     finite = err[np.isfinite(err)]
     top = float(finite.max()) if finite.size else 1.0
     e = _max_pool(np.where(np.isfinite(err), err, top * 10))
-    floor = max(top, atol, 1e-30) * 1e-6  # show six decades below the largest error
+    floor = max(top, atol or 0.0, 1e-30) * 1e-6  # show six decades below the largest error
     extent = (0, a.shape[1], a.shape[0], 0)  # label the axes in element, not cell, units
     im = axes[0].imshow(
         np.log10(np.maximum(e, floor)),
@@ -319,9 +325,24 @@ def draw_error_map(
     )
     fig.colorbar(im, ax=axes[0], label="log10 |actual - golden|")
     axes[0].set_title("abs error (max-pooled)", fontsize=9)
+    if numbered:
+        _draw_ratio_map(fig, axes[1], err, g, atol, rtol, extent)
+    for ax in axes:
+        ax.set_xlabel("last axis")
+        ax.set_ylabel("rows (leading axes flattened)")
+    if title:
+        fig.suptitle(_wrapped(title), fontsize=10)
+
+
+def _draw_ratio_map(fig, ax, err, g, atol: float, rtol: float, extent) -> None:
+    """The error over the tolerance ``atol + rtol*|golden|`` (> 1 = a failing element)."""
+    import matplotlib
+
+    with np.errstate(all="ignore"):
+        ratio = err / (atol + rtol * np.abs(g))
     rp = _max_pool(np.where(np.isfinite(ratio), ratio, 1e6))
     vmax = max(2.0, float(np.nanmax(rp)) if rp.size else 2.0)
-    im2 = axes[1].imshow(
+    im2 = ax.imshow(
         rp,
         aspect="auto",
         interpolation="nearest",
@@ -329,14 +350,9 @@ def draw_error_map(
         cmap="RdYlGn_r",
         norm=matplotlib.colors.TwoSlopeNorm(vmin=0.0, vcenter=1.0, vmax=vmax),
     )
-    fig.colorbar(im2, ax=axes[1], label="|err| / (atol + rtol*|golden|)")
+    fig.colorbar(im2, ax=ax, label="|err| / (atol + rtol*|golden|)")
     nfail = int((~(ratio <= 1)).sum())
-    axes[1].set_title(f"error / tolerance: {nfail} of {ratio.size} elements > 1", fontsize=9)
-    for ax in axes:
-        ax.set_xlabel("last axis")
-        ax.set_ylabel("rows (leading axes flattened)")
-    if title:
-        fig.suptitle(_wrapped(title), fontsize=10)
+    ax.set_title(f"error / tolerance: {nfail} of {ratio.size} elements > 1", fontsize=9)
 
 
 def save_trace_png(

@@ -90,7 +90,11 @@ def soc_text(info: CaseInfo) -> str:
 #: (short text, rule in words) of the tolerance modes without atol/rtol
 _NUMBERLESS = {
     "set": ("set equality", "each row holds the same set of ids as the golden (order free)"),
-    "ulp": ("ulp budget", "no published tolerance: judge with the op's ULP budget (docs/ops/)"),
+    "ulp": (
+        "ulp budget",
+        "no published tolerance: the judge's golden-aware checks alone (relative L2 and cosine "
+        "bounds of the output dtype, docs/numerics.md)",
+    ),
 }
 
 

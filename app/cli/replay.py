@@ -315,6 +315,21 @@ def op_arguments(op: str, inputs: dict, params: dict) -> dict:
     return args
 
 
+def replay_arguments(plan) -> tuple[dict, dict]:
+    """``(the op's keyword arguments, its non-tensor ones)`` of a :class:`ReplayPlan`, the
+    tiling resolved by the op's own rule (:func:`tilesim.cli.runner.effective_params`)."""
+    from tilesim.cli.runner import effective_params
+
+    op_args = op_arguments(plan.op, plan.inputs, plan.params)
+    tensors = set(op_args) - set(plan.params) - {"progress"}
+    try:
+        params = effective_params(plan.op, op_args, tensors)
+    except (ValueError, TypeError) as e:
+        raise CliError(f"{plan.op} rejected the inputs: {e}") from None
+    op_args.update(params)
+    return op_args, params
+
+
 def run_op(op: str, args: dict, trace=None) -> dict:
     """``{name: golden array}`` of ``tilesim.reference.OP(**args, trace=trace)``; a rejected
     argument is a :class:`CliError` (exit 2)."""
@@ -506,6 +521,7 @@ __all__ = [
     "read_inputs",
     "read_params",
     "registry_ops",
+    "replay_arguments",
     "reproduce_replay",
     "run_op",
     "settle_dtypes",

@@ -35,6 +35,7 @@ from pathlib import Path, PurePosixPath
 import ml_dtypes
 import numpy as np
 from tilesim.cli import CliError
+from tilesim.shared.case_schema import TOLERANCE_MODES
 
 MANIFEST = "manifest.json"
 DTYPES_KEY = "__tilesim_dtypes__"
@@ -333,15 +334,19 @@ def check_entry(e, where: str) -> dict:
 
 
 def check_tolerance_fields(tol, where: str) -> dict:
-    """A manifest's ``tolerance`` object (``{}`` when absent)."""
+    """A manifest's ``tolerance`` object (``{}`` when absent): a mode of
+    :data:`tilesim.shared.case_schema.TOLERANCE_MODES`, numbers or nulls for ``atol``,
+    ``rtol``, ``ratio`` and the optional ``row_ulp``."""
     if tol is None:
         return {}
     if not isinstance(tol, dict):
         raise CliError(f"{where}: 'tolerance' must be an object, got {type(tol).__name__}")
     mode = tol.get("mode", "compare")
-    if mode not in ("compare", "set", "ulp"):
-        raise CliError(f"{where}: tolerance 'mode' must be compare, set or ulp, got {mode!r}")
-    for k in ("atol", "rtol", "ratio"):
+    if mode not in TOLERANCE_MODES:
+        raise CliError(
+            f"{where}: tolerance 'mode' must be one of {', '.join(TOLERANCE_MODES)}, got {mode!r}"
+        )
+    for k in ("atol", "rtol", "ratio", "row_ulp"):
         v = tol.get(k)
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
             raise CliError(f"{where}: tolerance {k!r} must be a number or null, got {v!r}")

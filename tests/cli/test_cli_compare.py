@@ -188,30 +188,24 @@ def test_json_report(cli, golden_dir, tmp_path):
     assert rep["worst"][0][0] == [1, 1] and rep["threshold"] == 0 and rep["atol"] == 0.5
 
 
-def _manifest_golden(tol: dict):
-    from tilesim.cli import tensorio as tio
+def _resolve(stated: dict | None, rule: str = "default", **flags):
+    from tilesim.cli.tolerances import resolve_tolerance
 
-    return tio.Loaded(np.zeros(3, np.float32), "g", {"case": "x", "tolerance": tol}, None)
-
-
-def _args(**kw):
-    from types import SimpleNamespace
-
-    return SimpleNamespace(**{"atol": None, "rtol": None, "ratio": None, **kw})
+    return resolve_tolerance(stated, flags, rule=rule)
 
 
 def test_the_tolerance_mode_drives_the_rule():
     """mode "compare": the manifest's numbers (flags override); "set": per-row id sets,
     atol/rtol refused; "ulp": no published numbers: the default rule's golden-aware checks
-    alone, or flags (required by the seeds' rule)."""
+    alone, or flags (required by the seeds' rule); an optional row-ULP budget is kept."""
     from tilesim.cli import CliError
-    from tilesim.cli.commands import _tolerance, judge
+    from tilesim.reference import judge
 
-    g = _manifest_golden({"atol": 0.5, "rtol": 0.25, "ratio": 0.0, "mode": "compare"})
-    assert _tolerance(_args(rtol=0.0), g) == {
+    stated = {"atol": 0.5, "rtol": 0.25, "ratio": 0.0, "mode": "compare"}
+    assert _resolve(stated, rtol=0.0) == {
         "atol": 0.5, "rtol": 0.0, "ratio": 0.0, "mode": "compare"}  # fmt: skip
-    s = _manifest_golden({"atol": None, "rtol": None, "ratio": 0.0, "mode": "set"})
-    tol = _tolerance(_args(), s)
+    s = {"atol": None, "rtol": None, "ratio": 0.0, "mode": "set"}
+    tol = _resolve(s)
     assert tol["mode"] == "set"
     ids = np.array([[3, 1, 2], [0, 5, 4]], np.int32)
     assert judge(ids[:, ::-1].copy(), ids, tol, name="ids").passed
@@ -219,18 +213,50 @@ def test_the_tolerance_mode_drives_the_rule():
     other[1, 0] = 6
     assert not judge(other, ids, tol, name="ids").passed
     with pytest.raises(CliError, match="set equality"):
-        _tolerance(_args(atol=1.0), s)
-    u = _manifest_golden({"atol": None, "rtol": None, "ratio": 0.0, "mode": "ulp"})
+        _resolve(s, atol=1.0)
+    u = {"atol": None, "rtol": None, "ratio": 0.0, "mode": "ulp"}
     with pytest.raises(CliError, match="no atol .*mode ulp"):
-        _tolerance(_args(rule="seeds"), u)  # the seeds' rule needs published numbers
+        _resolve(u, rule="seeds")  # the seeds' rule needs published numbers
     with pytest.raises(CliError, match="no rtol .*mode ulp"):
-        _tolerance(_args(atol=1.0), u)
-    assert _tolerance(_args(atol=1.0, rtol=0.0), u)["mode"] == "compare"
-    tol = _tolerance(_args(), u)  # the default rule: the golden-aware checks alone
+        _resolve(u, atol=1.0)
+    assert _resolve(u, atol=1.0, rtol=0.0)["mode"] == "compare"
+    tol = _resolve(u)  # the default rule: the golden-aware checks alone
     assert tol["mode"] == "ulp"
     g = np.linspace(-1, 1, 64, dtype=np.float32).reshape(4, 16)
     assert judge(g, g, tol, name="u").passed
     assert not judge(np.zeros_like(g), g, tol, name="u").passed
+    assert _resolve({**u, "row_ulp": 1})["row_ulp"] == 1.0
+    with pytest.raises(CliError, match="no atol"):
+        _resolve(None)  # a bare .npy golden states nothing: the flags give the numbers
+
+
+def test_trace_and_compare_resolve_mode_ulp_alike(cli, golden_dir, tmp_path):
+    """A replay of MoE inputs without ``--like`` records mode ulp (the op's named cases state
+    different tolerances); ``trace --actual`` judges it as ``compare`` does: the golden-aware
+    checks alone."""
+    import json
+
+    from tilesim.cli.replay import read_inputs
+    from tilesim.cli.tensorio import write_npz
+
+    params = json.loads((golden_dir / "manifest.json").read_text())["params"]
+    (tmp_path / "params.json").write_text(json.dumps(params))
+    write_npz(tmp_path / "inputs.npz", read_inputs(str(golden_dir)))
+    code, out, err = cli("golden", "--inputs", tmp_path / "inputs.npz", "--op", "moe_grouped_gemm",
+                         "--params", tmp_path / "params.json", "-o", tmp_path,
+                         "--name", "ulp")  # fmt: skip
+    assert code == 0 and "ulp budget" in out, err
+    m = json.loads((tmp_path / "ulp" / "manifest.json").read_text())
+    assert m["tolerance"]["mode"] == "ulp"
+    np.save(tmp_path / "same.npy", _golden(golden_dir))
+    code, out, err = cli("compare", tmp_path / "same.npy", tmp_path / "ulp")
+    assert code == 0 and "relative L2 (tensor)" in out and "seeds element rule" not in out
+    code, out, err = cli("trace", tmp_path / "ulp", "--actual", tmp_path / "same.npy")
+    assert code == 0 and "vs golden: PASS" in out, err
+    zeros = np.zeros((8, 256), ml_dtypes.bfloat16)
+    np.save(tmp_path / "zeros.npy", zeros)
+    code, out, _ = cli("trace", tmp_path / "ulp", "--actual", tmp_path / "zeros.npy")
+    assert code == 1 and "vs golden: FAIL" in out
 
 
 def test_a_bad_png_path_is_reported_after_the_verdict(cli, golden_dir, tmp_path):

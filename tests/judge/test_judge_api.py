@@ -211,3 +211,23 @@ def test_a_zero_golden_row_is_judged_against_the_typical_row_norm():
     (row,) = [c for c in v.checks if c.name == "relative L2 (worst row)"]
     assert not row.passed and row.where == (3,) and row.value > 10
     assert "cosine (worst row)" not in v.failed  # a zero golden row has no angle to judge
+
+
+def test_every_tolerance_the_case_schema_makes_the_judge_takes_and_back():
+    """The case schema and the judge accept the same modes and keys: a row-ULP budget in any
+    mode goes through ``make_case``, and the judge takes each dict as the schema makes it."""
+    from tilesim.shared import case_schema as cs
+
+    g = _golden()
+    ids = np.arange(12, dtype=np.int32).reshape(3, 4)
+    for mode in cs.TOLERANCE_MODES:
+        nums = (1e-3, 1e-3) if mode == "compare" else (None, None)
+        tol = cs.tolerance(*nums, mode=mode, row_ulp=None if mode == "set" else 2.0)
+        case = cs.make_case(name=None, op="op", inputs={}, params={}, tolerance=tol, meta={})
+        assert case["tolerance"] is tol
+        a, b = (ids, ids) if mode == "set" else (g, g)
+        assert judge(a, b, tol).passed, mode
+    with pytest.raises(ValueError, match="row_ulp"):
+        cs.tolerance(mode="ulp", row_ulp=-1)
+    with pytest.raises(ValueError, match="optionally row_ulp"):
+        cs.check_tolerance({"mode": "ulp", "atol": None, "rtol": None, "ratio": 0, "x": 1})
