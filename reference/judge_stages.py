@@ -13,8 +13,9 @@ The plan, per stage of the step:
   ``q_norm`` (+ ``q_norm_scale``)** when the dump holds them and they differ from the golden's
   bytes (else the stored golden): a wrong MLA prolog fails its own stage, not this one.
 * ``dsa_indexer``: ``topk_indices`` (per-row sets, tie-aware with the scores of the same
-  golden) and ``scores`` against the indexer golden recomputed from the device's index ``q``,
-  its scale, the weights and the updated index cache.
+  golden) and ``scores``, by :mod:`tilesim.reference.judge_indexer`, against the indexer
+  golden recomputed from the device's index ``q``, its scale, the weights and the updated
+  index cache.
 * ``sparse_attention``: ``attn_out`` against the attention recomputed with the device's ids,
   queries and updated latent cache (the step's own attention call).
 
@@ -42,6 +43,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from tilesim.reference.judge import Check, Verdict, judge
+from tilesim.reference.judge_indexer import IDS_TOLERANCE, SCORES_TOLERANCE, judge_ids, judge_scores
 from tilesim.shared.index_cache import INDEX_DIM, fp8_page_views
 from tilesim.shared.mla_cache import NOPE, NSCALES, ROPE, unpack_rows
 
@@ -67,10 +69,6 @@ FP8_CODE_TOL = {"atol": 2.0**-9, "rtol": 2.0**-3, "ratio": 0.005, "mode": "compa
 FP8_SCALE_TOL = {"atol": 0.0, "rtol": 0.0, "ratio": 0.005, "mode": "compare"}
 #: no published numbers: the golden-aware checks alone (the FP8 path's FP32 weights)
 NUMBERLESS = {"atol": None, "rtol": None, "ratio": 0.0, "mode": "ulp"}
-#: the indexer's scores (as ``tilesim compare`` judges them for ``dsa_indexer``)
-SCORES_TOL = NUMBERLESS
-#: the id judge of the step: per-row sets, no wrong row
-IDS_TOL = {"atol": 0.0, "rtol": 0.0, "ratio": 0.0, "mode": "set"}
 
 
 @dataclass(frozen=True)
@@ -121,8 +119,8 @@ def output_spec(name: str, path: str, case_tol: dict) -> Spec:
         "index_q": Spec("float", _gym(IP, "q") if int8 else FP8_CODE_TOL, "seeds"),
         "index_q_scale": Spec("float", _gym(IP, "q_scale") if int8 else FP8_SCALE_TOL, "seeds"),
         "index_weights": Spec("float", _gym(IP, "weights") if int8 else NUMBERLESS),
-        "topk_indices": Spec("ids", IDS_TOL, judge_kind="dsa_indexer"),
-        "scores": Spec("scores", SCORES_TOL),
+        "topk_indices": Spec("ids", IDS_TOLERANCE, judge_kind="dsa_indexer"),
+        "scores": Spec("scores", SCORES_TOLERANCE),
         "attn_out": Spec("float", case_tol, judge_kind="dsa"),
     }
     return table[name]
@@ -316,25 +314,6 @@ def _judge_float(a, g, spec: Spec, rule: str, name: str) -> Verdict:
     return judge(a, g, spec.tol, rule=spec.rule or rule, name=name, kind=spec.judge_kind)
 
 
-def judge_scores(actual, golden, *, name: str) -> Verdict:
-    """The indexer's FP32 scores ``[T, S]``: a ``-inf`` of the golden (a position the row does
-    not see) must be ``-inf`` in ``actual`` ("visibility (-inf)"); the other elements by the
-    golden-aware checks alone (no published numbers)."""
-    a = np.asarray(actual).reshape(np.shape(golden))
-    g = np.asarray(golden)
-    with np.errstate(invalid="ignore"):
-        hidden = np.isneginf(g.astype(np.float64))
-        differ = hidden != np.isneginf(a.astype(np.float64))
-    v = judge(np.where(hidden, np.zeros((), a.dtype), a), np.where(hidden, 0, g), SCORES_TOL,
-              name=name, kind="float")  # fmt: skip
-    n_bad = int(differ.sum())
-    where = tuple(int(i) for i in np.argwhere(differ)[0]) if n_bad else None
-    txt = f"{int(hidden.sum())} positions not visible (-inf in the golden); {n_bad} differ"
-    v.checks.insert(0, Check("visibility (-inf)", n_bad == 0, n_bad, 0, where, txt))
-    v.passed = v.passed and n_bad == 0
-    return v
-
-
 def judge_output(name, a, g, spec: Spec, *, rule="default", scores=None, slots=None,
                  layout="", block_size=128) -> OutputResult:  # fmt: skip
     """One output by its :class:`Spec` (``scores``: the golden scores of the ids; ``slots``,
@@ -344,7 +323,7 @@ def judge_output(name, a, g, spec: Spec, *, rule="default", scores=None, slots=N
     if spec.kind == "scores":
         return OutputResult(name, [("", judge_scores(a, g, name=name))])
     if spec.kind == "ids":
-        v = judge(a, g, spec.tol, rule=rule, name=name, scores=scores, kind=spec.judge_kind)
+        v = judge_ids(a, g, scores=scores, tolerance=spec.tol, rule=rule, name=name)
         return OutputResult(name, [("", v)])
     return OutputResult(name, [("", _judge_float(a, g, spec, rule, name))])
 

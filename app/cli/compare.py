@@ -1,7 +1,8 @@
 """``tilesim compare ACTUAL GOLDEN``: read the device's dump and the golden's outputs, match them
 by name (:mod:`tilesim.cli.dumps`), judge each with :mod:`tilesim.reference.judge` under the
-golden's tolerance (:mod:`tilesim.cli.tolerances`), and print the verdicts
-(:mod:`tilesim.cli.reports`). Exit 0 when every output passes, 1 when one fails."""
+golden's tolerance (:mod:`tilesim.cli.tolerances`) by the op's plan
+(:mod:`tilesim.cli.verdicts`), and print the verdicts (:mod:`tilesim.cli.reports`). Exit 0 when
+every output passes, 1 when one fails."""
 
 from __future__ import annotations
 
@@ -13,23 +14,10 @@ from pathlib import Path
 from tilesim.cli import CliError
 from tilesim.cli import tensorio as tio
 from tilesim.cli.dumps import GoldenSet, load_goldens, match_actuals
-from tilesim.cli.judging import (
-    DSA_OPS,
-    IDS,
-    SCORES,
-    attention_golden,
-    distribution,
-    golden_scores,
-    ids_tolerance,
-    judge,
-    judge_plan,
-    judge_scores,
-    kind_of,
-    plan_op,
-)
 from tilesim.cli.outputs import Outputs, check_png_path, size_text
 from tilesim.cli.reports import compare_png, print_report, report_json
 from tilesim.cli.tolerances import flags_of, resolve_tolerance
+from tilesim.cli.verdicts import golden_scores, judge_dump, judge_stage_dump
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -54,9 +42,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         outputs.add(png)
         outputs.check()
     case = (gs.manifest or {}).get("case", Path(gs.outputs[0].source).name)
-    if plan_op(gs):
+    if _stage_judged(gs):
         return _compare_stages(args, gs, pairs, notes, tol, case, png or png_error)
-    results = _judge_pairs(args, gs, pairs, tol, case)
+    results = judge_dump(gs, pairs, tol, case=case, rule=_rule(args), arithmetic=args.arithmetic)
     passed = all(r[0].passed for r in results)
     if args.json:
         reps = [report_json(*r, tol) for r in results]
@@ -74,6 +62,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
         sys.stdout.flush()
         raise png_error
     return 0 if passed else 1
+
+
+def _stage_judged(gs: GoldenSet) -> bool:
+    """Is the golden one of the stage-judged ops (the prologs, the layer step)?"""
+    from tilesim.reference.judge_stages import PLAN_OPS
+
+    return (gs.manifest or {}).get("op") in PLAN_OPS
 
 
 def _rule(args) -> str:
@@ -99,57 +94,6 @@ def _check_pair(actual: tio.Loaded, golden: tio.Loaded, allow_dtype_mismatch: bo
         )
 
 
-def _judge_pair(args, gs: GoldenSet, g: tio.Loaded, a: tio.Loaded, tol: dict, name: str):
-    """(verdict, distribution or None) of one golden output."""
-    scores = golden_scores(gs.scores) if len(gs.outputs) == 1 else None
-    rep = judge(a.array, g.array, tol, name=name, arithmetic=args.arithmetic, rule=_rule(args),
-                scores=scores if tol["mode"] == "set" else None,
-                kind=kind_of(gs.manifest, tol))  # fmt: skip
-    flat = a.array.reshape(g.array.shape)
-    dist = distribution(flat, g.array) if tol["mode"] != "set" else None
-    return rep, dist
-
-
-def _judge_pairs(args, gs: GoldenSet, pairs, tol: dict, case: str) -> list:
-    """``(verdict, distribution or None, actual, golden, against or None)`` per pair, in the
-    golden's order (``against``: which golden the step's attention was judged against)."""
-    if (gs.manifest or {}).get("op") in DSA_OPS:
-        return _judge_dsa(args, gs, pairs, tol, case)
-    results = []
-    for g, a in pairs:
-        name = case if len(gs.outputs) == 1 else f"{case}:{g.name}"
-        results.append((*_judge_pair(args, gs, g, a, tol, name), a, g, None))
-    return results
-
-
-def _judge_dsa(args, gs: GoldenSet, pairs, tol: dict, case: str) -> list:
-    """The lightning indexer / decode step: ``topk_indices`` by the score-aware id rule with
-    the golden's ``scores``, ``scores`` as floats (:func:`judge_scores`), the attention ``out``
-    against :func:`attention_golden` (ids judged first)."""
-    rule = _rule(args)
-    by_name = {g.name: (g, a) for g, a in pairs}
-    done, ids_rep, ids = {}, None, None
-    for n in sorted(by_name, key=lambda n: (n != IDS, n)):
-        g, a = by_name[n]
-        name = case if len(gs.outputs) == 1 else f"{case}:{n}"
-        if n == IDS:
-            ids_rep = judge(a.array, g.array, ids_tolerance(tol), name=name, rule=rule,
-                            scores=golden_scores(gs.scores), kind="dsa_indexer")  # fmt: skip
-            ids, done[n] = a.array, (ids_rep, None, a, g, None)
-        elif n == SCORES:
-            rep = judge_scores(a.array, g.array, name=name, arithmetic=args.arithmetic)
-            done[n] = (rep, distribution(a.array.reshape(g.array.shape), g.array), a, g, None)
-        else:
-            gold, against = attention_golden(gs, ids, ids_rep, g.array)
-            if gold is not g.array:
-                src = f"{g.source} recomputed with the ids of {by_name[IDS][1].source}"
-                g = tio.Loaded(gold, src, g.manifest, g.entry)
-            rep = judge(a.array, gold, tol, name=name, arithmetic=args.arithmetic, rule=rule,
-                        kind="dsa")  # fmt: skip
-            done[n] = (rep, distribution(a.array.reshape(gold.shape), gold), a, g, against)
-    return [done[g.name] for g, _ in pairs]
-
-
 def _compare_stages(args, gs: GoldenSet, pairs, notes, tol, case: str, png) -> int:
     """The prologs and the layer step: the stage verdict of
     :func:`tilesim.reference.judge_stages.judge_stages` (which stage first fails and why)."""
@@ -158,7 +102,7 @@ def _compare_stages(args, gs: GoldenSet, pairs, notes, tol, case: str, png) -> i
             f"--png: {gs.manifest['op']} is judged stage by stage; draw one output with "
             "`tilesim compare DUMP/NAME.npy GOLDEN:NAME` of a plain golden, or leave --png out"
         )
-    rep = judge_plan(gs, pairs, tol, case=case, rule=_rule(args))
+    rep = judge_stage_dump(gs, pairs, tol, case=case, rule=_rule(args))
     notes = [n for n in notes if not n.startswith("no dump of optional output")]
     if args.json:
         print(json.dumps({**rep.as_dict(), "actual": [a.source for _, a in pairs],

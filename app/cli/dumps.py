@@ -13,8 +13,9 @@ output order, plus its ``scores`` tensors (the MSA indexer's block scores). The 
   prefix) answers every output by index (its ``.input.<i>.npy`` files are ignored);
 * a directory of ``<name>.npy`` files answers by name; another golden directory by name.
 
-Some goldens hold outputs a device need not dump (:data:`OPTIONAL_OUTPUTS`: the lightning
-indexer's and the decode step's ``scores``). A missing optional output is left unjudged (a note
+Some goldens hold outputs a device need not dump (the judge's
+:data:`tilesim.reference.judge_plans.OPTIONAL_OUTPUTS`: the lightning indexer's and the decode
+step's ``scores``). A missing optional output is left unjudged (a note
 says so); a missing required output is an error naming it. With one required output, a single
 ``.npy`` / ``.bin`` file answers it.
 """
@@ -28,20 +29,19 @@ from pathlib import Path
 import numpy as np
 from tilesim.cli import CliError
 from tilesim.cli import tensorio as tio
+from tilesim.reference.judge_plans import INDEXER_OPS, OPTIONAL_OUTPUTS
+from tilesim.reference.judge_stages import PLAN_OPS
 
 #: CANN dump converter naming: op_type.op_name.task_id.stream_id.timestamp.{input|output}.i.npy
 CANN_NPY = re.compile(
     r"^(?P<op_type>[^.]+)\.(?P<op_name>.+)\.(?P<task>\d+)\.(?P<stream>\d+)"
     r"\.(?P<timestamp>\d+)\.(?P<io>input|output)\.(?P<index>\d+)\.npy$"
 )
-#: the golden outputs of an op a device may leave out (the op's golden keeps them; the ids'
-#: judge reads the golden's ``scores``, never the device's)
-OPTIONAL_OUTPUTS = {"dsa_indexer": ("scores",), "dsa_decode_step": ("scores",)}
-#: ops judged stage by stage (``tilesim.reference.judge_stages.PLAN_OPS``): a dump may hold
-#: any subset of their outputs, a single file answers the output of its stem's name
-STAGED_OPS = ("mla_prolog", "dsa_indexer_prolog", "dsa_attention_step")
+#: ops judged stage by stage: a dump may hold any subset of their outputs, a single file
+#: answers the output of its stem's name
+STAGED_OPS = PLAN_OPS
 #: ops whose golden output ``scores`` is also the id judge's scores (ties)
-_GOLDEN_SCORES = ("dsa_indexer", "dsa_decode_step")
+_GOLDEN_SCORES = INDEXER_OPS
 
 
 @dataclass
@@ -60,8 +60,8 @@ class GoldenSet:
 
     @property
     def optional(self) -> tuple[str, ...]:
-        """The names of the outputs a dump may leave out (:data:`OPTIONAL_OUTPUTS`; every
-        output of a stage-judged op, :data:`STAGED_OPS`: a dump holds any subset)."""
+        """The names of the outputs a dump may leave out (the judge's ``OPTIONAL_OUTPUTS``;
+        every output of a stage-judged op, :data:`STAGED_OPS`: a dump holds any subset)."""
         op = (self.manifest or {}).get("op")
         if op in STAGED_OPS:
             return tuple(self.names)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tilesim.cli.judging import distribution_text, ulp_distances
+from tilesim.cli.distribution import distribution_text, ulp_distances
 from tilesim.cli.outputs import Outputs
 from tilesim.cli.runner import jsonable
 

@@ -12,12 +12,12 @@ from pathlib import Path
 
 from tilesim.cli import CliError
 from tilesim.cli import tensorio as tio
-from tilesim.cli.judging import judge
 from tilesim.cli.outputs import Outputs, check_png_path, size_text
 from tilesim.cli.progress import Progress, build_and_run, want_progress
 from tilesim.cli.registry import get_case
 from tilesim.cli.runner import jsonable
 from tilesim.cli.tolerances import resolve_tolerance
+from tilesim.cli.verdicts import judge_one
 
 
 @dataclasses.dataclass
@@ -118,7 +118,7 @@ def _trace_actual(args, run: TraceRun):
             f"mismatched file: {act.source} has shape {list(act.array.shape)}, the golden "
             f"of {run.name} has {list(garr.shape)}"
         )
-    rep = judge(act.array, garr, resolve_tolerance(run.tolerance), name=run.name)
+    rep = judge_one(act.array, garr, resolve_tolerance(run.tolerance), name=run.name)
     title = (
         f"{act.source} vs golden: {'PASS' if rep.passed else 'FAIL'}, {rep.n_fail} failing "
         f"(allowed {rep.threshold}), max |err| {rep.max_abs_err:.3g}"

@@ -10,7 +10,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 from test_cli_compare import compare_with_rule
-from tilesim.cli.judging import distribution
+from tilesim.cli.distribution import distribution
 from tilesim.reference import judge
 
 BF16 = ml_dtypes.bfloat16
