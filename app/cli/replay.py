@@ -125,7 +125,8 @@ def golden_manifest(spec) -> tuple[Path, dict] | None:
 
 def golden_inputs(mpath: Path, m: dict) -> dict[str, np.ndarray]:
     """The inputs of a golden: its ``input`` tensors; for a replayed golden (which stores
-    none) the inputs it was made from, at their recorded path, checked by sha256."""
+    none) the inputs it was made from, at their recorded path, checked by sha256 and typed as
+    the manifest records them (an opaque input of an ``np.savez`` file as the replay read it)."""
     es = tio.entries(m, "input")
     if es:
         return {e["name"]: tio.load_from_manifest(mpath, e) for e in es}
@@ -148,7 +149,22 @@ def golden_inputs(mpath: Path, m: dict) -> dict[str, np.ndarray]:
                 f"{str(mpath)!r}: input {name!r} at {src!r} is missing or changed since the "
                 "replay (its sha256 differs from the manifest's)"
             )
+        got[name] = _recorded_type(got[name], r, f"{mpath}: inputs[{name!r}]")
     return got
+
+
+def _recorded_type(a: np.ndarray, record: dict, where: str) -> np.ndarray:
+    """A replayed input in the dtype its record names (the type the replay settled an opaque
+    ``|V2`` / ``|V1`` input to: ``np.savez`` stores BF16 and FP8 arrays that way); the bytes,
+    which the sha256 covers, are the same."""
+    if not is_opaque(a):
+        return a
+    want = tio.dtype_from_name(record.get("dtype"))
+    if want.itemsize != a.dtype.itemsize:
+        raise CliError(
+            f"{where}: opaque {a.dtype.str} elements but the manifest records {want.name}"
+        )
+    return a.view(want)
 
 
 def settle_dtypes(op: str, inputs: dict, params: dict) -> tuple[dict, list[str]]:
