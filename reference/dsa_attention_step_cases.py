@@ -35,7 +35,13 @@ sequence at a time.
 from __future__ import annotations
 
 import numpy as np
-from tilesim.reference.dsa import progress_bar
+from tilesim.reference.dsa_case_common import (
+    builder_arguments,
+    index_key_cache,
+    new_token_rows,
+    table_case_info,
+    yarn_rope_inputs,
+)
 from tilesim.reference.dsa_cases import (
     build_block_table,
     build_cache,
@@ -50,12 +56,10 @@ from tilesim.shared.dsa_attention_step import PATHS
 from tilesim.shared.dsa_indexer import INDEX_HEADS, MAX_DECODE_S1
 from tilesim.shared.dsa_indexer_prolog import QB_COLS, slots_from_block_table
 from tilesim.shared.hadamard import scaled_hadamard_bf16
-from tilesim.shared.index_cache import FP8_TOKEN_BYTES, INDEX_DIM, fp8_page_views, scatter_tokens
+from tilesim.shared.index_cache import INDEX_DIM
 from tilesim.shared.mla_prolog import BLOCK, HEADS, HIDDEN, KV_A, KV_LORA, Q_HEAD, Q_LORA, QK_NOPE
-from tilesim.shared.quant import quantize_index_fp8, quantize_index_int8
-from tilesim.shared.rope import halves_table, yarn_rope_table
 from tilesim.shared.tiling import SaTileShapeConfig
-from tilesim.shared.validate import check_bool, check_choice, check_int, check_int_sequence
+from tilesim.shared.validate import check_bool, check_choice, check_int
 
 BUILDER = "tilesim.reference.dsa_attention_step_cases:dsa_attention_step_make_case"
 OP = "dsa_attention_step"
@@ -68,65 +72,41 @@ _DEFAULTS = {"path": "int8", "seq_lens": (300, 1000), "s1": 2, "q_lens": None,
              "block_size": 128, "topk": 2048, "poison_unused": True, "spare_blocks": 0,
              "cache_layout": None}  # fmt: skip
 
+
+def _twins(stem: str, build: dict, size: str, status: str, summary: str,
+           tails=(", INT8", ", FP8")) -> dict:  # fmt: skip
+    """The INT8 and FP8 table entries of one shape: ``dsa_attention_step_{stem}_int8`` and
+    ``..._fp8`` (``path="fp8"`` added to ``build``), ``tails`` ending their summaries."""
+    name = f"dsa_attention_step_{stem}"
+    fp8 = {**build, "path": "fp8"}
+    return {f"{name}_int8": (build, size, status, summary + tails[0]),
+            f"{name}_fp8": (fp8, size, status, summary + tails[1])}  # fmt: skip
+
+
 # name -> (builder params, size, status, summary)
 _TABLE = {
-    "dsa_attention_step_b4_s2_64k_int8": (dict(seq_lens=_64K), "medium", "tilesim extra",
-                                          "seeds' decode shape B 4, s1 2, 64K, INT8 (910B)"),
-    "dsa_attention_step_b4_s2_64k_fp8": (dict(seq_lens=_64K, path="fp8"), "medium",
-                                         "tilesim extra",
-                                         "seeds' decode shape B 4, s1 2, 64K, FP8 (950)"),
-    "dsa_attention_step_b64_s2_uniform_int8": (dict(seq_lens=UNIFORM_64), "large",
-                                               "skip: large", "B 64, s1 2, the seeds' uniform "
-                                               "lengths 16K..112K, INT8"),
-    "dsa_attention_step_b64_s2_uniform_fp8": (dict(seq_lens=UNIFORM_64, path="fp8"), "large",
-                                              "skip: large", "B 64, s1 2, the seeds' uniform "
-                                              "lengths 16K..112K, FP8"),
-    "dsa_attention_step_short_int8": (dict(), "small", "tilesim extra",
-                                      "B 2, s1 2, lengths 300 / 1000 (< 2048 visible), INT8"),
-    "dsa_attention_step_short_fp8": (dict(path="fp8"), "small", "tilesim extra",
-                                     "B 2, s1 2, lengths 300 / 1000 (< 2048 visible), FP8"),
-    "dsa_attention_step_boundary_int8": (dict(seq_lens=(2049,), s1=3), "small",
-                                         "tilesim extra", "B 1, s1 3: rows see 2047 / 2048 / "
-                                         "2049 tokens, INT8"),
-    "dsa_attention_step_boundary_fp8": (dict(seq_lens=(2049,), s1=3, path="fp8"), "small",
-                                        "tilesim extra", "B 1, s1 3: rows see 2047 / 2048 / "
-                                        "2049 tokens, FP8"),
-    "dsa_attention_step_prefill_int8": (dict(seq_lens=(2052, 700), q_lens=(8, 8)), "small",
-                                        "tilesim extra", "prefill rows: 8 new tokens per "
-                                        "sequence, 2045..2052 and 693..700 visible, INT8"),
-    "dsa_attention_step_prefill_fp8": (dict(seq_lens=(2052, 700), q_lens=(8, 8), path="fp8"),
-                                       "small", "tilesim extra", "prefill rows: 8 new tokens "
-                                       "per sequence, 2045..2052 and 693..700 visible, FP8"),
+    **_twins("b4_s2_64k", dict(seq_lens=_64K), "medium", "tilesim extra",
+             "seeds' decode shape B 4, s1 2, 64K", tails=(", INT8 (910B)", ", FP8 (950)")),
+    **_twins("b64_s2_uniform", dict(seq_lens=UNIFORM_64), "large", "skip: large",
+             "B 64, s1 2, the seeds' uniform lengths 16K..112K"),
+    **_twins("short", dict(), "small", "tilesim extra",
+             "B 2, s1 2, lengths 300 / 1000 (< 2048 visible)"),
+    **_twins("boundary", dict(seq_lens=(2049,), s1=3), "small", "tilesim extra",
+             "B 1, s1 3: rows see 2047 / 2048 / 2049 tokens"),
+    **_twins("prefill", dict(seq_lens=(2052, 700), q_lens=(8, 8)), "small", "tilesim extra",
+             "prefill rows: 8 new tokens per sequence, 2045..2052 and 693..700 visible"),
 }  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- parameters
-def _checked(name, params: dict) -> dict:
-    unknown = sorted(set(params) - set(_DEFAULTS))
-    if unknown:
-        raise TypeError(f"dsa_attention_step_make_case: unknown parameter(s) {unknown}; "
-                        f"expected some of {sorted(_DEFAULTS)}")  # fmt: skip
-    p = dict(_DEFAULTS)
-    if name is not None:
-        check_choice(name, "name", sorted(_TABLE))
-        p.update(_TABLE[name][0])
-    p.update(params)
+def _checked(p: dict) -> dict:
+    """``p`` (the merged builder parameters) checked, in place; returns ``p``."""
     check_choice(p["path"], "path", PATHS)
-    p["seq_lens"] = check_int_sequence(p["seq_lens"], "seq_lens", lo=1, hi=MAX_POSITION)
-    if not p["seq_lens"]:
-        raise ValueError("seq_lens: expected at least one sequence, got ()")
-    n_b = len(p["seq_lens"])
-    if p["q_lens"] is None:
-        p["s1"] = check_int(p["s1"], "s1", lo=1, hi=MAX_DECODE_S1)
-        ql = (p["s1"],) * n_b
-    else:
-        ql = check_int_sequence(p["q_lens"], "q_lens", lo=1)
-        if len(ql) != n_b or len(set(ql)) != 1:
-            raise ValueError(f"q_lens: expected {n_b} equal values (one per sequence: the "
-                             f"attention takes one s1), got {ql}")  # fmt: skip
-    for b, (n, ln) in enumerate(zip(ql, p["seq_lens"], strict=True)):
-        if n > ln:
-            raise ValueError(f"seq_lens[{b}]: expected >= {n} (the new tokens), got {ln}")
+    ql = new_token_rows(p, unit="sequence", seq_lo=1, seq_hi=MAX_POSITION, s1_hi=MAX_DECODE_S1,
+                        q_lo=1)  # fmt: skip
+    if len(set(ql)) != 1:
+        raise ValueError(f"q_lens: expected {len(ql)} equal values (one per sequence: the "
+                         f"attention takes one s1), got {ql}")  # fmt: skip
     p["rows_per_batch"] = ql
     for k in ("block_size", "topk"):
         p[k] = check_int(p[k], k, lo=1)
@@ -197,14 +177,6 @@ def _index_weights(path: str, rng) -> dict:
             "ln_gamma": gamma.astype(np.float32), "ln_beta": beta.astype(np.float32)}  # fmt: skip
 
 
-def _rope(path: str, positions: np.ndarray) -> dict:
-    cos, sin = yarn_rope_table(positions, max_seq_len=MAX_POSITION)
-    if path == "fp8":
-        return {"cos": cos, "sin": sin}
-    c2, s2 = halves_table(cos, sin)
-    return {"cos": c2, "sin": s2}
-
-
 # ----------------------------------------------------------------------------- caches
 def _history_rows(p: dict, table: np.ndarray, n_rows: int) -> np.ndarray:
     """bool ``[n_rows]``: the rows of the earlier tokens (not the new ones)."""
@@ -226,31 +198,11 @@ def _latent_cache(p: dict, rngs, n_rows: int, used, progress) -> dict:
             "kv_scale_cache": cache["kn_scales"]}  # fmt: skip
 
 
-def _index_cache(p: dict, rng, table: np.ndarray, n_blocks: int, used, progress) -> dict:
-    bs, int8 = p["block_size"], p["path"] == "int8"
-    if int8:
-        codes = np.zeros((n_blocks, bs, INDEX_DIM), dtype=np.int8)
-        scales = np.zeros((n_blocks, bs), dtype=np.float16)
-    else:
-        pages = np.zeros((n_blocks, bs * FP8_TOKEN_BYTES), dtype=np.uint8)
-        codes, scales = fp8_page_views(pages, block_size=bs)
-    bar = progress_bar(len(p["seq_lens"]), progress, "dsa_attention_step index cache", unit="seq")
-    try:
-        for b, (n, new) in enumerate(zip(p["seq_lens"], p["rows_per_batch"], strict=True)):
-            k = rng.standard_normal((n - new, INDEX_DIM), dtype=np.float32)
-            c, s = quantize_index_int8(k) if int8 else quantize_index_fp8(k, ue8m0=True)
-            scatter_tokens(c, table[b], bs, codes)
-            scatter_tokens(s, table[b], bs, scales)
-            if bar is not None:
-                bar.update(1)
-    finally:
-        if bar is not None:
-            bar.close()
-    if p["poison_unused"]:
-        free = ~used.reshape(n_blocks, bs)
-        scales[free] = np.nan
-        codes.view(np.uint8)[free] = 0x7F
-    return {"k_cache": codes, "k_scale": scales} if int8 else {"k_cache": pages}
+def _index_cache(p: dict, rng, table: np.ndarray, n_blocks: int, progress) -> dict:
+    earlier = [n - new for n, new in zip(p["seq_lens"], p["rows_per_batch"], strict=True)]
+    return index_key_cache(p["path"], earlier, table, n_blocks, p["block_size"], rng, ue8m0=True,
+                           poison=p["poison_unused"], progress=progress,
+                           desc="dsa_attention_step index cache", unit="seq")  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- entry point
@@ -265,10 +217,9 @@ def dsa_attention_step_make_case(name: str | None = None, *, seed: int = 0, prog
     entry names), ``cache_layout`` (the latent cache; ``None``: the path's). ``progress``: the
     caches' bars. Returns the case dict; ``meta`` holds the seed, the builder parameters, the
     new tokens' positions and slots, ``n_blocks``."""
-    seed = check_int(seed, "seed", lo=0)
-    if progress is not None:
-        check_bool(progress, "progress")
-    p = _checked(name, params)
+    seed, p = builder_arguments("dsa_attention_step_make_case", name, seed, progress, params,
+                                _DEFAULTS, _TABLE)  # fmt: skip
+    p = _checked(p)
     rng_bt, rng_x, rng_w, rng_n, rng_r, rng_k = (
         np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(6)
     )
@@ -284,9 +235,9 @@ def dsa_attention_step_make_case(name: str | None = None, *, seed: int = 0, prog
         inputs["q_lens"] = ql
     inputs.update(_mla_weights(p["path"], rng_w))
     inputs.update(_index_weights(p["path"], rng_w))
-    inputs.update(_rope(p["path"], pos))
+    inputs.update(yarn_rope_inputs(p["path"], pos, MAX_POSITION))
     inputs.update(_latent_cache(p, (rng_n, rng_r), n_blocks * bs, used, progress))
-    inputs.update(_index_cache(p, rng_k, table, n_blocks, used, progress))
+    inputs.update(_index_cache(p, rng_k, table, n_blocks, progress))
     params_ = {"path": p["path"], "topk": p["topk"], "block_size": bs,
                "tiling": SaTileShapeConfig.preset("decode")}  # fmt: skip
     if p["cache_layout"] is not None:
@@ -303,14 +254,9 @@ def _tol() -> dict:
 
 
 def _case_info(name: str) -> CaseInfo:
-    build, size, status, summary = _TABLE[name]
-    fp8 = build.get("path") == "fp8"
-    return CaseInfo(
-        name=name, family=OP, op=OP, model="DeepSeek-V3.2", summary=summary, seed=0,
-        size=size, tolerance=_tol(), builder=BUILDER, soc=("950",) if fp8 else ("910b", "950"),
-        status=status, notes={"rule": "the attention output's (the seeds' sparse-attention "
-                                      "rule); each stage's own rule is its op's"},
-    )  # fmt: skip
+    return table_case_info(name, _TABLE, op=OP, builder=BUILDER, tolerance=_tol(),
+                           rule="the attention output's (the seeds' sparse-attention rule); "
+                                "each stage's own rule is its op's")  # fmt: skip
 
 
 #: every named case (``dsa_attention_step_make_case(name)`` builds it), for the CLI registry

@@ -27,23 +27,17 @@ past ``seq_lens`` in each batch's last block) with NaN scales (FP16 / FP32) and 
 from __future__ import annotations
 
 import numpy as np
-from tilesim.reference.dsa import progress_bar
+from tilesim.reference.dsa_case_common import builder_arguments, index_key_cache, new_token_rows
 from tilesim.reference.dsa_cases import DSA_CASES, SEEDS_TOLERANCE, build_block_table
 from tilesim.shared.case_schema import CaseInfo, make_case, tolerance
 from tilesim.shared.dsa_indexer import INDEX_HEADS, INT8_ORDERS, MAX_DECODE_S1, PATHS, TOPK
-from tilesim.shared.index_cache import (
-    FP8_TOKEN_BYTES,
-    INDEX_DIM,
-    fp8_page_views,
-    scatter_tokens,
-)
+from tilesim.shared.index_cache import INDEX_DIM
 from tilesim.shared.quant import quantize_index_fp8, quantize_index_int8
 from tilesim.shared.validate import (
     check_bool,
     check_choice,
     check_elements,
     check_int,
-    check_int_sequence,
 )
 
 BUILDER = "tilesim.reference.dsa_indexer_cases:dsa_indexer_make_case"
@@ -111,27 +105,15 @@ _TABLE = {
 
 # ----------------------------------------------------------------------------- inputs
 def _checked(p: dict) -> dict:
-    p = dict(p)
+    """``p`` (the merged builder parameters) checked, in place; returns ``p``."""
     check_choice(p["op"], "op", OPS)
     check_choice(p["path"], "path", PATHS)
     check_choice(p["int8_order"], "int8_order", INT8_ORDERS)
-    p["seq_lens"] = check_int_sequence(p["seq_lens"], "seq_lens", lo=0)
-    if not p["seq_lens"]:
-        raise ValueError("seq_lens: expected at least one batch, got ()")
-    n_b = len(p["seq_lens"])
     if p["op"] == "dsa_decode_step" and p["q_lens"] is not None:
         raise ValueError("q_lens: the decode step takes s1 (decode rows per batch), not q_lens")
-    if p["q_lens"] is None:
-        p["s1"] = check_int(p["s1"], "s1", lo=1, hi=MAX_DECODE_S1)
-        ql = (p["s1"],) * n_b
-    else:
-        ql = check_int_sequence(p["q_lens"], "q_lens", lo=0)
-        if len(ql) != n_b:
-            raise ValueError(f"q_lens: expected {n_b} values (one per batch), got {len(ql)}")
+    ql = new_token_rows(p, unit="batch", seq_lo=0, s1_hi=MAX_DECODE_S1, q_lo=0)
+    if p["q_lens"] is not None:
         p["q_lens"] = ql
-    for b, (n, L) in enumerate(zip(ql, p["seq_lens"], strict=True)):
-        if n > L:
-            raise ValueError(f"seq_lens[{b}]: expected >= q_lens[{b}] = {n}, got {L}")
     p["topk"] = check_int(p["topk"], "topk", lo=1)
     p["block_size"] = check_int(p["block_size"], "block_size", lo=1)
     p["spare_blocks"] = check_int(p["spare_blocks"], "spare_blocks", lo=0)
@@ -161,41 +143,9 @@ def _queries(p: dict, rng: np.random.Generator) -> dict:
 
 def _keys(p: dict, rng, table: np.ndarray, n_blocks: int, progress) -> dict:
     """The paged index-key cache, one batch at a time (module docstring)."""
-    bs, int8 = p["block_size"], p["path"] == "int8"
-    if int8:
-        codes = np.zeros((n_blocks, bs, INDEX_DIM), dtype=np.int8)
-        scales = np.zeros((n_blocks, bs), dtype=np.float16)
-    else:  # written in place into the pages
-        pages = np.zeros((n_blocks, bs * FP8_TOKEN_BYTES), dtype=np.uint8)
-        codes, scales = fp8_page_views(pages, block_size=bs)
-    bar = progress_bar(len(p["seq_lens"]), progress, "dsa_indexer keys", unit="batch")
-    try:
-        for b, n in enumerate(p["seq_lens"]):
-            x = rng.standard_normal((n, INDEX_DIM), dtype=np.float32)
-            if b == 0 and p["all_tie"] and n:
-                x[:] = x[0]
-            c, s = _quant(p, x)
-            scatter_tokens(c, table[b], bs, codes)
-            scatter_tokens(s, table[b], bs, scales)
-            if bar is not None:
-                bar.update(1)
-    finally:
-        if bar is not None:
-            bar.close()
-    if p["poison_unused"]:
-        _poison(codes, scales, table, p)
-    if int8:
-        return {"k_cache": codes, "k_scale": scales}
-    return {"k_cache": pages}
-
-
-def _poison(codes, scales, table, p) -> None:
-    """NaN in every slot no visible token occupies (in place)."""
-    used = np.zeros(scales.shape, dtype=bool)
-    for b, n in enumerate(p["seq_lens"]):
-        scatter_tokens(np.ones(n, dtype=bool), table[b], p["block_size"], used)
-    scales[~used] = np.nan
-    codes.view(np.uint8)[~used] = 0x7F  # the E4M3 NaN code; INT8: 127
+    return index_key_cache(p["path"], p["seq_lens"], table, n_blocks, p["block_size"], rng,
+                           ue8m0=p["ue8m0"], poison=p["poison_unused"], progress=progress,
+                           desc="dsa_indexer keys", unit="batch", all_tie=p["all_tie"])  # fmt: skip
 
 
 def _indexer_inputs(p: dict, seed: int, progress) -> tuple[dict, dict]:
@@ -214,19 +164,6 @@ def _indexer_inputs(p: dict, seed: int, progress) -> tuple[dict, dict]:
 
 
 # ----------------------------------------------------------------------------- entry point
-def _merged(name, params: dict) -> dict:
-    unknown = sorted(set(params) - set(_DEFAULTS))
-    if unknown:
-        raise TypeError(f"dsa_indexer_make_case: unknown parameter(s) {unknown}; expected some "
-                        f"of {sorted(_DEFAULTS)}")  # fmt: skip
-    p = dict(_DEFAULTS)
-    if name is not None:
-        check_choice(name, "name", sorted(_TABLE))
-        p.update(_TABLE[name][0])
-    p.update(params)
-    return p
-
-
 def dsa_indexer_make_case(name: str | None = None, *, seed: int = 0, progress=None,
                           **params) -> dict:  # fmt: skip
     """Build one case: a named entry of :data:`CASE_INFO` (``params`` override its builder
@@ -241,10 +178,10 @@ def dsa_indexer_make_case(name: str | None = None, *, seed: int = 0, progress=No
     ``layout`` (``"pypto"`` / ``"flashmla"`` / ``"kv_split"``). ``progress``: the key-cache bar
     (a bool or None). Same arguments, same arrays. Returns the case dict; ``meta`` holds the
     seed, the builder parameters and the block count."""
-    seed = check_int(seed, "seed", lo=0)
-    if progress is not None:
-        check_bool(progress, "progress")
-    p = _checked(_merged(name, params))
+    seed, p = builder_arguments(
+        "dsa_indexer_make_case", name, seed, progress, params, _DEFAULTS, _TABLE
+    )
+    p = _checked(p)
     inputs, op_params = _indexer_inputs(p, seed, progress)
     n_blocks = op_params.pop("n_blocks")
     meta = {"seed": seed, "builder_params": {k: v for k, v in p.items() if k != "rows_per_batch"},

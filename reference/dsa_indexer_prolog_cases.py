@@ -37,7 +37,13 @@ case's own tolerance is the q codes' (``atol 1, rtol 0, ratio 0``).
 from __future__ import annotations
 
 import numpy as np
-from tilesim.reference.dsa import progress_bar
+from tilesim.reference.dsa_case_common import (
+    builder_arguments,
+    index_key_cache,
+    new_token_rows,
+    table_case_info,
+    yarn_rope_inputs,
+)
 from tilesim.reference.dsa_cases import build_block_table
 from tilesim.shared.case_schema import CASE_FAMILIES, CaseInfo, make_case, tolerance
 from tilesim.shared.casts import BF16, FP8_E4M3_MAX, to_bf16, to_fp8_e4m3
@@ -50,15 +56,13 @@ from tilesim.shared.dsa_indexer_prolog import (
     slots_from_block_table,
 )
 from tilesim.shared.hadamard import scaled_hadamard_bf16
-from tilesim.shared.index_cache import FP8_TOKEN_BYTES, INDEX_DIM, fp8_page_views, scatter_tokens
-from tilesim.shared.quant import _ue8m0, quantize_index_fp8, quantize_index_int8
-from tilesim.shared.rope import halves_table, yarn_rope_table
+from tilesim.shared.index_cache import INDEX_DIM
+from tilesim.shared.quant import _ue8m0
 from tilesim.shared.validate import (
     check_bool,
     check_choice,
     check_elements,
     check_int,
-    check_int_sequence,
 )
 
 BUILDER = "tilesim.reference.dsa_indexer_prolog_cases:dsa_indexer_prolog_make_case"
@@ -112,25 +116,13 @@ _TABLE = {
 
 # ----------------------------------------------------------------------------- parameters
 def _checked(p: dict) -> dict:
-    p = dict(p)
+    """``p`` (the merged builder parameters) checked, in place; returns ``p``."""
     check_choice(p["path"], "path", PATHS)
     check_choice(p["rope_layout"], "rope_layout", PROLOG_ROPE_LAYOUTS)
     check_choice(p["recipe"], "recipe", ("model", "gym"))
     if p["recipe"] == "gym" and p["path"] != "int8":
         raise ValueError("recipe: 'gym' (pypto-gym's stand-ins) is an INT8-path recipe")
-    p["seq_lens"] = check_int_sequence(p["seq_lens"], "seq_lens", lo=1)
-    if not p["seq_lens"]:
-        raise ValueError("seq_lens: expected at least one sequence, got ()")
-    n_b = len(p["seq_lens"])
-    if p["q_lens"] is None:
-        ql = (check_int(p["s1"], "s1", lo=1),) * n_b
-    else:
-        ql = check_int_sequence(p["q_lens"], "q_lens", lo=0)
-        if len(ql) != n_b:
-            raise ValueError(f"q_lens: expected {n_b} values (one per sequence), got {len(ql)}")
-    for b, (n, ln) in enumerate(zip(ql, p["seq_lens"], strict=True)):
-        if n > ln:
-            raise ValueError(f"seq_lens[{b}]: expected >= {n} (the new tokens), got {ln}")
+    ql = new_token_rows(p, unit="sequence", seq_lo=1, q_lo=0)
     p["rows_per_batch"] = ql
     for k in ("pad", "spare_blocks"):
         p[k] = check_int(p[k], k, lo=0)
@@ -211,57 +203,19 @@ def _rope(p: dict, rng, positions: np.ndarray) -> dict:
     if p["recipe"] == "gym":  # cos / sin of independent random angles, BF16 [T, 64]
         ang = rng.random((positions.size, 64), dtype=np.float32) * np.float32(2 * np.pi)
         return {"cos": to_bf16(np.cos(ang)), "sin": to_bf16(np.sin(ang))}
-    cos, sin = yarn_rope_table(positions, max_seq_len=MAX_POSITION)
-    if p["path"] == "fp8":
-        return {"cos": cos, "sin": sin}
-    c2, s2 = halves_table(cos, sin)
-    return {"cos": c2, "sin": s2}
+    return yarn_rope_inputs(p["path"], positions, MAX_POSITION)
 
 
 # ----------------------------------------------------------------------------- the cache
 def _cache(p: dict, rng, table: np.ndarray, n_blocks: int, progress) -> dict:
     """The index-key cache holding every earlier token's key (module docstring)."""
-    bs, int8 = p["block_size"], p["path"] == "int8"
-    if int8:
-        codes = np.zeros((n_blocks, bs, INDEX_DIM), dtype=np.int8)
-        scales = np.zeros((n_blocks, bs), dtype=np.float16)
-    else:
-        pages = np.zeros((n_blocks, bs * FP8_TOKEN_BYTES), dtype=np.uint8)
-        codes, scales = fp8_page_views(pages, block_size=bs)
-    used = np.zeros((n_blocks, bs), dtype=bool)
-    bar = progress_bar(len(p["seq_lens"]), progress, "dsa_indexer_prolog cache", unit="seq")
-    try:
-        for b, (n, new) in enumerate(zip(p["seq_lens"], p["rows_per_batch"], strict=True)):
-            x = rng.standard_normal((n - new, INDEX_DIM), dtype=np.float32)
-            c, s = quantize_index_int8(x) if int8 else quantize_index_fp8(x, ue8m0=p["ue8m0"])
-            scatter_tokens(c, table[b], bs, codes)
-            scatter_tokens(s, table[b], bs, scales)
-            scatter_tokens(np.ones(n - new, dtype=bool), table[b], bs, used)
-            if bar is not None:
-                bar.update(1)
-    finally:
-        if bar is not None:
-            bar.close()
-    if p["poison_unused"]:
-        scales[~used] = np.nan
-        codes.view(np.uint8)[~used] = 0x7F
-    return {"k_cache": codes, "k_scale": scales} if int8 else {"k_cache": pages}
+    earlier = [n - new for n, new in zip(p["seq_lens"], p["rows_per_batch"], strict=True)]
+    return index_key_cache(p["path"], earlier, table, n_blocks, p["block_size"], rng,
+                           ue8m0=p["ue8m0"], poison=p["poison_unused"], progress=progress,
+                           desc="dsa_indexer_prolog cache", unit="seq")  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- entry point
-def _merged(name, params: dict) -> dict:
-    unknown = sorted(set(params) - set(_DEFAULTS))
-    if unknown:
-        raise TypeError(f"dsa_indexer_prolog_make_case: unknown parameter(s) {unknown}; "
-                        f"expected some of {sorted(_DEFAULTS)}")  # fmt: skip
-    p = dict(_DEFAULTS)
-    if name is not None:
-        check_choice(name, "name", sorted(_TABLE))
-        p.update(_TABLE[name][0])
-    p.update(params)
-    return p
-
-
 def dsa_indexer_prolog_make_case(name: str | None = None, *, seed: int = 0, progress=None,
                                  **params) -> dict:  # fmt: skip
     """Build one case: a named entry of :data:`CASE_INFO` (``params`` override its builder
@@ -275,10 +229,9 @@ def dsa_indexer_prolog_make_case(name: str | None = None, *, seed: int = 0, prog
     cache bar (a bool or None). Returns the case dict; ``meta`` holds the seed, the builder
     parameters, the block table, ``seq_lens``, ``q_lens`` and the tokens' positions (what
     the indexer reading the cache afterwards needs)."""
-    seed = check_int(seed, "seed", lo=0)
-    if progress is not None:
-        check_bool(progress, "progress")
-    p = _checked(_merged(name, params))
+    seed, p = builder_arguments("dsa_indexer_prolog_make_case", name, seed, progress, params,
+                                _DEFAULTS, _TABLE)  # fmt: skip
+    p = _checked(p)
     rng_bt, rng_w, rng_k = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3))
     table, n_blocks = build_block_table(p["seq_lens"], p["block_size"], rng_bt)
     n_blocks += p["spare_blocks"]
@@ -308,14 +261,9 @@ def _tol() -> dict:
 
 
 def _case_info(name: str) -> CaseInfo:
-    build, size, status, summary = _TABLE[name]
-    fp8 = build.get("path") == "fp8"
-    return CaseInfo(
-        name=name, family=OP, op=OP, model="DeepSeek-V3.2", summary=summary, seed=0,
-        size=size, tolerance=_tol(), builder=BUILDER, soc=("950",) if fp8 else ("910b", "950"),
-        status=status, notes={"rule": "pypto-gym's per-output limits (GYM_TOLERANCES); the q "
-                                      "codes' limit shown"},
-    )  # fmt: skip
+    return table_case_info(name, _TABLE, op=OP, builder=BUILDER, tolerance=_tol(),
+                           rule="pypto-gym's per-output limits (GYM_TOLERANCES); the q codes' "
+                                "limit shown")  # fmt: skip
 
 
 #: every named case (``dsa_indexer_prolog_make_case(name)`` builds it); registered once the

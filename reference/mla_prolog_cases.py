@@ -23,6 +23,7 @@ seconds); ``True`` prints one line per stage.
 from __future__ import annotations
 
 import numpy as np
+from tilesim.reference.dsa_case_common import builder_arguments, table_case_info, yarn_rope_inputs
 from tilesim.reference.mla_prolog import quant_int8_gym
 from tilesim.shared.case_schema import CaseInfo, make_case, tolerance
 from tilesim.shared.casts import BF16, FP8_E4M3, FP8_E4M3_MAX, to_bf16, to_fp8_e4m3
@@ -38,8 +39,7 @@ from tilesim.shared.mla_prolog import (
     QK_NOPE,
     slots_from_block_table,
 )
-from tilesim.shared.rope import halves_table, yarn_rope_table
-from tilesim.shared.validate import check_bool, check_choice, check_int, check_int_sequence
+from tilesim.shared.validate import check_choice, check_int, check_int_sequence
 
 BUILDER = "tilesim.reference.mla_prolog_cases:mla_prolog_make_case"
 #: pypto-gym's per-output limits of test_mla_prolog_quant.py: name -> (atol, rtol, ratio)
@@ -76,18 +76,8 @@ _TABLE = {
 }  # fmt: skip
 
 
-def _merged(name, params: dict) -> dict:
-    unknown = sorted(set(params) - set(_DEFAULTS))
-    if unknown:
-        raise TypeError(
-            f"mla_prolog_make_case: unknown parameter(s) {unknown}; expected some of "
-            f"{sorted(_DEFAULTS)}"
-        )
-    p = dict(_DEFAULTS)
-    if name is not None:
-        check_choice(name, "name", sorted(_TABLE))
-        p.update(_TABLE[name][0])
-    p.update(params)
+def _checked(p: dict) -> dict:
+    """``p`` (the merged builder parameters) checked, in place; returns ``p``."""
     check_choice(p["path"], "path", ("int8", "fp8"))
     p["b"] = check_int(p["b"], "b", lo=1, hi=256)
     p["s1"] = check_int(p["s1"], "s1", lo=1, hi=16)
@@ -154,11 +144,7 @@ def _rope_inputs(p: dict, rng, positions: np.ndarray) -> dict:
     if p["rope"] == "random":
         return {"cos": _bf16_uniform(rng, -0.1, 0.1, (t, ROPE)),
                 "sin": _bf16_uniform(rng, -0.1, 0.1, (t, ROPE))}  # fmt: skip
-    cos, sin = yarn_rope_table(np.maximum(positions, 0), max_seq_len=1 << 20)
-    if p["path"] == "fp8":
-        return {"cos": cos, "sin": sin}
-    c2, s2 = halves_table(cos, sin)
-    return {"cos": c2, "sin": s2}
+    return yarn_rope_inputs(p["path"], np.maximum(positions, 0), 1 << 20)
 
 
 def _say(progress, what: str) -> None:
@@ -176,10 +162,9 @@ def mla_prolog_make_case(name: str | None = None, *, seed: int = 0, progress=Non
     ``"yarn"``), ``cache_layout`` (``None``: the path's default), ``pad`` (padding tokens with
     slot ``-1``), ``block_size``. Returns the case dict (op ``mla_prolog``); ``meta`` holds
     the seed, the parameters, the block table and the positions."""
-    seed = check_int(seed, "seed", lo=0)
-    if progress is not None:
-        check_bool(progress, "progress")
-    p = _merged(name, params)
+    seed, p = builder_arguments("mla_prolog_make_case", name, seed, progress, params, _DEFAULTS,
+                                _TABLE)  # fmt: skip
+    p = _checked(p)
     rng = np.random.default_rng(seed)
     bs = p["block_size"]
     per = [-(-n // bs) for n in p["seq_lens"]]
@@ -210,14 +195,9 @@ def _tol() -> dict:
 
 
 def _case_info(name: str) -> CaseInfo:
-    build, size, status, summary = _TABLE[name]
-    fp8 = build.get("path") == "fp8"
-    return CaseInfo(
-        name=name, family="mla_prolog", op="mla_prolog", model="DeepSeek-V3.2",
-        summary=summary, seed=0, size=size, tolerance=_tol(), builder=BUILDER,
-        soc=("950",) if fp8 else ("910b", "950"), status=status,
-        notes={"rule": "pypto-gym's per-output limits (GYM_TOLERANCES); queries shown"},
-    )  # fmt: skip
+    return table_case_info(name, _TABLE, op="mla_prolog", builder=BUILDER, tolerance=_tol(),
+                           rule="pypto-gym's per-output limits (GYM_TOLERANCES); queries "
+                                "shown")  # fmt: skip
 
 
 #: every named case (``mla_prolog_make_case(name)`` builds it), for the CLI registry
