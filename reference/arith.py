@@ -11,6 +11,9 @@ the table of which op uses which model.
   product is exact in float64, so a tile partial is the correctly rounded FP32 value of its
   float64 sum, whatever order the BLAS adds in (up to a double-rounding coincidence when the
   float64 sum lands within ~2^-53 of an FP32 midpoint).
+* :func:`block_scaled_matmul_fp32` — DeepSeek's ``fp8_gemm``: one :func:`matmul_fp32` partial
+  per 128-deep K block of block-scaled FP8 operands, scaled by the product of the two blocks'
+  scales and added in FP32 in ascending K order.
 * Two ``exp`` models, named for what they are:
 
   - :func:`exp_fp32_correctly_rounded` — float64 ``exp`` rounded once to FP32 (the correctly
@@ -85,6 +88,23 @@ def matmul_fp32(a, b, *, k_tile: int | None, out: np.ndarray | None = None) -> n
             acc[...] = part  # the first partial, rounded once
         else:
             np.add(acc, part, out=acc)  # FP32 accumulator update
+    return acc
+
+
+def block_scaled_matmul_fp32(a, a_scale, b, b_scale, *, block: int) -> np.ndarray:
+    """DeepSeek's ``fp8_gemm`` on the FP32 values of FP8 codes, FP32 ``[M, N]``: ``a [M, K]``
+    with one scale per row and K block, ``a_scale [M, K/block]``, and ``b [K, N]`` with one
+    scale per ``block x block`` tile, ``b_scale [K/block, ceil(N/block)]`` (``K`` a multiple of
+    ``block``). Per K block ``kb``, in ascending order, ``acc = FP32(acc + FP32(P_kb *
+    FP32(a_scale[:, kb] * b_scale[kb, n // block])))``, ``P_kb`` the block's
+    :func:`matmul_fp32` with one K tile."""
+    n = b.shape[1]
+    sb = np.repeat(b_scale, block, axis=1)[:, :n]  # [K/block, N]: one scale per column
+    acc = np.zeros((a.shape[0], n), dtype=F32)
+    for kb in range(a_scale.shape[1]):  # the K loop: one FP32 partial per block
+        ks = slice(kb * block, (kb + 1) * block)
+        part = matmul_fp32(a[:, ks], b[ks], k_tile=None)
+        acc = acc + part * (a_scale[:, kb : kb + 1] * sb[kb][None, :])  # FP32 product, then add
     return acc
 
 
@@ -226,6 +246,7 @@ __all__ = [
     "SOFTMAX_MERGE_MODES",
     "ExpModel",
     "SoftmaxMerge",
+    "block_scaled_matmul_fp32",
     "exp_fp32_correctly_rounded",
     "exp_fp32_numpy",
     "halving_sum_fp32",

@@ -50,7 +50,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
-from tilesim.reference.arith import F32, F64, matmul_fp32, rowsum_fp32
+from tilesim.reference.arith import F32, F64, block_scaled_matmul_fp32, matmul_fp32, rowsum_fp32
 from tilesim.shared.casts import to_bf16
 from tilesim.shared.dsa_indexer import INDEX_HEADS
 from tilesim.shared.dsa_indexer_prolog import (
@@ -116,14 +116,7 @@ def _linear_fp8(a_bf16: np.ndarray, w, w_scale, ue8m0: bool) -> np.ndarray:
     codes, sa = quantize_index_fp8(a_bf16.reshape(t, k // FP8_BLOCK, FP8_BLOCK), ue8m0=ue8m0,
                                    amax_floor=_LINEAR_AMAX_FLOOR)  # fmt: skip
     a32 = e4m3_to_fp32(codes).reshape(t, k)
-    w32 = e4m3_to_fp32(w)
-    sb = np.repeat(w_scale, FP8_BLOCK, axis=1)  # FP32 [K/128, N]
-    acc = np.zeros((t, w32.shape[1]), dtype=F32)
-    for kb in range(k // FP8_BLOCK):  # the K loop: one FP32 partial per 128-wide block
-        ks = slice(kb * FP8_BLOCK, (kb + 1) * FP8_BLOCK)
-        part = matmul_fp32(a32[:, ks], w32[ks], k_tile=None)
-        acc = acc + part * (sa[:, kb : kb + 1] * sb[kb][None, :])  # FP32 product, then add
-    return to_bf16(acc)
+    return to_bf16(block_scaled_matmul_fp32(a32, sa, e4m3_to_fp32(w), w_scale, block=FP8_BLOCK))
 
 
 def _layer_norm(v32: np.ndarray, gamma, beta, eps: float) -> np.ndarray:

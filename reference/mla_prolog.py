@@ -35,7 +35,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
-from tilesim.reference.arith import matmul_fp32, rowsum_fp32
+from tilesim.reference.arith import block_scaled_matmul_fp32, matmul_fp32, rowsum_fp32
 from tilesim.shared.casts import FP8_E4M3_MAX, INT8_QMAX, to_bf16, to_fp8_e4m3
 from tilesim.shared.mla_cache import NOPE, NSCALES, ROPE, pack_kv_split, pack_rows
 from tilesim.shared.mla_prolog import (
@@ -130,14 +130,7 @@ def linear(a, w, scale, kind: str) -> np.ndarray:
         return to_bf16(matmul_fp32(a, w, k_tile=None))
     codes, sa = act_quant_deepseek(np.asarray(a, dtype=F32))
     a32, w32 = e4m3_to_fp32(codes), e4m3_to_fp32(w)
-    n = w.shape[1]
-    sb = np.repeat(scale, BLOCK, axis=1)[:, :n]  # [K/128, N]: one scale per (K block, column)
-    acc = np.zeros((a32.shape[0], n), dtype=F32)
-    for k in range(sa.shape[1]):
-        ks = slice(k * BLOCK, (k + 1) * BLOCK)
-        part = matmul_fp32(a32[:, ks], w32[ks], k_tile=None)
-        acc = acc + part * (sa[:, k : k + 1] * sb[k][None, :])
-    return to_bf16(acc)
+    return to_bf16(block_scaled_matmul_fp32(a32, sa, w32, scale, block=BLOCK))
 
 
 def rms_norm(v, gamma, form: str, eps: np.float32) -> np.ndarray:
