@@ -23,6 +23,7 @@ from tilesim.reference.dsa_indexer import indexer_from_args
 from tilesim.shared import dsa as dsa_contract
 from tilesim.shared import dsa_indexer as indexer_contract
 from tilesim.shared.casts import BF16
+from tilesim.shared.dsa_attention_step import check_latent_blocks
 from tilesim.shared.models import DEEPSEEK_V32
 from tilesim.shared.tiling import SaTileShapeConfig
 from tilesim.shared.validate import check_array, check_choice, check_pos_int, shape_of
@@ -116,23 +117,7 @@ def _check_attention_half(ia, query_nope, query_rope, caches: tuple, *, layout, 
         nq=nq, n_kv=1, softmax_scale=softmax_scale, topk=ia.topk, block_size=ia.block_size,
         tiling=tiling,
     )  # fmt: skip
-    _check_latent_blocks(ia, a.cache_rows, "kn_quant" if layout == "kv_split" else "nope_cache")
-
-
-def _check_latent_blocks(ia, cache_rows: int, cache: str) -> None:
-    """Every visible token of every batch has its latent row inside the cache (``ValueError``
-    naming the ``block_table`` entry, the cache and its row count)."""
-    bs = ia.block_size
-    for b in range(ia.n_b):
-        n_tok = int(ia.seq_lens[b])
-        for j in range(-(-n_tok // bs)):
-            entry, last = int(ia.block_table[b, j]), min(bs, n_tok - j * bs) - 1
-            if entry * bs + last >= cache_rows:
-                raise ValueError(
-                    f"block_table[{b}, {j}]: expected a block whose visible tokens lie inside "
-                    f"the latent cache ({cache}: {cache_rows} rows; seq_lens[{b}] = {n_tok}), "
-                    f"got {entry} (rows {entry * bs}..{entry * bs + last})"
-                )
+    check_latent_blocks(ia, a.cache_rows, "kn_quant" if layout == "kv_split" else "nope_cache")
 
 
 def step_attention(topk_indices, query_nope, query_rope, block_table, seq_lens, *,

@@ -13,7 +13,8 @@ their shapes and dtypes, which no data can make wrong.
 * :func:`step_inputs` / :func:`step_keywords`: the arguments, declared once;
 * :class:`Args`, :func:`check_meta` (dtypes, shapes, switches; no value read),
   :func:`check_values` (lengths, block table, slots, finite inputs, the index-cache tokens
-  the indexer reads and no prolog writes);
+  the indexer reads and no prolog writes); :func:`check_latent_blocks` (every visible token's
+  latent row inside the cache, also the decode step's check, :mod:`tilesim.reference.dsa_step`);
 * :func:`host_plan`: the slot, batch and position of each new token, each row's visible length;
 * :func:`cost`: the stages' FLOPs and bytes, summed and per stage.
 
@@ -51,6 +52,7 @@ from tilesim.shared.validate import (
     dtype_of,
     host_array,
     host_ints,
+    raise_at_first,
     shape_of,
 )
 
@@ -303,29 +305,27 @@ def _slots(ins, ia) -> np.ndarray:
     if ins.slot_mapping is None:
         return slots
     given = host_ints(ins.slot_mapping, "slot_mapping", ndim=1)
-    bad = (given != slots) & (given != NO_SLOT)
-    if bad.any():
-        t = int(np.flatnonzero(bad)[0])
-        raise ValueError(
-            f"slot_mapping[{t}]: expected -1 (not written) or {int(slots[t])} (the slot "
-            f"block_table gives token {t}: the indexer and the attention read it there), got "
-            f"{int(given[t])}"
-        )
+    raise_at_first((given != slots) & (given != NO_SLOT), lambda t: (
+        f"slot_mapping[{t}]: expected -1 (not written) or {int(slots[t])} (the slot "
+        f"block_table gives token {t}: the indexer and the attention read it there), got "
+        f"{int(given[t])}"))  # fmt: skip
     return given
 
 
-def _check_latent_blocks(ia, rows: int) -> None:
-    """Every visible token's latent row lies inside ``kv_cache``."""
+def check_latent_blocks(ia, cache_rows: int, cache: str = "kv_cache") -> None:
+    """Every visible token of every batch has its row inside the latent cache ``cache`` of
+    ``cache_rows`` rows (``ia``: the indexer's value-checked Args: ``block_table``, ``seq_lens``,
+    ``block_size``). ``ValueError`` naming the ``block_table`` entry, the cache and its rows."""
     bs = ia.block_size
     for b in range(ia.n_b):
         n_tok = int(ia.seq_lens[b])
         for j in range(-(-n_tok // bs)):
             entry, last = int(ia.block_table[b, j]), min(bs, n_tok - j * bs) - 1
-            if entry * bs + last >= rows:
+            if entry * bs + last >= cache_rows:
                 raise ValueError(
                     f"block_table[{b}, {j}]: expected a block whose visible tokens lie inside the "
-                    f"latent cache (kv_cache: {rows} rows; seq_lens[{b}] = {n_tok}), got {entry} "
-                    f"(rows {entry * bs}..{entry * bs + last})"
+                    f"latent cache ({cache}: {cache_rows} rows; seq_lens[{b}] = {n_tok}), got "
+                    f"{entry} (rows {entry * bs}..{entry * bs + last})"
                 )
 
 
@@ -376,7 +376,7 @@ def check_values(args: Args) -> Args:
                                                       slot_mapping=slots))  # fmt: skip
     ipn = iprolog_namespace(ins, slots, args.iprolog.ins.q_norm, args.iprolog.ins.q_norm_scale)
     ip = iprolog_contract.check_values(args.iprolog._replace(ins=ipn, slot_mapping=slots))
-    _check_latent_blocks(ia, args.latent_rows)
+    check_latent_blocks(ia, args.latent_rows)
     _check_read_index_keys(ins, ia, slots)
     return args._replace(mla=mla, iprolog=ip, indexer=ia, slots=slots, values=True)
 
@@ -435,6 +435,7 @@ __all__ = [
     "STEP_FIELDS",
     "Args",
     "Plan",
+    "check_latent_blocks",
     "check_meta",
     "check_values",
     "cost",

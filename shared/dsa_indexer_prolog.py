@@ -63,6 +63,8 @@ from tilesim.shared.validate import (
     check_finite,
     check_float,
     check_int,
+    check_int_array,
+    check_slot_mapping,
     check_trace,
     dtype_of,
     host_array,
@@ -241,36 +243,16 @@ def check_meta(ins, *, path="int8", rope_layout="halves", eps=1e-6, ue8m0=True,
     _check_weights(ins, path, t, h, r)
     _check_rope_tables(ins, t, rope_layout)
     num_blocks = _check_cache(ins, path, block_size)
-    check_array(ins.slot_mapping, "slot_mapping", ndim=1, shape=(t,), layout="[T]")
-    if dtype_of(ins.slot_mapping, "slot_mapping").kind not in "iu":
-        raise TypeError(f"slot_mapping: expected an integer dtype, got "
-                        f"{dtype_of(ins.slot_mapping, 'slot_mapping')}")  # fmt: skip
+    check_int_array(ins.slot_mapping, "slot_mapping", ndim=1, shape=(t,), layout="[T]")
     return Args(ins, path, rope_layout, eps, bool(ue8m0), amax_floor, block_size, t, h, r,
                 num_blocks, ins.slot_mapping)  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- value checks
 def _check_slots(a: Args) -> np.ndarray:
-    slots = host_ints(a.slot_mapping, "slot_mapping", ndim=1)
     cap = a.num_blocks * a.block_size
-    bad = (slots < NO_SLOT) | (slots >= cap)
-    if bad.any():
-        t = int(np.flatnonzero(bad)[0])
-        raise ValueError(
-            f"slot_mapping[{t}]: expected -1 (skip) or a cache row in [0, num_blocks * "
-            f"block_size = {cap}) (num_blocks {a.num_blocks}, block_size {a.block_size}), got "
-            f"{int(slots[t])}"
-        )
-    used = slots[slots != NO_SLOT]
-    uniq, counts = np.unique(used, return_counts=True)
-    if (counts > 1).any():
-        s = int(uniq[np.flatnonzero(counts > 1)[0]])
-        ts = np.flatnonzero(slots == s).tolist()
-        raise ValueError(
-            f"slot_mapping: expected each cache row at most once (the write order of two "
-            f"tokens is undefined), got row {s} for tokens {ts}"
-        )
-    return slots
+    return check_slot_mapping(a.slot_mapping, cap, f"num_blocks * block_size: num_blocks "
+                              f"{a.num_blocks}, block_size {a.block_size}")  # fmt: skip
 
 
 def check_values(args: Args) -> Args:
@@ -371,21 +353,7 @@ def slots_from_block_table(block_table, seq_lens, *, q_lens=None, block_size: in
 
 
 __all__ = [
-    "AMAX_FLOORS",
-    "FP8_BLOCK",
-    "INPUT_NAMES",
-    "NO_SLOT",
-    "PATHS",
-    "PROLOG_ROPE_LAYOUTS",
-    "QB_COLS",
-    "ROPE_DIM",
-    "Args",
-    "Plan",
-    "check_meta",
-    "check_values",
-    "cost",
-    "host_plan",
-    "prolog_inputs",
-    "prolog_keywords",
-    "slots_from_block_table",
-]
+    "AMAX_FLOORS", "FP8_BLOCK", "INPUT_NAMES", "NO_SLOT", "PATHS", "PROLOG_ROPE_LAYOUTS", "QB_COLS",
+    "ROPE_DIM", "Args", "Plan", "check_meta", "check_values", "cost", "host_plan", "prolog_inputs",
+    "prolog_keywords", "slots_from_block_table",
+]  # fmt: skip

@@ -42,8 +42,10 @@ from tilesim.shared.validate import (
     check_choice,
     check_finite,
     check_float,
+    check_int_array,
     check_pos_int,
     check_range,
+    check_slot_mapping,
     check_trace,
     dtype_of,
     host_data,
@@ -244,9 +246,7 @@ def _check_dense(ins) -> int:
         shp = shape_of(getattr(ins, name), name)
         if shp[0] != t or shp[1] not in (QK_ROPE // 2, QK_ROPE):
             raise ValueError(f"{name}: expected shape [{t}, 32] or [{t}, 64], got {shp}")
-    check_array(ins.slot_mapping, "slot_mapping", ndim=1, shape=(t,), layout="[T]")
-    if dtype_of(ins.slot_mapping, "slot_mapping").kind not in "iu":
-        raise TypeError(f"slot_mapping: expected an integer array, got {ins.slot_mapping.dtype}")
+    check_int_array(ins.slot_mapping, "slot_mapping", ndim=1, shape=(t,), layout="[T]")
     return t
 
 
@@ -282,23 +282,8 @@ def check_values(args: Args) -> Args:
     cache_rows)``, no row twice), finite ``x``, gammas, ``cos``/``sin`` and scales. Returns
     :class:`Args` with a host int64 ``slot_mapping`` (``values=True``)."""
     ins = args.ins
-    slots = host_ints(ins.slot_mapping, "slot_mapping", ndim=1, layout="[T]")
-    bad = np.flatnonzero((slots < -1) | (slots >= args.cache_rows))
-    if bad.size:
-        i = int(bad[0])
-        raise ValueError(
-            f"slot_mapping[{i}]: expected -1 (skip) or a cache row in [0, {args.cache_rows}) "
-            f"(rows of kv_cache {args.cache_shape}), got {int(slots[i])}"
-        )
-    live = slots[slots >= 0]
-    uniq, counts = np.unique(live, return_counts=True)
-    if (counts > 1).any():
-        row = int(uniq[counts > 1][0])
-        first = [int(i) for i in np.flatnonzero(slots == row)[:2]]
-        raise ValueError(
-            f"slot_mapping[{first[1]}]: expected a row no other token writes, got {row} "
-            f"(slot_mapping[{first[0]}] writes it too)"
-        )
+    slots = check_slot_mapping(ins.slot_mapping, args.cache_rows,
+                               f"rows of kv_cache {args.cache_shape}")  # fmt: skip
     for name in ("x", "gamma_cq", "gamma_ckv", "cos", "sin", "w_uq_qr_scale", "w_dq_scale",
                  "w_dkv_kr_scale"):  # fmt: skip
         v = getattr(ins, name)
