@@ -122,6 +122,32 @@ def _scores(mpath: Path, m: dict) -> dict[str, np.ndarray]:
     return {e["name"]: tio.load_from_manifest(mpath, e) for e in es}
 
 
+def dtype_for(spec: str | None, golden: GoldenSet):
+    """The ``--actual-dtype`` of each golden output, as a function of the output: ``spec`` is
+    one dtype name for every output (``bfloat16``), or ``NAME=DTYPE`` pairs separated by
+    commas (``out=bfloat16,scores=float32``: the outputs not named keep their own dtype)."""
+    if spec is None:
+        return lambda _g: None
+    pairs = [p.strip() for p in str(spec).split(",")]
+    if len(pairs) == 1 and "=" not in pairs[0]:
+        tio.dtype_from_name(pairs[0])
+        return lambda _g: pairs[0]
+    named = {}
+    for p in pairs:
+        name, sep, dt = p.partition("=")
+        if not sep or not name or name in named:
+            raise CliError(
+                f"--actual-dtype {spec!r}: expected one dtype, or NAME=DTYPE pairs separated by "
+                "commas (one per golden output)"
+            )
+        if name not in golden.names:
+            raise CliError(f"--actual-dtype: {name!r} is not a golden output ({golden.names})")
+        tio.dtype_from_name(dt)
+        named[name] = dt
+    by_id = {id(g): n for g, n in zip(golden.outputs, golden.names, strict=True)}
+    return lambda g: named.get(by_id.get(id(g)))
+
+
 def _missing(names: list[str], golden: GoldenSet, where: str) -> list[str]:
     """Notes for the outputs in ``names`` a dump lacks; a required one is a CliError."""
     required = [n for n in names if n not in golden.optional]
@@ -137,6 +163,7 @@ def match_actuals(
     unmatched (e.g. extra device outputs)."""
     path, key = tio._split_key(_dir_key(spec))
     outs = golden.outputs
+    dtype = dtype_for(dtype, golden)
     if path.is_dir() and not (path / tio.MANIFEST).exists():
         return _from_directory(path, golden, dtype)
     m = CANN_NPY.match(path.name)
@@ -147,17 +174,17 @@ def match_actuals(
                 f"{path.name} is output {i} of a CANN dump; the golden has {len(outs)} "
                 f"output(s) {golden.names}"
             )
-        return [(outs[i], tio.load_tensor(str(path), like=outs[i], dtype=dtype))], []
+        return [(outs[i], tio.load_tensor(str(path), like=outs[i], dtype=dtype(outs[i])))], []
     if len(outs) == 1:
-        return [(outs[0], tio.load_tensor(spec, like=outs[0], dtype=dtype))], []
+        return [(outs[0], tio.load_tensor(spec, like=outs[0], dtype=dtype(outs[0])))], []
     named = key is None and path.suffix in (".npy", ".bin") and path.stem in golden.names
     if named and (golden.manifest or {}).get("op") in STAGED_OPS:
         g = outs[golden.names.index(path.stem)]
-        return [(g, tio.load_tensor(spec, like=g, dtype=dtype))], []
+        return [(g, tio.load_tensor(spec, like=g, dtype=dtype(g)))], []
     if len(golden.required) == 1 and key is None and path.suffix in (".npy", ".bin"):
         g = outs[golden.names.index(golden.required[0])]
         notes = _missing([n for n in golden.names if n != g.name], golden, str(spec))
-        return [(g, tio.load_tensor(spec, like=g, dtype=dtype))], notes
+        return [(g, tio.load_tensor(spec, like=g, dtype=dtype(g)))], notes
     return _by_name(spec, path, key, golden, dtype)
 
 
@@ -171,7 +198,7 @@ def _by_name(spec, path: Path, key, golden: GoldenSet, dtype):
         for g, n in zip(golden.outputs, names, strict=True):
             if n in held:
                 sub = f"{path / tio.MANIFEST}:{n}" if path.is_dir() else f"{path}:{n}"
-                pairs.append((g, tio.load_tensor(sub, like=g, dtype=dtype)))
+                pairs.append((g, tio.load_tensor(sub, like=g, dtype=dtype(g))))
         return pairs, _missing([n for n in names if n not in held], golden, str(path))
     raise CliError(
         f"the golden has {len(names)} outputs {names}; ACTUAL {str(spec)!r} must hold them all "
@@ -195,7 +222,6 @@ def _from_pt(path: Path, golden: GoldenSet, dtype):
     """A ``.pt`` dict answers by name; a list / tuple by position: every output, or the
     required ones only, in the golden's order."""
     obj = tio.read_pt(path)
-    want = tio.dtype_from_name(dtype) if dtype is not None else None
     names = golden.names
     if isinstance(obj, dict):
         arrays = [(n, obj.get(n), f"{path}:{n}") for n in names]
@@ -205,11 +231,11 @@ def _from_pt(path: Path, golden: GoldenSet, dtype):
         arrays += [(n, None, "") for n in names if n not in order]
     notes = _missing([n for n, a, _ in arrays if a is None], golden, str(path))
     by_name = dict(zip(names, golden.outputs, strict=True))
-    pairs = [
-        (by_name[n], tio.Loaded(tio._reinterpret(a, want, src) if want else a, src))
-        for n, a, src in arrays
-        if a is not None
-    ]
+    pairs = []
+    for n, a, src in (x for x in arrays if x[1] is not None):
+        want = dtype(by_name[n])
+        a = tio._reinterpret(a, tio.dtype_from_name(want), src) if want else a
+        pairs.append((by_name[n], tio.Loaded(a, src)))
     return sorted(pairs, key=lambda p: names.index(p[0].name or "")), notes
 
 
@@ -228,7 +254,7 @@ def _from_directory(path: Path, golden: GoldenSet, dtype):
             )
         by_index = {int(m["index"]): p for p, m in cann}
         pairs = [
-            (outs[i], tio.load_tensor(str(by_index[i]), like=outs[i], dtype=dtype))
+            (outs[i], tio.load_tensor(str(by_index[i]), like=outs[i], dtype=dtype(outs[i])))
             for i in range(len(outs))
             if i in by_index
         ]
@@ -251,5 +277,5 @@ def _from_directory(path: Path, golden: GoldenSet, dtype):
                     f"{str(path)!r}: no {n}.npy (golden output {n!r}, required) and no CANN "
                     "dump (<op_type>.<op_name>.<task>.<stream>.<timestamp>.output.<i>.npy)"
                 )
-        pairs.append((g, tio.load_tensor(str(f), like=g, dtype=dtype)))
+        pairs.append((g, tio.load_tensor(str(f), like=g, dtype=dtype(g))))
     return pairs, _missing(absent, golden, repr(str(path)))

@@ -152,3 +152,31 @@ def test_multi_output_by_index_and_name(cli, tmp_path):
     code, out, _ = cli("compare", tmp_path / "d.pt", d, "--json")
     rep = json.loads(out)
     assert rep["passed"] is True and [o["name"] for o in rep["outputs"]] == ["two:attn", "two:lse"]
+
+
+def test_actual_dtypes_per_output_name(cli, tmp_path):
+    """An ``.npz`` dump with a BF16 member stored as raw bits (``np.savez``: ``|V2``) beside an
+    FP32 one: ``--actual-dtype attn=bfloat16`` names the dtype of that output alone; the plain
+    form applies to every output (and the FP32 member refuses it)."""
+    d, attn, lse = _two_output_golden(tmp_path)
+    np.savez(tmp_path / "dump.npz", attn=attn, lse=lse)
+    with np.load(tmp_path / "dump.npz") as z:
+        assert z["attn"].dtype.kind == "V"
+    code, _, err = cli("compare", tmp_path / "dump.npz", d)
+    assert code == 2 and "--actual-dtype" in err
+    code, _, err = cli("compare", tmp_path / "dump.npz", d, "--actual-dtype", "bfloat16")
+    assert code == 2 and "cannot reinterpret float32" in err
+    code, out, err = cli("compare", tmp_path / "dump.npz", d, "--actual-dtype", "attn=bfloat16")
+    assert code == 0 and out.count("PASS") == 2, err
+    np.savez(tmp_path / "bits.npz", attn=attn.view(np.uint16), lse=lse.view(np.uint32))
+    code, out, err = cli("compare", tmp_path / "bits.npz", d, "--actual-dtype",
+                         "attn=bfloat16, lse=float32")  # fmt: skip
+    assert code == 0 and out.count("PASS") == 2, err
+    for bad, why in (
+        ("out=bfloat16", "not a golden output"),
+        ("attn=bf16", "unknown dtype"),
+        ("attn", "unknown dtype"),
+        ("attn=bfloat16,attn=bfloat16", "NAME=DTYPE"),
+    ):
+        code, _, err = cli("compare", tmp_path / "dump.npz", d, "--actual-dtype", bad)
+        assert code == 2 and why in err, (bad, err)  # fmt: skip
