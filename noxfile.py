@@ -83,12 +83,21 @@ def publish_reports(session: nox.Session, *names: str) -> None:
             session.log(f"{src} was not generated; {DOCS_PERF / name} left as it was")
 
 
+def _marker(selection: str) -> str:
+    """The session's pytest marker expression: under CI (``CI`` set: the 2-core box, whose
+    whole run should stay within 25 minutes) the tests marked ``slow`` are left out -- the
+    b64-class goldens and their replays (GBs, a minute of CPU each), the full-size kernel
+    compiles and headline cost rows (minutes each). A plain ``nox -s reference sim`` runs
+    them; docs/index.md lists what CI leaves out."""
+    return f"{selection} and not slow" if os.environ.get("CI") else selection
+
+
 @nox.session(python=PYTHON)
 def reference(session: nox.Session) -> None:
     """CPU-only tests of tilesim.shared and tilesim.reference."""
     install_cpu_torch(session)
     session.install(".[torch,test,cli]")
-    session.run("pytest", *pytest_args(session, "-m", "not sim and not npu", "tests"))
+    session.run("pytest", *pytest_args(session, "-m", _marker("not sim and not npu"), "tests"))
 
 
 @nox.session(python=PYTHON)
@@ -108,9 +117,7 @@ def sim(session: nox.Session) -> None:
     # build PyPTO's interpreter back end (~30 s, cached in ~/.cache/tilesim/sim) and the 950
     # overlay once, before pytest starts its per-test processes
     session.run("python", "-m", "tilesim.device.sim")
-    # CI (CI=true, the 2-core box, 40-minute budget) leaves out the tests marked ``slow``: the
-    # full-size compiles and headline shapes, several minutes of CPU each (docs/device.md)
-    marker = "sim and not slow" if os.environ.get("CI") else "sim"
+    marker = _marker("sim")
     # no reruns: the interpreter is pinned (tilesim.device.sim.PINNED_ENV, the K-tile matmul of
     # the patched calculator), so a failing sim test is a defect (docs/device.md)
     session.run("pytest", *pytest_args(session, "-m", marker, "tests/device", "tests/digests"))

@@ -10,8 +10,8 @@ each family, on the seeds' named cases, measured in one run:
   like;
 * the FLOP roofline: the op's FLOP count (:mod:`bench.flops`) divided by this machine's
   measured sgemm rate (:mod:`bench.timing`);
-* peak memory (``ru_maxrss``) and wall time of the DeepSeek b64 s2 64K golden, built and run in
-  a fresh subprocess.
+* peak memory (``ru_maxrss``) and wall time of the DeepSeek b64 s2 64K golden and of the
+  b4 s2 64K layer step on both paths, each built and run in a fresh subprocess.
 
 Writes ``reference.md`` and ``reference.png`` (:mod:`bench.report`) into ``--out`` (default
 ``build/perf/`` of the checkout; the nox session copies them into ``docs/perf/``).

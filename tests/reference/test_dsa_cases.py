@@ -288,8 +288,10 @@ _BIG = textwrap.dedent(
     "name",
     ["sfa_bf16_b64_s2_seq64K_per_fp8_d", "sfa_bf16_b64_s2_seq64K_uniform_per_int8_d_950"],
 )
-def test_large_case_fits_one_minute_and_8_gib(name):
-    """Build + run of a 64-batch case (4.2M cache rows) in a fresh process: < 60 s, < 8 GiB."""
+def test_large_case_fits_8_gib(name):
+    """Build + run of a 64-batch case (4.2M cache rows) in a fresh process: < 8 GiB peak RSS,
+    output finite. Its wall time is the bench's to measure (docs/perf/reference.md), not a
+    test's: a time bound fails on a loaded machine."""
     res = subprocess.run(
         [sys.executable, "-c", _BIG, name], capture_output=True, text=True, check=True
     )
@@ -297,4 +299,3 @@ def test_large_case_fits_one_minute_and_8_gib(name):
     print(name, stats)
     assert stats["finite"]
     assert stats["rss_kb"] < 8 * 1024 * 1024
-    assert stats["build_s"] + stats["run_s"] < 60
