@@ -36,21 +36,10 @@ from typing import NamedTuple
 
 import numpy as np
 from tilesim.reference.arith import block_scaled_matmul_fp32, matmul_fp32, rowsum_fp32
+from tilesim.shared import mla_prolog as contract
 from tilesim.shared.casts import FP8_E4M3_MAX, INT8_QMAX, to_bf16, to_fp8_e4m3
 from tilesim.shared.mla_cache import NOPE, NSCALES, ROPE, pack_kv_split, pack_rows
-from tilesim.shared.mla_prolog import (
-    BLOCK,
-    HEADS,
-    KV_LORA,
-    Q_HEAD,
-    QK_NOPE,
-    check_meta,
-    check_values,
-    cost,
-    host_plan,
-    prolog_inputs,
-    prolog_keywords,
-)
+from tilesim.shared.mla_prolog import BLOCK, HEADS, KV_LORA, Q_HEAD, QK_NOPE
 from tilesim.shared.quant import (
     _ue8m0,
     e4m3_to_fp32,
@@ -190,7 +179,7 @@ def _emit(trace, step: int, stage: str, tokens: int, flop: int, used=None) -> No
 
 def _write_cache(a, ins, codes, kr, scales):
     """Updated copies of the caches with the live tokens' rows written (module docstring)."""
-    live = host_plan(a)
+    live = contract.host_plan(a)
     rows = a.slot_mapping[live]
     if a.cache_layout != "kv_split":
         out = np.array(host_data(ins.kv_cache, "kv_cache"), copy=True)
@@ -208,7 +197,7 @@ def _write_cache(a, ins, codes, kr, scales):
     return tuple(outs)
 
 
-@op_signature(prolog_inputs, prolog_keywords)
+@op_signature(contract.prolog_inputs, contract.prolog_keywords)
 def mla_prolog(ins, *, trace: Callable[[dict], None] | None = None) -> MlaPrologOutputs:
     """The MLA prolog golden (module docstring; ``docs/ops/mla_prolog.md``).
 
@@ -222,14 +211,14 @@ def mla_prolog(ins, *, trace: Callable[[dict], None] | None = None) -> MlaProlog
     Returns :class:`MlaPrologOutputs` (NumPy arrays, or CPU torch tensors when ``x`` is one).
     Every check runs before any work; no argument is written.
     """
-    a = check_values(check_meta(ins, **_switch_values(ins), trace=trace))
+    a = contract.check_values(contract.check_meta(ins, **_switch_values(ins), trace=trace))
     query_nope, query_rope, q_norm, q_scale, kv_a = _queries(a, ins, trace)
     kvn = rms_norm(kv_a[:, :KV_LORA], host_data(ins.gamma_ckv, "gamma_ckv"), a.rms_form, a.rms_eps)
     codes, scales = _latent_quant(kvn, a.kv_quant)
     cos, sin = host_data(ins.cos, "cos"), host_data(ins.sin, "sin")
     kr = apply_rope(kv_a[:, KV_LORA:], cos, sin, layout=a.rope_layout)
     caches = _write_cache(a, ins, codes, kr, scales)
-    _emit(trace, 4, "cache_write", a.tokens, 0, used=int(host_plan(a).size))
+    _emit(trace, 4, "cache_write", a.tokens, 0, used=int(contract.host_plan(a).size))
     outs = (query_nope, query_rope, q_norm, q_scale) + tuple(caches)
     return MlaPrologOutputs(*(None if o is None else same_kind(o, ins.x) for o in outs))
 
@@ -246,8 +235,8 @@ def mla_prolog_cost(*args, **kwargs) -> dict:
     bound = mla_prolog.__signature__.bind(*args, **kwargs)
     bound.apply_defaults()
     ns = type("Ins", (), dict(bound.arguments))
-    a = check_meta(ns, **{k: bound.arguments[k] for k in _SWITCHES})
-    return cost(a)
+    a = contract.check_meta(ns, **{k: bound.arguments[k] for k in _SWITCHES})
+    return contract.cost(a)
 
 
 __all__ = ["MlaPrologOutputs", "act_quant_deepseek", "mla_prolog", "mla_prolog_cost"]

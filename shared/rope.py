@@ -120,39 +120,25 @@ def yarn_inv_freq(
 
 
 def yarn_rope_table(
-    positions,
-    *,
-    rope_dim: int = 64,
-    rope_theta: float = 10000.0,
-    factor: float = 40.0,
-    original_max_position_embeddings: int = 4096,
-    beta_fast: float = 32.0,
-    beta_slow: float = 1.0,
-    max_seq_len: int = 16384,
-    table_mscale: float = 1.0,
+    positions, *, table_mscale: float = 1.0, **yarn
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(cos, sin)``, each FP32 ``[len(positions), rope_dim // 2]``: one angle per pair.
 
     ``positions``: 1-D integer array of token positions, each in ``[0, max_seq_len)`` (the
-    rows of DeepSeek's ``freqs_cis``). For the ``"halves"``/``"deinterleave"`` layouts pass
-    the table as is (``apply_rope`` repeats it) or tile it to ``[T, rope_dim]`` yourself (the
-    form pypto-gym's prolog takes, then rounded to BF16: :func:`halves_table`).
+    rows of DeepSeek's ``freqs_cis``). ``yarn``: the keywords of :func:`yarn_inv_freq`
+    (``rope_dim``, ``rope_theta``, ``factor``, ``original_max_position_embeddings``,
+    ``beta_fast``, ``beta_slow``, ``max_seq_len``; DeepSeek-V3.2's by default). For the
+    ``"halves"``/``"deinterleave"`` layouts pass the table as is (``apply_rope`` repeats it) or
+    tile it to ``[T, rope_dim]`` yourself (the form pypto-gym's prolog takes, then rounded to
+    BF16: :func:`halves_table`).
     """
-    msl = check_pos_int(max_seq_len, "max_seq_len")
+    msl = check_pos_int(yarn.get("max_seq_len", DEEPSEEK_V32_ROPE["max_seq_len"]), "max_seq_len")
     pos = host_ints(positions, "positions", ndim=1, layout="[T]")
     if pos.size and (pos.min() < 0 or pos.max() >= msl):
         bad = pos[(pos < 0) | (pos >= msl)][0]
         raise ValueError(f"positions: expected values in [0, {msl}) (max_seq_len), got {bad}")
     ms = check_float(table_mscale, "table_mscale", positive=True, fp32=True)
-    freqs = yarn_inv_freq(
-        rope_dim=rope_dim,
-        rope_theta=rope_theta,
-        factor=factor,
-        original_max_position_embeddings=original_max_position_embeddings,
-        beta_fast=beta_fast,
-        beta_slow=beta_slow,
-        max_seq_len=msl,
-    )
+    freqs = yarn_inv_freq(**yarn)
     angle = pos.astype(np.float32)[:, None] * freqs[None, :]  # FP32 product (positions < 2^24)
     a64 = angle.astype(np.float64)
     cos = np.cos(a64).astype(np.float32)

@@ -106,3 +106,17 @@ def test_bad_rope_arguments(kw, exc, pattern):
 def test_positions_out_of_range():
     with pytest.raises(ValueError, match=r"positions: expected values in \[0, 16384\).*16384"):
         yarn_rope_table(np.array([0, 16384]))
+
+
+def test_table_takes_the_yarn_keywords_of_the_frequencies():
+    yarn = dict(rope_dim=32, factor=8.0, original_max_position_embeddings=1024, max_seq_len=8192)
+    pos = np.array([0, 5, 1500, 8191])
+    cos, sin = yarn_rope_table(pos, **yarn)
+    angle = (pos.astype(np.float32)[:, None] * yarn_inv_freq(**yarn)[None, :]).astype(np.float64)
+    assert cos.shape == (4, 16)
+    assert np.array_equal(cos, np.cos(angle).astype(np.float32))
+    assert np.array_equal(sin, np.sin(angle).astype(np.float32))
+    with pytest.raises(ValueError, match=r"positions: expected values in \[0, 8192\)"):
+        yarn_rope_table(np.array([8192]), **yarn)
+    with pytest.raises(TypeError, match="rope_base"):
+        yarn_rope_table(pos, rope_base=1.0)
