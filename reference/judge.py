@@ -69,7 +69,7 @@ OP_LAYOUTS = {
     "msa_main": ("float", ("query", "head")),
     "msa_indexer": ("ids", ("row",)),
     "msa_indexer_scores": ("float", ("head",)),
-    "dsa": ("float", ("token*head",)),
+    "dsa": ("float", ("token", "head")),
     "dsa_indexer": ("ids", ("token",)),
     "float": ("float", None),
     "ids": ("ids", None),
@@ -102,32 +102,54 @@ class Check:
 _ID_LABELS = (
     ("missing", "missing"),
     ("extra", "extra"),
+    ("invisible", "invisible"),
     ("duplicates", "duplicate"),
     ("out_of_range", "out-of-range"),
+    ("unread", "unread"),
 )
 
 
 @dataclass
 class IdRow:
-    """One row of an id output that differs from the golden's (or ties with it)."""
+    """One row of an id output that differs from the golden's (or ties with it). With the
+    rows' visible lengths (``judge(visible=)``): ``invisible`` ids lie at or past the row's
+    visible length, ``unread`` ids stand after the row's first ``min(k, visible)`` entries
+    (the entries a reader of the ids uses; the golden leaves ``-1`` there)."""
 
     row: tuple | str  # the row's index, or its coordinates in words ("token 3")
     missing: list = field(default_factory=list)  # golden ids the actual lacks (not ties)
-    extra: list = field(default_factory=list)  # actual ids the golden lacks (not ties)
+    extra: list = field(default_factory=list)  # visible actual ids the golden lacks (not ties)
     duplicates: list = field(default_factory=list)
     out_of_range: list = field(default_factory=list)
     ties: list = field(default_factory=list)  # [(actual id, golden id, score a, score g)]
+    invisible: list = field(default_factory=list)  # ids at or past the visible length
+    unread: list = field(default_factory=list)  # ids after the first min(k, visible) entries
+    visible: int | None = None  # the row's visible length, when given
+    used: int | None = None  # the entries read: min(k, visible), when given
+    scores: dict = field(default_factory=dict)  # golden score of each missing / extra id
+    empty: int = 0  # -1 slots among the entries read (visible given)
 
     @property
     def wrong(self) -> bool:
-        return bool(self.missing or self.extra or self.duplicates or self.out_of_range)
+        return bool(self.missing or self.extra or self.duplicates or self.out_of_range
+                    or self.invisible or self.unread)  # fmt: skip
+
+    def _ids(self, what: str, label: str) -> str:
+        ids = getattr(self, what)
+        text = f"{label} ids {ids}"
+        if what == "invisible":
+            text += f" (at or past the row's visible length {self.visible})"
+        if what == "unread":
+            text += f" (after the row's first {self.used} entries: not read, the golden has -1)"
+        known = [self.scores[i] for i in ids if i in self.scores]
+        if known and len(known) == len(ids) and what != "unread":
+            text += " (golden scores " + ", ".join(f"{x:.9g}" for x in known) + ")"
+        return text
 
     def text(self) -> str:
-        parts = []
-        for what, label in _ID_LABELS:
-            v = getattr(self, what)
-            if v:
-                parts.append(f"{label} ids {v}")
+        parts = [self._ids(what, label) for what, label in _ID_LABELS if getattr(self, what)]
+        if self.empty:
+            parts.append(f"{self.empty} of the first {self.used} entries are -1")
         for a, g, sa, sg in self.ties:
             parts.append(f"id {a} replaces {g}: golden scores tie ({sa:.9g} vs {sg:.9g})")
         where = self.row if isinstance(self.row, str) else f"row {self.row}"
@@ -309,13 +331,42 @@ def _rows(x: np.ndarray) -> np.ndarray:
     return x.reshape(1, -1) if x.ndim <= 1 else x.reshape(-1, x.shape[-1])
 
 
-def _coords(flat_row: int, g: np.ndarray, axes) -> tuple | str:
-    """A row's coordinates: the leading-axis indices, in words when ``axes`` names them."""
-    lead = g.shape[:-1] if g.ndim > 1 else ()
-    idx = tuple(int(i) for i in np.unravel_index(flat_row, lead)) if lead else ()
-    if axes is not None and len(axes) == len(idx):
-        return ", ".join(f"{n} {i}" for n, i in zip(axes, idx, strict=True))
-    return idx
+@dataclass(frozen=True)
+class RowNames:
+    """How a report names a row (a flat index over the leading axes): ``lead`` the leading
+    shape the index unravels over, ``axes`` their names (``None``: plain indices). One name
+    per leading axis gives ``"token 3, head 5"``; names for an axis the golden stores
+    flattened (a DeepSeek attention output ``[T*nq, 512]`` whose heads are not given) give
+    ``"token*head 389"``."""
+
+    lead: tuple
+    axes: tuple | None = None
+
+    def __call__(self, flat_row: int) -> tuple | str:
+        idx = tuple(int(i) for i in np.unravel_index(flat_row, self.lead)) if self.lead else ()
+        if self.axes is not None and len(self.axes) == len(idx):
+            return ", ".join(f"{n} {i}" for n, i in zip(self.axes, idx, strict=True))
+        if self.axes is not None and len(idx) == 1:
+            return f"{'*'.join(self.axes)} {idx[0]}"
+        return idx
+
+
+def _row_names(g: np.ndarray, axes, row_shape) -> RowNames:
+    """The :class:`RowNames` of the golden ``g``: its leading shape, or ``row_shape`` (the
+    leading axes of a golden stored with them flattened; their product must be the rows)."""
+    lead = tuple(g.shape[:-1]) if g.ndim > 1 else ()
+    if row_shape is None:
+        return RowNames(lead, axes)
+    shape = tuple(int(n) for n in row_shape)
+    if (
+        int(np.prod(shape, dtype=np.int64)) != int(np.prod(lead, dtype=np.int64))
+        or min(shape, default=1) < 1
+    ):
+        raise ValueError(
+            f"row_shape: expected leading axes of {int(np.prod(lead, dtype=np.int64))} rows "
+            f"(the golden {list(g.shape)}), got {list(shape)}"
+        )
+    return RowNames(shape, axes)
 
 
 def l2_bounds(*dtypes) -> tuple[float, float]:
@@ -361,7 +412,7 @@ def _tensor_metrics(a64: np.ndarray, g64: np.ndarray) -> tuple[float, float]:
     return rel, 1.0 if an == 0 and gn == 0 else 0.0
 
 
-def _golden_aware(a: np.ndarray, g: np.ndarray, axes, precision) -> list[Check]:
+def _golden_aware(a: np.ndarray, g: np.ndarray, names: RowNames, precision) -> list[Check]:
     """The four checks of the golden-aware layer (whole tensor and worst row)."""
     a64, g64 = _finite64(a), _finite64(g)
     t_bound, r_bound = l2_bounds(a.dtype, g.dtype, *([] if precision is None else [precision]))
@@ -381,26 +432,26 @@ def _golden_aware(a: np.ndarray, g: np.ndarray, axes, precision) -> list[Check]:
     n_bad = int((r_rel > r_bound).sum())
     checks.append(
         Check("relative L2 (worst row)", n_bad == 0, float(r_rel[wr]), r_bound,
-              _coords(wr, g, axes), f"{n_bad} of {len(r_rel)} rows beyond the bound"
-              + _row_list(r_rel > r_bound, g, axes))
+              names(wr), f"{n_bad} of {len(r_rel)} rows beyond the bound"
+              + _row_list(r_rel > r_bound, names))
     )  # fmt: skip
     cb = cosine_bound(r_bound)
     bad_cos = (r_cos < cb) & angled
     checks.append(
         Check("cosine (worst row)", not bad_cos.any(), float(r_cos[wc]) if angled.any() else 1.0,
-              cb, _coords(wc, g, axes),
-              f"{int(bad_cos.sum())} rows below the bound" + _row_list(bad_cos, g, axes),
+              cb, names(wc),
+              f"{int(bad_cos.sum())} rows below the bound" + _row_list(bad_cos, names),
               higher_is_better=True)
     )  # fmt: skip
     return checks
 
 
-def _row_list(mask: np.ndarray, g: np.ndarray, axes) -> str:
+def _row_list(mask: np.ndarray, names: RowNames) -> str:
     rows = np.flatnonzero(mask)[:N_POSITIONS]
     if not rows.size:
         return ""
     more = ", ..." if mask.sum() > rows.size else ""
-    return ": " + ", ".join(str(_coords(int(r), g, axes)) for r in rows) + more
+    return ": " + ", ".join(str(names(int(r))) for r in rows) + more
 
 
 def row_ulp_errors(actual, golden, dtype=BF16) -> np.ndarray:
@@ -429,7 +480,7 @@ def _smallest_normal(d: np.dtype) -> float:
         return float(np.finfo(d).tiny)
 
 
-def _row_ulp_check(a: np.ndarray, g: np.ndarray, budget: float, axes) -> Check:
+def _row_ulp_check(a: np.ndarray, g: np.ndarray, budget: float, names: RowNames) -> Check:
     d = g.dtype if g.dtype in _MANTISSA else BF16
     errs = row_ulp_errors(_finite64(a), _finite64(g), d)
     w = int(np.nanargmax(errs)) if errs.size else 0
@@ -439,7 +490,7 @@ def _row_ulp_check(a: np.ndarray, g: np.ndarray, budget: float, axes) -> Check:
         worst <= budget,
         worst,
         budget,
-        _coords(w, g, axes) if g.ndim > 1 else None,
+        names(w) if g.ndim > 1 else None,
         f"ULPs of {d} at each row's largest |golden|; {int((errs > budget).sum())} rows beyond",
     )
 
@@ -457,7 +508,7 @@ def _loose_tolerance(tol: dict, g: np.ndarray) -> list[str]:
     return []
 
 
-def _judge_float(a, g, tol, rule, name, arithmetic, axes, precision) -> dict:
+def _judge_float(a, g, tol, rule, name, arithmetic, names, precision) -> dict:
     fields: dict = {"checks": []}
     if tol["mode"] == "compare":
         rep = compare(a, g, atol=tol["atol"], rtol=tol["rtol"], ratio=tol["ratio"], name=name,
@@ -478,9 +529,9 @@ def _judge_float(a, g, tol, rule, name, arithmetic, axes, precision) -> dict:
     n_bad, _ = _nonfinite(a)
     if tol["mode"] != "compare" and n_bad:
         fields["checks"].append(Check("finite", False, n_bad, 0, None, "NaN/Inf in actual"))
-    fields["checks"] += _golden_aware(a, g, axes, precision)
+    fields["checks"] += _golden_aware(a, g, names, precision)
     if "row_ulp" in tol:
-        fields["checks"].append(_row_ulp_check(a, g, tol["row_ulp"], axes))
+        fields["checks"].append(_row_ulp_check(a, g, tol["row_ulp"], names))
     fields["warnings"] = _loose_tolerance(tol, g)
     return fields
 
@@ -525,36 +576,60 @@ def _pair_ties(s_row, missing: list, extra: list):
     return ties, left, rest
 
 
-def _id_row(a_row, g_row, s_row, coords) -> tuple[IdRow | None, int]:
-    """(IdRow when the row differs or ties, boundary-tie count) of one id row."""
-    uniq, counts = np.unique(a_row[a_row != -1], return_counts=True)
+def _id_row(a_row, g_row, s_row, coords, visible=None) -> tuple[IdRow | None, int]:
+    """(IdRow when the row differs or ties, boundary-tie count) of one id row; ``visible``:
+    the row's visible length (its first ``min(k, visible)`` entries are the selection)."""
+    used = None if visible is None else min(a_row.size, int(visible))
+    unread = [] if used is None else np.unique(a_row[used:][a_row[used:] != -1]).tolist()
+    sel = a_row if used is None else a_row[:used]
+    uniq, counts = np.unique(sel[sel != -1], return_counts=True)
     g_ids = np.unique(g_row[g_row != -1])
     bad = uniq < -1
     if s_row is not None:
         bad |= uniq >= s_row.size
+    hidden = ~bad & (uniq >= visible) if visible is not None else np.zeros_like(bad)
     missing = np.setdiff1d(g_ids, uniq).tolist()
-    extra = np.setdiff1d(uniq[~bad], g_ids).tolist()
+    extra = np.setdiff1d(uniq[~bad & ~hidden], g_ids).tolist()
     ties = []
     if s_row is not None and missing and extra:
         ties, missing, extra = _pair_ties(s_row, missing, extra)
-    n_bt = _boundary_ties(s_row, g_ids) if s_row is not None else 0
-    row = IdRow(coords, missing, extra, uniq[counts > 1].tolist(), uniq[bad].tolist(), ties)
+    n_bt = _boundary_ties(s_row, g_ids, visible) if s_row is not None else 0
+    row = IdRow(coords, missing, extra, uniq[counts > 1].tolist(), uniq[bad].tolist(), ties,
+                uniq[hidden].tolist(), unread, visible, used)  # fmt: skip
+    if s_row is not None:
+        row.scores = {i: float(s_row[i]) for i in missing + extra + row.invisible}
+    row.empty = 0 if used is None else int((sel == -1).sum())
     return (row if (row.wrong or ties) else None), n_bt
 
 
-def _boundary_ties(s_row: np.ndarray, g_ids: np.ndarray) -> int:
-    """Unselected candidates whose score ties with the golden's lowest selected score."""
-    valid = g_ids[(g_ids >= 0) & (g_ids < s_row.size)]
-    if not valid.size or valid.size == s_row.size:
+def _boundary_ties(s_row: np.ndarray, g_ids: np.ndarray, visible=None) -> int:
+    """Unselected (visible) candidates whose score ties with the golden's lowest selected
+    score."""
+    n = s_row.size if visible is None else min(s_row.size, int(visible))
+    valid = g_ids[(g_ids >= 0) & (g_ids < n)]
+    if not valid.size or valid.size == n:
         return 0
     low = valid[np.argmin(s_row[valid].astype(np.float64))]
-    d = ulp_distance(s_row, np.full_like(s_row, s_row[low]))
+    d = ulp_distance(s_row[:n], np.full(n, s_row[low], dtype=s_row.dtype))
     near = (d >= 0) & (d <= TIE_ULPS)
     near[valid] = False
     return int(near.sum())
 
 
-def _judge_ids(a, g, tol, rule, name, scores, axes) -> dict:
+def _check_visible(visible, n_rows: int, name: str) -> np.ndarray | None:
+    """The rows' visible lengths as int64 ``[rows]`` (each >= 0), or None."""
+    if visible is None:
+        return None
+    v = np.asarray(host_data(visible, "visible", scalars=True))
+    if v.dtype.kind not in "iu" or v.size != n_rows or (v.size and v.min() < 0):
+        raise ValueError(
+            f"visible: expected {n_rows} integer lengths >= 0 (one per id row), got "
+            f"{v.dtype}{list(v.shape)} ({name})"
+        )
+    return v.reshape(-1).astype(np.int64)
+
+
+def _judge_ids(a, g, tol, rule, name, scores, names, visible) -> dict:
     if rule == "seeds":  # the seeds' view: rows sorted, then exact element equality
         sa, sg = np.sort(a.astype(np.int64), axis=-1), np.sort(g.astype(np.int64), axis=-1)
         rep = compare(sa, sg, atol=0.0, rtol=0.0, ratio=tol["ratio"], name=name, check_dtype=False)
@@ -562,9 +637,11 @@ def _judge_ids(a, g, tol, rule, name, scores, axes) -> dict:
                 rep.n_fail, rep.threshold, rep.max_abs_pos)]}  # fmt: skip
     ar, gr = _rows(a.astype(np.int64)), _rows(g.astype(np.int64))
     s = _check_scores(scores, gr.shape[0], name)
+    vis = _check_visible(visible, gr.shape[0], name)
     rep = IdReport(n_rows=gr.shape[0], k=gr.shape[1], scores_used=s is not None)
     for r in range(gr.shape[0]):
-        row, n_bt = _id_row(ar[r], gr[r], None if s is None else s[r], _coords(r, g, axes))
+        row, n_bt = _id_row(ar[r], gr[r], None if s is None else s[r], names(r),
+                            None if vis is None else vis[r])  # fmt: skip
         rep.boundary_ties += n_bt
         if row is not None:
             (rep.wrong if row.wrong else rep.tied).append(row)
@@ -584,6 +661,16 @@ def _judge_ids(a, g, tol, rule, name, scores, axes) -> dict:
 # the verdict
 
 
+def _check_options(rule, name, arithmetic, precision) -> None:
+    check_choice(rule, "rule", RULES)
+    check_str(name, "name", nonempty=False)
+    check_choice(arithmetic, "arithmetic", ("float64", "native"))
+    if precision is not None and np.dtype(precision) not in UNIT_ROUNDOFF:
+        raise TypeError(
+            f"precision: expected one of {[str(d) for d in UNIT_ROUNDOFF]}, got {precision!r}"
+        )
+
+
 def judge(
     actual,
     golden,
@@ -595,6 +682,8 @@ def judge(
     name: str = "output",
     arithmetic: str = "float64",
     precision=None,
+    visible=None,
+    row_shape=None,
 ) -> Verdict:
     """Judge ``actual`` (a device output) against ``golden`` under the case's ``tolerance``.
 
@@ -609,29 +698,29 @@ def judge(
     ``"default"`` or ``"seeds"`` (the module docstring). ``arithmetic``: of the seeds' rule.
     ``precision``: a dtype whose rounding the output carries although it is stored wider (the
     MSA main branch's BF16 / FP16 modes write FP32); the L2 bounds use the coarsest of it and
-    the pair's dtypes.
+    the pair's dtypes. ``visible`` (ids): each id row's visible length, ints ``[rows]``: a
+    row's selection is then its first ``min(k, visible)`` entries (the entries a reader of the
+    ids uses; ``-1`` among them is a missing id, an id after them is ``unread``), an id at or
+    past the visible length is ``invisible`` and never a tie, whatever its score.
+    ``row_shape``: the leading axes the report names rows by when the golden stores them
+    flattened (``(T, nq)`` for a DeepSeek attention output ``[T*nq, 512]``).
 
     Raises ValueError/TypeError naming the argument before any work.
     """
-    check_choice(rule, "rule", RULES)
-    check_str(name, "name", nonempty=False)
-    check_choice(arithmetic, "arithmetic", ("float64", "native"))
-    if precision is not None and np.dtype(precision) not in UNIT_ROUNDOFF:
-        raise TypeError(
-            f"precision: expected one of {[str(d) for d in UNIT_ROUNDOFF]}, got {precision!r}"
-        )
+    _check_options(rule, name, arithmetic, precision)
     g = host_data(golden, "golden", scalars=True)
     a = host_data(actual, "actual", scalars=True)
     k, axes = _resolve_kind(kind, tolerance.get("mode") if isinstance(tolerance, dict) else None, g)
+    names = _row_names(g, axes, row_shape)
     tol = _check_tolerance(tolerance, rule, k)
     if k == "ids" and a.dtype.kind not in "iu":
         raise TypeError(f"actual: expected an integer dtype for id outputs, got {a.dtype}")
     a, note = _fit_shape(a, g, name)
     if k == "ids":
-        fields = _judge_ids(a, g, tol, rule, name, scores, axes)
+        fields = _judge_ids(a, g, tol, rule, name, scores, names, visible)
         ulps = (None, None)
     else:
-        fields = _judge_float(a, g, tol, rule, name, arithmetic, axes, precision)
+        fields = _judge_float(a, g, tol, rule, name, arithmetic, names, precision)
         ulps = _max_ulp(a, g)
     n_bad, where = _nonfinite(a) if a.dtype.kind == "f" or a.dtype in _ULP_DTYPES else (0, [])
     n_gbad = _nonfinite(g)[0] if g.dtype.kind == "f" or g.dtype in _ULP_DTYPES else 0
@@ -747,4 +836,5 @@ def _as_dict(v: Verdict) -> dict:
     return _plain(d)
 
 
-__all__ = ["Check", "IdReport", "IdRow", "Verdict", "judge", "l2_bounds", "row_ulp_errors"]
+__all__ = ["Check", "IdReport", "IdRow", "RowNames", "Verdict", "judge", "l2_bounds",
+           "row_ulp_errors"]  # fmt: skip

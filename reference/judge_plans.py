@@ -25,7 +25,13 @@ from dataclasses import dataclass
 
 import numpy as np
 from tilesim.reference.judge import Verdict, judge
-from tilesim.reference.judge_indexer import ids_tie_only, ids_tolerance, judge_ids, judge_scores
+from tilesim.reference.judge_indexer import (
+    ids_tie_only,
+    ids_tolerance,
+    indexer_visible,
+    judge_ids,
+    judge_scores,
+)
 
 #: the reference op of a golden -> the judge's ``kind`` (names the report's coordinates)
 OP_KINDS = {
@@ -45,6 +51,11 @@ INDEXER_OPS = ("dsa_indexer", "dsa_decode_step")
 IDS, SCORES, OUT = "topk_indices", "scores", "out"
 #: the outputs of an op a device may leave out (the ids' judge reads the golden's scores)
 OPTIONAL_OUTPUTS = {"dsa_indexer": (SCORES,), "dsa_decode_step": (SCORES,)}
+#: the warning of an indexer output judged without the call's lengths
+NO_LENGTHS = (
+    "no seq_lens given: a -inf golden score is taken for a position the row does not see, and "
+    "every entry of an id row is read"
+)
 
 
 @dataclass
@@ -99,29 +110,58 @@ def judge_outputs(op: str | None, actual: Mapping, golden: Mapping, *, tolerance
         ids_scores = scores if len(golden) == 1 and tolerance["mode"] == "set" else None
         kind = kind_of(op, tolerance)
         done = {n: OutputVerdict(n, judge(actual[n], golden[n], tolerance, name=labels[n],
-                                          scores=ids_scores, kind=kind, **common), golden[n])
+                                          scores=ids_scores, kind=kind,
+                                          row_shape=_head_rows(kind, golden[n], params),
+                                          **common), golden[n])
                 for n in actual}  # fmt: skip
     return [done[n] for n in golden if n in done]
 
 
+def _head_rows(kind, g, params) -> tuple | None:
+    """``(T, nq)``: the rows of a DeepSeek attention output ``[T*nq, 512]`` named by token and
+    head (``nq`` from the call's params), else ``None``."""
+    nq = (params or {}).get("nq")
+    if kind != "dsa" or np.ndim(g) != 2 or not isinstance(nq, int) or nq < 1:
+        return None
+    rows = int(np.shape(g)[0])
+    return (rows // nq, nq) if rows % nq == 0 else None
+
+
+def _rows_visible(golden, inputs, params):
+    """The id rows' visible lengths from the call's ``seq_lens`` and ``q_lens``, else
+    ``None`` (no inputs given)."""
+    ids = golden.get(IDS, golden.get(SCORES))
+    if inputs is None or ids is None or "seq_lens" not in inputs:
+        return None
+    q_lens = inputs["q_lens"] if "q_lens" in inputs else (params or {}).get("q_lens")
+    return indexer_visible(inputs["seq_lens"], q_lens, int(np.shape(ids)[0]))
+
+
 def _indexer_plan(actual, golden, labels, tolerance, scores, inputs, params, common) -> dict:
     """The lightning indexer and the decode step: the ids first (the attention's golden
-    depends on their verdict), then the scores and the attention."""
+    depends on their verdict), then the scores and the attention; visibility from the
+    lengths."""
     done, ids_v = {}, None
+    vis = _rows_visible(golden, inputs, params)
     for n in sorted(actual, key=lambda n: (n != IDS, n)):
         a, g = actual[n], golden[n]
         if n == IDS:
-            ids_v = judge_ids(a, g, scores=scores, tolerance=ids_tolerance(tolerance),
-                              rule=common["rule"], name=labels[n])  # fmt: skip
+            ids_v = judge_ids(a, g, scores=scores, visible=vis, rule=common["rule"],
+                              tolerance=ids_tolerance(tolerance), name=labels[n])  # fmt: skip
             done[n] = OutputVerdict(n, ids_v, g)
         elif n == SCORES:
-            v = judge_scores(a, g, name=labels[n], arithmetic=common["arithmetic"])
+            v = judge_scores(a, g, visible=vis, name=labels[n], arithmetic=common["arithmetic"])
             done[n] = OutputVerdict(n, v, g)
         else:
             gold, against = attention_golden(actual.get(IDS), ids_v, golden.get(IDS), g,
                                              inputs, params)  # fmt: skip
-            v = judge(a, gold, tolerance, name=labels[n], kind="dsa", **common)
+            v = judge(a, gold, tolerance, name=labels[n], kind="dsa",
+                      row_shape=_head_rows("dsa", g, params), **common)  # fmt: skip
             done[n] = OutputVerdict(n, v, gold, against, IDS if gold is not g else None)
+    if vis is None:
+        for ov in done.values():
+            if ov.output in (IDS, SCORES):
+                ov.verdict.warnings.append(NO_LENGTHS)
     return done
 
 

@@ -315,15 +315,17 @@ def _judge_float(a, g, spec: Spec, rule: str, name: str) -> Verdict:
 
 
 def judge_output(name, a, g, spec: Spec, *, rule="default", scores=None, slots=None,
-                 layout="", block_size=128) -> OutputResult:  # fmt: skip
+                 layout="", block_size=128, visible=None) -> OutputResult:  # fmt: skip
     """One output by its :class:`Spec` (``scores``: the golden scores of the ids; ``slots``,
-    ``layout``, ``block_size``: a cache's written rows and byte layout)."""
+    ``layout``, ``block_size``: a cache's written rows and byte layout; ``visible``: the
+    indexer rows' visible lengths)."""
     if spec.kind == "cache":
         return _judge_cache(name, a, g, spec, slots, layout, block_size, rule)
     if spec.kind == "scores":
-        return OutputResult(name, [("", judge_scores(a, g, name=name))])
+        return OutputResult(name, [("", judge_scores(a, g, visible=visible, name=name))])
     if spec.kind == "ids":
-        v = judge_ids(a, g, scores=scores, tolerance=spec.tol, rule=rule, name=name)
+        v = judge_ids(a, g, scores=scores, visible=visible, tolerance=spec.tol, rule=rule,
+                      name=name)  # fmt: skip
         return OutputResult(name, [("", v)])
     return OutputResult(name, [("", _judge_float(a, g, spec, rule, name))])
 
@@ -417,6 +419,15 @@ def _op_layout(op: str, inputs: dict, params: dict):
     return slots, "", int(params.get("block_size", 128)), path, None
 
 
+def _step_visible(a) -> np.ndarray | None:
+    """The layer step's rows' visible lengths (its contract's ``host_plan``), else None."""
+    if a is None:
+        return None
+    from tilesim.shared import dsa_attention_step as contract
+
+    return np.asarray(contract.host_plan(a).visible)
+
+
 def judge_stages(op: str, actual: dict, golden: dict, inputs: dict, params: dict, *,
                  case_tolerance: dict, rule: str = "default",
                  name: str = "") -> StageReport:  # fmt: skip
@@ -435,6 +446,7 @@ def judge_stages(op: str, actual: dict, golden: dict, inputs: dict, params: dict
     if unknown:
         raise ValueError(f"actual: outputs {unknown} are not outputs of {op} ({sorted(golden)})")
     slots, layout, bs, path, a = _op_layout(op, inputs, params)
+    visible = _step_visible(a)
     report = StageReport(op, name or op, [])
     for stage, outs, upstream in STAGES:
         if op != "dsa_attention_step" and stage != op:
@@ -448,7 +460,7 @@ def judge_stages(op: str, actual: dict, golden: dict, inputs: dict, params: dict
                 res.outputs.append(judge_output(
                     n, np.asarray(actual[n]), np.asarray(gold[n]), spec, rule=rule,
                     scores=gold.get("scores"), slots=slots, layout=layout,
-                    block_size=bs))  # fmt: skip
+                    block_size=bs, visible=visible))  # fmt: skip
         report.stages.append(res)
     return report
 

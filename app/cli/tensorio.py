@@ -567,7 +567,8 @@ def load_tensor(spec: str, *, like: Loaded | None = None, dtype: str | None = No
     if path.name == MANIFEST or path.suffix == ".json":
         m = read_manifest(path)
         e = _golden_entry(m, str(path), key)
-        return Loaded(load_from_manifest(path, e, dtype=want), str(path), m, e)
+        src = f"{path}:{key}" if key is not None else str(path)
+        return Loaded(load_from_manifest(path, e, dtype=want), src, m, e)
     if path.suffix == ".npy":
         a = read_npy(path)
         if want is not None:

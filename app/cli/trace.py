@@ -12,12 +12,14 @@ from pathlib import Path
 
 from tilesim.cli import CliError
 from tilesim.cli import tensorio as tio
+from tilesim.cli.dumps import match_actuals
 from tilesim.cli.outputs import Outputs, check_png_path, size_text
 from tilesim.cli.progress import Progress, build_and_run, want_progress
 from tilesim.cli.registry import get_case
 from tilesim.cli.runner import jsonable
 from tilesim.cli.tolerances import resolve_tolerance
-from tilesim.cli.verdicts import judge_one
+from tilesim.cli.verdicts import judge_run, judge_run_stages, run_goldens
+from tilesim.reference.judge_stages import PLAN_OPS
 
 
 @dataclasses.dataclass
@@ -29,6 +31,7 @@ class TraceRun:
     tolerance: dict
     goldens: dict
     seconds: float
+    args: dict  # the op's keyword arguments (inputs and params)
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
@@ -46,16 +49,18 @@ def cmd_trace(args: argparse.Namespace) -> int:
     if args.records:
         outputs.add(Path(args.records))
     outputs.check()
-    if args.actual:  # a missing or unreadable ACTUAL fails before the run
-        tio._resolve(args.actual)
+    if args.actual:  # a missing ACTUAL fails before the run
+        path, _ = tio._split_key(args.actual)
+        if not path.exists():
+            raise CliError(f"no such file or directory {str(path)!r}")
     records: list[dict] = []
     run = _trace_run(kind, target, args, records)
     _check_records(run.op, records)
     summary = summarize(records)
-    actual, golden, err_title, passed = _trace_actual(args, run)
+    verdict = _trace_actual(args, run)
     with outputs:
         if png is not None:
-            _trace_png(outputs.temp(png), run, records, summary, actual, golden, err_title)
+            _trace_png(outputs.temp(png), run, records, summary, verdict)
         if args.records:
             _write_records(outputs.temp(Path(args.records)), records)
     lanes = ", ".join(summary["lane_keys"]) or "no lane keys"
@@ -63,13 +68,13 @@ def cmd_trace(args: argparse.Namespace) -> int:
         f"{run.name}: {run.op} ran {summary['tiles']} tiles in {summary['lanes']} lanes "
         f"({lanes}); tile sizes {summary['tile_sizes']}"
     )
-    if err_title:
-        print(f"  {err_title}")
+    for line in verdict.lines:
+        print(f"  {line}")
     if args.records:
         print(f"  trace records: {args.records}")
     if png is not None:
         print(f"  wrote {png} ({size_text(png.stat().st_size)})")
-    return 0 if passed else 1
+    return 0 if verdict.passed else 1
 
 
 def _trace_target(args) -> tuple[str, object]:
@@ -93,7 +98,8 @@ def _trace_run(kind: str, target, args, records: list) -> TraceRun:
     if kind == "case":
         progress = Progress(want_progress(args))
         built, goldens, run_s = build_and_run(target, args.seed, progress, trace=records.append)
-        return TraceRun(target.name, built.op_name, built.tolerance, goldens, run_s)
+        return TraceRun(target.name, built.op_name, built.tolerance, goldens, run_s,
+                        built.op_args)  # fmt: skip
     from tilesim.cli import replay as rp
 
     plan = rp.plan_replay(target, op=None, params_text=None, like=None)
@@ -102,28 +108,66 @@ def _trace_run(kind: str, target, args, records: list) -> TraceRun:
     goldens = rp.run_op(plan.op, op_args, trace=records.append)
     _, m = rp.golden_manifest(target)
     name = m.get("case") or Path(target).name
-    return TraceRun(name, plan.op, plan.tolerance, goldens, time.perf_counter() - t0)
+    return TraceRun(name, plan.op, plan.tolerance, goldens, time.perf_counter() - t0, op_args)
 
 
-def _trace_actual(args, run: TraceRun):
-    """(actual, golden, title of the error panel, passed) for ``--actual``; (None, None, "",
-    True) without."""
+@dataclasses.dataclass
+class ActualVerdict:
+    """``--actual`` judged: one report line per output, the pair the error map draws (the
+    first float output judged; ``None``: none) and its line."""
+
+    lines: list
+    passed: bool = True
+    actual: object = None
+    golden: object = None
+    map_title: str = ""
+
+
+def _trace_actual(args, run: TraceRun) -> ActualVerdict:
+    """``--actual`` against the run's outputs: ACTUAL answers them as in ``tilesim compare``
+    (a file, an ``.npz`` or ``.pt`` of several, a dump directory, a golden directory by its
+    manifest), each judged by the op's plan."""
     if not args.actual:
-        return None, None, "", True
-    (gname, garr), *_ = sorted(run.goldens.items())
-    g_loaded = tio.Loaded(garr, f"reference {gname}", None, {"name": gname})
-    act = tio.load_tensor(args.actual, like=g_loaded, dtype=args.actual_dtype)
-    if act.array.shape != garr.shape:
-        raise CliError(
-            f"mismatched file: {act.source} has shape {list(act.array.shape)}, the golden "
-            f"of {run.name} has {list(garr.shape)}"
-        )
-    rep = judge_one(act.array, garr, resolve_tolerance(run.tolerance), name=run.name)
-    title = (
-        f"{act.source} vs golden: {'PASS' if rep.passed else 'FAIL'}, {rep.n_fail} failing "
-        f"(allowed {rep.threshold}), max |err| {rep.max_abs_err:.3g}"
-    )
-    return act.array, garr, title, rep.passed
+        return ActualVerdict([])
+    gs = run_goldens(run.op, run.goldens, run.args)
+    pairs, notes = match_actuals(args.actual, gs, dtype=args.actual_dtype)
+    for g, a in pairs:
+        if a.array.size != g.array.size:
+            raise CliError(
+                f"mismatched file: {a.source} has shape {list(a.array.shape)}, the golden "
+                f"{g.name} of {run.name} has {list(g.array.shape)}"
+            )
+    tol = resolve_tolerance(run.tolerance)
+    notes = [f"note: {n}" for n in notes]
+    if run.op in PLAN_OPS:
+        rep = judge_run_stages(run.op, pairs, tol, run.args, run.goldens, name=run.name)
+        last = rep.summary().splitlines()[-1]
+        return ActualVerdict([f"{_sources(pairs)} vs golden: {last}", *notes], rep.passed)
+    results = judge_run(run.op, gs, pairs, tol, run.args, name=run.name)
+    out = ActualVerdict([_verdict_line(r, a, g, len(gs.outputs)) for r, _, a, g, _ in results])
+    out.lines += notes
+    out.passed = all(r[0].passed for r in results)
+    drawn = [(j, a, g) for j, (r, _, a, g, _) in enumerate(results) if r.kind != "ids"]
+    if drawn:
+        j, a, g = drawn[0]
+        out.actual, out.golden = a.array.reshape(g.array.shape), g.array
+        out.map_title = out.lines[j]
+    return out
+
+
+def _verdict_line(rep, a, g, n_outputs: int) -> str:
+    what = "golden" if n_outputs == 1 else f"golden {g.name}"
+    head = f"{a.source} vs {what}: {'PASS' if rep.passed else 'FAIL'}"
+    if rep.kind == "ids":
+        return f"{head}, {len(rep.ids.wrong) if rep.ids else rep.n_fail} rows wrong"
+    if rep.seeds is None:  # no published numbers: the golden-aware checks alone
+        return f"{head}" + (f" ({', '.join(rep.failed)} failed)" if rep.failed else "")
+    return (f"{head}, {rep.n_fail} failing (allowed {rep.threshold}), "
+            f"max |err| {rep.max_abs_err:.3g}")  # fmt: skip
+
+
+def _sources(pairs) -> str:
+    return ", ".join(sorted({a.source for _, a in pairs}))
 
 
 def _check_records(op: str, records: list[dict]) -> None:
@@ -142,10 +186,11 @@ def _write_records(path: Path, records: list[dict]) -> None:
             f.write(json.dumps(jsonable(r)) + "\n")
 
 
-def _trace_png(path, run, records, summary, actual, golden, err_title) -> None:
+def _trace_png(path, run, records, summary, verdict: ActualVerdict) -> None:
     from tilesim.cli.plot import save_trace_png
 
-    tol = resolve_tolerance(run.tolerance) if actual is not None else {"atol": 0, "rtol": 0}
+    drawn = verdict.actual is not None
+    tol = resolve_tolerance(run.tolerance) if drawn else {"atol": 0, "rtol": 0}
     title = (
         f"{run.name}: {run.op}, {summary['tiles']} tiles"
         f" (sizes {', '.join(map(str, summary['tile_sizes'][:8]))}), reference {run.seconds:.2f} s"
@@ -154,9 +199,9 @@ def _trace_png(path, run, records, summary, actual, golden, err_title) -> None:
         path,
         title=title,
         records=records,
-        actual=actual,
-        golden=golden,
+        actual=verdict.actual,
+        golden=verdict.golden,
         atol=tol["atol"],
         rtol=tol["rtol"],
-        err_title=err_title,
+        err_title=verdict.map_title,
     )

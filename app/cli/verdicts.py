@@ -82,19 +82,24 @@ def golden_scores(scores: dict):
 def judge_dump(gs: GoldenSet, pairs, tol: dict, *, case: str, rule: str, arithmetic: str):
     """``[(verdict, distribution or None, actual, golden, against or None)]`` of the dumped
     outputs ``pairs`` (``[(golden, actual)]`` of :mod:`tilesim.cli.dumps`), in the golden's
-    order, by the op's plan (:func:`tilesim.reference.judge_plans.judge_outputs`); a golden
-    recomputed by the plan is named in ``golden.source``."""
+    order, by the op's plan (:func:`tilesim.reference.judge_plans.judge_outputs`) with the
+    call the golden directory records; a golden recomputed by the plan is named in
+    ``golden.source``."""
+    inputs, params = golden_call(gs)
+    return _judged(gs, pairs, tol, inputs, params, name=case, rule=rule, arithmetic=arithmetic)
+
+
+def _judged(gs: GoldenSet, pairs, tol, inputs, params, *, name, rule, arithmetic) -> list:
     from tilesim.reference.judge_plans import judge_outputs
 
     names = dict(zip((id(g) for g in gs.outputs), gs.names, strict=True))
     dumped = {names[id(g)]: (g, a) for g, a in pairs}
-    inputs, params = golden_call(gs)
     with refused():
         verdicts = judge_outputs(
             (gs.manifest or {}).get("op"), {n: a.array for n, (_, a) in dumped.items()},
             {n: g.array for n, g in zip(gs.names, gs.outputs, strict=True)}, tolerance=tol,
             scores=golden_scores(gs.scores), inputs=inputs, params=params, rule=rule,
-            name=case, arithmetic=arithmetic,
+            name=name, arithmetic=arithmetic,
         )  # fmt: skip
     results = []
     for ov in verdicts:
@@ -106,6 +111,52 @@ def judge_dump(gs: GoldenSet, pairs, tol: dict, *, case: str, rule: str, arithme
         dist = distribution(flat, ov.golden) if ov.verdict.kind != "ids" else None
         results.append((ov.verdict, dist, a, g, ov.against))
     return results
+
+
+# ---------------------------------------------------------------------------------------------
+# the outputs of a reference run (``tilesim trace --actual``)
+
+
+def run_goldens(op: str, goldens: dict, args: dict) -> GoldenSet:
+    """The outputs of one reference run of ``op`` (``goldens``, in the op's order; ``args``:
+    its keyword arguments) as the golden side of :func:`tilesim.cli.dumps.match_actuals`,
+    with the scores its ids are judged with."""
+    from tilesim.cli.replay import indexer_block_scores
+    from tilesim.reference.judge_plans import INDEXER_OPS
+
+    outs = [tio.Loaded(np.asarray(a), f"reference {n}", None, {"name": n})
+            for n, a in goldens.items()]  # fmt: skip
+    scores = indexer_block_scores(op, args)
+    if op in INDEXER_OPS and "scores" in goldens:
+        scores = {"scores": np.asarray(goldens["scores"])}
+    return GoldenSet(outs, scores, {"op": op}, None)
+
+
+def _call_parts(args: dict) -> tuple[dict, dict]:
+    """(the arrays, the other arguments) of an op's keyword arguments."""
+    arrays = {k: v for k, v in args.items() if isinstance(v, np.ndarray)}
+    rest = {k: v for k, v in args.items() if k not in arrays and k not in ("trace", "progress")}
+    return arrays, rest
+
+
+def judge_run(op: str, gs: GoldenSet, pairs, tol: dict, args: dict, *, name: str) -> list:
+    """:func:`judge_dump` of ``pairs`` against the outputs of a reference run
+    (:func:`run_goldens`) with its call's arguments ``args``."""
+    inputs, params = _call_parts(args)
+    return _judged(gs, pairs, tol, {**inputs, **params}, params, name=name, rule="default",
+                   arithmetic="float64")  # fmt: skip
+
+
+def judge_run_stages(op: str, pairs, tol: dict, args: dict, goldens: dict, *, name: str):
+    """The stage verdict of ``pairs`` against the outputs ``goldens`` of a reference run of a
+    stage-judged op with its call's arguments ``args``."""
+    from tilesim.reference.judge_stages import judge_stages
+
+    inputs, params = _call_parts(args)
+    actual = {g.name: a.array for g, a in pairs}
+    with refused(f"{name}: "):
+        return judge_stages(op, actual, dict(goldens), inputs, params, case_tolerance=tol,
+                            name=name)  # fmt: skip
 
 
 def judge_stage_dump(gs: GoldenSet, pairs, tol: dict, *, case: str, rule: str = "default"):
@@ -129,11 +180,3 @@ def judge_stage_dump(gs: GoldenSet, pairs, tol: dict, *, case: str, rule: str = 
     with refused(f"{case}: "):
         return judge_stages(m["op"], actual, golden, golden_inputs(mpath, m), params,
                             case_tolerance=tol, rule=rule, name=case)  # fmt: skip
-
-
-def judge_one(actual, golden, tol: dict, *, name: str):
-    """:func:`tilesim.reference.judge` of one output pair (``tilesim trace --actual``)."""
-    from tilesim.reference.judge import judge
-
-    with refused():
-        return judge(actual, golden, tol, name=name)
