@@ -272,17 +272,8 @@ def compare(
     n_fail = int(fail.sum())
     reasons = _verdict_reasons(n_nonfinite, n_fail, threshold)
     return CompareReport(
-        passed=not reasons,
-        name=name,
-        shape=tuple(a.shape),
-        dtype=str(a.dtype),
-        numel=numel,
-        n_fail=n_fail,
-        threshold=threshold,
-        n_nonfinite=n_nonfinite,
-        atol=atol,
-        rtol=rtol,
-        ratio=ratio,
-        reason="; ".join(reasons),
+        passed=not reasons, name=name, shape=tuple(a.shape), dtype=str(a.dtype), numel=numel,
+        n_fail=n_fail, threshold=threshold, n_nonfinite=n_nonfinite, atol=atol, rtol=rtol,
+        ratio=ratio, reason="; ".join(reasons),
         **_diagnostics(a, g, a64, g64, diff, tol, fail, n_worst),
-    )
+    )  # fmt: skip

@@ -69,7 +69,6 @@ from tilesim.shared.validate import (
     check_elements,
     check_float,
     check_int,
-    check_pos_int,
 )
 
 QUANT_RULES = ("fp8", "fp8_ue8m0", "int8", "fp8_int8grid")
@@ -479,7 +478,7 @@ def _as_actual_seq(actual_seq, b) -> tuple[int, ...]:
     if isinstance(actual_seq, (list, tuple)) and not actual_seq:
         raise ValueError("actual_seq: expected at least one batch")
     if b is not None:
-        b = check_pos_int(b, "b")
+        b = check_int(b, "b", lo=1)
     if isinstance(actual_seq, (int, np.integer)) and not isinstance(actual_seq, bool):
         if b is None:
             raise ValueError("actual_seq: an int needs b (the batch count)")
@@ -530,8 +529,8 @@ def _checked(p: dict) -> dict:
     q = dict(p)
     q["actual_seq"] = _as_actual_seq(p["actual_seq"], p["b"])
     for k in ("s1", "nq", "topk", "block_size", "chunk_rows"):
-        q[k] = check_pos_int(p[k], k)
-    if check_pos_int(p["n_kv"], "n_kv") != 1:
+        q[k] = check_int(p[k], k, lo=1)
+    if check_int(p["n_kv"], "n_kv", lo=1) != 1:
         raise ValueError(f"n_kv: expected 1 (one latent KV head), got {p['n_kv']!r}")
     q["softmax_scale"] = check_float(p["softmax_scale"], "softmax_scale", positive=True, fp32=True)
     check_choice(p["quant"], "quant", QUANT_RULES)
