@@ -61,7 +61,8 @@ def cmd_golden(args: argparse.Namespace) -> int:
 
 
 def golden_header(built: BuiltCase, goldens: dict, *, out_dir: Path) -> dict:
-    """The manifest fields of a named case's golden (everything but the tensors)."""
+    """The manifest fields of a named case's golden (everything but the tensors); ``golden``
+    names the outputs in the op's output order (the order of ``goldens``, as returned)."""
     i = built.info
     params = manifest_params(built)
     return {
@@ -80,7 +81,7 @@ def golden_header(built: BuiltCase, goldens: dict, *, out_dir: Path) -> dict:
         "builder_meta": jsonable(built.meta),
         "tiling": params.get("tiling"),
         "tolerance": {**built.tolerance, "rule": tolerance_rule(built.tolerance)},
-        "golden": sorted(goldens),
+        "golden": list(goldens),
         "reproduce": _reproduce_case(i, built.seed, out_dir),
     }
 

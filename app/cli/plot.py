@@ -6,11 +6,12 @@ trace-record schema of :mod:`tilesim.shared.trace` (``op, lane, step, key_range,
 row_max, row_sum, flop, extra``): one swim lane per distinct ``lane`` dict, one bar per record
 over its ``key_range``, coloured by ``keys_used``; below, the records' ``row_max``, ``row_sum``
 and ``extra["head_max"]`` when they carry them, each panel titled with what that op's records
-mean (:func:`panel_title`: the attention ops' softmax statistics; the indexer's per-head block
-score maxima, which are no softmax). A row that sees no key in a tile (every score masked, its
-max near the -1e9 mask value) is left out of the row max and row sum panels, and the title
-says how many were. ``extra["slot"]`` (indexer: the block's slot, -1 = dropped) and
-``extra["branch"]`` (a merge branch) label the bars.
+mean (:func:`panel_title`: the attention ops' softmax statistics; the MSA indexer's per-head
+block score maxima and the DeepSeek indexer's per-row block score maxima, which are no
+softmax). A row that sees no key in a tile (every score masked, its max at a mask value or
+``-inf``) is left out of the row max and row sum panels, and the title says how many were.
+``extra["slot"]`` (indexer: the block's slot, -1 = dropped) and ``extra["branch"]`` (a merge
+branch) label the bars.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import numpy as np
 from tilesim.shared.msa_main import MASK_NEG
 from tilesim.shared.trace import lane_id
 
-#: a row max at or below this is a row with every score of the tile masked (mask -1e9)
+#: a row max at or below this is a row with every score of the tile masked (the attention
+#: ops' mask values: -1e9, -3e38 clamped at -1e30; the DeepSeek indexer's -inf)
 MASKED_BELOW = float(MASK_NEG) / 2
 
 
@@ -116,6 +118,9 @@ def summarize(records: list[dict]) -> dict:
 _STAT_KEYS = ("row_max", "head_max", "row_sum")
 #: ops whose ``row_max`` is the per-head max of a block's index scores (no softmax)
 _INDEXER_OPS = ("msa_indexer", "msa_indexer_scores")
+#: the op whose ``row_max`` is each query row's max index score over a block (no softmax;
+#: ``-inf`` where the row sees none of the block): the DeepSeek lightning indexer
+_ROW_SCORE_OP = "dsa_indexer"
 _TITLES = {
     "row_max": "per-tile softmax row max m of the scaled, masked scores",
     "row_sum": "per-tile softmax row sum l = sum of exp(S - m)",
@@ -127,9 +132,14 @@ def panel_title(op: str | None, key: str, n_masked: int = 0) -> str:
     """What the panel of ``key`` shows for ``op``'s records (see the module docstring)."""
     if op in _INDEXER_OPS and key in ("row_max", "head_max"):
         return "per-block max of the FP32 index scores q.k per index head (min / mean / max)"
+    if op == _ROW_SCORE_OP and key == "row_max":
+        text = "per-block max of the FP32 index scores per query row (min / mean / max over rows)"
+        if n_masked:
+            text += f"; {n_masked} rows seeing none of the block (-inf) left out"
+        return text
     text = f"{_TITLES[key]} (min / mean / max over rows)"
     if n_masked and key in ("row_max", "row_sum"):
-        text += f"; {n_masked} rows seeing no key in their tile (mask -1e9) left out"
+        text += f"; {n_masked} rows seeing no key in their tile (masked row max) left out"
     return text
 
 

@@ -1,14 +1,13 @@
 """The named-case registry: the ``CASE_INFO`` tables of the families' case modules.
 
-Each family's cases module (:mod:`tilesim.reference.moe_cases`, ``msa_cases``, ``dsa_cases``,
-``dsa_indexer_cases``)
-exports ``CASE_INFO: dict[str, tilesim.shared.case_schema.CaseInfo]`` — family, op, model,
-summary, seed, size, tolerance, builder (``"module:function"``), kind, SoC marks, the seeds'
-status and notes. The registry is their union, in family order (MoE, MSA, DeepSeek sparse
-attention, DeepSeek lightning indexer and decode step); there is
-no second copy of the table. The builder's own case name is the entry's name unless
-``builder_params`` holds ``"case"`` (``None`` = an ad-hoc builder call, e.g. a tilesim extra
-case built from parameters).
+Each family's cases module (``tilesim.reference.<family>_cases`` for every family of
+:data:`tilesim.shared.case_schema.CASE_FAMILIES`: ``moe``, ``msa``, ``dsa``, ``dsa_indexer``,
+``dsa_indexer_prolog``, ``mla_prolog``, ``dsa_attention_step``) exports ``CASE_INFO: dict[str,
+tilesim.shared.case_schema.CaseInfo]`` — family, op, model, summary, seed, size, tolerance,
+builder (``"module:function"``), kind, SoC marks, the seeds' status and notes. The registry is
+their union, in family order; there is no second copy of the table. The builder's own case
+name is the entry's name unless ``builder_params`` holds ``"case"`` (``None`` = an ad-hoc
+builder call, e.g. a tilesim extra case built from parameters).
 """
 
 from __future__ import annotations
@@ -60,8 +59,8 @@ def load_registry() -> dict[str, CaseInfo]:
 
 
 def list_cases(family: str | None = None) -> list[CaseInfo]:
-    """The cases of one family (``moe``, ``msa``, ``dsa``, ``dsa_indexer``; also a kind such
-    as ``decode`` or ``decode_step``) or all of them."""
+    """The cases of one family (:data:`FAMILIES`; also a kind such as ``decode`` or
+    ``decode_step``) or all of them."""
     reg = load_registry()
     if family is None:
         return list(reg.values())
@@ -89,7 +88,11 @@ def soc_text(info: CaseInfo) -> str:
 
 #: (short text, rule in words) of the tolerance modes without atol/rtol
 _NUMBERLESS = {
-    "set": ("set equality", "each row holds the same set of ids as the golden (order free)"),
+    "set": (
+        "set equality",
+        "each row holds the golden's ids as a set, in any order, up to score ties (DeepSeek "
+        "indexer: among the row's first min(topk, visible) entries, the ones the attention reads)",
+    ),
     "ulp": (
         "ulp budget",
         "no published tolerance: the judge's golden-aware checks alone (relative L2 and cosine "

@@ -160,3 +160,11 @@ def test_trace_actual_on_the_decode_step_and_the_layer_step(cli, step, tmp_path)
     m = tmp_path / "mla_prolog_int8_pad"
     code, out, err = cli("trace", m, "--actual", m)
     assert code == 0 and "vs golden: PASS mla_prolog_int8_pad: every dumped stage passes" in out
+
+
+def test_the_manifest_lists_the_outputs_in_the_ops_order(step):
+    from tilesim.reference.dsa_step import STEP_OUTPUTS
+
+    m = json.loads((step / "manifest.json").read_text())
+    assert m["golden"] == list(STEP_OUTPUTS) == ["topk_indices", "scores", "out"]
+    assert [t["name"] for t in m["tensors"] if t["role"] == "golden"] == list(STEP_OUTPUTS)

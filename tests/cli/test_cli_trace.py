@@ -244,3 +244,18 @@ def test_main_branch_row_max_panel_is_not_swamped(cli, tmp_path):
     assert "left out" in panels["row_max"]
     drawn = [s for r in rows if (s := _stat(r, "row_max", drop_masked=True)) is not None]
     assert drawn and min(s[0] for s in drawn) > -100.0
+
+
+def test_the_deepseek_indexer_panel_is_no_softmax():
+    """The DeepSeek indexer's ``row_max`` is each query row's max index score over a block
+    (``-inf`` for a row that sees none of it): its panel says so and leaves such rows out."""
+    recs = [
+        trace_record("dsa_indexer", {"b": 0}, j, (128 * j, 128 * j + 128), keys_used=128,
+                     row_max=np.array([0.5, -np.inf if j == 2 else 0.25], np.float32),
+                     flop=1, extra={"block": j, "rows": [0, 2]})
+        for j in range(3)
+    ]  # fmt: skip
+    ((key, title),) = stat_panels(recs)
+    assert key == "row_max" and "softmax" not in title and "mask" not in title
+    assert title.startswith("per-block max of the FP32 index scores per query row")
+    assert "1 rows seeing none of the block (-inf) left out" in title
