@@ -1,0 +1,31 @@
+"""docs/cli.md shows what the command line prints: its ``tilesim cases`` listing is the
+listing of the installed registry, and the families it names are the registry's."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from tilesim.shared.case_schema import CASE_FAMILIES
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
+
+
+def _console_block(after: str) -> list[str]:
+    """The lines a console block of docs/cli.md prints after the command line ``after``."""
+    lines = DOC.read_text().splitlines()
+    start = lines.index(f"$ {after}") + 1
+    end = next(j for j in range(start, len(lines)) if lines[j].startswith(("$ ", "```")))
+    return lines[start:end]
+
+
+def test_the_cases_listing_is_the_registrys(cli):
+    code, out, err = cli("cases")
+    assert code == 0, err
+    assert _console_block("tilesim cases") == out.rstrip("\n").splitlines()
+
+
+def test_the_cases_command_names_every_family():
+    row = next(ln for ln in DOC.read_text().splitlines() if ln.startswith("| `tilesim cases"))
+    named = re.findall(r"`(\w+)`", row.split("a family", 1)[1].split("or a kind")[0])
+    assert tuple(named) == CASE_FAMILIES
