@@ -128,6 +128,7 @@ class IdRow:
     used: int | None = None  # the entries read: min(k, visible), when given
     scores: dict = field(default_factory=dict)  # golden score of each missing / extra id
     empty: int = 0  # -1 slots among the entries read (visible given)
+    index: int | None = None  # the row's flat index (rows = the leading axes flattened)
 
     @property
     def wrong(self) -> bool:
@@ -642,6 +643,8 @@ def _judge_ids(a, g, tol, rule, name, scores, names, visible) -> dict:
     for r in range(gr.shape[0]):
         row, n_bt = _id_row(ar[r], gr[r], None if s is None else s[r], names(r),
                             None if vis is None else vis[r])  # fmt: skip
+        if row is not None:
+            row.index = r
         rep.boundary_ties += n_bt
         if row is not None:
             (rep.wrong if row.wrong else rep.tied).append(row)

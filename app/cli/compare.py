@@ -56,7 +56,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         for n in notes:
             print(f"note: {n}")
     if png is not None:
-        compare_png(outputs, png, results[0], tol)
+        scores = golden_scores(gs.scores)
+        compare_png(outputs, png, results[0], tol, None if scores is None else scores.shape[-1])
         print(f"  wrote {png} ({size_text(png.stat().st_size)})")
     if png_error is not None:
         sys.stdout.flush()

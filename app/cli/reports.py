@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 from tilesim.cli.distribution import distribution_text, ulp_distances
 from tilesim.cli.outputs import Outputs
 from tilesim.cli.runner import jsonable
@@ -40,12 +41,17 @@ def print_report(rep, dist, a, g, against, tol, scores_missing: bool) -> None:
         print(distribution_text(dist))
 
 
-def compare_png(outputs: Outputs, png: Path, result, tol) -> None:
-    """The ULP histogram and the error maps of one judged output (``result``: the
-    ``(verdict, distribution, actual, golden, against)`` of :mod:`tilesim.cli.compare`)."""
+def compare_png(outputs: Outputs, png: Path, result, tol, candidates: int | None = None) -> None:
+    """The picture of one judged output (``result``: the ``(verdict, distribution, actual,
+    golden, against)`` of :mod:`tilesim.cli.compare`): floats, the ULP histogram and the error
+    maps; ids, per row the ids both select, the missing, extra and tied ones
+    (``candidates``: the number of candidate positions, the golden scores' width)."""
     from tilesim.cli.plot import save_compare_png
 
     rep, _, a, g, _ = result
+    if rep.kind == "ids":
+        _ids_png(outputs, png, rep, a, g, candidates)
+        return
     title = (
         f"{rep.name}: {'PASS' if rep.passed else 'FAIL'}, {rep.n_fail} failing "
         f"(allowed {rep.threshold}), max |err| {rep.max_abs_err:.3g}, max ULP {rep.max_ulp}"
@@ -65,3 +71,20 @@ def compare_png(outputs: Outputs, png: Path, result, tol) -> None:
             rtol=tol["rtol"],
             title=title,
         )
+
+
+def _ids_png(outputs: Outputs, png: Path, rep, a, g, candidates) -> None:
+    from tilesim.cli.plot import id_grid, save_ids_png
+
+    n_rows = rep.ids.n_rows if rep.ids is not None else int(np.prod(g.array.shape[:-1]))
+    wrong = len(rep.ids.wrong) if rep.ids is not None else rep.n_fail
+    tied = len(rep.ids.tied) if rep.ids is not None else 0
+    title = (f"{rep.name}: {'PASS' if rep.passed else 'FAIL'}, {wrong} of {n_rows} rows wrong, "
+             f"{tied} accepted by score ties")  # fmt: skip
+    if rep.failed:
+        title += f"; failed: {', '.join(rep.failed)}"
+    lead = g.array.shape[:-1]
+    label = "id row" if len(lead) <= 1 else f"id row ({' x '.join(map(str, lead))} flattened)"
+    with outputs:
+        grid, marks = id_grid(rep, a.array, g.array, candidates)
+        save_ids_png(outputs.temp(png), grid=grid, marks=marks, title=title, row_label=label)

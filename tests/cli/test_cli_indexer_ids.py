@@ -168,3 +168,39 @@ def test_the_manifest_lists_the_outputs_in_the_ops_order(step):
     m = json.loads((step / "manifest.json").read_text())
     assert m["golden"] == list(STEP_OUTPUTS) == ["topk_indices", "scores", "out"]
     assert [t["name"] for t in m["tensors"] if t["role"] == "golden"] == list(STEP_OUTPUTS)
+
+
+def test_compare_png_of_ids_draws_the_selection_per_row(cli, step, tmp_path, monkeypatch):
+    """``--png`` of an id output: per row and candidate position, the ids both select, the
+    missing, extra, unread and tied ones (no ULP picture of id values)."""
+    from tilesim.cli import plot
+
+    g = read_npz(step / "golden.npz")
+    ids = g["topk_indices"].copy()
+    ids[0] = np.roll(ids[0], 3)  # 3 ids pushed past the 299 entries read
+    gone = int(ids[1, 3])
+    ids[1, 3] = 1000  # row 1 sees 300 positions: 1000 is invisible
+    np.save(tmp_path / "ids.npy", ids)
+    drawn = {}
+    real = plot.save_ids_png
+    monkeypatch.setattr(plot, "save_compare_png", lambda *a, **k: pytest.fail("a ULP picture"))
+
+    def keep(path, **kw):
+        drawn.update(kw)
+        real(path, **kw)
+
+    monkeypatch.setattr(plot, "save_ids_png", keep)
+    code, out, err = cli("compare", tmp_path / "ids.npy", f"{step}:topk_indices", "--png",
+                         tmp_path / "ids.png")  # fmt: skip
+    assert code == 1 and "wrote" in out, err
+    assert cli.png_size(tmp_path / "ids.png")[0] > 0
+    grid, marks = drawn["grid"], drawn["marks"]
+    names = [n for n, _ in plot.ID_CATEGORIES]
+    pushed = g["topk_indices"][0, 296:299]
+    assert grid.shape == (4, g["scores"].shape[1])
+    assert all(names[grid[0, i]].startswith("missing") for i in pushed)
+    assert names[grid[1, gone]].startswith("missing")
+    assert names[grid[1, 1000]].startswith("invisible")
+    assert {names[c].split(" ")[0] for _, _, c in marks} == {"missing", "unread", "invisible,"}
+    assert int((grid == 1).sum()) == int((g["topk_indices"] >= 0).sum()) - 4
+    assert "FAIL, 2 of 4 rows wrong" in drawn["title"]
