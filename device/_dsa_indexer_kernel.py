@@ -3,18 +3,23 @@ scores of every visible cached token and the top-k ids, both on the device. The 
 its host glue are :mod:`tilesim.device.dsa_indexer`; the contract is
 :mod:`tilesim.shared.dsa_indexer`.
 
-Loop nest (``b``, ``r`` and every length are runtime values; one compile per model config)::
+Loop nest (``b`` and every length are runtime values; one compile per model config)::
 
-    L0 b < B              L = seq_lens[b]
-    L1 r < s1 = T / B     row = b*s1 + r, visible = L - (s1-1-r), nblk = ceil(visible / bs)
-      L2 c < nblk / U     a chunk of U blocks (then L2t: the nblk % U last blocks one by one)
-         C1  d_j = q_row [64, 128] @ K_j^T        per block j of the chunk (cube, one K step)
-             int8: INT32 (exact); fp8: FP32
-         V1  int8 "gym": t = FP32(FP16(relu(FP32(d)) * 2^-11)) * FP32(w_h), w_h = FP16(qs*w)
+    L0 b < B                 L = seq_lens[b], s1 = T / B
+    L1 g < s1 // 2, then s1 % 2    groups of 2 query rows (M = 128), then 1 (M = 64);
+                             nblk = ceil(visible of the group's last row / bs)
+      L2 chunks of U blocks  pypto.loop_unroll over nblk, U in CHUNK_UNROLL
+         C1  d_j = q_group [M, 128] @ K_j^T   per block j of the chunk: every block read
+             once per group; the L1 reuse of JIT packs 16 blocks into one cube task
+             int8: the fix-pipe epilogue FP16(relu(d) * 2^-11); fp8: FP32 logits
+         KS  the chunk's key scales: one index_select by the chunk's block-table entries
+         V1  per query row and VEC_COLS columns, one vector task (sg_set_scope):
+             int8 "gym": t = FP32(d) * FP32(w_h), w_h = FP16(qs*w)
              fp8:        t = relu(d) * w_h                       (FP32)
              s = the head sum of t, a fixed pairwise tree (:func:`head_sum`), FP32
-             score = s * FP32(k_scale)            written for the row's visible positions only
-      SEL  the top-k of the row (:func:`select_row`), ids written for min(topk, visible) slots
+             score = s * k_scale        written for the row's visible positions only
+      SEL  per row r < s1: the top-k of the row (:func:`select_row`), ids written for
+           min(topk, visible) slots
 
 Selection with the documented tie rule from PyPTO's ``topk`` alone: 0.2.0's ``topk`` breaks
 ties arbitrarily (in the interpreter it is ``torch.topk``), so every ``topk`` whose order
@@ -48,16 +53,30 @@ from tilesim.shared.index_cache import INDEX_DIM as DIM  # 128
 from tilesim.shared.index_cache import index_page_view
 
 NEG_INF = float("-inf")
-#: blocks per score chunk (the unrolled block loop; then single blocks)
-CHUNK_BLOCKS = 4
+#: blocks per score chunk: the unroll factors of the block loop (``pypto.loop_unroll``)
+CHUNK_UNROLL = (32, 8, 1)
+#: widest vector tile of the score stage
+VEC_COLS = 1024
+#: rows of the score stage's vector tiles
+TERM_ROWS = 8
+#: ``sg_set_scope`` of a chunk's key-scale gather (one vector task)
+KSCALE_SCOPE = 7
+#: ``sg_set_scope`` of the score slabs: ``SLAB_SCOPE + row * MAX_SLABS + slab``
+SLAB_SCOPE, MAX_SLABS = 100, 100
 #: widest vector tile of the full-row top-k (the PyPTO example's topk_tile)
 TOPK_TILE = 8192
 #: vector tile of the dense-rank cumsum (its transposes need ~100 B of UB per column)
 CUMSUM_TILE = 1024
 #: bucket widths grow by this factor (fewer branches = less compile time)
 BUCKET_STEP = 4
-#: the jit options (PyPTO's own indexer example: stitch 128, scheduling mode 1)
-JIT = (("runtime", "stitch_function_max_num", 128), ("runtime", "device_sched_mode", 1))
+#: the jit options: PyPTO's own indexer example's stitch 128 (the cost model's machine crashes
+#: above 128) and scheduling mode 1; pypto-gym's L1 reuse of 16, which packs 16 blocks' C1
+#: matmuls (one copy of the query rows) into one cube task
+JIT = (
+    ("runtime", "stitch_function_max_num", 128),
+    ("runtime", "device_sched_mode", 1),
+    ("pass", "cube_l1_reuse_setting", ((-1, 16),)),
+)
 READY_ON_HOST = ("block_table", "seq_lens")
 
 
@@ -65,8 +84,9 @@ class IndexerParams:
     """Static (trace-time) parameters of one build; ``repr`` keys pypto's compiled-kernel
     cache (equal parameters reuse a kernel)."""
 
-    def __init__(self, *, path, block_size, topk, width, chunk=CHUNK_BLOCKS, select=True):
-        self.path, self.bs, self.topk, self.width, self.chunk = path, block_size, topk, width, chunk
+    def __init__(self, *, path, block_size, topk, width, unroll=CHUNK_UNROLL, select=True):
+        self.path, self.bs, self.topk, self.width = path, block_size, topk, width
+        self.unroll = tuple(sorted({*unroll, 1}, reverse=True))
         self.select = bool(select)  # False: the scores only (the cost split of the reports)
         self.buckets = buckets(topk, width)
         # how the kernel addresses a block of the cache (tilesim.shared.index_cache): the codes
@@ -76,10 +96,10 @@ class IndexerParams:
 
     @property
     def key(self) -> tuple:
-        return (self.path, self.bs, self.topk, self.width, self.chunk, self.select)
+        return (self.path, self.bs, self.topk, self.width, self.unroll, self.select)
 
     def __repr__(self) -> str:
-        return ("IndexerParams(path={}, bs={}, topk={}, width={}, chunk={}, select={})"
+        return ("IndexerParams(path={}, bs={}, topk={}, width={}, unroll={}, select={})"
                 .format(*self.key))  # fmt: skip
 
 
@@ -94,9 +114,9 @@ def buckets(topk: int, width: int) -> tuple:
 
 
 # ----------------------------------------------------------------------------- scores
-def c1_tiles(pypto, bs: int) -> None:
-    """The cube tiles of C1 (``[64, 128] @ [128, bs]``, one K step): shared with the probe."""
-    pypto.set_cube_tile_shapes([HEADS, HEADS], [DIM, DIM], [bs, bs])
+def c1_tiles(pypto, m: int, bs: int) -> None:
+    """The cube tiles of C1 (``[m, 128] @ [128, bs]``, one K step): shared with the probe."""
+    pypto.set_cube_tile_shapes([m, m], [DIM, DIM], [bs, bs])
 
 
 def head_sum(pypto, t, w: int):
@@ -106,71 +126,102 @@ def head_sum(pypto, t, w: int):
     n = HEADS
     while n > 1:
         n //= 2
-        pypto.set_vec_tile_shapes(min(n, 16), min(w, 512))
+        pypto.set_vec_tile_shapes(min(n, TERM_ROWS), w)
         t = pypto.add(pypto.view(t, [n, w], [0, 0]), pypto.view(t, [n, w], [n, 0]))
     return t
 
 
-def chunk_terms(pypto, d, wcol, w: int, p):
-    """V1 before the head sum: FP32 ``[64, w]`` terms from the C1 output ``d``."""
-    pypto.set_vec_tile_shapes(16, min(w, 512))
+def slab_terms(pypto, d, wcol, w: int, p):
+    """V1 before the head sum: FP32 ``[64, w]`` terms of one query row from its C1 output
+    ``d`` (INT8: the epilogue's ``FP16(relu(dot) * 2^-11)``; FP8: the FP32 logits)."""
+    pypto.set_vec_tile_shapes(TERM_ROWS, w)
     if p.path == "int8":
-        x = pypto.maximum(pypto.cast(d, pypto.DT_FP32), 0.0)
-        v = pypto.cast(pypto.mul(x, INT8_QK_SCALE), pypto.DT_FP16)
-        return pypto.mul(pypto.cast(v, pypto.DT_FP32), wcol)
+        return pypto.mul(pypto.cast(d, pypto.DT_FP32), wcol)
     return pypto.mul(pypto.maximum(d, 0.0), wcol)
 
 
-def chunk_scores(pypto, ins, qrow, wcol, b, blk0, nb: int, p):
-    """Scores ``[1, nb*bs]`` of the blocks ``blk0 .. blk0+nb-1`` of batch ``b`` for one row."""
-    bs, w = p.bs, nb * p.bs
-    acc = pypto.DT_INT32 if p.path == "int8" else pypto.DT_FP32
-    d = pypto.tensor([HEADS, w], acc, "li_dots")
-    ks = pypto.tensor([1, w], pypto.DT_FP32, "li_kscale")
+def chunk_kscales(pypto, ins, b, blk0, nb: int, p):
+    """FP32 ``[1, nb*bs]`` key scales of the chunk's blocks: one ``index_select`` of the
+    scale rows by the chunk's block-table entries (one vector task)."""
+    bs = p.bs
+    pypto.set_pass_options(sg_set_scope=KSCALE_SCOPE)
+    pypto.set_vec_tile_shapes(1, nb)
+    idx = pypto.view(ins.block_table, [1, nb], [b, blk0])
+    table = pypto.view(ins.k_scales, [ins.k_scales.shape[0], bs], [0, ins.scale_col0])
+    pypto.set_vec_tile_shapes(1, nb, bs)
+    sc = pypto.index_select(table, 0, idx)  # [1, nb, bs]
+    pypto.set_vec_tile_shapes(1, nb * bs)
+    ks = pypto.cast(pypto.reshape(sc, [1, nb * bs]), pypto.DT_FP32)
+    pypto.set_pass_options(sg_set_scope=-1)
+    return ks
+
+
+def c1_dots(pypto, qg, kb, m: int, p):
+    """One C1 matmul ``[m, 128] @ K_j^T``: INT8 with the fix-pipe epilogue ``FP16(relu(d) *
+    2^-11)`` (the dot is an exact integer, so this is one rounding); FP8 the FP32 logits."""
+    c1_tiles(pypto, m, p.bs)
+    if p.path == "int8":
+        ext = {"scale": INT8_QK_SCALE, "relu_type": pypto.ReLuType.RELU}
+        return pypto.matmul(qg, kb, pypto.DT_FP16, b_trans=True, extend_params=ext)
+    return pypto.matmul(qg, kb, pypto.DT_FP32, b_trans=True)
+
+
+def chunk_scores(pypto, ins, qg, wg, b, blk0, nb: int, rows: int, p):
+    """Scores ``[1, nb*bs]`` of each of the group's ``rows`` query rows against the blocks
+    ``blk0 .. blk0+nb-1`` of batch ``b``: one ``[rows*64, 128] @ K_j^T`` per block (every block
+    read once for the whole group; :data:`JIT`'s L1 reuse packs them into cube tasks), then per
+    row and :data:`VEC_COLS` columns one vector task (``sg_set_scope``): the terms, the
+    head-sum tree, the key scales."""
+    bs, w, m = p.bs, nb * p.bs, rows * HEADS
+    d = pypto.tensor([m, w], pypto.DT_FP16 if p.path == "int8" else pypto.DT_FP32, "li_dots")
     for j in range(nb):
         phys = ins.block_table[b, blk0 + j]
         kb = pypto.view(ins.k_codes, [bs, DIM], [phys * ins.rows_per_block, 0])
-        c1_tiles(pypto, bs)
-        pypto.assemble(pypto.matmul(qrow, kb, acc, b_trans=True), [0, j * bs], d)
-        pypto.set_vec_tile_shapes(1, bs)
-        sc = pypto.view(ins.k_scales, [1, bs], [phys, ins.scale_col0])
-        pypto.assemble(pypto.cast(sc, pypto.DT_FP32), [0, j * bs], ks)
-    s = head_sum(pypto, chunk_terms(pypto, d, wcol, w, p), w)
-    pypto.set_vec_tile_shapes(1, min(w, 2048))
-    return pypto.mul(s, ks)
+        pypto.assemble(c1_dots(pypto, qg, kb, m, p), [0, j * bs], d)
+    ks = chunk_kscales(pypto, ins, b, blk0, nb, p)
+    c = min(w, VEC_COLS)
+    out = [pypto.tensor([1, w], pypto.DT_FP32, f"li_row{r}") for r in range(rows)]
+    for r in range(rows):
+        for j in range(w // c):
+            pypto.set_pass_options(sg_set_scope=SLAB_SCOPE + r * MAX_SLABS + j)
+            pypto.set_vec_tile_shapes(TERM_ROWS, c)
+            t = slab_terms(pypto, pypto.view(d, [HEADS, c], [r * HEADS, j * c]),
+                           pypto.view(wg, [HEADS, 1], [r * HEADS, 0]), c, p)  # fmt: skip
+            s = head_sum(pypto, t, c)
+            pypto.set_vec_tile_shapes(1, c)
+            pypto.assemble(pypto.mul(s, pypto.view(ks, [1, c], [0, j * c])), [0, j * c], out[r])
+            pypto.set_pass_options(sg_set_scope=-1)
+    return out
 
 
-def row_weights(pypto, ins, row, p):
-    """FP32 ``[64, 1]`` per-head factors of query row ``row``: INT8 ``FP16(q_scale * w)``
-    (one FP16 multiply), FP8 the FP32 weights."""
-    pypto.set_vec_tile_shapes(HEADS, 1)
-    w = pypto.view(ins.weights, [HEADS, 1], [row * HEADS, 0])
+def group_weights(pypto, ins, row0, rows: int, p):
+    """FP32 ``[rows*64, 1]`` per-head factors of the query rows ``row0 ..``: INT8
+    ``FP16(q_scale * w)`` (one FP16 multiply), FP8 the FP32 weights."""
+    m = rows * HEADS
+    pypto.set_vec_tile_shapes(m, 1)
+    w = pypto.view(ins.weights, [m, 1], [row0 * HEADS, 0])
     if p.path == "int8":
-        w = pypto.mul(pypto.view(ins.q_scale, [HEADS, 1], [row * HEADS, 0]), w)
+        w = pypto.mul(pypto.view(ins.q_scale, [m, 1], [row0 * HEADS, 0]), w)
         return pypto.cast(w, pypto.DT_FP32)
     return pypto.add(w, 0.0)
 
 
-def score_row(pypto, ins, b, row, visible, scores, p):
-    """C1 + V1 of one query row over its ``ceil(visible / bs)`` blocks: chunks of
-    ``p.chunk`` blocks, then the remaining blocks one by one; each chunk's visible columns
-    (``valid_shape``) are written to ``scores[row]`` (the rest keeps the caller's -inf)."""
-    bs, u = p.bs, p.chunk
-    nblk = (visible + bs - 1) // bs
-    full = nblk // u
-    qrow = pypto.view(ins.q, [HEADS, DIM], [row * HEADS, 0])
-    wcol = row_weights(pypto, ins, row, p)
-    for c in pypto.loop(0, full, 1, name="LI_CHUNK", idx_name="c"):
-        s = chunk_scores(pypto, ins, qrow, wcol, b, c * u, u, p)
-        n = (visible - c * u * bs).min(u * bs)
-        pypto.assemble(pypto.view(s, [1, u * bs], [0, 0], valid_shape=[1, n]), [row, c * u * bs],
-                       scores)  # fmt: skip
-    for j in pypto.loop(0, nblk - full * u, 1, name="LI_BLOCK", idx_name="j"):
-        blk = full * u + j
-        s = chunk_scores(pypto, ins, qrow, wcol, b, blk, 1, p)
-        n = (visible - blk * bs).min(bs)
-        pypto.assemble(pypto.view(s, [1, bs], [0, 0], valid_shape=[1, n]), [row, blk * bs],
-                       scores)  # fmt: skip
+def score_group(pypto, ins, b, row0, vis0, rows: int, scores, p):
+    """C1 + V1 of the ``rows`` consecutive query rows ``row0 ..`` of batch ``b`` (row ``i``
+    sees ``vis0 + i`` tokens) over the last row's ``ceil(visible / bs)`` blocks, in chunks of
+    :data:`CHUNK_UNROLL` blocks (``pypto.loop_unroll``); each row writes the chunk columns it
+    sees (``valid_shape``; the rest keeps the caller's -inf)."""
+    bs = p.bs
+    nblk = (vis0 + rows - 1 + bs - 1) // bs
+    qg = pypto.view(ins.q, [rows * HEADS, DIM], [row0 * HEADS, 0])
+    wg = group_weights(pypto, ins, row0, rows, p)
+    for c0, u in pypto.loop_unroll(0, nblk, 1, name=f"LI_CHUNK{rows}", idx_name=f"c{rows}",
+                                   unroll_list=list(p.unroll)):  # fmt: skip
+        out = chunk_scores(pypto, ins, qg, wg, b, c0, u, rows, p)
+        for i, s in enumerate(out):
+            n = (vis0 + i - c0 * bs).max(0).min(u * bs)
+            pypto.assemble(pypto.view(s, [1, u * bs], [0, 0], valid_shape=[1, n]),
+                           [row0 + i, c0 * bs], scores)  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- selection
@@ -262,13 +313,18 @@ def indexer_nest(pypto, ins, scores, ids, p):
     s1 = ins.q.shape[0] // HEADS // n_b
     for b in pypto.loop(0, n_b, 1, name="LI_B", idx_name="b"):
         seq = ins.seq_lens[b]
-        for r in pypto.loop(0, s1, 1, name="LI_S1", idx_name="r"):
-            row = b * s1 + r
-            visible = seq - (s1 - 1 - r)
-            visible.as_variable()
-            score_row(pypto, ins, b, row, visible, scores, p)
-            if p.select:
-                select_row(pypto, ins, row, visible, scores, ids, p)
+        for g in pypto.loop(0, s1 // 2, 1, name="LI_PAIR", idx_name="g"):
+            r0 = 2 * g
+            vis0 = seq - (s1 - 1 - r0)
+            vis0.as_variable()
+            score_group(pypto, ins, b, b * s1 + r0, vis0, 2, scores, p)
+        for _g in pypto.loop(0, s1 % 2, 1, name="LI_SINGLE", idx_name="g1"):
+            score_group(pypto, ins, b, b * s1 + s1 - 1, seq, 1, scores, p)
+        if p.select:
+            for r in pypto.loop(0, s1, 1, name="LI_S1", idx_name="r"):
+                visible = seq - (s1 - 1 - r)
+                visible.as_variable()
+                select_row(pypto, ins, b * s1 + r, visible, scores, ids, p)
 
 
 def _sources(pypto):
@@ -328,7 +384,7 @@ def build(params: IndexerParams, static_dims: tuple, jit: tuple = JIT):
 
 __all__ = [
     "BUCKET_STEP",
-    "CHUNK_BLOCKS",
+    "CHUNK_UNROLL",
     "JIT",
     "READY_ON_HOST",
     "IndexerParams",

@@ -26,7 +26,7 @@ selection's logic does not depend on ``k``), plus one case at DeepSeek's sizes (
 test shapes (decode b4 s2 and, ``slow``, b64 s2 over 64K). The cost-model rows (decode b4 s2 /
 b64 s2 over 64K, cost only, with the HBM bound, the matmul-only probe
 ``tests/probes/dsa_indexer_probe.py`` and the selection's share = 1 - scores-only build /
-kernel) are ``slow``: 1.5-2 min of CPU per SoC at b4, about 16 times that at b64.
+kernel) are ``slow``: the four (b4 and b64 on both SoCs) took 15 min in one loaded session.
 """
 
 from __future__ import annotations

@@ -3,15 +3,18 @@
 
 What the cost model charges for the indexer's matmuls alone, so that a report can state the
 kernel's time as a multiple of it ("probe µs" / "kernel / probe"). The kernel has one matmul
-stage, C1: per query row and cache block ``q_row [64, 128] @ K_block^T`` (INT8 -> INT32 on the
-910B, FP8 E4M3 -> FP32 on the 950), with the kernel's cube tiles
-(:func:`tilesim.device._dsa_indexer_kernel.c1_tiles`); the weighted head sum is vector work
-there (a fixed FP32 tree), so the probe has no second matmul. The probe walks the kernel's
-loops -- batches, rows, the row's blocks (dynamic trip counts from ``seq_lens``) -- and per
-block issues exactly that matmul on a block of a dense key tensor read through the block
-table, its product written to its own output columns. Dropped: the scales, the vector stage,
-the masks and the whole selection. Importing it imports pypto: import it in the simulator's
-child process (:func:`tilesim.device.sim.isolated`; ``tests/`` is on its ``sys.path``).
+stage, C1: per group of query rows (2 rows, M = 128; an odd ``s1``'s last row alone, M = 64)
+and cache block ``q_group [M, 128] @ K_block^T`` (INT8 with the FP16 ReLU epilogue on the
+910B, FP8 E4M3 -> FP32 on the 950), issued by the kernel's own
+:func:`tilesim.device._dsa_indexer_kernel.c1_dots` with its cube tiles and options (the L1
+reuse that packs 16 blocks into one cube task); the weighted head sum is vector work there (a
+fixed FP32 tree), so the probe has no second matmul. The probe walks the kernel's loops --
+batches, row groups, the group's blocks in chunks of the kernel's unroll factors (dynamic
+trip counts from ``seq_lens``) -- and per block issues exactly that matmul on a block of a
+dense key tensor read through the block table, its product written to its own output
+columns. Dropped: the scales, the vector stage, the masks and the whole selection. Importing
+it imports pypto: import it in the simulator's child process
+(:func:`tilesim.device.sim.isolated`; ``tests/`` is on its ``sys.path``).
 """
 
 # no `from __future__ import annotations`: the frontend evaluates the pypto.Tensor(...) annotations
@@ -19,7 +22,14 @@ import functools
 
 import pypto
 from tilesim.device import backend as _backend
-from tilesim.device._dsa_indexer_kernel import DIM, HEADS, JIT, READY_ON_HOST, c1_tiles
+from tilesim.device._dsa_indexer_kernel import (
+    CHUNK_UNROLL,
+    DIM,
+    HEADS,
+    JIT,
+    READY_ON_HOST,
+    c1_dots,
+)
 from tilesim.device._lazy import require_torch
 from tilesim.device._pypto_common import jit_options
 from tilesim.shared.soc import DEFAULT_SOC
@@ -36,25 +46,35 @@ class ProbeParams:
         return f"ProbeParams(path={self.path}, bs={self.bs})"
 
 
+def _probe_group(pypto, q, keys, block_table, out, b, row0, vis0, rows: int, p):
+    """One row group's C1 matmuls over its blocks, in the kernel's chunks."""
+    bs, m = p.bs, rows * HEADS
+    nblk = (vis0 + rows - 1 + bs - 1) // bs
+    qg = pypto.view(q, [m, DIM], [row0 * HEADS, 0])
+    pypto.set_vec_tile_shapes(16, 512)
+    for c0, u in pypto.loop_unroll(0, nblk, 1, name=f"LIP_CHUNK{rows}", idx_name=f"c{rows}",
+                                   unroll_list=list(CHUNK_UNROLL)):  # fmt: skip
+        d = pypto.tensor([m, u * bs], out.dtype, "lip_dots")
+        for j in range(u):
+            kb = pypto.view(keys, [bs, DIM], [block_table[b, c0 + j] * bs, 0])
+            pypto.assemble(c1_dots(pypto, qg, kb, m, p), [0, j * bs], d)
+        pypto.set_vec_tile_shapes(16, 512)
+        pypto.assemble(d, [row0 * HEADS, c0 * bs], out)
+
+
 def _probe_nest(pypto, q, keys, block_table, seq_lens, out, p):
-    """Batches, rows, blocks: one C1 matmul per (row, block), nothing else."""
-    bs = p.bs
-    acc = pypto.DT_INT32 if p.path == "int8" else pypto.DT_FP32
+    """Batches, row groups, blocks: one C1 matmul per (group, block), nothing else."""
     n_b = seq_lens.shape[0]
     s1 = q.shape[0] // HEADS // n_b
-    pypto.set_vec_tile_shapes(16, bs)
+    pypto.set_vec_tile_shapes(16, 512)
     for b in pypto.loop(0, n_b, 1, name="LIP_B", idx_name="b"):
         seq = seq_lens[b]
-        for r in pypto.loop(0, s1, 1, name="LIP_S1", idx_name="r"):
-            row = b * s1 + r
-            nblk = (seq - (s1 - 1 - r) + bs - 1) // bs
-            qrow = pypto.view(q, [HEADS, DIM], [row * HEADS, 0])
-            for j in pypto.loop(0, nblk, 1, name="LIP_BLOCK", idx_name="j"):
-                kb = pypto.view(keys, [bs, DIM], [block_table[b, j] * bs, 0])
-                c1_tiles(pypto, bs)
-                d = pypto.matmul(qrow, kb, acc, b_trans=True)
-                pypto.set_vec_tile_shapes(16, bs)
-                pypto.assemble(d, [row * HEADS, j * bs], out)
+        for g in pypto.loop(0, s1 // 2, 1, name="LIP_PAIR", idx_name="g"):
+            vis0 = seq - (s1 - 1 - 2 * g)
+            vis0.as_variable()
+            _probe_group(pypto, q, keys, block_table, out, b, b * s1 + 2 * g, vis0, 2, p)
+        for _g in pypto.loop(0, s1 % 2, 1, name="LIP_SINGLE", idx_name="g1"):
+            _probe_group(pypto, q, keys, block_table, out, b, b * s1 + s1 - 1, seq, 1, p)
 
 
 def probe_int8(
@@ -62,7 +82,7 @@ def probe_int8(
     keys: pypto.Tensor([pypto.STATIC, DIM], pypto.DT_INT8),  # [num_blocks*bs, 128]
     block_table: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_INT32),
     seq_lens: pypto.Tensor([pypto.DYNAMIC], pypto.DT_INT32),
-    out: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_INT32),  # [T*64, width]
+    out: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_FP16),  # [T*64, width]
     params,
 ):
     _probe_nest(pypto, q, keys, block_table, seq_lens, out, params)
@@ -93,7 +113,7 @@ def matmul_probe(seq_lens, *, s1: int, path: str = "int8", block_size: int = 128
                  backend: str = "sim", soc: str = DEFAULT_SOC, seed: int = 0):  # fmt: skip
     """The probe for a decode call of ``len(seq_lens)`` batches x ``s1`` rows over
     ``seq_lens`` cached tokens each (contiguous blocks per batch; values random codes).
-    Returns ``(products, cost_us)`` on the simulator."""
+    Returns ``(products, cost_us)`` on the simulator (INT8: the epilogue's FP16 values)."""
     import numpy as np
 
     torch = require_torch()
@@ -117,7 +137,7 @@ def matmul_probe(seq_lens, *, s1: int, path: str = "int8", block_size: int = 128
     args = [codes(t * HEADS, DIM), codes(int(start[-1]) * bs, DIM), bt,
             torch.tensor(lens, dtype=torch.int32)]  # fmt: skip
     out = torch.zeros((t * HEADS, cols * bs),
-                      dtype=torch.int32 if path == "int8" else torch.float32)  # fmt: skip
+                      dtype=torch.float16 if path == "int8" else torch.float32)  # fmt: skip
     params = ProbeParams(path=path, block_size=bs)
     kernel = functools.partial(build_probe(params), params=params)
     us = _backend.launch(kernel, args, [out], target)
