@@ -50,8 +50,6 @@ ALLOWED = {
     # UB bytes one fold task may hold, and the widest fold column block (UB budgets)
     ("_dsa_kernel.py", 128, "FOLD_UB = 128 * 1024"),
     ("_dsa_kernel.py", 128, "w = 128"),
-    # the widest vector tile of the head sum / V1 (a UB tile shape)
-    ("_dsa_indexer_kernel.py", 512, "min(w, 512)"),
 }
 
 
