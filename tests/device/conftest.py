@@ -33,12 +33,14 @@ REPORT_MD = REPO / "build" / "perf" / "cost_model.md"
 #: the published table (tracked): the rows a partial run keeps, read only
 PUBLISHED_MD = REPO / "docs" / "perf" / "cost_model.md"
 #: extra columns that come first, in this order, when any row has them: the physical bounds,
-#: then the matmul-only probe and the kernel's multiple of it
+#: then the streaming floor and the matmul-only probe, each with the kernel's multiple of it
 BOUND_COLUMNS = (
     "row-wise ULP",
     "HBM-bound µs",
     "HBM-bound µs 950DT",
     "cube-peak µs",
+    "floor µs",
+    "kernel / floor",
     "probe µs",
     "kernel / probe",
 )
@@ -102,7 +104,8 @@ class SimReport:
     ``max_ulp`` the largest distance in units in the last place of the output dtype,
     ``max_abs`` the largest absolute error, ``us`` the cost-model time in µs. ``extra`` adds
     optional columns (any key; the union of keys becomes the extra columns: those of
-    ``BOUND_COLUMNS`` first in that order -- incl. ``"probe µs"`` and ``"kernel / probe"`` --,
+    ``BOUND_COLUMNS`` first in that order -- incl. ``"floor µs"``, ``"kernel / floor"``,
+    ``"probe µs"`` and ``"kernel / probe"`` --,
     then the others in first-seen order). :meth:`metrics` computes the first three from an
     output and its golden::
 
@@ -241,6 +244,11 @@ class SimReport:
             "See [../device.md](../device.md) for what each kernel promises. `max ULP` is in the",
             "output dtype; `n/a` where it is not meaningful (FP32 outputs judged by",
             "`err / max|golden|` instead) or where a position is NaN.",
+            "`floor µs` = the same session's floor kernel (tests/probes/floor.py): the model's",
+            "cost of streaming the bytes the op must move (the `bytes` of its contract's `cost`)",
+            "in the largest tiles over every vector core, one task per core;",
+            "`kernel / floor` = cost-model µs / floor µs. The model caps no bandwidth, so",
+            "above a few MB the floor falls below the HBM bound.",
             "`probe µs` = the same session's matmul-only probe of the kernel (its C1/C2 matmuls",
             "on the same tiles, nothing else); `kernel / probe` = cost-model µs / probe µs, how",
             "close the kernel is to what the model charges for its matmuls alone.",
