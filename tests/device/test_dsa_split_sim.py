@@ -7,8 +7,10 @@ rule of :mod:`tilesim.shared.dsa_split_rule`), compared with the reference twin 
 tiling (>= 99 % bit-exact, :func:`tilesim.reference.judge` passing under the cases' tolerance
 with a 1 row-ULP budget), and the probe
 (``tests/probes/dsa_probe.py`` ``matmul_probe``: the same C1/C2 matmuls on the same
-tiles, nothing else) in the same process. The rows go to the cost-model report with "probe µs"
-and "kernel / probe"; the test asserts numbers (agreement, split counts), never times.
+tiles, nothing else) and the streaming floor of the op's bytes (``tests/probes/floor.py``) in
+the same process. The rows go to the cost-model report with "floor µs", "kernel / floor",
+"probe µs" and "kernel / probe"; the test asserts numbers (agreement, split counts), never
+times.
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ def run_decode(soc: str, quant: str, b: int) -> dict:
     """Child process: kernel + reference twin + probe for one shape."""
     import tilesim.reference as reference
     from probes.dsa_probe import matmul_probe
+    from probes.floor import floor_us
     from tilesim.device import dsa as dev
     from tilesim.reference.numerics import ulp_distance
+    from tilesim.shared.dsa import cost_of_indices
     from tilesim.shared.dsa_split_rule import split_tiling
     from tilesim.shared.tiling import SaTileShapeConfig
 
@@ -38,10 +42,12 @@ def run_decode(soc: str, quant: str, b: int) -> dict:
     ref = reference.sparse_attention_antiquant(**inp, **prm)
     _, probe_us = matmul_probe(b, nq=128, topk=2048, tiling=cfg, backend="sim", soc=soc)
     traffic = dev.sparse_attention_traffic(inp["topk_indices"], inp["kv_act_seqs"])
+    op_bytes = cost_of_indices(inp["topk_indices"], inp["kv_act_seqs"], nq=128, topk=2048)["bytes"]
     return {
         "kv_splits": prm["tiling"].kv_splits,
         "us": us,
         "probe_us": probe_us,
+        "floor_us": floor_us(op_bytes, soc=soc),
         "bit_exact": float(np.mean(got.view(np.uint16) == ref.view(np.uint16))),
         **judged(got, ref, case["tolerance"], 1.0),
         "max_ulp": int(ulp_distance(got, ref).max()),
@@ -71,7 +77,7 @@ def test_decode_against_probe(soc, quant, b, splits, sim_report):
     assert r["nan"] == 0
     assert r["bit_exact"] >= 0.99, f"{r['bit_exact']:.4%} bit-exact"
     assert r["judged"], r["verdict"]
-    assert r["us"] > 0 and r["probe_us"] > 0
+    assert r["us"] > 0 and r["probe_us"] > 0 and r["floor_us"] > 0
     spec = get_soc(soc)
     sim_report.add(
         kernel="sparse_attention_antiquant",
@@ -90,6 +96,8 @@ def test_decode_against_probe(soc, quant, b, splits, sim_report):
                 if soc == "950"
                 else {}
             ),
+            "floor µs": r["floor_us"],
+            "kernel / floor": r["us"] / r["floor_us"],
             "probe µs": r["probe_us"],
             "kernel / probe": r["us"] / r["probe_us"],
         },

@@ -14,8 +14,9 @@ cube tiles, and nothing else. Two kinds of checks:
   (``gather="device"``, inputs as ``test_msa_decode_sim.py`` builds them) against the reference
   (>= 99 % bit-exact, <= 1 row-ULP), then the probe on the same queries and the same selected
   keys; its products must equal a float64 matmul of the same tiles within the FP32 dot-product
-  bound. The rows go to the cost-model report with "probe µs" and "kernel / probe". Numbers
-  are asserted, never times.
+  bound; and the streaming floor of the op's bytes (``tests/probes/floor.py``). The rows go to
+  the cost-model report with "floor µs", "kernel / floor", "probe µs" and "kernel / probe".
+  Numbers are asserted, never times.
 """
 
 from __future__ import annotations
@@ -344,12 +345,13 @@ def run_against_probe(soc: str, seed: int = 7) -> dict:
     import ml_dtypes
     import numpy as np
     import torch
+    from probes.floor import floor_us
     from probes.msa_decode_probe import chunk_bounds, msa_decode_probe
     from tilesim.device import msa_sparse_decode
     from tilesim.reference import msa_sparse_decode as reference
     from tilesim.reference import msa_sparse_decode_flop
     from tilesim.reference.numerics import ulp_distance
-    from tilesim.shared.msa_decode import split_tiling
+    from tilesim.shared.msa_decode import cost, sized_args, split_tiling
     from tilesim.shared.tiling import MsaTiling
 
     res, probes = {}, {}
@@ -383,6 +385,7 @@ def run_against_probe(soc: str, seed: int = 7) -> dict:
             "max_abs": float((out.float() - gold.float()).abs().max()),
             "flop": msa_sparse_decode_flop(b, HQ, sel, D),
             "bytes": _decode_bytes(b, topk),
+            "floor_us": floor_us(cost(sized_args(b, HQ, D, hkv=HKV, topk=topk))["bytes"], soc=soc),
             **probes[b, topk],
         }
     return res
@@ -413,6 +416,8 @@ def test_decode_against_probe(sim_soc, sim_report):
                 "row-wise ULP": m["row_ulp"],
                 "HBM-bound µs": spec.hbm_bound_us(m["bytes"]),
                 "cube-peak µs": spec.cube_bound_us(m["flop"], "bf16"),
+                "floor µs": m["floor_us"],
+                "kernel / floor": m["us"] / m["floor_us"],
                 "probe µs": m["probe_us"],
                 "kernel / probe": m["us"] / m["probe_us"],
             },
@@ -422,4 +427,4 @@ def test_decode_against_probe(sim_soc, sim_report):
         assert m["judged"], (name, m["verdict"])
         assert m["s_ratio"] <= 1.0 and m["o_ratio"] <= 1.0, (name, m)  # a real FP32 matmul
         assert m["s_nonzero"] > 0.99 and m["o_nonzero"] > 0.99, (name, m)  # every tile written
-        assert m["us"] > 0 and m["probe_us"] > 0, (name, m)
+        assert m["us"] > 0 and m["probe_us"] > 0 and m["floor_us"] > 0, (name, m)
