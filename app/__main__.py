@@ -12,13 +12,14 @@ import os
 import sys
 
 import tilesim
+from tilesim.shared.case_schema import CASE_FAMILIES
 
 #: sub-command -> (its line in ``tilesim --help``, the description of ``tilesim CMD --help``)
 _COMMAND_TEXT = {
     "cases": (
         "list the named cases (op, size, tolerances, SoC marks, the seeds' status)",
-        "List the named cases of the seeds' test matrices (the CASE_INFO tables "
-        "of tilesim.reference.moe_cases, msa_cases, dsa_cases and dsa_indexer_cases).",
+        "List the named cases: the seeds' test matrices and tilesim's own (the CASE_INFO "
+        "table of each family's tilesim.reference.<family>_cases module).",
     ),
     "golden": (
         "build a case's inputs (or read captured ones), run the reference, write the golden",
@@ -63,7 +64,9 @@ def _add_parsers(sub) -> None:
 def _add_cases(sub, c) -> None:
     p = _command(sub, "cases")
     p.add_argument(
-        "--family", help="moe, msa or dsa (or an MSA kind: indexer, decode, main_branch)"
+        "--family",
+        help=f"a family: {', '.join(CASE_FAMILIES)} (or a kind: indexer, decode, "
+        "main_branch, decode_step)",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="builder, rule and notes per case")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -126,7 +129,9 @@ def _add_compare(sub, c) -> None:
         "L2 per tensor and per row); seeds: the seeds' rule alone (pypto-gym's verdict)",
     )
     p.add_argument(
-        "--actual-dtype", help="reinterpret ACTUAL's bytes as this dtype (e.g. bfloat16)"
+        "--actual-dtype",
+        help="reinterpret ACTUAL's bytes as this dtype (e.g. bfloat16), or per output: "
+        "NAME=DTYPE[,NAME=DTYPE]",
     )
     p.add_argument("--golden-dtype", help="reinterpret GOLDEN's bytes as this dtype")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
@@ -135,7 +140,12 @@ def _add_compare(sub, c) -> None:
         action="store_true",
         help="compare values even when the dtypes differ",
     )
-    p.add_argument("--png", metavar="FILE", help="write a ULP histogram and an error heat map")
+    p.add_argument(
+        "--png",
+        metavar="FILE",
+        help="write a ULP histogram and an error heat map (ids: selected / missing / extra "
+        "ids per row)",
+    )
     p.add_argument("--force", action="store_true", help="overwrite an existing PNG")
     p.set_defaults(func=c.cmd_compare)
 
@@ -151,7 +161,10 @@ def _add_trace(sub, c) -> None:
         "--png", metavar="FILE", help="draw the schedule (needs matplotlib; else a text report)"
     )
     p.add_argument("--actual", metavar="FILE", help="device output to map against the golden")
-    p.add_argument("--actual-dtype", help="reinterpret ACTUAL's bytes as this dtype")
+    p.add_argument(
+        "--actual-dtype",
+        help="reinterpret ACTUAL's bytes as this dtype, or per output: NAME=DTYPE[,NAME=DTYPE]",
+    )
     p.add_argument("--seed", type=_seed, help="override the case's seed (an integer >= 0)")
     p.add_argument("--records", metavar="FILE", help="also write the trace records as JSON lines")
     p.add_argument("--force", action="store_true", help="overwrite an existing PNG / records")
