@@ -18,7 +18,9 @@ with the same tiling:
 
 The checks run in a spawned process per case (``tilesim.device.sim.isolated``) and return
 plain numbers. The seed case ``m3_case_smoke_edge`` goes in as NumPy arrays (the wrapper's
-NumPy-in, NumPy-out rule), the others as torch tensors.
+NumPy-in, NumPy-out rule), the others as torch tensors. The full-size seed case's row also
+carries the streaming floor of the op's bytes (``tests/probes/floor.py``: "floor µs",
+"kernel / floor").
 """
 
 from __future__ import annotations
@@ -124,8 +126,9 @@ def _device_run(x, w13, w2, cs, dims, tiling, sentinel, soc, numpy_io):
     return got, us, dev_trace
 
 
-def check_moe(spec, soc) -> dict:
-    """Runs in the isolated child: kernel in the simulator, reference, metrics."""
+def check_moe(spec, soc, floor: bool = False) -> dict:
+    """Runs in the isolated child: kernel in the simulator, reference, metrics; ``floor``: also
+    the streaming floor of the op's contract bytes (``tests/probes/floor.py``)."""
     import ml_dtypes
     import torch
     from tilesim.reference import judge
@@ -173,15 +176,28 @@ def check_moe(spec, soc) -> dict:
         "hidden": h,
         "hbm_bytes": 2 * (2 * x.shape[0] * h + active * (h * 2 * i + i * h)),
         "flops": 2 * ntok * h * 2 * i + 2 * ntok * i * h,
+        **(_floor(x, w13, w2, cs, dims, tiling, soc) if floor else {}),
     }
 
 
-def _run_case(name, spec, soc, sim_report):
+def _floor(x, w13, w2, cs, dims, tiling, soc) -> dict:
+    """``{"floor_us"}``: the streaming floor of the op's bytes (``shared.moe.cost``)."""
+    from probes.floor import floor_us
+    from tilesim.shared import moe as contract
+
+    args = contract.check_meta(x, (w13, w2), cs, dims, tiling, None, False, None)
+    return {"floor_us": floor_us(contract.cost(contract.check_values(args))["bytes"], soc=soc)}
+
+
+def _run_case(name, spec, soc, sim_report, floor=False):
     from tilesim.device import sim
     from tilesim.shared.soc import get_soc
 
-    r = sim.isolated(check_moe, spec, soc, soc=soc)
+    r = sim.isolated(check_moe, spec, soc, floor, soc=soc)
     chip = get_soc(soc)
+    yardsticks = {}
+    if floor:
+        yardsticks = {"floor µs": r["floor_us"], "kernel / floor": r["us"] / r["floor_us"]}
     sim_report.add(
         kernel="moe_grouped_gemm",
         soc=soc,
@@ -194,6 +210,7 @@ def _run_case(name, spec, soc, sim_report):
             "row-wise ULP": r["row_ulp"],
             "HBM-bound µs": chip.hbm_bound_us(r["hbm_bytes"]),
             "cube-peak µs": chip.cube_bound_us(r["flops"]),
+            **yardsticks,
         },
     )
     assert r["inputs_kept"], "the wrapper changed an input tensor"
@@ -220,7 +237,7 @@ def test_moe_kernel_matches_reference(name, sim_soc, sim_report):
 @pytest.mark.torch
 @pytest.mark.parametrize("name", list(SLOW_CASES))
 def test_moe_seed_case_full_size(name, sim_soc, sim_report):
-    _run_case(name, SLOW_CASES[name], sim_soc, sim_report)
+    _run_case(name, SLOW_CASES[name], sim_soc, sim_report, floor=True)
 
 
 _FRESH_PROCESS = """
