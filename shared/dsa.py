@@ -27,6 +27,7 @@ from tilesim.shared.casts import BF16, FP8_E4M3
 from tilesim.shared.dsa_rows import NO_ROW, cur_seq_lengths, plan_physical_rows, stand_in_positions
 from tilesim.shared.dsa_split_rule import tiles_per_split
 from tilesim.shared.mla_cache import LAYOUTS, NOPE, NSCALES, PYPTO_ROW_BYTES, ROPE
+from tilesim.shared.op_record import Call, OpRecord, Output
 from tilesim.shared.tiling import SaTileShapeConfig
 from tilesim.shared.validate import (
     INT32_MAX,
@@ -395,7 +396,27 @@ def cost_of_indices(topk_indices, kv_act_seqs, *, nq: int, topk: int, s1: int | 
     return cost(args)
 
 
+# ----------------------------------------------------------------------------- record
+#: the one output of both calls
+_OUT = (Output("out", "float", ("token", "head")),)
+#: the op's record in the registry of ops (:mod:`tilesim.shared.ops`)
+RECORD = OpRecord(
+    name="dsa",
+    family="dsa",
+    calls=(
+        Call("sparse_attention_antiquant", "dsa", _OUT, signature=(packed_inputs, model_keywords),
+             layout="dsa", device=True),
+        Call("sparse_attention_antiquant_kv_split", "dsa", _OUT,
+             signature=(kv_split_inputs, model_keywords), layout="dsa", device=True),
+    ),
+    cost=cost,
+    names={"DSA_CASES": "dsa_cases"},
+    kernel=True,
+)  # fmt: skip
+
+
 __all__ = [
+    "RECORD",
     "Args",
     "HEAD_DIM",
     "HostPlan",

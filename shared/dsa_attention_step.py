@@ -44,6 +44,7 @@ from tilesim.shared.casts import BF16, FP8_E4M3
 from tilesim.shared.index_cache import INDEX_DIM, fp8_page_views
 from tilesim.shared.mla_cache import NOPE, PYPTO_ROW_BYTES, ROPE
 from tilesim.shared.models import DEEPSEEK_V32
+from tilesim.shared.op_record import Call, OpRecord, Output
 from tilesim.shared.validate import (
     check_array,
     check_bool,
@@ -426,7 +427,30 @@ def cost(args: Args) -> dict:
             "bytes": sum(v["bytes"] for v in stages.values()), "stages": stages}  # fmt: skip
 
 
+# ----------------------------------------------------------------------------- record
+#: the output kinds of the step's outputs (the rest: float)
+_KINDS = {
+    "q_norm": "codes",
+    "index_q": "codes",
+    "topk_indices": "ids",
+    **{f: "cache" for f in ("kv_cache", "kr_cache", "kv_scale_cache", "k_cache")},
+}
+#: the op's record in the registry of ops (:mod:`tilesim.shared.ops`)
+RECORD = OpRecord(
+    name="dsa_attention_step",
+    family="dsa_attention_step",
+    calls=(
+        Call("dsa_attention_step", "dsa_attention_step",
+             tuple(Output(f, _KINDS.get(f, "float")) for f in STEP_FIELDS),
+             signature=(step_inputs, step_keywords), plan="stages"),
+    ),
+    cost=cost,
+    names={"AttentionStepResult": "dsa_attention_step"},
+)  # fmt: skip
+
+
 __all__ = [
+    "RECORD",
     "HEADS",
     "INPUT_NAMES",
     "KEYWORD_NAMES",

@@ -55,6 +55,7 @@ from tilesim.shared.index_cache import (
     check_fp8_cache,
     check_int8_cache,
 )
+from tilesim.shared.op_record import Call, OpRecord, Output
 from tilesim.shared.validate import (
     INT32_MAX,
     check_array,
@@ -352,7 +353,24 @@ def slots_from_block_table(block_table, seq_lens, *, q_lens=None, block_size: in
     return np.asarray(out, dtype=np.int64)
 
 
+# ----------------------------------------------------------------------------- record
+#: the op's record in the registry of ops (:mod:`tilesim.shared.ops`)
+RECORD = OpRecord(
+    name="dsa_indexer_prolog",
+    family="dsa_indexer_prolog",
+    calls=(
+        Call("dsa_indexer_prolog", "dsa_indexer_prolog",
+             (Output("q", "codes", ("token", "head")), Output("q_scale", "float", ("token",)),
+              Output("weights", "float", ("token",)), Output("k_cache", "cache"),
+              Output("k_scale", "float")),
+             signature=(prolog_inputs, prolog_keywords), plan="stages"),
+    ),
+    cost=cost,
+)  # fmt: skip
+
+
 __all__ = [
+    "RECORD",
     "AMAX_FLOORS", "FP8_BLOCK", "INPUT_NAMES", "NO_SLOT", "PATHS", "PROLOG_ROPE_LAYOUTS", "QB_COLS",
     "ROPE_DIM", "Args", "Plan", "check_meta", "check_values", "cost", "host_plan", "prolog_inputs",
     "prolog_keywords", "slots_from_block_table",

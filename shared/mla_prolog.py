@@ -36,6 +36,7 @@ from typing import NamedTuple
 import numpy as np
 from tilesim.shared.casts import BF16, FP8_E4M3
 from tilesim.shared.mla_cache import NOPE, NSCALES, PYPTO_ROW_BYTES, ROPE
+from tilesim.shared.op_record import Call, OpRecord, Output
 from tilesim.shared.rope import LAYOUTS as ROPE_LAYOUTS
 from tilesim.shared.validate import (
     check_array,
@@ -341,7 +342,27 @@ def cost(args: Args) -> dict:
     return {"flop": int(flop), "bytes": int(weights + t * HIDDEN * 2 + outs + written * 656)}
 
 
+# ----------------------------------------------------------------------------- record
+#: the op's record in the registry of ops (:mod:`tilesim.shared.ops`)
+RECORD = OpRecord(
+    name="mla_prolog",
+    family="mla_prolog",
+    calls=(
+        Call("mla_prolog", "mla_prolog",
+             (Output("query_nope", "float", ("token", "head")),
+              Output("query_rope", "float", ("token", "head")),
+              Output("q_norm", "codes", ("token",)), Output("q_norm_scale", "float", ("token",)),
+              Output("kv_cache", "cache"), Output("kr_cache", "cache"),
+              Output("kv_scale_cache", "cache")),
+             signature=(prolog_inputs, prolog_keywords), plan="stages"),
+    ),
+    cost=cost,
+    names={"MlaPrologOutputs": "mla_prolog"},
+)  # fmt: skip
+
+
 __all__ = [
+    "RECORD",
     "CACHE_LAYOUTS",
     "KV_QUANTS",
     "PATHS",

@@ -27,6 +27,7 @@ import numpy as np
 from tilesim.shared.casts import BF16
 from tilesim.shared.interop import is_torch_tensor, to_numpy
 from tilesim.shared.models import ACTIVATIONS, GATE_UP_LAYOUTS, MoeDims
+from tilesim.shared.op_record import Call, OpRecord, Output
 from tilesim.shared.tiling import MoeTiling, loop_unroll_chunks
 from tilesim.shared.trace import Trace, emit, trace_record
 from tilesim.shared.validate import (
@@ -308,7 +309,26 @@ def check_moe_tiling(tiling: MoeTiling, dims: MoeDims) -> MoeTiling:
     return tiling
 
 
+# ----------------------------------------------------------------------------- record
+#: the op's record in the registry of ops (:mod:`tilesim.shared.ops`)
+RECORD = OpRecord(
+    name="moe",
+    family="moe",
+    calls=(
+        Call(OP_NAME, "moe", (Output("out", "float", ("row",)),), signature=(moe_inputs,),
+             layout="moe", device=True),
+    ),
+    cost=cost,
+    names={"MoeTileRecord": "moe", "moe_flop_count": "moe", "moe_tile_schedule": "moe",
+           "moe_dispatch": "moe_routing", "moe_combine": "moe_routing",
+           "MoeDispatch": "moe_routing", "MOE_CASES": "moe_cases"},
+    budgets={"bit_exact": 0.99, "row_ulp": 1.0},
+    kernel=True,
+)  # fmt: skip
+
+
 __all__ = [
+    "RECORD",
     "OP_NAME",
     "Args",
     "MoeTileRecord",

@@ -46,6 +46,7 @@ import numpy as np
 from tilesim.shared import splitkv
 from tilesim.shared.casts import BF16
 from tilesim.shared.msa_indexer import BY, TOPK  # the indexer's picks: TOPK blocks of BY keys
+from tilesim.shared.op_record import Call, OpRecord, Output
 from tilesim.shared.tiling import MsaTiling
 from tilesim.shared.validate import (
     check_array,
@@ -368,7 +369,24 @@ def resolve_tiling(tiling, *, batch: int, hkv: int, topk: int, soc: str) -> MsaT
     return tiling
 
 
+# ----------------------------------------------------------------------------- record
+#: the op's record in the registry of ops (:mod:`tilesim.shared.ops`)
+RECORD = OpRecord(
+    name="msa_decode",
+    family="msa",
+    calls=(
+        Call("msa_sparse_decode", "msa_decode", (Output("out", "float", ("batch", "head")),),
+             signature=(decode_inputs,), layout="msa_decode", device=True),
+    ),
+    cost=cost,
+    names={"msa_sparse_decode_flop": "msa_decode"},
+    budgets={"bit_exact": 0.99, "row_ulp": 1.0},
+    kernel=True,
+)  # fmt: skip
+
+
 __all__ = [
+    "RECORD",
     "BY",
     "Args",
     "Plan",

@@ -26,6 +26,7 @@ from typing import NamedTuple
 import numpy as np
 from tilesim.shared.casts import BF16
 from tilesim.shared.models import MINIMAX_M3
+from tilesim.shared.op_record import Call, OpRecord, Output
 from tilesim.shared.ranking import top_k
 from tilesim.shared.validate import (
     check_array,
@@ -77,6 +78,18 @@ def check_indexer_seq_len(seq_len, nb: int) -> int:
             f"(nb = ceil(seq_len/{BY}) = {nb} blocks), got {seq_len!r}"
         )
     return seq_len
+
+
+def indexer_inputs(idx_q, idx_k, nb, *, seq_len=None, head_reduce="max"):
+    """The arguments of ``msa_indexer`` that the golden and the kernel wrapper share, written
+    once (:func:`tilesim.shared.validate.op_signature`): BF16 ``idx_q [4, 128]`` and ``idx_k
+    [nb*128, 128]``, the key blocks ``nb``, then ``seq_len`` (``None``: every key counts) and
+    ``head_reduce`` (:data:`HEAD_REDUCES`); checked by :func:`check_meta`."""
+
+
+def scores_inputs(idx_q, idx_k, nb):
+    """The arguments of ``msa_indexer_scores`` that the golden and the kernel wrapper share:
+    those of :func:`indexer_inputs` without the selection's ``seq_len`` and ``head_reduce``."""
 
 
 def check_meta(idx_q, idx_k, nb, *, seq_len=None, head_reduce="max") -> Args:
@@ -204,7 +217,28 @@ def selection_slots(head_max: np.ndarray, nb: int) -> np.ndarray:
     return slots
 
 
+# ----------------------------------------------------------------------------- record
+#: the op's record in the registry of ops (:mod:`tilesim.shared.ops`)
+RECORD = OpRecord(
+    name="msa_indexer",
+    family="msa",
+    calls=(
+        Call("msa_indexer", "msa_indexer", (Output("out", "ids", ("row",)),),
+             signature=(indexer_inputs,), layout="msa_indexer", device=True),
+        Call("msa_indexer_scores", "msa_indexer", (Output("out", "float", ("head",)),),
+             signature=(scores_inputs,), layout="msa_indexer_scores", golden=False,
+             device=True),
+    ),
+    cost=cost,
+    names={"msa_indexer_flop": "msa_indexer", "MSA_CASES": "msa_cases"},
+    kernel=True,
+)  # fmt: skip
+
+
 __all__ = [
+    "RECORD",
+    "indexer_inputs",
+    "scores_inputs",
     "BY",
     "HEAD_REDUCES",
     "NOT_CANDIDATE",

@@ -34,6 +34,7 @@ import numpy as np
 from tilesim.shared.casts import BF16, FP32
 from tilesim.shared.interop import is_torch_tensor, to_torch
 from tilesim.shared.models import MINIMAX_M3
+from tilesim.shared.op_record import Call, OpRecord, Output
 from tilesim.shared.tiling import MSA_DTYPES, MsaTiling
 from tilesim.shared.validate import (
     check_choice,
@@ -349,7 +350,25 @@ def _live_flop(args: Args) -> int:
     return int(2 * args.hq * 2 * args.dh * args.bk * (rows[:, None] * live).sum())
 
 
+# ----------------------------------------------------------------------------- record
+#: the op's record in the registry of ops (:mod:`tilesim.shared.ops`)
+RECORD = OpRecord(
+    name="msa_main",
+    family="msa",
+    calls=(
+        Call("msa_main_branch", "msa_main", (Output("out", "float", ("query", "head")),),
+             signature=(main_inputs,), layout="msa_main", device=True),
+    ),
+    cost=cost,
+    names={"build_msa_block_mask": "msa_main"},
+    #: the kernel's max |a - g| over max |g|, per compute dtype
+    budgets={"scaled_fp32": 2.0**-16, "scaled_fp16": 2.0**-12, "scaled_bf16": 2.0**-8},
+    kernel=True,
+)  # fmt: skip
+
+
 __all__ = [
+    "RECORD",
     "MAIN_INPUT_DTYPES",
     "MASK_NEG",
     "Args",

@@ -1,0 +1,119 @@
+"""The record of one op: what every registry of tilesim reads about it, written once.
+
+Each op's contract module ``tilesim.shared.<op>`` exports one :class:`OpRecord` as ``RECORD``;
+:mod:`tilesim.shared.ops` holds them in order. The record names:
+
+* the op's **public calls** (:class:`Call`): the reference callable, the module of
+  :mod:`tilesim.reference` that defines it, its input prototypes (the ``op_signature`` of
+  :mod:`tilesim.shared.validate`), its outputs (:class:`Output`: name, kind, axes), the
+  judge's layout name and plan, whether a named case's golden is a call of it and whether
+  :mod:`tilesim.device` exports it too;
+* the **case family** whose ``tilesim.reference.<family>_cases`` module builds its cases;
+* the other public names of :mod:`tilesim.reference` it adds (``{name: module}``);
+* its one FLOP / byte counter, ``cost``;
+* its **device budgets** (the sim tests' pass figures), where its kernel has them;
+* ``kernel``: whether it is an op of five files with a device wrapper and kernel
+  (``device/<op>.py``, ``device/_<op>_kernel.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from tilesim.shared.validate import check_choice
+
+#: what an output holds: a float tensor, ids, quantized codes (with their scales), a cache
+OUTPUT_KINDS = ("float", "ids", "codes", "cache")
+#: how the judge reads a call's outputs (``tilesim.reference.judge_plans``): one rule per
+#: output under the case's tolerance, the ids-first indexer plan, or stage by stage
+PLANS = ("kind", "indexer", "stages")
+
+
+@dataclass(frozen=True)
+class Output:
+    """One output of a call: its ``name`` in the golden, its ``kind`` (:data:`OUTPUT_KINDS`),
+    the names of its leading ``axes`` (the judge's report coordinates; ``None``: unnamed) and
+    whether a device dump may leave it out (``optional``)."""
+
+    name: str
+    kind: str
+    axes: tuple[str, ...] | None = None
+    optional: bool = False
+
+    def __post_init__(self) -> None:
+        check_choice(self.kind, f"Output({self.name!r}).kind", OUTPUT_KINDS)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One public callable of an op.
+
+    ``name``: the callable (the same in :mod:`tilesim.reference` and, when ``device``, in
+    :mod:`tilesim.device`); ``module``: the :mod:`tilesim.reference` module defining it;
+    ``signature``: its input prototypes in the contract module (``()``: none written);
+    ``outputs``: in the op's order; ``layout``: the judge's ``kind`` that names the
+    coordinates of its (first) output (``None``: none); ``plan``: :data:`PLANS`; ``golden``:
+    a named case's golden may be a call of it; ``device``: :mod:`tilesim.device` exports it.
+    """
+
+    name: str
+    module: str
+    outputs: tuple[Output, ...]
+    signature: tuple[Callable, ...] = ()
+    layout: str | None = None
+    plan: str = "kind"
+    golden: bool = True
+    device: bool = False
+
+    def __post_init__(self) -> None:
+        check_choice(self.plan, f"Call({self.name!r}).plan", PLANS)
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return tuple(o.name for o in self.outputs)
+
+    @property
+    def optional_outputs(self) -> tuple[str, ...]:
+        return tuple(o.name for o in self.outputs if o.optional)
+
+
+def _frozen(mapping: Mapping) -> Mapping:
+    return MappingProxyType(dict(mapping))
+
+
+@dataclass(frozen=True)
+class OpRecord:
+    """One op (module docstring): ``name`` (its five files' name), ``family`` (its case
+    family), ``calls``, ``cost``, ``names`` (its other public names of
+    :mod:`tilesim.reference`, ``{name: module}``), ``budgets`` (``{figure: value}`` of its
+    kernel's sim tests) and ``kernel`` (it has a device wrapper and a kernel)."""
+
+    name: str
+    family: str
+    calls: tuple[Call, ...]
+    cost: Callable
+    names: Mapping[str, str] = field(default_factory=dict)
+    budgets: Mapping[str, object] = field(default_factory=dict)
+    kernel: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "names", _frozen(self.names))
+        object.__setattr__(self, "budgets", _frozen(self.budgets))
+        if not self.calls:
+            raise ValueError(f"OpRecord({self.name!r}): expected at least one call")
+
+    @property
+    def call_names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.calls)
+
+    def call(self, name: str) -> Call:
+        """The call called ``name``."""
+        for c in self.calls:
+            if c.name == name:
+                return c
+        raise ValueError(f"call: expected one of {self.call_names}, got {name!r}")
+
+
+__all__ = ["OUTPUT_KINDS", "PLANS", "Call", "OpRecord", "Output"]
