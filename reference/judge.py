@@ -36,6 +36,7 @@ from tilesim.reference.compare import CompareReport, compare
 from tilesim.reference.numerics import _ULP_DTYPES, ulp_distance
 from tilesim.shared.case_schema import TOLERANCE_MODES
 from tilesim.shared.casts import BF16, FP8_E4M3
+from tilesim.shared.ops import judge_layouts
 from tilesim.shared.ranking import rank
 from tilesim.shared.validate import check_choice, check_float, check_str, host_data
 
@@ -62,18 +63,10 @@ TIE_ULPS = 1
 N_POSITIONS = 10
 #: the mantissa bits of the dtypes a row-ULP budget is counted in
 _MANTISSA = {BF16: 7, np.dtype(np.float16): 10, np.dtype(np.float32): 23, FP8_E4M3: 3}
-#: (output kind, names of the leading axes) of each op's judged output
-OP_LAYOUTS = {
-    "moe": ("float", ("row",)),
-    "msa_decode": ("float", ("batch", "head")),
-    "msa_main": ("float", ("query", "head")),
-    "msa_indexer": ("ids", ("row",)),
-    "msa_indexer_scores": ("float", ("head",)),
-    "dsa": ("float", ("token", "head")),
-    "dsa_indexer": ("ids", ("token",)),
-    "float": ("float", None),
-    "ids": ("ids", None),
-}
+#: (output kind, names of the leading axes) of each op's judged output, by the judge's
+#: ``kind``: the layouts the registry of ops names (:func:`tilesim.shared.ops.judge_layouts`),
+#: then the two plain kinds
+OP_LAYOUTS = {**judge_layouts(), "float": ("float", None), "ids": ("ids", None)}
 RULES = ("default", "seeds")
 
 

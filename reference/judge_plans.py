@@ -32,25 +32,18 @@ from tilesim.reference.judge_indexer import (
     judge_ids,
     judge_scores,
 )
+from tilesim.shared.ops import golden_layouts, judge_layouts, optional_outputs, plan_calls
 
 #: the reference op of a golden -> the judge's ``kind`` (names the report's coordinates)
-OP_KINDS = {
-    "moe_grouped_gemm": "moe",
-    "msa_sparse_decode": "msa_decode",
-    "msa_main_branch": "msa_main",
-    "msa_indexer": "msa_indexer",
-    "sparse_attention_antiquant": "dsa",
-    "sparse_attention_antiquant_kv_split": "dsa",
-    "dsa_indexer": "dsa_indexer",
-}
+OP_KINDS = golden_layouts()
 #: the judge kinds whose output is ids
-ID_KINDS = ("msa_indexer", "dsa_indexer")
+ID_KINDS = tuple(k for k, (what, _) in judge_layouts().items() if what == "ids")
 #: the ops whose goldens hold ``topk_indices`` + ``scores`` (+ the step's attention ``out``)
-INDEXER_OPS = ("dsa_indexer", "dsa_decode_step")
+INDEXER_OPS = plan_calls("indexer")
 #: the id, score and attention outputs of those goldens
 IDS, SCORES, OUT = "topk_indices", "scores", "out"
 #: the outputs of an op a device may leave out (the ids' judge reads the golden's scores)
-OPTIONAL_OUTPUTS = {"dsa_indexer": (SCORES,), "dsa_decode_step": (SCORES,)}
+OPTIONAL_OUTPUTS = optional_outputs()
 #: the warning of an indexer output judged without the call's lengths
 NO_LENGTHS = (
     "no seq_lens given: a -inf golden score is taken for a position the row does not see, and "

@@ -46,9 +46,8 @@ from tilesim.reference.judge import Check, Verdict, judge
 from tilesim.reference.judge_indexer import IDS_TOLERANCE, SCORES_TOLERANCE, judge_ids, judge_scores
 from tilesim.shared.index_cache import INDEX_DIM, fp8_page_views
 from tilesim.shared.mla_cache import NOPE, NSCALES, ROPE, unpack_rows
+from tilesim.shared.ops import plan_calls
 
-#: ops judged stage by stage
-PLAN_OPS = ("mla_prolog", "dsa_indexer_prolog", "dsa_attention_step")
 #: (stage, its outputs in the step's names, the upstream outputs its golden reads)
 STAGES = (
     ("mla_prolog", ("query_nope", "query_rope", "q_norm", "q_norm_scale", "kv_cache",
@@ -60,6 +59,10 @@ STAGES = (
     ("sparse_attention", ("attn_out",),
      ("topk_indices", "query_nope", "query_rope", "kv_cache", "kr_cache", "kv_scale_cache")),
 )  # fmt: skip
+#: ops judged stage by stage (the registry's calls of the plan ``"stages"``), in the order
+#: of the step's stages, the layer step last
+_STAGED = plan_calls("stages")
+PLAN_OPS = tuple(dict.fromkeys([*(s[0] for s in STAGES if s[0] in _STAGED), *_STAGED]))
 #: the indexer prolog's own output names -> the step's
 IPROLOG_NAMES = {"q": "index_q", "q_scale": "index_q_scale", "weights": "index_weights",
                  "k_cache": "k_cache", "k_scale": "k_scale"}  # fmt: skip

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 from tilesim.shared.msa_main import MASK_NEG
+from tilesim.shared.ops import record
 from tilesim.shared.trace import lane_id
 
 #: a row max at or below this is a row with every score of the tile masked (the attention
@@ -116,8 +117,9 @@ def summarize(records: list[dict]) -> dict:
 
 #: per-tile statistics drawn under the schedule when the trace records carry them
 _STAT_KEYS = ("row_max", "head_max", "row_sum")
-#: ops whose ``row_max`` is the per-head max of a block's index scores (no softmax)
-_INDEXER_OPS = ("msa_indexer", "msa_indexer_scores")
+#: ops whose ``row_max`` is the per-head max of a block's index scores (no softmax): the
+#: MSA indexer's calls
+_INDEXER_OPS = record("msa_indexer").call_names
 #: the op whose ``row_max`` is each query row's max index score over a block (no softmax;
 #: ``-inf`` where the row sees none of the block): the DeepSeek lightning indexer
 _ROW_SCORE_OP = "dsa_indexer"
