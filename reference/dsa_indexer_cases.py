@@ -32,6 +32,7 @@ from tilesim.reference.dsa_cases import DSA_CASES, SEEDS_TOLERANCE, build_block_
 from tilesim.shared.case_schema import CaseInfo, make_case, tolerance
 from tilesim.shared.dsa_indexer import INDEX_HEADS, INT8_ORDERS, MAX_DECODE_S1, PATHS, TOPK
 from tilesim.shared.index_cache import INDEX_DIM
+from tilesim.shared.ops import golden_calls
 from tilesim.shared.quant import quantize_index_fp8, quantize_index_int8
 from tilesim.shared.validate import (
     check_bool,
@@ -41,7 +42,8 @@ from tilesim.shared.validate import (
 )
 
 BUILDER = "tilesim.reference.dsa_indexer_cases:dsa_indexer_make_case"
-OPS = ("dsa_indexer", "dsa_decode_step")
+#: the ops a case of this family calls (the registry of ops)
+OPS = golden_calls("dsa_indexer")
 #: ids are judged as sets per row (order free); the judge's score-aware rule reads ``scores``
 ID_TOLERANCE = tolerance(mode="set")
 #: DeepSeek-V3.2's folded weight constants ``64^-0.5 * 128^-0.5``

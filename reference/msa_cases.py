@@ -27,6 +27,7 @@ from tilesim.shared.casts import to_bf16
 from tilesim.shared.models import MINIMAX_M3
 from tilesim.shared.msa_indexer import HEAD_REDUCES, check_indexer_seq_len
 from tilesim.shared.msa_main import MAX_PREFILL_ROWS, build_msa_block_mask
+from tilesim.shared.ops import golden_calls
 from tilesim.shared.tiling import MSA_DTYPES
 from tilesim.shared.validate import (
     check_bool,
@@ -40,7 +41,8 @@ from tilesim.shared.validate import (
 
 _CFG = MINIMAX_M3.msa
 BY = _CFG.block_size
-_OPS = ("msa_indexer", "msa_sparse_decode", "msa_main_branch")
+#: the ops a case of this family calls (the registry of ops)
+_OPS = golden_calls("msa")
 _SELECTS = ("indexer", "random")
 BUILDER = "tilesim.reference.msa_cases:msa_make_case"
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tilesim.shared.ops import families
 from tilesim.shared.validate import check_choice, check_float
 
 CASE_KEYS = ("name", "op", "inputs", "params", "tolerance", "meta")
@@ -39,16 +40,9 @@ TOLERANCE_MODES = ("compare", "set", "ulp")
 TOLERANCE_KEYS = ("atol", "rtol", "ratio", "mode")
 OPTIONAL_TOLERANCE_KEYS = ("row_ulp",)
 CASE_SIZES = ("small", "medium", "large")
-#: the case families (one ``tilesim.reference.<family>_cases`` module each)
-CASE_FAMILIES = (
-    "moe",
-    "msa",
-    "dsa",
-    "dsa_indexer",
-    "dsa_indexer_prolog",
-    "mla_prolog",
-    "dsa_attention_step",
-)
+#: the case families (one ``tilesim.reference.<family>_cases`` module each), in the order of
+#: the registry of ops (:func:`tilesim.shared.ops.families`)
+CASE_FAMILIES = families()
 
 
 def tolerance(atol=None, rtol=None, ratio: float = 0.0, mode: str = "compare",
