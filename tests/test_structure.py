@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tilesim.shared.ops import OP_MODULES, kernel_ops
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = ("reference", "device", "shared")
@@ -119,8 +120,11 @@ def test_import_tilesim_tests_fails_in_a_checkout():
 
 
 # ----------------------------------------------------------------------------- one op, one name
-#: every op: its contract, golden, wrapper (+ kernel), tests and docs page share this name
-OPS = ("moe", "msa_indexer", "msa_decode", "msa_main", "dsa", "dsa_indexer")
+#: every op of five files: its contract, golden, wrapper (+ kernel), tests and docs page share
+#: this name (the registry of ops)
+OPS = kernel_ops()
+#: every op with a record: each has a contract module
+RECORDED = OP_MODULES
 #: what each op's contract module in shared/ exports
 CONTRACT = ("Args", "check_meta", "check_values", "host_plan", "cost")
 
@@ -147,7 +151,7 @@ def test_one_op_is_five_files_of_one_name(op):
         assert found, f"no tests/{layer}/test_{op}*.py"
 
 
-@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("op", RECORDED)
 def test_each_contract_module_exports_the_five_things(op):
     names = _top_level_names(ROOT / "shared" / f"{op}.py")
     missing = [n for n in CONTRACT if n not in names]

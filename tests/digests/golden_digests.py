@@ -183,53 +183,31 @@ def _dsa_attention_step_entries():
 
 
 def entries():
-    """``[(entry id, (family, case name, builder overrides[, op overrides])), ...]``, fixed order.
+    """``[(entry id, (family, case name, builder overrides[, op overrides])), ...]``, fixed order:
+    the entries of each case family of the registry of ops, in its order (``_<family>_entries``).
 
     Op overrides replace op parameters after the build; a ``tiling`` given as a dict is built
     as ``MsaTiling(**d)`` (``SaTileShapeConfig(**d)`` for the ``dsa`` family)."""
-    return [*_moe_entries(), *_msa_entries(), *_dsa_entries(), *_dsa_indexer_entries(),
-            *_dsa_indexer_prolog_entries(), *_mla_prolog_entries(),
-            *_dsa_attention_step_entries()]  # fmt: skip
+    from tilesim.shared.ops import families
+
+    out = []
+    for family in families():
+        family_entries = globals().get(f"_{family}_entries")
+        if family_entries is None:
+            raise LookupError(f"no golden digest entries for the case family {family!r}")
+        out += family_entries()
+    return out
 
 
 def _build(family, name, over):
-    over = dict(over)
-    if family == "moe":
-        from tilesim.reference.moe_cases import moe_make_case
+    """``(op, case)``: the case built by ``family``'s builder (the registry of ops names it)."""
+    import importlib
 
-        case = moe_make_case(name, **over)
-        op = "moe_grouped_gemm"
-    elif family == "msa":
-        from tilesim.reference.msa_cases import msa_make_case
+    from tilesim.shared.ops import case_builder
 
-        case = msa_make_case(name, **over)
-        op = case["op"]
-    elif family == "dsa_indexer_prolog":
-        from tilesim.reference.dsa_indexer_prolog_cases import dsa_indexer_prolog_make_case
-
-        case = dsa_indexer_prolog_make_case(name, **over)
-        op = case["op"]
-    elif family == "mla_prolog":
-        from tilesim.reference.mla_prolog_cases import mla_prolog_make_case
-
-        case = mla_prolog_make_case(name, **over)
-        op = case["op"]
-    elif family == "dsa_attention_step":
-        from tilesim.reference.dsa_attention_step_cases import dsa_attention_step_make_case
-
-        case = dsa_attention_step_make_case(name, **over)
-        op = case["op"]
-    elif family == "dsa_indexer":
-        from tilesim.reference.dsa_indexer_cases import dsa_indexer_make_case
-
-        case = dsa_indexer_make_case(name, **over)
-        op = case["op"]
-    else:
-        from tilesim.reference.dsa_cases import dsa_make_case
-
-        case = dsa_make_case(name, **over)
-        op = case["op"]
-    return op, case
+    module, builder = case_builder(family)
+    case = getattr(importlib.import_module(module), builder)(name, **dict(over))
+    return case["op"], case
 
 
 def _op(name):

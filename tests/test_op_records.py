@@ -1,0 +1,220 @@
+"""The registry of op records is the one list of ops: every consumer derives its list from it.
+
+* each record is its contract module's ``RECORD``: its calls exist in ``tilesim.reference``
+  (and ``tilesim.device`` where it says so), their published signatures begin with the
+  record's input prototypes, its ``cost`` is the module's;
+* the consumers (the judge's layouts and plans, the case families and case modules, the lazy
+  names of ``tilesim.reference`` and ``tilesim.device``, the structural test, the digests, the
+  CLI) agree with the registry;
+* no consumer keeps a list of its own: no module-level literal in a consumer names two ops,
+  calls or families (a family's case module may key a table of per-op data by exactly the
+  calls its cases make; the files in :data:`OWN_LISTS` are excepted, each with its reason).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import sys
+from pathlib import Path
+
+import pytest
+from tilesim.shared import ops
+from tilesim.shared.op_record import OpRecord
+
+ROOT = Path(__file__).resolve().parents[1]
+RECORDS = ops.records()
+CALLS = ops.calls()
+
+
+def _module(name: str):
+    return importlib.import_module(name)
+
+
+# ----------------------------------------------------------------------------- the records
+@pytest.mark.parametrize("rec", RECORDS, ids=lambda r: r.name)
+def test_each_record_is_its_contract_modules(rec):
+    mod = _module(f"tilesim.shared.{rec.name}")
+    assert isinstance(rec, OpRecord)
+    assert rec.cost is mod.cost
+    assert (ROOT / "shared" / f"{rec.name}.py").is_file()
+    assert (ROOT / "docs" / "ops" / f"{rec.name}.md").is_file()
+    assert rec.family in ops.families()
+
+
+def test_call_and_public_names_are_unique():
+    names = [c.name for c in CALLS]
+    assert len(names) == len(set(names)), names
+    extra = [n for r in RECORDS for n in r.names]
+    assert not set(extra) & set(names)
+    assert len(extra) == len(set(extra)), extra
+
+
+@pytest.mark.parametrize("call", CALLS, ids=lambda c: c.name)
+def test_each_call_is_a_public_golden_with_the_records_signature(call):
+    import tilesim.reference as ref
+
+    fn = getattr(ref, call.name)
+    assert fn.__module__ == f"tilesim.reference.{call.module}"
+    published = list(inspect.signature(fn).parameters.values())
+    protos = [p for proto in call.signature for p in inspect.signature(proto).parameters.values()]
+    got = [(p.name, p.kind, p.default) for p in published[: len(protos)]]
+    assert got == [(p.name, p.kind, p.default) for p in protos]
+
+
+@pytest.mark.parametrize("call", CALLS, ids=lambda c: c.name)
+def test_each_call_names_its_outputs_once(call):
+    assert call.outputs and len(set(call.output_names)) == len(call.outputs)
+
+
+def test_every_reference_name_resolves():
+    import tilesim.reference as ref
+
+    for name, module in ops.reference_names().items():
+        obj = getattr(_module(f"tilesim.reference.{module}"), name)
+        assert getattr(ref, name) is obj
+
+
+# ----------------------------------------------------------------------------- the consumers
+def test_the_judge_reads_the_registry():
+    judge = _module("tilesim.reference.judge")
+    plans = _module("tilesim.reference.judge_plans")
+    stages = _module("tilesim.reference.judge_stages")
+    assert judge.OP_LAYOUTS == {**ops.judge_layouts(), "float": ("float", None),
+                                "ids": ("ids", None)}  # fmt: skip
+    assert plans.OP_KINDS == ops.golden_layouts()
+    assert plans.INDEXER_OPS == ops.plan_calls("indexer")
+    assert plans.OPTIONAL_OUTPUTS == ops.optional_outputs()
+    assert sorted(stages.PLAN_OPS) == sorted(ops.plan_calls("stages"))
+    for call in CALLS:
+        assert call.layout is None or call.layout in judge.OP_LAYOUTS
+
+
+def test_the_case_registry_reads_the_registry():
+    from tilesim.cli import registry
+    from tilesim.shared.case_schema import CASE_FAMILIES
+
+    assert CASE_FAMILIES == ops.families()
+    assert registry.FAMILIES == ops.families()
+    msa = _module("tilesim.reference.msa_cases")
+    dsi = _module("tilesim.reference.dsa_indexer_cases")
+    assert msa._OPS == ops.golden_calls("msa")
+    assert dsi.OPS == ops.golden_calls("dsa_indexer")
+    golden = set(ops.golden_calls())
+    for info in registry.load_registry().values():
+        assert info.op in golden, info.name
+        assert ops.record_of_call(info.op).family == info.family, info.name
+
+
+def test_every_family_has_a_builder():
+    for family in ops.families():
+        module, builder = ops.case_builder(family)
+        assert callable(getattr(_module(module), builder))
+
+
+def test_the_lazy_names_are_the_registrys():
+    import tilesim.device as dev
+    import tilesim.reference as ref
+
+    own = {"judge", "Verdict"}
+    assert {k: v for k, v in ref._LAZY.items() if k not in own} == ops.reference_names()
+    kernels = {k: v for k, v in dev._LAZY.items() if v != "backend"}
+    assert kernels == ops.device_names()
+
+
+def test_the_structural_test_reads_the_registry():
+    sys.path.insert(0, str(ROOT / "tests"))
+    try:
+        structure = _module("test_structure")
+    finally:
+        sys.path.remove(str(ROOT / "tests"))
+    assert structure.OPS == ops.kernel_ops()
+    assert structure.RECORDED == ops.OP_MODULES
+
+
+def test_the_digests_cover_the_registry():
+    sys.path.insert(0, str(ROOT / "tests"))
+    try:
+        golden = _module("digests.golden_digests")
+        kernel = _module("digests.kernel_digests")
+    finally:
+        sys.path.remove(str(ROOT / "tests"))
+    families = {spec[0] for _, spec in golden.entries()}
+    assert families == set(ops.families())
+    kernel_ops = {key.split("/")[0] for key, _ in kernel.entries()}
+    assert kernel_ops == set(ops.kernel_ops())
+
+
+def test_the_cli_reads_the_registry():
+    from tilesim.cli import dumps, plot
+
+    assert dumps.STAGED_OPS == _module("tilesim.reference.judge_stages").PLAN_OPS
+    assert plot._INDEXER_OPS == ops.record("msa_indexer").call_names
+
+
+# ----------------------------------------------------------------------------- no own lists
+#: the consumers of the registry
+CONSUMERS = (
+    "reference/__init__.py",
+    "reference/judge.py",
+    "reference/judge_plans.py",
+    "reference/judge_stages.py",
+    "shared/case_schema.py",
+    "tests/test_structure.py",
+    "device/__init__.py",
+    "tests/bench/__main__.py",
+    *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "reference").glob("*_cases.py")),
+    *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "app" / "cli").glob("*.py")),
+    *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "tests" / "digests").glob("*.py")),
+)
+#: consumers that keep a list of their own, and why
+OWN_LISTS = {
+    "device/__init__.py": "its public kernel names are checked against the registry above",
+    "tests/bench/__main__.py": "the bench times a chosen subset of the families' cases",
+}
+
+
+def _names() -> set[str]:
+    return {*ops.OP_MODULES, *ops.families(), *(c.name for c in CALLS)}
+
+
+def _literal_names(node: ast.AST) -> list[str]:
+    if isinstance(node, ast.Dict):
+        items = [*node.keys, *node.values]
+    elif isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        items = node.elts
+    else:
+        return []
+    return [i.value for i in items if isinstance(i, ast.Constant) and isinstance(i.value, str)]
+
+
+def _per_op_table(rel: str, sub: ast.AST, hits: list[str]) -> bool:
+    """A family's case module may key a table of per-op data (tolerance, builder, rule) by
+    exactly the calls its cases make (the registry's golden calls of the family)."""
+    family = Path(rel).name.removesuffix("_cases.py")
+    if not rel.startswith("reference/") or family not in ops.families():
+        return False
+    keys = [k.value for k in getattr(sub, "keys", []) if isinstance(k, ast.Constant)]
+    return isinstance(sub, ast.Dict) and keys == hits == list(ops.golden_calls(family))
+
+
+def _own_lists(rel: str) -> list[str]:
+    names, found = _names(), []
+    for node in ast.parse((ROOT / rel).read_text()).body:
+        if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
+            continue
+        for sub in ast.walk(node.value):
+            hits = [n for n in _literal_names(sub) if n in names]
+            if len(hits) >= 2 and not _per_op_table(rel, sub, hits):
+                found.append(f"{rel}:{node.lineno}: {hits}")
+    return found
+
+
+@pytest.mark.parametrize("rel", CONSUMERS)
+def test_no_consumer_keeps_its_own_list_of_ops(rel):
+    found = _own_lists(rel)
+    if rel in OWN_LISTS:
+        assert found, f"{rel} reads the registry: drop it from OWN_LISTS"
+    else:
+        assert not found, "\n".join(found)
