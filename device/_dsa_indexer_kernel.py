@@ -18,28 +18,34 @@ Loop nest (``b`` and every length are runtime values; one compile per model conf
              fp8:        t = relu(d) * w_h                       (FP32)
              s = the head sum of t, a fixed pairwise tree (:func:`head_sum`), FP32
              score = s * k_scale        written for the row's visible positions only
-      SEL  per row r < s1: the top-k of the row (:func:`select_row`), ids written for
-           min(topk, visible) slots
+      SEL  per row r < s1 (:func:`select_row`):
+         SP  per span of SPAN_RATIO * topk columns (:func:`span_count` spans, unrolled):
+             the span's top-k under the tie rule (:func:`span_topk`): its candidates
+         MG  the top-k of the candidates (:func:`merge_spans`; one span: its own top-k)
+         ORD the order; ids written for min(topk, visible) slots
 
 Selection with the documented tie rule from PyPTO's ``topk`` alone: 0.2.0's ``topk`` breaks
 ties arbitrarily (in the interpreter it is ``torch.topk``), so every ``topk`` whose order
-matters is fed UNIQUE keys, where any correct top-k gives the same answer:
+matters is fed UNIQUE keys, where any correct top-k gives the same answer. A top-k of a list
+of values (a span of the row, or the spans' candidates) with their positions:
 
-1. ``(v1, i1) = topk(row)``: the values are right whatever the tie order; ``tau = v1[k-1]``,
-   the k-th best score, and ``n_gt = #{v1 > tau}``;
-2. ``i2 = topk(where(row == tau, -position, -inf))``: the positions scoring ``tau``, lowest
+1. ``(v1, i1) = topk(values)``: the values are right whatever the tie order; ``tau =
+   v1[k-1]``, the k-th best value, and ``n_gt = #{v1 > tau}``;
+2. ``topk(where(values == tau, -position, -inf))``: the positions valued ``tau``, lowest
    first (unique keys) -- slots ``n_gt ..`` take them, so the tied boundary keeps the lower
-   positions;
-3. the order: key ``dense_rank(value) * k + rank(id)`` (both below ``k``, exact in FP32 and
-   unique), one more ``topk`` of ``-key``: score descending, equal scores lower position first.
-   ``rank(id)`` is the inverse of the permutation that sorts the ids (two ``topk`` of unique
-   keys).
+   positions (:func:`boundary_ids`);
+3. the order, once per row: key ``dense_rank(value) * k + rank(id)`` (both below ``k``, exact
+   in FP32 and unique), one more ``topk`` of ``-key``: score descending, equal scores lower
+   position first. ``rank(id)`` is the inverse of the permutation that sorts the ids (two
+   ``topk`` of unique keys).
 
-Steps 1 and 2 read the row through a static width, the smallest bucket holding ``max(visible,
-k)`` columns (:func:`buckets`; one 0/1-trip loop per bucket: 0.2.0's ``view`` takes static
-shapes only, and a narrower top-k is cheaper: one row on the 910B cost model, 1.7 µs at 8K
-columns, 11 µs at 64K); positions the kernel does not write hold the ``-inf`` the wrapper
-prefilled. Private; importing it needs neither torch
+Steps 1 and 2 run per span (a span's top-k under the tie rule: its candidates), then once
+over the spans' ``spans * k`` candidates. The merge is exact: a position of the row's top-k
+has fewer than ``k`` positions of the row, so of its span, before it in (score descending,
+position ascending), so it is among its span's candidates, and the merge orders the
+candidates by the same rule. Every span of the padded row is read, the columns the kernel did
+not write holding the ``-inf`` the wrapper prefilled (a span past the row gives ``-inf``
+candidates at positions above every visible one). Private; importing it needs neither torch
 nor pypto.
 """
 
@@ -67,8 +73,9 @@ SLAB_SCOPE, MAX_SLABS = 100, 100
 TOPK_TILE = 8192
 #: vector tile of the dense-rank cumsum (its transposes need ~100 B of UB per column)
 CUMSUM_TILE = 1024
-#: bucket widths grow by this factor (fewer branches = less compile time)
-BUCKET_STEP = 4
+#: columns of a selection span, in units of ``topk`` (PyPTO's own indexer: 8K spans at topk
+#: 2048): each span's top-k is a candidate list, the row's top-k the merge of the lists
+SPAN_RATIO = 4
 #: the jit options: PyPTO's own indexer example's stitch 128 (the cost model's machine crashes
 #: above 128) and scheduling mode 1; pypto-gym's L1 reuse of 16, which packs 16 blocks' C1
 #: matmuls (one copy of the query rows) into one cube task
@@ -88,7 +95,8 @@ class IndexerParams:
         self.path, self.bs, self.topk, self.width = path, block_size, topk, width
         self.unroll = tuple(sorted({*unroll, 1}, reverse=True))
         self.select = bool(select)  # False: the scores only (the cost split of the reports)
-        self.buckets = buckets(topk, width)
+        self.spans = span_count(topk, width)
+        self.span = width // self.spans
         # how the kernel addresses a block of the cache (tilesim.shared.index_cache): the codes
         # view's rows per block, the scales view's first column of a block
         page = index_page_view(path, block_size)
@@ -103,14 +111,14 @@ class IndexerParams:
                 .format(*self.key))  # fmt: skip
 
 
-def buckets(topk: int, width: int) -> tuple:
-    """The static row widths of the selection: ``topk`` rounded up to a power of two, times
-    :data:`BUCKET_STEP` ``**i``, the last one ``width`` (the score buffer's padded width)."""
-    w, out = 1 << max(int(topk) - 1, 0).bit_length(), []
-    while w < width:
-        out.append(w)
-        w *= BUCKET_STEP
-    return (*out, width)
+def span_count(topk: int, width: int) -> int:
+    """Spans of the selection over a ``width``-column row: ``width / (SPAN_RATIO * topk)``
+    (at least one; fewer when that does not divide the row), so every span holds at least
+    ``topk`` columns."""
+    n = max(1, int(width) // (SPAN_RATIO * int(topk)))
+    while n > 1 and int(width) % n:
+        n -= 1
+    return n
 
 
 # ----------------------------------------------------------------------------- scores
@@ -225,26 +233,62 @@ def score_group(pypto, ins, b, row0, vis0, rows: int, scores, p):
 
 
 # ----------------------------------------------------------------------------- selection
-def bucket_topk(pypto, scores, negpos, row, width: int, k: int, sel):
-    """Steps 1 and 2 of the selection (module docstring) over the first ``width`` columns of
-    the row (every one of them: the columns the kernel did not write hold the wrapper's
-    ``-inf``; a ``valid_shape`` view is NOT used -- under ``pass_verify`` of every pass the
-    tile-level top-k read its padding as 0, which outranks negative scores; PyPTO's own
-    indexer pads its top-k input explicitly too): ``v1`` / ``i1`` and the tied-boundary
-    positions ``i2`` (FP32 ids) into the row's scratch ``sel``."""
+def boundary_ids(pypto, ins, v1, p1, v2, k: int):
+    """FP32 ``[1, k]`` negated positions of a top-k under the tie rule: slots below ``n_gt =
+    #{v1 > tau}`` (``tau = v1[k-1]``) take ``p1`` (the positions of ``v1``, ties in any
+    order), the rest the tied positions ``v2`` (negated, lowest first)."""
+    pypto.set_vec_tile_shapes(1, k)
+    tau = pypto.view(v1, [1, 1], [0, k - 1])
+    n_gt = pypto.sum(pypto.where(pypto.gt(v1, tau), 1.0, 0.0), -1, True)
+    slots = pypto.view(ins.slots, [1, k], [0, 0])
+    shift = pypto.cast(pypto.maximum(pypto.sub(slots, n_gt), 0.0), pypto.DT_INT32)
+    return pypto.where(pypto.lt(slots, n_gt), p1, pypto.gather(v2, -1, shift))
+
+
+def tied_lowest(pypto, vals, negpos, tau, width: int, k: int):
+    """Step 2 of the selection over ``width`` columns: the negated positions of the ``k``
+    lowest positions whose value is ``tau`` (one ``topk`` of unique keys; slots past them
+    hold ``-inf`` or higher positions)."""
     pypto.set_vec_tile_shapes(1, min(width, TOPK_TILE))
-    src = pypto.view(scores, [1, width], [row, 0])
+    key = pypto.where(pypto.eq(vals, tau), negpos, NEG_INF)
+    v2, _i2 = pypto.topk(key, k, -1, True)
+    return v2
+
+
+def span_topk(pypto, ins, scores, row, s, p):
+    """The top-k of span ``s`` of the row (columns ``s*span ..``, every one of them: the
+    columns the kernel did not write hold the wrapper's ``-inf``; a ``valid_shape`` view is NOT
+    used -- under ``pass_verify`` of every pass the tile-level top-k read its padding as 0,
+    which outranks negative scores; PyPTO's own indexer pads its top-k input explicitly too)
+    under the tie rule: ``(values [1, k] descending, negated positions [1, k])``."""
+    k, w = p.topk, p.span
+    pypto.set_vec_tile_shapes(1, min(w, TOPK_TILE))
+    src = pypto.view(scores, [1, w], [row, s * w])
+    npos = pypto.view(ins.negpos, [1, w], [0, s * w])
     v1, i1 = pypto.topk(src, k, -1, True)
     pypto.set_vec_tile_shapes(1, k)
     tau = pypto.view(v1, [1, 1], [0, k - 1])
-    sel[0][:] = v1
-    sel[1][:] = pypto.cast(i1, pypto.DT_FP32)
-    pypto.set_vec_tile_shapes(1, min(width, TOPK_TILE))
-    pos = pypto.view(negpos, [1, width], [0, 0])
-    key = pypto.where(pypto.eq(src, tau), pos, NEG_INF)
-    _v2, i2 = pypto.topk(key, k, -1, True)
+    v2 = tied_lowest(pypto, src, npos, tau, w, k)
     pypto.set_vec_tile_shapes(1, k)
-    sel[2][:] = pypto.cast(i2, pypto.DT_FP32)
+    base = pypto.view(ins.negpos, [1, 1], [0, s * w])  # -(s * span)
+    p1 = pypto.sub(base, pypto.cast(i1, pypto.DT_FP32))
+    return v1, boundary_ids(pypto, ins, v1, p1, v2, k)
+
+
+def merge_spans(pypto, ins, cand, p):
+    """The top-k of the spans' candidates (``cand``: values, negated positions; ``[1, spans *
+    k]``) under the tie rule: exact, because every position of the row's top-k is among the
+    top-k of its own span (fewer than ``k`` positions of the row, so of the span, precede it)."""
+    k, m = p.topk, p.spans * p.topk
+    vals, negpos = cand
+    pypto.set_vec_tile_shapes(1, min(m, TOPK_TILE))
+    v1, j1 = pypto.topk(vals, k, -1, True)
+    pypto.set_vec_tile_shapes(1, k)
+    tau = pypto.view(v1, [1, 1], [0, k - 1])
+    v2 = tied_lowest(pypto, vals, negpos, tau, m, k)
+    pypto.set_vec_tile_shapes(1, k)
+    p1 = pypto.gather(negpos, -1, j1)
+    return v1, boundary_ids(pypto, ins, v1, p1, v2, k)
 
 
 def ascending_order(pypto, key, k: int):
@@ -256,6 +300,7 @@ def ascending_order(pypto, key, k: int):
 def order_ids(pypto, v1, ids, k: int):
     """Step 3: ``ids`` (FP32, unique, their scores ``v1`` descending) ordered by (score
     descending, id ascending): the key ``dense_rank(v1) * k + rank(id)``."""
+    pypto.set_vec_tile_shapes(1, k)
     newrun = pypto.where(pypto.ne(pypto.view(v1, [1, k - 1], [0, 1]),
                                   pypto.view(v1, [1, k - 1], [0, 0])), 1.0, 0.0)  # fmt: skip
     first = pypto.full([1, 1], 0.0, pypto.DT_FP32)
@@ -270,28 +315,26 @@ def order_ids(pypto, v1, ids, k: int):
 
 
 def select_row(pypto, ins, row, visible, scores, ids, p):
-    """SEL of one row: the bucket branch that holds ``max(visible, k)`` columns (one 0/1-trip
-    loop per bucket), then the tie fix-up and the order on ``[1, k]``, and the first
-    ``min(visible, k)`` ids written to ``ids[row]`` (the rest keeps the caller's -1)."""
+    """SEL of one row: the top-k of each span holding one of the first ``max(visible, k)``
+    columns (a loop over them), merged into the row's top-k (one span: that span's), then the
+    order on ``[1, k]`` and the first ``min(visible, k)`` ids written to ``ids[row]`` (the rest
+    keeps the caller's -1)."""
     k = p.topk
-    n = visible.max(k)
-    sel = [pypto.tensor([1, k], pypto.DT_FP32, f"li_sel{i}") for i in range(3)]
-    lo = 0
-    for width in p.buckets:
-        trips = (n - lo).max(0).min(1) - (n - width).max(0).min(1)
-        for _u in pypto.loop(0, trips, 1, name=f"LI_TOPK_{width}", idx_name=f"u{width}"):
-            bucket_topk(pypto, scores, ins.negpos, row, width, k, sel)
-        lo = width
+    if p.spans == 1:
+        v1, negids = span_topk(pypto, ins, scores, row, 0, p)
+    else:
+        m = p.spans * k
+        cand = [pypto.tensor([1, m], pypto.DT_FP32, f"li_cand{i}") for i in range(2)]
+        for s in range(p.spans):
+            sv, sp = span_topk(pypto, ins, scores, row, s, p)
+            pypto.set_vec_tile_shapes(1, k)
+            pypto.assemble(sv, [0, s * k], cand[0])
+            pypto.assemble(sp, [0, s * k], cand[1])
+        v1, negids = merge_spans(pypto, ins, cand, p)
     pypto.set_vec_tile_shapes(1, k)
-    v1, i1, i2 = sel
-    tau = pypto.view(v1, [1, 1], [0, k - 1])
-    n_gt = pypto.sum(pypto.where(pypto.gt(v1, tau), 1.0, 0.0), -1, True)
-    slots = pypto.view(ins.slots, [1, k], [0, 0])
-    shift = pypto.cast(pypto.maximum(pypto.sub(slots, n_gt), 0.0), pypto.DT_INT32)
-    merged = pypto.where(pypto.lt(slots, n_gt), i1, pypto.gather(i2, -1, shift))
-    out = pypto.cast(order_ids(pypto, v1, merged, k), pypto.DT_INT32)
-    m = visible.min(k)
-    pypto.assemble(pypto.view(out, [1, k], [0, 0], valid_shape=[1, m]), [row, 0], ids)
+    out = pypto.cast(order_ids(pypto, v1, pypto.mul(negids, -1.0), k), pypto.DT_INT32)
+    m_ids = visible.min(k)
+    pypto.assemble(pypto.view(out, [1, k], [0, 0], valid_shape=[1, m_ids]), [row, 0], ids)
 
 
 # ----------------------------------------------------------------------------- the nest
@@ -383,13 +426,13 @@ def build(params: IndexerParams, static_dims: tuple, jit: tuple = JIT):
 
 
 __all__ = [
-    "BUCKET_STEP",
     "CHUNK_UNROLL",
     "JIT",
     "READY_ON_HOST",
     "IndexerParams",
-    "buckets",
+    "SPAN_RATIO",
     "build",
     "c1_tiles",
     "head_sum",
+    "span_count",
 ]
