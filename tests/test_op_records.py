@@ -76,6 +76,32 @@ def test_every_reference_name_resolves():
         assert getattr(ref, name) is obj
 
 
+def _constant(node: ast.expr, path: Path):
+    """The value of a constant expression (numbers, ``2.0**-16``, a dict of them)."""
+    return eval(compile(ast.Expression(node), str(path), "eval"), {"__builtins__": {}})
+
+
+def _sim_budgets(op: str) -> dict:
+    """The pass figures of ``tests/device/test_<op>_sim.py`` (read, not run): each
+    ``BUDGET_<FIGURE>`` as ``figure``, and the entries of a ``BUDGET`` dict."""
+    path = ROOT / "tests" / "device" / f"test_{op}_sim.py"
+    out: dict = {}
+    for node in ast.parse(path.read_text()).body:
+        if not isinstance(node, ast.Assign) or not isinstance(node.targets[0], ast.Name):
+            continue
+        name = node.targets[0].id
+        if name == "BUDGET":
+            out.update(_constant(node.value, path))
+        elif name.startswith("BUDGET_"):
+            out[name.removeprefix("BUDGET_").lower()] = _constant(node.value, path)
+    return out
+
+
+@pytest.mark.parametrize("rec", [r for r in RECORDS if r.kernel], ids=lambda r: r.name)
+def test_the_device_budgets_are_the_sim_tests(rec):
+    assert dict(rec.budgets) == _sim_budgets(rec.name)
+
+
 # ----------------------------------------------------------------------------- the consumers
 def test_the_judge_reads_the_registry():
     judge = _module("tilesim.reference.judge")
