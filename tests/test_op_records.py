@@ -39,6 +39,7 @@ def test_each_record_is_its_contract_modules(rec):
     assert isinstance(rec, OpRecord)
     assert rec.cost is mod.cost
     assert (ROOT / "shared" / f"{rec.name}.py").is_file()
+    assert (ROOT / "reference" / f"{rec.name}.py").is_file()
     assert (ROOT / "docs" / "ops" / f"{rec.name}.md").is_file()
     assert rec.family in ops.families()
 

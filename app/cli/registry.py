@@ -1,8 +1,8 @@
 """The named-case registry: the ``CASE_INFO`` tables of the families' case modules.
 
 Each family's cases module (``tilesim.reference.<family>_cases`` for every family of
-:data:`tilesim.shared.case_schema.CASE_FAMILIES`: ``moe``, ``msa``, ``dsa``, ``dsa_indexer``,
-``dsa_indexer_prolog``, ``mla_prolog``, ``dsa_attention_step``) exports ``CASE_INFO: dict[str,
+:data:`tilesim.shared.case_schema.CASE_FAMILIES`, the families of the registry of ops
+:mod:`tilesim.shared.ops`) exports ``CASE_INFO: dict[str,
 tilesim.shared.case_schema.CaseInfo]`` — family, op, model, summary, seed, size, tolerance,
 builder (``"module:function"``), kind, SoC marks, the seeds' status and notes. The registry is
 their union, in family order; there is no second copy of the table. The builder's own case
