@@ -20,8 +20,8 @@ Budget (docs/ops/msa_main.md#kernel), FP32 output, against
 Shapes are kept small for the CPU (the interpreter costs ~0.1-0.3 s per head and chunk): HQ = 32
 query heads on HKV = 2 KV heads (two KV groups, so the ``hg // 16`` head mapping is exercised),
 topk = 5 slots = 640 keys = one 512-key chunk plus a PARTIAL 128-key chunk (the seeds drop it).
-The seeds' case at the M3 shape (``slow``) is the kernel's headline row, with the streaming
-floor of the op's bytes (``tests/probes/floor.py``: "floor µs", "kernel / floor").
+The seeds' case at the M3 shape (``slow``) is the kernel's headline row, with the HBM bound and
+the streaming floor of the op's bytes (``tests/probes/floor.py``: "floor µs", "kernel / floor").
 """
 
 from __future__ import annotations
@@ -164,6 +164,7 @@ def check_seed_case_m3(soc) -> dict:
     vb = torch.zeros(16 * 128, 4, 128)
     kb[:n], vb[:n] = k, v
     mask = build_msa_block_mask(n, torch.tensor([0], dtype=torch.int32))
+    nbytes = contract.cost(contract.check_meta(q, kb, vb, mask))["bytes"]
     out, us = msa_main_branch(q, kb, vb, mask, backend="sim", soc=soc)
     gold = reference(q, kb, vb, mask)
     err = (out.double() - gold.double()).abs()
@@ -173,7 +174,8 @@ def check_seed_case_m3(soc) -> dict:
         "max_abs": float(err.max()),
         "scaled": float(err.max() / gold.abs().max()),
         "seed_tol_ok": bool((err <= 1e-3 + 1e-3 * gold.double().abs()).all()),
-        "floor_us": floor_us(contract.cost(contract.check_meta(q, kb, vb, mask))["bytes"], soc=soc),
+        "bytes": nbytes,
+        "floor_us": floor_us(nbytes, soc=soc),
     }
 
 
@@ -182,8 +184,13 @@ def check_seed_case_m3(soc) -> dict:
 @pytest.mark.slow
 def test_main_branch_seed_case_at_m3_shape(sim_soc, sim_report):
     from tilesim.device import sim
+    from tilesim.shared.soc import get_soc
 
     r = sim.isolated(check_seed_case_m3, sim_soc, soc=sim_soc)
+    spec = get_soc(sim_soc)
+    hbm = {"HBM-bound µs": spec.hbm_bound_us(r["bytes"])}
+    if sim_soc == "950":
+        hbm["HBM-bound µs 950DT"] = get_soc("950dt").hbm_bound_us(r["bytes"])
     sim_report.add(
         kernel="msa_main_branch",
         soc=sim_soc,
@@ -193,6 +200,7 @@ def test_main_branch_seed_case_at_m3_shape(sim_soc, sim_report):
         max_abs=r["max_abs"],
         us=r["us"],
         extra={
+            **hbm,
             "floor µs": r["floor_us"],
             "kernel / floor": r["us"] / r["floor_us"],
             "err / max|golden|": r["scaled"],
