@@ -54,7 +54,10 @@ from tilesim.device import backend as _backend
 from tilesim.device._lazy import require_pypto
 from tilesim.device._pypto_common import jit_options
 from tilesim.shared.dsa_indexer import INDEX_HEADS as HEADS  # 64 index heads
-from tilesim.shared.dsa_indexer import INT8_QK_SCALE  # 2^-11
+from tilesim.shared.dsa_indexer import (
+    INT8_QK_SCALE,  # 2^-11
+    MAX_POSITIONS,  # 2^24: positions are exact in FP32
+)
 from tilesim.shared.index_cache import INDEX_DIM as DIM  # 128
 from tilesim.shared.index_cache import index_page_view
 
@@ -93,10 +96,11 @@ class IndexerParams:
 
     def __init__(self, *, path, block_size, topk, width, unroll=CHUNK_UNROLL, select=True):
         self.path, self.bs, self.topk, self.width = path, block_size, topk, width
-        self.unroll = tuple(sorted({*unroll, 1}, reverse=True))
         self.select = bool(select)  # False: the scores only (the cost split of the reports)
-        self.spans = span_count(topk, width)
+        self.spans = span_count(topk, width, block_size)
         self.span = width // self.spans
+        self.span_blocks = self.span // block_size
+        self.unroll = chunk_unroll(self.span_blocks, unroll)
         # how the kernel addresses a block of the cache (tilesim.shared.index_cache): the codes
         # view's rows per block, the scales view's first column of a block
         page = index_page_view(path, block_size)
@@ -111,14 +115,23 @@ class IndexerParams:
                 .format(*self.key))  # fmt: skip
 
 
-def span_count(topk: int, width: int) -> int:
+def span_count(topk: int, width: int, block_size: int) -> int:
     """Spans of the selection over a ``width``-column row: ``width / (SPAN_RATIO * topk)``
-    (at least one; fewer when that does not divide the row), so every span holds at least
-    ``topk`` columns."""
+    (at least one; fewer when that does not divide the row's blocks), so every span is whole
+    blocks and holds at least ``topk`` columns."""
+    cols = int(width) // int(block_size)
     n = max(1, int(width) // (SPAN_RATIO * int(topk)))
-    while n > 1 and int(width) % n:
+    while n > 1 and cols % n:
         n -= 1
     return n
+
+
+def chunk_unroll(span_blocks: int, steps=CHUNK_UNROLL) -> tuple:
+    """The block loop's unroll factors: a whole span first (its chunk bodies select the span's
+    candidates), then the factors of ``steps`` dividing it, then 1 (``pypto.loop_unroll``
+    needs each factor to divide the previous one)."""
+    rest = {f for f in steps if f < span_blocks and span_blocks % f == 0} | {1}
+    return tuple(sorted({span_blocks, *rest}, reverse=True))
 
 
 # ----------------------------------------------------------------------------- scores
@@ -214,15 +227,25 @@ def group_weights(pypto, ins, row0, rows: int, p):
     return pypto.add(w, 0.0)
 
 
-def score_group(pypto, ins, b, row0, vis0, rows: int, scores, p):
-    """C1 + V1 of the ``rows`` consecutive query rows ``row0 ..`` of batch ``b`` (row ``i``
-    sees ``vis0 + i`` tokens) over the last row's ``ceil(visible / bs)`` blocks, in chunks of
-    :data:`CHUNK_UNROLL` blocks (``pypto.loop_unroll``); each row writes the chunk columns it
-    sees (``valid_shape``; the rest keeps the caller's -inf)."""
-    bs = p.bs
+def score_group(pypto, ins, b, row0, vis0, rows: int, scores, ids, p):
+    """C1 + V1 + SEL of the ``rows`` consecutive query rows ``row0 ..`` of batch ``b`` (row
+    ``i`` sees ``vis0 + i`` tokens) over the last row's ``ceil(visible / bs)`` blocks, in
+    chunks of ``p.unroll`` blocks (``pypto.loop_unroll``; a whole span first); each row writes
+    the chunk columns it sees (``valid_shape``; the rest keeps the caller's -inf), and a
+    whole-span chunk selects each row's span candidates from its own scores. The span the
+    smaller chunks end (if any) selects from the written rows, then each row merges its
+    candidates (:func:`select_row`)."""
+    bs, k, sb = p.bs, p.topk, p.span_blocks
     nblk = (vis0 + rows - 1 + bs - 1) // bs
     qg = pypto.view(ins.q, [rows * HEADS, DIM], [row0 * HEADS, 0])
     wg = group_weights(pypto, ins, row0, rows, p)
+    cand = None
+    if p.select:  # per row: values, negated positions; spans past the rows keep the fill
+        m = p.spans * k
+        cand = [pypto.tensor([rows, m], pypto.DT_FP32, f"li_cand{i}") for i in range(2)]
+        pypto.set_vec_tile_shapes(1, min(m, TOPK_TILE))
+        cand[0][:] = pypto.full([rows, m], NEG_INF, pypto.DT_FP32)
+        cand[1][:] = pypto.full([rows, m], -float(MAX_POSITIONS), pypto.DT_FP32)
     for c0, u in pypto.loop_unroll(0, nblk, 1, name=f"LI_CHUNK{rows}", idx_name=f"c{rows}",
                                    unroll_list=list(p.unroll)):  # fmt: skip
         out = chunk_scores(pypto, ins, qg, wg, b, c0, u, rows, p)
@@ -230,6 +253,21 @@ def score_group(pypto, ins, b, row0, vis0, rows: int, scores, p):
             n = (vis0 + i - c0 * bs).max(0).min(u * bs)
             pypto.assemble(pypto.view(s, [1, u * bs], [0, 0], valid_shape=[1, n]),
                            [row0 + i, c0 * bs], scores)  # fmt: skip
+            if cand is not None and u == sb:
+                span = c0 // sb
+                src = visible_only(pypto, ins, s, span * p.span, vis0 + i, p.span)
+                keep_span(pypto, span_topk(pypto, ins, src, span, p), cand, i, span, k)
+    if cand is None:
+        return
+    tail = (nblk % sb).min(1)  # a span the smaller chunks end
+    for _t in pypto.loop(0, tail, 1, name=f"LI_TAIL{rows}", idx_name=f"t{rows}"):
+        span = nblk // sb
+        for i in range(rows):
+            pypto.set_vec_tile_shapes(1, min(p.span, TOPK_TILE))
+            src = pypto.view(scores, [1, p.span], [row0 + i, span * p.span])
+            keep_span(pypto, span_topk(pypto, ins, src, span, p), cand, i, span, k)
+    for i in range(rows):
+        select_row(pypto, ins, cand, i, row0 + i, vis0 + i, ids, p)
 
 
 # ----------------------------------------------------------------------------- selection
@@ -255,15 +293,25 @@ def tied_lowest(pypto, vals, negpos, tau, width: int, k: int):
     return v2
 
 
-def span_topk(pypto, ins, scores, row, s, p):
-    """The top-k of span ``s`` of the row (columns ``s*span ..``, every one of them: the
-    columns the kernel did not write hold the wrapper's ``-inf``; a ``valid_shape`` view is NOT
-    used -- under ``pass_verify`` of every pass the tile-level top-k read its padding as 0,
-    which outranks negative scores; PyPTO's own indexer pads its top-k input explicitly too)
-    under the tie rule: ``(values [1, k] descending, negated positions [1, k])``."""
+def visible_only(pypto, ins, src, col0, visible, w: int):
+    """``src [1, w]`` (columns ``col0 ..`` of a row) with ``-inf`` at every column the row
+    does not see (``negpos`` is one column longer than the row: ``negpos[visible] =
+    -visible``); the scores past it, computed from slots the table does not hold, never
+    reach a top-k."""
+    pypto.set_vec_tile_shapes(1, min(w, TOPK_TILE))
+    npos = pypto.view(ins.negpos, [1, w], [0, col0])
+    nvis = pypto.view(ins.negpos, [1, 1], [0, visible])
+    return pypto.where(pypto.gt(npos, nvis), src, NEG_INF)
+
+
+def span_topk(pypto, ins, src, s, p):
+    """The top-k of span ``s`` of a row (``src [1, span]``: its scores, ``-inf`` at the
+    columns the row does not see) under the tie rule: ``(values [1, k] descending, negated
+    positions [1, k])``. The full span is read, never a ``valid_shape`` view: under
+    ``pass_verify`` of every pass the tile-level top-k read its padding as 0, which outranks
+    negative scores (PyPTO's own indexer pads its top-k input explicitly too)."""
     k, w = p.topk, p.span
     pypto.set_vec_tile_shapes(1, min(w, TOPK_TILE))
-    src = pypto.view(scores, [1, w], [row, s * w])
     npos = pypto.view(ins.negpos, [1, w], [0, s * w])
     v1, i1 = pypto.topk(src, k, -1, True)
     pypto.set_vec_tile_shapes(1, k)
@@ -273,6 +321,14 @@ def span_topk(pypto, ins, scores, row, s, p):
     base = pypto.view(ins.negpos, [1, 1], [0, s * w])  # -(s * span)
     p1 = pypto.sub(base, pypto.cast(i1, pypto.DT_FP32))
     return v1, boundary_ids(pypto, ins, v1, p1, v2, k)
+
+
+def keep_span(pypto, top, cand, i: int, s, k: int):
+    """Store a span's candidates ``top`` (values, negated positions) in row ``i`` of
+    ``cand``, slots ``s*k ..``."""
+    pypto.set_vec_tile_shapes(1, k)
+    pypto.assemble(top[0], [i, s * k], cand[0])
+    pypto.assemble(top[1], [i, s * k], cand[1])
 
 
 def merge_spans(pypto, ins, cand, p):
@@ -291,15 +347,11 @@ def merge_spans(pypto, ins, cand, p):
     return v1, boundary_ids(pypto, ins, v1, p1, v2, k)
 
 
-def ascending_order(pypto, key, k: int):
-    """INT32 ``[1, k]``: the permutation that sorts the UNIQUE FP32 ``key`` ascending."""
-    _v, perm = pypto.topk(pypto.mul(key, -1.0), k, -1, True)
-    return perm
-
-
-def order_ids(pypto, v1, ids, k: int):
-    """Step 3: ``ids`` (FP32, unique, their scores ``v1`` descending) ordered by (score
-    descending, id ascending): the key ``dense_rank(v1) * k + rank(id)``."""
+def order_ids(pypto, ins, v1, negids, k: int):
+    """Step 3: the ids (given negated, unique, their scores ``v1`` descending) ordered by
+    (score descending, id ascending): one ``topk`` of ``-id`` lists the ids ascending, and a
+    second one of the unique key ``dense_rank(score) * k + that list's slot`` (both below
+    ``k``, exact in FP32) orders the list."""
     pypto.set_vec_tile_shapes(1, k)
     newrun = pypto.where(pypto.ne(pypto.view(v1, [1, k - 1], [0, 1]),
                                   pypto.view(v1, [1, k - 1], [0, 0])), 1.0, 0.0)  # fmt: skip
@@ -308,33 +360,29 @@ def order_ids(pypto, v1, ids, k: int):
     pypto.set_vec_tile_shapes(1, min(k, CUMSUM_TILE))
     rank = pypto.cumsum(runs, -1)
     pypto.set_vec_tile_shapes(1, k)
-    by_id = ascending_order(pypto, ids, k)  # by_id[m] = slot of the m-th smallest id
-    id_rank = ascending_order(pypto, pypto.cast(by_id, pypto.DT_FP32), k)  # its inverse
-    key = pypto.add(pypto.mul(rank, float(k)), pypto.cast(id_rank, pypto.DT_FP32))
-    return pypto.gather(ids, -1, ascending_order(pypto, key, k))
+    neg_up, by_id = pypto.topk(negids, k, -1, True)  # -ids ascending, their slots
+    key = pypto.add(
+        pypto.mul(pypto.gather(rank, -1, by_id), float(k)), pypto.view(ins.slots, [1, k], [0, 0])
+    )
+    _v, perm = pypto.topk(pypto.mul(key, -1.0), k, -1, True)
+    return pypto.mul(pypto.gather(neg_up, -1, perm), -1.0)
 
 
-def select_row(pypto, ins, row, visible, scores, ids, p):
-    """SEL of one row: the top-k of each span holding one of the first ``max(visible, k)``
-    columns (a loop over them), merged into the row's top-k (one span: that span's), then the
-    order on ``[1, k]`` and the first ``min(visible, k)`` ids written to ``ids[row]`` (the rest
-    keeps the caller's -1)."""
-    k = p.topk
+def select_row(pypto, ins, cand, i: int, row, visible, ids, p):
+    """The rest of SEL for one row: its candidates (row ``i`` of ``cand``) merged into the
+    row's top-k (one span: that span's own), the order on ``[1, k]``, and the first
+    ``min(visible, k)`` ids written to ``ids[row]`` (the rest keeps the caller's -1)."""
+    k, m = p.topk, p.spans * p.topk
+    pypto.set_vec_tile_shapes(1, min(m, TOPK_TILE))
+    mine = [pypto.view(c, [1, m], [i, 0]) for c in cand]
     if p.spans == 1:
-        v1, negids = span_topk(pypto, ins, scores, row, 0, p)
+        v1, negids = mine
     else:
-        m = p.spans * k
-        cand = [pypto.tensor([1, m], pypto.DT_FP32, f"li_cand{i}") for i in range(2)]
-        for s in range(p.spans):
-            sv, sp = span_topk(pypto, ins, scores, row, s, p)
-            pypto.set_vec_tile_shapes(1, k)
-            pypto.assemble(sv, [0, s * k], cand[0])
-            pypto.assemble(sp, [0, s * k], cand[1])
-        v1, negids = merge_spans(pypto, ins, cand, p)
+        v1, negids = merge_spans(pypto, ins, mine, p)
     pypto.set_vec_tile_shapes(1, k)
-    out = pypto.cast(order_ids(pypto, v1, pypto.mul(negids, -1.0), k), pypto.DT_INT32)
-    m_ids = visible.min(k)
-    pypto.assemble(pypto.view(out, [1, k], [0, 0], valid_shape=[1, m_ids]), [row, 0], ids)
+    out = pypto.cast(order_ids(pypto, ins, v1, negids, k), pypto.DT_INT32)
+    pypto.assemble(pypto.view(out, [1, k], [0, 0], valid_shape=[1, visible.min(k)]),
+                   [row, 0], ids)  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- the nest
@@ -360,14 +408,9 @@ def indexer_nest(pypto, ins, scores, ids, p):
             r0 = 2 * g
             vis0 = seq - (s1 - 1 - r0)
             vis0.as_variable()
-            score_group(pypto, ins, b, b * s1 + r0, vis0, 2, scores, p)
+            score_group(pypto, ins, b, b * s1 + r0, vis0, 2, scores, ids, p)
         for _g in pypto.loop(0, s1 % 2, 1, name="LI_SINGLE", idx_name="g1"):
-            score_group(pypto, ins, b, b * s1 + s1 - 1, seq, 1, scores, p)
-        if p.select:
-            for r in pypto.loop(0, s1, 1, name="LI_S1", idx_name="r"):
-                visible = seq - (s1 - 1 - r)
-                visible.as_variable()
-                select_row(pypto, ins, b * s1 + r, visible, scores, ids, p)
+            score_group(pypto, ins, b, b * s1 + s1 - 1, seq, 1, scores, ids, p)
 
 
 def _sources(pypto):
@@ -381,7 +424,7 @@ def _sources(pypto):
         k_scale: pypto.Tensor([pypto.STATIC, pypto.STATIC], pypto.DT_FP16),  # [num_blocks, bs]
         block_table: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_INT32),
         seq_lens: pypto.Tensor([pypto.DYNAMIC], pypto.DT_INT32),
-        negpos: pypto.Tensor([1, pypto.STATIC], pypto.DT_FP32),  # [1, width]: -position
+        negpos: pypto.Tensor([1, pypto.STATIC], pypto.DT_FP32),  # [1, width + 1]: -position
         slots: pypto.Tensor([1, pypto.STATIC], pypto.DT_FP32),  # [1, topk]: 0 .. topk-1
         scores: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_FP32),  # [T, width]
         ids: pypto.Tensor([pypto.DYNAMIC, pypto.STATIC], pypto.DT_INT32),  # [T, topk]
@@ -433,6 +476,7 @@ __all__ = [
     "SPAN_RATIO",
     "build",
     "c1_tiles",
+    "chunk_unroll",
     "head_sum",
     "span_count",
 ]

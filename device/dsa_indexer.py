@@ -104,7 +104,7 @@ def _kernel_inputs(a: Args, dev):
         head = [q2, w2, pages.view(torch.float8_e4m3fn).reshape(-1, INDEX_DIM),
                 pages.view(torch.float32)]  # fmt: skip
     width = cols * bs
-    const = [-torch.arange(width, dtype=torch.float32, device=dev)[None],
+    const = [-torch.arange(width + 1, dtype=torch.float32, device=dev)[None],
              torch.arange(a.topk, dtype=torch.float32, device=dev)[None]]  # fmt: skip
     lens32 = lens.to(device=dev, dtype=torch.int32).contiguous()
     codes = head[3] if a.path == "int8" else head[2]

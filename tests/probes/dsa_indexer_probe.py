@@ -9,11 +9,11 @@ and cache block ``q_group [M, 128] @ K_block^T`` (INT8 with the FP16 ReLU epilog
 :func:`tilesim.device._dsa_indexer_kernel.c1_dots` with its cube tiles and options (the L1
 reuse that packs 16 blocks into one cube task); the weighted head sum is vector work there (a
 fixed FP32 tree), so the probe has no second matmul. The probe walks the kernel's loops --
-batches, row groups, the group's blocks in chunks of the kernel's unroll factors (dynamic
-trip counts from ``seq_lens``) -- and per block issues exactly that matmul on a block of a
-dense key tensor read through the block table, its product written to its own output
-columns. Dropped: the scales, the vector stage, the masks and the whole selection. Importing
-it imports pypto: import it in the simulator's child process
+batches, row groups, the group's blocks in chunks of the kernel's unroll factors (a whole
+selection span first; dynamic trip counts from ``seq_lens``) -- and per block issues exactly
+that matmul on a block of a dense key tensor read through the block table, its product
+written to its own output columns. Dropped: the scales, the vector stage, the masks and the
+whole selection. Importing it imports pypto: import it in the simulator's child process
 (:func:`tilesim.device.sim.isolated`; ``tests/`` is on its ``sys.path``).
 """
 
@@ -23,11 +23,11 @@ import functools
 import pypto
 from tilesim.device import backend as _backend
 from tilesim.device._dsa_indexer_kernel import (
-    CHUNK_UNROLL,
     DIM,
     HEADS,
     JIT,
     READY_ON_HOST,
+    IndexerParams,
     c1_dots,
 )
 from tilesim.device._lazy import require_torch
@@ -39,11 +39,11 @@ from tilesim.shared.validate import check_choice, check_pos_int
 class ProbeParams:
     """Static parameters (``repr`` keys pypto's compiled-kernel cache)."""
 
-    def __init__(self, *, path: str, block_size: int):
-        self.path, self.bs = path, block_size
+    def __init__(self, *, path: str, block_size: int, unroll: tuple):
+        self.path, self.bs, self.unroll = path, block_size, tuple(unroll)
 
     def __repr__(self) -> str:
-        return f"ProbeParams(path={self.path}, bs={self.bs})"
+        return f"ProbeParams(path={self.path}, bs={self.bs}, unroll={self.unroll})"
 
 
 def _probe_group(pypto, q, keys, block_table, out, b, row0, vis0, rows: int, p):
@@ -53,7 +53,7 @@ def _probe_group(pypto, q, keys, block_table, out, b, row0, vis0, rows: int, p):
     qg = pypto.view(q, [m, DIM], [row0 * HEADS, 0])
     pypto.set_vec_tile_shapes(16, 512)
     for c0, u in pypto.loop_unroll(0, nblk, 1, name=f"LIP_CHUNK{rows}", idx_name=f"c{rows}",
-                                   unroll_list=list(CHUNK_UNROLL)):  # fmt: skip
+                                   unroll_list=list(p.unroll)):  # fmt: skip
         d = pypto.tensor([m, u * bs], out.dtype, "lip_dots")
         for j in range(u):
             kb = pypto.view(keys, [bs, DIM], [block_table[b, c0 + j] * bs, 0])
@@ -110,11 +110,14 @@ def build_probe(params: ProbeParams):
 
 
 def matmul_probe(seq_lens, *, s1: int, path: str = "int8", block_size: int = 128,
-                 backend: str = "sim", soc: str = DEFAULT_SOC, seed: int = 0):  # fmt: skip
+                 topk: int = 2048, backend: str = "sim", soc: str = DEFAULT_SOC,
+                 seed: int = 0):  # fmt: skip
     """The probe for a decode call of ``len(seq_lens)`` batches x ``s1`` rows over
-    ``seq_lens`` cached tokens each (contiguous blocks per batch; values random codes).
+    ``seq_lens`` cached tokens each (contiguous blocks per batch; values random codes), in the
+    chunks the kernel uses for ``topk`` at that table width.
     Returns ``(products, cost_us)`` on the simulator (INT8: the epilogue's FP16 values)."""
     import numpy as np
+    from tilesim.device.dsa_indexer import padded_columns
 
     torch = require_torch()
     check_choice(path, "path", ("int8", "fp8"))
@@ -138,7 +141,9 @@ def matmul_probe(seq_lens, *, s1: int, path: str = "int8", block_size: int = 128
             torch.tensor(lens, dtype=torch.int32)]  # fmt: skip
     out = torch.zeros((t * HEADS, cols * bs),
                       dtype=torch.float16 if path == "int8" else torch.float32)  # fmt: skip
-    params = ProbeParams(path=path, block_size=bs)
+    width = padded_columns(cols, topk, bs) * bs
+    unroll = IndexerParams(path=path, block_size=bs, topk=topk, width=width).unroll
+    params = ProbeParams(path=path, block_size=bs, unroll=unroll)
     kernel = functools.partial(build_probe(params), params=params)
     us = _backend.launch(kernel, args, [out], target)
     return _backend.finish(out, us, target)
