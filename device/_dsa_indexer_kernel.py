@@ -8,7 +8,10 @@ Loop nest (``b`` and every length are runtime values; one compile per model conf
     L0 b < B                 L = seq_lens[b], s1 = T / B
     L1 g < s1 // 2, then s1 % 2    groups of 2 query rows (M = 128), then 1 (M = 64);
                              nblk = ceil(visible of the group's last row / bs)
-      L2 chunks of U blocks  pypto.loop_unroll over nblk, U in CHUNK_UNROLL
+      L2 chunks of U blocks  pypto.loop_unroll over nblk, U in :func:`chunk_unroll`: one
+                             whole selection span (SPAN_RATIO * topk columns,
+                             :func:`span_count` spans per row), then CHUNK_UNROLL's smaller
+                             factors
          C1  d_j = q_group [M, 128] @ K_j^T   per block j of the chunk: every block read
              once per group; the L1 reuse of JIT packs 16 blocks into one cube task
              int8: the fix-pipe epilogue FP16(relu(d) * 2^-11); fp8: FP32 logits
@@ -18,11 +21,11 @@ Loop nest (``b`` and every length are runtime values; one compile per model conf
              fp8:        t = relu(d) * w_h                       (FP32)
              s = the head sum of t, a fixed pairwise tree (:func:`head_sum`), FP32
              score = s * k_scale        written for the row's visible positions only
-      SEL  per row r < s1 (:func:`select_row`):
-         SP  per span of SPAN_RATIO * topk columns (:func:`span_count` spans, unrolled):
-             the span's top-k under the tie rule (:func:`span_topk`): its candidates
-         MG  the top-k of the candidates (:func:`merge_spans`; one span: its own top-k)
-         ORD the order; ids written for min(topk, visible) slots
+         SP  whole-span chunks: per row, the span's top-k under the tie rule from the
+             chunk's own scores (:func:`span_topk`): the span's candidates
+      SP'  the span the smaller chunks end (0/1 trips): its top-k from the written rows
+      MG   per row: the top-k of its candidates (:func:`merge_spans`; one span: its own)
+      ORD  the order; ids written for min(topk, visible) slots (:func:`select_row`)
 
 Selection with the documented tie rule from PyPTO's ``topk`` alone: 0.2.0's ``topk`` breaks
 ties arbitrarily (in the interpreter it is ``torch.topk``), so every ``topk`` whose order
@@ -34,18 +37,19 @@ of values (a span of the row, or the spans' candidates) with their positions:
 2. ``topk(where(values == tau, -position, -inf))``: the positions valued ``tau``, lowest
    first (unique keys) -- slots ``n_gt ..`` take them, so the tied boundary keeps the lower
    positions (:func:`boundary_ids`);
-3. the order, once per row: key ``dense_rank(value) * k + rank(id)`` (both below ``k``, exact
-   in FP32 and unique), one more ``topk`` of ``-key``: score descending, equal scores lower
-   position first. ``rank(id)`` is the inverse of the permutation that sorts the ids (two
-   ``topk`` of unique keys).
+3. the order, once per row (:func:`order_ids`): a ``topk`` of the negated ids lists them
+   ascending; a ``topk`` of ``-(dense_rank(value) * k + slot in that list)`` (both below
+   ``k``, exact in FP32 and unique) orders the list: score descending, equal scores lower
+   position first.
 
 Steps 1 and 2 run per span (a span's top-k under the tie rule: its candidates), then once
 over the spans' ``spans * k`` candidates. The merge is exact: a position of the row's top-k
 has fewer than ``k`` positions of the row, so of its span, before it in (score descending,
 position ascending), so it is among its span's candidates, and the merge orders the
-candidates by the same rule. Every span of the padded row is read, the columns the kernel did
-not write holding the ``-inf`` the wrapper prefilled (a span past the row gives ``-inf``
-candidates at positions above every visible one). Private; importing it needs neither torch
+candidates by the same rule. A whole-span chunk masks its scores to the columns the row sees
+(:func:`visible_only`); the span after it is read from the score row, whose unwritten
+columns hold the ``-inf`` the wrapper prefilled; spans past the row keep ``-inf`` candidates
+at positions above every real one. Private; importing it needs neither torch
 nor pypto.
 """
 
@@ -62,7 +66,7 @@ from tilesim.shared.index_cache import INDEX_DIM as DIM  # 128
 from tilesim.shared.index_cache import index_page_view
 
 NEG_INF = float("-inf")
-#: blocks per score chunk: the unroll factors of the block loop (``pypto.loop_unroll``)
+#: the block loop's unroll factors below a whole span (:func:`chunk_unroll`)
 CHUNK_UNROLL = (32, 8, 1)
 #: widest vector tile of the score stage
 VEC_COLS = 1024
