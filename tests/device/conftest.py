@@ -73,6 +73,20 @@ def sim_soc(request) -> str:
     return request.param
 
 
+@pytest.fixture(
+    params=[
+        pytest.param("910b", marks=pytest.mark.soc_910b, id="910b"),
+        pytest.param("950", marks=[pytest.mark.soc_950, pytest.mark.slow], id="950"),
+    ]
+)
+def compile_soc(request) -> str:
+    """:func:`sim_soc` for the compile-count and cost-path checks, whose subject (which
+    arguments key a compile, that the cost-only path charges what the interpreted one does) is
+    the wrapper's and the backend's, written once for both SoCs: the 950's run is ``slow``
+    (left out under CI, which runs the 910B's)."""
+    return request.param
+
+
 def _to_numpy(x) -> np.ndarray:
     if hasattr(x, "detach"):  # torch tensor; BF16 goes through its bits
         import torch

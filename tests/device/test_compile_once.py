@@ -159,12 +159,12 @@ def check_moe_compiles_once(soc) -> dict:
 @pytest.mark.parametrize(
     "calls", [pytest.param("each nb and batch"), pytest.param("nb x batch", marks=pytest.mark.slow)]
 )
-def test_decode_one_compile_over_nb_and_batch(sim_soc, calls):
+def test_decode_one_compile_over_nb_and_batch(compile_soc, calls):
     from tilesim.device import sim
 
     assert {nb for nb, _ in DECODE_CALLS[calls]} == set(DECODE_NB)
     assert {b for _, b in DECODE_CALLS[calls]} == set(DECODE_BATCH)
-    r = sim.isolated(check_decode_compiles_once, sim_soc, DECODE_CALLS[calls], soc=sim_soc)
+    r = sim.isolated(check_decode_compiles_once, compile_soc, DECODE_CALLS[calls], soc=compile_soc)
     # one kernel per kv_splits value (a tiling field, part of the key), none per nb or batch
     assert r["stats"] == {"msa_sparse_decode": len(r["splits"])}, r
     assert r["bit_exact"] >= BUDGET_BIT_EXACT and not r["judged"], r
@@ -173,20 +173,20 @@ def test_decode_one_compile_over_nb_and_batch(sim_soc, calls):
 
 @pytest.mark.sim
 @pytest.mark.torch
-def test_indexer_one_compile_over_nb(sim_soc):
+def test_indexer_one_compile_over_nb(compile_soc):
     from tilesim.device import sim
 
-    r = sim.isolated(check_indexer_compiles_once, sim_soc, soc=sim_soc)
+    r = sim.isolated(check_indexer_compiles_once, compile_soc, soc=compile_soc)
     assert r["stats"] == {"msa_indexer_scores": 1, "msa_indexer_select": 1}, r  # device rank
     assert r["bound_ratio"] <= 1.0 and r["same_ids"], r
 
 
 @pytest.mark.sim
 @pytest.mark.torch
-def test_moe_one_compile_over_token_counts(sim_soc):
+def test_moe_one_compile_over_token_counts(compile_soc):
     from tilesim.device import sim
 
-    r = sim.isolated(check_moe_compiles_once, sim_soc, soc=sim_soc)
+    r = sim.isolated(check_moe_compiles_once, compile_soc, soc=compile_soc)
     assert r["stats"] == {"moe_grouped_gemm": 1}, r
     assert r["bit_exact"] >= BUDGET_BIT_EXACT and not r["judged"], r
 
@@ -264,10 +264,10 @@ def compile_npu_shapes(soc, which: str) -> dict:
 
 @pytest.mark.sim
 @pytest.mark.torch
-def test_msa_kernels_compile_at_npu_test_shapes(sim_soc):
+def test_msa_kernels_compile_at_npu_test_shapes(compile_soc):
     from tilesim.device import sim
 
-    r = sim.isolated(compile_npu_shapes, sim_soc, "msa", soc=sim_soc)
+    r = sim.isolated(compile_npu_shapes, compile_soc, "msa", soc=compile_soc)
     assert len(r) == 7 and all(s > 0 for s in r.values()), r  # 4 indexer + 3 decode kernels
 
 

@@ -115,9 +115,22 @@ def _judged(out, gold, dtype: str, name: str):
     return judge(out.numpy(), g, tol, kind="msa_main", name=name, precision=p)
 
 
+def _dtype_soc_params():
+    """Every (dtype, SoC) pair; under CI (``slow`` left out) BF16 on both SoCs and each other
+    dtype on one: FP32 on the 910B, FP16 on the 950."""
+    out = []
+    for dtype in ("fp32", "fp16", "bf16"):
+        for soc in ("910b", "950"):
+            marks = [getattr(pytest.mark, f"soc_{soc}")]
+            if (dtype, soc) in {("fp32", "950"), ("fp16", "910b")}:
+                marks.append(pytest.mark.slow)
+            out.append(pytest.param(dtype, soc, marks=marks, id=f"{soc}-{dtype}"))
+    return out
+
+
 @pytest.mark.sim
 @pytest.mark.torch
-@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("dtype,sim_soc", _dtype_soc_params())
 def test_main_branch_kernel_matches_reference(dtype, sim_soc, sim_report):
     from tilesim.device import sim
 
