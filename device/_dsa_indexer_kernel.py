@@ -80,9 +80,10 @@ SLAB_SCOPE, MAX_SLABS = 100, 100
 TOPK_TILE = 8192
 #: vector tile of the dense-rank cumsum (its transposes need ~100 B of UB per column)
 CUMSUM_TILE = 1024
-#: columns of a selection span, in units of ``topk`` (PyPTO's own indexer: 8K spans at topk
-#: 2048): each span's top-k is a candidate list, the row's top-k the merge of the lists
-SPAN_RATIO = 4
+#: columns of a selection span, in units of ``topk`` (16K at topk 2048; 4 (8K) and 16 (32K)
+#: cost more in the model): each span's top-k is a candidate list, the row's top-k the merge
+#: of the lists
+SPAN_RATIO = 8
 #: the jit options: PyPTO's own indexer example's stitch 128 (the cost model's machine crashes
 #: above 128) and scheduling mode 1; pypto-gym's L1 reuse of 16, which packs 16 blocks' C1
 #: matmuls (one copy of the query rows) into one cube task
