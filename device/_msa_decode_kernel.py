@@ -119,6 +119,7 @@ class _Static:
     scale: float
     vg_rows: int  #: V-gather tile rows (``gather="device"``, :data:`V_GATHER_ROWS`)
     l1_reuse: tuple  #: ``((rows per body, N), ...)``: :data:`L1_REUSE_BY_ROWS`
+    spread_rows: int  #: bodies of at least this many rows spread (:data:`SPREAD_ROWS`)
 
 
 def _chunk_kv(pypto, k, v, block_table, positions, outer, c0: int, w: int, p: _Static,
@@ -129,10 +130,10 @@ def _chunk_kv(pypto, k, v, block_table, positions, outer, c0: int, w: int, p: _S
     (:func:`page_pieces`), its rows starting at ``block_table[outer, slot]*128 + t0`` of the
     paged cache (a page-table value read by the control flow); ``"host"``: the chunk's rows
     of the compact copy, one piece (the seeds' one C1 matmul per chunk). ``spread``
-    (``"device"``, bodies of several batch rows): the chunk's page-table row goes through a
-    producer task first (an exact INT32 ``+ 0``), so its V gather is that task's successor
-    rather than a source of the root function, whose successor edges one AICPU thread
-    resolves one by one (docs/ops/msa_decode.md#kernel)."""
+    (``"device"``, bodies of at least :data:`SPREAD_ROWS` batch rows): the chunk's page-table
+    row goes through a producer task first (an exact INT32 ``+ 0``), so its V gather is that
+    task's successor rather than a source of the root function, whose successor edges one
+    AICPU thread resolves one by one (docs/ops/msa_decode.md#kernel)."""
     if p.gather == "host":  # the compact rows of the chunk are contiguous: one piece
         row = outer * p.topk * BY + c0
         return [(pypto.view(k, [w, p.dim], [row, 0]), w)], pypto.view(v, [w, p.dim], [row, 0])
@@ -248,23 +249,31 @@ def _decode_nest(pypto, q, k, v, block_table, positions, keep, keep_rows, out, p
             for h in range(p.hkv):
                 b = b0 + u
                 _decode_pair(pypto, q, k, v, block_table, positions, keep, keep_rows, out, b,
-                             b * p.hkv + h, p, ub > 1, u * p.hkv + h)  # fmt: skip
+                             b * p.hkv + h, p, ub >= p.spread_rows, u * p.hkv + h)  # fmt: skip
 
 
 #: batch rows per body of the batch loop (``pypto.loop_unroll`` factors)
 BATCH_UNROLL = (4, 2, 1)
+#: per SoC arch, the smallest body (batch rows) whose V gathers hang below the ``+ 0``
+#: producer (``spread`` of :func:`_chunk_kv`) instead of on the root: every body on the 950
+#: (DAV_3510; B 1 25.66 -> 24.43 us), bodies of 2 and 4 rows on the 910B (DAV_2201; B 1 with
+#: the producer 25.39, without 25.11 us: its 32 smaller gathers' producers cost more edges
+#: than the fan-out they spread)
+SPREAD_ROWS = {"DAV_3510": 1, "DAV_2201": 2}
 
 
 @_backend.compile_once("msa_sparse_decode")
 def build_kernel(hq, hkv, topk, dim, ntile, gather, vrows=128, jit=JIT, kv_splits=1,
-                 unroll=BATCH_UNROLL, vg_rows=128, l1_reuse=L1_REUSE_BY_ROWS):  # fmt: skip
+                 unroll=BATCH_UNROLL, vg_rows=128, l1_reuse=L1_REUSE_BY_ROWS,
+                 spread_rows=2):  # fmt: skip
     """The ``@pypto.frontend.jit`` kernel for one model configuration and tiling, built once
     (:func:`tilesim.device.backend.compiled`). Batch and ``nb`` are runtime values: a
     ``pypto.loop_unroll`` over the batch rows (``keep``'s dynamic first axis, ``unroll`` rows
     per body), the KV heads static inside it, the chunks in ``kv_splits`` ranges, and the
     cache addressed through the global page ids of ``block_table``; ``l1_reuse``: the L1
     reuse of each body (every factor of ``unroll`` needs one, and pypto's ``loop_unroll``
-    always adds 1)."""
+    always adds 1); ``spread_rows``: the smallest body whose V gathers hang below the ``+ 0``
+    producer (:data:`SPREAD_ROWS`)."""
     missing = sorted((set(unroll) | {1}) - set(dict(l1_reuse)))
     if missing:
         raise ValueError(f"l1_reuse: expected an entry for every body size, missing {missing}")
@@ -273,7 +282,7 @@ def build_kernel(hq, hkv, topk, dim, ntile, gather, vrows=128, jit=JIT, kv_split
     bounds = tuple((c0, min(ntile, sel - c0)) for c0 in range(0, sel, ntile))  # tail kept
     ranges = tuple(split_ranges(len(bounds), kv_splits))
     p = _Static(hkv, hq // hkv, dim, topk, bounds, ranges, tuple(unroll), gather, vrows,
-                dim**-0.5, vg_rows, tuple(l1_reuse))  # fmt: skip
+                dim**-0.5, vg_rows, tuple(l1_reuse), spread_rows)  # fmt: skip
     combine = bool(operation_options(jit).get("combine_axis", False))
 
     @pypto.frontend.jit(**jit_options(jit))
@@ -293,4 +302,4 @@ def build_kernel(hq, hkv, topk, dim, ntile, gather, vrows=128, jit=JIT, kv_split
     return msa_sparse_decode_kernel
 
 
-__all__ = ["BATCH_UNROLL", "JIT", "MERGE_SCOPE", "SEED_JIT", "build_kernel"]
+__all__ = ["BATCH_UNROLL", "JIT", "MERGE_SCOPE", "SEED_JIT", "SPREAD_ROWS", "build_kernel"]

@@ -96,7 +96,13 @@ from typing import NamedTuple
 
 from tilesim.device import backend as _backend
 from tilesim.device._lazy import require_torch
-from tilesim.device._msa_decode_kernel import BATCH_UNROLL, JIT, SEED_JIT, build_kernel
+from tilesim.device._msa_decode_kernel import (
+    BATCH_UNROLL,
+    JIT,
+    SEED_JIT,
+    SPREAD_ROWS,
+    build_kernel,
+)
 from tilesim.device._msa_tiles import L1_REUSE_BY_ROWS
 from tilesim.shared.models import MINIMAX_M3
 from tilesim.shared.msa_decode import (
@@ -203,7 +209,7 @@ def decode_launch(q, k_blocks, v_blocks, ids, seq, sh: CallShape, tiling: MsaTil
     vrows = min(gather_rows(soc), GATHER_ROWS[soc])
     kernel = build_kernel(sh.hq, sh.hkv, sh.topk, sh.dim, tiling.ntile, gather, vrows, JIT,
                           tiling.kv_splits, BATCH_UNROLL, v_gather_rows(soc),
-                          L1_REUSE_BY_ROWS)  # fmt: skip
+                          L1_REUSE_BY_ROWS, SPREAD_ROWS[get_soc(soc).arch])  # fmt: skip
     q2 = q.contiguous().reshape(-1, sh.dim)
     out = torch.zeros(sh.batch * sh.hq, sh.dim, dtype=torch.bfloat16, device=dev)
     return kernel, [q2, k2, v2, table, positions, keep, keep.reshape(-1, 1)], [out]
