@@ -34,6 +34,7 @@ from tilesim.shared.index_cache import (
     check_int8_cache,
     fp8_page_views,
 )
+from tilesim.shared.op_record import Call, OpRecord, Output
 from tilesim.shared.ranking import NO_ID, top_k
 from tilesim.shared.validate import (
     INT32_MAX,
@@ -393,7 +394,34 @@ def select_topk(scores, visible, topk: int) -> np.ndarray:
     return top_k(s, topk, visible=vis).astype(np.int32)  # the one rule (shared/ranking.py)
 
 
+# ----------------------------------------------------------------------------- record
+def indexer_inputs(q, weights, k_cache, block_table, seq_lens, *, q_scale=None, k_scale=None,
+                   q_lens=None, path="int8", int8_order="gym", topk=TOPK,
+                   block_size=128):  # fmt: skip
+    """The arguments of ``dsa_indexer`` that the golden and the kernel wrapper share, in the
+    order :func:`check_meta` checks them."""
+
+
+#: the ids (tie-aware with the scores) and the scores a device may leave out
+_IDS = Output("topk_indices", "ids", ("token",))
+_SCORES = Output("scores", "float", ("token",), optional=True)
+#: the op's record in the registry of ops (:mod:`tilesim.shared.ops`)
+RECORD = OpRecord(
+    name="dsa_indexer",
+    family="dsa_indexer",
+    calls=(
+        Call("dsa_indexer", "dsa_indexer", (_IDS, _SCORES), signature=(indexer_inputs,),
+             layout="dsa_indexer", plan="indexer", device=True),
+        Call("dsa_decode_step", "dsa_step",
+             (_IDS, _SCORES, Output("out", "float", ("token", "head"))), plan="indexer"),
+    ),
+    cost=cost,
+    kernel=True,
+)  # fmt: skip
+
+
 __all__ = [
+    "RECORD",
     "INDEX_HEADS",
     "INT8_ORDERS",
     "INT8_QK_SCALE",
@@ -410,6 +438,7 @@ __all__ = [
     "check_values",
     "cost",
     "host_plan",
+    "indexer_inputs",
     "select_topk",
     "visible_lengths",
 ]

@@ -33,32 +33,9 @@ OP_MODULES = (
 )
 
 
-def _dsa_indexer_record(contract) -> OpRecord:
-    """The lightning indexer's record, built on its contract module until that module
-    exports it as ``RECORD``."""
-    from tilesim.shared.op_record import Output
-
-    ids = Output("topk_indices", "ids", ("token",))
-    scores = Output("scores", "float", ("token",), optional=True)
-    return OpRecord(
-        name="dsa_indexer",
-        family="dsa_indexer",
-        calls=(
-            Call("dsa_indexer", "dsa_indexer", (ids, scores), layout="dsa_indexer",
-                 plan="indexer", device=True),
-            Call("dsa_decode_step", "dsa_step",
-                 (ids, scores, Output("out", "float", ("token", "head"))), plan="indexer"),
-        ),
-        cost=contract.cost,
-        kernel=True,
-    )  # fmt: skip
-
-
 def _record(op: str) -> OpRecord:
     mod = importlib.import_module(f"tilesim.shared.{op}")
     rec = getattr(mod, "RECORD", None)
-    if rec is None and op == "dsa_indexer":
-        rec = _dsa_indexer_record(mod)
     if not isinstance(rec, OpRecord) or rec.name != op:
         raise RuntimeError(f"tilesim.shared.{op} exports no OpRecord RECORD named {op!r}")
     return rec
