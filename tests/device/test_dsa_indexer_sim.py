@@ -367,6 +367,7 @@ def cost_decode(soc, b, s1=2) -> dict:
     """Child: kernel, scores-only kernel and probe at decode ``b`` x ``s1`` over 64K, cost
     only (compile + cost model), with the op's traffic counter."""
     from probes.dsa_indexer_probe import matmul_probe
+    from probes.floor import floor_us
     from tilesim.device import sim
     from tilesim.device.dsa_indexer import dsa_indexer_traffic, prepared_launch
     from tilesim.shared.dsa_indexer import check_meta, check_values
@@ -379,6 +380,7 @@ def cost_decode(soc, b, s1=2) -> dict:
     with sim.cost_only():
         _, res["probe_us"] = matmul_probe(inp["seq_lens"], s1=s1, path=prm["path"], soc=soc)
     res.update(dsa_indexer_traffic(check_values(check_meta(**inp, **prm))))
+    res["floor_us"] = floor_us(res["bytes"], soc=soc)  # the op's contract bytes
     return res
 
 
@@ -390,7 +392,8 @@ def _cost_row(sim_report, soc, b, r):
     extra = {"HBM-bound µs": spec.hbm_bound_us(r["bytes"])}
     if soc == "950":
         extra["HBM-bound µs 950DT"] = get_soc("950dt").hbm_bound_us(r["bytes"])
-    extra.update({"probe µs": r["probe_us"], "kernel / probe": r["us"] / r["probe_us"],
+    extra.update({"floor µs": r["floor_us"], "kernel / floor": r["us"] / r["floor_us"],
+                  "probe µs": r["probe_us"], "kernel / probe": r["us"] / r["probe_us"],
                   "scores-only µs": r["scores_us"], "selection share": sel / r["us"]})  # fmt: skip
     sim_report.add(
         kernel="dsa_indexer", soc=soc,
