@@ -42,10 +42,16 @@ import functools
 
 from tilesim.device import backend as _backend
 from tilesim.device._lazy import require_torch
-from tilesim.shared.dsa_indexer import INDEX_HEADS, MAX_POSITIONS, Args, check_meta
+from tilesim.shared.dsa_indexer import (
+    INDEX_HEADS,
+    MAX_POSITIONS,
+    Args,
+    check_meta,
+    indexer_inputs,
+)
 from tilesim.shared.index_cache import FP8_BLOCK_ALIGN, INDEX_DIM
 from tilesim.shared.soc import DEFAULT_SOC
-from tilesim.shared.validate import check_bool, check_choice
+from tilesim.shared.validate import check_bool, check_choice, op_signature
 
 #: ``topk`` must be a multiple of this (the top-k's 32-element sort groups; not a layout size).
 #: The FP8 block size's multiple is the layout's :data:`~tilesim.shared.index_cache.FP8_BLOCK_ALIGN`
@@ -178,9 +184,8 @@ def _finish(ids, scores, us, target):
 
 
 @_backend.graph_safe
-def dsa_indexer(q, weights, k_cache, block_table, seq_lens, *, q_scale=None, k_scale=None,
-                q_lens=None, path="int8", int8_order="gym", topk=2048, block_size=128,
-                backend="auto", soc=DEFAULT_SOC, validate=True):  # fmt: skip
+@op_signature(indexer_inputs)
+def dsa_indexer(ins, *, backend="auto", soc=DEFAULT_SOC, validate=True):
     """Lightning indexer on the device: ``(topk_indices, scores)``.
 
     Arguments as :func:`tilesim.reference.dsa_indexer` (checked by the same contract,
@@ -201,15 +206,13 @@ def dsa_indexer(q, weights, k_cache, block_table, seq_lens, *, q_scale=None, k_s
     FakeTensor / ``meta`` inputs: empty outputs of those shapes, no data read, no kernel.
     Inputs are never modified.
     """
-    kw = dict(q_scale=q_scale, k_scale=k_scale, q_lens=q_lens, path=path, int8_order=int8_order,
-              topk=topk, block_size=block_size)  # fmt: skip
-    a, shape_only = _checked((q, weights, k_cache, block_table, seq_lens), kw, validate)
+    a, shape_only = _checked((), vars(ins), validate)
     width = a.max_blocks * a.block_size
     if shape_only:
         torch = require_torch()
         check_choice(backend, "backend", _backend.BACKENDS)
-        return (q.new_empty((a.rows, a.topk), dtype=torch.int32),
-                q.new_empty((a.rows, width), dtype=torch.float32))  # fmt: skip
+        return (a.q.new_empty((a.rows, a.topk), dtype=torch.int32),
+                a.q.new_empty((a.rows, width), dtype=torch.float32))  # fmt: skip
     target = _target(a, backend, soc)
     run = _prepare(a, target)
     scores, ids = run["outputs"]

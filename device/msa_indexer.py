@@ -50,10 +50,12 @@ from tilesim.shared.msa_indexer import (
     block_head_max,
     check_meta,
     host_plan_torch,
+    indexer_inputs,
+    scores_inputs,
     select_from_head_max,
 )
 from tilesim.shared.soc import DEFAULT_SOC, MSA_DEVICE_TILES, msa_device_tile
-from tilesim.shared.validate import check_choice, host_array
+from tilesim.shared.validate import check_choice, host_array, op_signature
 
 BLOCK_MAX = ("host", "device")
 RANKS = ("device", "host")
@@ -147,21 +149,23 @@ def _run_select(q, k, args: Args, target: _backend.Target):
     return outs[1], us
 
 
-def _check(idx_q, idx_k, nb, validate, **kw) -> tuple[Args, bool]:
+def _check(ins, validate) -> tuple[Args, bool]:
     """The shared contract: :func:`tilesim.shared.msa_indexer.check_meta` (metadata only),
     then, for ``validate="full"`` only, :func:`~tilesim.shared.msa_indexer.check_values` (the
     finiteness scan of ``idx_q`` / ``idx_k``: a host copy) when the inputs hold data
     (:func:`tilesim.device.backend.value_checks`; this op has no integer input to read).
-    Returns ``(args, shape_only)``."""
+    ``ins``: the arguments of an :func:`~tilesim.shared.msa_indexer.indexer_inputs` /
+    ``scores_inputs`` call. Returns ``(args, shape_only)``."""
     _backend.validate_level(validate)
-    args = check_meta(idx_q, idx_k, nb, **kw)
-    shape_only = _backend.is_shape_only(idx_q, idx_k, names=("idx_q", "idx_k"))
+    args = check_meta(**vars(ins))
+    shape_only = _backend.is_shape_only(ins.idx_q, ins.idx_k, names=("idx_q", "idx_k"))
     _backend.value_checks("msa_indexer", args, validate, shape_only=shape_only)
     return args, shape_only
 
 
 @_backend.graph_safe
-def msa_indexer_scores(idx_q, idx_k, nb, *, backend="auto", soc=DEFAULT_SOC, validate=True):
+@op_signature(scores_inputs)
+def msa_indexer_scores(ins, *, backend="auto", soc=DEFAULT_SOC, validate=True):
     """Lightning-indexer scores on the device: FP32 ``[4, nb*128]``.
 
     ``idx_q`` ``[4, 128]`` BF16, ``idx_k`` ``[nb*128, 128]`` BF16 (NumPy or torch; checked by
@@ -174,12 +178,12 @@ def msa_indexer_scores(idx_q, idx_k, nb, *, backend="auto", soc=DEFAULT_SOC, val
     ``[4, nb*128]`` FP32 tensor, no data read. Promise: within the FP32 dot-product bound of
     the reference (``tests/device/test_msa_indexer_sim.py``).
     """
-    args, shape_only = _check(idx_q, idx_k, nb, validate)
+    args, shape_only = _check(ins, validate)
     if shape_only:
         check_choice(backend, "backend", _backend.BACKENDS)
-        return idx_q.new_empty((NIDX, args.nb * BY), dtype=require_torch().float32)
-    target = _backend.resolve(backend, soc, idx_q)
-    q, k = _backend.to_tensors(idx_q, idx_k)
+        return ins.idx_q.new_empty((NIDX, args.nb * BY), dtype=require_torch().float32)
+    target = _backend.resolve(backend, soc, ins.idx_q)
+    q, k = _backend.to_tensors(ins.idx_q, ins.idx_k)
     s, us = _run_scores(q, k, args.nb, target)
     return _backend.finish(s, us, target)
 
@@ -223,13 +227,10 @@ def _host_ranked(q, k, args: Args, block_max: str, target: _backend.Target):
 
 
 @_backend.graph_safe
+@op_signature(indexer_inputs)
 def msa_indexer(
-    idx_q,
-    idx_k,
-    nb,
+    ins,
     *,
-    seq_len=None,
-    head_reduce="max",
     rank=None,
     block_max=None,
     backend="auto",
@@ -256,16 +257,15 @@ def msa_indexer(
     answer is ``arange(nb)``; ``cost_us`` 0.0). FakeTensor / ``meta`` inputs: an empty INT32
     tensor of that shape on the inputs' device, no data read.
     """
-    args, shape_only = _check(idx_q, idx_k, nb, validate, seq_len=seq_len,
-                              head_reduce=head_reduce)  # fmt: skip
+    args, shape_only = _check(ins, validate)
     rank, block_max = resolve_rank(rank, block_max, args.nb)
     torch = require_torch()
     rows = 1 if args.head_reduce == "max" else NIDX
     if shape_only:
         check_choice(backend, "backend", _backend.BACKENDS)
-        return idx_q.new_empty((rows, min(TOPK, args.nb)), dtype=torch.int32)
-    target = _backend.resolve(backend, soc, idx_q)
-    q, k = _backend.to_tensors(idx_q, idx_k)
+        return ins.idx_q.new_empty((rows, min(TOPK, args.nb)), dtype=torch.int32)
+    target = _backend.resolve(backend, soc, ins.idx_q)
+    q, k = _backend.to_tensors(ins.idx_q, ins.idx_k)
     if args.nb <= TOPK:  # nothing to rank (the seeds' short-context guard)
         dev = q.device if rank == "device" else "cpu"
         ids = torch.arange(args.nb, dtype=torch.int32, device=dev).repeat(rows, 1)

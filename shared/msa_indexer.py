@@ -34,6 +34,7 @@ from tilesim.shared.validate import (
     check_finite,
     check_int,
     host_array,
+    op_signature,
     same_kind,
 )
 
@@ -92,18 +93,20 @@ def scores_inputs(idx_q, idx_k, nb):
     those of :func:`indexer_inputs` without the selection's ``seq_len`` and ``head_reduce``."""
 
 
-def check_meta(idx_q, idx_k, nb, *, seq_len=None, head_reduce="max") -> Args:
+@op_signature(indexer_inputs)
+def check_meta(ins) -> Args:
     """Metadata checks of ``msa_indexer`` / ``msa_indexer_scores`` (no value read: works on
-    torch ``meta`` / FakeTensors): ``idx_q`` BF16 ``[4, 128]``, ``idx_k`` BF16
-    ``[nb*128, 128]``, ``nb >= 1``, ``seq_len`` (:func:`check_indexer_seq_len`, a static int)
-    and ``head_reduce`` in :data:`HEAD_REDUCES`."""
+    torch ``meta`` / FakeTensors), on the arguments of :func:`indexer_inputs`: ``idx_q`` BF16
+    ``[4, 128]``, ``idx_k`` BF16 ``[nb*128, 128]``, ``nb >= 1``, ``seq_len``
+    (:func:`check_indexer_seq_len`, a static int) and ``head_reduce`` in :data:`HEAD_REDUCES`."""
+    idx_q, idx_k = ins.idx_q, ins.idx_k
     check_array(idx_q, "idx_q", dtype=BF16, shape=(NIDX, DIM), layout="[index heads, dim]")
     check_array(idx_k, "idx_k", dtype=BF16)
-    nb = check_int(nb, "nb", lo=1)
+    nb = check_int(ins.nb, "nb", lo=1)
     check_array(idx_k, "idx_k", shape=(nb * BY, DIM), layout=f"[nb*{BY} keys, dim] for nb={nb}")
-    valid = check_indexer_seq_len(seq_len, nb)
-    check_choice(head_reduce, "head_reduce", HEAD_REDUCES)
-    return Args(nb, valid, head_reduce, idx_q, idx_k)
+    valid = check_indexer_seq_len(ins.seq_len, nb)
+    check_choice(ins.head_reduce, "head_reduce", HEAD_REDUCES)
+    return Args(nb, valid, ins.head_reduce, idx_q, idx_k)
 
 
 def check_values(args: Args) -> Args:
