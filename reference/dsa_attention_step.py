@@ -17,11 +17,16 @@ caller's ``slot_mapping``: not written); the indexer and the attention then read
 copies through the same ``block_table`` and ``seq_lens``. Every argument of every stage is
 checked before the first stage runs (:func:`tilesim.shared.dsa_attention_step.check_meta`,
 ``check_values``); no argument is written.
+
+The later stages are public on their own too (the stage judge recomputes a stage's golden from
+a device's upstream outputs with them): :func:`step_args` checks a call's arguments as the step
+does and :func:`run_stage` runs one stage on given upstream outputs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import SimpleNamespace
 from typing import NamedTuple
 
 from tilesim.reference.dsa_indexer import dsa_indexer
@@ -33,6 +38,8 @@ from tilesim.shared.mla_cache import NOPE, ROPE
 from tilesim.shared.validate import op_signature
 
 OP = "dsa_attention_step"
+#: the stages :func:`run_stage` runs, in step order
+STAGES = ("dsa_indexer_prolog", "dsa_indexer", "sparse_attention")
 
 
 class AttentionStepResult(NamedTuple):
@@ -123,16 +130,54 @@ def dsa_attention_step(ins, *, trace: Callable[[dict], None] | None = None,
     )  # fmt: skip
 
 
-def dsa_attention_step_cost(*args, **kwargs) -> dict:
-    """:func:`tilesim.shared.dsa_attention_step.cost` of a call with these arguments (the
-    checks run, no stage does)."""
+def step_args(*args, **kwargs):
+    """The checked arguments (:class:`tilesim.shared.dsa_attention_step.Args`) of a call of
+    :func:`dsa_attention_step` with these arguments: every check of every stage
+    (``check_meta``, then ``check_values``), no stage run. :func:`run_stage` takes them."""
     bound = dsa_attention_step.__signature__.bind(*args, **kwargs)
     bound.apply_defaults()
     got = dict(bound.arguments)
     trace, progress = got.pop("trace"), got.pop("progress")
-    ns = type("Ins", (), got)
-    return contract.cost(contract.check_values(contract.check_meta(ns, trace=trace,
-                                                                   progress=progress)))  # fmt: skip
+    ns = SimpleNamespace(**got)
+    return contract.check_values(contract.check_meta(ns, trace=trace, progress=progress))
 
 
-__all__ = ["AttentionStepResult", "dsa_attention_step", "dsa_attention_step_cost"]
+def run_stage(stage: str, args, upstream: Mapping, *, trace=None, progress=None) -> dict:
+    """One later stage of a step, run by its golden on given upstream outputs.
+
+    ``stage``: one of :data:`STAGES`; ``args``: the step's checked arguments
+    (:func:`step_args`); ``upstream``: ``{step output name: array}`` of the earlier stages'
+    outputs the stage reads -- ``"dsa_indexer_prolog"``: ``q_norm``, ``q_norm_scale``;
+    ``"dsa_indexer"``: ``index_q``, ``index_q_scale``, ``index_weights``, ``k_cache``,
+    ``k_scale``; ``"sparse_attention"``: ``topk_indices``, ``query_nope``, ``query_rope``,
+    ``kv_cache`` and, for a ``kv_split`` latent cache, ``kr_cache``, ``kv_scale_cache``.
+    ``trace`` / ``progress``: the stage golden's. Returns ``{step output name: output}``, the
+    stage's outputs under the names of :class:`AttentionStepResult`; the step itself runs the
+    same calls on its own upstream outputs."""
+    if stage == "dsa_indexer_prolog":
+        mla = SimpleNamespace(q_norm=upstream["q_norm"], q_norm_scale=upstream["q_norm_scale"])
+        ip = _run_iprolog(args, mla, trace)
+        return {contract.IPROLOG_NAMES[k]: v for k, v in zip(ip._fields, ip, strict=True)}
+    if stage == "dsa_indexer":
+        ip = SimpleNamespace(**{k: upstream[n] for k, n in contract.IPROLOG_NAMES.items()})
+        ids, scores = _run_indexer(args, ip, trace, progress)
+        return {"topk_indices": ids, "scores": scores}
+    if stage == "sparse_attention":
+        mla = SimpleNamespace(
+            **{
+                k: upstream.get(k)
+                for k in ("query_nope", "query_rope", "kv_cache", "kr_cache", "kv_scale_cache")
+            }
+        )
+        return {"attn_out": _run_attention(args, mla, upstream["topk_indices"], trace, progress)}
+    raise ValueError(f"stage: expected one of {STAGES}, got {stage!r}")
+
+
+def dsa_attention_step_cost(*args, **kwargs) -> dict:
+    """:func:`tilesim.shared.dsa_attention_step.cost` of a call with these arguments (the
+    checks run, no stage does: :func:`step_args`)."""
+    return contract.cost(step_args(*args, **kwargs))
+
+
+__all__ = ["STAGES", "AttentionStepResult", "dsa_attention_step",
+           "dsa_attention_step_cost", "run_stage", "step_args"]  # fmt: skip

@@ -37,13 +37,12 @@ rope, scales), each judged by its field's rule.
 
 from __future__ import annotations
 
-import importlib
-import types
 from dataclasses import dataclass, field
 
 import numpy as np
 from tilesim.reference.judge import Check, Verdict, judge
 from tilesim.reference.judge_indexer import IDS_TOLERANCE, SCORES_TOLERANCE, judge_ids, judge_scores
+from tilesim.shared.dsa_attention_step import IPROLOG_NAMES
 from tilesim.shared.index_cache import INDEX_DIM, fp8_page_views
 from tilesim.shared.mla_cache import NOPE, NSCALES, ROPE, unpack_rows
 from tilesim.shared.ops import plan_calls
@@ -63,9 +62,6 @@ STAGES = (
 #: of the step's stages, the layer step last
 _STAGED = plan_calls("stages")
 PLAN_OPS = tuple(dict.fromkeys([*(s[0] for s in STAGES if s[0] in _STAGED), *_STAGED]))
-#: the indexer prolog's own output names -> the step's
-IPROLOG_NAMES = {"q": "index_q", "q_scale": "index_q_scale", "weights": "index_weights",
-                 "k_cache": "k_cache", "k_scale": "k_scale"}  # fmt: skip
 #: one E4M3 code step (a neighbouring code) and the smallest E4M3 subnormal
 FP8_CODE_TOL = {"atol": 2.0**-9, "rtol": 2.0**-3, "ratio": 0.005, "mode": "compare"}
 #: UE8M0 (power-of-two) FP32 scales: equal, up to the ratio
@@ -335,16 +331,11 @@ def judge_output(name, a, g, spec: Spec, *, rule="default", scores=None, slots=N
 
 # ----------------------------------------------------------------------------- the plan
 def _step_args(inputs: dict, params: dict):
-    """The step's checked Args (slots, latent layout) and its full argument namespace."""
-    from tilesim.reference.dsa_attention_step import dsa_attention_step
-    from tilesim.shared import dsa_attention_step as contract
+    """The step's checked Args (slots, latent layout) and its full argument namespace
+    (:func:`tilesim.reference.dsa_attention_step.step_args`, no trace, no bar)."""
+    from tilesim.reference.dsa_attention_step import step_args
 
-    bound = dsa_attention_step.__signature__.bind(**inputs, **params)
-    bound.apply_defaults()
-    got = dict(bound.arguments)
-    got.pop("trace", None), got.pop("progress", None)
-    ns = types.SimpleNamespace(**got)
-    return contract.check_values(contract.check_meta(ns, trace=None, progress=False))
+    return step_args(**inputs, **{**params, "trace": None, "progress": False})
 
 
 def _upstream(names, actual: dict, golden: dict):
@@ -374,21 +365,11 @@ def _upstream(names, actual: dict, golden: dict):
 
 
 def _recompute(stage: str, a, up: dict) -> dict:
-    """The stage's golden outputs (the step's names) from the upstream arrays ``up``."""
-    # the module, not the registered function of the same name
-    step = importlib.import_module("tilesim.reference.dsa_attention_step")
-    ns = types.SimpleNamespace
-    if stage == "dsa_indexer_prolog":
-        ip = step._run_iprolog(a, ns(q_norm=up["q_norm"], q_norm_scale=up["q_norm_scale"]), None)
-        return {IPROLOG_NAMES[k]: np.asarray(v) for k, v in zip(ip._fields, ip, strict=True)}
-    if stage == "dsa_indexer":
-        ip = ns(q=up["index_q"], q_scale=up["index_q_scale"], weights=up["index_weights"],
-                k_cache=up["k_cache"], k_scale=up["k_scale"])  # fmt: skip
-        ids, scores = step._run_indexer(a, ip, None, False)
-        return {"topk_indices": np.asarray(ids), "scores": np.asarray(scores)}
-    mla = ns(**{k: up[k] for k in ("query_nope", "query_rope", "kv_cache", "kr_cache",
-                                   "kv_scale_cache")})  # fmt: skip
-    return {"attn_out": np.asarray(step._run_attention(a, mla, up["topk_indices"], None, False))}
+    """The stage's golden outputs (the step's names) from the upstream arrays ``up``
+    (:func:`tilesim.reference.dsa_attention_step.run_stage`, no trace, no bar)."""
+    from tilesim.reference.dsa_attention_step import run_stage
+
+    return {k: np.asarray(v) for k, v in run_stage(stage, a, up, progress=False).items()}
 
 
 def _stage_golden(stage, upstream, a, actual, golden) -> tuple[dict, str, list]:

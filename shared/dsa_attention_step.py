@@ -69,6 +69,9 @@ STEP_FIELDS = (
     "topk_indices", "scores",  # indexer + top-k
     "attn_out",  # sparse attention, before the output projection
 )  # fmt: skip
+#: the indexer prolog's output names (its result's fields, in order) -> the step's
+IPROLOG_NAMES = {"q": "index_q", "q_scale": "index_q_scale", "weights": "index_weights",
+                 "k_cache": "k_cache", "k_scale": "k_scale"}  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- signature
@@ -453,6 +456,7 @@ __all__ = [
     "RECORD",
     "HEADS",
     "INPUT_NAMES",
+    "IPROLOG_NAMES",
     "KEYWORD_NAMES",
     "NO_SLOT",
     "PATHS",

@@ -238,3 +238,35 @@ def test_tests_carry_no_issue_numbers_or_dates():
     files = [p for p in sorted((ROOT / "tests").rglob("*.py")) if p != Path(__file__).resolve()]
     bad = _narration_hits(files, _TRACKER, _DATE)
     assert not bad, "\n".join(bad)
+
+
+#: the NamedTuple API (public, though ``_``-named)
+_TUPLE_API = {"_fields", "_replace", "_asdict", "_make"}
+
+
+def _private_reaches(path: Path) -> list[str]:
+    """Where ``path`` imports a ``_``-name of another module or reads one as an attribute."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module != "__future__":
+            found += [f"{path.name}:{node.lineno}: from {node.module} import {a.name}"
+                      for a in node.names if a.name.startswith("_")]  # fmt: skip
+        elif isinstance(node, ast.Attribute) and node.attr.startswith("_"):
+            if not node.attr.startswith("__") and node.attr not in _TUPLE_API:
+                found.append(f"{path.name}:{node.lineno}: .{node.attr}")
+    return found
+
+
+@pytest.mark.parametrize("name", ["judge_stages", "judge_plans", "judge_indexer"])
+def test_the_judges_plans_call_public_functions_only(name):
+    """The judge's plans reach the goldens (the step's stages: ``step_args``, ``run_stage``)
+    through their public names, never a private ``_run_*`` of another module."""
+    found = _private_reaches(ROOT / "reference" / f"{name}.py")
+    assert not found, "\n".join(found)
+
+
+def test_a_private_reach_is_found(tmp_path):
+    src = tmp_path / "plan.py"
+    src.write_text("from m import _run, ok\nimport m\nm._run_indexer(1)\nt._fields\nt.__doc__\n")
+    assert [f.split(": ")[1] for f in _private_reaches(src)] == ["from m import _run",
+                                                                 "._run_indexer"]  # fmt: skip
