@@ -378,8 +378,10 @@ def merge_online(t, o_t, l, m, acc, out, row0, p):
 def merge_per_tile(t, o_t, l, m, acc, out, row0, p):
     """V2 of the per-tile kernel. One tile (the seeds' case): its BF16 C2 output is the answer.
     Several tiles (beyond the seeds, whose kernel keeps the last tile): the normalised tile
-    outputs are merged with softmax weights, FP32: ``A = exp(M - M')*L``, ``C = exp(m - M')*l``,
-    ``L' = A + C``, ``O = (O*A + O_t*C) / L'``; last tile writes ``BF16(O)``."""
+    outputs are merged with softmax weights, FP32: the terms of ``L'`` from
+    :func:`~tilesim.device._pypto_common.fold_stats` (``maximum=True``, ``weighted=True``:
+    ``M' = max(M, m)``, ``A = exp(M - M')*L``, ``C = exp(m - M')*l``, ``L' = A + C``), then
+    ``O = (O*A + O_t*C) / L'``; last tile writes ``BF16(O)``."""
     o_acc, l_acc, m_acc = acc
     if pypto.cond(pypto.is_loop_begin(t)):
         if pypto.cond(pypto.is_loop_end(t)):
@@ -389,10 +391,9 @@ def merge_per_tile(t, o_t, l, m, acc, out, row0, p):
             l_acc[:] = l
             m_acc[:] = m
     else:
-        m_new = pypto.maximum(m_acc, m)
-        big_a = pypto.mul(pypto.exp(pypto.sub(m_acc, m_new)), l_acc)
-        big_c = pypto.mul(pypto.exp(pypto.sub(m, m_new)), l)
-        l_new = pypto.add(big_a, big_c)
+        (m_new, l_new), (big_a, big_c) = fold_stats(
+            pypto, (m_acc, l_acc), (m, l), maximum=True, weighted=True
+        )
         o_new = pypto.div(
             pypto.add(pypto.mul(o_acc, big_a), pypto.mul(pypto.cast(o_t, pypto.DT_FP32), big_c)),
             safe_sum(l_new, p),

@@ -69,10 +69,15 @@ def merge_chunk(pypto, m, l, o, m_c, l_c, o_c, *, first: bool) -> None:
     m[:] = m_new
 
 
-def fold_stats(pypto, state: tuple, part: tuple, *, maximum: bool = False) -> tuple:
+def fold_stats(
+    pypto, state: tuple, part: tuple, *, maximum: bool = False, weighted: bool = False
+) -> tuple:
     """The ``(m, l)`` half of one online merge (:func:`merge_chunk`'s formulas, same order):
     ``m' = max(m, m_c)``, ``a = exp(m - m')``, ``b = exp(m_c - m')``, ``l' = a*l + b*l_c``.
-    Returns ``((m', l'), (a, b))``: the weights the ``O`` half multiplies by. The max is a
+    Returns ``((m', l'), (a, b))``: the weights the ``O`` half multiplies by;
+    ``weighted=True``: ``((m', l'), (a*l, b*l_c))``, the two terms of ``l'`` (the weights of
+    a merge of normalised outputs, ``O' = (O*a*l + O_c*b*l_c) / l'``: the DeepSeek per-tile
+    kernel). The same operations in the same order either way. The max is a
     compare and a select (``m_c`` where ``m < m_c``, else ``m``): the value of ``max`` on
     numbers (which of two zeros it keeps changes no later value: ``m`` only enters ``exp`` of
     a difference and the next max), at a tenth of the cost model's ``maximum``. A NaN ``m_c``
@@ -84,7 +89,8 @@ def fold_stats(pypto, state: tuple, part: tuple, *, maximum: bool = False) -> tu
     m_new = pypto.maximum(m, m_c) if maximum else pypto.where(pypto.lt(m, m_c), m_c, m)
     a = pypto.exp(m - m_new)
     b = pypto.exp(m_c - m_new)
-    return (m_new, a * l + b * l_c), (a, b)
+    wl, wl_c = a * l, b * l_c
+    return (m_new, wl + wl_c), ((wl, wl_c) if weighted else (a, b))
 
 
 class MergePlan:
