@@ -11,6 +11,11 @@ Same name and arguments as :func:`tilesim.reference.moe_grouped_gemm`; the kerne
   ``[min(tb, vec_tile), vec_tile]`` vector tiles, one BF16 rounding, mm2 ``[tb,I] @ [I,H]`` ->
   FP32 (K tile ``mm2_k``), one BF16 rounding into ``out``.
 
+The kernel is built once per model configuration and tiling through the compile registry
+(:func:`~tilesim.device._moe_kernel.build_kernel`, ``@compile_once``; key:
+:func:`kernel_config`, with the option spec :func:`~tilesim.device._moe_kernel.jit_spec`);
+``N_total`` and the per-expert counts are runtime values.
+
 Back end (:mod:`tilesim.device.backend`): ``"npu"`` (torch_npu + CANN; tensors on the NPU),
 ``"sim"`` (CPU tensors or NumPy arrays; PyPTO 0.2.0's host interpreter + cost model; returns
 ``(out, cost_us)``), ``"auto"`` (the default: ``"npu"`` when the tensors live on an NPU, else
@@ -29,6 +34,7 @@ from typing import NamedTuple
 import numpy as np
 from tilesim.device import backend as _backend
 from tilesim.device._lazy import require_torch
+from tilesim.device._moe_kernel import SEED_JIT, build_kernel, jit_spec
 from tilesim.shared.interop import to_numpy
 from tilesim.shared.models import MoeDims
 from tilesim.shared.moe import (
@@ -86,7 +92,10 @@ def _check(ins, backend, soc, read) -> _MoeLaunch:
 
 
 def kernel_config(dims: MoeDims, tiling: MoeTiling) -> tuple:
-    """The compile key of the grouped-GEMM kernel: activation, tiles, buffers, constants."""
+    """The compile key of the grouped-GEMM kernel, the arguments of
+    :func:`~tilesim.device._moe_kernel.build_kernel`: activation, tiles, constants and the
+    option spec (:func:`~tilesim.device._moe_kernel.jit_spec`: the seeds' runtime options and
+    the tiling's buffer settings); never a token count."""
     return (
         dims.activation,
         tuple(tiling.unroll),
@@ -95,12 +104,10 @@ def kernel_config(dims: MoeDims, tiling: MoeTiling) -> tuple:
         tiling.mm2_k,
         tiling.mm2_n,
         tiling.vec_tile,
-        tiling.cube_nbuffer,
-        tiling.vec_nbuffer,
-        tiling.l1_reuse,
         float(dims.alpha),
         float(dims.limit),
         float(dims.beta),
+        jit_spec(tiling),
     )
 
 
@@ -194,11 +201,16 @@ def moe_grouped_gemm(ins, *, backend: str = "auto", soc: str = DEFAULT_SOC, vali
     us = None
     if cs is None or cs[-1] > 0:  # no tokens at all: nothing to launch (pypto not imported)
         _backend.resolve(backend, soc, sorted_tokens)  # the simulator: configure it for its SoC now
-        from tilesim.device._moe_kernel import build_kernel
-
         kernel = build_kernel(*kernel_config(ins.dims, tiling))
         us = _run(kernel, [x, w13, w2, cs_t], out_t, target)
     return _deliver(out, out_t, us, target)
 
 
-__all__ = ["NPU_PAD_ROWS", "kernel_config", "moe_grouped_gemm", "npu_buffers"]
+__all__ = [
+    "NPU_PAD_ROWS",
+    "SEED_JIT",
+    "jit_spec",
+    "kernel_config",
+    "moe_grouped_gemm",
+    "npu_buffers",
+]
