@@ -86,11 +86,15 @@ CUMSUM_TILE = 1024
 SPAN_RATIO = 8
 #: the jit options: PyPTO's own indexer example's stitch 128 (the cost model's machine crashes
 #: above 128) and scheduling mode 1; pypto-gym's L1 reuse of 16, which packs 16 blocks' C1
-#: matmuls (one copy of the query rows) into one cube task
+#: matmuls (one copy of the query rows) into one cube task; and the vector n-buffer merge of
+#: 4, which packs 4 identically shaped vector subgraphs (V1 slabs) into one vector task: a
+#: quarter of the V1 tasks, so a quarter of the successor edges that the weights and
+#: key-scale tasks resolve one by one on the scheduler thread that polled them
 JIT = (
     ("runtime", "stitch_function_max_num", 128),
     ("runtime", "device_sched_mode", 1),
     ("pass", "cube_l1_reuse_setting", ((-1, 16),)),
+    ("pass", "vec_nbuffer_setting", ((-1, 4),)),
 )
 READY_ON_HOST = ("block_table", "seq_lens")
 
