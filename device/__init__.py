@@ -13,17 +13,12 @@ every wrapper with ``torch._dynamo.allow_in_graph`` for torch.compile).
 from __future__ import annotations
 
 from tilesim.shared.lazy import lazy_names
+from tilesim.shared.ops import device_names
 
-# public name -> module of this package that defines it (add one line per public kernel)
+# public name -> module of this package that defines it: each op's device calls (the registry
+# of ops, tilesim.shared.ops: a call whose record says ``device=True``), then the backend's
 _LAZY = {
-    "moe_grouped_gemm": "moe",
-    "msa_indexer_scores": "msa_indexer",
-    "msa_indexer": "msa_indexer",
-    "msa_sparse_decode": "msa_decode",
-    "msa_main_branch": "msa_main",
-    "sparse_attention_antiquant": "dsa",
-    "sparse_attention_antiquant_kv_split": "dsa",
-    "dsa_indexer": "dsa_indexer",
+    **device_names(),
     "compile_stats": "backend",
     "reset_compile_stats": "backend",
     "allow_in_graph": "backend",

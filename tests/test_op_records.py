@@ -8,7 +8,10 @@
   CLI) agree with the registry;
 * no consumer keeps a list of its own: no module-level literal in a consumer names two ops,
   calls or families (a family's case module may key a table of per-op data by exactly the
-  calls its cases make; the files in :data:`OWN_LISTS` are excepted, each with its reason).
+  calls its cases make); no file is excepted;
+* the golden and the device wrapper of a call take their signature from the record's input
+  prototypes (``op_signature``); the sim tests read their pass figures from the records'
+  ``budgets`` and write none of their own.
 """
 
 from __future__ import annotations
@@ -64,6 +67,56 @@ def test_each_call_is_a_public_golden_with_the_records_signature(call):
     assert got == [(p.name, p.kind, p.default) for p in protos]
 
 
+def _decorator_prototypes(path: Path, name: str) -> list[str] | None:
+    """The prototype names of the ``@op_signature(...)`` decorating the module-level function
+    ``name`` of ``path`` (``None``: not decorated by it)."""
+    for node in ast.parse(path.read_text()).body:
+        if not isinstance(node, ast.FunctionDef) or node.name != name:
+            continue
+        for dec in node.decorator_list:
+            fn = dec.func if isinstance(dec, ast.Call) else None
+            if getattr(fn, "id", getattr(fn, "attr", None)) == "op_signature":
+                return [getattr(a, "id", getattr(a, "attr", None)) for a in dec.args]
+    return None
+
+
+def _wrappers(call) -> list[tuple[Path, object]]:
+    """``(source file, published function)`` of the golden and, if any, the device wrapper."""
+    import tilesim.device as dev
+    import tilesim.reference as ref
+
+    out = [(ROOT / "reference" / f"{call.module}.py", getattr(ref, call.name))]
+    if call.device:
+        out.append((ROOT / "device" / f"{ops.device_names()[call.name]}.py",
+                    getattr(dev, call.name)))  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("call", [c for c in CALLS if c.device], ids=lambda c: c.name)
+def test_each_kernel_call_has_its_prototypes(call):
+    """A call the device exports has its inputs written once, in its contract module."""
+    rec = ops.record_of_call(call.name)
+    assert call.signature, f"{call.name}: no input prototypes in its record"
+    for proto in call.signature:
+        assert proto.__module__ == f"tilesim.shared.{rec.name}", proto
+        assert getattr(_module(proto.__module__), proto.__name__) is proto
+
+
+@pytest.mark.parametrize("call", [c for c in CALLS if c.signature], ids=lambda c: c.name)
+def test_golden_and_wrapper_signatures_come_from_the_prototypes(call):
+    """The golden and the device wrapper are ``@op_signature(<the record's prototypes>)``
+    (no signature of their own), so their published parameters begin with the prototypes'."""
+    protos = [p for proto in call.signature for p in inspect.signature(proto).parameters.values()]
+    for path, fn in _wrappers(call):
+        assert _decorator_prototypes(path, call.name) == [p.__name__ for p in call.signature], (
+            f"{path.name}: {call.name} is not @op_signature of its record's prototypes"
+        )
+        published = list(inspect.signature(fn).parameters.values())[: len(protos)]
+        assert [(p.name, p.kind, p.default) for p in published] == [
+            (p.name, p.kind, p.default) for p in protos
+        ]
+
+
 @pytest.mark.parametrize("call", CALLS, ids=lambda c: c.name)
 def test_each_call_names_its_outputs_once(call):
     assert call.outputs and len(set(call.output_names)) == len(call.outputs)
@@ -77,30 +130,62 @@ def test_every_reference_name_resolves():
         assert getattr(ref, name) is obj
 
 
-def _constant(node: ast.expr, path: Path):
-    """The value of a constant expression (numbers, ``2.0**-16``, a dict of them)."""
-    return eval(compile(ast.Expression(node), str(path), "eval"), {"__builtins__": {}})
+def _is_constant(node: ast.expr) -> bool:
+    """A literal expression (numbers, ``2.0**-16``, a dict or tuple of them)."""
+    try:
+        eval(compile(ast.Expression(node), "<budget>", "eval"), {"__builtins__": {}})
+    except Exception:  # noqa: BLE001 -- a name, a call: not a literal
+        return False
+    return True
 
 
-def _sim_budgets(op: str) -> dict:
-    """The pass figures of ``tests/device/test_<op>_sim.py`` (read, not run): each
-    ``BUDGET_<FIGURE>`` as ``figure``, and the entries of a ``BUDGET`` dict."""
-    path = ROOT / "tests" / "device" / f"test_{op}_sim.py"
-    out: dict = {}
+def _own_budgets(path: Path) -> list[str]:
+    """The module-level names of ``path`` that hold pass figures of their own: any
+    ``BUDGET`` / ``BUDGET_*``, and any name with ``BUDGET`` in it bound to a literal."""
+    found = []
     for node in ast.parse(path.read_text()).body:
-        if not isinstance(node, ast.Assign) or not isinstance(node.targets[0], ast.Name):
-            continue
-        name = node.targets[0].id
-        if name == "BUDGET":
-            out.update(_constant(node.value, path))
-        elif name.startswith("BUDGET_"):
-            out[name.removeprefix("BUDGET_").lower()] = _constant(node.value, path)
-    return out
+        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+        for t in targets:
+            name = getattr(t, "id", "")
+            own = name == "BUDGET" or name.startswith("BUDGET_")
+            if own or ("BUDGET" in name and _is_constant(node.value)):
+                found.append(f"{path.name}:{node.lineno}: {name}")
+    return found
 
 
-@pytest.mark.parametrize("rec", [r for r in RECORDS if r.kernel], ids=lambda r: r.name)
-def test_the_device_budgets_are_the_sim_tests(rec):
-    assert dict(rec.budgets) == _sim_budgets(rec.name)
+def _reads_budgets(path: Path, op: str) -> bool:
+    """``path`` reads ``record("<op>").budgets`` (:func:`tilesim.shared.ops.record`)."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and node.attr == "budgets":
+            call = node.value
+            if (isinstance(call, ast.Call) and getattr(call.func, "id", None) == "record"
+                    and [getattr(a, "value", None) for a in call.args] == [op]):  # fmt: skip
+                return True
+    return False
+
+
+DEVICE_TESTS = sorted((ROOT / "tests" / "device").glob("*.py"))
+
+
+@pytest.mark.parametrize("path", DEVICE_TESTS, ids=lambda p: p.name)
+def test_no_device_test_keeps_its_own_budgets(path):
+    """The pass figures are the records' ``budgets``: no device test writes them again."""
+    found = _own_budgets(path)
+    assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize("rec", [r for r in RECORDS if r.budgets], ids=lambda r: r.name)
+def test_each_ops_sim_test_reads_its_records_budgets(rec):
+    assert _reads_budgets(ROOT / "tests" / "device" / f"test_{rec.name}_sim.py", rec.name)
+
+
+def test_the_budget_checks_can_fail(tmp_path):
+    own = tmp_path / "own.py"
+    own.write_text('BUDGET_ROW_ULP = 1.0\nBUDGET = {"fp32": 2.0**-16}\nMY_BUDGETS = (0.99, 1)\n'
+                   'BUDGETS = record("moe").budgets\n')  # fmt: skip
+    assert [f.split(": ")[1] for f in _own_budgets(own)] == ["BUDGET_ROW_ULP", "BUDGET",
+                                                             "MY_BUDGETS"]  # fmt: skip
+    assert _reads_budgets(own, "moe") and not _reads_budgets(own, "msa_decode")
 
 
 # ----------------------------------------------------------------------------- the consumers
@@ -195,11 +280,6 @@ CONSUMERS = (
     *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "app" / "cli").glob("*.py")),
     *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "tests" / "digests").glob("*.py")),
 )
-#: consumers that keep a list of their own, and why
-OWN_LISTS = {
-    "device/__init__.py": "its public kernel names are checked against the registry above",
-    "tests/bench/__main__.py": "the bench times a chosen subset of the families' cases",
-}
 
 
 def _names() -> set[str]:
@@ -226,9 +306,12 @@ def _per_op_table(rel: str, sub: ast.AST, hits: list[str]) -> bool:
     return isinstance(sub, ast.Dict) and keys == hits == list(ops.golden_calls(family))
 
 
-def _own_lists(rel: str) -> list[str]:
+def _own_lists(rel: str, source: str | None = None) -> list[str]:
+    """The module-level literals of ``rel`` (or of ``source``, read as ``rel``) naming two or
+    more ops, calls or families."""
     names, found = _names(), []
-    for node in ast.parse((ROOT / rel).read_text()).body:
+    text = (ROOT / rel).read_text() if source is None else source
+    for node in ast.parse(text).body:
         if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
             continue
         for sub in ast.walk(node.value):
@@ -238,15 +321,15 @@ def _own_lists(rel: str) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("rel", [r for r in CONSUMERS if r not in OWN_LISTS])
+@pytest.mark.parametrize("rel", CONSUMERS)
 def test_no_consumer_keeps_its_own_list_of_ops(rel):
     found = _own_lists(rel)
     assert not found, "\n".join(found)
 
 
-@pytest.mark.parametrize("rel", sorted(OWN_LISTS))
-def test_each_excepted_consumer_still_keeps_a_list(rel):
-    """An exception of :data:`OWN_LISTS` lasts only while its file keeps a list (the reason
-    says why): once the list is gone, the file joins the consumers checked above."""
-    assert rel in CONSUMERS, rel
-    assert _own_lists(rel), f"{rel} keeps no list of ops: drop it from OWN_LISTS"
+def test_an_own_list_is_found():
+    src = (
+        'FAMILIES = ("moe", "dsa")\nTABLE = {"msa_indexer": 1, "dsa_indexer": 2}\nONE = ("moe",)\n'
+    )
+    found = _own_lists("device/__init__.py", src)
+    assert [f.split(":")[1] for f in found] == ["1", "2"], found

@@ -10,38 +10,40 @@ import sys
 import time
 from pathlib import Path
 
+from tilesim.shared import ops
+
 from bench import report, timing
 
 _DESCRIPTION = "Benchmark of the NumPy references (a development tool; see bench/__init__.py)."
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "build" / "perf"
 
-#: the seeds' cases timed per family (quick mode keeps the first of each group)
-BENCH_CASES = {
-    "moe": ["m27_case_001", timing.M3_SIZE_CASE, "m3_case_smoke_edge"],
-    "msa": [
-        "msa_indexer_nb17",
-        "msa_decode_e2e_nb17",
-        "msa_decode_b64_nb17",
-        "msa_main_aligned_4096",
-        "msa_main_aligned_2048",
-        "msa_main_unaligned_1500",
-        "msa_main_aligned_1024",
-        "msa_main_unaligned_500",
-        "msa_main_unaligned_100",
-    ],
-    "dsa": [
-        "sfa_bf16_b4_s2_seq64K_total_fp8_d",
-        "sfa_bf16_b4_s2_seq64K_total_int8_d",
-        "sfa_bf16_b4_s2_seq64K_total_fp8_kv_split_d",
-        "sfa_bf16_b4_s2_seq64K_per_fp8_d",
-        "sfa_bf16_b64_s2_seq64K_per_fp8_d",
-    ],
-}
-QUICK_CASES = {
-    "moe": ["m3_case_smoke_edge"],
-    "msa": ["msa_indexer_nb17", "msa_main_unaligned_100"],
-    "dsa": ["sfa_bf16_b4_s2_seq64K_total_fp8_d"],
-}
+#: the seeds' cases timed, family by family (a case's family is its registry entry's:
+#: :func:`bench.timing.case_info`); quick mode times :data:`QUICK_CASES`, the first of each group
+BENCH_CASES = (
+    "m27_case_001",
+    timing.M3_SIZE_CASE,
+    "m3_case_smoke_edge",
+    "msa_indexer_nb17",
+    "msa_decode_e2e_nb17",
+    "msa_decode_b64_nb17",
+    "msa_main_aligned_4096",
+    "msa_main_aligned_2048",
+    "msa_main_unaligned_1500",
+    "msa_main_aligned_1024",
+    "msa_main_unaligned_500",
+    "msa_main_unaligned_100",
+    "sfa_bf16_b4_s2_seq64K_total_fp8_d",
+    "sfa_bf16_b4_s2_seq64K_total_int8_d",
+    "sfa_bf16_b4_s2_seq64K_total_fp8_kv_split_d",
+    "sfa_bf16_b4_s2_seq64K_per_fp8_d",
+    "sfa_bf16_b64_s2_seq64K_per_fp8_d",
+)
+QUICK_CASES = (
+    "m3_case_smoke_edge",
+    "msa_indexer_nb17",
+    "msa_main_unaligned_100",
+    "sfa_bf16_b4_s2_seq64K_total_fp8_d",
+)
 #: goldens built and run once each in a fresh process for wall time and peak RSS, with the
 #: memory target each must meet (GiB): the b64 sparse attention, and the b4 s2 64K layer step
 #: on both paths (docs/ops/dsa_attention_step.md promises it fits in 4 GiB)
@@ -56,7 +58,9 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench", description=_DESCRIPTION)
     p.add_argument("--out", default=str(DEFAULT_OUT), help="directory for reference.md/.png")
     p.add_argument("--quick", action="store_true", help="small cases only, no memory run")
-    p.add_argument("--family", action="append", choices=sorted(BENCH_CASES))
+    p.add_argument("--family", action="append", choices=ops.families(),
+                   help="time this family's cases only (repeatable; default: every family "
+                   "the bench has cases of)")  # fmt: skip
     p.add_argument("--no-torch", action="store_true", help="skip the torch goldens")
     p.add_argument(
         "--torch-threads",
@@ -81,11 +85,22 @@ def _progress_line(name: str, r) -> str:
     )
 
 
+def _chosen(cases: tuple[str, ...], families: list[str] | None) -> list[str]:
+    """``cases`` of ``families`` (``None``: all), family by family in that order (a family's
+    cases in their order); ``SystemExit`` naming a family the bench has no case of."""
+    family = {name: timing.case_info(name).family for name in cases}
+    have = list(dict.fromkeys(family.values()))
+    missing = [f for f in families or () if f not in have]
+    if missing:
+        raise SystemExit(f"--family: the bench times no case of {missing}; it has cases of {have}")
+    return [name for f in families or have for name in cases if family[name] == f]
+
+
 def _run_all(args) -> int:
     started = time.time()
     load_before = " ".join(f"{x:.1f}" for x in os.getloadavg())
-    table = QUICK_CASES if args.quick else BENCH_CASES
-    fams = args.family or list(table)
+    names = _chosen(QUICK_CASES if args.quick else BENCH_CASES, args.family)
+    fams = args.family or list(ops.families())
     timing.warm_torch()
     sgemm = timing.measure_sgemm()
     torch_threads = timing.set_torch_threads(args.torch_threads)
@@ -95,17 +110,16 @@ def _run_all(args) -> int:
         flush=True,
     )
     results, failed = [], []
-    for fam in fams:
-        for name in table[fam]:
-            try:
-                r = timing.run_case_child(name, sgemm["peak"], args)
-            except RuntimeError as err:  # one broken case must not lose the whole run
-                failed.append((name, str(err).strip().splitlines()[-1]))
-                print(f"{name:<45} FAILED: {failed[-1][1]}", flush=True)
-                continue
-            r.floor_s = timing.design_floor_s(r, sgemm)
-            results.append(r)
-            print(_progress_line(name, results[-1]), flush=True)
+    for name in names:
+        try:
+            r = timing.run_case_child(name, sgemm["peak"], args)
+        except RuntimeError as err:  # one broken case must not lose the whole run
+            failed.append((name, str(err).strip().splitlines()[-1]))
+            print(f"{name:<45} FAILED: {failed[-1][1]}", flush=True)
+            continue
+        r.floor_s = timing.design_floor_s(r, sgemm)
+        results.append(r)
+        print(_progress_line(name, results[-1]), flush=True)
     mem = []
     if not args.quick and not args.no_memory and "dsa" in fams:
         for name, gib in MEMORY_CASES.items():

@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 
 import pytest
+from tilesim.shared.ops import record
 
 DECODE_NB = (17, 18, 40)
 DECODE_BATCH = (1, 2, 4)
@@ -28,8 +29,6 @@ DECODE_CALLS = {
 }
 INDEXER_NB = (17, 18, 40)
 MOE_COUNTS = ([5, 0, 12, 1], [1, 3, 0, 0], [16, 16, 16, 17])
-BUDGET_BIT_EXACT = 0.99  # as tests/device/test_msa_decode_sim.py and test_moe_sim.py
-BUDGET_ROW_ULP = 1.0
 
 
 def _bit_exact(out, gold) -> float:
@@ -60,7 +59,7 @@ def _judged(out, gold, kind) -> list[str]:
     and the default golden-aware rule (``kind``: the op, for the report's coordinates)."""
     from tilesim.reference import judge
 
-    v = judge(out, gold, {"mode": "ulp", "row_ulp": BUDGET_ROW_ULP}, kind=kind)
+    v = judge(out, gold, {"mode": "ulp", "row_ulp": record(kind).budgets["row_ulp"]}, kind=kind)
     return [] if v.passed else [v.summary()]
 
 
@@ -167,7 +166,7 @@ def test_decode_one_compile_over_nb_and_batch(compile_soc, calls):
     r = sim.isolated(check_decode_compiles_once, compile_soc, DECODE_CALLS[calls], soc=compile_soc)
     # one kernel per kv_splits value (a tiling field, part of the key), none per nb or batch
     assert r["stats"] == {"msa_sparse_decode": len(r["splits"])}, r
-    assert r["bit_exact"] >= BUDGET_BIT_EXACT and not r["judged"], r
+    assert r["bit_exact"] >= record("msa_decode").budgets["bit_exact"] and not r["judged"], r
     assert r["validate_false_same"], r
 
 
@@ -188,7 +187,7 @@ def test_moe_one_compile_over_token_counts(compile_soc):
 
     r = sim.isolated(check_moe_compiles_once, compile_soc, soc=compile_soc)
     assert r["stats"] == {"moe_grouped_gemm": 1}, r
-    assert r["bit_exact"] >= BUDGET_BIT_EXACT and not r["judged"], r
+    assert r["bit_exact"] >= record("moe").budgets["bit_exact"] and not r["judged"], r
 
 
 # ----------------------------------------------------------------------------- NPU shapes
