@@ -15,8 +15,11 @@ Two rules:
 * ``rule="default"`` — the seeds' rule AND a golden-aware layer. Floats: the relative L2 error
   ``||a - g|| / ||g||`` and the cosine similarity, over the whole tensor and per row (one row =
   the last axis: one head of one token for attention outputs, one token for MoE), against
-  bounds that are small multiples of the output dtype's unit roundoff ``u`` (BF16 ``2^-8``);
-  a tolerance looser than the golden itself (``atol >= max |golden|``) is flagged. Ids: each
+  bounds in units of the output's unit roundoff ``u`` (BF16 ``2^-8``): the op's calibrated
+  multiple (:data:`OP_L2_UNITS`, set between the worst correct output and the smallest fault of
+  the op's calibration) where ``kind`` names a calibrated op, else the dtype's rule
+  (:data:`TENSOR_L2_UNITS`, :data:`ROW_L2_UNITS`); a tolerance looser than the golden itself
+  (``atol >= max |golden|``) is flagged. Ids: each
   row's ids as a set, with ties accepted only where the golden's scores tie within the score
   dtype's rounding (:data:`TIE_ULPS`).
 
@@ -48,9 +51,23 @@ UNIT_ROUNDOFF = {
     np.dtype(np.float64): 2.0**-53,
     FP8_E4M3: 2.0**-4,
 }
-#: relative-L2 bound of the whole tensor, in units of the output dtype's unit roundoff
+#: the relative-L2 bounds ``(whole tensor, one row)`` of each calibrated op's float output, by
+#: the judge's ``kind``, in units of the unit roundoff of the rounding the output carries. Each
+#: sits between the worst correct output (the golden against the float64 oracles times
+#: sqrt(2), the golden under the op's other legal tilings and rounding choices) and the
+#: smallest fault (a row, head or block scaled by 1 + 2u, 1.01, 1.02), with the margins of
+#: docs/numerics.md ("Calibration"); the tensor bound equals the row bound, as a small output
+#: is a few rows whose spread is the row spread
+OP_L2_UNITS = {
+    "moe": (1.2, 1.2),
+    "msa_decode": (1.4, 1.4),
+    "msa_main": (1.3, 1.3),
+    "dsa": (1.4, 1.4),
+}
+#: relative-L2 bound of the whole tensor of a float output no op calibrates (``kind`` "float",
+#: an uncalibrated layout), in units of the output dtype's unit roundoff
 TENSOR_L2_UNITS = 4.0
-#: relative-L2 bound of one row, in the same units
+#: relative-L2 bound of one row of such an output, in the same units
 ROW_L2_UNITS = 8.0
 #: the L2 bounds never go below this relative error (FP32 outputs of long FP32 reductions)
 L2_FLOOR = 2.0**-16
@@ -363,13 +380,21 @@ def _row_names(g: np.ndarray, axes, row_shape) -> RowNames:
     return RowNames(shape, axes)
 
 
-def l2_bounds(*dtypes) -> tuple[float, float]:
+def l2_units(kind: str | None = None) -> tuple[float, float]:
+    """(whole-tensor, per-row) relative-L2 bounds in units of ``u`` for the judge's ``kind``:
+    the op's :data:`OP_L2_UNITS`, else the dtype's rule (:data:`TENSOR_L2_UNITS`,
+    :data:`ROW_L2_UNITS`)."""
+    return OP_L2_UNITS.get(kind, (TENSOR_L2_UNITS, ROW_L2_UNITS))
+
+
+def l2_bounds(*dtypes, kind: str | None = None) -> tuple[float, float]:
     """(whole-tensor, per-row) relative-L2 bounds for an output of the coarsest of ``dtypes``
     (the pair judged: a BF16 golden and an FP32 dump, or a BF16 output and a float64 oracle, are
-    both judged at BF16): ``max(c * u, L2_FLOOR)`` with ``c`` = :data:`TENSOR_L2_UNITS` /
-    :data:`ROW_L2_UNITS` and ``u`` the unit roundoff."""
+    both judged at BF16): ``max(c * u, L2_FLOOR)`` with ``c`` from :func:`l2_units` (``kind``:
+    the judge's ``kind``, a calibrated op's multiples) and ``u`` the unit roundoff."""
     u = max(UNIT_ROUNDOFF.get(np.dtype(d), 2.0**-24) for d in dtypes)
-    return max(TENSOR_L2_UNITS * u, L2_FLOOR), max(ROW_L2_UNITS * u, L2_FLOOR)
+    t_units, r_units = l2_units(kind)
+    return max(t_units * u, L2_FLOOR), max(r_units * u, L2_FLOOR)
 
 
 def cosine_bound(rel_l2_bound: float) -> float:
@@ -406,13 +431,17 @@ def _tensor_metrics(a64: np.ndarray, g64: np.ndarray) -> tuple[float, float]:
     return rel, 1.0 if an == 0 and gn == 0 else 0.0
 
 
-def _golden_aware(a: np.ndarray, g: np.ndarray, names: RowNames, precision) -> list[Check]:
-    """The four checks of the golden-aware layer (whole tensor and worst row)."""
+def _golden_aware(a: np.ndarray, g: np.ndarray, names: RowNames, precision,
+                  kind: str | None = None) -> list[Check]:  # fmt: skip
+    """The four checks of the golden-aware layer (whole tensor and worst row); ``kind``: the
+    judge's ``kind`` (a calibrated op's bounds)."""
     a64, g64 = _finite64(a), _finite64(g)
-    t_bound, r_bound = l2_bounds(a.dtype, g.dtype, *([] if precision is None else [precision]))
+    dtypes = (a.dtype, g.dtype, *([] if precision is None else [precision]))
+    t_bound, r_bound = l2_bounds(*dtypes, kind=kind)
     rel, cos = _tensor_metrics(a64, g64)
     checks = [
-        Check("relative L2 (tensor)", rel <= t_bound, rel, t_bound),
+        Check("relative L2 (tensor)", rel <= t_bound, rel, t_bound,
+              text=_bound_basis(dtypes, kind)),
         Check("cosine (tensor)", cos >= cosine_bound(t_bound), cos, cosine_bound(t_bound),
               higher_is_better=True),
     ]  # fmt: skip
@@ -438,6 +467,18 @@ def _golden_aware(a: np.ndarray, g: np.ndarray, names: RowNames, precision) -> l
               higher_is_better=True)
     )  # fmt: skip
     return checks
+
+
+def _bound_basis(dtypes, kind) -> str:
+    """Where the L2 bounds come from, in words: ``"bounds 1.4u (msa_decode's calibration),
+    u = 2^-8 (bfloat16)"``, the dtype's rule, or the FP32 floor."""
+    u, d = max((UNIT_ROUNDOFF.get(np.dtype(x), 2.0**-24), str(np.dtype(x))) for x in dtypes)
+    t_units, r_units = l2_units(kind)
+    if max(t_units, r_units) * u <= L2_FLOOR:
+        return f"bounds at the floor 2^{int(math.log2(L2_FLOOR))} (u = 2^{int(math.log2(u))}, {d})"
+    units = f"{t_units:g}u" if t_units == r_units else f"{t_units:g}u / {r_units:g}u per row"
+    basis = f"{kind}'s calibration" if kind in OP_L2_UNITS else "the dtype's rule"
+    return f"bounds {units} ({basis}), u = 2^{int(math.log2(u))} ({d})"
 
 
 def _row_list(mask: np.ndarray, names: RowNames) -> str:
@@ -502,7 +543,7 @@ def _loose_tolerance(tol: dict, g: np.ndarray) -> list[str]:
     return []
 
 
-def _judge_float(a, g, tol, rule, name, arithmetic, names, precision) -> dict:
+def _judge_float(a, g, tol, rule, name, arithmetic, names, precision, kind=None) -> dict:
     fields: dict = {"checks": []}
     if tol["mode"] == "compare":
         rep = compare(a, g, atol=tol["atol"], rtol=tol["rtol"], ratio=tol["ratio"], name=name,
@@ -523,7 +564,7 @@ def _judge_float(a, g, tol, rule, name, arithmetic, names, precision) -> dict:
     n_bad, _ = _nonfinite(a)
     if tol["mode"] != "compare" and n_bad:
         fields["checks"].append(Check("finite", False, n_bad, 0, None, "NaN/Inf in actual"))
-    fields["checks"] += _golden_aware(a, g, names, precision)
+    fields["checks"] += _golden_aware(a, g, names, precision, kind)
     if "row_ulp" in tol:
         fields["checks"].append(_row_ulp_check(a, g, tol["row_ulp"], names))
     fields["warnings"] = _loose_tolerance(tol, g)
@@ -690,11 +731,13 @@ def judge(
     float scores ``[..., candidates]`` (one row per id row) make ties recognisable.
     ``tolerance``: ``{"mode", "atol", "rtol", "ratio"}`` as the case states it, optionally
     ``"row_ulp"`` (a row-ULP budget, :func:`row_ulp_errors`). ``kind``: ``"float"``, ``"ids"``
-    or an op name of :data:`OP_LAYOUTS` (names the coordinates in the report). ``rule``:
+    or an op name of :data:`OP_LAYOUTS` (names the coordinates in the report; a calibrated
+    op of :data:`OP_L2_UNITS` sets the L2 bounds). ``rule``:
     ``"default"`` or ``"seeds"`` (the module docstring). ``arithmetic``: of the seeds' rule.
     ``precision``: a dtype whose rounding the output carries although it is stored wider (the
     MSA main branch's BF16 / FP16 modes write FP32); the L2 bounds use the coarsest of it and
-    the pair's dtypes. ``visible`` (ids): each id row's visible length, ints ``[rows]``: a
+    the pair's dtypes, in the multiples of ``kind``'s calibration (:func:`l2_units`).
+    ``visible`` (ids): each id row's visible length, ints ``[rows]``: a
     row's selection is then its first ``min(k, visible)`` entries (the entries a reader of the
     ids uses; ``-1`` among them is a missing id, an id after them is ``unread``), an id at or
     past the visible length is ``invisible`` and never a tie, whatever its score.
@@ -716,7 +759,7 @@ def judge(
         fields = _judge_ids(a, g, tol, rule, name, scores, names, visible)
         ulps = (None, None)
     else:
-        fields = _judge_float(a, g, tol, rule, name, arithmetic, names, precision)
+        fields = _judge_float(a, g, tol, rule, name, arithmetic, names, precision, kind)
         ulps = _max_ulp(a, g)
     n_bad, where = _nonfinite(a) if a.dtype.kind == "f" or a.dtype in _ULP_DTYPES else (0, [])
     n_gbad = _nonfinite(g)[0] if g.dtype.kind == "f" or g.dtype in _ULP_DTYPES else 0
@@ -833,4 +876,4 @@ def _as_dict(v: Verdict) -> dict:
 
 
 __all__ = ["Check", "IdReport", "IdRow", "RowNames", "Verdict", "judge", "l2_bounds",
-           "row_ulp_errors"]  # fmt: skip
+           "l2_units", "row_ulp_errors"]  # fmt: skip

@@ -4,6 +4,12 @@ calibration, on every op it applies to (docs/numerics.md, "Judging an output").
 :func:`float_mutations` returns ``{class name: wrong output}`` for one op's golden dict
 (:mod:`judge.goldens`); classes that need the op's inputs re-run the reference with one input
 changed (a wrong softmax scale, a dropped mask, a missed tail chunk).
+
+:func:`small_mutations` returns the smallest faults a user would call a bug: one row, one head
+of every token, one block of rows (a KV group's heads, a token's heads, an expert's tokens) or
+the whole output scaled by ``1 + 2u``, ``1.01`` or ``1.02`` (``u`` the unit roundoff of the
+rounding the output carries: BF16 ``2^-8``). One element a few ULPs off is not among them
+(a correct kernel can do that).
 """
 
 from __future__ import annotations
@@ -149,3 +155,66 @@ def id_mutations(ids: np.ndarray, scores: np.ndarray, r: int = 0) -> dict:
     x[r, 0] = -1
     out["missing id (padding)"] = x
     return out
+
+
+#: the scale factors of the small mutations, by name (``u``: the output's unit roundoff)
+SMALL_SCALES = {"1+2u": None, "1.01": 1.01, "1.02": 1.02}
+
+
+def _scaled(g: np.ndarray, where, factor: float) -> np.ndarray:
+    """``g`` with ``g[where]`` scaled by ``factor`` (in float64, rounded once to ``g``'s dtype)."""
+    x = g.astype(np.float64)
+    x[where] *= factor
+    return _like(x, g)
+
+
+def _targets(d: dict) -> dict:
+    """``{target name: index}`` of the small mutations of one op's golden: one row (the
+    largest), one head / row block, one head of every token, and the whole output."""
+    g = d["golden"]
+    op = d["op"]
+    if op == "moe":
+        cs = np.asarray(d["case"]["inputs"]["expert_cumsum"])
+        e = int(np.argmax(np.diff(cs)))
+        b = _big_row(g)
+        return {"one token": (b,), f"expert {e}'s {cs[e + 1] - cs[e]} tokens":
+                (slice(int(cs[e]), int(cs[e + 1])),), "every token": (slice(None),)}  # fmt: skip
+    if op == "dsa":
+        nq = int(d["case"]["params"]["nq"])
+        b = _big_row(g)
+        t = b // nq
+        return {f"one head (row {b})": (b,), f"token {t}'s {nq} heads":
+                (slice(t * nq, (t + 1) * nq),), "head 5 of every token": (slice(5, None, nq),),
+                "every head": (slice(None),)}  # fmt: skip
+    # MSA decode [B, H, D], main branch [n, H, D]: 16 query heads share a KV head
+    rows = g.reshape(-1, g.shape[1], g.shape[-1]).astype(np.float64)
+    tok = int(np.argmax(np.linalg.norm(rows[:, 5], axis=-1)))
+    return {f"head 5 of token {tok}": (tok, 5), f"token {tok}'s KV-group 1 heads (16..31)":
+            (tok, slice(16, 32)), "head 5 of every token": (slice(None), 5),
+            "every head": (slice(None),)}  # fmt: skip
+
+
+def small_mutations(d: dict, u: float) -> dict:
+    """``{"<target> x<scale>": wrong output}``: each target of :func:`_targets` scaled by each
+    factor of :data:`SMALL_SCALES` (``1 + 2u`` with the given unit roundoff ``u``)."""
+    out = {}
+    for target, where in _targets(d).items():
+        for label, f in SMALL_SCALES.items():
+            out[f"{target} x{label}"] = _scaled(d["golden"], where, 1 + 2 * u if f is None else f)
+    return out
+
+
+def ulp_flips(g: np.ndarray, fraction: float, mantissa: int, seed: int = 0) -> np.ndarray:
+    """``g`` with ``fraction`` of the nonzero elements of each row moved by one ULP of a
+    ``mantissa``-bit significand (BF16 7, FP16 10, FP32 23: the rounding the output carries),
+    up or down at random: what rounding flips of a correct kernel do (a value near a rounding
+    midpoint rounded the other way)."""
+    r = g.reshape(-1, g.shape[-1]).astype(np.float64)
+    rng = np.random.default_rng(seed)
+    k = max(1, int(round(fraction * r.shape[1])))
+    for i in range(r.shape[0]):
+        cols = rng.choice(r.shape[1], size=k, replace=False)
+        cols = cols[r[i, cols] != 0]
+        ulp = np.ldexp(1.0, np.frexp(np.abs(r[i, cols]))[1] - 1 - mantissa)
+        r[i, cols] += rng.choice(np.array([-1.0, 1.0]), size=cols.size) * ulp
+    return r.reshape(g.shape).astype(np.float32).astype(g.dtype)
