@@ -2,17 +2,19 @@
 
 What is asserted, per SoC (910B: the INT8 path; 950: the FP8 path):
 
-1. scores (FP32 ``[T, S]``): bit for bit the float64/NumPy model of this file
-   (:func:`model_scores`: exact dots, the FP16 roundings of the INT8 path, the kernel's pairwise
-   head-sum tree in FP32, the k scale), ``-inf`` at every position a row does not see (FP8:
-   on integer E4M3 codes, where every dot is exact in FP32 in any summation order; the
+1. scores (FP32 ``[T, S]``): bit for bit the independent oracle
+   :func:`oracles.dsa_indexer.oracle_indexer` (``tests/oracles/dsa_indexer.py``: one row and
+   one position at a time, exact dots, the FP16 roundings of the INT8 path, the kernel's
+   pairwise head-sum tree in FP32, the k scale), ``-inf`` at every position a row does not see
+   (FP8: on integer E4M3 codes, where every dot is exact in FP32 in any summation order; the
    ``"wide codes"`` case only within the FP32 dot bound: PyPTO's interpreter sums a matmul in
-   libtorch's order); against
-   the golden :func:`tilesim.reference.dsa_indexer` (which models the same head-sum tree) bit
-   for bit wherever the model is exact, else within the FP32 dot bound; the ids then equal
-   the golden's (the same scores, the same tie rule);
+   libtorch's order); against the golden :func:`tilesim.reference.dsa_indexer` (which models
+   the same head-sum tree) bit for bit wherever the oracle is exact, else within the FP32 dot
+   bound; the ids then equal the golden's and the oracle's (the same scores, the same tie
+   rule);
 2. ids: equal to the shared rule :func:`tilesim.shared.dsa_indexer.select_topk` on the
-   kernel's own scores AND to an independent Python sort on ``(-score, position)`` --
+   kernel's own scores AND to the oracle's independent Python sort on ``(-score, position)``
+   (:func:`oracles.dsa_indexer.oracle_topk`) --
    including rows with ties at several levels across the boundary, all-tie rows, rows
    shorter than ``topk`` (``-1`` padding) and rows at ``topk - 1``, ``topk``, ``topk + 1``;
 3. NaN-poisoned cache rows the rows never see (other blocks, the tail of the last block,
@@ -112,7 +114,7 @@ def poison(inp, prm):
     return out
 
 
-# ----------------------------------------------------------------------------- the model
+# ----------------------------------------------------------------------------- the bound
 def _visible(inp, s1):
     lens = inp["seq_lens"].astype(np.int64)
     return np.concatenate([[n - (s1 - 1 - r) for r in range(s1)] for n in lens])
@@ -135,75 +137,46 @@ def _row_keys(inp, prm, b, n):
     return codes.astype(np.float64), sc[:, 0]
 
 
-def _tree(t):
-    """The kernel's head sum: FP32 halves 32, 16, .., 1."""
-    t = t.astype(np.float32)
-    while t.shape[0] > 1:
-        h = t.shape[0] // 2
-        t = t[:h] + t[h:]
-    return t[0]
-
-
-def model_scores(inp, prm, s1):
-    """FP32 ``[T, max_blocks*bs]``: the kernel's arithmetic in float64 / NumPy FP16 / FP32."""
-    f16, f32 = np.float16, np.float32
-    bt = inp["block_table"]
-    t = bt.shape[0] * s1
-    out = np.full((t, bt.shape[1] * prm["block_size"]), -np.inf, f32)
-    vis = _visible(inp, s1)
-    for row in range(t):
-        k, ks = _row_keys(inp, prm, row // s1, int(vis[row]))
-        d = inp["q"][row].astype(np.float64) @ k.T  # exact: small integers / E4M3 grid
-        if prm["path"] == "int8":
-            v = (np.maximum(d, 0) * 2.0**-11).astype(f16).astype(f32)
-            w = (inp["q_scale"][row].astype(f32) * inp["weights"][row].astype(f32)).astype(f16)
-            terms = v * w.astype(f32)[:, None]
-        else:
-            terms = np.maximum(d.astype(f32), 0) * inp["weights"][row][:, None]
-        with np.errstate(invalid="ignore", over="ignore"):
-            out[row, : vis[row]] = _tree(terms) * ks.astype(f32)
-    return out
-
-
-def sorted_ids(scores, vis, topk):
-    """Independent oracle: Python ``sorted`` on ``(-score, position)`` per row, then ``-1``."""
-    out = np.full((scores.shape[0], topk), -1, np.int32)
-    for i, n in enumerate(vis.tolist()):
-        order = sorted(range(n), key=lambda j, r=scores[i]: (-float(r[j]), j))[:topk]
-        out[i, : len(order)] = order
-    return out
-
-
 # ----------------------------------------------------------------------------- child checks
-def check_case(inp, prm, s1, soc) -> dict:
+def run_kernel(inp, prm, soc):
+    """``((ids, scores), cost_us)`` of the kernel on the simulator, NumPy in."""
     from tilesim.device.dsa_indexer import dsa_indexer
+
+    return dsa_indexer(**inp, **prm, backend="sim", soc=soc)
+
+
+def check_case(inp, prm, s1, soc) -> dict:
+    from oracles.dsa_indexer import oracle_indexer, oracle_topk
     from tilesim.reference import dsa_indexer as golden
     from tilesim.shared.dsa_indexer import select_topk
 
     before = {k: np.array(v, copy=True) for k, v in inp.items()}
-    (ids, scores), us = dsa_indexer(**inp, **prm, backend="sim", soc=soc)  # NumPy in
+    (ids, scores), us = run_kernel(inp, prm, soc)
     vis = _visible(inp, s1)
-    want = model_scores(inp, prm, s1)
+    want_ids, want = oracle_indexer(inp, **prm)
     g_ids, g_scores = golden(**inp, **prm)
     kernel_rule = select_topk(scores, vis, prm["topk"])
     fin = np.isfinite(want)
     got, gold = scores[fin], g_scores[fin]
     err = np.abs(got.astype(np.float64) - gold)
     k = prm["topk"]
+    sorted_ids = np.array([oracle_topk(scores[i], n, k) for i, n in enumerate(vis.tolist())])
+    exact = bool(np.array_equal(scores.view(np.uint32), want.view(np.uint32)))
     pad_ok = all((ids[i, min(n, k) :] == -1).all() and (ids[i, : min(n, k)] >= 0).all()
                  for i, n in enumerate(vis))  # fmt: skip
     return {
         "us": us,
         "numpy_out": isinstance(ids, np.ndarray) and ids.dtype == np.int32,
         "shape": (ids.shape, scores.shape),
-        "scores_exact": bool(np.array_equal(scores.view(np.uint32), want.view(np.uint32))),
+        "scores_exact": exact,
         "model_exact": float((got.view(np.uint32) == want[fin].view(np.uint32)).mean()),
         "mask_ok": bool(np.array_equal(np.isfinite(scores), fin)),
         "golden_exact": float((got.view(np.uint32) == gold.view(np.uint32)).mean()),
         "golden_within": bool((err <= _tree_bound(inp, prm, s1, want)[fin]).all()),
         "ids_rule": bool(np.array_equal(ids, kernel_rule)),
-        "ids_sorted": bool(np.array_equal(ids, sorted_ids(scores, vis, k))),
+        "ids_sorted": bool(np.array_equal(ids, sorted_ids.astype(np.int32))),
         "ids_golden": bool(np.array_equal(ids, g_ids)) if np.array_equal(got, gold) else None,
+        "ids_oracle": bool(np.array_equal(ids, want_ids)) if exact else None,
         "pad_ok": bool(pad_ok),
         "boundary_ties": _boundary_ties(want, vis, k),
         "inputs_kept": all(np.array_equal(before[n], inp[n], equal_nan=True) for n in inp),
@@ -229,7 +202,7 @@ def _boundary_ties(scores, vis, topk) -> tuple[int, int]:
 
 def _tree_bound(inp, prm, s1, want):
     """|tree - exact sum| <= 6 levels * 2^-24 * sum|terms| (times the scale), per position,
-    from the model's terms recomputed in float64 (a generous first-order bound)."""
+    from the kernel's terms recomputed in float64 (a generous first-order bound)."""
     bt = inp["block_table"]
     out = np.zeros_like(want, dtype=np.float64)
     vis = _visible(inp, s1)
@@ -291,7 +264,7 @@ def run_cases(soc) -> dict:
     # the chunks after the last whole span
     inp, prm = make_case(_soc_path(soc), (500, 700), 2, seed=7)
     clean = check_case(inp, prm, 2, soc)
-    dirty = check_case(poison(inp, prm), prm, 2, soc)
+    (dirty_ids, dirty_scores), _ = run_kernel(poison(inp, prm), prm, soc)
     res["torch in"] = torch_in(inp, prm, clean, soc)
     res["stats"] = compile_stats()
     # DeepSeek's own sizes: topk 2048, 128-token blocks, rows at 2048, 2049, 4099, 4100
@@ -299,9 +272,9 @@ def run_cases(soc) -> dict:
                            num_blocks=60, cols=64)  # fmt: skip
     res["b2 s2 topk 2048 seq 2049, 4100"] = check_case(inp2, prm2, 2, soc)
     res["nan poison"] = {
-        "same_ids": bool(np.array_equal(clean["ids"], dirty["ids"])),
+        "same_ids": bool(np.array_equal(clean["ids"], dirty_ids)),
         "same_scores": bool(
-            np.array_equal(clean["scores"].view(np.uint32), dirty["scores"].view(np.uint32))
+            np.array_equal(clean["scores"].view(np.uint32), dirty_scores.view(np.uint32))
         ),  # fmt: skip
     }
     return res
@@ -327,6 +300,8 @@ def test_indexer_kernel(sim_soc, sim_report):
         assert c["ids_rule"] and c["ids_sorted"] and c["pad_ok"], name
         assert c["ids_golden"] is True or not exact_promised, name
         assert c["ids_golden"] in (None, True), name
+        assert c["ids_oracle"] is True or not exact_promised, name
+        assert c["ids_oracle"] in (None, True), name
         assert c["us"] > 0
     assert r["b2 s2 all-tie"]["ids"][0, :TOPK].tolist() == list(range(TOPK))
     # the tie cases do tie: at the boundary (all-tie, levels) and above it (levels)
