@@ -16,7 +16,8 @@ Loop nest (``b`` and every length are runtime values; one compile per model conf
              once per group; the L1 reuse of JIT packs 16 blocks into one cube task
              int8: the fix-pipe epilogue FP16(relu(d) * 2^-11); fp8: FP32 logits
          KS  the chunk's key scales: one index_select by the chunk's block-table entries
-         V1  per query row and VEC_COLS columns, one vector task (sg_set_scope):
+         V1  per query row and VEC_COLS columns, one vector subgraph (sg_set_scope; JIT's
+             vector n-buffer merge packs 4 of them into one task):
              int8 "gym": t = FP32(d) * FP32(w_h), w_h = FP16(qs*w)
              fp8:        t = relu(d) * w_h                       (FP32)
              s = the head sum of t, a fixed pairwise tree (:func:`head_sum`), FP32
@@ -205,8 +206,9 @@ def chunk_scores(pypto, ins, qg, wg, b, blk0, nb: int, rows: int, p):
     """Scores ``[1, nb*bs]`` of each of the group's ``rows`` query rows against the blocks
     ``blk0 .. blk0+nb-1`` of batch ``b``: one ``[rows*64, 128] @ K_j^T`` per block (every block
     read once for the whole group; :data:`JIT`'s L1 reuse packs them into cube tasks), then per
-    row and :data:`VEC_COLS` columns one vector task (``sg_set_scope``): the terms, the
-    head-sum tree, the key scales."""
+    row and :data:`VEC_COLS` columns one vector subgraph (``sg_set_scope``; :data:`JIT`'s
+    vector n-buffer merge packs four into one task): the terms, the head-sum tree, the key
+    scales."""
     bs, w, m = p.bs, nb * p.bs, rows * HEADS
     d = pypto.tensor([m, w], pypto.DT_FP16 if p.path == "int8" else pypto.DT_FP32, "li_dots")
     for j in range(nb):
