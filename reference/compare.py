@@ -30,7 +30,7 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
-from tilesim.reference.numerics import _ULP_DTYPES, ulp_distance
+from tilesim.reference.numerics import ULP_DTYPES, ulp_distance
 from tilesim.shared.casts import BF16, FP8_E4M3
 from tilesim.shared.validate import (
     check_bool,
@@ -115,7 +115,7 @@ def _ulp_stats(a: np.ndarray, g: np.ndarray, a64: np.ndarray, g64: np.ndarray):
     """(max ULP distance in the output dtype, fraction of bit-equal elements)."""
     if a.size == 0:
         return 0, 1.0
-    if a.dtype in _ULP_DTYPES:
+    if a.dtype in ULP_DTYPES:
         if g.dtype != a.dtype:
             # golden rounded once (RNE, via float32 unless the output is float64) to the
             # output dtype

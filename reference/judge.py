@@ -36,10 +36,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from tilesim.reference.compare import CompareReport, compare
-from tilesim.reference.numerics import _ULP_DTYPES, ulp_distance
+from tilesim.reference.numerics import ULP_DTYPES, ulp_distance
 from tilesim.shared.case_schema import TOLERANCE_MODES
 from tilesim.shared.casts import BF16, FP8_E4M3
-from tilesim.shared.ops import judge_layouts
+from tilesim.shared.ops import judge_l2_units, judge_layouts
 from tilesim.shared.ranking import rank
 from tilesim.shared.validate import check_choice, check_float, check_str, host_data
 
@@ -57,13 +57,9 @@ UNIT_ROUNDOFF = {
 #: sqrt(2), the golden under the op's other legal tilings and rounding choices) and the
 #: smallest fault (a row, head or block scaled by 1 + 2u, 1.01, 1.02), with the margins of
 #: docs/numerics.md ("Calibration"); the tensor bound equals the row bound, as a small output
-#: is a few rows whose spread is the row spread
-OP_L2_UNITS = {
-    "moe": (1.2, 1.2),
-    "msa_decode": (1.4, 1.4),
-    "msa_main": (1.3, 1.3),
-    "dsa": (1.4, 1.4),
-}
+#: is a few rows whose spread is the row spread. Each op's record carries its figures
+#: (:attr:`tilesim.shared.op_record.Call.l2_units`)
+OP_L2_UNITS = judge_l2_units()
 #: relative-L2 bound of the whole tensor of a float output no op calibrates (``kind`` "float",
 #: an uncalibrated layout), in units of the output dtype's unit roundoff
 TENSOR_L2_UNITS = 4.0
@@ -316,7 +312,7 @@ def _nonfinite(a: np.ndarray) -> tuple[int, list]:
 def _max_ulp(a: np.ndarray, g: np.ndarray) -> tuple[int | None, int | None]:
     """(max ULP distance in actual's dtype, in the golden's dtype when actual is wider);
     ``-1`` when only NaN pairs exist, ``None`` when not a float pair."""
-    if a.dtype not in _ULP_DTYPES or g.dtype not in _ULP_DTYPES or not a.size:
+    if a.dtype not in ULP_DTYPES or g.dtype not in ULP_DTYPES or not a.size:
         return None, None
     with np.errstate(invalid="ignore", over="ignore"):
         g_as_a = (
@@ -580,7 +576,7 @@ def _check_scores(scores, n_rows: int, name: str) -> np.ndarray | None:
     if scores is None:
         return None
     s = host_data(scores, "scores")
-    if s.dtype not in _ULP_DTYPES:
+    if s.dtype not in ULP_DTYPES:
         raise TypeError(f"scores: expected a float dtype, got {s.dtype} ({name})")
     if s.ndim < 1 or s.size == 0 or s.size % n_rows or (s.size // n_rows) < 1:
         raise ValueError(
@@ -761,8 +757,8 @@ def judge(
     else:
         fields = _judge_float(a, g, tol, rule, name, arithmetic, names, precision, kind)
         ulps = _max_ulp(a, g)
-    n_bad, where = _nonfinite(a) if a.dtype.kind == "f" or a.dtype in _ULP_DTYPES else (0, [])
-    n_gbad = _nonfinite(g)[0] if g.dtype.kind == "f" or g.dtype in _ULP_DTYPES else 0
+    n_bad, where = _nonfinite(a) if a.dtype.kind == "f" or a.dtype in ULP_DTYPES else (0, [])
+    n_gbad = _nonfinite(g)[0] if g.dtype.kind == "f" or g.dtype in ULP_DTYPES else 0
     checks = fields.pop("checks")
     return Verdict(
         passed=all(c.passed for c in checks),

@@ -33,7 +33,8 @@ def bf16_round_trip(x) -> np.ndarray:
     return to_bf16(_as_fp32_source(host_data(x, name, scalars=True), name)).astype(np.float32)
 
 
-_ULP_DTYPES = (
+#: the float dtypes whose ULP distance :func:`ulp_distance` counts
+ULP_DTYPES = (
     np.dtype(np.float64),
     np.dtype(np.float32),
     np.dtype(np.float16),
@@ -53,7 +54,7 @@ def ulp_distance(a, b) -> np.ndarray:
     """
     a = host_data(a, "ulp_distance(a)", scalars=True)
     b = host_data(b, "ulp_distance(b)", scalars=True)
-    if a.dtype not in _ULP_DTYPES:
+    if a.dtype not in ULP_DTYPES:
         raise TypeError(
             "ulp_distance(a): expected float64, float32, float16, bfloat16 or float8_e4m3fn, "
             f"got {a.dtype}"
@@ -82,6 +83,7 @@ def ulp_distance(a, b) -> np.ndarray:
 
 
 __all__ = [
+    "ULP_DTYPES",
     "BF16",
     "FP8_E4M3",
     "bf16_round_trip",

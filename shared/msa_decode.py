@@ -46,7 +46,7 @@ import numpy as np
 from tilesim.shared import splitkv
 from tilesim.shared.casts import BF16
 from tilesim.shared.msa_indexer import BY, TOPK  # the indexer's picks: TOPK blocks of BY keys
-from tilesim.shared.op_record import Call, OpRecord, Output
+from tilesim.shared.op_record import ROUNDS_LIKE_GOLDEN, Call, OpRecord, Output
 from tilesim.shared.tiling import MsaTiling
 from tilesim.shared.validate import (
     check_array,
@@ -376,11 +376,12 @@ RECORD = OpRecord(
     family="msa",
     calls=(
         Call("msa_sparse_decode", "msa_decode", (Output("out", "float", ("batch", "head")),),
-             signature=(decode_inputs,), layout="msa_decode", device=True),
+             signature=(decode_inputs,), layout="msa_decode", device=True,
+             l2_units=(1.4, 1.4)),
     ),
     cost=cost,
     names={"msa_sparse_decode_flop": "msa_decode"},
-    budgets={"bit_exact": 0.99, "row_ulp": 1.0},
+    budgets=ROUNDS_LIKE_GOLDEN,
     kernel=True,
 )  # fmt: skip
 

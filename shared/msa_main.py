@@ -357,7 +357,8 @@ RECORD = OpRecord(
     family="msa",
     calls=(
         Call("msa_main_branch", "msa_main", (Output("out", "float", ("query", "head")),),
-             signature=(main_inputs,), layout="msa_main", device=True),
+             signature=(main_inputs,), layout="msa_main", device=True,
+             l2_units=(1.3, 1.3)),
     ),
     cost=cost,
     names={"build_msa_block_mask": "msa_main"},

@@ -55,7 +55,11 @@ class Call:
     ``signature``: its input prototypes in the contract module (``()``: none written);
     ``outputs``: in the op's order; ``layout``: the judge's ``kind`` that names the
     coordinates of its (first) output (``None``: none); ``plan``: :data:`PLANS`; ``golden``:
-    a named case's golden may be a call of it; ``device``: :mod:`tilesim.device` exports it.
+    a named case's golden may be a call of it; ``device``: :mod:`tilesim.device` exports it;
+    ``l2_units``: the judge's calibrated ``(whole-tensor, per-row)`` relative-L2 bounds of its
+    float output, in units of the unit roundoff of the rounding the output carries (set between
+    the worst correct output and the smallest fault, docs/numerics.md "Calibration"; ``None``:
+    the judge's rule for the output dtype).
     """
 
     name: str
@@ -66,9 +70,17 @@ class Call:
     plan: str = "kind"
     golden: bool = True
     device: bool = False
+    l2_units: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         check_choice(self.plan, f"Call({self.name!r}).plan", PLANS)
+        if self.l2_units is not None and (
+            len(self.l2_units) != 2 or not all(u > 0 for u in self.l2_units)
+        ):
+            raise ValueError(
+                f"Call({self.name!r}).l2_units: expected two positive multiples of u "
+                f"(tensor, row), got {self.l2_units!r}"
+            )
 
     @property
     def output_names(self) -> tuple[str, ...]:
@@ -77,6 +89,12 @@ class Call:
     @property
     def optional_outputs(self) -> tuple[str, ...]:
         return tuple(o.name for o in self.outputs if o.optional)
+
+
+#: the sim tests' pass figures of a kernel that rounds where its golden rounds (BF16 outputs):
+#: at least 99 % of the elements bit-exact, every row within 1 ULP of its largest |golden|
+#: (docs/numerics.md, "Judging an output"; each op page's "Budget")
+ROUNDS_LIKE_GOLDEN = {"bit_exact": 0.99, "row_ulp": 1.0}
 
 
 def _frozen(mapping: Mapping) -> Mapping:
@@ -116,4 +134,4 @@ class OpRecord:
         raise ValueError(f"call: expected one of {self.call_names}, got {name!r}")
 
 
-__all__ = ["OUTPUT_KINDS", "PLANS", "Call", "OpRecord", "Output"]
+__all__ = ["OUTPUT_KINDS", "PLANS", "ROUNDS_LIKE_GOLDEN", "Call", "OpRecord", "Output"]

@@ -124,6 +124,17 @@ def judge_layouts() -> dict[str, tuple[str, tuple[str, ...] | None]]:
     return out
 
 
+def judge_l2_units() -> dict[str, tuple[float, float]]:
+    """``{layout: (tensor, row) multiples of u}``: the judge's calibrated relative-L2 bounds of
+    the calls that name a layout and carry :attr:`~tilesim.shared.op_record.Call.l2_units`."""
+    out: dict = {}
+    for c in calls():
+        if c.layout is not None and c.l2_units is not None:
+            if out.setdefault(c.layout, c.l2_units) != c.l2_units:
+                raise RuntimeError(f"layout {c.layout!r}: calls disagree on l2_units")
+    return out
+
+
 def golden_layouts() -> dict[str, str]:
     """``{call: layout}`` of the calls a named case's golden may be that name a layout."""
     return {c.name: c.layout for c in calls() if c.golden and c.layout is not None}
@@ -135,6 +146,6 @@ def optional_outputs() -> dict[str, tuple[str, ...]]:
 
 
 __all__ = ["OP_MODULES", "calls", "case_builder", "device_names", "families", "golden_calls",
-           "golden_layouts", "judge_layouts", "optional_outputs",
+           "golden_layouts", "judge_l2_units", "judge_layouts", "optional_outputs",
            "kernel_ops", "plan_calls", "record", "record_of_call", "records",
            "reference_names"]  # fmt: skip

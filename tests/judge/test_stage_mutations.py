@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import types
 
 import numpy as np
 import pytest
@@ -61,24 +60,17 @@ def _verdict(path: str, actual: dict, tiny_token: bool = False):
 
 
 def _args(path: str, tiny_token: bool = False):
-    from tilesim.reference.judge_stages import _step_args
-
     case = _case(path, tiny_token)
-    return _step_args(case["inputs"], case["params"])
+    return STEP.step_args(**case["inputs"], **case["params"], trace=None, progress=False)
 
 
 def _downstream(path: str, dev: dict, tiny_token: bool = False) -> dict:
     """``dev`` with the indexer's and the attention's outputs recomputed from its (edited)
     upstream by the step's own stage calls: a device whose later stages are right."""
-    a, ns = _args(path, tiny_token), types.SimpleNamespace
-    ip = ns(q=dev["index_q"], q_scale=dev["index_q_scale"], weights=dev["index_weights"],
-            k_cache=dev["k_cache"], k_scale=dev["k_scale"])  # fmt: skip
-    ids, scores = STEP._run_indexer(a, ip, None, False)
-    mla = ns(**{k: dev.get(k) for k in ("query_nope", "query_rope", "kv_cache", "kr_cache",
-                                        "kv_scale_cache")})  # fmt: skip
-    out = STEP._run_attention(a, mla, ids, None, False)
-    return {**dev, "topk_indices": np.asarray(ids), "scores": np.asarray(scores),
-            "attn_out": np.asarray(out)}  # fmt: skip
+    a = _args(path, tiny_token)
+    got = STEP.run_stage("dsa_indexer", a, dev, progress=False)
+    got.update(STEP.run_stage("sparse_attention", a, {**dev, **got}, progress=False))
+    return {**dev, **{k: np.asarray(v) for k, v in got.items()}}
 
 
 def _assert_fails_at(rep, stage: str) -> None:
@@ -282,9 +274,7 @@ def test_a_wrong_indexer_fails_at_the_indexer_not_the_attention():
     dev = dict(g)
     dev["topk_indices"] = g["topk_indices"].copy()
     dev["topk_indices"][1, 0] = -1
-    a, ns = _args("int8"), types.SimpleNamespace
-    mla = ns(**{k: g.get(k) for k in ("query_nope", "query_rope", "kv_cache", "kr_cache",
-                                      "kv_scale_cache")})  # fmt: skip
-    dev["attn_out"] = np.asarray(STEP._run_attention(a, mla, dev["topk_indices"], None, False))
+    got = STEP.run_stage("sparse_attention", _args("int8"), dev, progress=False)
+    dev["attn_out"] = np.asarray(got["attn_out"])
     rep = _verdict("int8", dev)
     _assert_fails_at(rep, "dsa_indexer")
