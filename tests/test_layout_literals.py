@@ -39,7 +39,6 @@ ALLOWED = {
     # the op's call defaults: query heads, the group tile and the paged block size are
     # arguments of a call, not offsets into a row or page
     ("dsa.py", 128, "nq: int = 128, topk: int = 2048, g_tile: int = 128"),
-    ("dsa_indexer.py", 128, "topk=2048, block_size=128"),
     # PyPTO runtime option value (the seeds' and PyPTO's indexer example's)
     ("_dsa_kernel.py", 128, '"stitch_function_max_num", 128'),
     ("_dsa_indexer_kernel.py", 128, '"stitch_function_max_num", 128'),
