@@ -3,14 +3,14 @@
 What is asserted, per SoC (910B: the INT8 path; 950: the FP8 path):
 
 1. scores (FP32 ``[T, S]``): bit for bit the independent oracle
-   :func:`oracles.dsa_indexer.oracle_indexer` (``tests/oracles/dsa_indexer.py``: one row and
-   one position at a time, exact dots, the FP16 roundings of the INT8 path, the kernel's
-   pairwise head-sum tree in FP32, the k scale), ``-inf`` at every position a row does not see
-   (FP8: on integer E4M3 codes, where every dot is exact in FP32 in any summation order; the
-   ``"wide codes"`` case only within the FP32 dot bound: PyPTO's interpreter sums a matmul in
-   libtorch's order); against the golden :func:`tilesim.reference.dsa_indexer` (which models
-   the same head-sum tree) bit for bit wherever the oracle is exact, else within the FP32 dot
-   bound; the ids then equal the golden's and the oracle's (the same scores, the same tie
+   :func:`oracles.dsa_indexer.oracle_indexer` (``tests/oracles/dsa_indexer.py``: one row at a
+   time over its visible keys gathered by hand, exact dots, the FP16 roundings of the INT8 path,
+   the kernel's pairwise head-sum tree in FP32, the k scale), ``-inf`` at every position a row
+   does not see (FP8: on integer E4M3 codes, where every dot is exact in FP32 in any summation
+   order; the ``"wide codes"`` case only within the FP32 dot bound: PyPTO's interpreter sums a
+   matmul in libtorch's order); against the golden :func:`tilesim.reference.dsa_indexer` (which
+   models the same head-sum tree) bit for bit wherever the oracle is exact, else within the FP32
+   dot bound; the ids then equal the golden's and the oracle's (the same scores, the same tie
    rule);
 2. ids: equal to the shared rule :func:`tilesim.shared.dsa_indexer.select_topk` on the
    kernel's own scores AND to the oracle's independent Python sort on ``(-score, position)``

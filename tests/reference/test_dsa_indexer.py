@@ -1,10 +1,11 @@
 """DeepSeek-V3.2 lightning indexer golden (``dsa_indexer``) against the independent oracle.
 
-Oracle (``tests/oracles/dsa_indexer.py``): one row and one logical position at a time, the
-cache read through the block table by hand (FP8 page bytes decoded with ``struct``), integer
-dots in Python ints, head sums with ``math.fsum``, every FP16 / FP32 step a NumPy scalar
-operation, top-k as ``sorted`` on ``(-score, position)``. Data: the case builder's recipe with
-small blocks and a small ``topk`` so that the boundary of the selection is crossed.
+Oracle (``tests/oracles/dsa_indexer.py``): one row at a time over its visible keys, the cache
+read through the block table by hand (FP8 page bytes cut at their offsets), exact dots (int64 /
+float64), the head sum as an explicit FP32 halving loop (or an exact float64 sum for the "pypto"
+order), every FP16 / FP32 step an elementwise NumPy operation, top-k as ``sorted`` on ``(-score,
+position)``. Data: the case builder's recipe with small blocks and a small ``topk`` so that the
+boundary of the selection is crossed.
 """
 
 from __future__ import annotations
