@@ -149,13 +149,14 @@ def _prepare(a: Args, target, select: bool = True) -> dict:
 _NAMES = ("q", "weights", "k_cache", "block_table", "seq_lens", "q_scale", "k_scale", "q_lens")
 
 
-def _checked(args: tuple, kwargs: dict, validate) -> tuple[Args, bool]:
-    """The shared contract's :func:`~tilesim.shared.dsa_indexer.check_meta`, then the value
+def _checked(ins, validate) -> tuple[Args, bool]:
+    """The shared contract's :func:`~tilesim.shared.dsa_indexer.check_meta` on ``ins`` (the
+    arguments of an :func:`~tilesim.shared.dsa_indexer.indexer_inputs` call), then the value
     checks ``validate`` asks for (:func:`tilesim.device.backend.value_checks`: by default the
     lengths and the block table, ``"full"`` also the float scans) when the inputs hold data,
     then the kernel's limits."""
     _backend.validate_level(validate)
-    a = check_meta(*args, **kwargs)
+    a = check_meta(**vars(ins))
     arrays = [(n, getattr(a, n)) for n in _NAMES if getattr(a, n) is not None]
     shape_only = _backend.is_shape_only(*(x for _, x in arrays),
                                         names=tuple(n for n, _ in arrays))  # fmt: skip
@@ -206,7 +207,7 @@ def dsa_indexer(ins, *, backend="auto", soc=DEFAULT_SOC, validate=True):
     FakeTensor / ``meta`` inputs: empty outputs of those shapes, no data read, no kernel.
     Inputs are never modified.
     """
-    a, shape_only = _checked((), vars(ins), validate)
+    a, shape_only = _checked(ins, validate)
     width = a.max_blocks * a.block_size
     if shape_only:
         torch = require_torch()
