@@ -117,7 +117,8 @@ def _kernel_inputs(a: Args, dev):
     return [*head, table, lens32, *const], width, (codes.shape[0], cols)
 
 
-def prepared_launch(*args, soc=DEFAULT_SOC, validate=True, scores_only=False, **kwargs) -> dict:
+@op_signature(indexer_inputs)
+def prepared_launch(ins, *, soc=DEFAULT_SOC, validate=True, scores_only=False) -> dict:
     """What :func:`dsa_indexer` (``backend="sim"``) would launch for these arguments, checks
     included, without launching: ``{"kernel", "inputs", "outputs", "width", "target"}`` -- the
     kernel with its static parameters bound and the exact tensors (``outputs`` = the padded
@@ -125,7 +126,7 @@ def prepared_launch(*args, soc=DEFAULT_SOC, validate=True, scores_only=False, **
     cost split). Run it with ``tilesim.device.sim.run_compile(kernel, [*inputs, *outputs])``
     (compile only), ``run_cost`` or ``run_kernel``."""
     check_bool(scores_only, "scores_only")
-    a, shape_only = _checked(args, kwargs, validate)
+    a, shape_only = _checked(ins, validate)
     if shape_only:
         raise ValueError("dsa_indexer: shape-only inputs launch no kernel")
     return _prepare(a, _target(a, "sim", soc), select=not scores_only)
