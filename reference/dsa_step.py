@@ -26,13 +26,15 @@ from tilesim.shared.casts import BF16
 from tilesim.shared.dsa_attention_step import check_latent_blocks
 from tilesim.shared.models import DEEPSEEK_V32
 from tilesim.shared.tiling import SaTileShapeConfig
-from tilesim.shared.validate import check_array, check_choice, check_pos_int, shape_of
+from tilesim.shared.validate import check_array, check_choice, check_pos_int, op_signature, shape_of
 
 #: the step's output names, in order
 STEP_OUTPUTS = ("topk_indices", "scores", "out")
 #: the step's ``layout`` choices: the packed latent caches, then the kv_split triple
 STEP_LAYOUTS = ("pypto", "flashmla", "kv_split")
 _SPLIT = ("kn_quant", "kr", "kn_scales")
+#: the indexer's arguments (the step passes those it takes; decode: no ``q_lens``)
+_INDEXER_NAMES = tuple(inspect.signature(indexer_contract.indexer_inputs).parameters)
 
 
 def _attention_cache(layout, nope_cache, split: dict):
@@ -53,12 +55,8 @@ def _attention_cache(layout, nope_cache, split: dict):
     return (nope_cache,)
 
 
-def dsa_decode_step(q, weights, k_cache, block_table, seq_lens, query_nope, query_rope, *,
-                    q_scale=None, k_scale=None, nope_cache=None, kn_quant=None, kr=None,
-                    kn_scales=None, layout="pypto", path="int8", int8_order="gym", topk=2048,
-                    block_size=128, nq=128, softmax_scale=DEEPSEEK_V32.test_softmax_scale,
-                    tiling: SaTileShapeConfig | None = None, trace=None,
-                    progress=None) -> dict:  # fmt: skip
+@op_signature(indexer_contract.decode_step_inputs)
+def dsa_decode_step(ins, *, trace=None, progress=None) -> dict:
     """Indexer -> top-k -> sparse attention of one decode step (``s1 = T // B``, 1..4).
 
     Args:
@@ -76,22 +74,18 @@ def dsa_decode_step(q, weights, k_cache, block_table, seq_lens, query_nope, quer
         ``{"topk_indices": INT32 [T, topk], "scores": FP32 [T, S], "out": BF16 [T*nq, 512]}``
         (:data:`STEP_OUTPUTS`; the ids and scores exactly those of ``dsa_indexer``).
     """
-    caches = _attention_cache(layout, nope_cache, dict(zip(_SPLIT, (kn_quant, kr, kn_scales),
-                                                           strict=True)))  # fmt: skip
-    ia = indexer_contract.check_values(indexer_contract.check_meta(
-        q, weights, k_cache, block_table, seq_lens, q_scale=q_scale, k_scale=k_scale,
-        path=path, int8_order=int8_order, topk=topk, block_size=block_size, trace=trace,
-        progress=progress,
-    ))  # fmt: skip
-    _check_attention_half(ia, query_nope, query_rope, caches, layout=layout, nq=nq,
-                          softmax_scale=softmax_scale, tiling=tiling)  # fmt: skip
-    ids, scores = indexer_from_args(ia, q, trace=trace, progress=progress)
-    out = step_attention(
-        ids, query_nope, query_rope, block_table, seq_lens, nope_cache=nope_cache,
-        kn_quant=kn_quant, kr=kr, kn_scales=kn_scales, layout=layout, topk=topk,
-        block_size=block_size, nq=nq, softmax_scale=softmax_scale, tiling=tiling, trace=trace,
-        progress=progress,
+    args = vars(ins)
+    caches = _attention_cache(ins.layout, ins.nope_cache, {k: args[k] for k in _SPLIT})
+    indexer_args = {k: args[k] for k in _INDEXER_NAMES if k in args}
+    ia = indexer_contract.check_values(
+        indexer_contract.check_meta(**indexer_args, trace=trace, progress=progress)
+    )
+    _check_attention_half(
+        ia, ins.query_nope, ins.query_rope, caches, layout=ins.layout, nq=ins.nq,
+        softmax_scale=ins.softmax_scale, tiling=ins.tiling,
     )  # fmt: skip
+    ids, scores = indexer_from_args(ia, ins.q, trace=trace, progress=progress)
+    out = step_attention(ids, **attention_arguments(args), trace=trace, progress=progress)
     return dict(zip(STEP_OUTPUTS, (ids, scores, out), strict=True))
 
 

@@ -34,6 +34,7 @@ from tilesim.shared.index_cache import (
     check_int8_cache,
     fp8_page_views,
 )
+from tilesim.shared.models import DEEPSEEK_V32
 from tilesim.shared.op_record import Call, OpRecord, Output
 from tilesim.shared.ranking import NO_ID, top_k
 from tilesim.shared.validate import (
@@ -175,6 +176,20 @@ def indexer_inputs(q, weights, k_cache, block_table, seq_lens, *, q_scale=None, 
                    block_size=128):  # fmt: skip
     """The arguments of ``dsa_indexer`` that the golden, the kernel wrapper and
     :func:`check_meta` share, written once (:func:`tilesim.shared.validate.op_signature`)."""
+
+
+def decode_step_inputs(q, weights, k_cache, block_table, seq_lens, query_nope, query_rope, *,
+                       q_scale=None, k_scale=None, nope_cache=None, kn_quant=None, kr=None,
+                       kn_scales=None, layout="pypto", path="int8", int8_order="gym", topk=TOPK,
+                       block_size=128, nq=DEEPSEEK_V32.num_q_heads,
+                       softmax_scale=DEEPSEEK_V32.test_softmax_scale, tiling=None):  # fmt: skip
+    """The arguments of ``dsa_decode_step`` (:mod:`tilesim.reference.dsa_step`): the
+    indexer's (:func:`indexer_inputs`, decode: no ``q_lens``) with the sparse attention's
+    queries, latent cache (``nope_cache`` for the packed ``layout`` ``"pypto"`` /
+    ``"flashmla"``, ``kn_quant`` / ``kr`` / ``kn_scales`` for ``"kv_split"``) and keywords
+    (:func:`tilesim.shared.dsa.model_keywords`: ``nq``, ``softmax_scale``, ``tiling``;
+    ``topk`` and ``block_size`` are the indexer's, shared by both halves). The names both
+    ops have take their defaults (tests/test_op_records.py checks it)."""
 
 
 @op_signature(indexer_inputs)
@@ -417,7 +432,8 @@ RECORD = OpRecord(
         Call("dsa_indexer", "dsa_indexer", (_IDS, _SCORES), signature=(indexer_inputs,),
              layout="dsa_indexer", plan="indexer", device=True),
         Call("dsa_decode_step", "dsa_step",
-             (_IDS, _SCORES, Output("out", "float", ("token", "head"))), plan="indexer"),
+             (_IDS, _SCORES, Output("out", "float", ("token", "head"))),
+             signature=(decode_step_inputs,), plan="indexer"),
     ),
     cost=cost,
     kernel=True,
@@ -426,6 +442,7 @@ RECORD = OpRecord(
 
 __all__ = [
     "RECORD",
+    "decode_step_inputs",
     "INDEX_HEADS",
     "INT8_ORDERS",
     "INT8_QK_SCALE",

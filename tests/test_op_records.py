@@ -333,3 +333,22 @@ def test_an_own_list_is_found():
     )
     found = _own_lists("device/__init__.py", src)
     assert [f.split(":")[1] for f in found] == ["1", "2"], found
+
+
+def test_the_decode_steps_defaults_are_its_two_halves():
+    """``dsa_decode_step`` composes the indexer and the sparse attention: every argument it
+    shares with the indexer's prototype, the attention's keywords or its own attention half
+    (``step_attention``) has the same default there, so a default is one value in the step."""
+    from tilesim.reference.dsa_step import step_attention
+    from tilesim.shared import dsa, dsa_indexer
+
+    step = inspect.signature(dsa_indexer.decode_step_inputs).parameters
+    halves = [dsa_indexer.indexer_inputs, dsa.model_keywords, step_attention]
+    shared = 0
+    for half in halves:
+        for name, p in inspect.signature(half).parameters.items():
+            if name in step and p.default is not inspect.Parameter.empty:
+                assert step[name].default == p.default, (half.__name__, name)
+                shared += 1
+    assert shared >= 10
+    assert "q_lens" not in step  # decode: s1 = T // B
