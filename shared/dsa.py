@@ -402,20 +402,18 @@ _OUT = (Output("out", "float", ("token", "head")),)
 #: the op's record in the registry of ops (:mod:`tilesim.shared.ops`)
 RECORD = OpRecord(
     name="dsa",
-    family="dsa",
     calls=(
         Call("sparse_attention_antiquant", "dsa", _OUT, signature=(packed_inputs, model_keywords),
-             layout="dsa", device=True, l2_units=(1.4, 1.4)),
+             layout="dsa", device=True, l2_units=1.4),
         Call("sparse_attention_antiquant_kv_split", "dsa", _OUT,
              signature=(kv_split_inputs, model_keywords), layout="dsa", device=True,
-             l2_units=(1.4, 1.4)),
+             l2_units=1.4),
     ),
     cost=cost,
     names={"DSA_CASES": "dsa_cases"},
     # per-tile softmax over several KV tiles rounds each tile's output to BF16 before the merge
     # and the merged output again: one more row ULP (docs/ops/dsa.md, "Budget")
     budgets={**ROUNDS_LIKE_GOLDEN, "row_ulp_per_tile": 2.0},
-    kernel=True,
 )  # fmt: skip
 
 

@@ -441,7 +441,6 @@ _KINDS = {
 #: the op's record in the registry of ops (:mod:`tilesim.shared.ops`)
 RECORD = OpRecord(
     name="dsa_attention_step",
-    family="dsa_attention_step",
     calls=(
         Call("dsa_attention_step", "dsa_attention_step",
              tuple(Output(f, _KINDS.get(f, "float")) for f in STEP_FIELDS),

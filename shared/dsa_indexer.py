@@ -427,7 +427,6 @@ _SCORES = Output("scores", "float", ("token",), optional=True)
 #: the op's record in the registry of ops (:mod:`tilesim.shared.ops`)
 RECORD = OpRecord(
     name="dsa_indexer",
-    family="dsa_indexer",
     calls=(
         Call("dsa_indexer", "dsa_indexer", (_IDS, _SCORES), signature=(indexer_inputs,),
              layout="dsa_indexer", plan="indexer", device=True),
@@ -436,7 +435,6 @@ RECORD = OpRecord(
              signature=(decode_step_inputs,), plan="indexer"),
     ),
     cost=cost,
-    kernel=True,
 )  # fmt: skip
 
 

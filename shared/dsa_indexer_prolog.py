@@ -357,7 +357,6 @@ def slots_from_block_table(block_table, seq_lens, *, q_lens=None, block_size: in
 #: the op's record in the registry of ops (:mod:`tilesim.shared.ops`)
 RECORD = OpRecord(
     name="dsa_indexer_prolog",
-    family="dsa_indexer_prolog",
     calls=(
         Call("dsa_indexer_prolog", "dsa_indexer_prolog",
              (Output("q", "codes", ("token", "head")), Output("q_scale", "float", ("token",)),

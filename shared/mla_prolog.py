@@ -346,7 +346,6 @@ def cost(args: Args) -> dict:
 #: the op's record in the registry of ops (:mod:`tilesim.shared.ops`)
 RECORD = OpRecord(
     name="mla_prolog",
-    family="mla_prolog",
     calls=(
         Call("mla_prolog", "mla_prolog",
              (Output("query_nope", "float", ("token", "head")),

@@ -313,17 +313,15 @@ def check_moe_tiling(tiling: MoeTiling, dims: MoeDims) -> MoeTiling:
 #: the op's record in the registry of ops (:mod:`tilesim.shared.ops`)
 RECORD = OpRecord(
     name="moe",
-    family="moe",
     calls=(
         Call(OP_NAME, "moe", (Output("out", "float", ("row",)),), signature=(moe_inputs,),
-             layout="moe", device=True, l2_units=(1.2, 1.2)),
+             layout="moe", device=True, l2_units=1.2),
     ),
     cost=cost,
     names={"MoeTileRecord": "moe", "moe_flop_count": "moe", "moe_tile_schedule": "moe",
            "moe_dispatch": "moe_routing", "moe_combine": "moe_routing",
            "MoeDispatch": "moe_routing", "MOE_CASES": "moe_cases"},
     budgets=ROUNDS_LIKE_GOLDEN,
-    kernel=True,
 )  # fmt: skip
 
 

@@ -377,12 +377,11 @@ RECORD = OpRecord(
     calls=(
         Call("msa_sparse_decode", "msa_decode", (Output("out", "float", ("batch", "head")),),
              signature=(decode_inputs,), layout="msa_decode", device=True,
-             l2_units=(1.4, 1.4)),
+             l2_units=1.4),
     ),
     cost=cost,
     names={"msa_sparse_decode_flop": "msa_decode"},
     budgets=ROUNDS_LIKE_GOLDEN,
-    kernel=True,
 )  # fmt: skip
 
 

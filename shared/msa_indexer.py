@@ -234,7 +234,6 @@ RECORD = OpRecord(
     ),
     cost=cost,
     names={"msa_indexer_flop": "msa_indexer", "MSA_CASES": "msa_cases"},
-    kernel=True,
 )  # fmt: skip
 
 

@@ -358,13 +358,12 @@ RECORD = OpRecord(
     calls=(
         Call("msa_main_branch", "msa_main", (Output("out", "float", ("query", "head")),),
              signature=(main_inputs,), layout="msa_main", device=True,
-             l2_units=(1.3, 1.3)),
+             l2_units=1.3),
     ),
     cost=cost,
     names={"build_msa_block_mask": "msa_main"},
     #: per compute dtype: the kernel's max |a - g| over max |g| of its golden
     budgets={"fp32": 2.0**-16, "fp16": 2.0**-12, "bf16": 2.0**-8},
-    kernel=True,
 )  # fmt: skip
 
 

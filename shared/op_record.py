@@ -11,9 +11,11 @@ Each op's contract module ``tilesim.shared.<op>`` exports one :class:`OpRecord` 
 * the **case family** whose ``tilesim.reference.<family>_cases`` module builds its cases;
 * the other public names of :mod:`tilesim.reference` it adds (``{name: module}``);
 * its one FLOP / byte counter, ``cost``;
-* its **device budgets** (the sim tests' pass figures), where its kernel has them;
-* ``kernel``: whether it is an op of five files with a device wrapper and kernel
-  (``device/<op>.py``, ``device/_<op>_kernel.py``).
+* its **device budgets** (the sim tests' pass figures), where its kernel has them.
+
+Whether the op has a device wrapper and kernel (``device/<op>.py``, ``device/_<op>_kernel.py``)
+follows from its calls: :attr:`OpRecord.kernel` is true when one of them is exported by
+:mod:`tilesim.device`.
 """
 
 from __future__ import annotations
@@ -56,10 +58,10 @@ class Call:
     ``outputs``: in the op's order; ``layout``: the judge's ``kind`` that names the
     coordinates of its (first) output (``None``: none); ``plan``: :data:`PLANS`; ``golden``:
     a named case's golden may be a call of it; ``device``: :mod:`tilesim.device` exports it;
-    ``l2_units``: the judge's calibrated ``(whole-tensor, per-row)`` relative-L2 bounds of its
-    float output, in units of the unit roundoff of the rounding the output carries (set between
-    the worst correct output and the smallest fault, docs/numerics.md "Calibration"; ``None``:
-    the judge's rule for the output dtype).
+    ``l2_units``: the judge's calibrated relative-L2 bound of its float output, one multiple of
+    the unit roundoff of the rounding the output carries for the whole tensor and for each row
+    (set between the worst correct output and the smallest fault, docs/numerics.md
+    "Calibration"; ``None``: the judge's rule for the output dtype, 4u per tensor, 8u per row).
     """
 
     name: str
@@ -70,16 +72,16 @@ class Call:
     plan: str = "kind"
     golden: bool = True
     device: bool = False
-    l2_units: tuple[float, float] | None = None
+    l2_units: float | None = None
 
     def __post_init__(self) -> None:
         check_choice(self.plan, f"Call({self.name!r}).plan", PLANS)
-        if self.l2_units is not None and (
-            len(self.l2_units) != 2 or not all(u > 0 for u in self.l2_units)
+        if self.l2_units is not None and not (
+            isinstance(self.l2_units, int | float) and self.l2_units > 0
         ):
             raise ValueError(
-                f"Call({self.name!r}).l2_units: expected two positive multiples of u "
-                f"(tensor, row), got {self.l2_units!r}"
+                f"Call({self.name!r}).l2_units: expected a positive multiple of u, got "
+                f"{self.l2_units!r}"
             )
 
     @property
@@ -103,20 +105,21 @@ def _frozen(mapping: Mapping) -> Mapping:
 
 @dataclass(frozen=True)
 class OpRecord:
-    """One op (module docstring): ``name`` (its five files' name), ``family`` (its case
-    family), ``calls``, ``cost``, ``names`` (its other public names of
-    :mod:`tilesim.reference`, ``{name: module}``), ``budgets`` (``{figure: value}`` of its
-    kernel's sim tests) and ``kernel`` (it has a device wrapper and a kernel)."""
+    """One op (module docstring): ``name`` (its five files' name), ``calls``, ``cost``,
+    ``family`` (its case family; ``None``: its own name), ``names`` (its other public names of
+    :mod:`tilesim.reference`, ``{name: module}``) and ``budgets`` (``{figure: value}`` of its
+    kernel's sim tests)."""
 
     name: str
-    family: str
     calls: tuple[Call, ...]
     cost: Callable
+    family: str | None = None
     names: Mapping[str, str] = field(default_factory=dict)
     budgets: Mapping[str, object] = field(default_factory=dict)
-    kernel: bool = False
 
     def __post_init__(self) -> None:
+        if self.family is None:
+            object.__setattr__(self, "family", self.name)
         object.__setattr__(self, "names", _frozen(self.names))
         object.__setattr__(self, "budgets", _frozen(self.budgets))
         if not self.calls:
@@ -125,6 +128,11 @@ class OpRecord:
     @property
     def call_names(self) -> tuple[str, ...]:
         return tuple(c.name for c in self.calls)
+
+    @property
+    def kernel(self) -> bool:
+        """The op has a device wrapper and a kernel: one of its calls is a device call."""
+        return any(c.device for c in self.calls)
 
     def call(self, name: str) -> Call:
         """The call called ``name``."""

@@ -126,11 +126,12 @@ def judge_layouts() -> dict[str, tuple[str, tuple[str, ...] | None]]:
 
 def judge_l2_units() -> dict[str, tuple[float, float]]:
     """``{layout: (tensor, row) multiples of u}``: the judge's calibrated relative-L2 bounds of
-    the calls that name a layout and carry :attr:`~tilesim.shared.op_record.Call.l2_units`."""
+    the calls that name a layout and carry :attr:`~tilesim.shared.op_record.Call.l2_units`
+    (one multiple, for the tensor and for each row)."""
     out: dict = {}
     for c in calls():
         if c.layout is not None and c.l2_units is not None:
-            if out.setdefault(c.layout, c.l2_units) != c.l2_units:
+            if out.setdefault(c.layout, (c.l2_units,) * 2) != (c.l2_units,) * 2:
                 raise RuntimeError(f"layout {c.layout!r}: calls disagree on l2_units")
     return out
 
