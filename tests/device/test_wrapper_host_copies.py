@@ -150,8 +150,9 @@ def _call_kwargs(name: str, kw: dict) -> dict:
     return {k: _torch(v) for k, v in kw.items() if k in params}
 
 
-def _run(monkeypatch, case: str, validate):
-    """``{input: bytes}`` read on the host by one call, up to its (faked) launch."""
+def _run(monkeypatch, case: str, validate, entry=None):
+    """``{input: bytes}`` read on the host by one call, up to its (faked) launch; ``entry``:
+    the callable to call in place of the wrapper (with its arguments but ``backend``)."""
     from tilesim.device import backend
 
     def resolve(*a, **k):
@@ -164,8 +165,10 @@ def _run(monkeypatch, case: str, validate):
     if name == "msa_indexer_scores":
         kw = _drop(kw, "seq_len")
     extra = {} if validate is None else {"validate": validate}
+    if entry is None:
+        entry, extra = getattr(dev, name), {**extra, "backend": "sim"}
     with HostReads(_flat(kw)) as rec, pytest.raises(_Launched):
-        getattr(dev, name)(**kw, backend="sim", **extra)
+        entry(**kw, **extra)
     return dict(rec.reads), dict(rec.calls), _flat(kw)
 
 
@@ -214,6 +217,18 @@ def test_dsa_indexer_default_copies_the_stated_bytes(monkeypatch):
     full, _, _ = _run(monkeypatch, "dsa_indexer_int8", "full")
     assert full["k_scale"] > 0 and sum(full.values()) > sum(reads.values())
     assert 4 * 64 * (1 + 512) == 131_328
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("validate", [True, "full", False])
+def test_the_indexers_prepared_launch_checks_like_its_wrapper(monkeypatch, validate):
+    """``tilesim.device.dsa_indexer.prepared_launch`` (what the sim tests and the cost-model
+    reports launch) takes the wrapper's arguments and runs the wrapper's checks: up to the
+    launch it reads the same inputs on the host."""
+    from tilesim.device.dsa_indexer import prepared_launch
+
+    want = _run(monkeypatch, "dsa_indexer_int8", validate)[0]
+    assert _run(monkeypatch, "dsa_indexer_int8", validate, entry=prepared_launch)[0] == want
 
 
 def test_the_policy_table_covers_every_wrapper():
