@@ -20,6 +20,7 @@ follows from its calls: :attr:`OpRecord.kernel` is true when one of them is expo
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -76,11 +77,12 @@ class Call:
 
     def __post_init__(self) -> None:
         check_choice(self.plan, f"Call({self.name!r}).plan", PLANS)
-        if self.l2_units is not None and not (
-            isinstance(self.l2_units, int | float) and self.l2_units > 0
+        u = self.l2_units
+        if u is not None and not (
+            isinstance(u, int | float) and not isinstance(u, bool) and 0 < u < math.inf
         ):
             raise ValueError(
-                f"Call({self.name!r}).l2_units: expected a positive multiple of u, got "
+                f"Call({self.name!r}).l2_units: expected a finite positive multiple of u, got "
                 f"{self.l2_units!r}"
             )
 

@@ -352,3 +352,13 @@ def test_the_decode_steps_defaults_are_its_two_halves():
                 shared += 1
     assert shared >= 10
     assert "q_lens" not in step  # decode: s1 = T // B
+
+
+@pytest.mark.parametrize("bad", [True, 0, -1.0, float("inf"), float("nan"), (1.4, 1.4), "1.4"])
+def test_a_calibrated_bound_is_one_finite_positive_number(bad):
+    from tilesim.shared.op_record import Call, Output
+
+    out = (Output("out", "float"),)
+    assert Call("op", "op", out, l2_units=1.4).l2_units == 1.4
+    with pytest.raises(ValueError, match=r"^Call\('op'\)\.l2_units: expected a finite positive"):
+        Call("op", "op", out, l2_units=bad)

@@ -5,12 +5,12 @@ time, the row's visible keys gathered through the block table by hand (the FP8 p
 at ``slot * 128`` for the codes and ``block_size * 128 + 4 * slot`` for the FP32 scale), every
 step an elementwise NumPy operation in the dtype the kernel rounds to (FP16 / FP32 ufuncs round
 each element as the scalar operation would), and the kernel's head sum (an FP32 halving tree)
-as an explicit halving loop over the head axis (``_tree``). The dots are exact: INT8 codes in
-int64; E4M3 codes in float64, whose products (at most 2^17, at least 2^-18) and their sums
-over 128 elements stay within 53 bits, so any summation order gives the exact dot. The
-"pypto" INT8 order's head sum is exact in float64 for the same reason (64 FP16 terms) and
-rounded once to FP32. :func:`oracle_topk` is the tie rule as a plain ``sorted`` on
-``(-score, position)``.
+as an explicit halving loop over the head axis (``_tree``). The dots are exact: INT8 codes
+in int64; E4M3 codes in float64, whose products (at most 448^2 < 2^18, multiples of 2^-18)
+and their sums over 128 elements (below 2^25) stay within 53 bits, so any summation order
+gives the exact dot. The "pypto" INT8 order's head sum is exact in float64 for the same
+reason (64 FP16 terms) and rounded once to FP32. :func:`oracle_topk` is the tie rule as a
+plain ``sorted`` on ``(-score, position)``.
 """
 
 from __future__ import annotations
