@@ -7,7 +7,8 @@ A record is a plain dict with exactly these keys (:data:`TRACE_KEYS`):
 ``lane``         the loop indices outside the tile loop, outer loop first, as a dict of
                  ints (MoE ``{"expert": e}``; MSA decode ``{"batch": b, "kv_head": h}``;
                  MSA main branch ``{"head": h, "kv_head": g}``; indexer ``{}``; DeepSeek
-                 ``{"b": b, "s": s, "kv_head": k, "group": g}``). One lane = one row of a
+                 ``{"b": b, "s": s, "kv_head": k, "group": g}``; the prologs ``{"stage": j}``,
+                 one lane per pipeline stage, :func:`emit_stage`). One lane = one row of a
                  swim-lane plot.
 ``step``         the tile's index within its lane (0, 1, ...), in loop order
 ``key_range``    ``[start, stop)`` of the tile on the lane's key axis: key positions (MSA),
@@ -86,6 +87,26 @@ def emit(trace: Trace, op: str, lane: Mapping[str, int], step: int, key_range, *
         trace(trace_record(op, lane, step, key_range, **kw))
 
 
+def emit_stage(
+    trace: Trace, op: str, stage: int, name: str, value, *, flop: int = 0, what: str = ""
+) -> None:
+    """One pipeline stage of an op over all its ``T`` tokens (the prologs), when a hook is set:
+    lane ``{"stage": stage}`` (the stage's index in the op's pipeline), step 0, ``key_range``
+    ``(0, T)``, ``flop`` the stage's matmul FLOPs (0 for an element-wise stage); ``extra``:
+    ``stage`` (``name``), ``what`` (the stage in words), the ``dtype`` and ``shape`` of
+    ``value`` (the stage's result, tokens first) and ``token_amax``: FP32 ``[T]`` max ``|v|``
+    over each token's row of ``value`` (NaN where the row holds a NaN). Reads ``value`` only
+    when a hook is set."""
+    if trace is None:
+        return
+    v = np.asarray(value)
+    rows = v.reshape(v.shape[0], -1).astype(np.float32)
+    amax = np.abs(rows).max(axis=1) if rows.shape[1] else np.zeros(rows.shape[0], np.float32)
+    trace(trace_record(op, {"stage": stage}, 0, (0, v.shape[0]), flop=flop, stage=name,
+                       what=what, dtype=str(v.dtype), shape=list(v.shape),
+                       token_amax=amax))  # fmt: skip
+
+
 def check_record(rec) -> dict:
     """``ValueError`` / ``TypeError`` unless ``rec`` follows the schema; returns ``rec``."""
     if not isinstance(rec, dict):
@@ -129,6 +150,7 @@ __all__ = [
     "Trace",
     "check_record",
     "emit",
+    "emit_stage",
     "lane_id",
     "lane_label",
     "trace_record",
