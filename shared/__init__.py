@@ -11,6 +11,12 @@ from tilesim.shared.casts import (
     to_fp8_e4m3,
     widen_to_fp32,
 )
+from tilesim.shared.dsv32_checkpoint import (
+    Dsv32Dims,
+    convert_dsv32_weights,
+    dsv32_weights_fp8,
+    dsv32_weights_int8,
+)
 from tilesim.shared.index_cache import pack_fp8_pages, unpack_fp8_pages
 from tilesim.shared.mla_cache import (
     FLASHMLA_ROW_BYTES,
@@ -60,6 +66,7 @@ __all__ = [
     "PYPTO_ROW_BYTES",
     "PYPTO_UB_PITCH",
     "DeepSeekV32Sparse",
+    "Dsv32Dims",
     "MiniMaxModel",
     "MlaCacheRows",
     "MoeDims",
@@ -68,8 +75,11 @@ __all__ = [
     "MsaTiling",
     "SaTileShapeConfig",
     "convert_cache_layout",
+    "convert_dsv32_weights",
     "convert_minimax_weights",
     "dequantize_latent",
+    "dsv32_weights_fp8",
+    "dsv32_weights_int8",
     "loop_unroll_chunks",
     "pack_flashmla_rows",
     "pack_fp8_pages",
