@@ -244,6 +244,7 @@ class _Linear(NamedTuple):
     key: str
     weight: np.ndarray  #: host ``[out, in]``, E4M3 or BF16
     scale: np.ndarray | None  #: host FP32 ``[ceil(out/128), ceil(in/128)]`` (E4M3 only)
+    scale_key: str | None = None
 
 
 def _linear(tensors, scheme, layer, role, shape) -> _Linear:
@@ -265,7 +266,7 @@ def _linear(tensors, scheme, layer, role, shape) -> _Linear:
         idx = [int(i) for i in np.argwhere(~(np.isfinite(sa) & (sa > 0)))[0]]
         raise ValueError(f"{s_key}: expected finite scales > 0, got {float(sa[tuple(idx)])!r} "
                          f"at index {idx}")  # fmt: skip
-    return _Linear(key, a, sa)
+    return _Linear(key, a, sa, s_key)
 
 
 def _vector(tensors, scheme, layer, role, leaf, n: int, dtypes=(BF16, np.float32)):
@@ -435,7 +436,10 @@ def _dims(dims) -> Dsv32Dims:
 
 
 def _keys(t: dict) -> tuple:
-    return tuple(v.key if isinstance(v, _Linear) else v[0] for v in t.values())
+    """The checkpoint keys read, weights before their scales."""
+    lin = [v for v in t.values() if isinstance(v, _Linear)]
+    return (*(v.key for v in lin), *(v.scale_key for v in lin if v.scale_key),
+            *(v[0] for v in t.values() if not isinstance(v, _Linear)))  # fmt: skip
 
 
 __all__ = [
