@@ -112,8 +112,9 @@ class Dsv32Dims(NamedTuple):
                    "v_head": ("v_head_dim",), "index_heads": ("index_n_heads",),
                    "index_dim": ("index_head_dim",), "q_lora_rank": ("q_lora_rank",),
                    "kv_lora_rank": ("kv_lora_rank",)}  # fmt: skip
-        got = {f: config[k] for f, keys in aliases.items() for k in keys if k in config}
-        return cls(**{f: check_int(v, f"config[{f!r}]", lo=1) for f, v in got.items()})
+        got = {f: check_int(config[k], f"config[{k!r}]", lo=1)
+               for f, keys in aliases.items() for k in keys if k in config}  # fmt: skip
+        return cls(**got)
 
 
 DSV32_DIMS = Dsv32Dims()

@@ -372,7 +372,7 @@ def test_dims_from_configs():
           "qk_nope_head_dim": 64, "qk_rope_head_dim": 32, "v_head_dim": 64,
           "index_n_heads": 2, "index_head_dim": 64, "vocab_size": 10}  # fmt: skip
     assert Dsv32Dims.from_config(ds) == SMALL
-    with pytest.raises(ValueError, match=r"config\['heads'\]"):
+    with pytest.raises(ValueError, match=r"config\['n_heads'\]"):
         Dsv32Dims.from_config({"n_heads": 0})
 
 
