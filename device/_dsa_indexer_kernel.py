@@ -9,14 +9,14 @@ Loop nest (``b`` and every length are runtime values; one compile per model conf
     L1 g < s1 // 2, then s1 % 2    groups of 2 query rows (M = 128), then 1 (M = 64);
                              nblk = ceil(visible of the group's last row / bs)
       L2 chunks of U blocks  pypto.loop_unroll over nblk, U in :func:`chunk_unroll`: one
-                             whole selection span (SPAN_RATIO * topk columns,
-                             :func:`span_count` spans per row), then CHUNK_UNROLL's smaller
-                             factors
+                             whole selection span (span_ratio * topk columns,
+                             :func:`span_count` spans per row), then the tiling's smaller
+                             chunk_steps
          C1  d_j = q_group [M, 128] @ K_j^T   per block j of the chunk: every block read
              once per group; the L1 reuse of JIT packs 16 blocks into one cube task
              int8: the fix-pipe epilogue FP16(relu(d) * 2^-11); fp8: FP32 logits
          KS  the chunk's key scales: one index_select by the chunk's block-table entries
-         V1  per query row and VEC_COLS columns, one vector subgraph (sg_set_scope; JIT's
+         V1  per query row and vec_cols columns, one vector subgraph (sg_set_scope; JIT's
              vector n-buffer merge packs 4 of them into one task):
              int8 "gym": t = FP32(d) * FP32(w_h), w_h = FP16(qs*w)
              fp8:        t = relu(d) * w_h                       (FP32)
@@ -50,8 +50,12 @@ position ascending), so it is among its span's candidates, and the merge orders 
 candidates by the same rule. A whole-span chunk masks its scores to the columns the row sees
 (:func:`visible_only`); the span after it is read from the score row, whose unwritten
 columns hold the ``-inf`` the wrapper prefilled; spans past the row keep ``-inf`` candidates
-at positions above every real one. Private; importing it needs neither torch
-nor pypto.
+at positions above every real one.
+
+The widths (span, tiles, slabs, unroll steps) are a :class:`~tilesim.shared.dsa_indexer.
+IndexerTiling` (``PRODUCTION_TILING`` for every call; ``SMALL_TILING`` cuts a CI-size row the
+same way); :meth:`IndexerParams.shape` and :func:`group_chunks` state, on the host, which
+branches a build and a row group take. Private; importing it needs neither torch nor pypto.
 """
 
 # no `from __future__ import annotations`: the frontend evaluates the pypto.Tensor(...) annotations
@@ -62,29 +66,18 @@ from tilesim.shared.dsa_indexer import INDEX_HEADS as HEADS  # 64 index heads
 from tilesim.shared.dsa_indexer import (
     INT8_QK_SCALE,  # 2^-11
     MAX_POSITIONS,  # 2^24: positions are exact in FP32
+    PRODUCTION_TILING,
 )
 from tilesim.shared.index_cache import INDEX_DIM as DIM  # 128
 from tilesim.shared.index_cache import index_page_view
 
 NEG_INF = float("-inf")
-#: the block loop's unroll factors below a whole span (:func:`chunk_unroll`)
-CHUNK_UNROLL = (32, 8, 1)
-#: widest vector tile of the score stage
-VEC_COLS = 1024
 #: rows of the score stage's vector tiles
 TERM_ROWS = 8
 #: ``sg_set_scope`` of a chunk's key-scale gather (one vector task)
 KSCALE_SCOPE = 7
 #: ``sg_set_scope`` of the score slabs: ``SLAB_SCOPE + row * MAX_SLABS + slab``
 SLAB_SCOPE, MAX_SLABS = 100, 100
-#: widest vector tile of the full-row top-k (the PyPTO example's topk_tile)
-TOPK_TILE = 8192
-#: vector tile of the dense-rank cumsum (its transposes need ~100 B of UB per column)
-CUMSUM_TILE = 1024
-#: columns of a selection span, in units of ``topk`` (16K at topk 2048; 4 (8K) and 16 (32K)
-#: cost more in the model): each span's top-k is a candidate list, the row's top-k the merge
-#: of the lists
-SPAN_RATIO = 8
 #: the jit options: PyPTO's own indexer example's stitch 128 (the cost model's machine crashes
 #: above 128) and scheduling mode 1; pypto-gym's L1 reuse of 16, which packs 16 blocks' C1
 #: matmuls (one copy of the query rows) into one cube task; and the vector n-buffer merge of
@@ -104,13 +97,14 @@ class IndexerParams:
     """Static (trace-time) parameters of one build; ``repr`` keys pypto's compiled-kernel
     cache (equal parameters reuse a kernel)."""
 
-    def __init__(self, *, path, block_size, topk, width, unroll=CHUNK_UNROLL, select=True):
+    def __init__(self, *, path, block_size, topk, width, tiling=PRODUCTION_TILING, select=True):
         self.path, self.bs, self.topk, self.width = path, block_size, topk, width
+        self.tiling = tiling  # a shared.dsa_indexer.IndexerTiling (checked by its constructor)
         self.select = bool(select)  # False: the scores only (the cost split of the reports)
-        self.spans = span_count(topk, width, block_size)
+        self.spans = span_count(topk, width, block_size, tiling.span_ratio)
         self.span = width // self.spans
         self.span_blocks = self.span // block_size
-        self.unroll = chunk_unroll(self.span_blocks, unroll)
+        self.unroll = chunk_unroll(self.span_blocks, tiling.chunk_steps)
         # how the kernel addresses a block of the cache (tilesim.shared.index_cache): the codes
         # view's rows per block, the scales view's first column of a block
         page = index_page_view(path, block_size)
@@ -118,25 +112,57 @@ class IndexerParams:
 
     @property
     def key(self) -> tuple:
-        return (self.path, self.bs, self.topk, self.width, self.unroll, self.select)
+        return (self.path, self.bs, self.topk, self.width, self.tiling, self.select)
 
     def __repr__(self) -> str:
-        return ("IndexerParams(path={}, bs={}, topk={}, width={}, unroll={}, select={})"
+        return ("IndexerParams(path={}, bs={}, topk={}, width={}, tiling={}, select={})"
                 .format(*self.key))  # fmt: skip
 
+    def shape(self) -> dict:
+        """The static branches of this build, as counts (``tiles`` of a top-k input or a
+        cumsum, ``slabs`` = V1 subgraphs of one row in a whole-span chunk): what makes two
+        builds trace the same code paths at different sizes."""
+        t, k = self.tiling, self.topk
+        return {
+            "spans": self.spans,
+            "merge": self.spans > 1,
+            "span_topk_tiles": -(-self.span // t.topk_tile),
+            "merge_topk_tiles": -(-(self.spans * k) // t.topk_tile),
+            "merge_fills_tile": self.spans * k == t.topk_tile,
+            "span_chunk_slabs": self.span // min(self.span, t.vec_cols),
+            "cumsum_tiles": -(-k // t.cumsum_tile),
+            "unroll_factors": len(self.unroll),
+        }
 
-def span_count(topk: int, width: int, block_size: int) -> int:
-    """Spans of the selection over a ``width``-column row: ``width / (SPAN_RATIO * topk)``
-    (at least one; fewer when that does not divide the row's blocks), so every span is whole
+
+def group_chunks(p: IndexerParams, nblk: int) -> dict:
+    """The block loop of one row group over ``nblk`` blocks, on the host: ``chunks``, the
+    ``(first block, blocks)`` of each chunk (``pypto.loop_unroll``'s split,
+    :func:`tilesim.shared.tiling.loop_unroll_chunks`), ``span_chunks`` (whole spans: their
+    chunk selects the span's candidates), ``tail`` (a span the smaller chunks end: selected
+    from the written score row) and ``spans_past`` (spans past the group: ``-inf``
+    candidates)."""
+    from tilesim.shared.tiling import loop_unroll_chunks
+
+    chunks = loop_unroll_chunks(nblk, p.unroll)
+    whole = sum(u == p.span_blocks for _, u in chunks)
+    tail = int(nblk % p.span_blocks > 0)
+    return {"chunks": chunks, "span_chunks": whole, "tail": tail,
+            "spans_past": p.spans - whole - tail}  # fmt: skip
+
+
+def span_count(topk: int, width: int, block_size: int, ratio: int) -> int:
+    """Spans of the selection over a ``width``-column row: ``width / (ratio * topk)`` (at
+    least one; fewer when that does not divide the row's blocks), so every span is whole
     blocks and holds at least ``topk`` columns."""
     cols = int(width) // int(block_size)
-    n = max(1, int(width) // (SPAN_RATIO * int(topk)))
+    n = max(1, int(width) // (int(ratio) * int(topk)))
     while n > 1 and cols % n:
         n -= 1
     return n
 
 
-def chunk_unroll(span_blocks: int, steps=CHUNK_UNROLL) -> tuple:
+def chunk_unroll(span_blocks: int, steps) -> tuple:
     """The block loop's unroll factors: a whole span first (its chunk bodies select the span's
     candidates), then the factors of ``steps`` dividing it, then 1 (``pypto.loop_unroll``
     needs each factor to divide the previous one)."""
@@ -206,7 +232,7 @@ def chunk_scores(pypto, ins, qg, wg, b, blk0, nb: int, rows: int, p):
     """Scores ``[1, nb*bs]`` of each of the group's ``rows`` query rows against the blocks
     ``blk0 .. blk0+nb-1`` of batch ``b``: one ``[rows*64, 128] @ K_j^T`` per block (every block
     read once for the whole group; :data:`JIT`'s L1 reuse packs them into cube tasks), then per
-    row and :data:`VEC_COLS` columns one vector subgraph (``sg_set_scope``; :data:`JIT`'s
+    row and ``vec_cols`` columns (the tiling's) one vector subgraph (``sg_set_scope``; :data:`JIT`'s
     vector n-buffer merge packs four into one task): the terms, the head-sum tree, the key
     scales."""
     bs, w, m = p.bs, nb * p.bs, rows * HEADS
@@ -216,7 +242,7 @@ def chunk_scores(pypto, ins, qg, wg, b, blk0, nb: int, rows: int, p):
         kb = pypto.view(ins.k_codes, [bs, DIM], [phys * ins.rows_per_block, 0])
         pypto.assemble(c1_dots(pypto, qg, kb, m, p), [0, j * bs], d)
     ks = chunk_kscales(pypto, ins, b, blk0, nb, p)
-    c = min(w, VEC_COLS)
+    c = min(w, p.tiling.vec_cols)
     out = [pypto.tensor([1, w], pypto.DT_FP32, f"li_row{r}") for r in range(rows)]
     for r in range(rows):
         for j in range(w // c):
@@ -259,7 +285,7 @@ def score_group(pypto, ins, b, row0, vis0, rows: int, scores, ids, p):
     if p.select:  # per row: values, negated positions; spans past the rows keep the fill
         m = p.spans * k
         cand = [pypto.tensor([rows, m], pypto.DT_FP32, f"li_cand{i}") for i in range(2)]
-        pypto.set_vec_tile_shapes(1, min(m, TOPK_TILE))
+        pypto.set_vec_tile_shapes(1, min(m, p.tiling.topk_tile))
         cand[0][:] = pypto.full([rows, m], NEG_INF, pypto.DT_FP32)
         cand[1][:] = pypto.full([rows, m], -float(MAX_POSITIONS), pypto.DT_FP32)
     for c0, u in pypto.loop_unroll(0, nblk, 1, name=f"LI_CHUNK{rows}", idx_name=f"c{rows}",
@@ -271,7 +297,7 @@ def score_group(pypto, ins, b, row0, vis0, rows: int, scores, ids, p):
                            [row0 + i, c0 * bs], scores)  # fmt: skip
             if cand is not None and u == sb:
                 span = c0 // sb
-                src = visible_only(pypto, ins, s, span * p.span, vis0 + i, p.span)
+                src = visible_only(pypto, ins, s, span * p.span, vis0 + i, p)
                 keep_span(pypto, span_topk(pypto, ins, src, span, p), cand, i, span, k)
     if cand is None:
         return
@@ -279,7 +305,7 @@ def score_group(pypto, ins, b, row0, vis0, rows: int, scores, ids, p):
     for _t in pypto.loop(0, tail, 1, name=f"LI_TAIL{rows}", idx_name=f"t{rows}"):
         span = nblk // sb
         for i in range(rows):
-            pypto.set_vec_tile_shapes(1, min(p.span, TOPK_TILE))
+            pypto.set_vec_tile_shapes(1, min(p.span, p.tiling.topk_tile))
             src = pypto.view(scores, [1, p.span], [row0 + i, span * p.span])
             keep_span(pypto, span_topk(pypto, ins, src, span, p), cand, i, span, k)
     for i in range(rows):
@@ -299,22 +325,24 @@ def boundary_ids(pypto, ins, v1, p1, v2, k: int):
     return pypto.where(pypto.lt(slots, n_gt), p1, pypto.gather(v2, -1, shift))
 
 
-def tied_lowest(pypto, vals, negpos, tau, width: int, k: int):
+def tied_lowest(pypto, vals, negpos, tau, width: int, p):
     """Step 2 of the selection over ``width`` columns: the negated positions of the ``k``
     lowest positions whose value is ``tau`` (one ``topk`` of unique keys; slots past them
     hold ``-inf`` or higher positions)."""
-    pypto.set_vec_tile_shapes(1, min(width, TOPK_TILE))
+    k = p.topk
+    pypto.set_vec_tile_shapes(1, min(width, p.tiling.topk_tile))
     key = pypto.where(pypto.eq(vals, tau), negpos, NEG_INF)
     v2, _i2 = pypto.topk(key, k, -1, True)
     return v2
 
 
-def visible_only(pypto, ins, src, col0, visible, w: int):
+def visible_only(pypto, ins, src, col0, visible, p):
     """``src [1, w]`` (columns ``col0 ..`` of a row) with ``-inf`` at every column the row
     does not see (``negpos`` is one column longer than the row: ``negpos[visible] =
     -visible``); the scores past it, computed from slots the table does not hold, never
-    reach a top-k."""
-    pypto.set_vec_tile_shapes(1, min(w, TOPK_TILE))
+    reach a top-k. ``w`` = the span's columns."""
+    w = p.span
+    pypto.set_vec_tile_shapes(1, min(w, p.tiling.topk_tile))
     npos = pypto.view(ins.negpos, [1, w], [0, col0])
     nvis = pypto.view(ins.negpos, [1, 1], [0, visible])
     return pypto.where(pypto.gt(npos, nvis), src, NEG_INF)
@@ -327,12 +355,12 @@ def span_topk(pypto, ins, src, s, p):
     ``pass_verify`` of every pass the tile-level top-k read its padding as 0, which outranks
     negative scores (PyPTO's own indexer pads its top-k input explicitly too)."""
     k, w = p.topk, p.span
-    pypto.set_vec_tile_shapes(1, min(w, TOPK_TILE))
+    pypto.set_vec_tile_shapes(1, min(w, p.tiling.topk_tile))
     npos = pypto.view(ins.negpos, [1, w], [0, s * w])
     v1, i1 = pypto.topk(src, k, -1, True)
     pypto.set_vec_tile_shapes(1, k)
     tau = pypto.view(v1, [1, 1], [0, k - 1])
-    v2 = tied_lowest(pypto, src, npos, tau, w, k)
+    v2 = tied_lowest(pypto, src, npos, tau, w, p)
     pypto.set_vec_tile_shapes(1, k)
     base = pypto.view(ins.negpos, [1, 1], [0, s * w])  # -(s * span)
     p1 = pypto.sub(base, pypto.cast(i1, pypto.DT_FP32))
@@ -353,17 +381,17 @@ def merge_spans(pypto, ins, cand, p):
     top-k of its own span (fewer than ``k`` positions of the row, so of the span, precede it)."""
     k, m = p.topk, p.spans * p.topk
     vals, negpos = cand
-    pypto.set_vec_tile_shapes(1, min(m, TOPK_TILE))
+    pypto.set_vec_tile_shapes(1, min(m, p.tiling.topk_tile))
     v1, j1 = pypto.topk(vals, k, -1, True)
     pypto.set_vec_tile_shapes(1, k)
     tau = pypto.view(v1, [1, 1], [0, k - 1])
-    v2 = tied_lowest(pypto, vals, negpos, tau, m, k)
+    v2 = tied_lowest(pypto, vals, negpos, tau, m, p)
     pypto.set_vec_tile_shapes(1, k)
     p1 = pypto.gather(negpos, -1, j1)
     return v1, boundary_ids(pypto, ins, v1, p1, v2, k)
 
 
-def order_ids(pypto, ins, v1, negids, k: int):
+def order_ids(pypto, ins, v1, negids, k: int, cumsum_tile: int):
     """Step 3: the ids (given negated, unique, their scores ``v1`` descending) ordered by
     (score descending, id ascending): one ``topk`` of ``-id`` lists the ids ascending, and a
     second one of the unique key ``dense_rank(score) * k + that list's slot`` (both below
@@ -373,7 +401,7 @@ def order_ids(pypto, ins, v1, negids, k: int):
                                   pypto.view(v1, [1, k - 1], [0, 0])), 1.0, 0.0)  # fmt: skip
     first = pypto.full([1, 1], 0.0, pypto.DT_FP32)
     runs = pypto.concat([first, newrun], -1)
-    pypto.set_vec_tile_shapes(1, min(k, CUMSUM_TILE))
+    pypto.set_vec_tile_shapes(1, min(k, cumsum_tile))
     rank = pypto.cumsum(runs, -1)
     pypto.set_vec_tile_shapes(1, k)
     neg_up, by_id = pypto.topk(negids, k, -1, True)  # -ids ascending, their slots
@@ -389,14 +417,14 @@ def select_row(pypto, ins, cand, i: int, row, visible, ids, p):
     row's top-k (one span: that span's own), the order on ``[1, k]``, and the first
     ``min(visible, k)`` ids written to ``ids[row]`` (the rest keeps the caller's -1)."""
     k, m = p.topk, p.spans * p.topk
-    pypto.set_vec_tile_shapes(1, min(m, TOPK_TILE))
+    pypto.set_vec_tile_shapes(1, min(m, p.tiling.topk_tile))
     mine = [pypto.view(c, [1, m], [i, 0]) for c in cand]
     if p.spans == 1:
         v1, negids = mine
     else:
         v1, negids = merge_spans(pypto, ins, mine, p)
     pypto.set_vec_tile_shapes(1, k)
-    out = pypto.cast(order_ids(pypto, ins, v1, negids, k), pypto.DT_INT32)
+    out = pypto.cast(order_ids(pypto, ins, v1, negids, k, p.tiling.cumsum_tile), pypto.DT_INT32)
     pypto.assemble(pypto.view(out, [1, k], [0, 0], valid_shape=[1, visible.min(k)]),
                    [row, 0], ids)  # fmt: skip
 
@@ -485,14 +513,13 @@ def build(params: IndexerParams, static_dims: tuple, jit: tuple = JIT):
 
 
 __all__ = [
-    "CHUNK_UNROLL",
     "JIT",
     "READY_ON_HOST",
     "IndexerParams",
-    "SPAN_RATIO",
     "build",
     "c1_tiles",
     "chunk_unroll",
+    "group_chunks",
     "head_sum",
     "span_count",
 ]

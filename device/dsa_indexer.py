@@ -26,7 +26,9 @@ What the kernel computes, per path:
 Compile key (one kernel per model config): the path, block size, ``topk``, the cache's row
 count (a deployment constant: PyPTO 0.2.0's ``view`` needs static shapes) and the block
 table's width padded to a power of two with ``-1`` columns (never read), so a growing context
-costs one compile per doubling -- the same bucket as the sparse-attention kernel. Batch,
+costs one compile per doubling -- the same bucket as the sparse-attention kernel -- and the
+kernel's tiling (:class:`~tilesim.shared.dsa_indexer.IndexerTiling`: ``PRODUCTION_TILING``
+for every call; :func:`prepared_launch` takes another, which changes no output bit). Batch,
 ``s1`` and every length are runtime values. The score buffer is that padded width wide
 (prefilled with ``-inf`` on the device); the caller gets its first ``max_blocks *
 block_size`` columns (a view when padded).
@@ -45,13 +47,15 @@ from tilesim.device._lazy import require_torch
 from tilesim.shared.dsa_indexer import (
     INDEX_HEADS,
     MAX_POSITIONS,
+    PRODUCTION_TILING,
     Args,
+    IndexerTiling,
     check_meta,
     indexer_inputs,
 )
 from tilesim.shared.index_cache import FP8_BLOCK_ALIGN, INDEX_DIM
 from tilesim.shared.soc import DEFAULT_SOC
-from tilesim.shared.validate import check_bool, check_choice, op_signature
+from tilesim.shared.validate import check_bool, check_choice, check_instance, op_signature
 
 #: ``topk`` must be a multiple of this (the top-k's 32-element sort groups; not a layout size).
 #: The FP8 block size's multiple is the layout's :data:`~tilesim.shared.index_cache.FP8_BLOCK_ALIGN`
@@ -118,33 +122,39 @@ def _kernel_inputs(a: Args, dev):
 
 
 @op_signature(indexer_inputs)
-def prepared_launch(ins, *, soc=DEFAULT_SOC, validate=True, scores_only=False) -> dict:
+def prepared_launch(ins, *, soc=DEFAULT_SOC, validate=True, scores_only=False,
+                    tiling=PRODUCTION_TILING) -> dict:  # fmt: skip
     """What :func:`dsa_indexer` (``backend="sim"``) would launch for these arguments, checks
-    included, without launching: ``{"kernel", "inputs", "outputs", "width", "target"}`` -- the
-    kernel with its static parameters bound and the exact tensors (``outputs`` = the padded
-    scores, the ids). ``scores_only``: the same kernel without the selection (the reports'
-    cost split). Run it with ``tilesim.device.sim.run_compile(kernel, [*inputs, *outputs])``
-    (compile only), ``run_cost`` or ``run_kernel``."""
+    included, without launching: ``{"kernel", "inputs", "outputs", "width", "target",
+    "params"}`` -- the kernel with its static parameters bound, the exact tensors (``outputs``
+    = the padded scores, the ids) and the kernel's static parameters
+    (:class:`~tilesim.device._dsa_indexer_kernel.IndexerParams`). ``scores_only``: the same
+    kernel without the selection (the reports' cost split). ``tiling``: an
+    :class:`~tilesim.shared.dsa_indexer.IndexerTiling` (the call's is ``PRODUCTION_TILING``;
+    ``SMALL_TILING`` runs the production branches at CI size; no output bit depends on it).
+    Run it with ``tilesim.device.sim.run_compile(kernel, [*inputs, *outputs])`` (compile
+    only), ``run_cost`` or ``run_kernel``."""
     check_bool(scores_only, "scores_only")
+    check_instance(tiling, "tiling", IndexerTiling)
     a, shape_only = _checked(ins, validate)
     if shape_only:
         raise ValueError("dsa_indexer: shape-only inputs launch no kernel")
-    return _prepare(a, _target(a, "sim", soc), select=not scores_only)
+    return _prepare(a, _target(a, "sim", soc), select=not scores_only, tiling=tiling)
 
 
-def _prepare(a: Args, target, select: bool = True) -> dict:
+def _prepare(a: Args, target, select: bool = True, tiling=PRODUCTION_TILING) -> dict:
     from tilesim.device import _dsa_indexer_kernel as kernels
 
     torch = require_torch()
     dev = _backend.to_tensors(a.q)[0].device
     inputs, width, static_dims = _kernel_inputs(a, dev)
     params = kernels.IndexerParams(path=a.path, block_size=a.block_size, topk=a.topk,
-                                   width=width, select=select)  # fmt: skip
+                                   width=width, tiling=tiling, select=select)  # fmt: skip
     kernel = kernels.build(params, static_dims)
     outputs = [torch.full((a.rows, width), float("-inf"), dtype=torch.float32, device=dev),
                torch.full((a.rows, a.topk), -1, dtype=torch.int32, device=dev)]  # fmt: skip
     return {"kernel": functools.partial(kernel, params=params), "inputs": inputs,
-            "outputs": outputs, "width": width, "target": target}  # fmt: skip
+            "outputs": outputs, "width": width, "target": target, "params": params}  # fmt: skip
 
 
 _NAMES = ("q", "weights", "k_cache", "block_table", "seq_lens", "q_scale", "k_scale", "q_lens")

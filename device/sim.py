@@ -62,6 +62,7 @@ __all__ = [
     "current_soc",
     "isolated",
     "load_calculator",
+    "record_roots",
     "run_compile",
     "run_cost",
     "run_kernel",
@@ -437,7 +438,7 @@ def load_calculator() -> Path:
 
 
 # ---------------------------------------------------------------- monkeypatches
-_MODE = {"costmodel": True, "cost_only": False}
+_MODE = {"costmodel": True, "cost_only": False, "roots": None}
 
 
 def _patch() -> None:
@@ -587,6 +588,38 @@ def cost_only():
         _MODE["cost_only"] = before
 
 
+@contextlib.contextmanager
+def record_roots():
+    """Within the block, every kernel call that runs the cost model (:func:`run_kernel`,
+    :func:`run_cost`, so every wrapper's ``backend="sim"`` call) appends to the yielded list
+    ``{root function: leaf tasks}`` of the root functions its device control flow RAN on the
+    call's inputs (:func:`_root_tasks`): which loop bodies and unroll chunks a runtime length
+    took, not which were compiled. Not re-entrant across threads."""
+    before, _MODE["roots"] = _MODE["roots"], []
+    try:
+        yield _MODE["roots"]
+    finally:
+        _MODE["roots"] = before
+
+
+def _root_tasks(top: Path) -> dict[str, int]:
+    """Leaf tasks per root function that the cost model's run of the device control flow
+    dispatched: one row of ``dyn_topo.txt`` per task, whose fourth column is its root
+    function's hash; the name is that function's ``rawname`` in ``program.json`` (PyPTO names
+    a loop body's root after its loop, e.g. ``TENSOR_<loop>_LoopUnroll<u>_Unroll1_PATH0_
+    hiddenfunc0_root`` for the chunks of unroll factor ``u`` of a ``loop_unroll``)."""
+    functions = json.loads((top / "program.json").read_text())["functions"]
+    names = {str(f["hash"]): f["rawname"] for f in functions
+             if str(f.get("rawname", "")).endswith("_root")}  # fmt: skip
+    out: dict[str, int] = {}
+    with open(top / "dyn_topo.txt") as rows:
+        next(rows)  # header: seqNo,taskId,rootIndex,rootHash,...
+        for row in rows:
+            name = names.get(row.split(",")[3], "?")
+            out[name] = out.get(name, 0) + 1
+    return out
+
+
 def _collect(pypto_impl, costmodel: bool, seconds: float) -> SimRun:
     """The :class:`SimRun` of the call just made (read from PyPTO's output folder, then
     dropped)."""
@@ -596,6 +629,8 @@ def _collect(pypto_impl, costmodel: bool, seconds: float) -> SimRun:
     cycles = _total_cycles(sim_dir) if costmodel else None
     if costmodel and us is None:
         raise SimError(f"cost model wrote no {sim_dir}/_simulate.swim.json")
+    if costmodel and _MODE["roots"] is not None:
+        _MODE["roots"].append(_root_tasks(top))
     _drop_output(top)
     return SimRun(soc=_STATE["soc"], us=us, cycles=cycles, seconds=seconds)
 

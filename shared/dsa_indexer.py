@@ -13,7 +13,9 @@ NumPy on host data; rounds nothing (``docs/ops/dsa_indexer.md``):
 * :func:`host_plan`: per query row its batch, its visible length and its ``k``;
 * :func:`cost`: the op's one FLOP / byte counter;
 * :func:`select_topk`: the one top-k rule (NumPy): score descending, exactly equal scores ->
-  the lower position first, ``-1`` in the unused slots.
+  the lower position first, ``-1`` in the unused slots;
+* :class:`IndexerTiling`: the kernel's widths (``PRODUCTION_TILING``, ``SMALL_TILING``); no
+  output bit depends on them.
 
 Rows are batch-major: batch ``b`` owns ``q_lens[b]`` consecutive query rows (decode,
 ``q_lens=None``: ``s1 = T // B`` rows each, ``1 <= s1 <= 4``). Row ``r`` (0-based inside its
@@ -23,6 +25,7 @@ batch) sees the positions ``0 .. seq_lens[b] - q_lens[b] + r``, i.e. ``visible =
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -37,6 +40,7 @@ from tilesim.shared.index_cache import (
 from tilesim.shared.models import DEEPSEEK_V32
 from tilesim.shared.op_record import Call, OpRecord, Output
 from tilesim.shared.ranking import NO_ID, top_k
+from tilesim.shared.tiling import normalize_unroll
 from tilesim.shared.validate import (
     INT32_MAX,
     check_array,
@@ -46,6 +50,7 @@ from tilesim.shared.validate import (
     check_finite,
     check_int,
     check_int_array,
+    check_int_sequence,
     check_trace,
     e4m3_nan_codes,
     host_array,
@@ -67,6 +72,63 @@ INT8_QK_SCALE = 2.0**-11
 #: DeepSeek-V3.2's 160K context. Checked with :data:`~tilesim.shared.validate.MAX_ELEMENTS`
 #: on the two outputs before any allocation.
 MAX_POSITIONS = 2**24
+
+
+#: the kernel's tile widths are powers of two of at least this many elements (the top-k's
+#: 32-element sort groups)
+TILE_ALIGN = 32
+
+
+@dataclass(frozen=True)
+class IndexerTiling:
+    """How the indexer kernel (``device/_dsa_indexer_kernel.py``) cuts its selection and its
+    score stage; part of the kernel's compile key. No output bit depends on it, so the golden
+    does not read it: each span's top-k and the merge of the spans' candidates are exact for
+    any span width, the head sum is a per-column tree and a tile's width rounds nothing
+    (docs/ops/dsa_indexer.md, "Kernel"). ``TypeError`` / ``ValueError`` naming the field.
+
+    * ``span_ratio``: columns of a selection span in units of ``topk`` (the kernel's
+      ``span_count``: 16K at topk 2048, 4 spans over 64K, whose merge reads 8K candidates);
+    * ``topk_tile``: the widest vector tile of a top-k input (a span's 16K scores in two);
+    * ``vec_cols``: columns of one score slab (one V1 vector subgraph per row);
+    * ``cumsum_tile``: the vector tile of the order's dense-rank cumsum (two at topk 2048);
+    * ``chunk_steps``: the block loop's unroll factors below a whole span (each divides the
+      one before: ``pypto.loop_unroll``'s rule).
+
+    The three widths are powers of two, at least :data:`TILE_ALIGN`."""
+
+    span_ratio: int = 8
+    topk_tile: int = 8192
+    vec_cols: int = 1024
+    cumsum_tile: int = 1024
+    chunk_steps: tuple = (32, 8, 1)
+
+    def __post_init__(self) -> None:
+        check_int(self.span_ratio, "IndexerTiling.span_ratio", lo=1, hi=MAX_POSITIONS)
+        for name in ("topk_tile", "vec_cols", "cumsum_tile"):
+            v = check_int(getattr(self, name), f"IndexerTiling.{name}", lo=1, hi=MAX_POSITIONS)
+            if v < TILE_ALIGN or v & (v - 1):
+                raise ValueError(f"IndexerTiling.{name}: expected a power of two >= "
+                                 f"{TILE_ALIGN}, got {v}")  # fmt: skip
+        check_int_sequence(self.chunk_steps, "IndexerTiling.chunk_steps", lo=1, hi=INT32_MAX)
+        steps = normalize_unroll(self.chunk_steps)
+        for big, small in zip(steps[:-1], steps[1:], strict=True):
+            if big % small:
+                raise ValueError(f"IndexerTiling.chunk_steps: expected each factor to divide "
+                                 f"the one before, got {steps}")  # fmt: skip
+        object.__setattr__(self, "chunk_steps", steps)
+
+
+#: the tiling every call uses (DeepSeek-V3.2 decode at topk 2048: 16K-column spans, each
+#: span's top-k over two 8K tiles, one 8K-candidate merge over 64K, 16 slabs per span chunk)
+PRODUCTION_TILING = IndexerTiling()
+#: the production tiling at 1/16 scale, for simulator cases at CI size: at topk 128 over 4K
+#: columns (64-token blocks) it cuts the row as the production tiling cuts 64K at topk 2048 --
+#: 4 spans of 8 * topk columns, each span's top-k over two tiles, one merge of exactly one
+#: top-k tile of candidates, 16 slabs per span chunk, two cumsum tiles, a span then 3 smaller
+#: unroll factors (tests/device/test_dsa_indexer_sim.py compares the two)
+SMALL_TILING = IndexerTiling(span_ratio=8, topk_tile=512, vec_cols=64, cumsum_tile=64,
+                             chunk_steps=(8, 2, 1))  # fmt: skip
 
 
 class Args(NamedTuple):
@@ -442,6 +504,10 @@ __all__ = [
     "RECORD",
     "decode_step_inputs",
     "INDEX_HEADS",
+    "PRODUCTION_TILING",
+    "SMALL_TILING",
+    "TILE_ALIGN",
+    "IndexerTiling",
     "INT8_ORDERS",
     "INT8_QK_SCALE",
     "MAX_DECODE_S1",

@@ -145,13 +145,74 @@ def run_kernel(inp, prm, soc):
     return dsa_indexer(**inp, **prm, backend="sim", soc=soc)
 
 
-def check_case(inp, prm, s1, soc) -> dict:
+def run_traced(inp, prm, soc, tiling=None):
+    """``((ids, scores), us, roots, params)`` of one kernel call on the simulator under
+    ``sim.record_roots``: ``roots`` = the root functions its device control flow ran,
+    ``params`` = the build's static parameters. ``tiling`` None: the public call
+    (:func:`run_kernel`, the production tiling); else the launch that call makes, built with
+    ``tiling`` (``prepared_launch``), NumPy out."""
+    from tilesim.device import backend, sim
+    from tilesim.device.dsa_indexer import prepared_launch
+
+    run = prepared_launch(**inp, **prm, soc=soc, **({} if tiling is None else {"tiling": tiling}))
+    with sim.record_roots() as roots:
+        if tiling is None:
+            out, us = run_kernel(inp, prm, soc)
+        else:
+            us = backend.launch(run["kernel"], run["inputs"], run["outputs"], run["target"])
+            width = inp["block_table"].shape[1] * prm["block_size"]
+            out = (run["outputs"][1].numpy(), run["outputs"][0][:, :width].numpy())
+    return out, us, roots[0], run["params"]
+
+
+def planned_chunks(inp, s1, params) -> dict:
+    """Per row-group size (2: a pair, 1: an odd ``s1``'s last row), the union over batches of
+    the kernel's host plan (:func:`tilesim.device._dsa_indexer_kernel.group_chunks`): the
+    unroll factors its chunks use, and how many whole-span chunks, tail spans and spans past
+    the rows there are."""
+    from tilesim.device._dsa_indexer_kernel import group_chunks
+
+    out = {}
+    for seq in inp["seq_lens"].tolist():
+        groups = [(2, seq - (s1 - 2 - 2 * g)) for g in range(s1 // 2)] + [(1, seq)] * (s1 % 2)
+        for rows, last in groups:
+            plan = group_chunks(params, -(-last // params.bs))
+            acc = out.setdefault(rows, {"factors": set(), "span_chunks": 0, "tail": 0,
+                                        "spans_past": 0})  # fmt: skip
+            acc["factors"] |= {u for _, u in plan["chunks"]}
+            for key in ("span_chunks", "tail", "spans_past"):
+                acc[key] += plan[key]
+    return out
+
+
+def branches_ran(roots) -> dict:
+    """Per row-group size, from the root functions the control flow ran: the unroll factors
+    of the chunks that ran (PyPTO names a ``loop_unroll`` body's root ``TENSOR_<loop>_
+    LoopUnroll<u>_...``; the block loop is ``LI_CHUNK<rows>``) and whether a tail span's
+    selection (``LI_TAIL<rows>``) ran."""
+    import re
+
+    out = {}
+    for name in roots:
+        m = re.match(r"TENSOR_LI_(CHUNK|TAIL)(\d+)_(?:LoopUnroll(\d+)_)?", name)
+        if m is None:
+            continue
+        acc = out.setdefault(int(m[2]), {"factors": set(), "tail": False})
+        if m[1] == "TAIL":
+            acc["tail"] = True
+        else:
+            acc["factors"].add(int(m[3]))
+    return out
+
+
+def check_case(inp, prm, s1, soc, tiling=None) -> dict:
     from oracles.dsa_indexer import oracle_indexer, oracle_topk
     from tilesim.reference import dsa_indexer as golden
     from tilesim.shared.dsa_indexer import select_topk
 
     before = {k: np.array(v, copy=True) for k, v in inp.items()}
-    (ids, scores), us = run_kernel(inp, prm, soc)
+    (ids, scores), us, roots, params = run_traced(inp, prm, soc, tiling)
+    plan = planned_chunks(inp, s1, params)
     vis = _visible(inp, s1)
     want_ids, want = oracle_indexer(inp, **prm)
     g_ids, g_scores = golden(**inp, **prm)
@@ -180,6 +241,9 @@ def check_case(inp, prm, s1, soc) -> dict:
         "pad_ok": bool(pad_ok),
         "boundary_ties": _boundary_ties(want, vis, k),
         "inputs_kept": all(np.array_equal(before[n], inp[n], equal_nan=True) for n in inp),
+        "plan": plan,
+        "ran": branches_ran(roots),
+        "build": params.shape(),
         "ids": ids,
         "scores": scores,
     }
@@ -280,6 +344,26 @@ def run_cases(soc) -> dict:
     return res
 
 
+def assert_plan_ran(c) -> None:
+    """The chunks and tail spans the host plan lists for a case's lengths are the ones its
+    device control flow ran (per row-group size: the same unroll factors, a tail exactly when
+    planned)."""
+    assert set(c["ran"]) == set(c["plan"]), (c["ran"], c["plan"])
+    for rows, plan in c["plan"].items():
+        ran = c["ran"][rows]
+        assert ran["factors"] == plan["factors"], (rows, ran, plan)
+        assert ran["tail"] == (plan["tail"] > 0), (rows, ran, plan)
+
+
+def assert_exact(c, name) -> None:
+    """Scores and ids bit for bit the golden's and the oracle's; ids the shared rule's and
+    the oracle's sort on the kernel's own scores; ``-1`` padding; NumPy out, inputs kept."""
+    assert c["numpy_out"] and c["inputs_kept"], name
+    assert c["scores_exact"] and c["mask_ok"] and c["golden_exact"] == 1.0, name
+    assert c["ids_golden"] is True and c["ids_oracle"] is True, name
+    assert c["ids_rule"] and c["ids_sorted"] and c["pad_ok"], name
+
+
 @pytest.mark.sim
 @pytest.mark.torch
 def test_indexer_kernel(sim_soc, sim_report):
@@ -303,6 +387,7 @@ def test_indexer_kernel(sim_soc, sim_report):
         assert c["ids_oracle"] is True or not exact_promised, name
         assert c["ids_oracle"] in (None, True), name
         assert c["us"] > 0
+        assert_plan_ran(c)
     assert r["b2 s2 all-tie"]["ids"][0, :TOPK].tolist() == list(range(TOPK))
     # the tie cases do tie: at the boundary (all-tie, levels) and above it (levels)
     assert r["b2 s2 all-tie"]["boundary_ties"][0] == 4
@@ -311,6 +396,93 @@ def test_indexer_kernel(sim_soc, sim_report):
     assert r["torch in"] == {"torch_out": True, "same": True}, r["torch in"]
     # one compile over every batch count, s1 and length above (same table width)
     assert r["stats"] == {"dsa_indexer": 1}, r["stats"]
+
+
+# ----------------------------------------------------------------------------- production path
+#: the production path at CI size (``SMALL_TILING``: topk 128, 64-token blocks, 4096 columns,
+#: spans of 1024): batch 0 sees 2700 tokens (43 blocks: 2 whole spans, then a tail span in
+#: chunks of 8, 2 and 1 blocks, then a span past the rows), batch 1 the whole row (4 whole
+#: spans, its first row one column short); the merge reads 512 candidates, one top-k tile
+SMALL_PATH = {"lens": (2700, 4096), "topk": 128, "bs": 64, "cols": 64, "tiling": "SMALL_TILING"}
+#: the production tiling at DeepSeek's sizes (64K columns of 128-token blocks, topk 2048,
+#: spans of 16K, the merge of 8K candidates) through the public call: batch 0 sees 40000
+#: tokens (313 blocks: 2 whole spans, a tail span in chunks of 32, 3 x 8 and 1, a span past
+#: the rows), batch 1 all 65536
+LONG_PATH = {"lens": (40000, 65536), "topk": 2048, "bs": 128, "cols": 512, "tiling": None}
+
+
+def production_path(soc, case) -> dict:
+    """Child: one production-path case (:data:`SMALL_PATH` / :data:`LONG_PATH`), decode s1 = 2
+    on tie-level keys (16 distinct key rows: ties inside and across the spans and at the
+    top-k boundary, so the merge's tie rule decides ids), checked by :func:`check_case`."""
+    from tilesim.shared import dsa_indexer as contract
+
+    blocks = sum(-(-n // case["bs"]) for n in case["lens"])
+    inp, prm = make_case(_soc_path(soc), case["lens"], 2, seed=23, topk=case["topk"],
+                         bs=case["bs"], data="levels", num_blocks=blocks + 5,
+                         cols=case["cols"])  # fmt: skip
+    tiling = case["tiling"] and getattr(contract, case["tiling"])
+    res = check_case(inp, prm, 2, soc, tiling=tiling)
+    del res["ids"], res["scores"]
+    return res
+
+
+def production_build() -> dict:
+    """The static branches of the build every DeepSeek decode call over 64K uses."""
+    from tilesim.device._dsa_indexer_kernel import IndexerParams
+
+    return IndexerParams(path="int8", block_size=128, topk=2048, width=65536).shape()
+
+
+def assert_production_path(r, soc, sim_report, label) -> None:
+    """Bit-exact (:func:`assert_exact`), the ran branches are the planned ones
+    (:func:`assert_plan_ran`), and they are the production path's: the build traces the same
+    branches as the 64K build (:func:`production_build`), and the rows take whole-span chunks,
+    a tail span, a span past the rows, every unroll factor and the merge, with the k-th best
+    score shared by positions left out in every row (the tied positions lie in several spans:
+    the merge's tie rule picks them)."""
+    sim_report.add(kernel="dsa_indexer", soc=soc, case=f"{_soc_path(soc)} {label}",
+                   bit_exact=r["model_exact"], max_ulp=None, max_abs=None, us=r["us"],
+                   extra={"bit-exact vs golden": r["golden_exact"]})  # fmt: skip
+    assert_exact(r, label)
+    assert_plan_ran(r)
+    assert r["build"] == production_build(), r["build"]
+    assert r["build"]["merge"] and r["build"]["unroll_factors"] == 4
+    plan = r["plan"][2]
+    assert (plan["span_chunks"], plan["tail"], plan["spans_past"]) == (6, 1, 1), plan
+    assert len(r["ran"][2]["factors"]) == 4, r["ran"]
+    assert r["boundary_ties"][0] == 4, r["boundary_ties"]  # every row: tau left out too
+    assert r["us"] > 0
+
+
+#: the CI-size case's SoCs: the 910B's in CI (about 20 s of CPU); the 950's (about as much
+#: again; its selection code is the same, only the scores' path differs) in the slow set
+SMALL_PATH_SOCS = [
+    pytest.param("910b", marks=pytest.mark.soc_910b, id="910b"),
+    pytest.param("950", marks=[pytest.mark.soc_950, pytest.mark.slow], id="950"),
+]
+
+
+@pytest.mark.sim
+@pytest.mark.torch
+@pytest.mark.parametrize("soc", SMALL_PATH_SOCS)
+def test_production_path_at_ci_size(soc, sim_report):
+    """The multi-span top-k path (whole-span chunks, the tail span, the merge) at CI size."""
+    from tilesim.device import sim
+
+    r = sim.isolated(production_path, soc, SMALL_PATH, soc=soc, timeout=1800)
+    assert_production_path(r, soc, sim_report, "production path, SMALL_TILING topk 128")
+
+
+@pytest.mark.sim
+@pytest.mark.torch
+@pytest.mark.slow
+def test_production_path_64k(sim_soc, sim_report):
+    """The same path at DeepSeek's sizes: spans of 16K columns, the 8K-candidate merge."""
+    from tilesim.device import sim
+
+    r = sim.isolated(production_path, sim_soc, LONG_PATH, soc=sim_soc, timeout=3600)
+    assert_production_path(r, sim_soc, sim_report, "production path, seq 40000 / 65536 topk 2048")
 
 
 # ----------------------------------------------------------------------------- cost model
@@ -453,3 +625,60 @@ def test_kernel_limits_raise_before_launch(over, match):
     kw = {**inp, **prm, **over}
     with pytest.raises((ValueError, TypeError), match=match):
         dsa_indexer(**kw, backend="sim")
+
+
+def test_small_tiling_traces_the_production_branches():
+    """``SMALL_TILING`` at topk 128 over 4096 columns builds the static branches of the
+    production build at topk 2048 over 64K (4 spans, each span's top-k over two tiles, one
+    merge that fills one top-k tile, 16 slabs per span chunk, two cumsum tiles, a span and 3
+    smaller unroll factors); the production tiling keeps the kernel's former constants (16K
+    spans, unroll 128 / 32 / 8 / 1); the topk-2048 case of :func:`run_cases` (8192 columns)
+    takes the one-span path, no merge; the tiling keys the compile."""
+    from tilesim.device._dsa_indexer_kernel import IndexerParams, group_chunks
+    from tilesim.shared.dsa_indexer import PRODUCTION_TILING, SMALL_TILING, IndexerTiling
+
+    prod = IndexerParams(path="int8", block_size=128, topk=2048, width=65536)
+    small = IndexerParams(path="fp8", block_size=64, topk=128, width=4096, tiling=SMALL_TILING)
+    want = {"spans": 4, "merge": True, "span_topk_tiles": 2, "merge_topk_tiles": 1,
+            "merge_fills_tile": True, "span_chunk_slabs": 16, "cumsum_tiles": 2,
+            "unroll_factors": 4}  # fmt: skip
+    assert prod.shape() == want and small.shape() == want
+    assert (prod.span, prod.unroll) == (16384, (128, 32, 8, 1))
+    assert (small.span, small.unroll) == (1024, (16, 8, 2, 1))
+    one = IndexerParams(path="int8", block_size=128, topk=2048, width=8192)
+    assert (one.spans, one.shape()["merge"]) == (1, False)
+    assert group_chunks(one, 33) == {"chunks": [(0, 32), (32, 1)], "span_chunks": 0,
+                                     "tail": 1, "spans_past": 0}  # fmt: skip
+    assert group_chunks(small, 43) == {"chunks": [(0, 16), (16, 16), (32, 8), (40, 2), (42, 1)],
+                                       "span_chunks": 2, "tail": 1, "spans_past": 1}  # fmt: skip
+    assert PRODUCTION_TILING == IndexerTiling() and prod.tiling is PRODUCTION_TILING
+    other = IndexerParams(path="int8", block_size=128, topk=2048, width=65536, tiling=SMALL_TILING)
+    assert other.key != prod.key and repr(other) != repr(prod)
+
+
+@pytest.mark.parametrize(
+    ("over", "err", "match"),
+    [
+        ({"span_ratio": 0}, ValueError, r"IndexerTiling.span_ratio: expected an int in \[1,"),
+        ({"span_ratio": True}, TypeError, "IndexerTiling.span_ratio: expected an int"),
+        ({"topk_tile": 100}, ValueError, "IndexerTiling.topk_tile: expected a power of two"),
+        ({"vec_cols": 16}, ValueError, "IndexerTiling.vec_cols: expected a power of two >= 32"),
+        ({"cumsum_tile": 1.0}, TypeError, "IndexerTiling.cumsum_tile: expected an int"),
+        ({"chunk_steps": (6, 4)}, ValueError, "chunk_steps: expected each factor to divide"),
+        ({"chunk_steps": (8, "2")}, TypeError, r"IndexerTiling.chunk_steps\[1\]"),
+    ],
+)
+def test_tiling_rejects_bad_fields(over, err, match):
+    from tilesim.shared.dsa_indexer import IndexerTiling
+
+    with pytest.raises(err, match=match):
+        IndexerTiling(**over)
+
+
+def test_prepared_launch_checks_the_tiling():
+    pytest.importorskip("torch")
+    from tilesim.device.dsa_indexer import prepared_launch
+
+    inp, prm = make_case("int8", (300, 700), 2)
+    with pytest.raises(TypeError, match="tiling: expected a IndexerTiling, got"):
+        prepared_launch(**inp, **prm, tiling=(8, 512, 64, 64, (8, 2, 1)))
