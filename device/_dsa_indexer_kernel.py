@@ -129,7 +129,7 @@ class IndexerParams:
             "span_topk_tiles": -(-self.span // t.topk_tile),
             "merge_topk_tiles": -(-(self.spans * k) // t.topk_tile),
             "merge_fills_tile": self.spans * k == t.topk_tile,
-            "span_chunk_slabs": self.span // min(self.span, t.vec_cols),
+            "span_chunk_slabs": len(slabs(self.span, t.vec_cols)),
             "cumsum_tiles": -(-k // t.cumsum_tile),
             "unroll_factors": len(self.unroll),
         }
@@ -242,19 +242,25 @@ def chunk_scores(pypto, ins, qg, wg, b, blk0, nb: int, rows: int, p):
         kb = pypto.view(ins.k_codes, [bs, DIM], [phys * ins.rows_per_block, 0])
         pypto.assemble(c1_dots(pypto, qg, kb, m, p), [0, j * bs], d)
     ks = chunk_kscales(pypto, ins, b, blk0, nb, p)
-    c = min(w, p.tiling.vec_cols)
     out = [pypto.tensor([1, w], pypto.DT_FP32, f"li_row{r}") for r in range(rows)]
     for r in range(rows):
-        for j in range(w // c):
+        for j, (c0, c) in enumerate(slabs(w, p.tiling.vec_cols)):
             pypto.set_pass_options(sg_set_scope=SLAB_SCOPE + r * MAX_SLABS + j)
             pypto.set_vec_tile_shapes(TERM_ROWS, c)
-            t = slab_terms(pypto, pypto.view(d, [HEADS, c], [r * HEADS, j * c]),
+            t = slab_terms(pypto, pypto.view(d, [HEADS, c], [r * HEADS, c0]),
                            pypto.view(wg, [HEADS, 1], [r * HEADS, 0]), c, p)  # fmt: skip
             s = head_sum(pypto, t, c)
             pypto.set_vec_tile_shapes(1, c)
-            pypto.assemble(pypto.mul(s, pypto.view(ks, [1, c], [0, j * c])), [0, j * c], out[r])
+            pypto.assemble(pypto.mul(s, pypto.view(ks, [1, c], [0, c0])), [0, c0], out[r])
             pypto.set_pass_options(sg_set_scope=-1)
     return out
+
+
+def slabs(w: int, vec_cols: int) -> list:
+    """``(first column, columns)`` of the V1 slabs of a ``w``-column chunk: ``vec_cols`` wide,
+    the last one narrower when ``vec_cols`` does not divide ``w`` (a block size such as 96
+    or 160 makes such chunks; every column is scored)."""
+    return [(c0, min(vec_cols, w - c0)) for c0 in range(0, w, vec_cols)]
 
 
 def group_weights(pypto, ins, row0, rows: int, p):
@@ -520,6 +526,7 @@ __all__ = [
     "c1_tiles",
     "chunk_unroll",
     "group_chunks",
+    "slabs",
     "head_sum",
     "span_count",
 ]

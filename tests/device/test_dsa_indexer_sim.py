@@ -485,6 +485,33 @@ def test_production_path_64k(sim_soc, sim_report):
     assert_production_path(r, sim_soc, sim_report, "production path, seq 40000 / 65536 topk 2048")
 
 
+def odd_block_case(soc) -> dict:
+    """Child: 96-token blocks under ``SMALL_TILING`` (64-column slabs), so a one-block chunk
+    is 96 columns, a slab and a half; the rows see 287 / 288 and 699 / 700 tokens (the
+    one-block chunk's columns all visible)."""
+    from tilesim.shared.dsa_indexer import SMALL_TILING
+
+    inp, prm = make_case(_soc_path(soc), (288, 700), 2, seed=3, topk=64, bs=96, num_blocks=16,
+                         cols=8)  # fmt: skip
+    res = check_case(inp, prm, 2, soc, tiling=SMALL_TILING)
+    del res["ids"], res["scores"]
+    return res
+
+
+@pytest.mark.sim
+@pytest.mark.torch
+@pytest.mark.slow
+def test_chunk_wider_than_whole_slabs(sim_soc):
+    """A chunk whose width is not a multiple of the slab width scores every column (the
+    narrower last slab): before it, the last 32 columns of a 96-column chunk held no score."""
+    from tilesim.device import sim
+
+    r = sim.isolated(odd_block_case, sim_soc, soc=sim_soc, timeout=1800)
+    assert_exact(r, "96-token blocks")
+    assert_plan_ran(r)
+    assert 1 in r["ran"][2]["factors"], r["ran"]
+
+
 # ----------------------------------------------------------------------------- cost model
 CONTEXT = 65536  # cached tokens per batch row (DeepSeek decode over 64K)
 
@@ -625,6 +652,16 @@ def test_kernel_limits_raise_before_launch(over, match):
     kw = {**inp, **prm, **over}
     with pytest.raises((ValueError, TypeError), match=match):
         dsa_indexer(**kw, backend="sim")
+
+
+def test_slabs_cover_every_column():
+    """The V1 slabs of a chunk: ``vec_cols`` wide, the last narrower, every column once."""
+    from tilesim.device._dsa_indexer_kernel import slabs
+
+    assert slabs(96, 64) == [(0, 64), (64, 32)]
+    assert slabs(1280, 1024) == [(0, 1024), (1024, 256)]
+    assert slabs(16384, 1024) == [(j * 1024, 1024) for j in range(16)]
+    assert slabs(512, 1024) == [(0, 512)]
 
 
 def test_small_tiling_traces_the_production_branches():
