@@ -214,6 +214,31 @@ def resolve_rank(rank, block_max, nb: int) -> tuple[str, str]:
     return rank, ("device" if rank == "device" else (block_max or "host"))
 
 
+class HostRankWarning(UserWarning):
+    """``msa_indexer`` with ``rank=None`` beyond :data:`RANK_WIDTHS`: the call copies the
+    block scores to the host (no device ranking compiles that wide)."""
+
+
+def _warn_host_rank(args: Args, block_max: str) -> None:
+    """The :class:`HostRankWarning` of a ``rank=None`` call that :func:`resolve_rank` sent to
+    the host, naming what it copies per call: the ``[4, nb*128]`` FP32 scores (2 KB a block)
+    or, with ``block_max="device"``, the ``[4, nb]`` block maxima (16 B a block)."""
+    import warnings
+
+    if block_max == "device":
+        what, nbytes, hint = "block maxima", NIDX * args.nb * 4, ""
+    else:
+        what, nbytes = "scores", NIDX * args.nb * BY * 4
+        hint = f"; block_max='device' copies the block maxima instead ({NIDX * args.nb * 4} bytes)"
+    warnings.warn(
+        f"msa_indexer: nb={args.nb} is beyond the device ranking's {RANK_WIDTHS[-1]} blocks, "
+        f"so this call copies the FP32 {what} ({nbytes} bytes) to the host and ranks there"
+        f"{hint}; pass rank='host' to choose this without the warning",
+        HostRankWarning,
+        stacklevel=3,
+    )
+
+
 def _host_ranked(q, k, args: Args, block_max: str, target: _backend.Target):
     """``rank="host"``: device scores (or block maxima), the shared rule on a host copy."""
     if block_max == "device":
@@ -247,7 +272,9 @@ def msa_indexer(
     ``validate``. ``rank="host"``: the kernel writes the ``[16, nb*128]`` scores
     (``block_max="host"``, the seeds' split) or the ``[16, nb]`` block maxima
     (``block_max="device"``, :func:`build_block_max_kernel`) and the host applies the shared
-    rule (:func:`resolve_rank` says which combinations are accepted). Same ids in every mode;
+    rule (:func:`resolve_rank` says which combinations are accepted). ``rank=None`` ranks on
+    the device up to ``nb = RANK_WIDTHS[-1]`` (1024 blocks, 128K keys) and on the host beyond
+    it, with a :class:`HostRankWarning` naming the bytes copied. Same ids in every mode;
     key rows at or beyond ``seq_len`` may hold anything (NaN included).
     ``validate``: as for :func:`msa_indexer_scores`.
 
@@ -258,6 +285,8 @@ def msa_indexer(
     tensor of that shape on the inputs' device, no data read.
     """
     args, shape_only = _check(ins, validate)
+    # the wrapper, not the caller, sends the ranking to the host (nb beyond RANK_WIDTHS)
+    chosen = rank is None and block_max != "host"
     rank, block_max = resolve_rank(rank, block_max, args.nb)
     torch = require_torch()
     rows = 1 if args.head_reduce == "max" else NIDX
@@ -273,6 +302,8 @@ def msa_indexer(
     if rank == "device":
         ids, us = _run_select(q, k, args, target)
     else:
+        if chosen:
+            _warn_host_rank(args, block_max)
         ids, us = _host_ranked(q, k, args, block_max, target)
     return _backend.finish(ids, us, target)
 
@@ -280,6 +311,7 @@ def msa_indexer(
 __all__ = [
     "BLOCK_MAX",
     "HEAD_REDUCES",
+    "HostRankWarning",
     "RANKS",
     "RANK_WIDTHS",
     "JIT",

@@ -68,10 +68,11 @@ def test_write_merges_by_kernel_soc_case(SimReport, tmp_path):
     ]
     text = path.read_text()
     head = "| kernel | SoC | case | bit-exact fraction | max ULP | max abs error | cost-model µs |"
-    assert head + " HBM-bound µs |" in text
-    assert "| b | 910b | z | 1 | 0 | 0 | 4 | 0.25 |" in text
-    assert "| b | 910b | y | 1 | 0 | 0 | 3 | — |" in text
-    assert "| a | 950 | x | 1 | 0 | 0 | 1.5 | — |" in text
+    assert head + " flop | bytes | HBM-bound µs | bound µs | bound by | kernel / bound |" in text
+    # z stated its HBM bound (0.25 µs at 1.6 TB/s): its bytes are recovered, 400 000
+    assert "| b | 910b | z | 1 | 0 | 0 | 4 | — | 400000 | 0.25 | 0.25 | HBM | 16 |" in text
+    assert "| b | 910b | y | 1 | 0 | 0 | 3 | — | — | — | — | — | — |" in text
+    assert "| a | 950 | x | 1 | 0 | 0 | 1.5 | — | — | — | — | — | — |" in text
 
 
 def test_nothing_written_without_rows(SimReport, tmp_path):
@@ -161,3 +162,98 @@ def test_a_row_added_twice_in_one_process_is_written_once(SimReport, tmp_path):
     rep.write()
     rows = json.loads((tmp_path / "r.json").read_text())["rows"]
     assert [(r["kernel"], r["us"]) for r in rows] == [("a", 2.0)]
+
+
+# ----------------------------------------------------------------------------- the yardstick
+@pytest.fixture
+def report(sim_report):
+    """The module of the ``sim_report`` fixture (tests/device/conftest.py)."""
+    import sys
+
+    return sys.modules[type(sim_report).__module__]
+
+
+def test_the_bound_is_the_largest_of_hbm_cube_and_floor(report):
+    """By hand from the SoC sheet (shared/soc.py's table): the 910B moves 1.6e6 B per µs and
+    does 24 cores x 16^3 MACs x 2 x 1.8 GHz = 353.89 TFLOP/s of BF16."""
+    peak = 24 * 16**3 * 2 * 1.8e9  # FLOP/s
+    cost = {"bytes": 3_200_000, "flop": int(peak * 1e-6)}  # 2 µs of HBM, 1 µs of cube
+    y = report.yardstick("910b", 10.0, cost, {"floor µs": 1.5, "probe µs": 4.0})
+    assert y["HBM-bound µs"] == pytest.approx(2.0) and y["cube-peak µs"] == pytest.approx(1.0)
+    assert (y["bound by"], y["bound µs"]) == ("HBM", pytest.approx(2.0))
+    assert y["kernel / bound"] == pytest.approx(5.0) and y["kernel / probe"] == 2.5
+    assert y["kernel / floor"] == pytest.approx(10 / 1.5)
+    y = report.yardstick("910b", 10.0, cost, {"floor µs": 2.5})  # the floor above both
+    assert (y["bound by"], y["bound µs"], y["kernel / bound"]) == ("floor", 2.5, 4.0)
+    y = report.yardstick("910b", 10.0, {"flop": int(peak * 3e-6)}, {})
+    assert (y["bound by"], y["bound µs"]) == ("cube", pytest.approx(3.0))
+    assert "HBM-bound µs" not in y and "floor µs" not in y
+
+
+def test_the_950_rows_carry_the_950dt_bound_and_fp8_halves_the_cube_bound(report):
+    y = report.yardstick("950", 1.0, {"bytes": 4_000_000, "flop": 10**9}, {})
+    assert y["HBM-bound µs"] == pytest.approx(2.5) and y["HBM-bound µs 950DT"] == pytest.approx(1)
+    y8 = report.yardstick("950", 1.0, {"flop": 10**9, "cube": "fp8"}, {})
+    assert y8["cube-peak µs"] == pytest.approx(y["cube-peak µs"] / 2)
+    assert "HBM-bound µs 950DT" not in report.yardstick("910b", 1.0, {"bytes": 8}, {})
+
+
+def test_nothing_is_derived_without_inputs(report):
+    assert report.yardstick("910b", 5.0, None, {}) == {}
+
+
+def test_a_row_that_states_its_bounds_keeps_its_cost(report):
+    """The inverse of SocSpec's two formulas gives back the contract's integers, and the
+    derived columns never stay in a stored row."""
+    from tilesim.shared.soc import get_soc
+
+    spec, nbytes, flop = get_soc("950"), 368_279_552, 72_988_082_176
+    extra = {"HBM-bound µs": spec.hbm_bound_us(nbytes), "cube-peak µs": spec.cube_bound_us(flop),
+             "kernel / max bound": 3.0, "floor µs": 9.5, "note": "x"}  # fmt: skip
+    row = {"kernel": "k", "soc": "950", "case": "c", "us": 1.0, "extra": extra}
+    got = report.normalised_row(row)
+    assert got["cost"] == {"bytes": nbytes, "flop": flop}
+    assert got["extra"] == {"floor µs": 9.5, "note": "x"}
+    assert report.normalised_row({**row, "cost": {"bytes": 7}})["cost"] == {
+        "bytes": 7,
+        "flop": flop,
+    }
+
+
+@pytest.mark.parametrize(
+    "bad", [{"flops": 1}, {"flop": -1}, {"bytes": 1.5}, {"bytes": True}, {"cube": "fp8"},
+            {"flop": 1, "cube": "int8"}, [("flop", 1)]],
+)  # fmt: skip
+def test_add_refuses_a_bad_cost(SimReport, tmp_path, bad):
+    rep = SimReport(tmp_path / "r.md", base=None)
+    with pytest.raises(ValueError, match=r"^cost"):
+        rep.add(kernel="k", soc="910b", case="c", bit_exact=None, max_ulp=None, max_abs=None,
+                us=1.0, cost=bad)  # fmt: skip
+
+
+def test_the_report_puts_each_kernels_yardstick_on_top(SimReport, tmp_path):
+    path = tmp_path / "cost_model.md"
+    rep = SimReport(path, base=None, figures=None)
+    rep.add(kernel="k", soc="910b", case="big", bit_exact=None, max_ulp=None, max_abs=None,
+            us=8.0, cost={"bytes": 3_200_000, "flop": 0}, extra={"floor µs": 1.0})  # fmt: skip
+    rep.add(kernel="k", soc="910b", case="small", bit_exact=1, max_ulp=0, max_abs=0.0, us=2.0)
+    rep.write()
+    text = path.read_text()
+    top, full = text.split("## Every row")
+    assert "### k" in top and "| 910b | big | 8 | 2 | HBM | 4 | — | 1 | — | — | — |" in top
+    assert "small" not in top and "| k | 910b | small |" in full  # no bound: the full table
+    row = json.loads(path.with_suffix(".json").read_text())["rows"][0]
+    assert row["cost"] == {"bytes": 3_200_000, "flop": 0}
+    assert row["yardstick"]["kernel / bound"] == 4.0 and "bound µs" not in row["extra"]
+
+
+def test_the_published_table_is_this_generator_on_its_rows(SimReport, tmp_path):
+    """docs/perf/cost_model.md is what the generator writes from docs/perf/cost_model.json."""
+    import shutil
+    from pathlib import Path
+
+    docs = Path(__file__).resolve().parents[2] / "docs" / "perf"
+    shutil.copy(docs / "cost_model.json", tmp_path / "cost_model.json")
+    SimReport(tmp_path / "cost_model.md", base=None).write(rebuild=True)
+    assert (tmp_path / "cost_model.md").read_text() == (docs / "cost_model.md").read_text()
+    assert (tmp_path / "cost_model.json").read_text() == (docs / "cost_model.json").read_text()

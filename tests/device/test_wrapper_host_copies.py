@@ -1,19 +1,29 @@
-"""What a device wrapper reads on the host before its launch, per
-``validate=`` (the one policy: ``tilesim.device.backend.value_checks`` over
-``VALUE_CHECKS``).
+"""What a device wrapper reads on the host in one whole call, per ``validate=`` (the one
+policy: ``tilesim.device.backend.value_checks`` over ``VALUE_CHECKS``).
 
 Every read of a torch input's data on the host goes through NumPy (``Tensor.numpy``,
 ``__array__``, ``tolist``, ``item``); a ``TorchFunctionMode`` records each one with the input
-whose storage it reads and the bytes. On an NPU each such read is a device-to-host copy, so
-the record is the call's host copies. The launch is faked: ``backend.resolve`` (the first
-step after the checks in every wrapper) raises, so neither PyPTO nor a simulator is needed.
+whose storage it reads and the bytes (a tensor that is no input, such as a kernel output
+copied back, as ``"<other>"``). On an NPU each such read is a device-to-host copy, so the
+record is the call's host copies. The simulator is faked below the wrappers
+(:func:`_fake_backend`: no simulator configured, no kernel built, the launch returns at
+once), so the whole call runs -- checks, host plan, build, launch and everything after it --
+without PyPTO.
 
 * ``validate=True`` (default): only the small integer inputs the op's contract reads on the
   host anyway (block tables, lengths, indices, ``expert_cumsum``), each at most once, never a
   cache, weights, activations or a mask; the byte count is the one each op page states;
 * ``validate="full"``: the bulk scans too (the indexers' and the main branch's float data);
-* ``validate=False``: nothing at all;
-* ``validate`` is a bool or ``"full"``: anything else is a ``TypeError`` naming it.
+* ``validate=False``: nothing at all in the wrapper;
+* ``validate`` is a bool or ``"full"``: anything else is a ``TypeError`` naming it;
+* after the launch: ``msa_indexer`` copies its scores (or block maxima) to the host only when
+  it ranks there -- ``rank="host"``, or ``rank=None`` beyond the device ranking's width, which
+  warns (``HostRankWarning``) -- at every ``validate`` level.
+
+The launch's own reads are the runtime's, not the wrapper's: on an NPU it copies the
+kernel's ``ready_on_host`` inputs (block tables, lengths, ``expert_cumsum``) to the host at
+every ``validate`` level. The faked launch does not model that copy; the last tests pin
+those names to the inputs a default call may read and to docs/device.md's table.
 """
 
 from __future__ import annotations
@@ -32,8 +42,23 @@ from torch.overrides import TorchFunctionMode  # noqa: E402
 _HOST_READS = {"numpy", "__array__", "tolist", "item"}
 
 
-class _Launched(Exception):
-    """Raised by the faked ``backend.resolve``: the checks are over, the launch would start."""
+class _FakeKernel:
+    """Stands for a compiled kernel (``backend.compiled`` is faked): the name it was built
+    under; the faked ``backend.launch`` never calls it."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __call__(self, *args, **kwargs):
+        raise AssertionError(f"{self.name}: the faked launch runs no kernel")
+
+
+class _AnyAttribute:
+    """Stands for ``tilesim.device._dsa_kernel`` (which imports pypto): every attribute is a
+    callable returning a :class:`_FakeKernel`, so the DeepSeek wrapper's build step runs."""
+
+    def __getattr__(self, name: str):
+        return lambda *a, **k: _FakeKernel(name)
 
 
 class HostReads(TorchFunctionMode):
@@ -150,26 +175,53 @@ def _call_kwargs(name: str, kw: dict) -> dict:
     return {k: _torch(v) for k, v in kw.items() if k in params}
 
 
-def _run(monkeypatch, case: str, validate, entry=None):
-    """``{input: bytes}`` read on the host by one call, up to its (faked) launch; ``entry``:
-    the callable to call in place of the wrapper (with its arguments but ``backend``)."""
+def _fake_backend(monkeypatch) -> list:
+    """Fake the simulator below the wrappers so that a call runs whole -- checks, host plan,
+    kernel build, launch, and everything after the launch up to the return -- without pypto:
+    ``resolve`` configures no simulator, ``compiled`` builds a :class:`_FakeKernel`, and
+    ``launch`` records the kernel and returns 0 µs leaving the outputs as allocated. Returns
+    the list the launches are recorded in."""
+    import sys
+
+    import tilesim.device as dev
     from tilesim.device import backend
 
-    def resolve(*a, **k):
-        raise _Launched
+    real_resolve, launches = backend.resolve, []
+
+    def resolve(backend_name, soc, like, *, configure=True):
+        return real_resolve(backend_name, soc, like, configure=False)
+
+    def launch(kernel, args, outputs, target):
+        launches.append(getattr(kernel, "func", kernel).name)
+        return 0.0
 
     monkeypatch.setattr(backend, "resolve", resolve)
+    monkeypatch.setattr(backend, "compiled", lambda name, key, build: _FakeKernel(name))
+    monkeypatch.setattr(backend, "launch", launch)
+    monkeypatch.setitem(sys.modules, "tilesim.device._dsa_kernel", _AnyAttribute())
+    monkeypatch.setattr(dev, "_dsa_kernel", sys.modules["tilesim.device._dsa_kernel"],
+                        raising=False)  # fmt: skip
+    return launches
+
+
+def _run(monkeypatch, case: str, validate, entry=None, **options):
+    """``({input: bytes}, {input: calls}, inputs, launches)`` of one whole call (the launch
+    faked, :func:`_fake_backend`): the host reads of the wrapper's checks, host plan and
+    everything after the launch; a read of a tensor that is no input (an output copied to
+    the host) counts as ``"<other>"``. ``entry``: the callable to call in place of the wrapper
+    (with its arguments but ``backend``); ``options``: more keyword arguments of the call."""
+    launches = _fake_backend(monkeypatch)
     name, kw = CASES[case][0]()
     dev = importlib.import_module("tilesim.device")
     kw = _call_kwargs(name, kw)
     if name == "msa_indexer_scores":
         kw = _drop(kw, "seq_len")
-    extra = {} if validate is None else {"validate": validate}
+    extra = {**options} if validate is None else {**options, "validate": validate}
     if entry is None:
-        entry, extra = getattr(dev, name), {**extra, "backend": "sim"}
-    with HostReads(_flat(kw)) as rec, pytest.raises(_Launched):
+        entry, extra = getattr(dev, name), {**extra, "backend": "sim", "soc": "950"}
+    with HostReads(_flat(kw)) as rec:
         entry(**kw, **extra)
-    return dict(rec.reads), dict(rec.calls), _flat(kw)
+    return dict(rec.reads), dict(rec.calls), _flat(kw), launches
 
 
 def _bytes(t) -> int:
@@ -180,7 +232,8 @@ def _bytes(t) -> int:
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_default_call_reads_only_the_small_integer_inputs(monkeypatch, case):
     ints, bulk = CASES[case][1], CASES[case][2]
-    reads, calls, inputs = _run(monkeypatch, case, None)  # the default: validate=True
+    reads, calls, inputs, launches = _run(monkeypatch, case, None)  # the default: validate=True
+    assert launches, f"{case}: the call ended before its launch"
     assert set(reads) <= ints, f"{case}: the default read {sorted(reads)} (allowed {ints})"
     for name, n in reads.items():
         assert inputs[name].dtype in (torch.int32, torch.int64), name
@@ -193,7 +246,7 @@ def test_default_call_reads_only_the_small_integer_inputs(monkeypatch, case):
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_full_validation_scans_the_bulk_inputs(monkeypatch, case):
     ints, bulk = CASES[case][1], CASES[case][2]
-    reads, _, inputs = _run(monkeypatch, case, "full")
+    reads, _, inputs, _ = _run(monkeypatch, case, "full")
     assert bulk <= set(reads), f"{case}: 'full' read {sorted(reads)}, expected {bulk} among them"
     assert set(reads) <= ints | bulk
     for name in bulk:
@@ -210,11 +263,11 @@ def test_dsa_indexer_default_copies_the_stated_bytes(monkeypatch):
     """docs/ops/dsa_indexer.md: a default call copies ``seq_lens`` and ``block_table`` --
     ``itemsize * B * (1 + max_blocks)`` bytes -- and at b64 over 64K (INT32, 512 blocks of 128)
     that is 131,328 bytes, against the ~550 MB key cache ``"full"`` scans."""
-    reads, _, inputs = _run(monkeypatch, "dsa_indexer_int8", True)
+    reads, _, inputs, _ = _run(monkeypatch, "dsa_indexer_int8", True)
     bt, lens = inputs["block_table"], inputs["seq_lens"]
     assert sum(reads.values()) == _bytes(bt) + _bytes(lens)
     assert bt.element_size() * bt.shape[0] * (1 + bt.shape[1]) == _bytes(bt) + _bytes(lens)
-    full, _, _ = _run(monkeypatch, "dsa_indexer_int8", "full")
+    full, *_ = _run(monkeypatch, "dsa_indexer_int8", "full")
     assert full["k_scale"] > 0 and sum(full.values()) > sum(reads.values())
     assert 4 * 64 * (1 + 512) == 131_328
 
@@ -251,3 +304,104 @@ def test_the_policy_table_covers_every_wrapper():
 def test_validate_refuses_anything_but_a_bool_or_full(monkeypatch, case, bad):
     with pytest.raises(TypeError, match=r"^validate: expected a bool or 'full' .*, got "):
         _run(monkeypatch, case, bad)
+
+
+# ----------------------------------------------------------------------------- after the launch
+def _indexer_reads(monkeypatch, nb: int, validate=True, **options):
+    """``({input: bytes}, warnings)`` of one ``msa_indexer`` call on zero inputs of ``nb``
+    blocks (the launch faked: no value matters)."""
+    import warnings
+
+    from tilesim.device import msa_indexer
+
+    _fake_backend(monkeypatch)
+    q = torch.zeros(4, 128, dtype=torch.bfloat16)
+    k = torch.zeros(nb * 128, 128, dtype=torch.bfloat16)
+    with warnings.catch_warnings(record=True) as caught, HostReads({"idx_q": q, "idx_k": k}) as rec:
+        warnings.simplefilter("always")
+        msa_indexer(q, k, nb, backend="sim", soc="950", validate=validate, **options)
+    return dict(rec.reads), [w for w in caught if issubclass(w.category, UserWarning)]
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("validate", [True, "full", False])
+@pytest.mark.parametrize("block_max,per_block", [("host", 4 * 128 * 4), ("device", 4 * 4)])
+def test_host_ranking_copies_its_scores_after_the_launch(monkeypatch, validate, block_max,
+                                                         per_block):  # fmt: skip
+    """``rank="host"``: the FP32 ``[4, nb*128]`` scores (2 KB a block) or ``[4, nb]`` block
+    maxima (16 B a block) come to the host after the launch, at every level; asked for, so
+    no warning. ``rank=None`` at 20 blocks ranks on the device: no copy."""
+    nb = 20
+    reads, warned = _indexer_reads(monkeypatch, nb, validate, rank="host", block_max=block_max)
+    assert reads.pop("<other>") == per_block * nb and not warned
+    assert set(reads) <= ({"idx_q", "idx_k"} if validate == "full" else set())
+    reads, warned = _indexer_reads(monkeypatch, nb, validate)
+    assert "<other>" not in reads and not warned
+
+
+@pytest.mark.torch
+def test_beyond_the_device_ranking_the_wrapper_warns_and_copies(monkeypatch):
+    """``rank=None`` ranks on the device up to 1024 blocks (``RANK_WIDTHS``); at 1025 it
+    copies the scores to the host and says so with a ``HostRankWarning`` (a ``UserWarning``)
+    naming the bytes; ``block_max="device"`` copies the block maxima instead."""
+    from tilesim.device.msa_indexer import RANK_WIDTHS, HostRankWarning
+
+    assert RANK_WIDTHS[-1] == 1024
+    reads, warned = _indexer_reads(monkeypatch, 1024, False)
+    assert reads == {} and not warned
+    reads, warned = _indexer_reads(monkeypatch, 1025, False)
+    assert reads == {"<other>": 4 * 1025 * 128 * 4}
+    assert [w.category for w in warned] == [HostRankWarning]
+    assert issubclass(HostRankWarning, UserWarning)
+    assert f"({4 * 1025 * 128 * 4} bytes)" in str(warned[0].message)
+    reads, warned = _indexer_reads(monkeypatch, 1025, False, block_max="device")
+    assert reads == {"<other>": 4 * 1025 * 4} and f"({4 * 1025 * 4} bytes)" in str(
+        warned[0].message
+    )
+
+
+# ----------------------------------------------------------------------------- the launch's reads
+def _ready_on_host(module: str) -> tuple:
+    """``READY_ON_HOST`` of ``device/<module>.py``, read from its source (the DeepSeek kernel
+    module imports pypto)."""
+    import ast
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[2] / "device" / f"{module}.py"
+    for node in ast.parse(src.read_text()).body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "READY_ON_HOST":
+            return ast.literal_eval(node.value)
+    return ()
+
+
+#: case -> the kernel module whose ``ready_on_host`` inputs its launch copies to the host
+_LAUNCH_READS = {"moe": "_moe_kernel", "dsa_packed": "_dsa_kernel", "dsa_kv_split": "_dsa_kernel",
+                 "dsa_indexer_int8": "_dsa_indexer_kernel",
+                 "dsa_indexer_fp8": "_dsa_indexer_kernel"}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(_LAUNCH_READS))
+def test_the_launchs_host_inputs_are_small_integer_inputs(case):
+    """What the runtime copies at launch is among what a default call may read: the same
+    small integer inputs, so ``validate=False`` saves their checks, not their copy."""
+    names = set(_ready_on_host(_LAUNCH_READS[case]))
+    assert names and names <= CASES[case][1], (case, names)
+
+
+def _doc_rows() -> dict:
+    """docs/device.md's host-copy table: ``{wrapper cell: [validate=True, full, every level]}``."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "device.md").read_text()
+    table = text[text.index("| wrapper | `validate=True` (default)") :].split("\n\n")[0]
+    rows = [line.split(" | ") for line in table.splitlines()[2:]]
+    return {r[0].lstrip("| "): [c.rstrip(" |") for c in r[1:]] for r in rows}
+
+
+@pytest.mark.parametrize("case,wrapper", [("moe", "`moe_grouped_gemm`"),
+                                          ("dsa_packed", "`sparse_attention_antiquant`"),
+                                          ("dsa_indexer_int8", "`dsa_indexer`")])  # fmt: skip
+def test_the_page_says_the_launch_reads_them_at_every_level(case, wrapper):
+    row = next(v for k, v in _doc_rows().items() if k.startswith(wrapper))
+    for name in _ready_on_host(_LAUNCH_READS[case]):
+        assert f"`{name}`" in row[2], (wrapper, name, row[2])
