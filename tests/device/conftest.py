@@ -223,11 +223,12 @@ class CostFigures:
         fig = float(e["us"])
         off = None if us is None else (float(us) - fig) / fig
         where = f"{kernel} / {soc} / {case!r}"
+        table = self.path.relative_to(REPO) if self.path.is_relative_to(REPO) else self.path
         assert off is not None and abs(off) <= self.tolerance, (
             f"cost-model µs of {where}: {us}, committed figure {fig} ({100 * (off or 0):+.2f} %,"
             f" tolerance ±{100 * self.tolerance:g} %). The cost model is deterministic, so the"
             " kernel or its build changed: a regression fails here; an improvement (or a"
-            f' deliberate change) updates "us" of this entry in {self.path} in the same commit'
+            f' deliberate change) updates "us" of this entry in {table} in the same commit'
             " (and the row of docs/perf/cost_model.md, via `nox -s sim`)."
         )
         for t in e.get("targets", []):
