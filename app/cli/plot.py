@@ -16,6 +16,7 @@ branch) label the bars.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import OrderedDict
 from pathlib import Path
 
@@ -31,10 +32,11 @@ MASKED_BELOW = float(MASK_NEG) / 2
 
 def _wrapped(title: str, width: int = 110) -> str:
     """A figure title broken into lines of at most ``width`` characters (a verdict's title
-    names every failed check and would run off the figure)."""
+    names every failed check and would run off the figure); a given line break is kept."""
     import textwrap
 
-    return "\n".join(textwrap.wrap(title, width)) if title else title
+    lines = (textwrap.wrap(line, width) or [""] for line in title.split("\n"))
+    return "\n".join(w for ws in lines for w in ws) if title else title
 
 
 def require_matplotlib(purpose: str = "drawing a PNG"):
@@ -264,12 +266,26 @@ def stat_panels(records: list[dict]) -> list[tuple[str, str]]:
 
 
 def draw_schedule(fig, records: list[dict]) -> None:
-    """Draw the schedule of one run into ``fig``: swim lanes on top, statistics below."""
+    """Draw the records of one run into ``fig``: a run of several ops (a layer step) one
+    panel per op in the order they ran (:func:`op_groups`); an op traced by pipeline stage
+    (the prologs, :func:`is_staged`) by stage (:func:`draw_stages`); any other op as swim
+    lanes on top, statistics below."""
     if not records:
         ax = fig.subplots()
         ax.text(0.5, 0.5, "the reference emitted no tiles", ha="center", va="center")
         ax.set_axis_off()
         return
+    groups = op_groups(records)
+    if len(groups) > 1:
+        _draw_op_groups(fig, groups)
+    elif is_staged(records):
+        draw_stages(fig, records)
+    else:
+        draw_tiles(fig, records)
+
+
+def draw_tiles(fig, records: list[dict]) -> None:
+    """One op's tiles: swim lanes on top, the records' statistics below."""
     panels = stat_panels(records)
     axes = fig.subplots(
         1 + len(panels), 1, squeeze=False, gridspec_kw={"height_ratios": [3] + [2] * len(panels)}
@@ -278,6 +294,191 @@ def draw_schedule(fig, records: list[dict]) -> None:
     fig.colorbar(mappable, ax=axes[0, 0], label="keys_used")
     for j, (key, title) in enumerate(panels):
         _draw_stat(axes[1 + j, 0], records, key, title)
+
+
+# ---------------------------------------------------------------------------------------------
+# runs of several ops, ops traced by pipeline stage (the prologs)
+
+
+def op_groups(records: list[dict]) -> list[tuple[str, list[dict]]]:
+    """``[(op, its records)]`` in the order the ops first emitted (a layer step: its stages)."""
+    groups: dict[str, list[dict]] = {}
+    for r in records:
+        groups.setdefault(r["op"], []).append(r)
+    return list(groups.items())
+
+
+def is_staged(records: list[dict]) -> bool:
+    """True when every record is one of a pipeline stage (lane ``{"stage": j}`` and
+    ``extra["stage"]``: :func:`tilesim.shared.trace.emit_stage`, the prologs' cache writes)."""
+    return bool(records) and all(
+        list(r["lane"]) == ["stage"] and "stage" in r["extra"] for r in records
+    )
+
+
+def stage_rows(records: list[dict]) -> list[dict]:
+    """One dict per stage, in pipeline order (the lane's ``stage``): ``name``, ``what``,
+    ``flop`` (the stage's records summed), ``dtype``, ``shape``, ``tokens``, ``amax`` (FP64
+    ``[T]`` max ``|result|`` per token, or None) and, for a stage recorded per token (the
+    cache write), ``slots`` (int64 ``[T]``, -1 where nothing was written) and ``written``
+    (bool ``[T]``, the records' ``keys_used``)."""
+    by: dict[int, list] = {}
+    for r in records:
+        by.setdefault(int(r["lane"]["stage"]), []).append(r)
+    rows = []
+    for j in sorted(by):
+        rs, e = by[j], by[j][0]["extra"]
+        amax = e.get("token_amax")
+        amax = None if amax is None else np.asarray(amax, np.float64).reshape(-1)
+        tokens = max(int(r["key_range"][1]) for r in rs)
+        row = {"stage": j, "name": e["stage"], "what": e.get("what", ""),
+               "flop": sum(int(r["flop"]) for r in rs), "dtype": e.get("dtype"),
+               "shape": e.get("shape"), "tokens": tokens, "slots": None, "written": None,
+               "amax": amax}  # fmt: skip
+        if "slot" in e:
+            row["slots"] = np.full(tokens, -1, np.int64)
+            row["written"] = np.zeros(tokens, bool)
+            for r in rs:
+                t = int(r["key_range"][0])
+                row["slots"][t], row["written"][t] = int(r["extra"]["slot"]), r["keys_used"] > 0
+        rows.append(row)
+    return rows
+
+
+def flop_text(n: int) -> str:
+    """``"264 MFLOP"``-style text of a FLOP count (``"no matmul"`` for 0)."""
+    if n <= 0:
+        return "no matmul"
+    for scale, unit in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}FLOP"
+    return f"{n} FLOP"
+
+
+def _stage_label(row: dict) -> str:
+    if row["written"] is not None:
+        return f"{row['name']}: {int(row['written'].sum())} of {row['tokens']} tokens written"
+    shape = "x".join(map(str, row["shape"] or []))
+    return f"{row['name']}: {row['what']} [{row['dtype']} {shape}]"
+
+
+def stage_title(op: str, rows: list[dict]) -> str:
+    """What :func:`draw_stages` draws for ``op``'s stage records."""
+    n = len(rows)
+    bad = sum(int((~np.isfinite(r["amax"])).sum()) for r in rows if r["amax"] is not None)
+    text = (f"{op} by stage, {n} stages in pipeline order (rows) x token (columns): colour = "
+            "log10 max |stage result| per token (white = 0)")  # fmt: skip
+    if any(r["written"] is not None for r in rows):
+        text += "; cache write: green = written (label = slot), grey = skipped (slot -1)"
+    if bad:
+        text += f"; red = NaN / inf ({bad} token rows)"
+    return text
+
+
+def _stage_grid(rows: list[dict], tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """(log10 max |result| ``[stages, T]`` (NaN: no value, zero or not finite), non-finite
+    mask)."""
+    grid = np.full((len(rows), tokens), np.nan)
+    bad = np.zeros(grid.shape, bool)
+    for i, r in enumerate(rows):
+        a = r["amax"]
+        if a is None:
+            continue
+        bad[i, : a.size] = ~np.isfinite(a)
+        with np.errstate(all="ignore"):
+            grid[i, : a.size] = np.where(np.isfinite(a) & (a > 0), np.log10(a), np.nan)
+    return grid, bad
+
+
+def _draw_writes(ax, i: int, row: dict) -> None:
+    """The cache write's row: one cell per token, green = written, grey = skipped."""
+    written, slots = row["written"], row["slots"]
+    cells = [(t, 1) for t in range(row["tokens"])]
+    colours = ["tab:green" if w else "lightgray" for w in written]
+    ax.broken_barh(cells, (i + 0.1, 0.8), facecolors=colours, edgecolors="black", linewidth=0.4)
+    if row["tokens"] > 48:
+        return
+    for t, (w, slot) in enumerate(zip(written, slots, strict=True)):
+        ax.text(t + 0.5, i + 0.5, f"#{slot}" if w else "-1", ha="center", va="center",
+                fontsize=6, rotation=90 if row["tokens"] > 12 else 0)  # fmt: skip
+
+
+def draw_stages(fig, records: list[dict]) -> None:
+    """One op traced by pipeline stage (:func:`stage_rows`): left, one row per stage against
+    the token axis, each token's cell coloured by the log10 of its max ``|stage result|``
+    (the cache write: which tokens were written, into which slot); right, each stage's
+    matmul FLOPs as the records give them."""
+    import matplotlib
+
+    rows = stage_rows(records)
+    tokens = max(r["tokens"] for r in rows)
+    ax, axf = fig.subplots(1, 2, sharey=True, gridspec_kw={"width_ratios": [4, 1.3]})
+    grid, bad = _stage_grid(rows, tokens)
+    extent = (0, tokens, len(rows), 0)
+    im = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", interpolation="nearest",
+                   cmap="viridis", extent=extent)  # fmt: skip
+    if bad.any():
+        red = matplotlib.colors.ListedColormap(["tab:red"])
+        ax.imshow(np.where(bad, 1.0, np.nan), aspect="auto", interpolation="nearest",
+                  cmap=red, extent=extent)  # fmt: skip
+    for i, r in enumerate(rows):
+        if r["written"] is not None:
+            _draw_writes(ax, i, r)
+    ax.set_xlim(0, tokens)
+    ax.set_ylim(len(rows), 0)
+    ax.set_yticks(np.arange(len(rows)) + 0.5, [_stage_label(r) for r in rows], fontsize=7)
+    if tokens <= 32:
+        ax.set_xticks(np.arange(tokens) + 0.5, [str(t) for t in range(tokens)], fontsize=7)
+    ax.set_xlabel("token (row of x)")
+    ax.set_title(_wrapped(stage_title(records[0]["op"], rows), 90), fontsize=9)
+    fig.colorbar(im, ax=ax, label="log10 max |result| per token", pad=0.01)
+    _draw_stage_flop(axf, rows)
+
+
+def _draw_stage_flop(ax, rows: list[dict]) -> None:
+    flop = np.array([r["flop"] for r in rows], np.float64)
+    ys = np.arange(len(rows)) + 0.5
+    ax.barh(ys, np.where(flop > 0, flop, np.nan), height=0.7, color="tab:blue")
+    if (flop > 0).any():
+        ax.set_xscale("log")
+        ax.set_xlim(flop[flop > 0].min() / 10, flop.max() * 30)
+    for y, f in zip(ys, flop, strict=True):
+        x = f if f > 0 else (flop[flop > 0].min() / 8 if (flop > 0).any() else 0.0)
+        ax.text(x, y, " " + flop_text(int(f)), va="center", fontsize=7)
+    ax.set_title(f"matmul FLOPs per stage\n(total {flop_text(int(flop.sum()))})", fontsize=9)
+    ax.set_xlabel("FLOPs (2 per multiply-add)")
+    ax.tick_params(axis="y", left=False)
+
+
+def group_height(records: list[dict]) -> float:
+    """Inches one op's picture needs (:func:`draw_schedule`)."""
+    if is_staged(records):
+        return 1.6 + 0.28 * len({r["lane"]["stage"] for r in records})
+    return 2.8 + 1.9 * len(stat_panels(records))
+
+
+def schedule_height(records: list[dict]) -> float:
+    """Inches :func:`draw_schedule` needs for ``records`` (a run of several ops: the sum of
+    its ops' pictures)."""
+    groups = op_groups(records)
+    if len(groups) <= 1:
+        return 7.5 if not is_staged(records) else max(4.0, group_height(records) + 0.8)
+    return sum(group_height(rs) + 0.5 for _, rs in groups)
+
+
+def _draw_op_groups(fig, groups: list) -> None:
+    """A run of several ops (the layer step): one panel per op, in the order they ran, each
+    titled with its place, its op and what its records are."""
+    heights = [group_height(rs) for _, rs in groups]
+    subs = fig.subfigures(len(groups), 1, height_ratios=heights)
+    for j, ((op, rs), sub) in enumerate(zip(groups, subs, strict=True)):
+        kind = "by pipeline stage" if is_staged(rs) else f"{len(rs)} tiles"
+        sub.suptitle(f"stage {j + 1} of {len(groups)}: {op} ({kind})", fontsize=10,
+                     fontweight="bold")  # fmt: skip
+        if is_staged(rs):
+            draw_stages(sub, rs)
+        else:
+            draw_tiles(sub, rs)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -377,21 +578,123 @@ def save_trace_png(
     atol: float = 0.0,
     rtol: float = 0.0,
     err_title: str = "",
+    error_maps: list | None = None,
 ) -> None:
-    """One PNG: the schedule on top, the error maps below when ``actual`` is given."""
+    """One PNG: the schedule on top (:func:`draw_schedule`), below it the error maps of
+    ``actual`` against ``golden`` when given (:func:`draw_error_map`), or one map per judged
+    output (``error_maps``, :class:`ErrorMap`: the ops judged by stage)."""
     plt = _pyplot()
-    with_err = actual is not None
-    fig = plt.figure(figsize=(11, 10.5 if with_err else 7.5), dpi=90, layout="constrained")
-    if with_err:
-        top, bottom = fig.subfigures(2, 1, height_ratios=[2.2, 1])
-    else:
-        top, bottom = fig, None
-    top.suptitle(_wrapped(title), fontsize=11)
-    draw_schedule(top, records)
-    if with_err:
-        draw_error_map(bottom, actual, golden, atol=atol, rtol=rtol, title=err_title)
+    parts = [schedule_height(records)]
+    if actual is not None:
+        parts.append(3.5)
+    if error_maps:
+        parts.append(error_maps_height(len(error_maps)))
+    fig = plt.figure(figsize=(11, sum(parts)), dpi=90, layout="constrained")
+    subs = fig.subfigures(len(parts), 1, height_ratios=parts) if len(parts) > 1 else [fig]
+    subs[0].suptitle(_wrapped(title), fontsize=11)
+    draw_schedule(subs[0], records)
+    if actual is not None:
+        draw_error_map(subs[1], actual, golden, atol=atol, rtol=rtol, title=err_title)
+    if error_maps:
+        draw_error_maps(subs[-1], error_maps, title=err_title)
     _save_small_png(fig, path)
     plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------------------
+# error maps of an op judged by stage (one per output)
+
+
+@dataclasses.dataclass
+class ErrorMap:
+    """One judged output of ``tilesim trace --actual`` for an op judged by stage. A number
+    map: ``values`` ``[rows, columns]`` the distance per element in ``unit`` (-1: a NaN
+    pair, :func:`distance_map`), ``row_label`` / ``row_names`` what the rows are (tokens, a
+    cache's written slots), ``columns`` ``[(first column, field)]`` of a cache's fields; or
+    an id map: ``ids`` the ``(grid, marks)`` of :func:`id_grid`."""
+
+    title: str
+    values: np.ndarray | None = None
+    unit: str = ""
+    row_label: str = "token"
+    row_names: list | None = None
+    columns: list = dataclasses.field(default_factory=list)
+    ids: tuple | None = None
+
+
+def distance_map(actual, golden) -> tuple[np.ndarray, str]:
+    """``(distance [rows, columns], unit)`` per element of ``actual`` against ``golden``
+    (rows: the golden's leading axis, the rest flattened): integer codes in code steps
+    ``|a - g|``; floats in ULPs of the output's dtype
+    (:func:`tilesim.cli.distribution.ulp_distances`; -1 where either is NaN); a dump of the
+    same bytes under another dtype of the same width (E4M3 as uint8) is read as the golden's
+    dtype."""
+    from tilesim.cli.distribution import ulp_distances
+
+    g = np.asarray(golden)
+    a = np.asarray(actual).reshape(g.shape)
+    if a.dtype != g.dtype and a.dtype.itemsize == g.dtype.itemsize and g.dtype.kind in "fV":
+        a = a.view(g.dtype)
+    rows = g.shape[0] if g.ndim else 1
+    if g.dtype.kind in "iub":
+        d = np.abs(a.astype(np.int64) - g.astype(np.int64))
+        return d.reshape(rows, -1), f"code steps ({g.dtype})"
+    d = ulp_distances(a, g)
+    if d is None:  # no ULP for the dtype: the absolute error
+        with np.errstate(all="ignore"):
+            d = np.abs(a.astype(np.float64) - g.astype(np.float64))
+        return np.where(np.isnan(d), -1.0, d).reshape(rows, -1), "|actual - golden|"
+    return d.reshape(rows, -1), f"ULP in {a.dtype}"
+
+
+def error_maps_height(n: int) -> float:
+    """Inches :func:`draw_error_maps` needs for ``n`` maps."""
+    return 0.6 + 2.7 * -(-n // _map_columns(n))
+
+
+def _map_columns(n: int) -> int:
+    return 1 if n == 1 else 2
+
+
+def draw_error_maps(fig, maps: list, *, title: str = "") -> None:
+    """One panel per :class:`ErrorMap`, in the op's output order."""
+    cols = _map_columns(len(maps))
+    axes = fig.subplots(-(-len(maps) // cols), cols, squeeze=False).reshape(-1)
+    for ax, m in zip(axes, maps, strict=False):
+        if m.ids is not None:
+            _draw_id_grid(ax, *m.ids, legend=False)
+            ax.set_title(_wrapped(f"{m.title}\n{id_counts_text(*m.ids)}", 70), fontsize=8)
+        else:
+            _draw_distance(fig, ax, m)
+    for ax in axes[len(maps) :]:
+        ax.set_axis_off()
+    if title:
+        fig.suptitle(_wrapped(title), fontsize=10)
+
+
+def _draw_distance(fig, ax, m: ErrorMap) -> None:
+    v = np.asarray(m.values, np.float64)
+    nan = v < 0
+    top = float(v[~nan].max()) if (~nan).any() else 0.0
+    shown = _max_pool(np.log10(1.0 + np.where(nan, max(top, 1.0) * 10, v)))
+    im = ax.imshow(shown, aspect="auto", interpolation="nearest", cmap="magma", vmin=0.0,
+                   vmax=max(float(shown.max()), np.log10(2.0)),
+                   extent=(0, v.shape[1], v.shape[0], 0))  # fmt: skip
+    unit = m.unit if len(m.unit) <= 28 else "distance (units: title)"
+    fig.colorbar(im, ax=ax, label=f"log10(1 + {unit})")
+    for c0, name in m.columns:
+        ax.axvline(c0, color="white", linewidth=0.8)
+        ax.text(c0, 0, f" {name}", color="white", fontsize=7, va="top")
+    if m.row_names is not None and len(m.row_names) <= 24:
+        ax.set_yticks(np.arange(len(m.row_names)) + 0.5, [str(r) for r in m.row_names],
+                      fontsize=6)  # fmt: skip
+    ax.set_ylabel(m.row_label)
+    ax.set_xlabel("element of the row (trailing axes flattened)")
+    n_diff = int((v != 0).sum())
+    what = f"{n_diff} of {v.size} elements differ, max {top:.4g} {m.unit}"
+    if nan.any():
+        what += f", {int(nan.sum())} NaN pairs (drawn brightest)"
+    ax.set_title(_wrapped(f"{m.title}\n{what}", 70), fontsize=8)
 
 
 def draw_ulp_histogram(ax, ulps: np.ndarray, dtype: str) -> None:
@@ -522,11 +825,30 @@ def save_ids_png(path: Path, *, grid: np.ndarray, marks: list, title: str,
     position (x), which ids both select, which the device misses, adds or puts after the
     entries read, which are accepted ties (:func:`id_grid`), max-pooled so that a wrong id is
     never hidden, and a marker on each tied or wrong id."""
-    import matplotlib
-
     plt = _pyplot()
     fig = plt.figure(figsize=(11, 5.5), dpi=90, layout="constrained")
     ax = fig.subplots()
+    _draw_id_grid(ax, grid, marks, row_label=row_label)
+    fig.suptitle(_wrapped(title), fontsize=10)
+    _save_small_png(fig, path)
+    plt.close(fig)
+
+
+def id_counts_text(grid: np.ndarray, marks: list) -> str:
+    """``"selected by both 2596, missing 1, ..."``: the id picture's categories with a count
+    (the legend's numbers, in one line)."""
+    counts = np.bincount([c for _, _, c in marks], minlength=len(ID_CATEGORIES))
+    counts[1] = int((grid == 1).sum())
+    return ", ".join(f"{name.split(' (')[0]} {int(counts[j])}"
+                     for j, (name, _) in enumerate(ID_CATEGORIES) if j and counts[j])  # fmt: skip
+
+
+def _draw_id_grid(ax, grid: np.ndarray, marks: list, *, row_label: str = "id row",
+                  legend: bool = True) -> None:  # fmt: skip
+    """The id picture of :func:`save_ids_png` into ``ax`` (``legend``: the colour legend
+    under it)."""
+    import matplotlib
+
     colours = [c for _, c in ID_CATEGORIES]
     ax.imshow(_pool_max(grid), aspect="auto", interpolation="nearest",
               cmap=matplotlib.colors.ListedColormap(colours), vmin=-0.5,
@@ -540,7 +862,5 @@ def save_ids_png(path: Path, *, grid: np.ndarray, marks: list, title: str,
         ax.set_yticks(np.arange(grid.shape[0]) + 0.5, [str(j) for j in range(grid.shape[0])])
     ax.set_xlabel("candidate position (id)")
     ax.set_ylabel(row_label)
-    _id_legend(ax, grid, marks)
-    fig.suptitle(_wrapped(title), fontsize=10)
-    _save_small_png(fig, path)
-    plt.close(fig)
+    if legend:
+        _id_legend(ax, grid, marks)

@@ -10,6 +10,7 @@ import json
 import time
 from pathlib import Path
 
+import numpy as np
 from tilesim.cli import CliError
 from tilesim.cli import tensorio as tio
 from tilesim.cli.dumps import match_actuals
@@ -121,6 +122,7 @@ class ActualVerdict:
     actual: object = None
     golden: object = None
     map_title: str = ""
+    maps: list = dataclasses.field(default_factory=list)  # ErrorMap per output (by stage)
 
 
 def _trace_actual(args, run: TraceRun) -> ActualVerdict:
@@ -142,7 +144,8 @@ def _trace_actual(args, run: TraceRun) -> ActualVerdict:
     if run.op in PLAN_OPS:
         rep = judge_run_stages(run.op, pairs, tol, run.args, run.goldens, name=run.name)
         last = rep.summary().splitlines()[-1]
-        return ActualVerdict([f"{_sources(pairs)} vs golden: {last}", *notes], rep.passed)
+        return ActualVerdict([f"{_sources(pairs)} vs golden: {last}", *notes], rep.passed,
+                             map_title=last, maps=_stage_maps(run, pairs, rep, tol))  # fmt: skip
     results = judge_run(run.op, gs, pairs, tol, run.args, name=run.name)
     out = ActualVerdict([_verdict_line(r, a, g, len(gs.outputs)) for r, _, a, g, _ in results])
     out.lines += notes
@@ -153,6 +156,86 @@ def _trace_actual(args, run: TraceRun) -> ActualVerdict:
         out.actual, out.golden = a.array.reshape(g.array.shape), g.array
         out.map_title = out.lines[j]
     return out
+
+
+def _stage_maps(run: TraceRun, pairs, rep, tol: dict) -> list:
+    """One :class:`~tilesim.cli.plot.ErrorMap` per judged output of an op judged by stage, in
+    the op's output order: the distance to the run's golden per token x feature, a cache's
+    per written slot x field, the ids' selection picture."""
+    from tilesim.reference.judge_stages import output_spec
+    from tilesim.shared.dsa_attention_step import IPROLOG_NAMES
+
+    step_name = IPROLOG_NAMES if run.op == "dsa_indexer_prolog" else {}
+    judged = {o.name: (s, o) for s in rep.stages for o in s.outputs}
+    geometry = _cache_geometry(run.op, run.args)
+    maps = []
+    for g, a in pairs:
+        name = step_name.get(g.name, g.name)
+        if name not in judged:
+            continue
+        stage, res = judged[name]
+        title = f"stage {stage.stage}, {name}: {'PASS' if res.passed else 'FAIL'}"
+        if not stage.against.startswith("the stored golden"):
+            title += f" (judged against {stage.against}; drawn against the stored golden)"
+        spec = output_spec(name, geometry[3], tol)
+        maps.append(_one_map(name, spec.kind, a.array, g.array, res, geometry, title))
+    return maps
+
+
+def _cache_geometry(op: str, args: dict) -> tuple:
+    """(written slots, latent cache layout, block size, path) of a traced call."""
+    from tilesim.shared.mla_prolog import PATH_DEFAULTS
+
+    if op == "dsa_attention_step":
+        from tilesim.reference.dsa_attention_step import step_args
+
+        a = step_args(**{**args, "trace": None, "progress": False})
+        return np.asarray(a.slots, np.int64), a.layout, a.ins.block_size, a.path
+    path = args.get("path", "int8")
+    slots = np.asarray(args["slot_mapping"], np.int64).reshape(-1)
+    layout = args.get("cache_layout") or PATH_DEFAULTS[path]["cache_layout"]
+    return slots, layout, int(args.get("block_size") or 128), path
+
+
+def _one_map(name, kind, actual, golden, res, geometry, title):
+    from tilesim.cli.plot import ErrorMap, distance_map, id_grid
+
+    g = np.asarray(golden)
+    a = np.asarray(actual).reshape(g.shape)
+    if kind == "ids":
+        verdict = res.verdicts[0][1]
+        return ErrorMap(title, ids=id_grid(verdict, a, g), row_label="id row")
+    if kind != "cache":
+        values, unit = distance_map(a, g)
+        return ErrorMap(title, values, unit, row_names=list(range(values.shape[0])))
+    return _cache_map(name, a, g, res, geometry, title)
+
+
+def _cache_map(name, a, g, res, geometry, title):
+    """A cache's map: its written slots (rows) x its fields' columns, each field in its own
+    unit; the title adds the judge's count of unwritten rows that differ."""
+    from tilesim.cli.plot import ErrorMap, distance_map
+    from tilesim.reference.judge_stages import cache_fields
+
+    slots, layout, block_size, _ = geometry
+    if a.dtype != g.dtype and a.dtype.itemsize == g.dtype.itemsize:
+        a = a.view(g.dtype)
+    _, gf = cache_fields(name, g, layout, block_size)
+    _, af = cache_fields(name, a, layout, block_size)
+    written = np.unique(slots[slots >= 0])
+    parts, columns, units, c0 = [], [], [], 0
+    for field in gf:
+        d, unit = distance_map(af[field][written], gf[field][written])
+        parts.append(d.reshape(written.size, -1).astype(np.float64))
+        columns.append((c0, field))
+        units.append(f"{field}: {unit}")
+        c0 += parts[-1].shape[1]
+    values = np.concatenate(parts, axis=1) if parts else np.zeros((0, 0))
+    unwritten = "; ".join(c.text for c in res.checks)
+    return ErrorMap(f"{title}\n{unwritten}" if unwritten else title, values,
+                    "; ".join(units) if len(units) > 1 else units[0].split(": ", 1)[1],
+                    row_label="written slot", row_names=written.tolist(),
+                    columns=columns if len(columns) > 1 else [])  # fmt: skip
 
 
 def _verdict_line(rep, a, g, n_outputs: int) -> str:
@@ -204,4 +287,5 @@ def _trace_png(path, run, records, summary, verdict: ActualVerdict) -> None:
         atol=tol["atol"],
         rtol=tol["rtol"],
         err_title=verdict.map_title,
+        error_maps=verdict.maps,
     )

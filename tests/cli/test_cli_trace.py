@@ -259,3 +259,192 @@ def test_the_deepseek_indexer_panel_is_no_softmax():
     assert key == "row_max" and "softmax" not in title and "mask" not in title
     assert title.startswith("per-block max of the FP32 index scores per query row")
     assert "1 rows seeing none of the block (-inf) left out" in title
+
+
+# ---------------------------------------------------------------------------------------------
+# the prologs and the layer step: drawn by stage, an error map per output
+
+#: DeepSeek-V3.2's MLA dimensions (the published config.json: hidden_size 7168, q_lora_rank
+#: 1536, 128 heads of qk_nope 128 + qk_rope 64, kv_lora_rank 512)
+HIDDEN, Q_LORA, HEADS, NOPE, ROPE, KV_LORA = 7168, 1536, 128, 128, 64, 512
+MLA_STAGES = ["q_a", "q_norm", "q_quant", "q_b", "absorb", "q_rope", "kv_a", "kv_norm",
+              "kv_quant", "k_rope", "cache_write"]  # fmt: skip
+MLA_CASE = "mla_prolog_int8_pad"
+
+
+def _figure():
+    from tilesim.cli.plot import _pyplot
+
+    return _pyplot().figure(figsize=(11, 8))
+
+
+def _titles(fig) -> list[str]:
+    """Every axes title and sub-figure title of ``fig``."""
+    out = [ax.get_title() for ax in fig.get_axes()]
+    subs = [fig, *fig.subfigs]
+    while subs:
+        f = subs.pop()
+        subs += list(getattr(f, "subfigs", []))
+        if f._suptitle is not None:
+            out.append(f._suptitle.get_text())
+    return out
+
+
+@pytest.fixture(scope="module")
+def mla_run(tmp_path_factory):
+    """The records of one traced MLA prolog case and its golden outputs."""
+    from tilesim.__main__ import main
+    from tilesim.cli.tensorio import read_npz
+
+    d = tmp_path_factory.mktemp("mla")
+    assert main(["golden", MLA_CASE, "-o", str(d)]) == 0
+    assert main(["trace", str(d / MLA_CASE), "--records", str(d / "r.jsonl")]) == 0
+    recs = [json.loads(line) for line in (d / "r.jsonl").read_text().splitlines()]
+    return recs, read_npz(d / MLA_CASE / "golden.npz"), read_npz(d / MLA_CASE / "inputs.npz")
+
+
+def test_the_mla_prologs_records_are_its_stages_in_pipeline_order(mla_run):
+    from tilesim.cli.plot import stage_rows
+
+    recs, gold, ins = mla_run
+    rows = stage_rows(recs)
+    assert [r["name"] for r in rows] == MLA_STAGES  # the INT8 path quantizes q_norm
+    t = gold["query_nope"].shape[0]
+    want = {
+        "q_a": 2 * t * HIDDEN * Q_LORA,
+        "q_b": 2 * t * Q_LORA * HEADS * (NOPE + ROPE),
+        "absorb": 2 * t * HEADS * NOPE * KV_LORA,
+        "kv_a": 2 * t * HIDDEN * (KV_LORA + ROPE),
+    }
+    assert {r["name"]: r["flop"] for r in rows if r["flop"]} == want  # fmt: skip
+    by = {r["name"]: r for r in rows}
+    # each stage's per-token max |result| is the golden output's where the stage is one
+    q_rope = np.abs(gold["query_rope"].astype(np.float64)).reshape(t, -1).max(axis=1)
+    assert np.array_equal(by["q_rope"]["amax"], q_rope)
+    scale = np.abs(gold["q_norm_scale"].astype(np.float64)).reshape(t)
+    assert np.array_equal(by["q_quant"]["amax"], scale)
+    slots = np.asarray(ins["slot_mapping"]).reshape(-1)
+    assert by["cache_write"]["slots"].tolist() == slots.tolist()
+    assert by["cache_write"]["written"].tolist() == (slots >= 0).tolist()
+    assert (slots < 0).any() and (slots >= 0).any()  # the case skips padding tokens
+
+
+def test_the_prolog_picture_names_its_stages_not_a_softmax(mla_run):
+    from tilesim.cli.plot import draw_schedule, is_staged
+
+    recs = mla_run[0]
+    assert is_staged(recs)
+    fig = _figure()
+    draw_schedule(fig, recs)
+    titles = " | ".join(_titles(fig))
+    assert "softmax" not in titles and "dropped" not in titles
+    assert "mla_prolog by stage" in titles and "matmul FLOPs per stage" in titles
+    assert "grey = skipped (slot -1)" in titles
+    labels = [t.get_text() for t in fig.get_axes()[0].get_yticklabels()]
+    assert [lb.split(":")[0] for lb in labels] == MLA_STAGES
+    n_written = int(sum(r["keys_used"] for r in recs if r["extra"]["stage"] == "cache_write"))
+    assert labels[-1] == f"cache_write: {n_written} of 6 tokens written"
+
+
+def test_a_nonfinite_stage_result_is_named_in_the_title():
+    from tilesim.cli.plot import stage_rows, stage_title
+    from tilesim.shared.trace import emit_stage
+
+    recs: list = []
+    emit_stage(recs.append, "p", 0, "norm", np.array([[1.0, 2.0], [np.nan, 0.0]], np.float32))
+    ((row,),) = [stage_rows(recs)]
+    assert row["amax"][0] == 2.0 and np.isnan(row["amax"][1])
+    assert "red = NaN / inf (1 token rows)" in stage_title("p", [row])
+    emit_stage(None, "p", 0, "norm", object())  # no hook: the value is never read
+
+
+def test_the_layer_step_is_one_panel_per_stage_in_order(cli, tmp_path):
+    from tilesim.cli.plot import draw_schedule, op_groups, stage_rows, stage_title
+
+    rec = tmp_path / "r.jsonl"
+    assert cli("trace", "dsa_attention_step_short_int8", "--records", rec)[0] == 0
+    recs = [json.loads(line) for line in rec.read_text().splitlines()]
+    ops = [op for op, _ in op_groups(recs)]
+    assert ops[:3] == ["mla_prolog", "dsa_indexer_prolog", "dsa_indexer"]
+    assert len(ops) == 4 and ops[3].startswith("sparse_attention")
+    fig = _figure()
+    draw_schedule(fig, recs)
+    titles = _titles(fig)
+    for j, op in enumerate(ops):
+        assert any(t.startswith(f"stage {j + 1} of 4: {op}") for t in titles), (op, titles)
+    # the softmax statistics are the attention's alone; the indexer's scores are no softmax
+    soft = [t for t in titles if "softmax" in t]
+    assert len(soft) == 2 and all(t.startswith("per-tile softmax row") for t in soft)
+    assert any(t.startswith("per-block max of the FP32 index scores per query row") for t in titles)
+    ip = stage_rows(dict(op_groups(recs))["dsa_indexer_prolog"])
+    assert [r["name"] for r in ip] == ["q_linear", "q_rope", "q_hadamard", "q_quant", "k_linear",
+                                       "k_layernorm", "k_rope", "k_hadamard", "k_quant",
+                                       "weights", "cache_write"]  # fmt: skip
+    assert stage_title("dsa_indexer_prolog", ip).startswith("dsa_indexer_prolog by stage, 11")
+
+
+def test_distance_map_counts_ulps_and_code_steps():
+    from tilesim.cli.plot import distance_map
+
+    g = np.array([[1.0, 2.0], [-1.0, 0.5]], ml_dtypes.bfloat16)
+    bits = g.view(np.uint16).copy()
+    bits[0, 1] += 3  # three BF16 steps away from 2.0 (same sign: magnitude bits)
+    a = bits.view(ml_dtypes.bfloat16)
+    a[1, 0] = np.nan
+    d, unit = distance_map(a, g)
+    assert d.tolist() == [[0, 3], [-1, 0]] and unit == "ULP in bfloat16"
+    c = np.array([[5, -7, 127]], np.int8)
+    d, unit = distance_map(c + np.array([[0, 2, -4]], np.int8), c)
+    assert d.tolist() == [[0, 2, 4]] and unit.startswith("code steps")
+
+
+def test_trace_actual_of_a_prolog_draws_an_error_map_per_output(cli, tmp_path, monkeypatch):
+    """A dump with ``query_rope`` wrong on one token and two heads and one written
+    ``kv_cache`` row off by 3 codes: one map per output, each named by stage and output, the
+    errors where they were put."""
+    import tilesim.cli.plot as plot
+    from tilesim.cli.tensorio import read_npz, write_npz
+
+    got = {}
+
+    def spy(path, **kw):
+        got.update(kw)
+        return save(path, **kw)
+
+    save = plot.save_trace_png
+    monkeypatch.setattr(plot, "save_trace_png", spy)
+    assert cli("golden", MLA_CASE, "-o", tmp_path)[0] == 0
+    gold = read_npz(tmp_path / MLA_CASE / "golden.npz")
+    d = {k: np.array(v) for k, v in gold.items() if v is not None}
+    q = d["query_rope"].astype(np.float32)
+    q[2, 5:7, :] *= 1.5
+    d["query_rope"] = q.astype(ml_dtypes.bfloat16)
+    slots = np.asarray(read_npz(tmp_path / MLA_CASE / "inputs.npz")["slot_mapping"]).reshape(-1)
+    row = int(slots[slots >= 0][1])
+    kv = d["kv_cache"].reshape(-1, KV_LORA)
+    kv[row, 10:20] = np.clip(kv[row, 10:20].astype(np.int16) + 3, -128, 127).astype(np.int8)
+    write_npz(tmp_path / "dump.npz", d)
+    png = tmp_path / "e.png"
+    code, out, err = cli("trace", tmp_path / MLA_CASE, "--actual", tmp_path / "dump.npz",
+                         "--png", png)  # fmt: skip
+    assert code == 1 and "first failing stage mla_prolog" in out, err
+    maps = {m.title.split(":")[0]: m for m in got["error_maps"]}
+    assert set(maps) == {f"stage mla_prolog, {n}" for n in gold if gold[n] is not None}
+    m = maps["stage mla_prolog, query_rope"]
+    assert "FAIL" in m.title and m.unit == "ULP in bfloat16"
+    assert m.values.shape == (6, HEADS * ROPE)
+    bad = np.argwhere(m.values != 0)
+    assert set(bad[:, 0]) == {2} and bad[:, 1].min() >= 5 * ROPE and bad[:, 1].max() < 7 * ROPE
+    c = maps["stage mla_prolog, kv_cache"]
+    assert c.row_label == "written slot" and c.row_names == sorted(slots[slots >= 0].tolist())
+    r = c.row_names.index(row)
+    assert np.flatnonzero(c.values[r]).tolist() == [j for j in range(10, 20)
+                                                    if kv[row, j] != gold["kv_cache"].reshape(
+                                                        -1, KV_LORA)[row, j]]  # fmt: skip
+    assert not np.delete(c.values, r, axis=0).any()
+    assert "PASS" in maps["stage mla_prolog, query_nope"].title
+    assert not maps["stage mla_prolog, query_nope"].values.any()
+    fig = _figure()
+    plot.draw_error_maps(fig, got["error_maps"])
+    assert sum("ULP in bfloat16" in t for t in _titles(fig)) >= 2
+    assert png.exists()
