@@ -185,17 +185,45 @@ def latent_views(layout: str, kv_cache, kr_cache, kv_scale_cache) -> tuple:
 
 
 # ----------------------------------------------------------------------------- meta checks
-def _check_path_weights(ins, path: str, linears: dict) -> None:
-    """``w_uq_qr`` decides the MLA prolog's ``q_norm`` dtype; the indexer prolog of ``path``
-    reads it (INT8 + per-token scale on ``"int8"``, BF16 on ``"fp8"``)."""
-    int8 = linears["q_b"] == "int8_channel"
-    if int8 != (path == "int8"):
-        want = "INT8 (per-channel scales)" if path == "int8" else "FP8 E4M3 or BF16"
-        got = dtype_of(ins.w_uq_qr, "w_uq_qr")
-        raise TypeError(
-            f"w_uq_qr: expected {want} for path={path!r} (the indexer prolog of this path reads "
-            f"the MLA prolog's q_norm, {'INT8' if path == 'int8' else 'BF16'}), got {got}"
-        )
+#: the weights whose dtype follows ``path`` (the arrays a path mismatch shows first):
+#: ``w_uq_qr`` decides the MLA prolog's ``q_norm`` dtype, which the indexer prolog of the
+#: path reads (INT8 + per-token scale on ``"int8"``, BF16 on ``"fp8"``); ``w_qb`` is the
+#: indexer prolog's (INT8 per-channel / E4M3 blocks)
+PATH_WEIGHTS = {
+    "int8": {"w_uq_qr": (np.int8,), "w_qb": (np.int8,)},
+    "fp8": {"w_uq_qr": (FP8_E4M3, BF16), "w_qb": (FP8_E4M3,)},
+}
+_PATH_TEXT = {
+    "int8": "INT8 with per-channel scales (pypto-gym's 910B path)",
+    "fp8": "FP8 E4M3 with block scales (DeepSeek's path; w_uq_qr may also be BF16)",
+}
+
+
+def _check_path_weights(ins, path: str) -> None:
+    """The weights of :data:`PATH_WEIGHTS` against ``path``, first of all the arrays: a dump
+    of the other path's weights is named by its weight, not by a later switch default (the
+    path's RoPE table, its latent cache layout) that it happens to contradict."""
+    for name, dtypes in PATH_WEIGHTS[path].items():
+        got = dtype_of(getattr(ins, name), name)
+        if got not in tuple(np.dtype(d) for d in dtypes):
+            raise TypeError(f"{name}: expected {_PATH_TEXT[path]} for path={path!r}, got {got}")
+
+
+def _check_index_rope_table(ins, t: int) -> None:
+    """``index_rope_layout="interleaved"`` takes one angle per pair (``cos`` / ``sin`` ``[T,
+    32]``); the step checks it under its own switch name before the indexer prolog's check
+    (which names its ``rope_layout``)."""
+    if ins.index_rope_layout != "interleaved":
+        return
+    for name in ("cos", "sin"):
+        check_array(getattr(ins, name), name, ndim=2, layout="[T, 32|64]")
+        shp = shape_of(getattr(ins, name), name)
+        if shp[1] != iprolog_contract.ROPE_DIM // 2:
+            raise ValueError(
+                f"index_rope_layout: expected 'halves' for a {name} table of shape {shp} (the "
+                f"indexer prolog's 'interleaved' layout takes [{t}, 32], one angle per pair), "
+                f"got 'interleaved'"
+            )
 
 
 def _check_latent_block_size(ins, layout: str, bs: int) -> None:
@@ -210,7 +238,7 @@ def _meta_prologs(ins, t: int, trace):
     stand_slots = _zeros((t,), np.int64)
     mla = mla_contract.check_meta(mla_namespace(ins, stand_slots), **mla_switches(ins),
                                   trace=trace)  # fmt: skip
-    _check_path_weights(ins, ins.path, mla.linears)
+    _check_index_rope_table(ins, t)
     qdt, qs = (np.int8, _zeros((t, 1), np.float32)) if ins.path == "int8" else (BF16, None)
     q_norm = _zeros((t, mla_contract.Q_LORA), qdt)
     ip = iprolog_contract.check_meta(iprolog_namespace(ins, stand_slots, q_norm, qs),
@@ -260,12 +288,14 @@ def _check_decode_rows(ins, t: int) -> None:
 
 def check_meta(ins, *, trace=None, progress=None) -> Args:
     """Dtypes, shapes and switches of every stage, before any value is read (``ins``: the
-    namespace of :func:`step_inputs` and :func:`step_keywords`): ``path``; the MLA prolog's
-    checks, then ``w_uq_qr``'s dtype against ``path``; the indexer prolog's (on a stand-in
-    ``q_norm``); the indexer's (stand-in ``q``, ``weights``, ``q_scale``); ``slot_mapping``
-    an integer ``[T]``; the latent cache's block size; the attention's (stand-in queries and
-    ids: ``softmax_scale``, ``tiling``, the latent cache as it reads it). ``ValueError`` /
-    ``TypeError`` naming the step's argument, expected and actual."""
+    namespace of :func:`step_inputs` and :func:`step_keywords`): ``path``, the indexer
+    prolog's renamed switches, ``x`` (``T >= 1``), the dtypes of :data:`PATH_WEIGHTS` against
+    ``path``; the MLA prolog's checks; ``index_rope_layout`` against ``cos``; the indexer
+    prolog's (on a stand-in ``q_norm``); the indexer's (stand-in ``q``, ``weights``,
+    ``q_scale``); ``slot_mapping`` an integer ``[T]``; the latent cache's block size; the
+    attention's (stand-in queries and ids: ``softmax_scale``, ``tiling``, the latent cache as
+    it reads it). ``ValueError`` / ``TypeError`` naming the step's argument, expected and
+    actual."""
     check_choice(ins.path, "path", PATHS)
     # the indexer prolog's switches the step renames, checked under the step's names
     check_choice(ins.index_rope_layout, "index_rope_layout", iprolog_contract.PROLOG_ROPE_LAYOUTS)
@@ -275,7 +305,8 @@ def check_meta(ins, *, trace=None, progress=None) -> Args:
     check_array(ins.x, "x", dtype=BF16, ndim=2, layout="[T, 7168]")
     t = shape_of(ins.x, "x")[0]
     if t == 0:
-        raise ValueError("x: expected at least one token, got shape (0, 7168)")
+        raise ValueError(f"x: expected at least one token, got shape {shape_of(ins.x, 'x')}")
+    _check_path_weights(ins, ins.path)
     mla, ip = _meta_prologs(ins, t, trace)
     _check_decode_rows(ins, t)
     ia = _meta_indexer(ins, t, trace, progress)
@@ -459,6 +490,7 @@ __all__ = [
     "KEYWORD_NAMES",
     "NO_SLOT",
     "PATHS",
+    "PATH_WEIGHTS",
     "STEP_FIELDS",
     "Args",
     "Plan",

@@ -67,6 +67,7 @@ from tilesim.shared.validate import (
     check_int_array,
     check_slot_mapping,
     check_trace,
+    check_weight_values,
     dtype_of,
     host_array,
     host_ints,
@@ -263,20 +264,13 @@ def check_values(args: Args) -> Args:
     NaN included, passes: only the written rows change). Returns ``args`` with a host int64
     ``slot_mapping`` and ``values=True``."""
     ins = args.ins
-    names = ["x", "q_norm", "w_proj", "ln_gamma", "ln_beta", "cos", "sin", "w_qb_scale"]
-    names += (["q_norm_scale", "hadamard_q", "hadamard_k"] if args.path == "int8"
-              else ["w_qb", "w_k", "w_k_scale"])  # fmt: skip
-    if args.path == "int8":
-        names.append("w_k")
+    names = ["x", "q_norm", "w_proj", "ln_gamma", "ln_beta", "cos", "sin"]
+    names += ["q_norm_scale", "hadamard_q", "hadamard_k"] if args.path == "int8" else []
     for name in names:
         check_finite(host_array(getattr(ins, name), name), name)
-    if args.path == "fp8":
-        for name in ("w_qb_scale", "w_k_scale"):
-            s = host_array(getattr(ins, name), name)
-            if not (s > 0).all():
-                idx = [int(i) for i in np.argwhere(~(s > 0))[0]]
-                raise ValueError(f"{name}: expected scales > 0, got {float(s[tuple(idx)])!r} "
-                                 f"at index {idx}")  # fmt: skip
+    fp8 = args.path == "fp8"
+    check_weight_values(ins.w_qb, "w_qb", ins.w_qb_scale, "w_qb_scale", block=fp8)
+    check_weight_values(ins.w_k, "w_k", ins.w_k_scale, "w_k_scale", block=fp8)
     return args._replace(slot_mapping=_check_slots(args), values=True)
 
 

@@ -48,6 +48,7 @@ from tilesim.shared.validate import (
     check_range,
     check_slot_mapping,
     check_trace,
+    check_weight_values,
     dtype_of,
     host_data,
     host_ints,
@@ -237,6 +238,8 @@ def _check_dense(ins) -> int:
     t, h = shape_of(ins.x, "x")
     if h != HIDDEN:
         raise ValueError(f"x: expected shape [T, {HIDDEN}], got {(t, h)}")
+    if t == 0:
+        raise ValueError(f"x: expected at least one token (shape [T >= 1, {HIDDEN}]), got {(t, h)}")
     check_array(
         ins.w_uk, "w_uk", dtype=BF16, shape=(HEADS, QK_NOPE, KV_LORA), layout="[128,128,512]"
     )
@@ -280,16 +283,20 @@ def check_meta(ins, *, path, rope_layout, rms_form, rms_eps, kv_quant, cache_lay
 
 def check_values(args: Args) -> Args:
     """The checks that read data: ``slot_mapping`` entries (``-1`` or a row in ``[0,
-    cache_rows)``, no row twice), finite ``x``, gammas, ``cos``/``sin`` and scales. Returns
-    :class:`Args` with a host int64 ``slot_mapping`` (``values=True``)."""
+    cache_rows)``, no row twice); finite ``x``, gammas and ``cos``/``sin``; every weight and
+    its scale by the rule both prologs share (:func:`tilesim.shared.validate.check_weight_values`:
+    no NaN / inf, no E4M3 NaN code, finite scales, FP8 block scales ``> 0``). Reads every
+    weight once (about 85 MB at full size, a bit test). Returns :class:`Args` with a host
+    int64 ``slot_mapping`` (``values=True``)."""
     ins = args.ins
     slots = check_slot_mapping(ins.slot_mapping, args.cache_rows,
                                f"rows of kv_cache {args.cache_shape}")  # fmt: skip
-    for name in ("x", "gamma_cq", "gamma_ckv", "cos", "sin", "w_uq_qr_scale", "w_dq_scale",
-                 "w_dkv_kr_scale"):  # fmt: skip
-        v = getattr(ins, name)
-        if v is not None:
-            check_finite(host_data(v, name), name)
+    for name in ("x", "gamma_cq", "gamma_ckv", "cos", "sin"):
+        check_finite(host_data(getattr(ins, name), name), name)
+    for w, linear in (("w_dq", "q_a"), ("w_uq_qr", "q_b"), ("w_dkv_kr", "kv_a")):
+        check_weight_values(getattr(ins, w), w, getattr(ins, f"{w}_scale"), f"{w}_scale",
+                            block=args.linears[linear] == "fp8_block")  # fmt: skip
+    check_weight_values(ins.w_uk, "w_uk")
     return args._replace(slot_mapping=slots, values=True)
 
 

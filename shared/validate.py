@@ -251,6 +251,32 @@ def check_finite(a: np.ndarray, name: str) -> None:
         )
 
 
+def check_positive(a: np.ndarray, name: str, what: str = "values") -> None:
+    """``ValueError`` naming the first element of host float ``a`` that is not ``> 0`` (NaN
+    included): ``"<name>: expected <what> > 0, got <value> at index [...]"``."""
+    a = np.asarray(a)
+    bad = ~(a > 0)
+    if bad.any():
+        idx = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ValueError(f"{name}: expected {what} > 0, got {float(a[idx])!r} at index {list(idx)}")
+
+
+def check_weight_values(w, w_name: str, scale=None, s_name: str = "", *, block: bool = False):
+    """The one value rule of a prolog's weight and its scale (the MLA and the indexer prolog):
+    every element of ``w`` finite (BF16 / FP32 / FP16: no NaN or inf; FP8 E4M3FN: no NaN code
+    ``0x7F`` / ``0xFF``; INT8 codes always pass), ``scale`` (when given) finite, and ``> 0``
+    for ``block`` scales (DeepSeek's per-128 x 128 ``weight_scale_inv``; a per-channel INT8
+    scale may be 0 for an all-zero channel). Bit tests on host data: a full-size weight is
+    read once (docs/numerics.md, "Input policy"). ``ValueError`` naming the first bad entry."""
+    check_finite(host_array(w, w_name), w_name)
+    if scale is None:
+        return
+    s = host_array(scale, s_name)
+    check_finite(s, s_name)
+    if block:
+        check_positive(s, s_name, "scales")
+
+
 def check_int_array(x, name: str, *, ndim: int | None = None, shape=None, layout=""):
     """:func:`check_array` (kind, ``ndim`` / ``shape``), then ``TypeError`` unless the dtype
     is an integer one (bool refused); metadata only. Returns the shape as a tuple of ints."""
@@ -572,12 +598,14 @@ __all__ = [
     "check_int_sequence",
     "check_ndim",
     "check_pos_int",
+    "check_positive",
     "check_range",
     "check_real",
     "check_shape",
     "check_slot_mapping",
     "check_str",
     "check_trace",
+    "check_weight_values",
     "dtype_of",
     "e4m3_nan_codes",
     "env_choice",

@@ -64,11 +64,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
             _trace_png(outputs.temp(png), run, records, summary, verdict)
         if args.records:
             _write_records(outputs.temp(Path(args.records)), records)
-    lanes = ", ".join(summary["lane_keys"]) or "no lane keys"
-    print(
-        f"{run.name}: {run.op} ran {summary['tiles']} tiles in {summary['lanes']} lanes "
-        f"({lanes}); tile sizes {summary['tile_sizes']}"
-    )
+    print(_run_line(run, records, summary))
     for line in verdict.lines:
         print(f"  {line}")
     if args.records:
@@ -76,6 +72,24 @@ def cmd_trace(args: argparse.Namespace) -> int:
     if png is not None:
         print(f"  wrote {png} ({size_text(png.stat().st_size)})")
     return 0 if verdict.passed else 1
+
+
+def _run_line(run: TraceRun, records: list[dict], summary: dict) -> str:
+    """The report's first line: an op traced by pipeline stage (the prologs) names its stages
+    and the tokens written; any other op counts its tiles, lanes and tile sizes."""
+    from tilesim.cli.plot import is_staged, stage_rows
+
+    if is_staged(records):
+        rows = stage_rows(records)
+        text = f"{run.name}: {run.op} traced {len(rows)} stages in pipeline order "
+        text += f"({', '.join(r['name'] for r in rows)})"
+        writes = [r for r in rows if r["written"] is not None]
+        for r in writes:
+            text += f"; cache rows written for {int(r['written'].sum())} of {r['tokens']} tokens"
+        return text
+    lanes = ", ".join(summary["lane_keys"]) or "no lane keys"
+    return (f"{run.name}: {run.op} ran {summary['tiles']} tiles in {summary['lanes']} lanes "
+            f"({lanes}); tile sizes {summary['tile_sizes']}")  # fmt: skip
 
 
 def _trace_target(args) -> tuple[str, object]:

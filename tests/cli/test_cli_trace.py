@@ -428,6 +428,9 @@ def test_trace_actual_of_a_prolog_draws_an_error_map_per_output(cli, tmp_path, m
     code, out, err = cli("trace", tmp_path / MLA_CASE, "--actual", tmp_path / "dump.npz",
                          "--png", png)  # fmt: skip
     assert code == 1 and "first failing stage mla_prolog" in out, err
+    n = int((slots >= 0).sum())
+    assert f"traced 11 stages in pipeline order ({', '.join(MLA_STAGES)}); cache rows " \
+        f"written for {n} of {slots.size} tokens" in out  # fmt: skip
     maps = {m.title.split(":")[0]: m for m in got["error_maps"]}
     assert set(maps) == {f"stage mla_prolog, {n}" for n in gold if gold[n] is not None}
     m = maps["stage mla_prolog, query_rope"]

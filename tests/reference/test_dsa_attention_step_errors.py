@@ -9,7 +9,7 @@ import importlib
 import numpy as np
 import pytest
 from tilesim.reference.dsa_attention_step_cases import dsa_attention_step_make_case
-from tilesim.shared.casts import BF16
+from tilesim.shared.casts import BF16, FP8_E4M3
 from tilesim.shared.index_cache import fp8_page_views
 
 #: the golden's module (``tilesim.reference.dsa_attention_step`` as an attribute is the function)
@@ -113,7 +113,31 @@ BAD = [
     ("rms_form", "int8", lambda c: {}, {"rms_form": "layer"}, ValueError, "rms_form:"),
     ("trace", "int8", lambda c: {}, {"trace": 3}, TypeError, "trace:"),
     ("progress", "int8", lambda c: {}, {"progress": "yes"}, TypeError, "progress:"),
+    ("no_tokens", "fp8", lambda c: {k: c["inputs"][k][:0] for k in ("x", "cos", "sin")}, {},
+     ValueError, "x: expected at least one token"),
+    ("fp8_path_int8_weights", "int8", lambda c: {}, {"path": "fp8"}, TypeError, "w_uq_qr:"),
+    ("int8_path_fp8_weights", "fp8", lambda c: {}, {"path": "int8"}, TypeError, "w_uq_qr:"),
+    ("w_qb_other_path", "int8",
+     lambda c: {"w_qb": np.zeros(c["inputs"]["w_qb"].shape, np.float32).astype(FP8_E4M3)}, {},
+     TypeError, "w_qb:"),
+    ("index_rope_table", "int8", lambda c: {}, {"index_rope_layout": "interleaved"},
+     ValueError, "index_rope_layout:"),
+    ("w_dq_nan_code", "fp8", lambda c: _code(c, "w_dq", 0x7F), {}, ValueError, "w_dq:"),
+    ("w_uq_qr_nan_code", "fp8", lambda c: _code(c, "w_uq_qr", 0xFF), {}, ValueError, "w_uq_qr:"),
+    ("w_uk_inf", "int8", lambda c: _code(c, "w_uk", 0x7F80), {}, ValueError, "w_uk:"),
+    ("w_k_nan", "int8", lambda c: _code(c, "w_k", 0x7FC0), {}, ValueError, "w_k:"),
+    ("w_dq_scale_zero", "fp8", lambda c: {"w_dq_scale": np.zeros_like(c["inputs"]["w_dq_scale"])},
+     {}, ValueError, "w_dq_scale: expected scales > 0"),
 ]  # fmt: skip
+
+
+def _code(case, name: str, bits: int) -> dict:
+    """``name`` with its element 1 replaced by the raw bits ``bits`` (an E4M3 NaN code, a BF16
+    inf or NaN)."""
+    a = np.array(case["inputs"][name], copy=True)
+    u = np.uint8 if a.dtype.itemsize == 1 else np.uint16
+    a.view(u).reshape(-1)[1] = bits
+    return {name: a}
 
 
 @pytest.mark.parametrize("bad", BAD, ids=[b[0] for b in BAD])
@@ -142,3 +166,35 @@ def test_unknown_or_missing_argument_names_the_op(cases):
     del inputs["w_k"]
     with pytest.raises(TypeError, match=r"^dsa_attention_step\(\).*w_k"):
         step_mod.dsa_attention_step(**inputs, **case["params"])
+
+
+PATH_MESSAGES = [
+    ("int8", "fp8", ["w_uq_qr: expected FP8 E4M3", "path='fp8'", "got int8"]),
+    ("fp8", "int8", ["w_uq_qr: expected INT8", "path='int8'", "got float8_e4m3fn"]),
+]
+
+
+@pytest.mark.parametrize("built, path, words", PATH_MESSAGES, ids=["fp8_on_int8", "int8_on_fp8"])
+def test_path_mismatch_names_the_weight(cases, no_stage, built, path, words):
+    """The other path's weights are named by the weight, its expected and its actual dtype
+    (before: ``cos`` for ``path="fp8"`` with INT8 weights -- the FP8 path's RoPE default --,
+    ``kr_cache`` for ``path="int8"`` with FP8 ones -- the INT8 path's cache layout)."""
+    case = cases[built]
+    with pytest.raises(TypeError) as info:
+        step_mod.dsa_attention_step(**case["inputs"], **{**case["params"], "path": path},
+                                    progress=False)  # fmt: skip
+    for w in words:
+        assert w in str(info.value), (w, str(info.value))
+
+
+def test_index_rope_layout_mistake_names_the_step_switch(cases, no_stage):
+    """``index_rope_layout="interleaved"`` with the INT8 path's [T, 64] table: the message
+    names the step's switch (before: the indexer prolog's ``rope_layout``), what it needs and
+    the table's shape."""
+    case = cases["int8"]
+    with pytest.raises(ValueError) as info:
+        step_mod.dsa_attention_step(**case["inputs"], **case["params"], progress=False,
+                                    index_rope_layout="interleaved")  # fmt: skip
+    msg = str(info.value)
+    assert msg.startswith("index_rope_layout: expected 'halves'") and "got 'interleaved'" in msg
+    assert "(4, 64)" in msg and "[4, 32]" in msg and "rope_layout=" not in msg
