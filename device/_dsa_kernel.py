@@ -63,6 +63,7 @@ from tilesim.device._pypto_common import (
     jit_options,
     merge_chunk,
     merge_plan,
+    replaced,
 )
 from tilesim.device.backend import compiled
 
@@ -789,10 +790,32 @@ SEED_JIT = {
 #: prefill preset keeps the seeds' set unmeasured
 JIT = {(soc, mode): spec for soc in ("910b", "950") for mode, spec in SEED_JIT.items()}
 
+#: the large-batch build of the online kernel (picked by token count:
+#: :func:`tilesim.shared.dsa.kernel_build`): the seeds' options with two task merges that
+#: change no arithmetic. ``cube_l1_reuse_setting {-1: 4}`` (the L1 reuse of
+#: ``hicann/pypto:models/deepseek_v32_exp/sparse_attention_antiquant_impl.py``'s ``_p``
+#: kernel) packs a KV tile's four 128-key C1 subgraphs, which read the same Q rows, into one
+#: cube task that copies Q once (15 copies instead of 24); ``vec_nbuffer_setting {-1: 4}`` (as
+#: the indexer, ``_dsa_indexer_kernel.JIT``) packs identically shaped vector subgraphs (the V0
+#: row tiles, the V1 halves) into shared tasks: fewer tasks and fewer successor edges for the
+#: scheduler threads to resolve. Both lengthen a token's chain (b1 52.3 -> 63.0 µs on the 950),
+#: so a small batch keeps the seeds' build (docs/ops/dsa.md#kernel, "Builds by token count")
+LARGE_BATCH_JIT = replaced(
+    SEED_JIT["online"],
+    ("pass", "cube_l1_reuse_setting", ((-1, 4),)),
+    ("pass", "vec_nbuffer_setting", ((-1, 4),)),
+)
+#: the kernel's builds: the name :func:`tilesim.shared.dsa.kernel_build` returns -> its spec
+#: per (SoC, mode) (``None``: the mode's :data:`JIT`)
+BUILDS = {"seeds": None, "large_batch": {"online": LARGE_BATCH_JIT}}
 
-def jit_spec(soc: str, mode: str) -> tuple:
-    """The option spec the kernels use on ``soc`` in softmax ``mode`` (:data:`JIT`)."""
-    return JIT[(soc, mode)]
+
+def jit_spec(soc: str, mode: str, build: str = "seeds") -> tuple:
+    """The option spec the kernels use on ``soc`` in softmax ``mode`` for ``build`` (a key of
+    :data:`BUILDS`; a mode the build does not cover runs :data:`JIT`'s spec)."""
+    if build not in BUILDS:
+        raise ValueError(f"build: expected one of {sorted(BUILDS)}, got {build!r}")
+    return (BUILDS[build] or {}).get(mode) or JIT[(soc, mode)]
 
 
 def build(form: str, quant: str, mode: str, params: NestParams, static_dims: tuple, jit: tuple):

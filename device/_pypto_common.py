@@ -4,7 +4,8 @@
 * the JIT-option spec: a kernel's options as a hashable tuple (part of its compile key),
   ``(("runtime", name, value), ("pass", name, ((scope, n), ...)), ("operation", name, value))``
   turned into ``pypto.frontend.jit`` arguments (:func:`jit_options`), its operation options
-  (:func:`operation_options`, :func:`combine_axis`) and the sweep's variants (:func:`without`);
+  (:func:`operation_options`, :func:`combine_axis`) and the variants of a spec (:func:`without`,
+  :func:`replaced`);
 * the online-softmax merge of key chunks (:func:`merge_chunk`) and its split form, the merge
   plan (:func:`fold_stats`, :class:`MergePlan`, :func:`merge_plan`, :func:`eval_tree`): the
   operations, in order, of ``tilesim.reference.arith.SoftmaxMerge("online")`` (tested bit for
@@ -50,6 +51,13 @@ def combine_axis(spec: tuple) -> bool:
 def without(spec: tuple, *names: str) -> tuple:
     """``spec`` without the options called ``names`` (the cost-model sweep's variants)."""
     return tuple(o for o in spec if o[1] not in names)
+
+
+def replaced(spec: tuple, *options: tuple) -> tuple:
+    """``spec`` with each of ``options`` (``(kind, name, value)`` entries) in place of the
+    entry of the same name, appended where ``spec`` has none (a build's variant of a spec)."""
+    names = [o[1] for o in options]
+    return (*without(spec, *names), *options)
 
 
 def merge_chunk(pypto, m, l, o, m_c, l_c, o_c, *, first: bool) -> None:
@@ -163,5 +171,6 @@ __all__ = [
     "merge_chunk",
     "merge_plan",
     "operation_options",
+    "replaced",
     "without",
 ]

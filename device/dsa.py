@@ -26,7 +26,10 @@ running it: the compile checks at the NPU tests' shapes and the cost-model optio
 ``tiling`` (:class:`tilesim.shared.tiling.SaTileShapeConfig`) selects the mode: the
 ``decode`` preset (online softmax over 512-key tiles, the seeds'
 ``_high`` kernel) or the ``prefill`` preset (per-tile normalised softmax over 2048-key tiles,
-the seeds' ``_d``/``_p``).
+the seeds' ``_d``/``_p``). The call's token count picks the build (its JIT options, part of the
+compile key): :func:`tilesim.shared.dsa.kernel_build` -- online calls of at least
+``LARGE_BATCH_ITEMS[soc]`` (token, group tile) work items run the large-batch build
+(:data:`tilesim.device._dsa_kernel.LARGE_BATCH_JIT`: task merges only, the same bits).
 
 Edges handled beyond the seeds' kernels, as the reference documents them: a query token with
 ``cur_seq = 0`` gets zeros (the seeds write nothing); a last tile with fewer than ``s_kv_tile``
@@ -52,6 +55,7 @@ from tilesim.shared.dsa import (
     Args,
     check_inputs,
     cost_of_indices,
+    kernel_build,
     kv_split_inputs,
     model_keywords,
     packed_inputs,
@@ -129,7 +133,8 @@ def _launch(a: Args, ints: tuple, form: str, quant: str, layout: str, caches: tu
     mode = "online" if a.tiling.softmax == "online" else "per_tile"
     capture = _CAPTURE.get()
     override = capture.get("jit") if capture is not None else None  # () = PyPTO's defaults
-    jit = kernels.jit_spec(target.soc, mode) if override is None else override
+    build = kernel_build(tokens=a.rows // a.nq, nq=a.nq, tiling=a.tiling, soc=target.soc)
+    jit = kernels.jit_spec(target.soc, mode, build) if override is None else override
     params = _nest_params(a, quant, layout, mask_col0, kernels.combine_axis(jit))
     kernel = kernels.build(form, quant, mode, params, (tensors[1].shape[0], bt.shape[1]), jit)
     kernel = functools.partial(kernel, params=params)
@@ -150,9 +155,10 @@ def prepared_launch(op: str, *args, jit: tuple | None = None, **kwargs) -> dict:
     kernel with its static parameters bound, and the exact tensors the NPU / sim path passes:
     query, caches, the index plan, the bucketed block table, ``kv_act_seqs``; then ``out``).
     Every check and the index planning run as in a real call. ``jit``: an option spec
-    replacing the SoC's (:func:`tilesim.device._dsa_kernel.jit_spec`; the cost-model sweep's
-    variants). Run it with ``tilesim.device.sim.run_compile(kernel, [*inputs, *outputs])``
-    (compile only) or ``run_kernel``."""
+    replacing the call's (:func:`tilesim.device._dsa_kernel.jit_spec`; the cost-model sweep's
+    variants; a build forced: ``jit=_dsa_kernel.jit_spec(soc, mode, build)``). Run it with
+    ``tilesim.device.sim.run_compile(kernel, [*inputs, *outputs])`` (compile only) or
+    ``run_kernel``."""
     check_choice(op, "op", ("sparse_attention_antiquant", "sparse_attention_antiquant_kv_split"))
     box: dict = {"jit": None if jit is None else tuple(jit)}
     token = _CAPTURE.set(box)

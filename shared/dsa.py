@@ -7,7 +7,8 @@ kernel wrapper: :class:`Args`, :func:`check_meta`, :func:`check_values`, :func:`
   ``kv_act_seqs``), reading no value; returns :class:`Args`. :func:`check_values` — the
   checks that read the integer inputs (``kv_act_seqs`` bounds, every used top-k entry). Both
   twins call both, so they accept and reject the same arguments with the same messages;
-  :func:`resolve_tiling` gives the tile config a call runs with.
+  :func:`resolve_tiling` gives the tile config a call runs with, :func:`kernel_build` the
+  kernel build (its JIT options) by the call's token count.
 * :func:`packed_inputs`, :func:`kv_split_inputs`, :func:`model_keywords` — the two ops'
   inputs, written once (:func:`tilesim.shared.validate.op_signature`); :func:`check_inputs`.
 * :func:`host_plan` — the physical rows and stand-ins (:mod:`tilesim.shared.dsa_rows`) and the
@@ -113,6 +114,25 @@ def resolve_tiling(tiling) -> SaTileShapeConfig:
     :func:`tilesim.shared.dsa_split_rule.split_tiling` sets it where a caller asks."""
     tiling = tiling_argument(tiling)
     return SaTileShapeConfig.from_env() if tiling is None else tiling
+
+
+#: per SoC, the fewest (token, group tile) work items for which the kernel runs its
+#: large-batch build (:func:`kernel_build`): the crossover measured in the cost model (decode
+#: preset, 2048 keys per token: the 950 ties at 5 tokens and gains from 6, the 910B loses at 6
+#: and gains from 7; docs/ops/dsa.md#kernel, "Builds by token count")
+LARGE_BATCH_ITEMS = {"910b": 7, "950": 6}
+
+
+def kernel_build(*, tokens: int, nq: int, tiling: SaTileShapeConfig, soc: str) -> str:
+    """Which build of the device kernel a call runs on ``soc``
+    (``tilesim.device._dsa_kernel.BUILDS``): ``"large_batch"`` for the online softmax when
+    ``tokens * ceil(nq / g_tile)`` work items reach ``LARGE_BATCH_ITEMS[soc]``, else
+    ``"seeds"``. The builds differ only in JIT options that merge tasks (same arithmetic, same
+    bits), so the golden needs no counterpart. The one rule, read by the wrapper."""
+    check_choice(soc, "soc", tuple(LARGE_BATCH_ITEMS))
+    items = check_pos_int(tokens, "tokens") * -(-check_pos_int(nq, "nq") // tiling.g_tile)
+    large = tiling.softmax == "online" and items >= LARGE_BATCH_ITEMS[soc]
+    return "large_batch" if large else "seeds"
 
 
 def _check_queries(query_nope, query_rope) -> int:
@@ -418,6 +438,7 @@ RECORD = OpRecord(
 
 
 __all__ = [
+    "LARGE_BATCH_ITEMS",
     "RECORD",
     "Args",
     "HEAD_DIM",
@@ -432,6 +453,7 @@ __all__ = [
     "cost",
     "cost_of_indices",
     "host_plan",
+    "kernel_build",
     "kv_split_inputs",
     "model_keywords",
     "packed_inputs",

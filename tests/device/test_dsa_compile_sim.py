@@ -116,6 +116,138 @@ def test_nan_in_unread_rows_changes_no_bit():
     assert r["poisoned"] > 256 and r["nan"] == 0 and r["same"], r
 
 
+# ----------------------------------------------------------------------------- builds
+def check_builds_by_token_count(soc) -> dict:
+    """Child: the wrapper over one cache pool at ``LARGE_BATCH_ITEMS[soc] - 1`` and
+    ``LARGE_BATCH_ITEMS[soc]`` tokens (s1 1, one group tile per token), judged against the golden;
+    then the larger call again with the seeds' build forced (``prepared_launch(jit=)``)."""
+    import tilesim.reference as reference
+    import torch
+    from tilesim.device import _dsa_kernel as kernels
+    from tilesim.device import compile_stats, dsa, reset_compile_stats, sim
+    from tilesim.shared.dsa import LARGE_BATCH_ITEMS
+
+    reset_compile_stats()
+    res = {"passed": []}
+    n = LARGE_BATCH_ITEMS[soc]
+    for i, b in enumerate((n - 1, n)):
+        case = _case(b, tuple(range(200, 200 + 37 * b, 37)), seed=40 + i)
+        inp, prm = dict(case["inputs"]), case["params"]
+        inp["nope_cache"] = _pool(inp["nope_cache"], 4096)
+        got, _ = dsa.sparse_attention_antiquant(**inp, **prm, backend="sim", soc=soc)
+        ref = reference.sparse_attention_antiquant(**inp, **prm)
+        res["passed"].append(bool(reference.judge(got, ref, case["tolerance"], kind="dsa").passed))
+        res[f"builds_{b}"] = compile_stats()
+    seeds = kernels.jit_spec(soc, "online", "seeds")
+    run = dsa.prepared_launch("sparse_attention_antiquant", **inp, **prm, jit=seeds,
+                              backend="sim", soc=soc)  # fmt: skip
+    sim.run_kernel(run["kernel"], [*run["inputs"], *run["outputs"]])
+    forced = run["outputs"][0].view(torch.int16).numpy()
+    res["same_bits"] = forced.tobytes() == np.asarray(got).view(np.int16).tobytes()
+    res["builds"] = compile_stats()
+    return res
+
+
+@pytest.mark.sim
+@pytest.mark.torch
+@pytest.mark.soc_910b
+def test_wrapper_picks_the_build_by_token_count():
+    """Below ``LARGE_BATCH_ITEMS`` tokens the seeds' build, from it on the large-batch build:
+    a second compiled kernel (the JIT spec is in the compile key), with the seeds' bits."""
+    from tilesim.device import sim
+    from tilesim.shared.dsa import LARGE_BATCH_ITEMS
+
+    n = LARGE_BATCH_ITEMS["910b"]
+    r = sim.isolated(check_builds_by_token_count, "910b", soc="910b")
+    assert r[f"builds_{n - 1}"] == {"dsa_sparse_attention": 1}, r
+    assert r[f"builds_{n}"] == {"dsa_sparse_attention": 2}, r
+    assert r["builds"] == {"dsa_sparse_attention": 2}, r  # the forced seeds' build is reused
+    assert all(r["passed"]) and r["same_bits"], r
+
+
+def large_batch_digest(key: str) -> str:
+    """Child: the digest of kernel-digest entry ``key``'s case run with the large-batch build
+    forced (``prepared_launch(jit=)``; the case itself is too small to pick it)."""
+    import tilesim.device as dev
+    from digests.golden_digests import digest_of
+    from digests.kernel_digests import _case, entries
+    from tilesim.device import _dsa_kernel as kernels
+    from tilesim.device import dsa, sim
+    from tilesim.shared.interop import to_numpy
+
+    family, name, over, soc = dict(entries())[key]
+    op_name, case = _case(family, name, over)
+    assert hasattr(dev, op_name)
+    kw = {k: v for k, v in case["params"].items() if k != "progress"}
+    spec = kernels.jit_spec(soc, "online", "large_batch")
+    run = dsa.prepared_launch(op_name, **case["inputs"], **kw, jit=spec, backend="sim", soc=soc)
+    sim.run_kernel(run["kernel"], [*run["inputs"], *run["outputs"]])
+    return digest_of(to_numpy(run["outputs"][0]))
+
+
+@pytest.mark.sim
+@pytest.mark.torch
+@pytest.mark.parametrize(
+    "key",
+    [
+        pytest.param("dsa/int8_pypto@910b", marks=pytest.mark.soc_910b),
+        pytest.param("dsa/fp8_kv_split@950", marks=pytest.mark.soc_950),
+        pytest.param("dsa/int8_pypto@950", marks=[pytest.mark.soc_950, pytest.mark.slow]),
+    ],
+)
+def test_large_batch_build_keeps_the_committed_digests(key):
+    """The large-batch build's output on the kernel-digest cases is the committed digest of the
+    seeds' build (tests/digests/kernel_digests.json): its task merges change no bit."""
+    import json
+
+    from digests.kernel_digests import DIGEST_FILE
+    from tilesim.device import sim
+
+    expected = json.loads(DIGEST_FILE.read_text())[key]
+    assert sim.isolated(large_batch_digest, key, soc=key.split("@")[1]) == expected
+
+
+@pytest.mark.sim
+def test_large_batch_build_is_the_seeds_options_with_two_merges():
+    """The large-batch spec differs from the seeds' online spec only in the L1 reuse and the
+    vector n-buffer merge (docs/ops/dsa.md#kernel, "Builds by token count"); per-tile mode
+    has no large-batch build."""
+    pytest.importorskip("pypto")
+    from tilesim.device import _dsa_kernel as k
+
+    for soc in ("910b", "950"):
+        big = k.jit_spec(soc, "online", "large_batch")
+        diff = set(big) ^ set(k.jit_spec(soc, "online"))
+        assert {o[1] for o in diff} == {"cube_l1_reuse_setting", "vec_nbuffer_setting"}, diff
+        assert dict((o[1], o[2]) for o in big)["cube_l1_reuse_setting"] == ((-1, 4),)
+        assert k.jit_spec(soc, "per_tile", "large_batch") == k.jit_spec(soc, "per_tile")
+    with pytest.raises(ValueError, match="build"):
+        k.jit_spec("950", "online", "huge")
+
+
+def test_kernel_build_rule():
+    """The one rule (tilesim.shared.dsa.kernel_build): work items = tokens x group tiles, the
+    threshold per SoC."""
+    from tilesim.shared.dsa import LARGE_BATCH_ITEMS, kernel_build
+    from tilesim.shared.tiling import SaTileShapeConfig
+
+    dec = SaTileShapeConfig.decode()
+    assert LARGE_BATCH_ITEMS == {"910b": 7, "950": 6}  # the measured crossovers (the op page)
+    for soc, n in LARGE_BATCH_ITEMS.items():
+        assert kernel_build(tokens=n - 1, nq=128, tiling=dec, soc=soc) == "seeds"
+        assert kernel_build(tokens=n, nq=128, tiling=dec, soc=soc) == "large_batch"
+        assert kernel_build(tokens=128, nq=128, tiling=dec, soc=soc) == "large_batch"
+        half = dec.replace(g_tile=64)  # two group tiles per token: half the tokens
+        assert kernel_build(tokens=-(-n // 2), nq=128, tiling=half, soc=soc) == "large_batch"
+        assert kernel_build(tokens=n // 2 - 1, nq=128, tiling=half, soc=soc) == "seeds"
+        pre = SaTileShapeConfig.prefill()
+        assert kernel_build(tokens=10 * n, nq=128, tiling=pre, soc=soc) == "seeds"
+    with pytest.raises(ValueError, match="tokens"):
+        kernel_build(tokens=0, nq=128, tiling=dec, soc="950")
+    with pytest.raises(ValueError, match="soc"):
+        kernel_build(tokens=8, nq=128, tiling=dec, soc="h100")
+
+
 # ----------------------------------------------------------------------------- CPU only
 @pytest.mark.torch
 def test_device_plan_equals_the_host_plan():

@@ -3,7 +3,9 @@ the matmul-only probe.
 
 Per SoC (910B INT8, 950 FP8 packed cache, decode preset, one query token per batch row, 2048
 keys): B 1 and B 8 through the kernel with ``tiling = split_tiling(decode, ...)`` (the default
-rule of :mod:`tilesim.shared.dsa_split_rule`), compared with the reference twin given the same
+rule of :mod:`tilesim.shared.dsa_split_rule`) and the build the wrapper picks by token count
+(:func:`tilesim.shared.dsa.kernel_build`: the seeds' at B 1, the large-batch build at B 8),
+compared with the reference twin given the same
 tiling (>= 99 % bit-exact, :func:`tilesim.reference.judge` passing under the cases' tolerance
 with a 1 row-ULP budget), and the probe
 (``tests/probes/dsa_probe.py`` ``matmul_probe``: the same C1/C2 matmuls on the same
@@ -29,7 +31,7 @@ def run_decode(soc: str, quant: str, b: int) -> dict:
     from probes.floor import floor_us
     from tilesim.device import dsa as dev
     from tilesim.reference.numerics import ulp_distance
-    from tilesim.shared.dsa import cost_of_indices
+    from tilesim.shared.dsa import cost_of_indices, kernel_build
     from tilesim.shared.dsa_split_rule import split_tiling
     from tilesim.shared.tiling import SaTileShapeConfig
 
@@ -44,8 +46,10 @@ def run_decode(soc: str, quant: str, b: int) -> dict:
     _, probe_us = matmul_probe(b, nq=128, topk=2048, tiling=cfg, backend="sim", soc=soc)
     traffic = dev.sparse_attention_traffic(inp["topk_indices"], inp["kv_act_seqs"])
     op_bytes = cost_of_indices(inp["topk_indices"], inp["kv_act_seqs"], nq=128, topk=2048)["bytes"]
+    build = kernel_build(tokens=b, nq=128, tiling=cfg, soc=soc)
     return {
         "kv_splits": prm["tiling"].kv_splits,
+        "build": build,
         "us": us,
         "probe_us": probe_us,
         "floor_us": floor_us(op_bytes, soc=soc),
@@ -60,21 +64,23 @@ def run_decode(soc: str, quant: str, b: int) -> dict:
 
 
 _SHAPES = [
-    pytest.param("910b", "int8", 1, 1, marks=pytest.mark.soc_910b, id="910b-int8-b1"),
-    pytest.param("910b", "int8", 8, 1, marks=pytest.mark.soc_910b, id="910b-int8-b8"),
-    pytest.param("950", "fp8", 1, 1, marks=pytest.mark.soc_950, id="950-fp8-b1"),
-    pytest.param("950", "fp8", 8, 1, marks=pytest.mark.soc_950, id="950-fp8-b8"),
-]
+    pytest.param("910b", "int8", 1, 1, "seeds", marks=pytest.mark.soc_910b, id="910b-int8-b1"),
+    pytest.param("910b", "int8", 8, 1, "large_batch", marks=pytest.mark.soc_910b,
+                 id="910b-int8-b8"),
+    pytest.param("950", "fp8", 1, 1, "seeds", marks=pytest.mark.soc_950, id="950-fp8-b1"),
+    pytest.param("950", "fp8", 8, 1, "large_batch", marks=pytest.mark.soc_950, id="950-fp8-b8"),
+]  # fmt: skip
 
 
 @pytest.mark.sim
 @pytest.mark.torch
-@pytest.mark.parametrize("soc,quant,b,splits", _SHAPES)
-def test_decode_against_probe(soc, quant, b, splits, sim_report):
+@pytest.mark.parametrize("soc,quant,b,splits,build", _SHAPES)
+def test_decode_against_probe(soc, quant, b, splits, build, sim_report):
     from tilesim.device import sim
 
     r = sim.isolated(run_decode, soc, quant, b, soc=soc, timeout=2400)
     assert r["kv_splits"] == splits  # the default rule (worked out in test_dsa_split.py)
+    assert r["build"] == build  # the build rule (test_dsa_compile_sim.py)
     assert r["nan"] == 0
     assert r["bit_exact"] >= BUDGETS["bit_exact"], f"{r['bit_exact']:.4%} bit-exact"
     assert r["judged"], r["verdict"]
