@@ -64,6 +64,12 @@ def _add_parsers(sub) -> None:
 def _add_cases(sub, c) -> None:
     p = _command(sub, "cases")
     p.add_argument(
+        "family_arg",
+        metavar="FAMILY",
+        nargs="?",
+        help="the same as --family FAMILY (`tilesim cases dsa_attention_step`)",
+    )
+    p.add_argument(
         "--family",
         help=f"a family: {', '.join(CASE_FAMILIES)} (or a kind: indexer, decode, "
         "main_branch, decode_step)",
@@ -134,6 +140,12 @@ def _add_compare(sub, c) -> None:
         "NAME=DTYPE[,NAME=DTYPE]",
     )
     p.add_argument("--golden-dtype", help="reinterpret GOLDEN's bytes as this dtype")
+    p.add_argument(
+        "--manifest",
+        metavar="MANIFEST[:NAME]",
+        help="a bare GOLDEN file is output NAME of this golden (manifest.json or its "
+        "directory): judged as that op's output, with its tolerance and calibrated bound",
+    )
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.add_argument(
         "--allow-dtype-mismatch",

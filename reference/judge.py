@@ -309,6 +309,24 @@ def _nonfinite(a: np.ndarray) -> tuple[int, list]:
     return int(bad.sum()), out
 
 
+def _relabel(seeds: CompareReport | None, checks: list, nonfinite: list, labels) -> list:
+    """Element coordinates ``(row, ...)`` of the seeds' report and of the checks (in place)
+    and of ``nonfinite`` (returned) with the rows' ``labels`` (``None``: unchanged) in place of
+    the row index."""
+    if labels is None:
+        return nonfinite
+
+    def lab(p):
+        return (labels[p[0]], *p[1:]) if isinstance(p, tuple) and len(p) > 1 else p
+
+    if seeds is not None:
+        seeds.max_abs_pos = lab(seeds.max_abs_pos)
+        seeds.worst = [(lab(p), *rest) for p, *rest in seeds.worst]
+    for c in checks:
+        c.where = lab(c.where)
+    return [(lab(p), x) for p, x in nonfinite]
+
+
 def _max_ulp(a: np.ndarray, g: np.ndarray) -> tuple[int | None, int | None]:
     """(max ULP distance in actual's dtype, in the golden's dtype when actual is wider);
     ``-1`` when only NaN pairs exist, ``None`` when not a float pair."""
@@ -348,8 +366,11 @@ class RowNames:
 
     lead: tuple
     axes: tuple | None = None
+    labels: tuple | None = None  # each row's index in a larger tensor (a cache's slots)
 
     def __call__(self, flat_row: int) -> tuple | str:
+        if self.labels is not None:
+            return (self.labels[flat_row],)
         idx = tuple(int(i) for i in np.unravel_index(flat_row, self.lead)) if self.lead else ()
         if self.axes is not None and len(self.axes) == len(idx):
             return ", ".join(f"{n} {i}" for n, i in zip(self.axes, idx, strict=True))
@@ -358,10 +379,18 @@ class RowNames:
         return idx
 
 
-def _row_names(g: np.ndarray, axes, row_shape) -> RowNames:
+def _row_names(g: np.ndarray, axes, row_shape, row_labels=None) -> RowNames:
     """The :class:`RowNames` of the golden ``g``: its leading shape, or ``row_shape`` (the
-    leading axes of a golden stored with them flattened; their product must be the rows)."""
+    leading axes of a golden stored with them flattened; their product must be the rows), or
+    ``row_labels`` (one index per row of a 2-D golden)."""
     lead = tuple(g.shape[:-1]) if g.ndim > 1 else ()
+    if row_labels is not None:
+        labels = np.asarray(row_labels).reshape(-1)
+        if g.ndim != 2 or labels.dtype.kind not in "iu" or labels.size != g.shape[0]:
+            raise ValueError(f"row_labels: expected one integer label per row of a 2-D "
+                             f"golden {list(g.shape)}, got {labels.dtype}"
+                             f"{list(labels.shape)}")  # fmt: skip
+        return RowNames(lead, None, tuple(int(x) for x in labels))
     if row_shape is None:
         return RowNames(lead, axes)
     shape = tuple(int(n) for n in row_shape)
@@ -473,8 +502,15 @@ def _bound_basis(dtypes, kind) -> str:
     if max(t_units, r_units) * u <= L2_FLOOR:
         return f"bounds at the floor 2^{int(math.log2(L2_FLOOR))} (u = 2^{int(math.log2(u))}, {d})"
     units = f"{t_units:g}u" if t_units == r_units else f"{t_units:g}u / {r_units:g}u per row"
-    basis = f"{kind}'s calibration" if kind in OP_L2_UNITS else "the dtype's rule"
+    basis = f"{kind}'s calibration" if kind in OP_L2_UNITS else _uncalibrated(kind)
     return f"bounds {units} ({basis}), u = 2^{int(math.log2(u))} ({d})"
+
+
+def _uncalibrated(kind) -> str:
+    """Why the dtype's rule judges an output, in words."""
+    if kind in (None, "float"):
+        return "the dtype's rule: no op named, so no op's calibration applies"
+    return f"the dtype's rule: {kind} has no calibrated bound"
 
 
 def _row_list(mask: np.ndarray, names: RowNames) -> str:
@@ -586,19 +622,25 @@ def _check_scores(scores, n_rows: int, name: str) -> np.ndarray | None:
     return s.reshape(n_rows, -1)
 
 
-def _ties(s_row: np.ndarray, x: int, y: int) -> bool:
-    """Do candidates ``x`` and ``y`` tie: scores within :data:`TIE_ULPS` of the score dtype."""
-    d = int(ulp_distance(s_row[x : x + 1], s_row[y : y + 1])[0])
+def _ties(s_row: np.ndarray, x: int, y: int, finite: bool = False) -> bool:
+    """Do candidates ``x`` and ``y`` tie: scores within :data:`TIE_ULPS` of the score dtype
+    (``finite``: and both finite)."""
+    pair = s_row[[x, y]]
+    if finite and not np.all(np.isfinite(pair.astype(np.float64))):
+        return False
+    d = int(ulp_distance(pair[:1], pair[1:])[0])
     return 0 <= d <= TIE_ULPS
 
 
-def _pair_ties(s_row, missing: list, extra: list):
+def _pair_ties(s_row, missing: list, extra: list, finite: bool = False):
     """Pair each extra id with a missing one whose golden score ties with it; returns
-    ``(ties, missing left, extra left)``."""
+    ``(ties, missing left, extra left)``. ``finite`` (the rows' lengths are not known): a
+    score of ``-inf`` ties nothing, as it cannot be told from a position past the row's
+    length (which is never a tie)."""
     ties, left = [], list(missing)
     rest = []
     for e in [extra[i] for i in rank(s_row[extra])]:  # best first (NaN last: ties nothing)
-        m = next((m for m in left if _ties(s_row, e, m)), None)
+        m = next((m for m in left if _ties(s_row, e, m, finite)), None)
         if m is None:
             rest.append(e)
             continue
@@ -623,7 +665,7 @@ def _id_row(a_row, g_row, s_row, coords, visible=None) -> tuple[IdRow | None, in
     extra = np.setdiff1d(uniq[~bad & ~hidden], g_ids).tolist()
     ties = []
     if s_row is not None and missing and extra:
-        ties, missing, extra = _pair_ties(s_row, missing, extra)
+        ties, missing, extra = _pair_ties(s_row, missing, extra, finite=visible is None)
     n_bt = _boundary_ties(s_row, g_ids, visible) if s_row is not None else 0
     row = IdRow(coords, missing, extra, uniq[counts > 1].tolist(), uniq[bad].tolist(), ties,
                 uniq[hidden].tolist(), unread, visible, used)  # fmt: skip
@@ -643,6 +685,8 @@ def _boundary_ties(s_row: np.ndarray, g_ids: np.ndarray, visible=None) -> int:
     low = valid[np.argmin(s_row[valid].astype(np.float64))]
     d = ulp_distance(s_row[:n], np.full(n, s_row[low], dtype=s_row.dtype))
     near = (d >= 0) & (d <= TIE_ULPS)
+    if visible is None:  # no lengths: a -inf score may be a position the row does not see
+        near &= np.isfinite(s_row[:n].astype(np.float64))
     near[valid] = False
     return int(near.sum())
 
@@ -717,6 +761,7 @@ def judge(
     precision=None,
     visible=None,
     row_shape=None,
+    row_labels=None,
 ) -> Verdict:
     """Judge ``actual`` (a device output) against ``golden`` under the case's ``tolerance``.
 
@@ -736,7 +781,9 @@ def judge(
     ``visible`` (ids): each id row's visible length, ints ``[rows]``: a
     row's selection is then its first ``min(k, visible)`` entries (the entries a reader of the
     ids uses; ``-1`` among them is a missing id, an id after them is ``unread``), an id at or
-    past the visible length is ``invisible`` and never a tie, whatever its score.
+    past the visible length is ``invisible`` and never a tie, whatever its score; without
+    ``visible`` a ``-inf`` golden score ties nothing. ``row_labels`` (floats, 2-D): each row's
+    index in a larger tensor (a cache's slots): the report names rows and elements by it.
     ``row_shape``: the leading axes the report names rows by when the golden stores them
     flattened (``(T, nq)`` for a DeepSeek attention output ``[T*nq, 512]``).
 
@@ -746,7 +793,7 @@ def judge(
     g = host_data(golden, "golden", scalars=True)
     a = host_data(actual, "actual", scalars=True)
     k, axes = _resolve_kind(kind, tolerance.get("mode") if isinstance(tolerance, dict) else None, g)
-    names = _row_names(g, axes, row_shape)
+    names = _row_names(g, axes, row_shape, row_labels)
     tol = _check_tolerance(tolerance, rule, k)
     if k == "ids" and a.dtype.kind not in "iu":
         raise TypeError(f"actual: expected an integer dtype for id outputs, got {a.dtype}")
@@ -760,6 +807,7 @@ def judge(
     n_bad, where = _nonfinite(a) if a.dtype.kind == "f" or a.dtype in ULP_DTYPES else (0, [])
     n_gbad = _nonfinite(g)[0] if g.dtype.kind == "f" or g.dtype in ULP_DTYPES else 0
     checks = fields.pop("checks")
+    where = _relabel(fields.get("seeds"), checks, where, names.labels)
     return Verdict(
         passed=all(c.passed for c in checks),
         rule=rule,

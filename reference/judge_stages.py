@@ -6,18 +6,23 @@ stage (:data:`STAGES`), and names the first stage that fails. ``tilesim compare`
 call it; the CLI only loads arrays and prints (``docs/cli.md``, "Judging a layer step stage by
 stage"; ``docs/numerics.md``, "Judging an output").
 
-The plan, per stage of the step:
+The plan, per stage of the step (one rule for every stage, the same as the decode step's
+attention in :mod:`tilesim.reference.judge_plans`): a stage is judged against its golden
+**recomputed from the device's own upstream outputs when the device dumped them, they differ
+from the golden's bytes, and every one that differs passed its own stage** (ids: the same sets
+up to score ties; floats and caches: within their rule). Otherwise it is judged against the
+stored golden: an upstream not dumped, or equal to the golden's, changes nothing; an upstream
+that failed its own stage is not trusted as the input of a recomputation (the verdict already
+names that earlier stage, and a golden recomputed from a wrong value would pass a later stage
+that computes the layer's wrong output). The report says which golden and why.
 
 * ``mla_prolog``: its seven outputs against the stored golden (its inputs are the step's).
-* ``dsa_indexer_prolog``: against the indexer prolog golden **recomputed from the device's own
-  ``q_norm`` (+ ``q_norm_scale``)** when the dump holds them and they differ from the golden's
-  bytes (else the stored golden): a wrong MLA prolog fails its own stage, not this one.
+* ``dsa_indexer_prolog``: reads ``q_norm`` (+ ``q_norm_scale``).
 * ``dsa_indexer``: ``topk_indices`` (per-row sets, tie-aware with the scores of the same
-  golden) and ``scores``, by :mod:`tilesim.reference.judge_indexer`, against the indexer
-  golden recomputed from the device's index ``q``, its scale, the weights and the updated
-  index cache.
-* ``sparse_attention``: ``attn_out`` against the attention recomputed with the device's ids,
-  queries and updated latent cache (the step's own attention call).
+  golden) and ``scores``, by :mod:`tilesim.reference.judge_indexer`; reads the index ``q``,
+  its scale, the weights and the updated index cache.
+* ``sparse_attention``: ``attn_out``; reads the ids, the queries and the updated latent cache
+  (the step's own attention call).
 
 Each recomputation calls the step's stage functions (:mod:`tilesim.reference.dsa_attention_step`),
 so it is the golden the step itself would have given on those upstream values. A device
@@ -58,6 +63,8 @@ STAGES = (
     ("sparse_attention", ("attn_out",),
      ("topk_indices", "query_nope", "query_rope", "kv_cache", "kr_cache", "kv_scale_cache")),
 )  # fmt: skip
+#: the stage of each output
+STAGE_OF = {n: stage for stage, outs, _ in STAGES for n in outs}
 #: ops judged stage by stage (the registry's calls of the plan ``"stages"``), in the order
 #: of the step's stages, the layer step last
 _STAGED = plan_calls("stages")
@@ -151,6 +158,8 @@ class OutputResult:
     verdicts: list = field(default_factory=list)  # [(label, Verdict)]
     checks: list = field(default_factory=list)  # [Check]
     against: str = "the stored golden"
+    #: (label, actual, golden) of each verdict: the arrays it judged (the pictures' data)
+    arrays: list = field(default_factory=list, repr=False)
 
     @property
     def passed(self) -> bool:
@@ -161,6 +170,9 @@ class OutputResult:
         parts = [_check_words(c) for c in self.checks if not c.passed]
         for label, v in self.verdicts:
             bad = [_check_words(c) for c in v.checks if not c.passed] or ["failed"]
+            if v.n_nonfinite:  # a hard failure leads, whatever the counts say
+                bad.insert(0, f"{v.n_nonfinite} NaN/Inf in actual (hard failure) at "
+                              f"{v.nonfinite[0][0]} = {v.nonfinite[0][1]}")  # fmt: skip
             if not v.passed:
                 parts.append(f"{label.split(' of ')[0] + ' ' if label else ''}{', '.join(bad)}")
         return "; ".join(parts)
@@ -175,8 +187,9 @@ class OutputResult:
         for label, v in self.verdicts:
             text = v.summary().splitlines()
             if label:
-                text[0] = f"{text[0]} [written rows: {label}]"
-            out += text if verbose else (_short(text) if not v.passed else text[:1])
+                text[0] = f"{text[0]} [{label}]"
+            tied = v.ids is not None and v.ids.tied  # accepted ties are shown, passing or not
+            out += text if verbose or tied else (_short(text) if not v.passed else text[:1])
         return out
 
 
@@ -300,17 +313,22 @@ def _judge_cache(name, a, g, spec: Spec, slots, layout, block_size, rule) -> Out
     first = int(changed[0]) if changed.size else None
     res = OutputResult(name, checks=[Check("rows not written", not changed.size, changed.size,
                                            0, first, txt)])  # fmt: skip
+    shown = ", ".join(str(int(r)) for r in written[:8]) + (", ..." if written.size > 8 else "")
+    label = f"of the {written.size} written slots {shown}; rows named by slot"
     for fname, fspec in ((f, s) for f, s in spec.fields.items() if f in gf):
-        res.verdicts.append((f"{fname} of slots {written.tolist()[:8]}"
-                             + ("..." if written.size > 8 else ""),
-                             _judge_float(af[fname][written], gf[fname][written], fspec, rule,
-                                          f"{name}.{fname}")))  # fmt: skip
+        pair = af[fname][written], gf[fname][written]
+        res.verdicts.append(
+            (f"{fname} {label}", _judge_float(*pair, fspec, rule, f"{name}.{fname}", written))
+        )
+        res.arrays.append((fname, *pair))
     return res
 
 
 # ----------------------------------------------------------------------------- one output
-def _judge_float(a, g, spec: Spec, rule: str, name: str) -> Verdict:
-    return judge(a, g, spec.tol, rule=spec.rule or rule, name=name, kind=spec.judge_kind)
+def _judge_float(a, g, spec: Spec, rule: str, name: str, slots=None) -> Verdict:
+    """``slots``: the cache slots of the rows of ``a`` / ``g`` (the report names them)."""
+    return judge(a, g, spec.tol, rule=spec.rule or rule, name=name, kind=spec.judge_kind,
+                 row_labels=slots)  # fmt: skip
 
 
 def judge_output(name, a, g, spec: Spec, *, rule="default", scores=None, slots=None,
@@ -321,12 +339,13 @@ def judge_output(name, a, g, spec: Spec, *, rule="default", scores=None, slots=N
     if spec.kind == "cache":
         return _judge_cache(name, a, g, spec, slots, layout, block_size, rule)
     if spec.kind == "scores":
-        return OutputResult(name, [("", judge_scores(a, g, visible=visible, name=name))])
-    if spec.kind == "ids":
+        v = judge_scores(a, g, visible=visible, name=name)
+    elif spec.kind == "ids":
         v = judge_ids(a, g, scores=scores, visible=visible, tolerance=spec.tol, rule=rule,
                       name=name)  # fmt: skip
-        return OutputResult(name, [("", v)])
-    return OutputResult(name, [("", _judge_float(a, g, spec, rule, name))])
+    else:
+        v = _judge_float(a, g, spec, rule, name)
+    return OutputResult(name, [("", v)], arrays=[("", a, g)])
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -372,22 +391,46 @@ def _recompute(stage: str, a, up: dict) -> dict:
     return {k: np.asarray(v) for k, v in run_stage(stage, a, up, progress=False).items()}
 
 
-def _stage_golden(stage, upstream, a, actual, golden) -> tuple[dict, str, list]:
-    """(golden outputs of the stage, against which in words, notes)."""
-    if not upstream or a is None:
-        return golden, "the stored golden", []
+def _names(names) -> str:
+    return ", ".join(names)
+
+
+def _stage_golden(stage, upstream, a, actual, golden, passed: dict) -> tuple[dict, str, list]:
+    """(golden outputs of the stage, against which in words, notes) by the rule of the module
+    docstring; ``passed``: ``{output: passed}`` of the outputs judged at earlier stages."""
+    if not upstream:
+        return golden, "the stored golden: the stage reads only the call's inputs", []
+    present = [n for n in upstream if n in golden]  # the upstream outputs this path has
+    if a is None or not present:
+        return golden, "the stored golden: its upstream values are the call's inputs", []
+    dumped = [n for n in present if n in actual]
+    if not dumped:
+        return golden, f"the stored golden: no upstream output dumped ({_names(present)})", []
     try:
         up, used = _upstream(upstream, actual, golden)
     except TypeError as e:
         return golden, "the stored golden", [f"not recomputed: {e}"]
+    rest = [n for n in present if n not in actual]
+    tail = f"; {_names(rest)} not dumped (the golden's taken)" if rest else ""
     if not used:
-        return golden, "the stored golden (the device's upstream equals the golden's)", []
+        verb = "equals" if len(dumped) == 1 else "equal"
+        same = f"the stored golden: the device's {_names(dumped)} {verb} the golden's{tail}"
+        return golden, same, []
+    failed = [n for n in used if not passed.get(n, True)]
+    if failed:
+        return golden, (f"the stored golden: the device's {_names(failed)} failed at "
+                        f"{_names(dict.fromkeys(STAGE_OF[n] for n in failed))}, so no golden is "
+                        "recomputed from them"), []  # fmt: skip
     try:
         out = _recompute(stage, a, up)
     except (ValueError, TypeError) as e:
-        note = f"the {stage} golden refused the device's {', '.join(used)}: {e}"
+        note = f"the {stage} golden refused the device's {_names(used)}: {e}"
         return golden, "the stored golden", [note]
-    return out, f"the golden recomputed from the device's {', '.join(used)}", []
+    return (
+        out,
+        f"the golden recomputed from the device's {_names(used)} (each passed its own stage){tail}",
+        [],
+    )
 
 
 def _op_layout(op: str, inputs: dict, params: dict):
@@ -432,19 +475,22 @@ def judge_stages(op: str, actual: dict, golden: dict, inputs: dict, params: dict
     slots, layout, bs, path, a = _op_layout(op, inputs, params)
     visible = _step_visible(a)
     report = StageReport(op, name or op, [])
+    passed: dict = {}
     for stage, outs, upstream in STAGES:
         if op != "dsa_attention_step" and stage != op:
             continue
         res = StageResult(stage)
         given = [n for n in outs if n in actual and n in golden]
         if given:
-            gold, res.against, res.notes = _stage_golden(stage, upstream, a, actual, golden)
+            gold, res.against, res.notes = _stage_golden(stage, upstream, a, actual, golden,
+                                                         passed)  # fmt: skip
             for n in given:
                 spec = output_spec(n, path, case_tolerance)
                 res.outputs.append(judge_output(
                     n, np.asarray(actual[n]), np.asarray(gold[n]), spec, rule=rule,
                     scores=gold.get("scores"), slots=slots, layout=layout,
                     block_size=bs, visible=visible))  # fmt: skip
+            passed.update((o.name, o.passed) for o in res.outputs)
         report.stages.append(res)
     return report
 

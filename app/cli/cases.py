@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from tilesim.cli import CliError
 from tilesim.cli.registry import list_cases, soc_text, tolerance_rule, tolerance_text
 from tilesim.cli.runner import jsonable
 
@@ -14,7 +15,7 @@ HEAD = ("CASE", "FAMILY", "OP", "SIZE", "ATOL/RTOL/RATIO", "SOC", "SEEDS' STATUS
 
 
 def cmd_cases(args: argparse.Namespace) -> int:
-    infos = list_cases(args.family)
+    infos = list_cases(family_of(args))
     if args.json:
         print(json.dumps([case_json(i) for i in infos], indent=1))
         return 0
@@ -47,6 +48,15 @@ def cmd_cases(args: argparse.Namespace) -> int:
         for k, v in i.notes.items():
             print(f"  {k.removesuffix('_note')}: {v}")
     return 0
+
+
+def family_of(args: argparse.Namespace) -> str | None:
+    """The family asked for: ``tilesim cases FAMILY`` or ``--family FAMILY`` (one, or both
+    the same)."""
+    pos, flag = getattr(args, "family_arg", None), getattr(args, "family", None)
+    if pos is not None and flag is not None and pos != flag:
+        raise CliError(f"two families given: {pos!r} and --family {flag!r}; give one")
+    return flag if flag is not None else pos
 
 
 def case_json(i) -> dict:

@@ -46,45 +46,71 @@ def compare_png(outputs: Outputs, png: Path, result, tol, candidates: int | None
     golden, against)`` of :mod:`tilesim.cli.compare`): floats, the ULP histogram and the error
     maps; ids, per row the ids both select, the missing, extra and tied ones
     (``candidates``: the number of candidate positions, the golden scores' width)."""
+    rep, _, a, g, _ = result
+    with outputs:
+        draw_png(outputs.temp(png), rep, a.array, g.array, tol, candidates)
+
+
+def stage_png_paths(png: Path, report) -> list[tuple[Path, str, object, object, object]]:
+    """``[(path, stage, verdict, actual, golden)]``: one picture per judged output of a stage
+    report (:class:`tilesim.reference.judge_stages.StageReport`), a cache one per field of its
+    written slots, named ``<png stem>.<stage>.<output>[.<field>].png`` beside ``png``."""
+    out = []
+    for s in report.stages:
+        for o in s.outputs:
+            for (_, v), (field, a, g) in zip(o.verdicts, o.arrays, strict=True):
+                name = ".".join(x for x in (png.stem, s.stage, o.name, field) if x)
+                out.append((png.with_name(name + png.suffix), s.stage, v, a, g))
+    return out
+
+
+def draw_png(path: Path, rep, actual, golden, tol, candidates=None, stage: str = "") -> None:
+    """:func:`compare_png`'s picture of the verdict ``rep`` of the arrays ``actual`` /
+    ``golden``, written to ``path`` (``stage``: the stage it belongs to, in the title)."""
     from tilesim.cli.plot import save_compare_png
 
-    rep, _, a, g, _ = result
     if rep.kind == "ids":
-        _ids_png(outputs, png, rep, a, g, candidates)
+        _ids_png(path, rep, actual, golden, candidates, stage)
         return
     title = (
-        f"{rep.name}: {'PASS' if rep.passed else 'FAIL'}, {rep.n_fail} failing "
-        f"(allowed {rep.threshold}), max |err| {rep.max_abs_err:.3g}, max ULP {rep.max_ulp}"
+        f"{stage + ': ' if stage else ''}{rep.name}: {'PASS' if rep.passed else 'FAIL'}, "
+        f"{rep.n_fail} failing (allowed {rep.threshold}), max |err| {rep.max_abs_err:.3g}, "
+        f"max ULP {rep.max_ulp}"
     )
     if rep.failed:
         title += f"; failed: {', '.join(rep.failed)}"
     if rep.n_nonfinite:
         where = ", ".join(str(i) for i, _ in rep.nonfinite[:3])
         title += f"; {rep.n_nonfinite} NaN/Inf at {where}"
-    with outputs:
-        save_compare_png(
-            outputs.temp(png),
-            actual=a.array.reshape(g.array.shape),
-            golden=g.array,
-            ulps=ulp_distances(a.array.reshape(g.array.shape), g.array),
-            atol=tol["atol"],
-            rtol=tol["rtol"],
-            title=title,
-        )
+    a, g = _same_as_zero(np.asarray(actual).reshape(np.shape(golden)), np.asarray(golden))
+    save_compare_png(path, actual=a, golden=g, ulps=ulp_distances(a, g), atol=tol.get("atol"),
+                     rtol=tol.get("rtol"), title=title)  # fmt: skip
 
 
-def _ids_png(outputs: Outputs, png: Path, rep, a, g, candidates) -> None:
+def _same_as_zero(a: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``a``, ``g`` with the infinities they share set to 0 (the index scores' ``-inf`` of a
+    position not seen is no error), else unchanged."""
+    if a.dtype.kind not in "fV" or g.dtype.kind not in "fV":
+        return a, g
+    with np.errstate(invalid="ignore"):
+        a64, g64 = a.astype(np.float64), g.astype(np.float64)
+        shared = np.isinf(a64) & (a64 == g64)
+    if not shared.any():
+        return a, g
+    return np.where(shared, np.zeros((), a.dtype), a), np.where(shared, np.zeros((), g.dtype), g)
+
+
+def _ids_png(path: Path, rep, a, g, candidates, stage: str = "") -> None:
     from tilesim.cli.plot import id_grid, save_ids_png
 
-    n_rows = rep.ids.n_rows if rep.ids is not None else int(np.prod(g.array.shape[:-1]))
+    n_rows = rep.ids.n_rows if rep.ids is not None else int(np.prod(g.shape[:-1]))
     wrong = len(rep.ids.wrong) if rep.ids is not None else rep.n_fail
     tied = len(rep.ids.tied) if rep.ids is not None else 0
-    title = (f"{rep.name}: {'PASS' if rep.passed else 'FAIL'}, {wrong} of {n_rows} rows wrong, "
-             f"{tied} accepted by score ties")  # fmt: skip
+    title = (f"{stage + ': ' if stage else ''}{rep.name}: {'PASS' if rep.passed else 'FAIL'}, "
+             f"{wrong} of {n_rows} rows wrong, {tied} accepted by score ties")  # fmt: skip
     if rep.failed:
         title += f"; failed: {', '.join(rep.failed)}"
-    lead = g.array.shape[:-1]
+    lead = g.shape[:-1]
     label = "id row" if len(lead) <= 1 else f"id row ({' x '.join(map(str, lead))} flattened)"
-    with outputs:
-        grid, marks = id_grid(rep, a.array, g.array, candidates)
-        save_ids_png(outputs.temp(png), grid=grid, marks=marks, title=title, row_label=label)
+    grid, marks = id_grid(rep, a, g, candidates)
+    save_ids_png(path, grid=grid, marks=marks, title=title, row_label=label)

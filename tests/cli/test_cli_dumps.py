@@ -156,14 +156,18 @@ def test_multi_output_by_index_and_name(cli, tmp_path):
 
 def test_actual_dtypes_per_output_name(cli, tmp_path):
     """An ``.npz`` dump with a BF16 member stored as raw bits (``np.savez``: ``|V2``) beside an
-    FP32 one: ``--actual-dtype attn=bfloat16`` names the dtype of that output alone; the plain
-    form applies to every output (and the FP32 member refuses it)."""
+    FP32 one: read as a ``.npy`` of raw bits is, the member takes the golden output's dtype
+    (same width); ``--actual-dtype attn=bfloat16`` names the dtype of that output alone; the
+    plain form applies to every output (and the FP32 member refuses it)."""
     d, attn, lse = _two_output_golden(tmp_path)
     np.savez(tmp_path / "dump.npz", attn=attn, lse=lse)
     with np.load(tmp_path / "dump.npz") as z:
         assert z["attn"].dtype.kind == "V"
-    code, _, err = cli("compare", tmp_path / "dump.npz", d)
-    assert code == 2 and "--actual-dtype" in err
+    code, out, err = cli("compare", tmp_path / "dump.npz", d)
+    assert code == 0 and out.count("PASS") == 2, err
+    np.save(tmp_path / "attn.npy", attn)  # the same raw bits in a .npy: the same verdict
+    code, npy_out, err = cli("compare", tmp_path / "attn.npy", f"{d}:attn")
+    assert code == 0 and "PASS two" in npy_out, err
     code, _, err = cli("compare", tmp_path / "dump.npz", d, "--actual-dtype", "bfloat16")
     assert code == 2 and "cannot reinterpret float32" in err
     code, out, err = cli("compare", tmp_path / "dump.npz", d, "--actual-dtype", "attn=bfloat16")

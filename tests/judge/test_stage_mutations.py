@@ -1,5 +1,6 @@
 """The stage verdict of the DeepSeek-V3.2 layer step (``tilesim.reference.judge_stages``): each
-prolog fault fails at its own stage and no other, every correct output passes.
+prolog fault fails at its own stage, every earlier stage passes and a later one fails only against
+the stored golden (its upstream failed); every correct output passes.
 
 The wrong outputs are made by the stage goldens themselves: the step run with one wrong switch
 or input (a RoPE layout, a missing epsilon, an identity matrix for the Hadamard), or a golden
@@ -74,11 +75,19 @@ def _downstream(path: str, dev: dict, tiny_token: bool = False) -> dict:
 
 
 def _assert_fails_at(rep, stage: str) -> None:
+    """The fault is named at its stage: every earlier stage passes; a later stage fails only
+    where it is judged against the stored golden because an upstream output it reads failed
+    (no golden is recomputed from a failed upstream: judge_stages' rule)."""
     bad = rep.first_failure
     assert bad is not None, rep.summary()
     assert bad.stage == stage, rep.summary()
-    for s in rep.stages:  # every other judged stage passes: the fault is named at its stage
-        assert s.passed or s.stage == stage, rep.summary()
+    order = [s.stage for s in rep.stages]
+    for s in rep.stages:
+        if order.index(s.stage) < order.index(stage):
+            assert s.passed, rep.summary()
+        elif s.stage != stage and not s.passed:
+            assert s.against.startswith("the stored golden: the device's"), rep.summary()
+            assert "failed at" in s.against, rep.summary()
 
 
 # ----------------------------------------------------------------------------- correct outputs
@@ -253,7 +262,8 @@ def test_skipped_hadamard_fails_at_the_indexer_prolog(which):
 def test_q_scale_not_folded_into_the_weights_fails_at_the_indexer_prolog():
     """FP8 path: DeepSeek folds the q scale into the index weights; a device that does not
     (its weights divided back by the power-of-two scale, exact) fails the indexer prolog, and
-    its indexer, right on those weights, passes."""
+    its indexer is judged against the stored golden (no golden recomputed from failed
+    weights)."""
     g = _golden("fp8")
     dev = dict(g)
     dev["index_weights"] = (g["index_weights"] / g["index_q_scale"]).astype(np.float32)
@@ -264,12 +274,14 @@ def test_q_scale_not_folded_into_the_weights_fails_at_the_indexer_prolog():
     _assert_fails_at(rep, "dsa_indexer_prolog")
     assert rep.first_failure.why().startswith("index_weights")
     indexer = next(s for s in rep.stages if s.stage == "dsa_indexer")
-    assert indexer.judged and "recomputed" in indexer.against
+    assert indexer.judged and indexer.against.startswith("the stored golden"), indexer.against
+    assert "index_weights" in indexer.against and "failed at dsa_indexer_prolog" in indexer.against
 
 
-def test_a_wrong_indexer_fails_at_the_indexer_not_the_attention():
-    """One selected id dropped (``-1``; beyond ties): the indexer stage fails; the attention,
-    right on those ids, passes against the golden recomputed with them."""
+def test_a_wrong_indexer_is_named_and_the_attention_judged_against_the_stored_golden():
+    """One selected id dropped (``-1``; beyond ties): the indexer stage fails and is the one
+    named; the attention computed with those ids is judged against the stored golden (the
+    ids failed: no golden is recomputed from them), where its row of the dropped id fails."""
     g = _golden("int8")
     dev = dict(g)
     dev["topk_indices"] = g["topk_indices"].copy()
@@ -278,3 +290,8 @@ def test_a_wrong_indexer_fails_at_the_indexer_not_the_attention():
     dev["attn_out"] = np.asarray(got["attn_out"])
     rep = _verdict("int8", dev)
     _assert_fails_at(rep, "dsa_indexer")
+    att = rep.stages[-1]
+    assert att.stage == "sparse_attention" and not att.passed, rep.summary()
+    assert "topk_indices failed at dsa_indexer" in att.against, att.against
+    worst = next(c for c in att.outputs[0].verdicts[0][1].checks if "worst row" in c.name)
+    assert not worst.passed and str(worst.where).startswith("token 1,"), worst.line()
