@@ -29,3 +29,18 @@ def test_the_cases_command_names_every_family():
     row = next(ln for ln in DOC.read_text().splitlines() if ln.startswith("| `tilesim cases"))
     named = re.findall(r"`(\w+)`", row.split("a family", 1)[1].split("or a kind")[0])
     assert tuple(named) == CASE_FAMILIES
+
+
+def test_the_compare_synopsis_names_every_option(capsys):
+    """Every option `tilesim compare --help` lists (``--golden-dtype``, ``--manifest``, ...)
+    is in the command table's synopsis of docs/cli.md."""
+    import pytest
+    from tilesim.__main__ import main
+
+    with pytest.raises(SystemExit):
+        main(["compare", "--help"])
+    options = set(re.findall(r"(--[a-z][a-z-]+)", capsys.readouterr().out)) - {"--help"}
+    row = next(ln for ln in DOC.read_text().splitlines() if ln.startswith("| `tilesim compare"))
+    synopsis = re.split(r"(?<!\\)\|", row)[1]  # the first cell (`\|` stays inside it)
+    assert {"--golden-dtype", "--manifest", "--png"} <= options
+    assert sorted(o for o in options if o not in synopsis) == []
