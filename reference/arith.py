@@ -13,7 +13,11 @@ the table of which op uses which model.
   float64 sum lands within ~2^-53 of an FP32 midpoint).
 * :func:`block_scaled_matmul_fp32` — DeepSeek's ``fp8_gemm``: one :func:`matmul_fp32` partial
   per 128-deep K block of block-scaled FP8 operands, scaled by the product of the two blocks'
-  scales and added in FP32 in ascending K order.
+  scales and added in FP32 in ascending K order; the promotion ``acc + partial * scale`` is
+  one fused multiply-add (``promotion="fma"``, one rounding: :func:`fma_fp32`) or a product
+  and a sum (``"two_roundings"``).
+* :func:`fma_fp32` — an exact FP32 fused multiply-add ``FP32(a * b + c)`` (one rounding),
+  computed in float64 with an error-free sum and rounding to odd.
 * Two ``exp`` models, named for what they are:
 
   - :func:`exp_fp32_correctly_rounded` — float64 ``exp`` rounded once to FP32 (the correctly
@@ -39,6 +43,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+from tilesim.shared.quant import FP8_PROMOTIONS
+from tilesim.shared.validate import check_choice
 
 F32 = np.dtype(np.float32)
 F64 = np.dtype(np.float64)
@@ -91,20 +97,69 @@ def matmul_fp32(a, b, *, k_tile: int | None, out: np.ndarray | None = None) -> n
     return acc
 
 
-def block_scaled_matmul_fp32(a, a_scale, b, b_scale, *, block: int) -> np.ndarray:
+def _two_sum(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Knuth's TwoSum of float64 arrays: ``(s, e)`` with ``s = fl(a + b)`` and ``a + b = s + e``
+    exactly (no overflow in float64 for FP32-range inputs)."""
+    s = a + b
+    bb = s - a
+    e = (a - (s - bb)) + (b - bb)
+    return s, e
+
+
+def fma_fp32(a, b, c) -> np.ndarray:
+    """``FP32(a * b + c)`` with ONE rounding (IEEE ``fusedMultiplyAdd``, round to nearest even)
+    of FP32 arrays (broadcast), FP32 result.
+
+    ``a * b`` is exact in float64 (24 + 24 significand bits); ``a * b + c`` is then an exact
+    float64 TwoSum ``s + e``. Rounding ``s`` straight to FP32 would be a double rounding
+    (wrong when ``s`` is an FP32 midpoint and ``e != 0``), so ``s`` is first rounded to odd
+    (``e != 0`` and ``s``'s last bit even: the float64 neighbour of ``s`` toward ``e``), and
+    the odd-rounded float64 value, 53 >= 24 + 2 bits, rounds correctly to FP32 (Boldo and
+    Melquiond, "Emulation of FMA and correctly rounded sums: proved algorithms using rounding
+    to odd", IEEE Trans. Computers 57(4), 2008). Non-finite sums (an inf or NaN operand) are
+    the float64 sum's, as the FMA's. ``tests/reference/test_arith_block_scaled.py`` checks it
+    against exact rational arithmetic."""
+    prod = np.asarray(a, dtype=F32).astype(F64) * np.asarray(b, dtype=F32).astype(F64)
+    c64 = np.asarray(c, dtype=F32).astype(F64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        s, e = _two_sum(prod, c64)
+    s, e = np.broadcast_arrays(s, e)
+    even = (s.view(np.int64) & 1) == 0
+    fix = np.isfinite(s) & (e != 0) & even
+    odd = np.where(fix, np.nextafter(s, np.where(e > 0, np.inf, -np.inf)), s)
+    with np.errstate(over="ignore"):
+        return odd.astype(F32)
+
+
+def block_scaled_matmul_fp32(
+    a, a_scale, b, b_scale, *, block: int, promotion: str = "fma"
+) -> np.ndarray:
     """DeepSeek's ``fp8_gemm`` on the FP32 values of FP8 codes, FP32 ``[M, N]``: ``a [M, K]``
     with one scale per row and K block, ``a_scale [M, K/block]``, and ``b [K, N]`` with one
     scale per ``block x block`` tile, ``b_scale [K/block, ceil(N/block)]`` (``K`` a multiple of
-    ``block``). Per K block ``kb``, in ascending order, ``acc = FP32(acc + FP32(P_kb *
-    FP32(a_scale[:, kb] * b_scale[kb, n // block])))``, ``P_kb`` the block's
-    :func:`matmul_fp32` with one K tile."""
+    ``block``). Per K block ``kb``, in ascending order, with ``P_kb`` the block's
+    :func:`matmul_fp32` with one K tile and ``S = FP32(a_scale[:, kb] * b_scale[kb, n //
+    block])``:
+
+    * ``promotion="fma"`` (default; DeepSeek's kernel as nvcc builds it): ``acc = FP32(acc +
+      P_kb * S)``, one rounding (:func:`fma_fp32`);
+    * ``"two_roundings"``: ``acc = FP32(acc + FP32(P_kb * S))``.
+
+    The two agree whenever every ``P_kb * S`` is exact in FP32, e.g. power-of-two (UE8M0)
+    scales away from underflow; ``amax / 448`` weight scales make them differ in the last bit
+    on some elements (``docs/numerics.md``)."""
+    check_choice(promotion, "promotion", FP8_PROMOTIONS)
     n = b.shape[1]
     sb = np.repeat(b_scale, block, axis=1)[:, :n]  # [K/block, N]: one scale per column
     acc = np.zeros((a.shape[0], n), dtype=F32)
     for kb in range(a_scale.shape[1]):  # the K loop: one FP32 partial per block
         ks = slice(kb * block, (kb + 1) * block)
         part = matmul_fp32(a[:, ks], b[ks], k_tile=None)
-        acc = acc + part * (a_scale[:, kb : kb + 1] * sb[kb][None, :])  # FP32 product, then add
+        scale = a_scale[:, kb : kb + 1] * sb[kb][None, :]  # FP32(sa * sb)
+        if promotion == "fma":
+            acc = fma_fp32(part, scale, acc)  # one rounding
+        else:
+            acc = acc + part * scale  # FP32 product, then FP32 add
     return acc
 
 
@@ -247,6 +302,7 @@ __all__ = [
     "ExpModel",
     "SoftmaxMerge",
     "block_scaled_matmul_fp32",
+    "fma_fp32",
     "exp_fp32_correctly_rounded",
     "exp_fp32_numpy",
     "halving_sum_fp32",

@@ -14,7 +14,8 @@ weights included -- they are part of the case:
 * weights: BF16 on the same grid times a power of two (exact); INT8 codes uniform in
   ``[-127, 127]`` with per-column FP32 scales ``U(0.05, 0.1) / 127`` (what an ``amax / 127``
   quantizer of such a column gives); E4M3 codes of the grid times 448 with FP32 block scales
-  (MLA: ``U(0.05, 0.1) / 448``; indexer: UE8M0 ``2^-10``); the true Hadamard matrix
+  (MLA: ``U(0.05, 0.1) / 448``, or with ``weight_scale="ue8m0"`` the power of two at or
+  above each; indexer: UE8M0 ``2^-10``); the true Hadamard matrix
   (:func:`tilesim.shared.hadamard.scaled_hadamard_bf16`) on the INT8 path; LayerNorm
   ``gamma ~ U(0.5, 1.5)``, ``beta ~ U(-0.1, 0.1)``;
 * ``cos``/``sin``: the YaRN table of :mod:`tilesim.shared.rope` at the new tokens' positions
@@ -50,6 +51,7 @@ from tilesim.reference.dsa_cases import (
     random_bytes,
 )
 from tilesim.reference.dsa_indexer_cases import UNIFORM_64
+from tilesim.reference.mla_prolog_cases import WEIGHT_SCALES
 from tilesim.shared.case_schema import CaseInfo, make_case, tolerance
 from tilesim.shared.casts import BF16, FP8_E4M3_MAX, to_bf16, to_fp8_e4m3
 from tilesim.shared.dsa_attention_step import PATHS
@@ -58,6 +60,7 @@ from tilesim.shared.dsa_indexer_prolog import QB_COLS, slots_from_block_table
 from tilesim.shared.hadamard import scaled_hadamard_bf16
 from tilesim.shared.index_cache import INDEX_DIM
 from tilesim.shared.mla_prolog import BLOCK, HEADS, HIDDEN, KV_A, KV_LORA, Q_HEAD, Q_LORA, QK_NOPE
+from tilesim.shared.quant import _ue8m0
 from tilesim.shared.tiling import SaTileShapeConfig
 from tilesim.shared.validate import check_bool, check_choice, check_int
 
@@ -70,7 +73,7 @@ _64K = (65536,) * 4
 
 _DEFAULTS = {"path": "int8", "seq_lens": (300, 1000), "s1": 2, "q_lens": None,
              "block_size": 128, "topk": 2048, "poison_unused": True, "spare_blocks": 0,
-             "cache_layout": None}  # fmt: skip
+             "cache_layout": None, "weight_scale": "amax448"}  # fmt: skip
 
 
 def _twins(stem: str, build: dict, size: str, status: str, summary: str,
@@ -95,6 +98,9 @@ _TABLE = {
              "B 1, s1 3: rows see 2047 / 2048 / 2049 tokens"),
     **_twins("prefill", dict(seq_lens=(2052, 700), q_lens=(8, 8)), "small", "tilesim extra",
              "prefill rows: 8 new tokens per sequence, 2045..2052 and 693..700 visible"),
+    "dsa_attention_step_short_fp8_ue8m0": (dict(path="fp8", weight_scale="ue8m0"), "small",
+                                           "tilesim extra", "B 2, s1 2, FP8 with power-of-two "
+                                           "(UE8M0) weight block scales everywhere"),
 }  # fmt: skip
 
 
@@ -114,6 +120,7 @@ def _checked(p: dict) -> dict:
     check_bool(p["poison_unused"], "poison_unused")
     if p["cache_layout"] is not None:
         check_choice(p["cache_layout"], "cache_layout", ("kv_split", "pypto", "flashmla"))
+    check_choice(p["weight_scale"], "weight_scale", WEIGHT_SCALES)
     return p
 
 
@@ -143,7 +150,7 @@ def _col_scales(rng, n: int, qmax: float) -> np.ndarray:
     return (rng.uniform(0.05, 0.1, n).astype(np.float32) / np.float32(qmax)).astype(np.float32)
 
 
-def _mla_weights(path: str, rng) -> dict:
+def _mla_weights(path: str, rng, weight_scale: str) -> dict:
     out = {"w_uk": _grid(rng, (HEADS, QK_NOPE, KV_LORA), 4), "gamma_cq": _grid(rng, (Q_LORA,)),
            "gamma_ckv": _grid(rng, (KV_LORA,))}  # fmt: skip
     if path == "int8":
@@ -155,7 +162,8 @@ def _mla_weights(path: str, rng) -> dict:
                          ("w_dkv_kr", (HIDDEN, KV_A))):  # fmt: skip
         out[name] = _fp8_codes(rng, (k, n))
         nb = (k // BLOCK, -(-n // BLOCK))
-        out[name + "_scale"] = _col_scales(rng, nb[0] * nb[1], FP8_E4M3_MAX).reshape(nb)
+        scale = _col_scales(rng, nb[0] * nb[1], FP8_E4M3_MAX).reshape(nb)
+        out[name + "_scale"] = _ue8m0(scale) if weight_scale == "ue8m0" else scale
     return out
 
 
@@ -214,7 +222,9 @@ def dsa_attention_step_make_case(name: str | None = None, *, seed: int = 0, prog
     Builder parameters: ``path`` (``"int8"`` / ``"fp8"``), ``seq_lens`` (lengths including
     the new tokens), ``s1`` (decode, 1..4) or ``q_lens`` (prefill rows, equal per sequence),
     ``block_size``, ``topk``, ``poison_unused``, ``spare_blocks`` (physical blocks no table
-    entry names), ``cache_layout`` (the latent cache; ``None``: the path's). ``progress``: the
+    entry names), ``cache_layout`` (the latent cache; ``None``: the path's), ``weight_scale``
+    (the MLA prolog's FP8 block scales: ``"amax448"`` ``U(0.05, 0.1) / 448``, ``"ue8m0"``
+    powers of two; the indexer prolog's are UE8M0 either way). ``progress``: the
     caches' bars. Returns the case dict; ``meta`` holds the seed, the builder parameters, the
     new tokens' positions and slots, ``n_blocks``."""
     seed, p = builder_arguments("dsa_attention_step_make_case", name, seed, progress, params,
@@ -233,7 +243,7 @@ def dsa_attention_step_make_case(name: str | None = None, *, seed: int = 0, prog
     inputs = {"x": _grid(rng_x, (slots.size, HIDDEN)), "block_table": table, "seq_lens": lens}
     if p["q_lens"] is not None:
         inputs["q_lens"] = ql
-    inputs.update(_mla_weights(p["path"], rng_w))
+    inputs.update(_mla_weights(p["path"], rng_w, p["weight_scale"]))
     inputs.update(_index_weights(p["path"], rng_w))
     inputs.update(yarn_rope_inputs(p["path"], pos, MAX_POSITION))
     inputs.update(_latent_cache(p, (rng_n, rng_r), n_blocks * bs, used, progress))

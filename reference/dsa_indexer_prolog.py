@@ -29,9 +29,13 @@ exact products, rounded once to FP32)::
 mean``, ``var = FP32(sum d*d) / 128``, ``y = d / sqrt(var + FP32(eps))``, ``y * gamma +
 beta``; every element-wise step one FP32 operation, each row sum the exact sum rounded once.
 ``LIN8(a, W)`` (DeepSeek's ``fp8_gemm`` behind ``Linear``): ``a`` quantized per 128 values by
-``act_quant`` (amax floor 1e-4, UE8M0 scales when ``ue8m0``), then per K block ``kb`` of 128:
-``acc = FP32(acc + FP32(MM(a_kb, W_kb) * FP32(sa_kb * sb_kb)))``, BF16 at the end. With
-power-of-two scales the product is exact, so a fused multiply-add gives the same bits.
+``act_quant`` (amax floor 1e-4, UE8M0 scales when ``ue8m0``), then per K block ``kb`` of 128,
+``P = MM(a_kb, W_kb)``, ``S = FP32(sa_kb * sb_kb)`` and ``acc = FP32(acc + P * S)``, one
+rounding (``fp8_promotion="fma"``, the default: the kernel's ``acc += partial * scale`` as
+nvcc's default ``--fmad=true`` contracts it), or ``acc = FP32(acc + FP32(P * S))``
+(``"two_roundings"``); BF16 at the end. The two agree when every ``P * S`` is exact in FP32
+(power-of-two weight scales ``sb``, as UE8M0 checkpoints hold, away from underflow); with
+``amax / 448`` weight scales they differ in a last bit on some elements.
 ``HAD`` is :func:`tilesim.shared.hadamard.hadamard_rotate`; ``act_quant`` is
 :func:`tilesim.shared.quant.quantize_index_fp8`, ``quant_int8``
 :func:`~tilesim.shared.quant.quantize_index_int8` with ``scale_rule="reciprocal"``.
@@ -109,14 +113,17 @@ def _q_int8(ins, t: int) -> np.ndarray:
     return to_bf16(out)
 
 
-def _linear_fp8(a_bf16: np.ndarray, w, w_scale, ue8m0: bool) -> np.ndarray:
+def _linear_fp8(a_bf16: np.ndarray, w, w_scale, ue8m0: bool, promotion: str) -> np.ndarray:
     """DeepSeek's FP8 ``Linear``: BF16 ``[T, N]`` from BF16 ``a [T, K]``, E4M3 ``w [K, N]``
-    and FP32 block scales ``[K/128, N/128]`` (module docstring, ``LIN8``)."""
+    and FP32 block scales ``[K/128, N/128]`` (module docstring, ``LIN8``; ``promotion``: the
+    K-block promotion, ``"fma"`` or ``"two_roundings"``)."""
     t, k = a_bf16.shape
     codes, sa = quantize_index_fp8(a_bf16.reshape(t, k // FP8_BLOCK, FP8_BLOCK), ue8m0=ue8m0,
                                    amax_floor=_LINEAR_AMAX_FLOOR)  # fmt: skip
     a32 = e4m3_to_fp32(codes).reshape(t, k)
-    return to_bf16(block_scaled_matmul_fp32(a32, sa, e4m3_to_fp32(w), w_scale, block=FP8_BLOCK))
+    w32 = e4m3_to_fp32(w)
+    return to_bf16(block_scaled_matmul_fp32(a32, sa, w32, w_scale, block=FP8_BLOCK,
+                                            promotion=promotion))  # fmt: skip
 
 
 def _layer_norm(v32: np.ndarray, gamma, beta, eps: float) -> np.ndarray:
@@ -164,7 +171,8 @@ def _queries(a: Args) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     else:
         qn = host_array(ins.q_norm, "q_norm")
         q = _linear_fp8(qn, host_array(ins.w_qb, "w_qb"),
-                        host_array(ins.w_qb_scale, "w_qb_scale"), a.ue8m0)  # fmt: skip
+                        host_array(ins.w_qb_scale, "w_qb_scale"), a.ue8m0,
+                        a.fp8_promotion)  # fmt: skip
         had = None
     q = _rotate(_rope_half(q.reshape(a.rows, INDEX_HEADS, INDEX_DIM), a), a, had)
     codes, scales = _quant(q, a)
@@ -180,7 +188,7 @@ def _keys(a: Args) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         had = ins.hadamard_k
     else:
         kb = _linear_fp8(x, host_array(ins.w_k, "w_k"), host_array(ins.w_k_scale, "w_k_scale"),
-                         a.ue8m0)  # fmt: skip
+                         a.ue8m0, a.fp8_promotion)  # fmt: skip
         k32 = kb.astype(F32)  # BF16 values into the LayerNorm
         had = None
     k = _layer_norm(k32, ins.ln_gamma, ins.ln_beta, a.eps)
@@ -253,6 +261,7 @@ def dsa_indexer_prolog(ins, *, trace: Callable[[dict], None] | None = None):
     a = check_values(check_meta(
         ins, path=ins.path, rope_layout=ins.rope_layout, eps=ins.eps, ue8m0=ins.ue8m0,
         amax_floor=ins.amax_floor, block_size=ins.block_size, trace=trace,
+        fp8_promotion=ins.fp8_promotion,
     ))  # fmt: skip
     q_codes, q_scale, q_rot = _queries(a)
     k_codes, k_scale, k_rot = _keys(a)

@@ -22,7 +22,8 @@ golden. Every input is drawn from ``SeedSequence(seed)`` streams (same arguments
   INT8: ``q_norm`` is a standard normal ``[T, R]`` quantized per token with pypto-gym's rule,
   ``w_qb ~ U(-0.1, 0.1)`` quantized per output column (scale ``1 / (127 * (1/colmax))``), the
   table in BF16 halves ``[T, 64]``. FP8: ``q_norm`` a BF16 standard normal, ``w_qb`` and
-  ``w_k`` E4M3 with power-of-two (UE8M0) FP32 scales per 128 x 128 block, ``w_proj`` FP32,
+  ``w_k`` E4M3 with power-of-two (UE8M0) FP32 scales per 128 x 128 block (``weight_scale=
+  "amax448"``: ``amax / 448``), ``w_proj`` FP32,
   the table FP32 ``[T, 32]``.
 * ``recipe="gym"`` (INT8): pypto-gym's stand-ins (``hicann/pypto-gym:tests/ops/
   deepseek_v32_exp/test_lightning_indexer_prolog_quant.py``): random int8 ``q_norm`` and
@@ -45,6 +46,7 @@ from tilesim.reference.dsa_case_common import (
     yarn_rope_inputs,
 )
 from tilesim.reference.dsa_cases import build_block_table
+from tilesim.reference.mla_prolog_cases import WEIGHT_SCALES
 from tilesim.shared.case_schema import CASE_FAMILIES, CaseInfo, make_case, tolerance
 from tilesim.shared.casts import BF16, FP8_E4M3_MAX, to_bf16, to_fp8_e4m3
 from tilesim.shared.dsa_indexer import INDEX_HEADS
@@ -84,6 +86,7 @@ _DEFAULTS = {
     "path": "int8", "seq_lens": (300, 1000), "s1": 2, "q_lens": None, "pad": 0,
     "block_size": 128, "rope_layout": "halves", "recipe": "model", "hidden": HIDDEN,
     "rank": Q_LORA_RANK, "poison_unused": True, "spare_blocks": 0, "ue8m0": True,
+    "weight_scale": "ue8m0",
 }  # fmt: skip
 
 # name -> (builder params, size, status, summary)
@@ -101,6 +104,9 @@ _TABLE = {
                                       "B 2, s1 2, lengths 300 / 1000, INT8"),
     "dsa_indexer_prolog_short_fp8": (dict(path="fp8"), "small", "tilesim extra",
                                      "B 2, s1 2, lengths 300 / 1000, FP8"),
+    "dsa_indexer_prolog_short_fp8_amax448": (dict(path="fp8", weight_scale="amax448"), "small",
+                                             "tilesim extra", "B 2, s1 2, FP8, amax/448 "
+                                             "weight block scales"),
     "dsa_indexer_prolog_pad_int8": (dict(seq_lens=(129, 1), s1=1, pad=2), "small",
                                     "tilesim extra", "B 2, s1 1, a 1-token sequence and 2 "
                                     "padding tokens (slot -1), INT8"),
@@ -133,6 +139,7 @@ def _checked(p: dict) -> dict:
             raise ValueError(f"{k}: expected a multiple of 128, got {p[k]}")
     for k in ("poison_unused", "ue8m0"):
         check_bool(p[k], k)
+    check_choice(p["weight_scale"], "weight_scale", WEIGHT_SCALES)
     if max(p["seq_lens"]) > MAX_POSITION:
         raise ValueError(f"seq_lens: expected lengths <= {MAX_POSITION}, got {max(p['seq_lens'])}")
     check_elements((sum(p["seq_lens"]) + p["block_size"], INDEX_DIM), "seq_lens", "k_cache")
@@ -152,12 +159,15 @@ def _int8_gym_rule(v: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
     return np.rint(v * f).astype(np.int8), (np.float32(1) / f).astype(np.float32)
 
 
-def _fp8_blocks(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """FP32 ``w [K, N]`` -> E4M3 codes and UE8M0 FP32 scales ``[K/128, N/128]``."""
+def _fp8_blocks(w: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray]:
+    """FP32 ``w [K, N]`` -> E4M3 codes and FP32 scales ``[K/128, N/128]``: UE8M0 (``kind
+    "ue8m0"``, the power of two at or above ``amax / 448``) or ``amax / 448`` itself."""
     k, n = w.shape
     g = w.reshape(k // FP8_BLOCK, FP8_BLOCK, n // FP8_BLOCK, FP8_BLOCK)
     amax = np.maximum(np.abs(g).max(axis=(1, 3)), np.float32(1e-4))
-    s = _ue8m0(amax / np.float32(FP8_E4M3_MAX))
+    s = amax / np.float32(FP8_E4M3_MAX)
+    if kind == "ue8m0":
+        s = _ue8m0(s)
     codes = to_fp8_e4m3(g / s[:, None, :, None]).reshape(k, n)
     return codes, s.astype(np.float32)
 
@@ -193,8 +203,11 @@ def _weights(p: dict, rng, t: int) -> dict:
         return {**out, **_int8_weights(p, rng, t)}
     out["ln_gamma"], out["ln_beta"] = (out[k].astype(np.float32) for k in ("ln_gamma", "ln_beta"))
     out["q_norm"] = to_bf16(rng.standard_normal((t, r), dtype=np.float32))
-    out["w_qb"], out["w_qb_scale"] = _fp8_blocks(rng.standard_normal((r, QB_COLS), np.float32))
-    out["w_k"], out["w_k_scale"] = _fp8_blocks(rng.standard_normal((h, INDEX_DIM), np.float32))
+    kind = p["weight_scale"]
+    out["w_qb"], out["w_qb_scale"] = _fp8_blocks(rng.standard_normal((r, QB_COLS), np.float32),
+                                                 kind)  # fmt: skip
+    out["w_k"], out["w_k_scale"] = _fp8_blocks(rng.standard_normal((h, INDEX_DIM), np.float32),
+                                               kind)  # fmt: skip
     out["w_proj"] = rng.uniform(-1, 1, (h, INDEX_HEADS)).astype(np.float32)
     return out
 
@@ -225,7 +238,9 @@ def dsa_indexer_prolog_make_case(name: str | None = None, *, seed: int = 0, prog
     the new tokens), ``s1`` (new tokens per sequence) or ``q_lens`` (per sequence: prefill),
     ``pad`` (padding tokens, slot ``-1``), ``block_size``, ``rope_layout``, ``recipe``
     (``"model"`` / ``"gym"``), ``hidden`` / ``rank`` (7168 / 1536; smaller multiples of 128
-    for quick tests), ``poison_unused``, ``spare_blocks``, ``ue8m0`` (FP8). ``progress``: the
+    for quick tests), ``poison_unused``, ``spare_blocks``, ``ue8m0`` (FP8), ``weight_scale``
+    (FP8 weight block scales: ``"ue8m0"`` powers of two, ``"amax448"`` ``amax / 448``;
+    :data:`tilesim.reference.mla_prolog_cases.WEIGHT_SCALES`). ``progress``: the
     cache bar (a bool or None). Returns the case dict; ``meta`` holds the seed, the builder
     parameters, the block table, ``seq_lens``, ``q_lens`` and the tokens' positions (what
     the indexer reading the cache afterwards needs)."""

@@ -19,8 +19,10 @@ to FP32, and row sums :func:`~tilesim.reference.arith.rowsum_fp32`)::
     cache rows slot_mapping[t] (>= 0) <- (codes, kr, scales) in cache_layout
 
 ``linear``: ``"bf16"`` is ``BF16(FP32(x @ w))``; ``"fp8_block"`` is DeepSeek's ``act_quant``
-(UE8M0) of the activation and ``fp8_gemm`` (per 128-deep K block ``acc = FP32(acc +
-FP32(FP32(a_k @ w_k) * FP32(sa * sb)))``, then BF16). ``int8_gym`` per group of ``n`` values:
+(UE8M0) of the activation and ``fp8_gemm``: per 128-deep K block, ``P = FP32(a_k @ w_k)``, ``S
+= FP32(sa * sb)`` and, with ``fp8_promotion="fma"`` (the default, DeepSeek's kernel as nvcc
+contracts it), ``acc = FP32(acc + P * S)`` (one rounding), with ``"two_roundings"`` ``acc =
+FP32(acc + FP32(P * S))``; then BF16. ``int8_gym`` per group of ``n`` values:
 ``s = FP32(FP32(1 / amax) * 127)`` (torch's ``127 / amax``), codes
 ``int8(trunc(fp16(int32(rint(FP32(v * s))))))``, dequant scale ``FP32(1 / s)`` (an all-zero
 group gives codes 0 and scale 0).
@@ -112,14 +114,16 @@ def _latent_quant(kvn: np.ndarray, rule: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 # ----------------------------------------------------------------------------- stages
-def linear(a, w, scale, kind: str) -> np.ndarray:
+def linear(a, w, scale, kind: str, promotion: str = "fma") -> np.ndarray:
     """``BF16`` result of one projection ``a [R, K] @ w [K, N]`` (``kind`` ``"bf16"`` or
-    ``"fp8_block"``; module docstring)."""
+    ``"fp8_block"``; module docstring). ``promotion``: the FP8 K-block promotion of
+    :func:`~tilesim.reference.arith.block_scaled_matmul_fp32` (``"fma"`` or
+    ``"two_roundings"``; unused for BF16)."""
     if kind == "bf16":
         return to_bf16(matmul_fp32(a, w, k_tile=None))
     codes, sa = act_quant_deepseek(np.asarray(a, dtype=F32))
     a32, w32 = e4m3_to_fp32(codes), e4m3_to_fp32(w)
-    return to_bf16(block_scaled_matmul_fp32(a32, sa, w32, scale, block=BLOCK))
+    return to_bf16(block_scaled_matmul_fp32(a32, sa, w32, scale, block=BLOCK, promotion=promotion))
 
 
 def rms_norm(v, gamma, form: str, eps: np.float32) -> np.ndarray:
@@ -138,10 +142,10 @@ def rms_norm(v, gamma, form: str, eps: np.float32) -> np.ndarray:
     return to_bf16(y * np.asarray(gamma).astype(F32)[None, :])
 
 
-def _q_b(qn, ins, kind: str):
+def _q_b(qn, ins, kind: str, promotion: str):
     if kind != "int8_channel":
         scale = None if kind == "bf16" else host_data(ins.w_uq_qr_scale, "w_uq_qr_scale")
-        return qn, None, linear(qn, host_data(ins.w_uq_qr, "w_uq_qr"), scale, kind)
+        return qn, None, linear(qn, host_data(ins.w_uq_qr, "w_uq_qr"), scale, kind, promotion)
     codes, qs = quant_int8_gym(qn, qn.shape[1])
     w = host_data(ins.w_uq_qr, "w_uq_qr")
     acc = (codes.astype(np.float64) @ w.astype(np.float64)).astype(F32)  # exact int32, RNE
@@ -154,10 +158,10 @@ def _queries(a, ins, trace):
     sc = {k: (None if a.linears[k] == "bf16" else host_data(v, n))
           for k, v, n in (("q_a", ins.w_dq_scale, "w_dq_scale"),
                           ("kv_a", ins.w_dkv_kr_scale, "w_dkv_kr_scale"))}  # fmt: skip
-    q_a = linear(x, host_data(ins.w_dq, "w_dq"), sc["q_a"], a.linears["q_a"])
+    q_a = linear(x, host_data(ins.w_dq, "w_dq"), sc["q_a"], a.linears["q_a"], a.fp8_promotion)
     _emit(trace, 0, "q_a", a.tokens, 2 * a.tokens * x.shape[1] * q_a.shape[1])
     qn = rms_norm(q_a, host_data(ins.gamma_cq, "gamma_cq"), a.rms_form, a.rms_eps)
-    q_norm, q_scale, q_b = _q_b(qn, ins, a.linears["q_b"])
+    q_norm, q_scale, q_b = _q_b(qn, ins, a.linears["q_b"], a.fp8_promotion)
     _emit(trace, 1, "q_b", a.tokens, 2 * a.tokens * qn.shape[1] * q_b.shape[1])
     q = q_b.reshape(a.tokens, HEADS, Q_HEAD)
     w_uk = host_data(ins.w_uk, "w_uk")
@@ -166,7 +170,8 @@ def _queries(a, ins, trace):
     _emit(trace, 2, "absorb", a.tokens, 2 * a.tokens * HEADS * QK_NOPE * KV_LORA)
     cos, sin = host_data(ins.cos, "cos"), host_data(ins.sin, "sin")
     query_rope = apply_rope(q[:, :, QK_NOPE:], cos, sin, layout=a.rope_layout)
-    kv_a = linear(x, host_data(ins.w_dkv_kr, "w_dkv_kr"), sc["kv_a"], a.linears["kv_a"])
+    kv_a = linear(x, host_data(ins.w_dkv_kr, "w_dkv_kr"), sc["kv_a"], a.linears["kv_a"],
+                  a.fp8_promotion)  # fmt: skip
     _emit(trace, 3, "kv_a", a.tokens, 2 * a.tokens * x.shape[1] * kv_a.shape[1])
     return query_nope, query_rope, q_norm, q_scale, kv_a
 
@@ -227,7 +232,8 @@ def _switch_values(ins) -> dict:
     return {k: getattr(ins, k) for k in _SWITCHES}
 
 
-_SWITCHES = ("path", "rope_layout", "rms_form", "rms_eps", "kv_quant", "cache_layout")
+_SWITCHES = ("path", "rope_layout", "rms_form", "rms_eps", "kv_quant", "cache_layout",
+             "fp8_promotion")  # fmt: skip
 
 
 def mla_prolog_cost(*args, **kwargs) -> dict:

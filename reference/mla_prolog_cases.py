@@ -11,7 +11,8 @@ generator (the same arguments give the same arrays):
   shapes. ``cos``/``sin``: ``rope="random"`` is its ``U(-0.1, 0.1)`` stand-in ``[T, 64]``
   BF16; ``rope="yarn"`` the real YaRN table (:mod:`tilesim.shared.rope`) in halves, BF16.
 * ``path="fp8"`` -- DeepSeek's reference: FP8 E4M3 weights with FP32 128 x 128 block scales
-  (``amax / 448`` per block of the same BF16 draws), ``w_uk`` BF16, the YaRN table in FP32
+  (``amax / 448`` per block of the same BF16 draws, or with ``weight_scale="ue8m0"`` the power
+  of two at or above it, as DeepSeek-V3.2's checkpoints hold), ``w_uk`` BF16, the YaRN table in FP32
   ``[T, 32]`` at the tokens' positions, a packed ``[rows, 656]`` cache (``cache_layout``).
 
 Unwritten cache rows are poisoned (FP32 / BF16 NaN, FP8 NaN codes, INT8 -128) so that a
@@ -39,9 +40,14 @@ from tilesim.shared.mla_prolog import (
     QK_NOPE,
     slots_from_block_table,
 )
+from tilesim.shared.quant import _ue8m0
 from tilesim.shared.validate import check_choice, check_int, check_int_sequence
 
 BUILDER = "tilesim.reference.mla_prolog_cases:mla_prolog_make_case"
+#: the FP8 weights' block scales a case draws: ``"amax448"`` (``amax / 448`` per block, every
+#: significand bit in use) and ``"ue8m0"`` (the power of two at or above it, the
+#: ``"scale_fmt": "ue8m0"`` of DeepSeek-V3.2's checkpoints; docs/ops/mla_prolog.md)
+WEIGHT_SCALES = ("amax448", "ue8m0")
 #: pypto-gym's per-output limits of test_mla_prolog_quant.py: name -> (atol, rtol, ratio)
 GYM_TOLERANCES = {
     "query_nope": (0.005, 2.0**-7, 0.005),
@@ -54,7 +60,8 @@ GYM_TOLERANCES = {
 }
 
 _DEFAULTS = {"path": "int8", "b": 4, "s1": 2, "seq_lens": (1024,) * 4, "rope": None,
-             "cache_layout": None, "pad": 0, "block_size": 128}  # fmt: skip
+             "cache_layout": None, "pad": 0, "block_size": 128,
+             "weight_scale": "amax448"}  # fmt: skip
 
 # name -> (builder params, size, status, summary)
 _TABLE = {
@@ -69,6 +76,9 @@ _TABLE = {
                              "tilesim extra", "DeepSeek reference, FP8, pypto 656-byte rows"),
     "mla_prolog_fp8_b4_s2_flashmla": (dict(path="fp8", cache_layout="flashmla"), "small",
                                       "tilesim extra", "FP8, FlashMLA 656-byte rows"),
+    "mla_prolog_fp8_b4_s2_ue8m0": (dict(path="fp8", seq_lens=(1024, 5000, 2048, 130),
+                                        weight_scale="ue8m0"), "small", "tilesim extra",
+                                   "FP8, power-of-two (UE8M0) weight block scales"),
     "mla_prolog_int8_b64_s2": (dict(b=64, seq_lens=(1024,) * 64), "medium", "skip: large",
                                "pypto-gym shape: B 64, s1 2 (T 128), INT8"),
     "mla_prolog_int8_b128_s1_p": (dict(b=128, s1=1, seq_lens=(1024,) * 128), "medium",
@@ -90,6 +100,10 @@ def _checked(p: dict) -> dict:
     check_choice(p["rope"], "rope", ("random", "yarn"))
     if p["path"] == "fp8" and p["rope"] != "yarn":
         raise ValueError(f"rope: expected 'yarn' on the fp8 path, got {p['rope']!r}")
+    check_choice(p["weight_scale"], "weight_scale", WEIGHT_SCALES)
+    if p["path"] == "int8" and p["weight_scale"] != "amax448":
+        raise ValueError(f"weight_scale: expected 'amax448' on the int8 path (no FP8 weights), "
+                         f"got {p['weight_scale']!r}")  # fmt: skip
     return p
 
 
@@ -97,14 +111,18 @@ def _bf16_uniform(rng, lo: float, hi: float, shape) -> np.ndarray:
     return to_bf16(rng.uniform(lo, hi, shape).astype(np.float32))
 
 
-def _fp8_blocks(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """BF16 ``w [K, N]`` -> FP8 codes and FP32 ``[K/128, ceil(N/128)]`` scales ``amax / 448``."""
+def _fp8_blocks(w: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray]:
+    """BF16 ``w [K, N]`` -> FP8 codes and FP32 ``[K/128, ceil(N/128)]`` scales: ``amax / 448``
+    (``kind="amax448"``) or the power of two at or above it (``"ue8m0"``, DeepSeek's
+    ``scale_fmt`` of V3.1 / V3.2 checkpoints)."""
     k, n = w.shape
     nb = -(-n // BLOCK)
     wp = np.zeros((k, nb * BLOCK), np.float32)
     wp[:, :n] = w.astype(np.float32)
     g = wp.reshape(k // BLOCK, BLOCK, nb, BLOCK)
     s = np.maximum(np.abs(g).max(axis=(1, 3)), np.float32(1e-8)) / np.float32(FP8_E4M3_MAX)
+    if kind == "ue8m0":
+        s = _ue8m0(s)
     codes = to_fp8_e4m3(g / s[:, None, :, None]).reshape(k, nb * BLOCK)[:, :n]
     return np.ascontiguousarray(codes), s.astype(np.float32)
 
@@ -124,7 +142,7 @@ def _weights(p: dict, rng) -> dict:
                    w_uq_qr_scale=scale.reshape(-1))  # fmt: skip
         return out
     for name, w in (("w_dq", w_dq), ("w_uq_qr", w_uq), ("w_dkv_kr", w_dkv)):
-        out[name], out[name + "_scale"] = _fp8_blocks(w)
+        out[name], out[name + "_scale"] = _fp8_blocks(w, p["weight_scale"])
     return out
 
 
@@ -160,8 +178,9 @@ def mla_prolog_make_case(name: str | None = None, *, seed: int = 0, progress=Non
     Builder parameters: ``path`` (``"int8"`` / ``"fp8"``), ``b``, ``s1`` (new tokens per
     sequence), ``seq_lens`` (lengths after the new tokens), ``rope`` (``"random"`` /
     ``"yarn"``), ``cache_layout`` (``None``: the path's default), ``pad`` (padding tokens with
-    slot ``-1``), ``block_size``. Returns the case dict (op ``mla_prolog``); ``meta`` holds
-    the seed, the parameters, the block table and the positions."""
+    slot ``-1``), ``block_size``, ``weight_scale`` (FP8 weight block scales: ``"amax448"``,
+    ``amax / 448``; ``"ue8m0"``, powers of two). Returns the case dict (op ``mla_prolog``);
+    ``meta`` holds the seed, the parameters, the block table and the positions."""
     seed, p = builder_arguments("mla_prolog_make_case", name, seed, progress, params, _DEFAULTS,
                                 _TABLE)  # fmt: skip
     p = _checked(p)
@@ -203,4 +222,4 @@ def _case_info(name: str) -> CaseInfo:
 #: every named case (``mla_prolog_make_case(name)`` builds it), for the CLI registry
 CASE_INFO: dict[str, CaseInfo] = {n: _case_info(n) for n in _TABLE}
 
-__all__ = ["CASE_INFO", "GYM_TOLERANCES", "mla_prolog_make_case"]
+__all__ = ["CASE_INFO", "GYM_TOLERANCES", "WEIGHT_SCALES", "mla_prolog_make_case"]

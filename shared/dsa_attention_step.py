@@ -99,14 +99,16 @@ def step_keywords(*, path: str = "int8", rope_layout: str | None = None,
                   amax_floor: float | None = None, int8_order: str = "gym", topk: int = 2048,
                   block_size: int = 128,
                   softmax_scale: float = DEEPSEEK_V32.model_softmax_scale,
-                  tiling=None):  # fmt: skip
+                  tiling=None, fp8_promotion: str = "fma"):  # fmt: skip
     """The switches: ``path`` for every stage; the MLA prolog's ``rope_layout``, ``rms_form``,
     ``rms_eps``, ``kv_quant``, ``cache_layout`` (None: the path's default,
     :data:`tilesim.shared.mla_prolog.PATH_DEFAULTS`); the indexer prolog's
     ``index_rope_layout`` (its ``rope_layout``), ``ln_eps`` (its ``eps``), ``ue8m0``,
     ``amax_floor``; the indexer's ``int8_order`` and ``topk``; ``block_size`` of both caches;
     the attention's ``softmax_scale`` (default DeepSeek-V3.2's ``192^-0.5 * mscale^2``) and
-    ``tiling`` (None: ``SaTileShapeConfig.from_env()`` at call time)."""
+    ``tiling`` (None: ``SaTileShapeConfig.from_env()`` at call time); ``fp8_promotion``, the
+    K-block promotion of both prologs' FP8 linears (``"fma"``: DeepSeek's ``fp8_gemm``, one
+    rounding; ``"two_roundings"``; :data:`tilesim.shared.quant.FP8_PROMOTIONS`)."""
 
 
 INPUT_NAMES = tuple(inspect.signature(step_inputs).parameters)
@@ -164,14 +166,15 @@ def iprolog_namespace(ins, slots, q_norm, q_norm_scale) -> types.SimpleNamespace
 def mla_switches(ins) -> dict:
     """The MLA prolog's keyword switches of the step."""
     return {k: getattr(ins, k) for k in ("path", "rope_layout", "rms_form", "rms_eps",
-                                          "kv_quant", "cache_layout")}  # fmt: skip
+                                          "kv_quant", "cache_layout",
+                                          "fp8_promotion")}  # fmt: skip
 
 
 def iprolog_switches(ins) -> dict:
     """The indexer prolog's keyword switches of the step (under its own names)."""
     return {"path": ins.path, "rope_layout": ins.index_rope_layout, "eps": ins.ln_eps,
             "ue8m0": ins.ue8m0, "amax_floor": ins.amax_floor,
-            "block_size": ins.block_size}  # fmt: skip
+            "block_size": ins.block_size, "fp8_promotion": ins.fp8_promotion}  # fmt: skip
 
 
 def latent_views(layout: str, kv_cache, kr_cache, kv_scale_cache) -> tuple:

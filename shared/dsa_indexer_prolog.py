@@ -56,6 +56,7 @@ from tilesim.shared.index_cache import (
     check_int8_cache,
 )
 from tilesim.shared.op_record import Call, OpRecord, Output
+from tilesim.shared.quant import FP8_PROMOTIONS
 from tilesim.shared.validate import (
     INT32_MAX,
     check_array,
@@ -102,12 +103,14 @@ def prolog_inputs(x, q_norm, w_qb, w_k, w_proj, ln_gamma, ln_beta, cos, sin, k_c
 
 def prolog_keywords(*, path: str = "int8", rope_layout: str = "halves", eps: float = 1e-6,
                     ue8m0: bool = True, amax_floor: float | None = None,
-                    block_size: int = 128):  # fmt: skip
+                    block_size: int = 128, fp8_promotion: str = "fma"):  # fmt: skip
     """The switches after the arrays: ``path``; ``rope_layout`` (``"halves"``, or DeepSeek's
     pre-fix ``"interleaved"``); the LayerNorm ``eps`` (1e-6: DeepSeek and pypto-gym's test);
     ``ue8m0`` (FP8: power-of-two scales, DeepSeek-V3.2's ``scale_fmt``; ``False``: ``amax /
     448``); ``amax_floor`` of the q/k quantizers (``None``: :data:`AMAX_FLOORS`); the cache's
-    ``block_size``."""
+    ``block_size``; ``fp8_promotion`` (FP8 path: the K-block promotion of the ``w_qb`` and
+    ``w_k`` linears, :data:`tilesim.shared.quant.FP8_PROMOTIONS`; ``"fma"``: DeepSeek's
+    ``fp8_gemm`` as nvcc builds it, one rounding; ``"two_roundings"``; unused on INT8)."""
 
 
 #: the array arguments, in order
@@ -131,6 +134,7 @@ class Args(NamedTuple):
     num_blocks: int
     slot_mapping: object
     values: bool = False
+    fp8_promotion: str = "fma"  #: the FP8 linears' K-block promotion (FP8_PROMOTIONS)
 
 
 class Plan(NamedTuple):
@@ -226,7 +230,8 @@ def _check_cache(ins, path: str, block_size: int) -> int:
 
 
 def check_meta(ins, *, path="int8", rope_layout="halves", eps=1e-6, ue8m0=True,
-               amax_floor=None, block_size=128, trace=None) -> Args:  # fmt: skip
+               amax_floor=None, block_size=128, trace=None,
+               fp8_promotion="fma") -> Args:  # fmt: skip
     """Metadata checks of ``dsa_indexer_prolog`` on the namespace of :func:`prolog_inputs`
     (no value read; works on ``meta`` tensors): the switches, every array's dtype and shape
     for ``path``, the arrays the path does not take are ``None``, ``slot_mapping`` an integer
@@ -235,6 +240,7 @@ def check_meta(ins, *, path="int8", rope_layout="halves", eps=1e-6, ue8m0=True,
     check_choice(rope_layout, "rope_layout", PROLOG_ROPE_LAYOUTS)
     eps = check_float(eps, "eps", positive=True, fp32=True)
     check_bool(ue8m0, "ue8m0")
+    check_choice(fp8_promotion, "fp8_promotion", FP8_PROMOTIONS)
     if amax_floor is None:
         amax_floor = AMAX_FLOORS[path]
     amax_floor = check_float(amax_floor, "amax_floor", positive=True, fp32=True)
@@ -247,7 +253,7 @@ def check_meta(ins, *, path="int8", rope_layout="halves", eps=1e-6, ue8m0=True,
     num_blocks = _check_cache(ins, path, block_size)
     check_int_array(ins.slot_mapping, "slot_mapping", ndim=1, shape=(t,), layout="[T]")
     return Args(ins, path, rope_layout, eps, bool(ue8m0), amax_floor, block_size, t, h, r,
-                num_blocks, ins.slot_mapping)  # fmt: skip
+                num_blocks, ins.slot_mapping, False, fp8_promotion)  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- value checks

@@ -37,6 +37,7 @@ import numpy as np
 from tilesim.shared.casts import BF16, FP8_E4M3
 from tilesim.shared.mla_cache import NOPE, NSCALES, PYPTO_ROW_BYTES, ROPE
 from tilesim.shared.op_record import Call, OpRecord, Output
+from tilesim.shared.quant import FP8_PROMOTIONS
 from tilesim.shared.rope import LAYOUTS as ROPE_LAYOUTS
 from tilesim.shared.validate import (
     check_array,
@@ -115,6 +116,7 @@ class Args(NamedTuple):
     cache_shape: tuple
     slot_mapping: object = None
     values: bool = False
+    fp8_promotion: str = "fma"  #: the FP8 linears' K-block promotion (FP8_PROMOTIONS)
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -154,12 +156,16 @@ def prolog_keywords(
     rms_eps: float | None = None,
     kv_quant: str | None = None,
     cache_layout: str | None = None,
+    fp8_promotion: str = "fma",
 ):
     """The switches: ``path`` (``"int8"``: pypto-gym ``mla_prolog_quant``, 910B; ``"fp8"``:
     DeepSeek's reference, 950) sets the defaults of every other switch (:data:`PATH_DEFAULTS`);
     ``None`` takes the path's value. ``rope_layout`` in :data:`tilesim.shared.rope.LAYOUTS`;
     ``rms_form`` in :data:`RMS_FORMS`; ``rms_eps`` >= 0; ``kv_quant`` in :data:`KV_QUANTS`;
-    ``cache_layout`` in :data:`CACHE_LAYOUTS`."""
+    ``cache_layout`` in :data:`CACHE_LAYOUTS`; ``fp8_promotion`` in
+    :data:`tilesim.shared.quant.FP8_PROMOTIONS`, the K-block promotion of every FP8 linear
+    (``"fma"``: DeepSeek's ``fp8_gemm`` as nvcc builds it, one rounding; ``"two_roundings"``;
+    no effect on BF16 / INT8 linears)."""
 
 
 # ----------------------------------------------------------------------------- checks
@@ -254,11 +260,13 @@ def _check_dense(ins) -> int:
     return t
 
 
-def check_meta(ins, *, path, rope_layout, rms_form, rms_eps, kv_quant, cache_layout, trace=None):
+def check_meta(ins, *, path, rope_layout, rms_form, rms_eps, kv_quant, cache_layout, trace=None,
+               fp8_promotion="fma"):  # fmt: skip
     """Shapes, dtypes and switches of one call (``ins``: the namespace of
     :func:`prolog_inputs`), reading no value. ``ValueError`` / ``TypeError`` naming the argument,
     the expected and the actual value. Returns :class:`Args` (``values=False``)."""
     sw = _switches(path, rope_layout, rms_form, rms_eps, kv_quant, cache_layout)
+    check_choice(fp8_promotion, "fp8_promotion", FP8_PROMOTIONS)
     check_trace(trace)
     t = _check_dense(ins)
     linears = {
@@ -277,7 +285,7 @@ def check_meta(ins, *, path, rope_layout, rms_form, rms_eps, kv_quant, cache_lay
     rows, cshape = _check_caches(ins, sw["cache_layout"], KV_QUANT_DTYPE[sw["kv_quant"]])
     return Args(
         ins, t, linears, path, sw["rope_layout"], sw["rms_form"], sw["rms_eps"],
-        sw["kv_quant"], sw["cache_layout"], rows, cshape, ins.slot_mapping, False,
+        sw["kv_quant"], sw["cache_layout"], rows, cshape, ins.slot_mapping, False, fp8_promotion,
     )  # fmt: skip
 
 

@@ -17,7 +17,7 @@ SMALL = sorted(n for n, info in CASE_INFO.items() if info.size == "small")
 
 def test_family_is_registered_with_its_cases():
     assert "dsa_indexer_prolog" in CASE_FAMILIES
-    assert len(CASE_INFO) == 8 and len(SMALL) == 5
+    assert len(CASE_INFO) == 9 and len(SMALL) == 6
     for name, info in CASE_INFO.items():
         assert info.family == info.op == "dsa_indexer_prolog" and info.name == name
 

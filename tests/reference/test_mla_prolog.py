@@ -51,8 +51,12 @@ def int8_case():
 
 @pytest.fixture(scope="module")
 def fp8_case():
+    """The FP8 case under ``fp8_promotion="two_roundings"``: the restatement below adds the
+    K-block products as torch on CPU does (``acc + part * scale``, the product rounded first);
+    the default FMA promotion is restated in ``test_fp8_promotion_torch.py``."""
     case = mla_prolog_make_case("mla_prolog_fp8_b4_s2", seed=4)
-    return case, mla_prolog(**case["inputs"], **case["params"])
+    params = {**case["params"], "fp8_promotion": "two_roundings"}
+    return case, mla_prolog(**case["inputs"], **params)
 
 
 # ----------------------------------------------------------------------------- pypto-gym
