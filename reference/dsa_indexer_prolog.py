@@ -55,6 +55,7 @@ from typing import NamedTuple
 
 import numpy as np
 from tilesim.reference.arith import F32, F64, block_scaled_matmul_fp32, matmul_fp32, rowsum_fp32
+from tilesim.reference.numerics import quantize_nonfinite, quiet_numpy, warn_stage
 from tilesim.shared.casts import to_bf16
 from tilesim.shared.dsa_indexer import INDEX_HEADS
 from tilesim.shared.dsa_indexer_prolog import (
@@ -64,7 +65,6 @@ from tilesim.shared.dsa_indexer_prolog import (
     Args,
     check_meta,
     check_values,
-    cost,
     host_plan,
     prolog_inputs,
     prolog_keywords,
@@ -73,8 +73,10 @@ from tilesim.shared.hadamard import hadamard_rotate
 from tilesim.shared.index_cache import INDEX_DIM, fp8_page_views
 from tilesim.shared.quant import e4m3_to_fp32, quantize_index_fp8, quantize_index_int8
 from tilesim.shared.rope import apply_rope
-from tilesim.shared.trace import emit
+from tilesim.shared.trace import emit, emit_stage
 from tilesim.shared.validate import host_array, op_signature, same_kind
+
+OP = "dsa_indexer_prolog"
 
 F16 = np.dtype(np.float16)
 #: columns of ``w_qb`` per pass of the INT8 q projection (bounds the float64 copy)
@@ -157,12 +159,17 @@ def _rotate(v: np.ndarray, a: Args, hadamard) -> np.ndarray:
 
 
 def _quant(v: np.ndarray, a: Args) -> tuple[np.ndarray, np.ndarray]:
+    """The path's quantizer per 128-vector; a vector holding NaN / inf (an overflow upstream)
+    gets :func:`~tilesim.reference.numerics.quantize_nonfinite`'s outcome, never an error."""
     if a.path == "int8":
-        return quantize_index_int8(v, amax_floor=a.amax_floor, scale_rule="reciprocal")
-    return quantize_index_fp8(v, ue8m0=a.ue8m0, amax_floor=a.amax_floor)
+        rule = lambda g: quantize_index_int8(g, amax_floor=a.amax_floor,  # noqa: E731
+                                             scale_rule="reciprocal")  # fmt: skip
+    else:
+        rule = lambda g: quantize_index_fp8(g, ue8m0=a.ue8m0, amax_floor=a.amax_floor)  # noqa: E731
+    return quantize_nonfinite(rule, v, INDEX_DIM)
 
 
-def _queries(a: Args) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _queries(a: Args, trace=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(codes [T, 64, 128], scales [T, 64], rotated BF16 q)``."""
     ins = a.ins
     if a.path == "int8":
@@ -174,12 +181,25 @@ def _queries(a: Args) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
                         host_array(ins.w_qb_scale, "w_qb_scale"), a.ue8m0,
                         a.fp8_promotion)  # fmt: skip
         had = None
-    q = _rotate(_rope_half(q.reshape(a.rows, INDEX_HEADS, INDEX_DIM), a), a, had)
+    _stage(trace, "q_linear", q, 2 * a.rows * a.rank * QB_COLS, "q_norm @ w_qb")
+    warn_stage(OP, "q_linear", "q_norm @ w_qb (scales "
+               f"{'q_norm_scale, ' if a.path == 'int8' else ''}w_qb_scale)", q)  # fmt: skip
+    q_lin = q
+    q = _rope_half(q.reshape(a.rows, INDEX_HEADS, INDEX_DIM), a)
+    _stage(trace, "q_rope", q, 0, "rope of each head's first 64")
+    q_rope = q
+    warn_stage(OP, "q_rope", "rope of each head's first 64, cos, sin", q, q_lin)
+    q = _rotate(q, a, had)
+    _stage(trace, "q_hadamard", q, _hadamard_flop(a, INDEX_HEADS), "Hadamard per head")
+    warn_stage(OP, "q_hadamard", _had_text(a, "hadamard_q"), q, q_rope)
     codes, scales = _quant(q, a)
+    _stage(trace, "q_quant", scales, 0, "per-head quant (scale)")
+    warn_stage(OP, "q_quant", "per-head quant of q: codes, q_scale", (codes, scales), q,
+               zero=True)  # fmt: skip
     return codes, scales, q
 
 
-def _keys(a: Args) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _keys(a: Args, trace=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(codes [T, 128], scales [T], rotated BF16 k)``."""
     ins = a.ins
     x = host_array(ins.x, "x")
@@ -191,19 +211,61 @@ def _keys(a: Args) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
                          a.ue8m0, a.fp8_promotion)  # fmt: skip
         k32 = kb.astype(F32)  # BF16 values into the LayerNorm
         had = None
+    _stage(trace, "k_linear", k32, 2 * a.rows * a.hidden * INDEX_DIM, "x @ w_k")
+    warn_stage(OP, "k_linear", f"x @ w_k{'' if had is not None else ' (scale w_k_scale)'}", k32)
     k = _layer_norm(k32, ins.ln_gamma, ins.ln_beta, a.eps)
-    k = _rotate(_rope_half(k, a), a, had)
+    _stage(trace, "k_layernorm", k, 0, "LayerNorm(k) * ln_gamma + ln_beta")
+    warn_stage(OP, "k_layernorm", f"LayerNorm(k) * ln_gamma + ln_beta, eps={a.eps:g}", k, k32)
+    k_ln = k
+    k = _rope_half(k, a)
+    _stage(trace, "k_rope", k, 0, "rope of the first 64")
+    warn_stage(OP, "k_rope", "rope of the key's first 64, cos, sin", k, k_ln)
+    k_rope = k
+    k = _rotate(k, a, had)
+    _stage(trace, "k_hadamard", k, _hadamard_flop(a, 1), "Hadamard")
+    warn_stage(OP, "k_hadamard", _had_text(a, "hadamard_k"), k, k_rope)
     codes, scales = _quant(k, a)
+    _stage(trace, "k_quant", scales, 0, "per-token quant (scale)")
+    warn_stage(OP, "k_quant", "per-token quant of the key: the codes and scale written into "
+               "the cache", (codes, scales), k, zero=True)  # fmt: skip
     return codes, scales, k
 
 
-def _weights(a: Args, q_scale: np.ndarray) -> np.ndarray:
+def _weights(a: Args, q_scale: np.ndarray, trace=None) -> np.ndarray:
     x = host_array(a.ins.x, "x")
     w = matmul_fp32(x, host_array(a.ins.w_proj, "w_proj"), k_tile=None)
     if a.path == "int8":
         w = to_bf16(w).astype(F32) * _HEAD_SCALE
-        return (w * _SOFTMAX_SCALE).astype(F16)
-    return ((w * _HEAD_SCALE) * q_scale) * _SOFTMAX_SCALE
+        out = (w * _SOFTMAX_SCALE).astype(F16)
+    else:
+        out = ((w * _HEAD_SCALE) * q_scale) * _SOFTMAX_SCALE
+    _stage(trace, "weights", out, 2 * a.rows * a.hidden * INDEX_HEADS, "x @ w_proj, scaled")
+    warn_stage(OP, "weights", "x @ w_proj, scaled" + (" into FP16" if a.path == "int8" else
+               " by q_scale"), out, () if a.path == "int8" else q_scale)  # fmt: skip
+    return out
+
+
+# ----------------------------------------------------------------------------- trace
+#: the traced stages in pipeline order (a record's lane ``{"stage": j}`` is stage ``j``)
+TRACE_STAGES = ("q_linear", "q_rope", "q_hadamard", "q_quant", "k_linear", "k_layernorm",
+                "k_rope", "k_hadamard", "k_quant", "weights", "cache_write")  # fmt: skip
+
+
+def _stage(trace, name: str, value, flop: int, what: str) -> None:
+    emit_stage(trace, "dsa_indexer_prolog", TRACE_STAGES.index(name), name, value, flop=flop,
+               what=what)  # fmt: skip
+
+
+def _had_text(a: Args, name: str) -> str:
+    """The arguments of a rotation stage, for a message."""
+    return f"the rotation by {name}" if a.path == "int8" else "the fast Hadamard transform"
+
+
+def _hadamard_flop(a: Args, vectors: int) -> int:
+    """The rotation of ``vectors`` 128-vectors per token as the kernels run it (INT8: a
+    128 x 128 matmul, 2 per multiply-add; FP8: the fast transform's 7 adds per value)."""
+    per = 2 * INDEX_DIM * INDEX_DIM if a.path == "int8" else 7 * INDEX_DIM
+    return a.rows * vectors * per
 
 
 # ----------------------------------------------------------------------------- cache write
@@ -226,16 +288,19 @@ def _write_cache(a: Args, codes: np.ndarray, scales: np.ndarray):
 
 
 def _trace(trace: Callable, a: Args, q_rot: np.ndarray, k_rot: np.ndarray) -> None:
-    plan, per_tok = host_plan(a), cost(a)["flop"] // a.rows
+    """The cache write, one record per token (see :func:`dsa_indexer_prolog`)."""
+    plan, lane = host_plan(a), {"stage": TRACE_STAGES.index("cache_write")}
     qa = np.abs(q_rot.astype(F32)).max(axis=-1)
     ka = np.abs(k_rot.astype(F32)).max(axis=-1)
     for t in range(a.rows):
-        emit(trace, "dsa_indexer_prolog", {}, t, (t, t + 1), keys_used=int(plan.written[t]),
-             row_max=qa[t], flop=per_tok, slot=int(a.slot_mapping[t]), k_amax=float(ka[t]),
-             block=int(plan.block[t]), offset=int(plan.offset[t]))  # fmt: skip
+        emit(trace, "dsa_indexer_prolog", lane, t, (t, t + 1), keys_used=int(plan.written[t]),
+             row_max=qa[t], stage="cache_write", slot=int(a.slot_mapping[t]),
+             k_amax=float(ka[t]), block=int(plan.block[t]),
+             offset=int(plan.offset[t]))  # fmt: skip
 
 
 @op_signature(prolog_inputs, prolog_keywords)
+@quiet_numpy
 def dsa_indexer_prolog(ins, *, trace: Callable[[dict], None] | None = None):
     """Lightning-indexer prolog golden (both paths; module docstring for the arithmetic).
 
@@ -248,24 +313,30 @@ def dsa_indexer_prolog(ins, *, trace: Callable[[dict], None] | None = None):
             pre-fix ``"interleaved"``; eps: the LayerNorm epsilon; ue8m0: FP8 power-of-two
             scales; amax_floor: the q/k quantizers' floor (``None``: the path's);
             block_size: tokens per cache block.
-        trace: called once per token with a :func:`tilesim.shared.trace.trace_record`: ``lane
-            {}``, ``step`` = token, ``keys_used`` = 1 when its key is written, ``row_max`` =
-            FP32 ``[64]`` max ``|q|`` per head after the rotation, ``flop``; ``extra``:
+        trace: called once per stage of :data:`TRACE_STAGES` but the last, in pipeline
+            order, with a :func:`tilesim.shared.trace.emit_stage` record (lane ``{"stage":
+            j}``, the stage's matmul FLOPs, each token's max ``|result|``), then once per
+            token for the cache write: lane ``{"stage": 10}``, ``step`` = token,
+            ``keys_used`` = 1 when its key is written, ``row_max`` = FP32 ``[64]`` max
+            ``|q|`` per head after the rotation; ``extra``: ``stage`` (``"cache_write"``),
             ``slot``, ``block``, ``offset`` (``-1`` when skipped), ``k_amax``.
 
     Returns:
         :class:`PrologResult` ``(q, q_scale, weights, k_cache, k_scale)``; the caches are
         updated copies (only the rows of the written slots differ from the inputs). Same kind
-        (NumPy / torch) as ``x``; inputs are never modified.
+        (NumPy / torch) as ``x``; inputs are never modified. Legal input that overflows on
+        the way is computed through and reported by a
+        :class:`~tilesim.reference.numerics.NumericsWarning` naming the stage
+        (``docs/ops/dsa_indexer_prolog.md``, "Bad input and overflow").
     """
     a = check_values(check_meta(
         ins, path=ins.path, rope_layout=ins.rope_layout, eps=ins.eps, ue8m0=ins.ue8m0,
         amax_floor=ins.amax_floor, block_size=ins.block_size, trace=trace,
         fp8_promotion=ins.fp8_promotion,
     ))  # fmt: skip
-    q_codes, q_scale, q_rot = _queries(a)
-    k_codes, k_scale, k_rot = _keys(a)
-    weights = _weights(a, q_scale)
+    q_codes, q_scale, q_rot = _queries(a, trace)
+    k_codes, k_scale, k_rot = _keys(a, trace)
+    weights = _weights(a, q_scale, trace)
     cache, kscale = _write_cache(a, k_codes, k_scale)
     if trace is not None:
         _trace(trace, a, q_rot, k_rot)

@@ -38,6 +38,7 @@ from typing import NamedTuple
 
 import numpy as np
 from tilesim.reference.arith import block_scaled_matmul_fp32, matmul_fp32, rowsum_fp32
+from tilesim.reference.numerics import quantize_nonfinite, quiet_numpy, warn_stage
 from tilesim.shared import mla_prolog as contract
 from tilesim.shared.casts import FP8_E4M3_MAX, INT8_QMAX, to_bf16, to_fp8_e4m3
 from tilesim.shared.mla_cache import NOPE, NSCALES, ROPE, pack_kv_split, pack_rows
@@ -50,7 +51,7 @@ from tilesim.shared.quant import (
     quantize_latent_int8,
 )
 from tilesim.shared.rope import apply_rope
-from tilesim.shared.trace import trace_record
+from tilesim.shared.trace import emit, emit_stage
 from tilesim.shared.validate import host_data, op_signature, same_kind
 
 F32 = np.float32
@@ -100,17 +101,22 @@ def act_quant_deepseek(v) -> tuple[np.ndarray, np.ndarray]:
     return codes.reshape(v.shape), s
 
 
-def _latent_quant(kvn: np.ndarray, rule: str) -> tuple[np.ndarray, np.ndarray]:
+def _latent_rule(rule: str):
     if rule == "int8_gym":
-        return quant_int8_gym(kvn, NOPE // NSCALES)
+        return lambda v: quant_int8_gym(v, NOPE // NSCALES)
     if rule == "fp8_ue8m0_deepseek":
-        return act_quant_deepseek(kvn.astype(F32))
-    fn = {
+        return lambda v: act_quant_deepseek(v.astype(F32))
+    return {
         "int8_seeds": quantize_latent_int8,
         "fp8_ue8m0_flashmla": quantize_latent_fp8_ue8m0,
         "fp8_amax": quantize_latent_fp8,
     }[rule]
-    return fn(kvn)
+
+
+def _latent_quant(kvn: np.ndarray, rule: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(codes, scales)`` of ``rule`` per 128 values; a group holding NaN / inf (an overflow
+    upstream) gets :func:`~tilesim.reference.numerics.quantize_nonfinite`'s outcome."""
+    return quantize_nonfinite(_latent_rule(rule), kvn, NOPE // NSCALES)
 
 
 # ----------------------------------------------------------------------------- stages
@@ -146,7 +152,7 @@ def _q_b(qn, ins, kind: str, promotion: str):
     if kind != "int8_channel":
         scale = None if kind == "bf16" else host_data(ins.w_uq_qr_scale, "w_uq_qr_scale")
         return qn, None, linear(qn, host_data(ins.w_uq_qr, "w_uq_qr"), scale, kind, promotion)
-    codes, qs = quant_int8_gym(qn, qn.shape[1])
+    codes, qs = quantize_nonfinite(lambda v: quant_int8_gym(v, v.shape[1]), qn, qn.shape[1])
     w = host_data(ins.w_uq_qr, "w_uq_qr")
     acc = (codes.astype(np.float64) @ w.astype(np.float64)).astype(F32)  # exact int32, RNE
     ws = host_data(ins.w_uq_qr_scale, "w_uq_qr_scale").reshape(1, -1)
@@ -159,27 +165,60 @@ def _queries(a, ins, trace):
           for k, v, n in (("q_a", ins.w_dq_scale, "w_dq_scale"),
                           ("kv_a", ins.w_dkv_kr_scale, "w_dkv_kr_scale"))}  # fmt: skip
     q_a = linear(x, host_data(ins.w_dq, "w_dq"), sc["q_a"], a.linears["q_a"], a.fp8_promotion)
-    _emit(trace, 0, "q_a", a.tokens, 2 * a.tokens * x.shape[1] * q_a.shape[1])
+    _emit(trace, "q_a", q_a, 2 * a.tokens * x.shape[1] * q_a.shape[1], "x @ w_dq")
+    warn_stage(OP, "q_a", f"x @ w_dq{_scale_text(a, 'q_a', 'w_dq')}", q_a)
     qn = rms_norm(q_a, host_data(ins.gamma_cq, "gamma_cq"), a.rms_form, a.rms_eps)
+    _emit(trace, "q_norm", qn, 0, "rms_norm(q_a) * gamma_cq")
+    warn_stage(OP, "q_norm", f"rms_norm(q_a) * gamma_cq, rms_eps={float(a.rms_eps)!r}", qn, q_a,
+               zero=True)  # fmt: skip
     q_norm, q_scale, q_b = _q_b(qn, ins, a.linears["q_b"], a.fp8_promotion)
-    _emit(trace, 1, "q_b", a.tokens, 2 * a.tokens * qn.shape[1] * q_b.shape[1])
+    if q_scale is not None:
+        _emit(trace, "q_quant", q_scale, 0, "per-token INT8 of q_norm (dequant scale)")
+        warn_stage(OP, "q_quant", "per-token INT8 of q_norm: codes, q_norm_scale",
+                   (q_norm, q_scale), qn, zero=True)  # fmt: skip
+    _emit(trace, "q_b", q_b, 2 * a.tokens * qn.shape[1] * q_b.shape[1], "q_norm @ w_uq_qr")
+    warn_stage(OP, "q_b", f"q_norm @ w_uq_qr{_scale_text(a, 'q_b', 'w_uq_qr')}", q_b,
+               (qn,) if q_scale is None else (qn, q_scale))  # fmt: skip
     q = q_b.reshape(a.tokens, HEADS, Q_HEAD)
     w_uk = host_data(ins.w_uk, "w_uk")
     nope = matmul_fp32(q[:, :, :QK_NOPE].transpose(1, 0, 2), w_uk, k_tile=None)
     query_nope = to_bf16(nope).transpose(1, 0, 2).copy()
-    _emit(trace, 2, "absorb", a.tokens, 2 * a.tokens * HEADS * QK_NOPE * KV_LORA)
+    _emit(trace, "absorb", query_nope, 2 * a.tokens * HEADS * QK_NOPE * KV_LORA,
+          "q_nope @ w_uk per head: query_nope")  # fmt: skip
+    warn_stage(OP, "absorb", "q_b's nope @ w_uk: query_nope", query_nope, q_b)
     cos, sin = host_data(ins.cos, "cos"), host_data(ins.sin, "sin")
     query_rope = apply_rope(q[:, :, QK_NOPE:], cos, sin, layout=a.rope_layout)
+    _emit(trace, "q_rope", query_rope, 0, "rope(q_pe): query_rope")
+    warn_stage(OP, "q_rope", "rope of q_b's rope part, cos, sin: query_rope", query_rope, q_b)
     kv_a = linear(x, host_data(ins.w_dkv_kr, "w_dkv_kr"), sc["kv_a"], a.linears["kv_a"],
                   a.fp8_promotion)  # fmt: skip
-    _emit(trace, 3, "kv_a", a.tokens, 2 * a.tokens * x.shape[1] * kv_a.shape[1])
+    _emit(trace, "kv_a", kv_a, 2 * a.tokens * x.shape[1] * kv_a.shape[1], "x @ w_dkv_kr")
+    warn_stage(OP, "kv_a", f"x @ w_dkv_kr{_scale_text(a, 'kv_a', 'w_dkv_kr')}", kv_a)
     return query_nope, query_rope, q_norm, q_scale, kv_a
 
 
-def _emit(trace, step: int, stage: str, tokens: int, flop: int, used=None) -> None:
-    if trace is not None:
-        rec = trace_record(OP, {}, step, (0, tokens), keys_used=used, flop=flop, stage=stage)
-        trace(rec)
+#: the traced stages in pipeline order (a record's lane ``{"stage": j}`` is stage ``j``;
+#: ``q_quant``: the INT8 q_b path only)
+TRACE_STAGES = ("q_a", "q_norm", "q_quant", "q_b", "absorb", "q_rope", "kv_a", "kv_norm",
+                "kv_quant", "k_rope", "cache_write")  # fmt: skip
+
+
+def _scale_text(a, linear: str, w: str) -> str:
+    """`` (scale w_scale)`` for a scaled linear's message, nothing for a BF16 one."""
+    return "" if a.linears[linear] == "bf16" else f" (scale {w}_scale)"
+
+
+def _emit(trace, stage: str, value, flop: int, what: str) -> None:
+    emit_stage(trace, OP, TRACE_STAGES.index(stage), stage, value, flop=flop, what=what)
+
+
+def _emit_writes(trace, slots: np.ndarray) -> None:
+    """The cache write, one record per token ``t`` (step ``t``, ``key_range (t, t+1)``):
+    ``keys_used`` 1 when its row is written, ``extra["slot"]`` its cache row (-1: skipped)."""
+    lane = {"stage": TRACE_STAGES.index("cache_write")}
+    for t, slot in enumerate(slots.tolist() if trace is not None else ()):
+        emit(trace, OP, lane, t, (t, t + 1), keys_used=int(slot >= 0), stage="cache_write",
+             slot=int(slot))  # fmt: skip
 
 
 def _write_cache(a, ins, codes, kr, scales):
@@ -203,27 +242,41 @@ def _write_cache(a, ins, codes, kr, scales):
 
 
 @op_signature(contract.prolog_inputs, contract.prolog_keywords)
+@quiet_numpy
 def mla_prolog(ins, *, trace: Callable[[dict], None] | None = None) -> MlaPrologOutputs:
     """The MLA prolog golden (module docstring; ``docs/ops/mla_prolog.md``).
 
     Args: the arrays of :func:`tilesim.shared.mla_prolog.prolog_inputs` and the switches of
     :func:`~tilesim.shared.mla_prolog.prolog_keywords` (``path="int8"``: pypto-gym's
     ``mla_prolog_quant`` golden; ``"fp8"``: DeepSeek's reference with its FP8 KV-cache
-    simulation). ``trace``: called once per matmul stage (``q_a``, ``q_b``, ``absorb``,
-    ``kv_a``) with a :func:`~tilesim.shared.trace.trace_record` (lane ``{}``, ``key_range``
-    the tokens, ``extra["stage"]``), then once for the cache write.
+    simulation). ``trace``: called once per stage of :data:`TRACE_STAGES` in pipeline order
+    with a :func:`~tilesim.shared.trace.emit_stage` record (lane ``{"stage": j}``,
+    ``key_range`` the tokens, the matmul FLOPs, each token's max ``|result|``), then once per
+    token for the cache write (its slot, ``-1`` skipped).
 
     Returns :class:`MlaPrologOutputs` (NumPy arrays, or CPU torch tensors when ``x`` is one).
-    Every check runs before any work; no argument is written.
+    Every check runs before any work; no argument is written. Legal input that overflows on
+    the way (a zero row with ``rms_eps = 0``, a square above the FP32 maximum) is computed
+    through and reported by a :class:`~tilesim.reference.numerics.NumericsWarning` naming the
+    stage (``docs/ops/mla_prolog.md``, "Bad input and overflow").
     """
     a = contract.check_values(contract.check_meta(ins, **_switch_values(ins), trace=trace))
     query_nope, query_rope, q_norm, q_scale, kv_a = _queries(a, ins, trace)
     kvn = rms_norm(kv_a[:, :KV_LORA], host_data(ins.gamma_ckv, "gamma_ckv"), a.rms_form, a.rms_eps)
+    _emit(trace, "kv_norm", kvn, 0, "rms_norm(kv_a[:, :512]) * gamma_ckv")
+    warn_stage(OP, "kv_norm", f"rms_norm(kv_a[:, :512]) * gamma_ckv, rms_eps={float(a.rms_eps)!r}",
+               kvn, kv_a[:, :KV_LORA], zero=True)  # fmt: skip
     codes, scales = _latent_quant(kvn, a.kv_quant)
+    _emit(trace, "kv_quant", scales, 0, f"{a.kv_quant} latent quant (dequant scales)")
+    warn_stage(OP, "kv_quant", f"{a.kv_quant} of the normed latent: codes and the scales "
+               "written into the cache", (codes, scales), kvn, zero=True)  # fmt: skip
     cos, sin = host_data(ins.cos, "cos"), host_data(ins.sin, "sin")
     kr = apply_rope(kv_a[:, KV_LORA:], cos, sin, layout=a.rope_layout)
+    _emit(trace, "k_rope", kr, 0, "rope(kv_a[:, 512:]): kr")
+    warn_stage(OP, "k_rope", "rope of kv_a[:, 512:], cos, sin: the cached rope", kr,
+               kv_a[:, KV_LORA:])  # fmt: skip
     caches = _write_cache(a, ins, codes, kr, scales)
-    _emit(trace, 4, "cache_write", a.tokens, 0, used=int(contract.host_plan(a).size))
+    _emit_writes(trace, np.asarray(a.slot_mapping))
     outs = (query_nope, query_rope, q_norm, q_scale) + tuple(caches)
     return MlaPrologOutputs(*(None if o is None else same_kind(o, ins.x) for o in outs))
 

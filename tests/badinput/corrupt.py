@@ -92,6 +92,14 @@ def non_finite(v, spec):
     return _first(v, np.nan) if _array(v) else Skip
 
 
+def non_finite_data(v, spec):
+    """NaN (FP8: the NaN code) in float data whose values must be finite (a prolog's
+    activations, weights and scales); integer codes cannot hold one."""
+    if not _array(v) or not spec.finite or v.dtype.kind in "iub":
+        return Skip
+    return _first(v, np.nan)
+
+
 # ----------------------------------------------------------------------------- index/length
 def _ints(spec):
     return spec.role in ("index", "length")
@@ -255,6 +263,7 @@ CLASSES = {
     "shape": (_ARR, V, wrong_shape),
     "torch_dtype": (_ARR, T, torch_wrong_dtype),
     "nonfinite": (("mask",), V, non_finite),
+    "nonfinite_data": (("data",), V, non_finite_data),
     "out_of_range": (_INTS, V, out_of_range),
     "int64_overflow": (_INTS, V, int64_overflow),  # TypeError where only INT32 is taken
     "negative": (_INTS, V, negative),

@@ -40,6 +40,7 @@ class Arg:
     huge: bool = True  #: ``2**40`` is out of range for this int
     int32_only: bool = False  #: only INT32 is taken: a widened copy is a dtype error
     contiguous: bool = False  #: a kernel writes it in place: a strided view is refused
+    finite: bool = False  #: float data whose every value must be finite (checked before work)
 
 
 @dataclass(frozen=True)
@@ -128,6 +129,19 @@ def dsa_split_base() -> dict:
     return _inputs(_dsa_case("kv_split"))
 
 
+@cache
+def _iprolog_case(path):
+    from tilesim.reference import dsa_indexer_prolog_make_case
+
+    return dsa_indexer_prolog_make_case(None, path=path, hidden=256, rank=256, block_size=16,
+                                        seq_lens=(5, 6), s1=1)  # fmt: skip
+
+
+def iprolog_base(path: str) -> dict:
+    """The DeepSeek indexer prolog at a small hidden size and rank (2 tokens, 2 blocks of 16)."""
+    return _inputs(_iprolog_case(path))
+
+
 # ----------------------------------------------------------------------------- reference ops
 MOE_ARGS = {
     "sorted_tokens": data("sorted_tokens"),
@@ -194,6 +208,38 @@ DSA_SPLIT = {
     "kn_scales": data("kn_scales", bad=np.float64),
 }
 
+#: the indexer prolog's arguments; ``x`` and ``q_norm`` set T, H and R (a cut last axis is a
+#: shape error of the weight that must match it), so their shapes are free here
+IPROLOG_COMMON = {
+    "x": data("x", fixed_shape=False, finite=True),
+    "q_norm": data("q_norm", bad=np.int16, fixed_shape=False, finite=True),
+    "w_qb": data("w_qb", bad=np.int16, finite=True),
+    "w_k": data("w_k", finite=True),
+    "w_proj": data("w_proj", finite=True),
+    "ln_gamma": data("ln_gamma", finite=True),
+    "ln_beta": data("ln_beta", finite=True),
+    "cos": data("cos", finite=True),
+    "sin": data("sin", finite=True),
+    "w_qb_scale": data("w_qb_scale", finite=True),
+    "slot_mapping": A("index", "slot_mapping", oob=32),
+    "path": A("mode", "path"),
+    "rope_layout": A("mode", "rope_layout"),
+    "block_size": A("int", "block_size"),
+    "trace": TRACE,
+}
+IPROLOG_INT8 = {
+    "k_cache": data("k_cache", bad=np.float32),
+    "k_scale": data("k_scale", bad=np.float32),
+    "q_norm_scale": data("q_norm_scale", finite=True),
+    "hadamard_q": data("hadamard_q", finite=True),
+    "hadamard_k": data("hadamard_k", finite=True),
+}
+IPROLOG_FP8 = {
+    "k_cache": data("k_cache", bad=np.int8),
+    "w_k_scale": data("w_k_scale", finite=True),
+    "ue8m0": A("flag", "ue8m0"),
+}
+
 _REF = "reference/"
 WORK = {
     "moe": (
@@ -205,6 +251,10 @@ WORK = {
     "decode": ((_REF + "msa_decode.py", "_run"),),
     "main": ((_REF + "msa_main.py", "_plan"), (_REF + "msa_main.py", "_run")),
     "dsa": ((_REF + "dsa.py", "progress_bar"), (_REF + "dsa.py", "token")),  # after the plan
+    "iprolog": (
+        (_REF + "dsa_indexer_prolog.py", "_queries"),
+        (_REF + "dsa_indexer_prolog.py", "_keys"),
+    ),  # fmt: skip
     "case": (("shared/case_schema.py", "make_case"),),
     "device": (
         ("device/backend.py", "resolve"),
@@ -256,6 +306,20 @@ def reference_ops() -> list[Op]:
             dsa_split_base,
             {**DSA_COMMON, **DSA_REF, **DSA_SPLIT},
             WORK["dsa"],
+        ),  # fmt: skip
+        Op(
+            "dsa_indexer_prolog[int8]",
+            R("dsa_indexer_prolog"),
+            lambda: iprolog_base("int8"),
+            {**IPROLOG_COMMON, **IPROLOG_INT8},
+            WORK["iprolog"],
+        ),  # fmt: skip
+        Op(
+            "dsa_indexer_prolog[fp8]",
+            R("dsa_indexer_prolog"),
+            lambda: iprolog_base("fp8"),
+            {**IPROLOG_COMMON, **IPROLOG_FP8},
+            WORK["iprolog"],
         ),  # fmt: skip
     ]
 

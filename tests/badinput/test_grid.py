@@ -201,7 +201,9 @@ def _to_numpy(v):
         from tilesim.shared.interop import to_numpy
 
         return to_numpy(v.detach())
-    if isinstance(v, (list, tuple)) and not hasattr(v, "_asdict"):
+    if hasattr(v, "_asdict"):  # a named tuple of results
+        return type(v)(*(_to_numpy(x) for x in v))
+    if isinstance(v, (list, tuple)):
         return type(v)(_to_numpy(x) for x in v)
     if isinstance(v, dict):
         return {k: _to_numpy(x) for k, x in v.items()}

@@ -124,3 +124,97 @@ def test_case_builder_refuses_bad_parameters(kw, exc, words):
         dsa_indexer_prolog_make_case(None, **{"seq_lens": (5,), **kw})
     for w in words:
         assert w in str(e.value)
+
+
+# ----------------------------------------------------------------------------- T = 0, overflow
+@pytest.mark.parametrize("path", ["int8", "fp8"])
+def test_zero_tokens_are_refused(cases, path):
+    i = cases[path]["inputs"]
+    over = {k: i[k][:0] for k in ("x", "q_norm", "cos", "sin", "slot_mapping")}
+    if path == "int8":
+        over["q_norm_scale"] = i["q_norm_scale"][:0]
+    e = _call(cases[path], **over)
+    assert e.type is ValueError
+    assert str(e.value).startswith("x: expected at least one token") and "(0, 256)" in str(e.value)
+
+
+def test_fp8_nan_code_0xff_in_w_k_is_named(cases):
+    c = cases["fp8"]
+    w = c["inputs"]["w_k"].copy()
+    w.view(np.uint8)[2, 5] = 0xFF
+    e = _call(c, w_k=w)
+    assert e.type is ValueError and str(e.value).startswith("w_k: expected finite values")
+    assert "[2, 5]" in str(e.value)
+
+
+def _warned(case, **over):
+    import warnings
+
+    inputs = {**case["inputs"], **{k: v for k, v in over.items() if k in case["inputs"]}}
+    params = {**case["params"], **{k: v for k, v in over.items() if k not in case["inputs"]}}
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        out = dsa_indexer_prolog(**inputs, **params)
+    assert not [w for w in got if issubclass(w.category, RuntimeWarning)], "a bare NumPy warning"
+    return out, [str(w.message) for w in got if w.category.__name__ == "NumericsWarning"]
+
+
+def _stage(messages, stage):
+    hits = [m for m in messages if m.startswith(f"dsa_indexer_prolog: stage {stage} (")]
+    assert len(hits) == 1, messages
+    return hits[0]
+
+
+BF16_MAX = float(ml_dtypes.finfo(ml_dtypes.bfloat16).max)
+
+
+def test_valid_calls_give_no_numerics_warning(cases):
+    for c in cases.values():
+        assert _warned(c)[1] == []
+
+
+def test_bf16_max_in_x_warns_and_computes_int8(cases):
+    """A BF16-max element in ``x`` (legal: finite) used to fail inside the key quantizer
+    ("quantize_index_int8(x): expected finite values, got nan") after work began: ``x @ w_k``
+    is finite but its LayerNorm squares overflow FP32 (``d * d = inf``, ``inf / inf = NaN``).
+    Now the golden finishes, warns at the LayerNorm, and quantizes the NaN key as the rule
+    does (scale NaN, INT8 codes 0); ``x @ w_proj`` overflows FP16 in the weights."""
+    c = cases["int8"]
+    x = c["inputs"]["x"].copy()
+    x[0, 5] = BF16_MAX
+    out, messages = _warned(c, x=x)
+    m = _stage(messages, "k_layernorm")
+    assert "ln_gamma" in m and "eps=1e-06" in m and "became NaN" in m and "token row [0]" in m
+    m = _stage(messages, "weights")
+    assert "x @ w_proj" in m and "FP16" in m and "became inf" in m and "token row [0]" in m
+    assert np.isinf(out.weights[0].astype(np.float32)).any()
+    slot = int(c["inputs"]["slot_mapping"][0])
+    blk, off = divmod(slot, BS)
+    assert np.isnan(out.k_scale[blk, off]) and (out.k_cache[blk, off] == 0).all()
+    other = int(c["inputs"]["slot_mapping"][1])
+    assert np.isfinite(out.k_scale[other // BS, other % BS])
+
+
+def test_bf16_max_in_x_warns_fp8(cases):
+    """FP8 path: the same element overflows ``x @ w_k`` to inf in BF16 (DeepSeek's linear);
+    the warning names the stage and its arguments."""
+    c = cases["fp8"]
+    x = c["inputs"]["x"].copy()
+    x[1, 0] = BF16_MAX
+    _out, messages = _warned(c, x=x)
+    m = _stage(messages, "k_linear")
+    assert "x @ w_k" in m and "w_k_scale" in m and "became inf" in m and "token row [1]" in m
+
+
+def test_fp16_key_scale_overflow_warns(cases):
+    """``ln_gamma`` at BF16 max: a finite key of ~1e38; its INT8 scale ``FP16(amax / 127)``
+    overflows FP16 (max 65504) to inf -- written into the cache, and warned at the quant."""
+    c = cases["int8"]
+    g = c["inputs"]["ln_gamma"].copy()
+    g[3] = BF16_MAX
+    out, messages = _warned(c, ln_gamma=g)
+    m = _stage(messages, "k_quant")
+    assert "became inf" in m and "cache" in m
+    s = c["inputs"]["slot_mapping"]
+    scales = np.array([out.k_scale[v // BS, v % BS] for v in s if v >= 0], np.float32)
+    assert np.isinf(scales).any()

@@ -209,3 +209,167 @@ def test_bad_shapes_and_dtypes_raise_before_work(small):
     x[0, 0] = np.nan
     with pytest.raises(ValueError, match=r"^x"):
         mla_prolog(**{**inputs, "x": x}, **small["params"])
+
+
+# ----------------------------------------------------------------------------- bad input (item 7)
+@pytest.fixture(scope="module")
+def small_fp8():
+    return mla_prolog_make_case("mla_prolog_fp8_b4_s2_flashmla", seed=2)
+
+
+def _refused(case, **change):
+    """The call with ``change`` raises before any work (the trace hook never runs) and writes
+    no argument; returns the exception."""
+    inputs = {**case["inputs"], **{k: v for k, v in change.items() if k in case["inputs"]}}
+    params = {**case["params"], **{k: v for k, v in change.items() if k not in inputs}}
+    snap = {k: np.array(v, copy=True) for k, v in inputs.items() if v is not None}
+    calls = []
+    with pytest.raises((ValueError, TypeError)) as info:
+        mla_prolog(**inputs, **params, trace=calls.append)
+    assert calls == [], "work began before the error"
+    for k, v in snap.items():
+        assert np.array_equal(_bits(inputs[k]), _bits(v)), k
+    return info.value
+
+
+@pytest.mark.parametrize("which", ["small", "small_fp8"])
+def test_zero_tokens_are_refused_by_the_contract(request, which):
+    """``T = 0`` is refused with the argument's name (it crashed inside the arithmetic: "cannot
+    reshape array of size 0")."""
+    case = request.getfixturevalue(which)
+    i = case["inputs"]
+    e = _refused(case, x=i["x"][:0], cos=i["cos"][:0], sin=i["sin"][:0],
+                 slot_mapping=i["slot_mapping"][:0])  # fmt: skip
+    assert type(e) is ValueError
+    assert str(e).startswith("x: expected at least one token") and "(0, 7168)" in str(e)
+
+
+def _poke(a, flat: int, value):
+    a = np.array(a, copy=True)
+    a.reshape(-1)[flat] = value
+    return a
+
+
+def _poke_code(a, flat: int, code: int):
+    a = np.array(a, copy=True)
+    a.view(np.uint8).reshape(-1)[flat] = code
+    return a
+
+
+BAD_WEIGHTS = [
+    # (case, argument, corruption, words in the message)
+    ("small", "w_dq", lambda a: _poke(a, 7, np.nan), ["w_dq: expected finite", "nan", "[0, 7]"]),
+    ("small", "w_dkv_kr", lambda a: _poke(a, 600, np.inf),
+     ["w_dkv_kr: expected finite", "inf", "[1, 24]"]),
+    ("small", "w_uk", lambda a: _poke(a, 3, -np.inf),
+     ["w_uk: expected finite", "-inf", "[0, 0, 3]"]),
+    ("small", "w_uq_qr_scale", lambda a: _poke(a, 2, np.nan),
+     ["w_uq_qr_scale: expected finite", "nan"]),
+    ("small_fp8", "w_dq", lambda a: _poke_code(a, 5, 0x7F),
+     ["w_dq: expected finite", "nan", "[0, 5]"]),
+    ("small_fp8", "w_uq_qr", lambda a: _poke_code(a, 24576 + 1, 0xFF),
+     ["w_uq_qr: expected finite", "nan", "[1, 1]"]),
+    ("small_fp8", "w_dkv_kr", lambda a: _poke_code(a, 577, 0x7F),
+     ["w_dkv_kr: expected finite", "[1, 1]"]),
+    ("small_fp8", "w_uk", lambda a: _poke(a, 512, np.nan), ["w_uk: expected finite", "[0, 1, 0]"]),
+    ("small_fp8", "w_dq_scale", lambda a: _poke(a, 13, 0.0),
+     ["w_dq_scale: expected scales > 0", "0.0", "[1, 1]"]),
+    ("small_fp8", "w_uq_qr_scale", lambda a: _poke(a, 0, -1.0),
+     ["w_uq_qr_scale: expected scales > 0", "-1.0", "[0, 0]"]),
+    ("small_fp8", "w_dkv_kr_scale", lambda a: _poke(a, 0, np.inf),
+     ["w_dkv_kr_scale: expected finite", "inf"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("which, name, corrupt, words", BAD_WEIGHTS,
+                         ids=[f"{w[0]}-{w[1]}-{i}" for i, w in enumerate(BAD_WEIGHTS)])  # fmt: skip
+def test_non_finite_weights_codes_and_scales_are_refused(request, which, name, corrupt, words):
+    """NaN / inf weights, the E4M3 NaN codes 0x7F and 0xFF, non-finite scales and FP8 block
+    scales <= 0: refused before any work, naming the weight, what was expected and the bad
+    entry (the indexer prolog's rule: ``check_weight_values``)."""
+    case = request.getfixturevalue(which)
+    e = _refused(case, **{name: corrupt(case["inputs"][name])})
+    assert type(e) is ValueError
+    for w in words:
+        assert w in str(e), (w, str(e))
+
+
+def _run_warned(case, **change):
+    """The call with ``change``: its result and the warnings it gave (all of them recorded)."""
+    import warnings
+
+    inputs = {**case["inputs"], **{k: v for k, v in change.items() if k in case["inputs"]}}
+    params = {**case["params"], **{k: v for k, v in change.items() if k not in inputs}}
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        out = mla_prolog(**inputs, **params)
+    assert not [w for w in got if issubclass(w.category, RuntimeWarning)], "a bare NumPy warning"
+    return out, [str(w.message) for w in got if w.category.__name__ == "NumericsWarning"]
+
+
+def _one(messages, stage: str) -> str:
+    hits = [m for m in messages if m.startswith(f"mla_prolog: stage {stage} (")]
+    assert len(hits) == 1, messages
+    return hits[0]
+
+
+def test_valid_call_gives_no_numerics_warning(small):
+    _, messages = _run_warned(small)
+    assert messages == []
+
+
+@pytest.mark.parametrize("which", ["small", "small_fp8"])
+def test_padding_row_with_rms_eps_zero_warns_and_gives_nan(request, which):
+    """An all-zero hidden-state row (a padding token) with ``rms_eps = 0``: the mean square is
+    0, so the norm is 0 / 0 = NaN (IEEE); the golden returns it and says so, stage by stage."""
+    case = request.getfixturevalue(which)
+    x = np.array(case["inputs"]["x"], copy=True)
+    x[1] = 0
+    out, messages = _run_warned(case, x=x, rms_eps=0.0)
+    m = _one(messages, "q_norm")
+    assert "gamma_cq" in m and "rms_eps=0" in m and "became NaN" in m and "token row [1]" in m
+    m = _one(messages, "kv_norm")
+    assert "gamma_ckv" in m and "became NaN" in m and "token row [1]" in m
+    assert len(messages) == 2  # reported once, where it starts
+    assert np.isnan(out.query_nope[1].astype(np.float32)).all()
+    assert np.isfinite(out.query_nope[0].astype(np.float32)).all()
+    if case["params"]["path"] == "int8":
+        assert np.isnan(out.q_norm_scale[1, 0])
+        assert (out.q_norm[1] == 0).all()  # a NaN group: codes 0 (quantize_nonfinite)
+
+
+def test_huge_weight_warns_where_the_mean_square_overflows(small):
+    """A BF16 weight of 1e20: ``q_a`` stays finite, its square overflows FP32 in the norm, so
+    the normed row is x / inf = 0 and the queries are all zero: warned, never silent."""
+    w = _poke(small["inputs"]["w_dq"], 0, 1e20)  # row 0 of w_dq: x[:, 0] picks it up
+    out, messages = _run_warned(small, w_dq=w)
+    x0 = small["inputs"]["x"][:, 0].astype(np.float64)
+    hit = np.flatnonzero((1e20 * x0) ** 2 > np.finfo(np.float32).max)  # float64 oracle
+    assert hit.size
+    m = _one(messages, "q_norm")
+    assert "became all zero" in m and f"{hit.tolist()[:8]}" in m
+    assert (out.query_nope[hit].astype(np.float32) == 0).all()
+
+
+def test_gamma_at_bf16_max_warns_inf_and_infinite_scale(small):
+    """``gamma_cq`` at BF16 max: a normed value above 1 overflows BF16 to inf; the per-token
+    INT8 quant of that row then has amax = inf, so its dequant scale is inf."""
+    import ml_dtypes
+
+    g = _poke(small["inputs"]["gamma_cq"], 3, ml_dtypes.finfo(ml_dtypes.bfloat16).max)
+    out, messages = _run_warned(small, gamma_cq=g)
+    m = _one(messages, "q_norm")
+    assert "gamma_cq" in m and "became inf" in m
+    rows = np.flatnonzero(np.isinf(out.q_norm_scale[:, 0])).tolist()
+    assert rows and len(rows) <= 8
+    assert f"token row{'s' if len(rows) > 1 else ''} {rows}" in m
+
+
+def test_huge_fp8_block_scale_warns(small_fp8):
+    """An FP8 ``w_dq_scale`` of 1e30: ``q_a`` reaches ~1e30 (finite), its square overflows in
+    the norm: every query of the affected tokens is zero, and the warning says so."""
+    s = _poke(small_fp8["inputs"]["w_dq_scale"], 0, 1e30)
+    out, messages = _run_warned(small_fp8, w_dq_scale=s)
+    m = _one(messages, "q_norm")
+    assert "became all zero" in m and "gamma_cq" in m
+    assert (out.query_nope.astype(np.float32) == 0).all(axis=(1, 2)).any()
