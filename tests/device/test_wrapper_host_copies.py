@@ -198,6 +198,11 @@ def _fake_backend(monkeypatch) -> list:
     monkeypatch.setattr(backend, "resolve", resolve)
     monkeypatch.setattr(backend, "compiled", lambda name, key, build: _FakeKernel(name))
     monkeypatch.setattr(backend, "launch", launch)
+    # the indexer's builder asks for pypto before it reaches the (faked) compile: the reference
+    # session has no pypto, and the faked compile never runs the jit source
+    from tilesim.device import _dsa_indexer_kernel
+
+    monkeypatch.setattr(_dsa_indexer_kernel, "require_pypto", lambda: None)
     monkeypatch.setitem(sys.modules, "tilesim.device._dsa_kernel", _AnyAttribute())
     monkeypatch.setattr(dev, "_dsa_kernel", sys.modules["tilesim.device._dsa_kernel"],
                         raising=False)  # fmt: skip
