@@ -40,12 +40,13 @@ import numpy as np
 from tilesim.reference.arith import block_scaled_matmul_fp32, matmul_fp32, rowsum_fp32
 from tilesim.reference.numerics import quantize_nonfinite, quiet_numpy, warn_stage
 from tilesim.shared import mla_prolog as contract
-from tilesim.shared.casts import FP8_E4M3_MAX, INT8_QMAX, to_bf16, to_fp8_e4m3
+from tilesim.shared.casts import FP8_E4M3_MAX, to_bf16, to_fp8_e4m3
 from tilesim.shared.mla_cache import NOPE, NSCALES, ROPE, pack_kv_split, pack_rows
 from tilesim.shared.mla_prolog import BLOCK, HEADS, KV_LORA, Q_HEAD, QK_NOPE
 from tilesim.shared.quant import (
     _ue8m0,
     e4m3_to_fp32,
+    quant_int8_gym,
     quantize_latent_fp8,
     quantize_latent_fp8_ue8m0,
     quantize_latent_int8,
@@ -74,22 +75,6 @@ class MlaPrologOutputs(NamedTuple):
 
 
 # ----------------------------------------------------------------------------- quantizers
-def quant_int8_gym(v, group: int) -> tuple[np.ndarray, np.ndarray]:
-    """pypto-gym's per-token INT8 quant over groups of ``group`` values of ``v [R, n]``
-    (``s = FP32(FP32(1 / amax) * 127)``, module docstring):
-    ``(codes int8 [R, n], dequant scales FP32 [R, n // group])``."""
-    g = np.asarray(v, dtype=F32).reshape(v.shape[0], -1, group)
-    amax = np.abs(g).max(axis=-1, keepdims=True)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        # torch's ``127 / t`` is ``t.reciprocal() * 127``: two FP32 roundings (inf for amax 0)
-        s = (F32(1) / amax) * F32(INT8_QMAX)
-        y = g * s
-    y = np.where(np.isfinite(s), y, F32(0))  # all-zero group: codes 0 (x86 torch gives 0 too)
-    codes = np.rint(y).astype(np.int32).astype(np.float16)  # round half even, int32, fp16
-    codes = np.clip(np.trunc(codes), -128, 127).astype(np.int8)  # trunc, int8 (saturating)
-    return codes.reshape(v.shape), (F32(1) / s).reshape(v.shape[0], -1).astype(F32)
-
-
 def act_quant_deepseek(v) -> tuple[np.ndarray, np.ndarray]:
     """DeepSeek's ``act_quant(v, 128, "ue8m0")`` of FP32 ``v [R, 128*g]``: ``amax = max(max|v|,
     1e-4)``, ``s = 2^ceil(log2(FP32(amax * FP32(1/448))))`` (exact), codes ``e4m3(clamp(v / s,

@@ -67,14 +67,16 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
-from tilesim.shared.casts import BF16, FP8_E4M3, INT8_QMAX, to_bf16
+from tilesim.shared.casts import BF16, FP8_E4M3, to_bf16
 from tilesim.shared.hadamard import scaled_hadamard_bf16
-from tilesim.shared.quant import e4m3_to_fp32
+from tilesim.shared.mla_prolog import BLOCK  # DeepSeek's FP8 weight block (128 x 128)
+from tilesim.shared.quant import e4m3_to_fp32, quant_int8_gym
 from tilesim.shared.validate import (
     check_array,
     check_choice,
     check_finite,
     check_int,
+    check_positive,
     dtype_of,
     e4m3_nan_codes,
     host_data,
@@ -82,7 +84,6 @@ from tilesim.shared.validate import (
 )
 
 PATHS = ("int8", "fp8")
-BLOCK = 128  #: DeepSeek's FP8 weight block (128 x 128 values per FP32 scale)
 F32 = np.float32
 #: the extra that reads safetensors checkpoints
 EXTRA = 'pip install "tilesim[checkpoint]"'
@@ -263,10 +264,8 @@ def _linear(tensors, scheme, layer, role, shape) -> _Linear:
     blocks = tuple(-(-n // BLOCK) for n in shape)
     check_array(s, s_key, dtype=np.float32, shape=blocks, layout="[ceil(out/128), ceil(in/128)]")
     sa = host_data(s, s_key)
-    if not (np.isfinite(sa) & (sa > 0)).all():
-        idx = [int(i) for i in np.argwhere(~(np.isfinite(sa) & (sa > 0)))[0]]
-        raise ValueError(f"{s_key}: expected finite scales > 0, got {float(sa[tuple(idx)])!r} "
-                         f"at index {idx}")  # fmt: skip
+    check_positive(sa, s_key, "finite scales")  # NaN and inf fail too (inf: finite check)
+    check_finite(sa, s_key)
     return _Linear(key, a, sa, s_key)
 
 
@@ -333,19 +332,13 @@ def _t(a: np.ndarray) -> np.ndarray:
 
 
 def quant_int8_per_channel(w) -> tuple[np.ndarray, np.ndarray]:
-    """pypto-gym's per-output-channel INT8 quant of ``w [K, N]`` (BF16 or FP32; module
-    docstring): ``(codes int8 [K, N], dequant scales FP32 [N])``."""
+    """pypto-gym's per-output-channel INT8 quant of ``w [K, N]`` (BF16 or FP32): the one INT8
+    rule :func:`tilesim.shared.quant.quant_int8_gym` over each column's ``K`` values, ``(codes
+    int8 [K, N], dequant scales FP32 [N])``. ``w`` is not modified."""
     check_array(w, "w", dtype=(BF16, np.float32), ndim=2, layout="[K, N]")
-    a = host_data(w, "w").astype(F32)  # keeps the memory order of a transposed view
-    amax = np.abs(a).max(axis=0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        s = (F32(1) / amax) * F32(INT8_QMAX)  # torch's 127 / amax: reciprocal, then * 127
-        np.multiply(a, s[None, :], out=a)
-    a[:, ~np.isfinite(s)] = F32(0)  # all-zero column: codes 0
-    # |w * s| <= 127.00002, so rint gives -127..127, and pypto-gym's int32 -> fp16 -> trunc
-    # -> int8 conversions are exact on those integers: one cast to int8 is the same bits
-    codes = np.rint(a, out=a).astype(np.int8)
-    return np.ascontiguousarray(codes), (F32(1) / s).astype(F32)
+    a = host_data(w, "w")
+    codes_t, scale = quant_int8_gym(np.ascontiguousarray(a.T), a.shape[0])  # [N, K], [N, 1]
+    return np.ascontiguousarray(codes_t.T), scale.reshape(-1)
 
 
 def _as_bf16(a: np.ndarray) -> np.ndarray:

@@ -209,3 +209,22 @@ def dequantize_latent(q, scales) -> np.ndarray:
         q32 = qa.astype(np.float32)
     deq = q32.reshape(qa.shape[0], ng, QUANT_GROUP) * sa[:, :, None]
     return to_bf16(deq.reshape(qa.shape))
+
+
+def quant_int8_gym(v, group: int) -> tuple[np.ndarray, np.ndarray]:
+    """pypto-gym's per-token INT8 quant over groups of ``group`` values of ``v [R, n]``
+    (``s = FP32(FP32(1 / amax) * 127)``, torch's ``127 / amax``; pypto-gym
+    models/deepseek_v32_exp golden ``quant``):
+    ``(codes int8 [R, n], dequant scales FP32 [R, n // group])``."""
+    g = np.asarray(v, dtype=np.float32).reshape(v.shape[0], -1, group)
+    amax = np.abs(g).max(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        # torch's ``127 / t`` is ``t.reciprocal() * 127``: two FP32 roundings (inf for amax 0)
+        s = (np.float32(1) / amax) * np.float32(INT8_QMAX)
+        y = g * s
+    y = np.where(
+        np.isfinite(s), y, np.float32(0)
+    )  # all-zero group: codes 0 (x86 torch gives 0 too)
+    codes = np.rint(y).astype(np.int32).astype(np.float16)  # round half even, int32, fp16
+    codes = np.clip(np.trunc(codes), -128, 127).astype(np.int8)  # trunc, int8 (saturating)
+    return codes.reshape(v.shape), (np.float32(1) / s).reshape(v.shape[0], -1).astype(np.float32)

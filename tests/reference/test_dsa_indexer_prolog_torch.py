@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from oracles.deepseek_torch import ds_rope
 from tilesim.reference import dsa_indexer_prolog, dsa_indexer_prolog_make_case
 from tilesim.reference.dsa_indexer_prolog_cases import GYM_TOLERANCES
 from tilesim.shared.index_cache import unpack_fp8_pages
@@ -160,17 +161,6 @@ def _fp8_linear(a, w, ws, exact):
     return acc.to(torch.bfloat16)
 
 
-def _ds_rope(x, cos, sin):  # apply_rotary_emb(x, freqs_cis, interleaved=False)
-    shape = x.shape
-    y = x.view(*shape[:-1], 2, -1).transpose(-1, -2).contiguous()
-    y = torch.view_as_complex(y.float().view(*shape[:-1], -1, 2))
-    f = torch.complex(cos, sin)
-    while f.dim() < y.dim():
-        f = f.unsqueeze(1)
-    y = torch.view_as_real(y * f).flatten(-2)
-    return torch.cat([y[..., 0::2], y[..., 1::2]], dim=-1).to(x.dtype)
-
-
 def _fwht(x):  # fast_hadamard_transform(x, scale=128^-0.5): FP32 butterflies, scale, BF16
     y, n, h = x.float(), x.shape[-1], 1
     while h < n:
@@ -192,11 +182,11 @@ def _ds_golden(i, exact):
     t = i["x"].shape[0]
     q = _fp8_linear(i["q_norm"], i["w_qb"], i["w_qb_scale"], exact).view(t, 64, 128)
     qp, qn = q.split([64, 64], -1)
-    qc, qs = _act_quant(_fwht(torch.cat([_ds_rope(qp, i["cos"], i["sin"]), qn], -1)))
+    qc, qs = _act_quant(_fwht(torch.cat([ds_rope(qp, i["cos"], i["sin"]), qn], -1)))
     k = _fp8_linear(i["x"], i["w_k"], i["w_k_scale"], exact)
     k = _ds_layer_norm(k, i["ln_gamma"], i["ln_beta"], exact)
     kp, kn = k.split([64, 64], -1)
-    kc, ks = _act_quant(_fwht(torch.cat([_ds_rope(kp, i["cos"], i["sin"]), kn], -1)))
+    kc, ks = _act_quant(_fwht(torch.cat([ds_rope(kp, i["cos"], i["sin"]), kn], -1)))
     w = _mm(i["x"], i["w_proj"], exact) * 64**-0.5  # weights_proj(x.float()), FP32
     w = (w.unsqueeze(-1) * qs * 128**-0.5)[..., 0]
     return {"q": qc, "q_scale": qs[..., 0], "weights": w, "k": kc, "k_scale": ks[..., 0]}

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from oracles.deepseek_torch import ds_rope
 from tilesim.reference import dsa_indexer_prolog, dsa_indexer_prolog_make_case
 from tilesim.reference.mla_prolog import mla_prolog
 from tilesim.reference.mla_prolog_cases import mla_prolog_make_case
@@ -165,18 +166,6 @@ def test_mla_prolog_two_roundings_differs_on_amax448_scales(mla_case):
 
 
 # ----------------------------------------------------------------------------- indexer prolog
-def _rope_halves(x, cos, sin):
-    """``apply_rotary_emb(x, freqs, interleaved=False)`` on the first 64 of each vector."""
-    shape = x.shape
-    y = x.view(*shape[:-1], 2, -1).transpose(-1, -2).contiguous()
-    y = torch.view_as_complex(y.float().view(*shape[:-1], -1, 2))
-    f = torch.complex(cos, sin)
-    while f.dim() < y.dim():
-        f = f.unsqueeze(1)
-    y = torch.view_as_real(y * f).flatten(-2)
-    return torch.cat([y[..., 0::2], y[..., 1::2]], dim=-1).to(x.dtype)
-
-
 def _hadamard(x):
     """The fast Walsh-Hadamard transform in FP32 (ascending strides), times 128^-0.5, BF16."""
     y, n, h = x.float(), x.shape[-1], 1
@@ -199,10 +188,10 @@ def _indexer(t) -> dict:
     n = t["x"].shape[0]
     q = _fp8_gemm(t["q_norm"], t["w_qb"], t["w_qb_scale"]).view(n, 64, 128)
     qp, qn = q.split([64, 64], -1)
-    qc, qs = _act_quant(_hadamard(torch.cat([_rope_halves(qp, t["cos"], t["sin"]), qn], -1)))
+    qc, qs = _act_quant(_hadamard(torch.cat([ds_rope(qp, t["cos"], t["sin"]), qn], -1)))
     k = _layer_norm(_fp8_gemm(t["x"], t["w_k"], t["w_k_scale"]), t["ln_gamma"], t["ln_beta"])
     kp, kn = k.split([64, 64], -1)
-    kc, ks = _act_quant(_hadamard(torch.cat([_rope_halves(kp, t["cos"], t["sin"]), kn], -1)))
+    kc, ks = _act_quant(_hadamard(torch.cat([ds_rope(kp, t["cos"], t["sin"]), kn], -1)))
     w = (_mm(t["x"], t["w_proj"]) * 64**-0.5).unsqueeze(-1) * qs * 128**-0.5
     return {"q": qc, "q_scale": qs[..., 0], "weights": w[..., 0], "k": kc, "k_scale": ks[..., 0]}
 
