@@ -96,7 +96,7 @@ def _marker(selection: str) -> str:
 def reference(session: nox.Session) -> None:
     """CPU-only tests of tilesim.shared and tilesim.reference."""
     install_cpu_torch(session)
-    session.install(".[torch,test,cli]")
+    session.install(".[torch,test,cli,checkpoint]")
     session.run("pytest", *pytest_args(session, "-m", _marker("not sim and not npu"), "tests"))
 
 
