@@ -64,7 +64,7 @@ from tilesim.shared.dsa_kernel_index import kernel_indices, kernel_indices_torch
 from tilesim.shared.dsa_split_rule import tiles_per_split
 from tilesim.shared.interop import is_torch_tensor
 from tilesim.shared.mla_cache import NOPE
-from tilesim.shared.soc import DEFAULT_SOC
+from tilesim.shared.soc import DEFAULT_SOC, require_fp8
 from tilesim.shared.validate import check_array, check_choice, op_signature, shape_of
 
 __all__ = [
@@ -199,13 +199,12 @@ def _nest_params(a: Args, quant: str, layout: str, mask_col0, combine_axis: bool
 
 
 def _resolve(a: Args, quant: str, cache_name: str, backend_name: str, soc: str):
-    """The call's :class:`~tilesim.device.backend.Target`; FP8 needs the 950."""
+    """The call's :class:`~tilesim.device.backend.Target`; an FP8 cache needs a SoC with FP8
+    (:func:`tilesim.shared.soc.require_fp8`)."""
     target = _backend.resolve(backend_name, soc, a.query_nope)
-    if quant == "fp8" and target.soc != "950":
-        raise ValueError(
-            f"{cache_name}: FP8 E4M3 needs the Ascend 950 (the 910B has no FP8 type); this call "
-            f"targets {target.soc!r} -- use an INT8 cache on 910B, or soc='950' in the simulator"
-        )
+    if quant == "fp8":
+        require_fp8(target.soc, cache_name, "an FP8 E4M3 cache",
+                    "use an INT8 cache, or soc='950' in the simulator")  # fmt: skip
     return target
 
 

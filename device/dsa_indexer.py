@@ -54,7 +54,7 @@ from tilesim.shared.dsa_indexer import (
     indexer_inputs,
 )
 from tilesim.shared.index_cache import FP8_BLOCK_ALIGN, INDEX_DIM
-from tilesim.shared.soc import DEFAULT_SOC
+from tilesim.shared.soc import DEFAULT_SOC, require_fp8
 from tilesim.shared.validate import check_bool, check_choice, check_instance, op_signature
 
 #: ``topk`` must be a multiple of this (the top-k's 32-element sort groups; not a layout size).
@@ -178,11 +178,8 @@ def _checked(ins, validate) -> tuple[Args, bool]:
 
 def _target(a: Args, backend: str, soc: str):
     target = _backend.resolve(backend, soc, a.q)
-    if a.path == "fp8" and target.soc != "950":
-        raise ValueError(
-            f"path: 'fp8' needs the Ascend 950 (the 910B has no FP8 type); this call targets "
-            f"{target.soc!r} -- use path='int8' on 910B, or soc='950' in the simulator"
-        )
+    if a.path == "fp8":
+        require_fp8(target.soc, "path", "'fp8'", "use path='int8', or soc='950' in the simulator")
     return target
 
 

@@ -23,6 +23,7 @@ from tilesim.shared.case_schema import CaseInfo
 from tilesim.shared.index_cache import FP8_TOKEN_BYTES, INDEX_DIM, fp8_page_views, scatter_tokens
 from tilesim.shared.quant import quantize_index_fp8, quantize_index_int8
 from tilesim.shared.rope import halves_table, yarn_rope_table
+from tilesim.shared.soc import SIM_SOCS, fp8_socs
 from tilesim.shared.validate import check_bool, check_choice, check_int, check_int_sequence
 
 MODEL = "DeepSeek-V3.2"
@@ -78,13 +79,14 @@ def new_token_rows(p: dict, *, unit: str, seq_lo: int, seq_hi: int | None = None
 def table_case_info(name: str, table: dict, *, op: str, builder: str, tolerance: dict,
                     rule: str) -> CaseInfo:  # fmt: skip
     """The registry's description of ``table[name] = (builder params, size, status,
-    summary)``, a case of family and op ``op`` with seed 0; SoC marks ``("950",)`` for
-    ``path="fp8"``, else ``("910b", "950")``; ``rule``: the note on the tolerance."""
+    summary)``, a case of family and op ``op`` with seed 0; SoC marks: the SoCs with FP8
+    (:func:`tilesim.shared.soc.fp8_socs`) for ``path="fp8"``, else every simulated SoC;
+    ``rule``: the note on the tolerance."""
     build, size, status, summary = table[name]
     fp8 = build.get("path") == "fp8"
     return CaseInfo(
         name=name, family=op, op=op, model=MODEL, summary=summary, seed=0, size=size,
-        tolerance=tolerance, builder=builder, soc=("950",) if fp8 else ("910b", "950"),
+        tolerance=tolerance, builder=builder, soc=fp8_socs() if fp8 else SIM_SOCS,
         status=status, notes={"rule": rule},
     )  # fmt: skip
 

@@ -128,6 +128,24 @@ def get_soc(name: str | SocSpec = DEFAULT_SOC) -> SocSpec:
     return SOCS[key]
 
 
+def fp8_socs() -> tuple[str, ...]:
+    """The compile targets of :data:`SIM_SOCS` with a native FP8 E4M3 cube (``SocSpec.fp8``):
+    where an FP8 path runs (the 950; the 910B has no FP8 type, docs/sources.md)."""
+    return tuple(s for s in SIM_SOCS if SOCS[s].fp8)
+
+
+def require_fp8(soc: str | SocSpec, name: str, what: str, fix: str) -> None:
+    """The one FP8 rule of every kernel: ``ValueError`` naming the argument ``name`` unless the
+    call's target ``soc`` has FP8 (``SocSpec.fp8``). ``what``: the FP8 input or path;
+    ``fix``: what the caller can do instead."""
+    spec = get_soc(soc)
+    if not spec.fp8:
+        raise ValueError(
+            f"{name}: {what} needs a SoC with FP8 E4M3 (SocSpec.fp8: {', '.join(fp8_socs())}); "
+            f"this call targets {spec.name!r}, which has none -- {fix}"
+        )
+
+
 # ------------------------------------------------------------------ per-SoC tile defaults
 def _tile_family(soc: str | SocSpec) -> str:
     """The key of the per-SoC tile tables: ``"950"`` for every DAV_3510 SoC, else ``"910b"``."""
@@ -204,7 +222,9 @@ __all__ = [
     "SIM_SOCS",
     "SOCS",
     "SocSpec",
+    "fp8_socs",
     "get_soc",
     "moe_tiling",
     "moe_vec_tile",
+    "require_fp8",
 ]

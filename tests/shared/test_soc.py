@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from tilesim.shared.soc import SOCS, get_soc, moe_vec_tile
+from tilesim.shared.soc import SOCS, fp8_socs, get_soc, moe_vec_tile, require_fp8
 
 
 def test_published_peaks_and_ub():
@@ -22,6 +22,17 @@ def test_roofline_helpers():
     assert s.cube_bound_us(s.bf16_tflops * 1e6) == pytest.approx(1.0)
     with pytest.raises(ValueError, match="no FP8"):
         s.cube_bound_us(1.0, "fp8")
+
+
+def test_one_fp8_rule_reads_socspec():
+    """FP8 runs where the 950's published FP8 E4M3 cube is (docs/sources.md, "FP8 dtypes per
+    SoC"); the rule names the argument, the SoCs that have FP8 and the call's target."""
+    assert fp8_socs() == ("950",)
+    for soc in ("950", "950dt"):
+        require_fp8(soc, "path", "'fp8'", "use int8")
+    msg = r"^path: 'fp8' needs a SoC with FP8 E4M3 \(SocSpec.fp8: 950\); this call targets '910b'"
+    with pytest.raises(ValueError, match=msg + ", which has none -- use int8$"):
+        require_fp8("910b", "path", "'fp8'", "use int8")
 
 
 def test_bad_names():
