@@ -28,10 +28,11 @@ And, for every kernel, written once here:
   key holds only model constants, tiles, dtypes and options (the SoC is added here);
   sequence lengths, ``nb`` and batch are runtime values of the kernels (dynamic axes).
 * **the value checks** — :func:`value_checks`, the one ``validate=`` policy of every wrapper
-  over the one table :data:`VALUE_CHECKS` that splits each op's value checks into the small
-  integer inputs the kernel's contract reads on the host anyway (``validate=True``, the
-  default) and the bulk scans of caches, weights, activations and masks
-  (``validate="full"``); ``validate=False`` checks metadata only.
+  over the checks each op's record names (:class:`~tilesim.shared.op_record.OpRecord`: its
+  ``int_checks`` of the small integer inputs the kernel's contract reads on the host anyway,
+  run by ``validate=True``, the default, and its ``scan_checks`` of caches, weights,
+  activations and masks, run by ``validate="full"`` too); ``validate=False`` checks
+  metadata only.
 * **torch.compile** — :func:`graph_safe` marks a wrapper for ``torch._dynamo.allow_in_graph``
   (registered at once when dynamo is loaded, else by :func:`allow_in_graph`), and
   :func:`is_shape_only` / :func:`standin` let a wrapper answer FakeTensor or ``meta`` inputs
@@ -42,7 +43,6 @@ Importing this module needs neither torch nor pypto.
 
 from __future__ import annotations
 
-import importlib
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,6 +50,7 @@ from dataclasses import dataclass
 import numpy as np
 from tilesim.device._lazy import require, require_pypto, require_torch
 from tilesim.shared.interop import is_torch_tensor, to_numpy, to_torch
+from tilesim.shared.op_record import OpRecord
 from tilesim.shared.soc import DEFAULT_SOC, SIM_SOCS
 from tilesim.shared.validate import check_choice
 
@@ -151,21 +152,6 @@ def finish(out, cost_us: float | None, target: Target):
 #: integer inputs, ``"full"`` every value check of the golden, ``False`` metadata only
 VALIDATE = (True, False, "full")
 
-#: THE split of every op's value checks (``tilesim.shared.<op>``): ``op -> (contract module,
-#: checks of the small integer inputs the kernel's contract reads on the host anyway -- run by
-#: default --, bulk scans of caches / weights / activations / masks -- ``validate="full"``
-#: only)``, as function names of the contract (``None``: the op has none). A default call
-#: copies to the host only what the first column reads (``docs/device.md``, "Host round trips
-#: and ``validate=``").
-VALUE_CHECKS = {
-    "moe": ("moe", "check_values", None),  # expert_cumsum [E+1]
-    "msa_indexer": ("msa_indexer", None, "check_values"),  # idx_q, idx_k finite
-    "msa_decode": ("msa_decode", "check_values", None),  # block_ids [B, topk], seq_len [B]
-    "msa_main": ("msa_main", None, "check_values"),  # block_mask finite
-    "dsa": ("dsa", "check_values", None),  # topk_indices, block_table, kv_act_seqs
-    "dsa_indexer": ("dsa_indexer", "check_int_values", "check_data_values"),
-}
-
 
 def validate_level(validate) -> str:
     """``"meta"`` (``validate=False``), ``"ints"`` (``True``, the default) or ``"full"``;
@@ -181,20 +167,15 @@ def validate_level(validate) -> str:
     )
 
 
-def value_checks(op: str, args, validate, *, shape_only: bool = False):
-    """The value checks of ``op`` (:data:`VALUE_CHECKS`) that ``validate`` asks for, on the
-    contract's checked ``args``; returns the contract's ``args`` after them. Shape-only
+def value_checks(record: OpRecord, args, validate, *, shape_only: bool = False):
+    """The value checks of the op of ``record`` that ``validate`` asks for
+    (:meth:`~tilesim.shared.op_record.OpRecord.value_checks` at :func:`validate_level`), on
+    the contract's checked ``args``; returns the contract's ``args`` after them. Shape-only
     inputs (:func:`is_shape_only`) and ``validate=False`` read nothing."""
     level = validate_level(validate)
-    if shape_only or level == "meta":
+    if shape_only:
         return args
-    module, ints, scans = VALUE_CHECKS[op]
-    contract = importlib.import_module(f"tilesim.shared.{module}")
-    if ints is not None:
-        args = getattr(contract, ints)(args)
-    if scans is not None and level == "full":
-        args = getattr(contract, scans)(args)
-    return args
+    return record.value_checks(args, level)
 
 
 # ----------------------------------------------------------------------------- compile registry
@@ -335,7 +316,6 @@ __all__ = [
     "BACKENDS",
     "DEFAULT_SOC",
     "VALIDATE",
-    "VALUE_CHECKS",
     "Target",
     "allow_in_graph",
     "compile_once",

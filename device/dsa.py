@@ -52,6 +52,7 @@ from tilesim.device import backend as _backend
 from tilesim.device._lazy import require_torch
 from tilesim.shared.casts import BF16
 from tilesim.shared.dsa import (
+    RECORD,
     Args,
     check_inputs,
     cost_of_indices,
@@ -221,7 +222,7 @@ def _checked_args(ins, layout: str, validate) -> tuple[Args, bool, tuple]:
              "block_table", "kv_act_seqs")  # fmt: skip
     arrays = (ins.query_nope, ins.query_rope, *a.caches, *ints)
     shape_only = _backend.is_shape_only(*arrays, names=names)
-    return _backend.value_checks("dsa", a, validate, shape_only=shape_only), shape_only, ints
+    return _backend.value_checks(RECORD, a, validate, shape_only=shape_only), shape_only, ints
 
 
 _CACHE_NAMES = (("nope_cache",), ("kn_quant", "kr", "kn_scales"))

@@ -48,6 +48,7 @@ from tilesim.shared.dsa_indexer import (
     INDEX_HEADS,
     MAX_POSITIONS,
     PRODUCTION_TILING,
+    RECORD,
     Args,
     IndexerTiling,
     check_meta,
@@ -171,7 +172,7 @@ def _checked(ins, validate) -> tuple[Args, bool]:
     arrays = [(n, getattr(a, n)) for n in _NAMES if getattr(a, n) is not None]
     shape_only = _backend.is_shape_only(*(x for _, x in arrays),
                                         names=tuple(n for n, _ in arrays))  # fmt: skip
-    a = _backend.value_checks("dsa_indexer", a, validate, shape_only=shape_only)
+    a = _backend.value_checks(RECORD, a, validate, shape_only=shape_only)
     _check_kernel_limits(a)
     return a, shape_only
 

@@ -38,6 +38,7 @@ from tilesim.device._moe_kernel import SEED_JIT, build_kernel, jit_spec
 from tilesim.shared.interop import to_numpy
 from tilesim.shared.models import MoeDims
 from tilesim.shared.moe import (
+    RECORD,
     Args,
     check_meta,
     emit_moe_schedule,
@@ -68,7 +69,7 @@ def _check(ins, backend, soc, read) -> _MoeLaunch:
     then ``check_values`` when ``read`` (the only host read of ``expert_cumsum`` here), the
     kernel's own limits, the target and the tiling rule."""
     args = check_meta(**vars(ins))
-    args = _backend.value_checks("moe", args, read)
+    args = _backend.value_checks(RECORD, args, read)
     dims, round_activation, sorted_tokens = ins.dims, ins.round_activation, ins.sorted_tokens
     if dims.gate_up_layout != "halves":
         raise ValueError(

@@ -106,6 +106,7 @@ from tilesim.device._msa_decode_kernel import (
 from tilesim.device._msa_tiles import L1_REUSE_BY_ROWS
 from tilesim.shared.models import MINIMAX_M3
 from tilesim.shared.msa_decode import (
+    RECORD,
     check_meta,
     decode_inputs,
     keep_mask_torch,
@@ -239,7 +240,7 @@ def _check(q, k_blocks, v_blocks, block_ids, seq_len, gather, validate, soc):
     shape_only = _backend.is_shape_only(q, k_blocks, v_blocks, block_ids, seq_len,
                                         names=("q", "k_blocks", "v_blocks", "block_ids",
                                                "seq_len"))  # fmt: skip
-    _backend.value_checks("msa_decode", args, validate, shape_only=shape_only)
+    _backend.value_checks(RECORD, args, validate, shape_only=shape_only)
     sh = CallShape(args.batch, args.hq, args.hkv, args.nb, args.dim, args.topk)
     return sh, shape_only
 

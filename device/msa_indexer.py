@@ -45,6 +45,7 @@ from tilesim.shared.msa_indexer import (
     HEAD_REDUCES,
     NIDX,
     NPAD,
+    RECORD,
     TOPK,
     Args,
     block_head_max,
@@ -159,7 +160,7 @@ def _check(ins, validate) -> tuple[Args, bool]:
     _backend.validate_level(validate)
     args = check_meta(**vars(ins))
     shape_only = _backend.is_shape_only(ins.idx_q, ins.idx_k, names=("idx_q", "idx_k"))
-    _backend.value_checks("msa_indexer", args, validate, shape_only=shape_only)
+    _backend.value_checks(RECORD, args, validate, shape_only=shape_only)
     return args, shape_only
 
 

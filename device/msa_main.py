@@ -48,6 +48,7 @@ from tilesim.device._lazy import require_torch
 from tilesim.device._msa_main_kernel import JIT, ROW_TILE, SEED_JIT, build_kernel
 from tilesim.shared.msa_main import MASK_NEG as _MASK_NEG
 from tilesim.shared.msa_main import (
+    RECORD,
     Args,
     check_meta,
     host_plan_torch,
@@ -87,7 +88,7 @@ def _check(query, key_blocks, value_blocks, block_mask, dtype, max_n, tiling, ba
                                                "block_mask"))  # fmt: skip
     a = check_meta(query, key_blocks, value_blocks, block_mask, dtype=dtype, max_n=max_n,
                    tiling=tiling)  # fmt: skip
-    _backend.value_checks("msa_main", a, validate, shape_only=shape_only)
+    _backend.value_checks(RECORD, a, validate, shape_only=shape_only)
     if a.dh != 128:
         raise ValueError(f"query: expected head dim 128 (the kernel's tiles), got {a.dh}")
     return _Call(a, shape_only)

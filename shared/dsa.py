@@ -430,6 +430,7 @@ RECORD = OpRecord(
              l2_units=1.4),
     ),
     cost=cost,
+    int_checks=check_values,
     names={"DSA_CASES": "dsa_cases"},
     # per-tile softmax over several KV tiles rounds each tile's output to BF16 before the merge
     # and the merged output again: one more row ULP (docs/ops/dsa.md, "Budget")

@@ -497,6 +497,8 @@ RECORD = OpRecord(
              signature=(decode_step_inputs,), plan="indexer"),
     ),
     cost=cost,
+    int_checks=check_int_values,
+    scan_checks=check_data_values,
 )  # fmt: skip
 
 

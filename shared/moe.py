@@ -318,6 +318,7 @@ RECORD = OpRecord(
              layout="moe", device=True, l2_units=1.2),
     ),
     cost=cost,
+    int_checks=check_values,
     names={"MoeTileRecord": "moe", "moe_flop_count": "moe", "moe_tile_schedule": "moe",
            "moe_dispatch": "moe_routing", "moe_combine": "moe_routing",
            "MoeDispatch": "moe_routing", "MOE_CASES": "moe_cases"},

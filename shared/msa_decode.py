@@ -380,6 +380,7 @@ RECORD = OpRecord(
              l2_units=1.4),
     ),
     cost=cost,
+    int_checks=check_values,
     names={"msa_sparse_decode_flop": "msa_decode"},
     budgets=ROUNDS_LIKE_GOLDEN,
 )  # fmt: skip

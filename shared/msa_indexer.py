@@ -233,6 +233,7 @@ RECORD = OpRecord(
              device=True),
     ),
     cost=cost,
+    scan_checks=check_values,
     names={"msa_indexer_flop": "msa_indexer", "MSA_CASES": "msa_cases"},
 )  # fmt: skip
 

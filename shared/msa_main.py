@@ -361,6 +361,7 @@ RECORD = OpRecord(
              l2_units=1.3),
     ),
     cost=cost,
+    scan_checks=check_values,
     names={"build_msa_block_mask": "msa_main"},
     #: per compute dtype: the kernel's max |a - g| over max |g| of its golden
     budgets={"fp32": 2.0**-16, "fp16": 2.0**-12, "bf16": 2.0**-8},

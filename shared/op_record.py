@@ -11,6 +11,9 @@ Each op's contract module ``tilesim.shared.<op>`` exports one :class:`OpRecord` 
 * the **case family** whose ``tilesim.reference.<family>_cases`` module builds its cases;
 * the other public names of :mod:`tilesim.reference` it adds (``{name: module}``);
 * its one FLOP / byte counter, ``cost``;
+* its **value checks** (the contract's functions that read data, split by what a wrapper's
+  ``validate=`` reads: :attr:`OpRecord.int_checks`, :attr:`OpRecord.scan_checks`), which a
+  wrapper runs through :meth:`OpRecord.value_checks`;
 * its **device budgets** (the sim tests' pass figures), where its kernel has them.
 
 Whether the op has a device wrapper and kernel (``device/<op>.py``, ``device/_<op>_kernel.py``)
@@ -29,6 +32,9 @@ from tilesim.shared.validate import check_choice
 
 #: what an output holds: a float tensor, ids, quantized codes (with their scales), a cache
 OUTPUT_KINDS = ("float", "ids", "codes", "cache")
+#: what a wrapper's ``validate=`` reads (``tilesim.device.backend.validate_level``): nothing,
+#: the small integer inputs, every value
+VALUE_LEVELS = ("meta", "ints", "full")
 #: how the judge reads a call's outputs (``tilesim.reference.judge_plans``): one rule per
 #: output under the case's tolerance, the ids-first indexer plan, or stage by stage
 PLANS = ("kind", "indexer", "stages")
@@ -109,8 +115,11 @@ def _frozen(mapping: Mapping) -> Mapping:
 class OpRecord:
     """One op (module docstring): ``name`` (its five files' name), ``calls``, ``cost``,
     ``family`` (its case family; ``None``: its own name), ``names`` (its other public names of
-    :mod:`tilesim.reference`, ``{name: module}``) and ``budgets`` (``{figure: value}`` of its
-    kernel's sim tests)."""
+    :mod:`tilesim.reference`, ``{name: module}``), ``budgets`` (``{figure: value}`` of its
+    kernel's sim tests) and its value checks: ``int_checks``, the contract's check of the small
+    integer inputs the kernel reads on the host anyway (a wrapper runs it by default), and
+    ``scan_checks``, its bulk scan of caches, weights, activations or masks (``validate="full"``
+    only); each ``Args -> Args`` on the contract's ``check_meta`` result, ``None``: none."""
 
     name: str
     calls: tuple[Call, ...]
@@ -118,6 +127,8 @@ class OpRecord:
     family: str | None = None
     names: Mapping[str, str] = field(default_factory=dict)
     budgets: Mapping[str, object] = field(default_factory=dict)
+    int_checks: Callable | None = None
+    scan_checks: Callable | None = None
 
     def __post_init__(self) -> None:
         if self.family is None:
@@ -136,6 +147,17 @@ class OpRecord:
         """The op has a device wrapper and a kernel: one of its calls is a device call."""
         return any(c.device for c in self.calls)
 
+    def value_checks(self, args, level: str):
+        """The op's value checks that ``level`` (:data:`VALUE_LEVELS`) asks for, on its
+        contract's checked ``args``: none for ``"meta"``, :attr:`int_checks` for ``"ints"``,
+        then :attr:`scan_checks` too for ``"full"``; returns ``args`` after them."""
+        check_choice(level, "level", VALUE_LEVELS)
+        if level != "meta" and self.int_checks is not None:
+            args = self.int_checks(args)
+        if level == "full" and self.scan_checks is not None:
+            args = self.scan_checks(args)
+        return args
+
     def call(self, name: str) -> Call:
         """The call called ``name``."""
         for c in self.calls:
@@ -144,4 +166,5 @@ class OpRecord:
         raise ValueError(f"call: expected one of {self.call_names}, got {name!r}")
 
 
-__all__ = ["OUTPUT_KINDS", "PLANS", "ROUNDS_LIKE_GOLDEN", "Call", "OpRecord", "Output"]
+__all__ = ["OUTPUT_KINDS", "PLANS", "ROUNDS_LIKE_GOLDEN", "VALUE_LEVELS", "Call", "OpRecord",
+           "Output"]  # fmt: skip

@@ -1,5 +1,5 @@
 """What a device wrapper reads on the host in one whole call, per ``validate=`` (the one
-policy: ``tilesim.device.backend.value_checks`` over ``VALUE_CHECKS``).
+policy: ``tilesim.device.backend.value_checks`` over the checks each op's record names).
 
 Every read of a torch input's data on the host goes through NumPy (``Tensor.numpy``,
 ``__array__``, ``tolist``, ``item``); a ``TorchFunctionMode`` records each one with the input
@@ -289,18 +289,38 @@ def test_the_indexers_prepared_launch_checks_like_its_wrapper(monkeypatch, valid
     assert _run(monkeypatch, "dsa_indexer_int8", validate, entry=prepared_launch)[0] == want
 
 
-def test_the_policy_table_covers_every_wrapper():
+def test_each_kernels_record_names_its_value_checks():
+    """The wrapper runs the checks its op's record names: the contract's own functions."""
     from tilesim.device import backend
+    from tilesim.shared import ops
 
-    assert set(backend.VALUE_CHECKS) == {"moe", "msa_indexer", "msa_decode", "msa_main", "dsa",
-                                         "dsa_indexer"}  # fmt: skip
-    for op, (module, ints, scans) in backend.VALUE_CHECKS.items():
-        contract = importlib.import_module(f"tilesim.shared.{module}")
-        for fn in (ints, scans):
-            assert fn is None or callable(getattr(contract, fn)), (op, fn)
+    for rec in ops.records():
+        if not rec.kernel:
+            continue
+        contract = importlib.import_module(f"tilesim.shared.{rec.name}")
+        checks = [fn for fn in (rec.int_checks, rec.scan_checks) if fn is not None]
+        assert checks, rec.name
+        for fn in checks:
+            assert getattr(contract, fn.__name__) is fn, (rec.name, fn)
     assert backend.validate_level(True) == "ints" and backend.validate_level(False) == "meta"
     assert backend.validate_level(np.bool_(True)) == "ints"
     assert backend.validate_level("full") == "full"
+
+
+def test_the_record_runs_the_checks_each_level_asks_for():
+    from tilesim.device import backend
+    from tilesim.shared.op_record import Call, OpRecord, Output
+
+    ran = []
+    rec = OpRecord("toy", (Call("toy", "toy", (Output("out", "float"),)),), cost=len,
+                   int_checks=lambda a: ran.append("ints") or a + 1,
+                   scan_checks=lambda a: ran.append("scan") or a * 10)  # fmt: skip
+    assert backend.value_checks(rec, 1, False) == 1 and ran == []
+    assert backend.value_checks(rec, 1, True) == 2 and ran == ["ints"]
+    assert backend.value_checks(rec, 1, "full") == 20 and ran == ["ints", "ints", "scan"]
+    assert backend.value_checks(rec, 1, "full", shape_only=True) == 1 and len(ran) == 3
+    with pytest.raises(TypeError, match=r"^validate: expected a bool or 'full'"):
+        backend.value_checks(rec, 1, "ints")
 
 
 @pytest.mark.torch
