@@ -56,11 +56,12 @@ from tilesim.shared.case_schema import CaseInfo, make_case, tolerance
 from tilesim.shared.casts import BF16, FP8_E4M3_MAX, to_bf16, to_fp8_e4m3
 from tilesim.shared.dsa_attention_step import PATHS
 from tilesim.shared.dsa_indexer import INDEX_HEADS, MAX_DECODE_S1
-from tilesim.shared.dsa_indexer_prolog import QB_COLS, slots_from_block_table
+from tilesim.shared.dsa_indexer_prolog import QB_COLS
 from tilesim.shared.hadamard import scaled_hadamard_bf16
 from tilesim.shared.index_cache import INDEX_DIM
 from tilesim.shared.mla_prolog import BLOCK, HEADS, HIDDEN, KV_A, KV_LORA, Q_HEAD, Q_LORA, QK_NOPE
 from tilesim.shared.quant import _ue8m0
+from tilesim.shared.slots import slots_from_block_table
 from tilesim.shared.tiling import SaTileShapeConfig
 from tilesim.shared.validate import check_bool, check_choice, check_int
 

@@ -8,7 +8,7 @@ golden. Every input is drawn from ``SeedSequence(seed)`` streams (same arguments
 * the block table of :func:`tilesim.reference.dsa_cases.build_block_table` (a random
   permutation, unused entries -1); the new tokens are the last ``s1`` (decode) or
   ``q_lens[b]`` (prefill) positions of each sequence, their slots from
-  :func:`tilesim.shared.dsa_indexer_prolog.slots_from_block_table`; ``pad`` padding tokens
+  :func:`tilesim.shared.slots.slots_from_block_table`; ``pad`` padding tokens
   with slot ``-1`` follow (vLLM's convention);
 * the cache already holds every earlier token's key (standard normal keys quantized by
   :mod:`tilesim.shared.quant`, one batch at a time, so the 64K cases hold one batch of FP32
@@ -55,11 +55,11 @@ from tilesim.shared.dsa_indexer_prolog import (
     PATHS,
     PROLOG_ROPE_LAYOUTS,
     QB_COLS,
-    slots_from_block_table,
 )
 from tilesim.shared.hadamard import scaled_hadamard_bf16
 from tilesim.shared.index_cache import INDEX_DIM
 from tilesim.shared.quant import _ue8m0
+from tilesim.shared.slots import slots_from_block_table
 from tilesim.shared.validate import (
     check_bool,
     check_choice,

@@ -38,9 +38,9 @@ from tilesim.shared.mla_prolog import (
     Q_HEAD,
     Q_LORA,
     QK_NOPE,
-    slots_from_block_table,
 )
 from tilesim.shared.quant import _ue8m0
+from tilesim.shared.slots import NO_SLOT, slots_from_block_table
 from tilesim.shared.validate import check_choice, check_int, check_int_sequence
 
 BUILDER = "tilesim.reference.mla_prolog_cases:mla_prolog_make_case"
@@ -170,6 +170,17 @@ def _say(progress, what: str) -> None:
         print(f"mla_prolog case: {what}", flush=True)
 
 
+def _slots(table, lens, s1: int, bs: int) -> np.ndarray:
+    """The slots of each sequence's ``s1`` newest positions, batch-major ``[B * s1]``: a
+    sequence shorter than ``s1`` pads its missing leading tokens with ``-1`` (not written)."""
+    real = np.minimum(lens, s1)
+    slots = np.full((lens.size, s1), NO_SLOT, np.int64)
+    slots[np.arange(s1)[None, :] >= s1 - real[:, None]] = slots_from_block_table(
+        table, lens, q_lens=real, block_size=bs
+    )
+    return slots.reshape(-1)
+
+
 def mla_prolog_make_case(name: str | None = None, *, seed: int = 0, progress=None,
                          **params) -> dict:  # fmt: skip
     """Build one case: a named entry of :data:`CASE_INFO` (``params`` override its builder
@@ -192,7 +203,7 @@ def mla_prolog_make_case(name: str | None = None, *, seed: int = 0, progress=Non
     table = np.full((p["b"], max(per)), -1, np.int32)
     for b, start in enumerate(np.cumsum([0] + per[:-1])):
         table[b, : per[b]] = perm[start : start + per[b]]
-    slots = slots_from_block_table(table, np.asarray(p["seq_lens"]), s1=p["s1"], block_size=bs)
+    slots = _slots(table, np.asarray(p["seq_lens"]), p["s1"], bs)
     pos = (np.asarray(p["seq_lens"])[:, None] - p["s1"] + np.arange(p["s1"])).reshape(-1)
     slots = np.concatenate([slots, np.full(p["pad"], -1, np.int64)])
     pos = np.concatenate([pos, np.zeros(p["pad"], np.int64)])

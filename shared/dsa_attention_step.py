@@ -23,8 +23,8 @@ Two paths (``path``): ``"int8"`` (910B: pypto-gym's prologs, INT8 latent cache i
 reference prologs, 656-byte packed latent rows or the ``kv_split`` triple, 132-byte FP8 index
 pages). One block table and one ``seq_lens`` (counting the new tokens) address both caches;
 the new tokens of batch ``b`` are its last ``q_lens[b]`` positions (decode ``q_lens=None``:
-``s1 = T // B`` each) and are written to the slot the block table gives them, the rule both
-prologs' slot helpers implement; a caller's ``slot_mapping`` may only replace a slot by ``-1``
+``s1 = T // B`` each) and are written to the slot the block table gives them, the one rule of
+:mod:`tilesim.shared.slots`; a caller's ``slot_mapping`` may only replace a slot by ``-1``
 (the token's rows are not written; the caches must already hold them). ``cos`` / ``sin`` are
 one table for both prologs (DeepSeek's ``freqs_cis`` is shared by ``MLA`` and ``Indexer``).
 """
@@ -45,6 +45,7 @@ from tilesim.shared.index_cache import INDEX_DIM, fp8_page_views
 from tilesim.shared.mla_cache import NOPE, PYPTO_ROW_BYTES, ROPE
 from tilesim.shared.models import DEEPSEEK_V32
 from tilesim.shared.op_record import Call, OpRecord, Output
+from tilesim.shared.slots import NO_SLOT, check_slot_mapping_meta, slots_from_block_table
 from tilesim.shared.validate import (
     check_array,
     check_bool,
@@ -59,7 +60,6 @@ from tilesim.shared.validate import (
 
 PATHS = ("int8", "fp8")
 HEADS = mla_contract.HEADS  #: 128 attention heads (the MLA prolog's query heads)
-NO_SLOT = -1
 #: the outputs of the step, one per stage output, in stage order
 STEP_FIELDS = (
     "query_nope", "query_rope", "q_norm", "q_norm_scale",  # MLA prolog
@@ -314,10 +314,7 @@ def check_meta(ins, *, trace=None, progress=None) -> Args:
     _check_decode_rows(ins, t)
     ia = _meta_indexer(ins, t, trace, progress)
     if ins.slot_mapping is not None:
-        check_array(ins.slot_mapping, "slot_mapping", ndim=1, shape=(t,), layout="[T]")
-        if dtype_of(ins.slot_mapping, "slot_mapping").kind not in "iu":
-            raise TypeError(f"slot_mapping: expected an integer dtype, got "
-                            f"{dtype_of(ins.slot_mapping, 'slot_mapping')}")  # fmt: skip
+        check_slot_mapping_meta(ins.slot_mapping, t)
     _check_latent_block_size(ins, mla.cache_layout, ia.block_size)
     aa = _meta_attention(ins, mla, ia)
     return Args(ins, ins.path, t, mla.cache_layout, mla.cache_rows, mla, ip, ia, aa)
@@ -337,7 +334,7 @@ def _uniform_q_lens(ia) -> None:
 
 def _slots(ins, ia) -> np.ndarray:
     """The block table's slot of every new token, or ``-1`` where ``slot_mapping`` says so."""
-    slots = iprolog_contract.slots_from_block_table(
+    slots = slots_from_block_table(
         ia.block_table, ia.seq_lens, q_lens=ia.q_lens, block_size=ia.block_size
     )
     if ins.slot_mapping is None:
@@ -491,7 +488,6 @@ __all__ = [
     "INPUT_NAMES",
     "IPROLOG_NAMES",
     "KEYWORD_NAMES",
-    "NO_SLOT",
     "PATHS",
     "PATH_WEIGHTS",
     "STEP_FIELDS",

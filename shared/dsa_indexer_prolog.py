@@ -11,9 +11,7 @@ cache (``docs/ops/dsa_indexer_prolog.md``). NumPy on host data; rounds nothing:
 * :class:`Args`, :func:`check_meta` (dtypes, shapes and the switches of each path; no value
   read), :func:`check_values` (finite inputs, the FP8 weights' codes, the slots);
 * :func:`host_plan`: the cache slot (physical block, offset) each token is written to;
-* :func:`cost`: the op's one FLOP / byte counter;
-* :func:`slots_from_block_table`: the slot of each new token from the block table (the
-  host rule of pypto-gym's test and vLLM's ``slot_mapping``).
+* :func:`cost`: the op's one FLOP / byte counter.
 
 Two paths (``path``):
 
@@ -38,7 +36,8 @@ transpose (``[out, in]``, scales ``[out/128, in/128]``). ``H`` (hidden, 7168) an
 
 Slots: ``slot_mapping[t]`` is the physical cache row ``block * block_size + offset`` token
 ``t``'s key goes to; ``-1`` skips the token (vLLM's padding convention); any other value
-outside ``[0, num_blocks * block_size)``, or a slot given to two tokens, is a ``ValueError``.
+outside ``[0, num_blocks * block_size)``, a slot given to two tokens or a mapping that is not
+``[T]`` is refused: the one slot rule of :mod:`tilesim.shared.slots`.
 """
 
 from __future__ import annotations
@@ -57,6 +56,7 @@ from tilesim.shared.index_cache import (
 )
 from tilesim.shared.op_record import Call, OpRecord, Output
 from tilesim.shared.quant import FP8_PROMOTIONS
+from tilesim.shared.slots import NO_SLOT, check_slot_mapping, check_slot_mapping_meta
 from tilesim.shared.validate import (
     INT32_MAX,
     check_array,
@@ -65,13 +65,10 @@ from tilesim.shared.validate import (
     check_finite,
     check_float,
     check_int,
-    check_int_array,
-    check_slot_mapping,
     check_trace,
     check_weight_values,
     dtype_of,
     host_array,
-    host_ints,
     shape_of,
 )
 
@@ -85,7 +82,6 @@ FP8_BLOCK = 128  #: FP8 weights: one FP32 scale per 128 x 128 block; activations
 #: the amax floor of the q/k quantizers when ``amax_floor=None``: INT8 1e-8 (pypto-gym has
 #: none: its all-zero vector gives NaN codes), FP8 1e-4 (DeepSeek ``act_quant``)
 AMAX_FLOORS = {"int8": 1e-8, "fp8": 1e-4}
-NO_SLOT = -1  #: a token whose key is not written
 
 
 # ----------------------------------------------------------------------------- signature
@@ -251,7 +247,7 @@ def check_meta(ins, *, path="int8", rope_layout="halves", eps=1e-6, ue8m0=True,
     _check_weights(ins, path, t, h, r)
     _check_rope_tables(ins, t, rope_layout)
     num_blocks = _check_cache(ins, path, block_size)
-    check_int_array(ins.slot_mapping, "slot_mapping", ndim=1, shape=(t,), layout="[T]")
+    check_slot_mapping_meta(ins.slot_mapping, t)
     return Args(ins, path, rope_layout, eps, bool(ue8m0), amax_floor, block_size, t, h, r,
                 num_blocks, ins.slot_mapping, False, fp8_promotion)  # fmt: skip
 
@@ -259,8 +255,9 @@ def check_meta(ins, *, path="int8", rope_layout="halves", eps=1e-6, ue8m0=True,
 # ----------------------------------------------------------------------------- value checks
 def _check_slots(a: Args) -> np.ndarray:
     cap = a.num_blocks * a.block_size
-    return check_slot_mapping(a.slot_mapping, cap, f"num_blocks * block_size: num_blocks "
-                              f"{a.num_blocks}, block_size {a.block_size}")  # fmt: skip
+    return check_slot_mapping(a.slot_mapping, tokens=a.rows, rows=cap,
+                              rows_of=f"num_blocks * block_size: num_blocks {a.num_blocks}, "
+                              f"block_size {a.block_size}")  # fmt: skip
 
 
 def check_values(args: Args) -> Args:
@@ -325,34 +322,6 @@ def cost(args: Args) -> dict:
             "written": written}  # fmt: skip
 
 
-# ----------------------------------------------------------------------------- slot rule
-def slots_from_block_table(block_table, seq_lens, *, q_lens=None, block_size: int = 128):
-    """The cache slot of each new token, int64 ``[sum(q_lens)]``, batch-major: batch ``b``'s
-    ``q_lens[b]`` new tokens sit at positions ``seq_lens[b] - q_lens[b] .. seq_lens[b] - 1``
-    (``seq_lens`` counts them), position ``p`` at slot ``block_table[b, p // block_size] *
-    block_size + p % block_size`` (pypto-gym's test ``gen_block_table``, vLLM's
-    ``slot_mapping``). ``q_lens=None``: ``s1 = 1``. ``ValueError`` naming the entry when a
-    position's table entry is negative or past the table."""
-    bs = check_int(block_size, "block_size", lo=1, hi=INT32_MAX)
-    bt = host_ints(block_table, "block_table", ndim=2, layout="[B, max_blocks]")
-    lens = host_ints(seq_lens, "seq_lens", ndim=1, shape=(bt.shape[0],), layout="[B]")
-    ql = (np.ones_like(lens) if q_lens is None
-          else host_ints(q_lens, "q_lens", ndim=1, shape=(bt.shape[0],), layout="[B]"))  # fmt: skip
-    out = []
-    for b in range(bt.shape[0]):
-        if not 0 <= ql[b] <= lens[b]:
-            raise ValueError(f"q_lens[{b}]: expected a value in [0, seq_lens[{b}] = "
-                             f"{int(lens[b])}], got {int(ql[b])}")  # fmt: skip
-        for p in range(int(lens[b] - ql[b]), int(lens[b])):
-            j = p // bs
-            if j >= bt.shape[1] or bt[b, j] < 0:
-                got = "past the table" if j >= bt.shape[1] else int(bt[b, j])
-                raise ValueError(f"block_table[{b}, {j}]: expected a physical block >= 0 for "
-                                 f"position {p} of batch {b}, got {got}")  # fmt: skip
-            out.append(int(bt[b, j]) * bs + p % bs)
-    return np.asarray(out, dtype=np.int64)
-
-
 # ----------------------------------------------------------------------------- record
 #: the op's record in the registry of ops (:mod:`tilesim.shared.ops`)
 RECORD = OpRecord(
@@ -370,7 +339,7 @@ RECORD = OpRecord(
 
 __all__ = [
     "RECORD",
-    "AMAX_FLOORS", "FP8_BLOCK", "INPUT_NAMES", "NO_SLOT", "PATHS", "PROLOG_ROPE_LAYOUTS", "QB_COLS",
+    "AMAX_FLOORS", "FP8_BLOCK", "INPUT_NAMES", "PATHS", "PROLOG_ROPE_LAYOUTS", "QB_COLS",
     "ROPE_DIM", "Args", "Plan", "check_meta", "check_values", "cost", "host_plan", "prolog_inputs",
-    "prolog_keywords", "slots_from_block_table",
+    "prolog_keywords",
 ]  # fmt: skip

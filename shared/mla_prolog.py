@@ -24,9 +24,9 @@ K/128]`` scales: pass both transposed. ``w_uk [128, 128, 512]`` BF16 is ``wkv_b`
 output on the FP8 path).
 
 Slot rule: ``slot_mapping[t]`` is the physical cache row of token ``t`` (``block_table[b, p //
-block_size] * block_size + p % block_size``, :func:`slots_from_block_table`); ``-1`` skips the
-token's cache write (vLLM's padding); any other value outside ``[0, rows)``, or a row named
-twice, is a ``ValueError`` naming the entry.
+block_size] * block_size + p % block_size``); ``-1`` skips the token's cache write (vLLM's
+padding); any other value outside ``[0, rows)``, a row named twice or a mapping that is not
+``[T]`` is refused: the one slot rule of :mod:`tilesim.shared.slots`.
 """
 
 from __future__ import annotations
@@ -39,20 +39,16 @@ from tilesim.shared.mla_cache import NOPE, NSCALES, PYPTO_ROW_BYTES, ROPE
 from tilesim.shared.op_record import Call, OpRecord, Output
 from tilesim.shared.quant import FP8_PROMOTIONS
 from tilesim.shared.rope import LAYOUTS as ROPE_LAYOUTS
+from tilesim.shared.slots import NO_SLOT, check_slot_mapping, check_slot_mapping_meta
 from tilesim.shared.validate import (
     check_array,
     check_choice,
     check_finite,
     check_float,
-    check_int_array,
-    check_pos_int,
-    check_range,
-    check_slot_mapping,
     check_trace,
     check_weight_values,
     dtype_of,
     host_data,
-    host_ints,
     shape_of,
 )
 
@@ -256,7 +252,7 @@ def _check_dense(ins) -> int:
         shp = shape_of(getattr(ins, name), name)
         if shp[0] != t or shp[1] not in (QK_ROPE // 2, QK_ROPE):
             raise ValueError(f"{name}: expected shape [{t}, 32] or [{t}, 64], got {shp}")
-    check_int_array(ins.slot_mapping, "slot_mapping", ndim=1, shape=(t,), layout="[T]")
+    check_slot_mapping_meta(ins.slot_mapping, t)
     return t
 
 
@@ -297,8 +293,8 @@ def check_values(args: Args) -> Args:
     weight once (about 85 MB at full size, a bit test). Returns :class:`Args` with a host
     int64 ``slot_mapping`` (``values=True``)."""
     ins = args.ins
-    slots = check_slot_mapping(ins.slot_mapping, args.cache_rows,
-                               f"rows of kv_cache {args.cache_shape}")  # fmt: skip
+    slots = check_slot_mapping(ins.slot_mapping, tokens=args.tokens, rows=args.cache_rows,
+                               rows_of=f"rows of kv_cache {args.cache_shape}")  # fmt: skip
     for name in ("x", "gamma_cq", "gamma_ckv", "cos", "sin"):
         check_finite(host_data(getattr(ins, name), name), name)
     for w, linear in (("w_dq", "q_a"), ("w_uq_qr", "q_b"), ("w_dkv_kr", "kv_a")):
@@ -309,34 +305,11 @@ def check_values(args: Args) -> Args:
 
 
 # ----------------------------------------------------------------------------- host rules
-def slots_from_block_table(block_table, seq_lens, *, s1: int, block_size: int = 128) -> np.ndarray:
-    """Physical cache rows ``[B * s1]`` of the ``s1`` newest tokens of each sequence:
-    position ``p = seq_lens[b] - s1 + j`` goes to ``block_table[b, p // block_size] *
-    block_size + p % block_size`` (pypto-gym's test and vLLM's ``slot_mapping``); a sequence
-    shorter than ``s1`` gets ``-1`` (skip) for its missing leading tokens."""
-    s1 = check_pos_int(s1, "s1")
-    bs = check_pos_int(block_size, "block_size")
-    bt = host_ints(block_table, "block_table", ndim=2, layout="[B, max_blocks]")
-    lens = host_ints(seq_lens, "seq_lens", ndim=1, shape=(bt.shape[0],), layout="[B]")
-    check_range(lens, "seq_lens", lo=0, hi=bt.shape[1] * bs)
-    pos = lens[:, None] - s1 + np.arange(s1)[None, :]
-    live = pos >= 0
-    p = np.where(live, pos, 0)
-    blk = np.take_along_axis(bt, p // bs, axis=1)
-    if (live & (blk < 0)).any():
-        b, j = (int(v[0]) for v in np.nonzero(live & (blk < 0)))
-        raise ValueError(
-            f"block_table[{b}, {int(p[b, j]) // bs}]: expected an allocated block (>= 0) for "
-            f"position {int(p[b, j])} of sequence {b}, got {int(blk[b, j])}"
-        )
-    return np.where(live, blk * bs + p % bs, -1).reshape(-1).astype(np.int64)
-
-
 def host_plan(args: Args) -> np.ndarray:
-    """The token rows that are written (``slot_mapping >= 0``), as int64 indices into ``x``."""
+    """The token rows that are written (slot not ``-1``), as int64 indices into ``x``."""
     if not args.values:
         raise TypeError("args: host_plan needs the Args of check_values")
-    return np.flatnonzero(args.slot_mapping >= 0)
+    return np.flatnonzero(args.slot_mapping != NO_SLOT)
 
 
 def cost(args: Args) -> dict:
@@ -353,7 +326,7 @@ def cost(args: Args) -> dict:
         + HEADS * QK_NOPE * KV_LORA * 2
     )
     outs = t * (HEADS * (KV_LORA + QK_ROPE) * 2 + Q_LORA + 4)
-    written = t if not args.values else int((np.asarray(args.slot_mapping) >= 0).sum())
+    written = t if not args.values else int((np.asarray(args.slot_mapping) != NO_SLOT).sum())
     return {"flop": int(flop), "bytes": int(weights + t * HIDDEN * 2 + outs + written * 656)}
 
 
@@ -389,5 +362,4 @@ __all__ = [
     "host_plan",
     "prolog_inputs",
     "prolog_keywords",
-    "slots_from_block_table",
 ]

@@ -324,25 +324,6 @@ def raise_at_first(bad: np.ndarray, message: Callable[[int], str]) -> None:
         raise ValueError(message(int(np.flatnonzero(bad)[0])))
 
 
-def check_slot_mapping(x, rows: int, rows_of: str) -> np.ndarray:
-    """vLLM's ``slot_mapping [T]`` (integer) as a host int64 copy: each entry ``-1`` (the
-    token is not written) or a cache row in ``[0, rows)`` (``rows_of``: where that count comes
-    from, for the message), no row written by two tokens (their order is undefined)."""
-    slots = host_ints(x, "slot_mapping", ndim=1, layout="[T]")
-    raise_at_first((slots < -1) | (slots >= rows), lambda t: (
-        f"slot_mapping[{t}]: expected -1 (skip) or a cache row in [0, {rows}) ({rows_of}), got "
-        f"{int(slots[t])}"))  # fmt: skip
-    uniq, counts = np.unique(slots[slots >= 0], return_counts=True)
-    if (counts > 1).any():
-        row = int(uniq[counts > 1][0])
-        tokens = np.flatnonzero(slots == row).tolist()
-        raise ValueError(
-            f"slot_mapping[{tokens[1]}]: expected a row no other token writes, got {row} (each "
-            f"cache row at most once; tokens {tokens} write it, in an undefined order)"
-        )
-    return slots
-
-
 # ----------------------------------------------------------------------------- scalars
 def check_int(v, name: str, *, lo: int | None = None, hi: int | None = None) -> int:
     """An integer scalar (Python or NumPy int, not bool) in ``[lo, hi]`` -> ``int``."""
@@ -602,7 +583,6 @@ __all__ = [
     "check_range",
     "check_real",
     "check_shape",
-    "check_slot_mapping",
     "check_str",
     "check_trace",
     "check_weight_values",

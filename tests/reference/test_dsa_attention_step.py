@@ -15,10 +15,10 @@ from tilesim.reference.dsa_indexer import dsa_indexer
 from tilesim.reference.dsa_indexer_prolog import dsa_indexer_prolog
 from tilesim.reference.mla_prolog import mla_prolog
 from tilesim.shared.dsa_attention_step import STEP_FIELDS
-from tilesim.shared.dsa_indexer_prolog import slots_from_block_table
 from tilesim.shared.index_cache import fp8_page_views
 from tilesim.shared.mla_cache import unpack_pypto_rows
 from tilesim.shared.models import DEEPSEEK_V32
+from tilesim.shared.slots import slots_from_block_table
 
 PATHS = ("int8", "fp8")
 #: visible 300 / 1000 tokens with topk 128: most visible latent rows are never selected

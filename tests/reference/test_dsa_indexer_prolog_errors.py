@@ -8,7 +8,6 @@ import ml_dtypes
 import numpy as np
 import pytest
 from tilesim.reference import dsa_indexer_prolog, dsa_indexer_prolog_make_case
-from tilesim.shared.dsa_indexer_prolog import slots_from_block_table
 
 BS = 16
 
@@ -95,16 +94,6 @@ def test_fp8_nan_weight_code_and_bad_scales_are_named(cases):
     assert "w_qb" in str(_call(c, w_qb=w).value)
     e = _call(c, w_k_scale=_poke(c["inputs"]["w_k_scale"], (0, 0), 0.0))
     assert "w_k_scale" in str(e.value) and "> 0" in str(e.value)
-
-
-def test_slots_from_block_table_rule_and_errors():
-    bt = np.array([[3, 1, -1], [0, 2, -1]])
-    got = slots_from_block_table(bt, np.array([130, 2]), q_lens=np.array([3, 2]), block_size=128)
-    assert got.tolist() == [3 * 128 + 127, 1 * 128 + 0, 1 * 128 + 1, 0, 1]
-    with pytest.raises(ValueError, match=r"block_table\[0, 2\].*position 256"):
-        slots_from_block_table(bt, np.array([257, 2]), block_size=128)
-    with pytest.raises(ValueError, match=r"q_lens\[1\]"):
-        slots_from_block_table(bt, np.array([5, 2]), q_lens=np.array([1, 3]), block_size=128)
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,6 @@
 """The MLA prolog's promises: float64 oracle agreement, composition with the ``dsa`` golden's
 cache readers, cache rows other than the written slots untouched, caller arrays never written,
-the slot rule and the bad-input messages (docs/ops/mla_prolog.md)."""
+the case's padding slots and the bad-input messages (docs/ops/mla_prolog.md)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from tilesim.reference.mla_prolog import mla_prolog
 from tilesim.reference.mla_prolog_cases import mla_prolog_make_case
 from tilesim.shared.casts import to_bf16
 from tilesim.shared.mla_cache import unpack_kv_split, unpack_rows
-from tilesim.shared.mla_prolog import slots_from_block_table
 from tilesim.shared.quant import dequantize_latent
 
 
@@ -151,14 +150,6 @@ def test_padding_slot_is_skipped_and_outputs_still_computed(cases):
     slots = case["inputs"]["slot_mapping"]
     assert (slots == -1).sum() == 3  # a 1-token sequence's missing token + 2 padding tokens
     assert np.isfinite(out.query_nope.astype(np.float32)).all()
-
-
-def test_slots_from_block_table_follow_pypto_gyms_rule():
-    bt = np.array([[5, 2, -1], [0, 1, 3]])
-    got = slots_from_block_table(bt, np.array([130, 1]), s1=2, block_size=128)
-    assert got.tolist() == [2 * 128 + 0, 2 * 128 + 1, -1, 0]
-    with pytest.raises(ValueError, match=r"block_table\[0, 2\]: expected an allocated block"):
-        slots_from_block_table(bt, np.array([257, 3]), s1=2, block_size=128)
 
 
 # ----------------------------------------------------------------------------- bad input
