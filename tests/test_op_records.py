@@ -279,6 +279,7 @@ CONSUMERS = (
     *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "reference").glob("*_cases.py")),
     *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "app" / "cli").glob("*.py")),
     *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "tests" / "digests").glob("*.py")),
+    "reference/judge_float.py",
 )
 
 

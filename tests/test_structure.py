@@ -257,7 +257,18 @@ def _private_reaches(path: Path) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("name", ["judge_stages", "judge_plans", "judge_indexer"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "judge",
+        "judge_float",
+        "judge_ties",
+        "judge_report",
+        "judge_stages",
+        "judge_plans",
+        "judge_indexer",
+    ],
+)
 def test_the_judges_plans_call_public_functions_only(name):
     """The judge's plans reach the goldens (the step's stages: ``step_args``, ``run_stage``)
     through their public names, never a private ``_run_*`` of another module."""

@@ -192,8 +192,8 @@ def test_the_callers_rank_by_the_rule():
 
 
 def test_the_judge_pairs_ties_best_first_and_never_pairs_a_nan_score():
-    from tilesim.reference.judge import _pair_ties
+    from tilesim.reference.judge_ties import pair_ties
 
     s = np.array([1.0, 5.0, np.nan, 5.0, 3.0], dtype=np.float32)
-    ties, left, rest = _pair_ties(s, [1], [2, 3, 4])
+    ties, left, rest = pair_ties(s, [1], [2, 3, 4])
     assert ties == [(3, 1, 5.0, 5.0)] and left == [] and rest == [4, 2]
