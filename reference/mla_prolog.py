@@ -34,7 +34,6 @@ the rows named by ``slot_mapping`` differ from the inputs, byte for byte).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
 
 import numpy as np
 from tilesim.reference.arith import block_scaled_matmul_fp32, matmul_fp32, rowsum_fp32
@@ -42,7 +41,7 @@ from tilesim.reference.numerics import quantize_nonfinite, quiet_numpy, warn_sta
 from tilesim.shared import mla_prolog as contract
 from tilesim.shared.casts import FP8_E4M3_MAX, to_bf16, to_fp8_e4m3
 from tilesim.shared.mla_cache import NOPE, NSCALES, ROPE, pack_kv_split, pack_rows
-from tilesim.shared.mla_prolog import BLOCK, HEADS, KV_LORA, Q_HEAD, QK_NOPE
+from tilesim.shared.mla_prolog import BLOCK, HEADS, KV_LORA, Q_HEAD, QK_NOPE, MlaPrologOutputs
 from tilesim.shared.quant import (
     _ue8m0,
     e4m3_to_fp32,
@@ -57,21 +56,6 @@ from tilesim.shared.validate import host_data, op_signature, same_kind
 
 F32 = np.float32
 OP = "mla_prolog"
-
-
-class MlaPrologOutputs(NamedTuple):
-    """The results of :func:`mla_prolog`. ``q_norm``: INT8 ``[T, 1536]`` with ``q_norm_scale``
-    FP32 ``[T, 1]`` when ``w_uq_qr`` is INT8, else BF16 ``[T, 1536]`` and ``None``. The caches
-    are updated copies in the caller's shapes (``kr_cache``/``kv_scale_cache`` ``None`` for a
-    packed layout)."""
-
-    query_nope: object
-    query_rope: object
-    q_norm: object
-    q_norm_scale: object
-    kv_cache: object
-    kr_cache: object
-    kv_scale_cache: object
 
 
 # ----------------------------------------------------------------------------- quantizers

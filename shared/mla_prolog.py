@@ -115,6 +115,22 @@ class Args(NamedTuple):
     fp8_promotion: str = "fma"  #: the FP8 linears' K-block promotion (FP8_PROMOTIONS)
 
 
+class MlaPrologOutputs(NamedTuple):
+    """The results of :func:`tilesim.reference.mla_prolog` and
+    :func:`tilesim.device.mla_prolog`. ``q_norm``: INT8 ``[T, 1536]`` with ``q_norm_scale``
+    FP32 ``[T, 1]`` when ``w_uq_qr`` is INT8, else BF16 ``[T, 1536]`` and ``None``. The caches
+    are updated copies in the caller's shapes (``kr_cache``/``kv_scale_cache`` ``None`` for a
+    packed layout)."""
+
+    query_nope: object
+    query_rope: object
+    q_norm: object
+    q_norm_scale: object
+    kv_cache: object
+    kr_cache: object
+    kv_scale_cache: object
+
+
 # ----------------------------------------------------------------------------- inputs
 def prolog_inputs(
     x,
@@ -341,10 +357,12 @@ RECORD = OpRecord(
               Output("q_norm", "codes", ("token",)), Output("q_norm_scale", "float", ("token",)),
               Output("kv_cache", "cache"), Output("kr_cache", "cache"),
               Output("kv_scale_cache", "cache")),
-             signature=(prolog_inputs, prolog_keywords), plan="stages"),
+             signature=(prolog_inputs, prolog_keywords), plan="stages", device=True),
     ),
     cost=cost,
     names={"MlaPrologOutputs": "mla_prolog"},
+    # the INT8 kernel rounds where the golden does: every output bit for bit in the simulator
+    budgets={"bit_exact": 1.0, "row_ulp": 0.0},
 )  # fmt: skip
 
 
@@ -352,6 +370,7 @@ __all__ = [
     "RECORD",
     "CACHE_LAYOUTS",
     "KV_QUANTS",
+    "MlaPrologOutputs",
     "PATHS",
     "PATH_DEFAULTS",
     "RMS_FORMS",

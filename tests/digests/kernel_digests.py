@@ -47,6 +47,7 @@ _ENTRIES = {
     ),
     "dsa_indexer/short_int8": ("dsa_indexer", "dsa_indexer_short_int8", {}, ("910b",)),
     "dsa_indexer/short_fp8": ("dsa_indexer", "dsa_indexer_short_fp8", {}, ("950",)),
+    "mla_prolog/int8_b4_s2": ("mla_prolog", "mla_prolog_int8_b4_s2", {}, ("910b",)),
 }
 
 

@@ -1,0 +1,192 @@
+"""DeepSeek-V3.2 MLA prolog kernel (INT8 path) on PyPTO's CPU simulator, 910B.
+
+What is asserted:
+
+1. every output -- ``query_nope``, ``query_rope``, ``q_norm``, ``q_norm_scale`` and the three
+   cache tensors -- bit for bit the golden :func:`tilesim.reference.mla_prolog` with the same
+   switches (the record's budget: ``bit_exact`` 1.0), on pypto-gym's active shape (b4 s2,
+   ``T = 8``) with two of its tokens turned into padding (slot ``-1``);
+2. the cache writes, from the inputs alone (independent of the golden): every cache row no
+   live token names -- the builder poisons them with NaN / INT8 -128, and the two padding
+   tokens' would-be rows hold live data the kernel must not touch -- keeps its bytes, and each
+   live token's row differs from what was there (the kernel wrote it);
+3. NumPy in -> NumPy out, the caller's arrays unchanged; the cost-model row of the call
+   (``T = 8``, b4 s2 -- the CI cost figure of ``tests/device/cost_figures.json``) against the
+   yardstick.
+
+The bad-input tests run without pypto: the wrapper's messages are the golden's (the same
+contract, :mod:`tilesim.shared.mla_prolog`), checked before any kernel is built.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+import pytest
+from tilesim.shared.ops import record
+
+BUDGETS = record("mla_prolog").budgets
+CASE = "mla_prolog_int8_b4_s2"
+#: tokens of the case turned into padding (slot -1): their queries are computed, their rows
+#: are not written
+PAD_TOKENS = (2, 5)
+
+
+def _case():
+    from tilesim.reference.mla_prolog_cases import mla_prolog_make_case
+
+    case = mla_prolog_make_case(CASE)
+    ins = dict(case["inputs"])
+    live_rows = np.asarray(ins["slot_mapping"]).copy()
+    slots = live_rows.copy()
+    slots[list(PAD_TOKENS)] = -1
+    ins["slot_mapping"] = slots
+    return ins, dict(case["params"]), live_rows
+
+
+def _bytes(a) -> np.ndarray:
+    a = np.ascontiguousarray(np.asarray(a))
+    return a.view(np.uint8).reshape(a.shape[0], -1) if a.ndim else a.view(np.uint8)
+
+
+def _rows(a, width: int) -> np.ndarray:
+    """A cache's bytes as ``[rows, width * itemsize]``."""
+    a = np.ascontiguousarray(np.asarray(a))
+    return a.reshape(-1, width).view(np.uint8)
+
+
+def run_case() -> dict:
+    """In the simulator child: the kernel and the golden on the padded case."""
+    from tilesim.device import mla_prolog
+
+    golden = importlib.import_module("tilesim.reference.mla_prolog").mla_prolog
+    ins, prm, would_be = _case()
+    before = {k: np.array(v, copy=True) for k, v in ins.items()}
+    out, us = mla_prolog(**ins, **prm, backend="sim", soc="910b")
+    kept = all(np.array_equal(_bytes(before[k]), _bytes(ins[k])) for k in ins)
+    ref = golden(**ins, **prm)
+    exact = {f: np.array_equal(_bytes(getattr(ref, f)), _bytes(getattr(out, f)))
+             for f in ref._fields}  # fmt: skip
+    numpy_out = all(isinstance(getattr(out, f), np.ndarray) for f in out._fields)
+    slots = ins["slot_mapping"]
+    live = slots[slots >= 0]
+    untouched, written = True, True
+    for name, width in (("kv_cache", 512), ("kr_cache", 64), ("kv_scale_cache", 4)):
+        old, new = _rows(ins[name], width), _rows(getattr(out, name), width)
+        other = np.ones(old.shape[0], bool)
+        other[live] = False
+        untouched &= bool(np.array_equal(old[other], new[other]))
+        written &= bool((old[live] != new[live]).any(axis=1).all())
+    pad_rows_kept = all(
+        np.array_equal(_rows(ins[n], w)[would_be[list(PAD_TOKENS)]],
+                       _rows(getattr(out, n), w)[would_be[list(PAD_TOKENS)]])
+        for n, w in (("kv_cache", 512), ("kr_cache", 64), ("kv_scale_cache", 4))
+    )  # fmt: skip
+    return {"exact": exact, "kept": kept, "numpy_out": numpy_out, "untouched": untouched,
+            "written": written, "pad_rows_kept": pad_rows_kept, "us": us,
+            "cost": _cost(ins, prm)}  # fmt: skip
+
+
+def _cost(ins: dict, prm: dict) -> dict:
+    """The op's ``{flop, bytes}`` for the call (:func:`tilesim.shared.mla_prolog.cost`)."""
+    import inspect
+    import types
+
+    from tilesim.shared import mla_prolog as contract
+
+    names = inspect.signature(contract.prolog_inputs).parameters
+    ns = types.SimpleNamespace(**{n: ins.get(n) for n in names})
+    sw = {"rope_layout": None, "rms_form": None, "rms_eps": None, "kv_quant": None, **prm}
+    return contract.cost(contract.check_values(contract.check_meta(ns, **sw)))
+
+
+@pytest.mark.sim
+@pytest.mark.torch
+@pytest.mark.soc_910b
+def test_int8_prolog_bit_exact_and_writes_only_its_rows(sim_report):
+    from tilesim.device import sim
+
+    r = sim.isolated(run_case, soc="910b", timeout=1800)
+    frac = sum(r["exact"].values()) / len(r["exact"])
+    sim_report.add(kernel="mla_prolog", soc="910b", case="int8 b4 s2 (T 8, 2 padding slots)",
+                   bit_exact=frac, max_ulp=0 if frac == 1.0 else None, max_abs=None,
+                   us=r["us"], cost=r["cost"])  # fmt: skip
+    assert frac >= BUDGETS["bit_exact"], r["exact"]
+    assert r["untouched"] and r["pad_rows_kept"] and r["written"], r
+    assert r["kept"] and r["numpy_out"], r
+    assert r["us"] > 0
+
+
+# ----------------------------------------------------------------------------- bad input
+def _both(ins, prm, **device_kw):
+    """The golden's and the wrapper's exception for the same call (type, message)."""
+    import tilesim.device as dev
+
+    golden = importlib.import_module("tilesim.reference.mla_prolog").mla_prolog
+    got = []
+    for fn, kw in ((golden, {}), (dev.mla_prolog, {"backend": "sim", **device_kw})):
+        with pytest.raises((ValueError, TypeError)) as e:
+            fn(**ins, **prm, **kw)
+        got.append((type(e.value), str(e.value)))
+    return got
+
+
+@pytest.fixture(scope="module")
+def small_case():
+    ins, prm, _ = _case()
+    return ins, prm
+
+
+BAD = {
+    "x rank": lambda i: i.update(x=i["x"][0]),
+    "slot out of range": lambda i: i["slot_mapping"].__setitem__(0, 10**6),
+    "slot twice": lambda i: i["slot_mapping"].__setitem__(1, i["slot_mapping"][0]),
+    "short slot_mapping": lambda i: i.update(slot_mapping=i["slot_mapping"][:-1]),
+    "gamma dtype": lambda i: i.update(gamma_cq=i["gamma_cq"].astype(np.float64)),
+    "kr_cache missing": lambda i: i.update(kr_cache=None),
+}
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("bad", sorted(BAD))
+def test_bad_input_gets_the_goldens_message(small_case, bad):
+    ins, prm = small_case
+    ins = {k: (np.array(v, copy=True) if isinstance(v, np.ndarray) else v) for k, v in ins.items()}
+    BAD[bad](ins)
+    before = {k: np.array(v, copy=True) for k, v in ins.items() if isinstance(v, np.ndarray)}
+    (tg, mg), (td, md) = _both(ins, prm)
+    assert td is tg and md == mg
+    for k, v in before.items():
+        assert np.array_equal(_bytes(v), _bytes(ins[k])), k
+
+
+@pytest.mark.torch
+def test_nan_in_x_is_refused_with_validate_full(small_case):
+    ins, prm = small_case
+    x = np.array(ins["x"], copy=True)
+    x[3, 7] = np.nan
+    (tg, mg), (td, md) = _both({**ins, "x": x}, prm, validate="full")
+    assert td is tg and md == mg and "x" in md
+
+
+@pytest.mark.torch
+def test_fp8_weights_on_the_910b_name_the_socs_fp8_flag():
+    import tilesim.device as dev
+    from tilesim.reference.mla_prolog_cases import mla_prolog_make_case
+
+    case = mla_prolog_make_case("mla_prolog_fp8_b4_s2")
+    with pytest.raises(ValueError, match=r"w_dq: .*needs a SoC with FP8.*'910b'"):
+        dev.mla_prolog(**case["inputs"], **case["params"], backend="sim", soc="910b")
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("switch", [{"rms_form": "deepseek"}, {"rope_layout": "halves"},
+                                    {"kv_quant": "int8_seeds"}])  # fmt: skip
+def test_switches_the_kernel_lacks_are_refused_before_launch(small_case, switch):
+    ins, prm = small_case
+    import tilesim.device as dev
+
+    name = next(iter(switch))
+    with pytest.raises(ValueError, match=rf"^{name}: the device kernel implements"):
+        dev.mla_prolog(**ins, **prm, **switch, backend="sim", soc="910b")
