@@ -54,19 +54,18 @@ from tilesim.shared.casts import BF16
 from tilesim.shared.dsa import (
     RECORD,
     Args,
-    check_inputs,
+    check_meta,
     cost_of_indices,
     kernel_build,
-    kv_split_inputs,
-    model_keywords,
-    packed_inputs,
 )
 from tilesim.shared.dsa_kernel_index import kernel_indices, kernel_indices_torch
 from tilesim.shared.dsa_split_rule import tiles_per_split
 from tilesim.shared.interop import is_torch_tensor
-from tilesim.shared.mla_cache import NOPE
+from tilesim.shared.mla_cache import KV_SPLIT_NAMES, NOPE, is_packed
+from tilesim.shared.models import DEEPSEEK_V32
 from tilesim.shared.soc import DEFAULT_SOC, require_fp8
-from tilesim.shared.validate import check_array, check_choice, op_signature, shape_of
+from tilesim.shared.tiling import SaTileShapeConfig
+from tilesim.shared.validate import check_array, check_choice, shape_of
 
 __all__ = [
     "prepared_launch",
@@ -209,23 +208,25 @@ def _resolve(a: Args, quant: str, cache_name: str, backend_name: str, soc: str):
     return target
 
 
-def _checked_args(ins, layout: str, validate) -> tuple[Args, bool, tuple]:
-    """``(a, shape_only, ints)``: :func:`~tilesim.shared.dsa.check_inputs` on the caller's
-    arguments ``ins`` (metadata only), then the value checks ``validate`` asks for
+def _checked_args(queries: tuple, caches: tuple, ints: tuple, layout: str, validate,
+                  sizes: dict) -> tuple[Args, bool, tuple]:  # fmt: skip
+    """``(a, shape_only, ints)``: :func:`~tilesim.shared.dsa.check_meta` on the caller's
+    ``queries`` ``(query_nope, query_rope)``, ``caches``, ``ints`` ``(topk_indices,
+    block_table, kv_act_seqs)`` and ``sizes`` (the :func:`~tilesim.shared.dsa.model_keywords`
+    by name), metadata only, then the value checks ``validate`` asks for
     (:func:`tilesim.device.backend.value_checks`: :func:`~tilesim.shared.dsa.check_values`, the
     integer inputs, for ``True`` and ``"full"``) when the data is real (``a.values`` tells
-    whether they ran); ``ints`` = the caller's ``(topk_indices, block_table, kv_act_seqs)``."""
+    whether they ran)."""
     _backend.validate_level(validate)
-    a = check_inputs(ins, layout)
-    ints = (ins.topk_indices, ins.block_table, ins.kv_act_seqs)
-    names = ("query_nope", "query_rope", *_CACHE_NAMES[layout == "kv_split"], "topk_indices",
+    a = check_meta(*queries, caches, *ints, layout=layout, **sizes)
+    names = ("query_nope", "query_rope", *_CACHE_NAMES[not is_packed(layout)], "topk_indices",
              "block_table", "kv_act_seqs")  # fmt: skip
-    arrays = (ins.query_nope, ins.query_rope, *a.caches, *ints)
+    arrays = (*queries, *a.caches, *ints)
     shape_only = _backend.is_shape_only(*arrays, names=names)
     return _backend.value_checks(RECORD, a, validate, shape_only=shape_only), shape_only, ints
 
 
-_CACHE_NAMES = (("nope_cache",), ("kn_quant", "kr", "kn_scales"))
+_CACHE_NAMES = (("nope_cache",), KV_SPLIT_NAMES)
 
 
 def _checked_call(checked, form: str, layout: str, out, backend, soc):
@@ -250,10 +251,20 @@ def _checked_call(checked, form: str, layout: str, out, backend, soc):
 
 # ----------------------------------------------------------------------------- public ops
 @_backend.graph_safe
-@op_signature(packed_inputs, model_keywords)
 def sparse_attention_antiquant(
-    ins,
+    query_nope,
+    query_rope,
+    nope_cache,
+    topk_indices,
+    block_table,
+    kv_act_seqs,
     *,
+    nq: int = DEEPSEEK_V32.num_q_heads,
+    n_kv: int = DEEPSEEK_V32.num_kv_heads,
+    softmax_scale: float,
+    topk: int = DEEPSEEK_V32.topk,
+    block_size: int = DEEPSEEK_V32.block_size,
+    tiling: SaTileShapeConfig | None = None,
     layout: str = "pypto",
     out=None,
     backend: str = "auto",
@@ -291,24 +302,53 @@ def sparse_attention_antiquant(
     for torch); with ``backend="sim"`` the pair ``(out, cost_us)``, ``cost_us`` being the cost
     model's simulated AICore time in µs. Inputs are never modified.
     """
-    checked = _checked_args(ins, layout, validate)
+    sizes = dict(nq=nq, n_kv=n_kv, softmax_scale=softmax_scale, topk=topk,
+                 block_size=block_size, tiling=tiling)  # fmt: skip
+    ints = (topk_indices, block_table, kv_act_seqs)
+    checked = _checked_args((query_nope, query_rope), (nope_cache,), ints, layout, validate, sizes)
     return _checked_call(checked, "packed", layout, out, backend, soc)
 
 
 @_backend.graph_safe
-@op_signature(kv_split_inputs, model_keywords)
 def sparse_attention_antiquant_kv_split(
-    ins, *, out=None, backend: str = "auto", soc: str = DEFAULT_SOC, validate: bool = True
+    query_nope,
+    query_rope,
+    kn_quant,
+    kr,
+    kn_scales,
+    topk_indices,
+    block_table,
+    kv_act_seqs,
+    *,
+    nq: int = DEEPSEEK_V32.num_q_heads,
+    n_kv: int = DEEPSEEK_V32.num_kv_heads,
+    softmax_scale: float,
+    topk: int = DEEPSEEK_V32.topk,
+    block_size: int = DEEPSEEK_V32.block_size,
+    tiling: SaTileShapeConfig | None = None,
+    out=None,
+    backend: str = "auto",
+    soc: str = DEFAULT_SOC,
+    validate: bool = True,
 ):
     """:func:`sparse_attention_antiquant` over the kv_split cache: ``kn_quant [rows, 512]`` FP8
     E4M3 (950) or INT8, ``kr [rows, 64]`` BF16, ``kn_scales [rows, 4]`` FP32. Same arithmetic
     and output as the packed kernel on the same data."""
-    checked = _checked_args(ins, "kv_split", validate)
+    sizes = dict(nq=nq, n_kv=n_kv, softmax_scale=softmax_scale, topk=topk,
+                 block_size=block_size, tiling=tiling)  # fmt: skip
+    checked = _checked_args((query_nope, query_rope), (kn_quant, kr, kn_scales),
+                            (topk_indices, block_table, kv_act_seqs), "kv_split", validate,
+                            sizes)  # fmt: skip
     return _checked_call(checked, "split", "pypto", out, backend, soc)
 
 
 def sparse_attention_traffic(
-    topk_indices, kv_act_seqs, *, nq: int = 128, topk: int = 2048, g_tile: int = 128
+    topk_indices,
+    kv_act_seqs,
+    *,
+    nq: int = DEEPSEEK_V32.num_q_heads,
+    topk: int = DEEPSEEK_V32.topk,
+    g_tile: int = 128,
 ) -> dict:
     """HBM bytes and cube FLOPs of one kernel call (the physical-limit columns of the reports):
     the kernel's counts of :func:`tilesim.shared.dsa.cost` (the op's one counter) --

@@ -49,14 +49,15 @@ from tilesim.shared.dsa_indexer import (
     MAX_POSITIONS,
     PRODUCTION_TILING,
     RECORD,
+    TOPK,
     Args,
     IndexerTiling,
     check_meta,
-    indexer_inputs,
 )
 from tilesim.shared.index_cache import FP8_BLOCK_ALIGN, INDEX_DIM
+from tilesim.shared.models import DEEPSEEK_V32
 from tilesim.shared.soc import DEFAULT_SOC, require_fp8
-from tilesim.shared.validate import check_bool, check_choice, check_instance, op_signature
+from tilesim.shared.validate import check_bool, check_choice, check_instance
 
 #: ``topk`` must be a multiple of this (the top-k's 32-element sort groups; not a layout size).
 #: The FP8 block size's multiple is the layout's :data:`~tilesim.shared.index_cache.FP8_BLOCK_ALIGN`
@@ -122,9 +123,25 @@ def _kernel_inputs(a: Args, dev):
     return [*head, table, lens32, *const], width, (codes.shape[0], cols)
 
 
-@op_signature(indexer_inputs)
-def prepared_launch(ins, *, soc=DEFAULT_SOC, validate=True, scores_only=False,
-                    tiling=PRODUCTION_TILING) -> dict:  # fmt: skip
+def prepared_launch(
+    q,
+    weights,
+    k_cache,
+    block_table,
+    seq_lens,
+    *,
+    q_scale=None,
+    k_scale=None,
+    q_lens=None,
+    path="int8",
+    int8_order="gym",
+    topk=TOPK,
+    block_size=DEEPSEEK_V32.block_size,
+    soc=DEFAULT_SOC,
+    validate=True,
+    scores_only=False,
+    tiling=PRODUCTION_TILING,
+) -> dict:
     """What :func:`dsa_indexer` (``backend="sim"``) would launch for these arguments, checks
     included, without launching: ``{"kernel", "inputs", "outputs", "width", "target",
     "params"}`` -- the kernel with its static parameters bound, the exact tensors (``outputs``
@@ -137,7 +154,11 @@ def prepared_launch(ins, *, soc=DEFAULT_SOC, validate=True, scores_only=False,
     only), ``run_cost`` or ``run_kernel``."""
     check_bool(scores_only, "scores_only")
     check_instance(tiling, "tiling", IndexerTiling)
-    a, shape_only = _checked(ins, validate)
+    _backend.validate_level(validate)
+    a = check_meta(q, weights, k_cache, block_table, seq_lens, q_scale=q_scale, k_scale=k_scale,
+                   q_lens=q_lens, path=path, int8_order=int8_order, topk=topk,
+                   block_size=block_size)  # fmt: skip
+    a, shape_only = _checked(a, validate)
     if shape_only:
         raise ValueError("dsa_indexer: shape-only inputs launch no kernel")
     return _prepare(a, _target(a, "sim", soc), select=not scores_only, tiling=tiling)
@@ -161,14 +182,13 @@ def _prepare(a: Args, target, select: bool = True, tiling=PRODUCTION_TILING) -> 
 _NAMES = ("q", "weights", "k_cache", "block_table", "seq_lens", "q_scale", "k_scale", "q_lens")
 
 
-def _checked(ins, validate) -> tuple[Args, bool]:
-    """The shared contract's :func:`~tilesim.shared.dsa_indexer.check_meta` on ``ins`` (the
-    arguments of an :func:`~tilesim.shared.dsa_indexer.indexer_inputs` call), then the value
-    checks ``validate`` asks for (:func:`tilesim.device.backend.value_checks`: by default the
-    lengths and the block table, ``"full"`` also the float scans) when the inputs hold data,
-    then the kernel's limits."""
+def _checked(a: Args, validate) -> tuple[Args, bool]:
+    """The shared contract's :func:`~tilesim.shared.dsa_indexer.check_meta` result ``a`` of
+    the call, then the value checks ``validate`` asks for
+    (:func:`tilesim.device.backend.value_checks`: by default the lengths and the block
+    table, ``"full"`` also the float scans) when the inputs hold data, then the kernel's
+    limits."""
     _backend.validate_level(validate)
-    a = check_meta(**vars(ins))
     arrays = [(n, getattr(a, n)) for n in _NAMES if getattr(a, n) is not None]
     shape_only = _backend.is_shape_only(*(x for _, x in arrays),
                                         names=tuple(n for n, _ in arrays))  # fmt: skip
@@ -194,8 +214,24 @@ def _finish(ids, scores, us, target):
 
 
 @_backend.graph_safe
-@op_signature(indexer_inputs)
-def dsa_indexer(ins, *, backend="auto", soc=DEFAULT_SOC, validate=True):
+def dsa_indexer(
+    q,
+    weights,
+    k_cache,
+    block_table,
+    seq_lens,
+    *,
+    q_scale=None,
+    k_scale=None,
+    q_lens=None,
+    path="int8",
+    int8_order="gym",
+    topk=TOPK,
+    block_size=DEEPSEEK_V32.block_size,
+    backend="auto",
+    soc=DEFAULT_SOC,
+    validate=True,
+):
     """Lightning indexer on the device: ``(topk_indices, scores)``.
 
     Arguments as :func:`tilesim.reference.dsa_indexer` (checked by the same contract,
@@ -216,7 +252,11 @@ def dsa_indexer(ins, *, backend="auto", soc=DEFAULT_SOC, validate=True):
     FakeTensor / ``meta`` inputs: empty outputs of those shapes, no data read, no kernel.
     Inputs are never modified.
     """
-    a, shape_only = _checked(ins, validate)
+    _backend.validate_level(validate)
+    a = check_meta(q, weights, k_cache, block_table, seq_lens, q_scale=q_scale, k_scale=k_scale,
+                   q_lens=q_lens, path=path, int8_order=int8_order, topk=topk,
+                   block_size=block_size)  # fmt: skip
+    a, shape_only = _checked(a, validate)
     width = a.max_blocks * a.block_size
     if shape_only:
         torch = require_torch()

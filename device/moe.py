@@ -43,12 +43,12 @@ from tilesim.shared.moe import (
     check_meta,
     emit_moe_schedule,
     host_plan,
-    moe_inputs,
     resolve_tiling,
 )
 from tilesim.shared.soc import DEFAULT_SOC, SIM_SOCS
 from tilesim.shared.tiling import MoeTiling
-from tilesim.shared.validate import check_choice, op_signature
+from tilesim.shared.trace import Trace
+from tilesim.shared.validate import check_choice
 
 #: zero rows appended on the NPU path: dynamic-offset tiles may touch up to one max chunk past
 #: the last logical row (the seeds' host glue pads the same way)
@@ -64,13 +64,12 @@ class _MoeLaunch(NamedTuple):
     args: Args
 
 
-def _check(ins, backend, soc, read) -> _MoeLaunch:
-    """``check_meta`` on the call's inputs ``ins`` (:func:`~tilesim.shared.moe.moe_inputs`),
-    then ``check_values`` when ``read`` (the only host read of ``expert_cumsum`` here), the
-    kernel's own limits, the target and the tiling rule."""
-    args = check_meta(**vars(ins))
+def _check(args: Args, backend, soc, read) -> _MoeLaunch:
+    """The call's ``check_meta`` result ``args``, then ``check_values`` when ``read`` (the
+    only host read of ``expert_cumsum`` here), the kernel's own limits, the target and the
+    tiling rule."""
     args = _backend.value_checks(RECORD, args, read)
-    dims, round_activation, sorted_tokens = ins.dims, ins.round_activation, ins.sorted_tokens
+    dims, round_activation, sorted_tokens = args.dims, args.round_activation, args.sorted_tokens
     if dims.gate_up_layout != "halves":
         raise ValueError(
             f"dims.gate_up_layout: expected 'halves' (the kernel's layout), "
@@ -147,8 +146,20 @@ def _deliver(out, out_t, us, target: _backend.Target):
 
 
 @_backend.graph_safe
-@op_signature(moe_inputs)
-def moe_grouped_gemm(ins, *, backend: str = "auto", soc: str = DEFAULT_SOC, validate: bool = True):
+def moe_grouped_gemm(
+    sorted_tokens,
+    weights,
+    expert_cumsum,
+    dims: MoeDims,
+    *,
+    tiling: MoeTiling | None = None,
+    out=None,
+    round_activation: bool = True,
+    trace: Trace = None,
+    backend: str = "auto",
+    soc: str = DEFAULT_SOC,
+    validate: bool = True,
+):
     """Grouped GEMM of the MiniMax routed experts on Ascend (or PyPTO's CPU simulator).
 
     Args:
@@ -183,26 +194,27 @@ def moe_grouped_gemm(ins, *, backend: str = "auto", soc: str = DEFAULT_SOC, vali
     enforced in ``docs/ops/moe.md#kernel`` / ``tests/device/test_moe_sim.py``.
     """
     level = _backend.validate_level(validate)
-    sorted_tokens, weights, out, trace = ins.sorted_tokens, ins.weights, ins.out, ins.trace
     pair = weights if isinstance(weights, (tuple, list)) and len(weights) == 2 else (None, None)
     names = ("sorted_tokens", "weights[0]", "weights[1]", "expert_cumsum", "out")
-    arrays = (sorted_tokens, *pair, ins.expert_cumsum, out)
+    arrays = (sorted_tokens, *pair, expert_cumsum, out)
     shape_only = _backend.is_shape_only(*arrays, names=names)
     read = not shape_only and (level != "meta" or trace is not None)
-    target, args = _check(ins, backend, soc, read)
+    args = check_meta(sorted_tokens, weights, expert_cumsum, dims, tiling, out,
+                      round_activation, trace)  # fmt: skip
+    target, args = _check(args, backend, soc, read)
     if shape_only:
         return out if out is not None else sorted_tokens.new_empty(tuple(sorted_tokens.shape))
     tiling, cs = args.tiling, args.cs
     if trace is not None:
-        emit_moe_schedule(trace, host_plan(args), ins.dims)
+        emit_moe_schedule(trace, host_plan(args), dims)
     torch = require_torch()
-    x, w13, w2, cs_t, out_t = _backend.to_tensors(sorted_tokens, *weights, ins.expert_cumsum, out)
+    x, w13, w2, cs_t, out_t = _backend.to_tensors(sorted_tokens, *weights, expert_cumsum, out)
     if out_t is None:
         out_t = torch.zeros(tuple(x.shape), dtype=x.dtype, device=x.device)
     us = None
     if cs is None or cs[-1] > 0:  # no tokens at all: nothing to launch (pypto not imported)
         _backend.resolve(backend, soc, sorted_tokens)  # the simulator: configure it for its SoC now
-        kernel = build_kernel(*kernel_config(ins.dims, tiling))
+        kernel = build_kernel(*kernel_config(dims, tiling))
         us = _run(kernel, [x, w13, w2, cs_t], out_t, target)
     return _deliver(out, out_t, us, target)
 

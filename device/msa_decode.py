@@ -108,14 +108,13 @@ from tilesim.shared.models import MINIMAX_M3
 from tilesim.shared.msa_decode import (
     RECORD,
     check_meta,
-    decode_inputs,
     keep_mask_torch,
     page_table_torch,
     resolve_tiling,
 )
 from tilesim.shared.soc import DEFAULT_SOC, MSA_DEVICE_TILES, get_soc, msa_device_tile
 from tilesim.shared.tiling import MsaTiling
-from tilesim.shared.validate import check_choice, env_mapping, is_array, op_signature
+from tilesim.shared.validate import check_choice, env_mapping, is_array
 
 OP_NAME = "msa_sparse_decode"
 GATHERS = ("device", "paged", "host")
@@ -246,10 +245,14 @@ def _check(q, k_blocks, v_blocks, block_ids, seq_len, gather, validate, soc):
 
 
 @_backend.graph_safe
-@op_signature(decode_inputs)
 def msa_sparse_decode(
-    ins,
+    q,
+    k_blocks,
+    v_blocks,
+    block_ids,
+    seq_len,
     *,
+    tiling: MsaTiling | None = None,
     gather: str = "device",
     backend: str = "auto",
     soc: str = DEFAULT_SOC,
@@ -285,10 +288,8 @@ def msa_sparse_decode(
         ``[B, HQ, 128]`` BF16 tensor, no data read. Inputs are never modified. Budget against
         the reference: ``docs/ops/msa_decode.md#kernel``.
     """
-    arrays = (ins.q, ins.k_blocks, ins.v_blocks, ins.block_ids, ins.seq_len)
-    q, k_blocks, v_blocks, block_ids, seq_len = arrays
-    sh, shape_only = _check(*arrays, gather, validate, soc)
-    tiling = resolve_tiling(ins.tiling, batch=sh.batch, hkv=sh.hkv, topk=sh.topk, soc=soc)
+    sh, shape_only = _check(q, k_blocks, v_blocks, block_ids, seq_len, gather, validate, soc)
+    tiling = resolve_tiling(tiling, batch=sh.batch, hkv=sh.hkv, topk=sh.topk, soc=soc)
     if shape_only:
         check_choice(backend, "backend", _backend.BACKENDS)
         return q.new_empty((sh.batch, sh.hq, sh.dim))

@@ -51,12 +51,10 @@ from tilesim.shared.msa_indexer import (
     block_head_max,
     check_meta,
     host_plan_torch,
-    indexer_inputs,
-    scores_inputs,
     select_from_head_max,
 )
 from tilesim.shared.soc import DEFAULT_SOC, MSA_DEVICE_TILES, msa_device_tile
-from tilesim.shared.validate import check_choice, host_array, op_signature
+from tilesim.shared.validate import check_choice, host_array
 
 BLOCK_MAX = ("host", "device")
 RANKS = ("device", "host")
@@ -150,23 +148,22 @@ def _run_select(q, k, args: Args, target: _backend.Target):
     return outs[1], us
 
 
-def _check(ins, validate) -> tuple[Args, bool]:
+def _check(idx_q, idx_k, nb, validate, **selection) -> tuple[Args, bool]:
     """The shared contract: :func:`tilesim.shared.msa_indexer.check_meta` (metadata only),
     then, for ``validate="full"`` only, :func:`~tilesim.shared.msa_indexer.check_values` (the
     finiteness scan of ``idx_q`` / ``idx_k``: a host copy) when the inputs hold data
     (:func:`tilesim.device.backend.value_checks`; this op has no integer input to read).
-    ``ins``: the arguments of an :func:`~tilesim.shared.msa_indexer.indexer_inputs` /
-    ``scores_inputs`` call. Returns ``(args, shape_only)``."""
+    ``selection``: ``seq_len`` / ``head_reduce`` of an ``msa_indexer`` call. Returns
+    ``(args, shape_only)``."""
     _backend.validate_level(validate)
-    args = check_meta(**vars(ins))
-    shape_only = _backend.is_shape_only(ins.idx_q, ins.idx_k, names=("idx_q", "idx_k"))
+    args = check_meta(idx_q, idx_k, nb, **selection)
+    shape_only = _backend.is_shape_only(idx_q, idx_k, names=("idx_q", "idx_k"))
     _backend.value_checks(RECORD, args, validate, shape_only=shape_only)
     return args, shape_only
 
 
 @_backend.graph_safe
-@op_signature(scores_inputs)
-def msa_indexer_scores(ins, *, backend="auto", soc=DEFAULT_SOC, validate=True):
+def msa_indexer_scores(idx_q, idx_k, nb, *, backend="auto", soc=DEFAULT_SOC, validate=True):
     """Lightning-indexer scores on the device: FP32 ``[4, nb*128]``.
 
     ``idx_q`` ``[4, 128]`` BF16, ``idx_k`` ``[nb*128, 128]`` BF16 (NumPy or torch; checked by
@@ -179,12 +176,12 @@ def msa_indexer_scores(ins, *, backend="auto", soc=DEFAULT_SOC, validate=True):
     ``[4, nb*128]`` FP32 tensor, no data read. Promise: within the FP32 dot-product bound of
     the reference (``tests/device/test_msa_indexer_sim.py``).
     """
-    args, shape_only = _check(ins, validate)
+    args, shape_only = _check(idx_q, idx_k, nb, validate)
     if shape_only:
         check_choice(backend, "backend", _backend.BACKENDS)
-        return ins.idx_q.new_empty((NIDX, args.nb * BY), dtype=require_torch().float32)
-    target = _backend.resolve(backend, soc, ins.idx_q)
-    q, k = _backend.to_tensors(ins.idx_q, ins.idx_k)
+        return idx_q.new_empty((NIDX, args.nb * BY), dtype=require_torch().float32)
+    target = _backend.resolve(backend, soc, idx_q)
+    q, k = _backend.to_tensors(idx_q, idx_k)
     s, us = _run_scores(q, k, args.nb, target)
     return _backend.finish(s, us, target)
 
@@ -253,10 +250,13 @@ def _host_ranked(q, k, args: Args, block_max: str, target: _backend.Target):
 
 
 @_backend.graph_safe
-@op_signature(indexer_inputs)
 def msa_indexer(
-    ins,
+    idx_q,
+    idx_k,
+    nb,
     *,
+    seq_len=None,
+    head_reduce="max",
     rank=None,
     block_max=None,
     backend="auto",
@@ -285,7 +285,7 @@ def msa_indexer(
     answer is ``arange(nb)``; ``cost_us`` 0.0). FakeTensor / ``meta`` inputs: an empty INT32
     tensor of that shape on the inputs' device, no data read.
     """
-    args, shape_only = _check(ins, validate)
+    args, shape_only = _check(idx_q, idx_k, nb, validate, seq_len=seq_len, head_reduce=head_reduce)
     # the wrapper, not the caller, sends the ranking to the host (nb beyond RANK_WIDTHS)
     chosen = rank is None and block_max != "host"
     rank, block_max = resolve_rank(rank, block_max, args.nb)
@@ -293,9 +293,9 @@ def msa_indexer(
     rows = 1 if args.head_reduce == "max" else NIDX
     if shape_only:
         check_choice(backend, "backend", _backend.BACKENDS)
-        return ins.idx_q.new_empty((rows, min(TOPK, args.nb)), dtype=torch.int32)
-    target = _backend.resolve(backend, soc, ins.idx_q)
-    q, k = _backend.to_tensors(ins.idx_q, ins.idx_k)
+        return idx_q.new_empty((rows, min(TOPK, args.nb)), dtype=torch.int32)
+    target = _backend.resolve(backend, soc, idx_q)
+    q, k = _backend.to_tensors(idx_q, idx_k)
     if args.nb <= TOPK:  # nothing to rank (the seeds' short-context guard)
         dev = q.device if rank == "device" else "cpu"
         ids = torch.arange(args.nb, dtype=torch.int32, device=dev).repeat(rows, 1)

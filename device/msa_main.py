@@ -53,10 +53,10 @@ from tilesim.shared.msa_main import (
     check_meta,
     host_plan_torch,
     kernel_mask,
-    main_inputs,
 )
 from tilesim.shared.soc import DEFAULT_SOC, MSA_DEVICE_TILES, get_soc, msa_device_tile
-from tilesim.shared.validate import check_choice, op_signature
+from tilesim.shared.tiling import MsaTiling
+from tilesim.shared.validate import check_choice
 
 MASK_NEG = float(_MASK_NEG)  # -1e9, exact in FP32 (a Python float for the kernel body)
 
@@ -131,8 +131,19 @@ def kernel_for(a: Args, soc: str, jit=None):
 
 
 @_backend.graph_safe
-@op_signature(main_inputs)
-def msa_main_branch(ins, *, backend: str = "auto", soc: str = DEFAULT_SOC, validate: bool = True):
+def msa_main_branch(
+    query,
+    key_blocks,
+    value_blocks,
+    block_mask,
+    *,
+    dtype: str | None = None,
+    max_n: int | None = None,
+    tiling: MsaTiling | None = None,
+    backend: str = "auto",
+    soc: str = DEFAULT_SOC,
+    validate: bool = True,
+):
     """MSA prefill attention with a precomputed block mask (PyPTO kernel).
 
     Args:
@@ -161,9 +172,8 @@ def msa_main_branch(ins, *, backend: str = "auto", soc: str = DEFAULT_SOC, valid
         empty FP32 ``[n, HQ, 128]`` tensor, no data read. Inputs are never modified. Budget
         against the reference: ``docs/ops/msa_main.md#kernel``.
     """
-    arrays = (ins.query, ins.key_blocks, ins.value_blocks, ins.block_mask)
-    query = ins.query
-    a, shape_only = _check(*arrays, ins.dtype, ins.max_n, ins.tiling, backend, validate)
+    arrays = (query, key_blocks, value_blocks, block_mask)
+    a, shape_only = _check(*arrays, dtype, max_n, tiling, backend, validate)
     if shape_only:
         return query.new_empty((a.n, a.hq, a.dh), dtype=require_torch().float32)
     target = _backend.resolve(backend, soc, query)

@@ -79,18 +79,17 @@ from tilesim.shared.dsa import (
     HEAD_DIM,
     Args,
     attention_flop,
-    check_inputs,
+    check_meta,
     check_values,
     cost_of_indices,
     host_plan,
-    kv_split_inputs,
-    model_keywords,
-    packed_inputs,
 )
 from tilesim.shared.dsa_rows import NO_ROW
-from tilesim.shared.mla_cache import NOPE
+from tilesim.shared.mla_cache import KV_SPLIT, KV_SPLIT_NAMES, NOPE
+from tilesim.shared.models import DEEPSEEK_V32
+from tilesim.shared.tiling import SaTileShapeConfig
 from tilesim.shared.trace import trace_record
-from tilesim.shared.validate import host_array, op_signature, same_kind
+from tilesim.shared.validate import host_array, same_kind
 
 #: the speed path: query tokens on the worker pool (``False``: serial in the calling thread)
 _POOL = True
@@ -291,18 +290,29 @@ def _run(op: str, a: Args, cache, trace, progress) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- public ops
-@op_signature(packed_inputs, model_keywords)
 def sparse_attention_antiquant(
-    ins,
+    query_nope,
+    query_rope,
+    nope_cache,
+    topk_indices,
+    block_table,
+    kv_act_seqs,
     *,
+    nq: int = DEEPSEEK_V32.num_q_heads,
+    n_kv: int = DEEPSEEK_V32.num_kv_heads,
+    softmax_scale: float,
+    topk: int = DEEPSEEK_V32.topk,
+    block_size: int = DEEPSEEK_V32.block_size,
+    tiling: SaTileShapeConfig | None = None,
     layout: str = "pypto",
     trace: Callable[[dict], None] | None = None,
     progress: bool | None = None,
 ):
     """Sparse MLA attention over a packed quantized latent cache -> BF16 ``[T*nq, 512]``.
 
-    Args (the op's inputs are declared once, for the golden and the kernel wrapper:
-    :func:`tilesim.shared.dsa.packed_inputs` and :func:`~tilesim.shared.dsa.model_keywords`):
+    Args (the op's inputs are declared once, for the golden and the kernel wrapper, in
+    :func:`tilesim.shared.dsa.packed_inputs` and :func:`~tilesim.shared.dsa.model_keywords`;
+    the defaults are DeepSeek-V3.2's, :data:`tilesim.shared.models.DEEPSEEK_V32`):
         query_nope: BF16 ``[T*nq, 512]``; query_rope: BF16 ``[T*nq, 64]`` (``T = B*s1``).
         nope_cache: FP8 E4M3 or INT8 ``[rows, 656]`` packed in ``layout`` (``"pypto"``: nope |
             rope | scales; ``"flashmla"``: nope | scales | rope).
@@ -324,29 +334,57 @@ def sparse_attention_antiquant(
         BF16 ``[T*nq, 512]`` (a NumPy array, or a CPU torch tensor when ``query_nope`` is one).
         Inputs are never modified. See the module docstring for the arithmetic.
     """
-    a = check_values(check_inputs(ins, layout, trace=trace, progress=progress))
-    cache = PackedCache(host_array(ins.nope_cache, "nope_cache"), layout)
+    a = check_values(check_meta(
+        query_nope, query_rope, (nope_cache,), topk_indices, block_table, kv_act_seqs,
+        layout=layout, nq=nq, n_kv=n_kv, softmax_scale=softmax_scale, topk=topk,
+        block_size=block_size, tiling=tiling, trace=trace, progress=progress,
+    ))  # fmt: skip
+    cache = PackedCache(host_array(nope_cache, "nope_cache"), layout)
     out = _run("sparse_attention_antiquant", a, cache, trace, progress)
-    return same_kind(out, ins.query_nope)
+    return same_kind(out, query_nope)
 
 
-@op_signature(kv_split_inputs, model_keywords)
 def sparse_attention_antiquant_kv_split(
-    ins, *, trace: Callable[[dict], None] | None = None, progress: bool | None = None
+    query_nope,
+    query_rope,
+    kn_quant,
+    kr,
+    kn_scales,
+    topk_indices,
+    block_table,
+    kv_act_seqs,
+    *,
+    nq: int = DEEPSEEK_V32.num_q_heads,
+    n_kv: int = DEEPSEEK_V32.num_kv_heads,
+    softmax_scale: float,
+    topk: int = DEEPSEEK_V32.topk,
+    block_size: int = DEEPSEEK_V32.block_size,
+    tiling: SaTileShapeConfig | None = None,
+    trace: Callable[[dict], None] | None = None,
+    progress: bool | None = None,
 ):
     """:func:`sparse_attention_antiquant` over the kv_split cache: ``kn_quant [rows, 512]`` FP8
     E4M3 or INT8, ``kr [rows, 64]`` BF16, ``kn_scales [rows, 4]`` FP32. Same arithmetic, same
     bits as the packed op on the same data."""
-    a = check_values(check_inputs(ins, "kv_split", trace=trace, progress=progress))
-    named = (("kn_quant", ins.kn_quant), ("kr", ins.kr), ("kn_scales", ins.kn_scales))
-    cache = SplitCache(*(host_array(x, name) for name, x in named))
+    caches = (kn_quant, kr, kn_scales)
+    a = check_values(check_meta(
+        query_nope, query_rope, caches, topk_indices, block_table, kv_act_seqs,
+        layout=KV_SPLIT, nq=nq, n_kv=n_kv, softmax_scale=softmax_scale, topk=topk,
+        block_size=block_size, tiling=tiling, trace=trace, progress=progress,
+    ))  # fmt: skip
+    cache = SplitCache(*(host_array(x, n) for n, x in zip(KV_SPLIT_NAMES, caches, strict=True)))
     out = _run("sparse_attention_antiquant_kv_split", a, cache, trace, progress)
-    return same_kind(out, ins.query_nope)
+    return same_kind(out, query_nope)
 
 
 # ----------------------------------------------------------------------------- FLOP counter
 def sparse_attention_cost(
-    topk_indices, kv_act_seqs, *, nq: int = 128, topk: int = 2048, s1: int | None = None
+    topk_indices,
+    kv_act_seqs,
+    *,
+    nq: int = DEEPSEEK_V32.num_q_heads,
+    topk: int = DEEPSEEK_V32.topk,
+    s1: int | None = None,
 ) -> dict:
     """FLOP and byte counts of one call: :func:`tilesim.shared.dsa.cost` (the op's one
     counter; ``flop`` is the sum of the trace records' ``flop`` fields) -- its ``flop``,

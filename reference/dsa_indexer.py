@@ -53,18 +53,19 @@ from tilesim.reference.dsa import progress_bar
 from tilesim.shared.dsa_indexer import (
     INDEX_HEADS,
     INT8_QK_SCALE,
+    TOPK,
     Args,
     Plan,
     check_meta,
     check_values,
     host_plan,
-    indexer_inputs,
     select_topk,
 )
 from tilesim.shared.index_cache import INDEX_DIM, fp8_page_views
+from tilesim.shared.models import DEEPSEEK_V32
 from tilesim.shared.quant import e4m3_to_fp32
 from tilesim.shared.trace import emit
-from tilesim.shared.validate import host_array, op_signature, same_kind
+from tilesim.shared.validate import host_array, same_kind
 
 #: blocks per tile of the batch's block loop (8192 tokens at block_size 128)
 _CHUNK_BLOCKS = 64
@@ -197,8 +198,23 @@ def dsa_indexer_scores(a: Args, *, trace=None, progress=None) -> np.ndarray:
     return scores
 
 
-@op_signature(indexer_inputs)
-def dsa_indexer(ins, *, trace=None, progress=None):
+def dsa_indexer(
+    q,
+    weights,
+    k_cache,
+    block_table,
+    seq_lens,
+    *,
+    q_scale=None,
+    k_scale=None,
+    q_lens=None,
+    path="int8",
+    int8_order="gym",
+    topk=TOPK,
+    block_size=DEEPSEEK_V32.block_size,
+    trace=None,
+    progress=None,
+):
     """Lightning-indexer golden: scores of every visible cached token and the top-k ids.
 
     Args:
@@ -222,8 +238,12 @@ def dsa_indexer(ins, *, trace=None, progress=None):
         (:func:`tilesim.shared.dsa_indexer.select_topk`) -- and FP32 ``[T, S]`` (``-inf`` where
         not visible). Same kind (NumPy / torch) as ``q``; inputs are never modified.
     """
-    a = check_values(check_meta(**vars(ins), trace=trace, progress=progress))
-    return indexer_from_args(a, ins.q, trace=trace, progress=progress)
+    a = check_values(check_meta(
+        q, weights, k_cache, block_table, seq_lens, q_scale=q_scale, k_scale=k_scale,
+        q_lens=q_lens, path=path, int8_order=int8_order, topk=topk, block_size=block_size,
+        trace=trace, progress=progress,
+    ))  # fmt: skip
+    return indexer_from_args(a, q, trace=trace, progress=progress)
 
 
 def indexer_from_args(a: Args, like, *, trace=None, progress=None) -> IndexerResult:

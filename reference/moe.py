@@ -54,12 +54,12 @@ from tilesim.shared.moe import (
     cost,
     emit_moe_schedule,
     host_plan,
-    moe_inputs,
     moe_tile_schedule,
     resolve_tiling,
 )
 from tilesim.shared.tiling import MoeTiling
-from tilesim.shared.validate import host_array, host_ints, op_signature, same_kind
+from tilesim.shared.trace import Trace
+from tilesim.shared.validate import host_array, host_ints, same_kind
 
 _F32 = np.float32
 _F64 = np.float64
@@ -146,12 +146,12 @@ class _MoeCall(NamedTuple):
     plan: list[MoeTileRecord]  # the chunk schedule (shared host_plan)
 
 
-def _check_moe(ins) -> _MoeCall:
-    """The shared checks on the call's inputs ``ins`` (:func:`~tilesim.shared.moe.moe_inputs`,
-    the parameter names of :func:`~tilesim.shared.moe.check_meta`), then the host copies."""
-    args = check_values(check_meta(**vars(ins)))
+def _check_moe(args: Args) -> _MoeCall:
+    """The shared value checks on the call's :func:`~tilesim.shared.moe.check_meta` result,
+    then the host copies."""
+    args = check_values(args)
     args = args._replace(tiling=resolve_tiling(args.tiling, args.dims))
-    out, dims = ins.out, ins.dims
+    out, dims = args.out, args.dims
     if out is None:
         result = np.zeros((args.n_total, dims.hidden_size), dtype=BF16)
     elif isinstance(out, np.ndarray):
@@ -159,7 +159,7 @@ def _check_moe(ins) -> _MoeCall:
     else:
         result = host_array(out, "out").copy()  # a torch out gets the rows copied back
     return _MoeCall(
-        x=host_array(ins.sorted_tokens, "sorted_tokens"),
+        x=host_array(args.sorted_tokens, "sorted_tokens"),
         w13=host_array(args.w13, "w13_flat"),
         w2=host_array(args.w2, "w2_flat"),
         cs=args.cs,
@@ -205,8 +205,17 @@ def _deliver(call: _MoeCall, out, like):
     return out
 
 
-@op_signature(moe_inputs)
-def moe_grouped_gemm(ins):
+def moe_grouped_gemm(
+    sorted_tokens,
+    weights,
+    expert_cumsum,
+    dims: MoeDims,
+    *,
+    tiling: MoeTiling | None = None,
+    out=None,
+    round_activation: bool = True,
+    trace: Trace = None,
+):
     """Golden of the MiniMax grouped-GEMM kernel (M2.7 ``silu`` / M3 ``swigluoai``).
 
     Args:
@@ -238,8 +247,9 @@ def moe_grouped_gemm(ins):
     Rounding points: mm1 and mm2 accumulate in FP32 per K tile (see the module docstring), the
     activation is FP32 then (optionally) BF16, the output is rounded once to BF16 (RNE).
     """
-    call = _check_moe(ins)
-    sorted_tokens, dims, out, trace = ins.sorted_tokens, ins.dims, ins.out, ins.trace
+    args = check_meta(sorted_tokens, weights, expert_cumsum, dims, tiling, out,
+                      round_activation, trace)  # fmt: skip
+    call = _check_moe(args)
     experts = [list(g) for _, g in itertools.groupby(call.plan, key=lambda r: r.expert)]
     if _FAST:  # each expert's rows in one product, experts in parallel: same bits
         _moe_fast.run(call, experts, trace, _expert_ffn)

@@ -72,15 +72,15 @@ from tilesim.shared.msa_decode import (
     check_meta,
     check_values,
     cost,
-    decode_inputs,
     host_plan,
     resolve_tiling,
     sized_args,
 )
 from tilesim.shared.soc import DEFAULT_SOC, get_soc
 from tilesim.shared.splitkv import split_ranges
+from tilesim.shared.tiling import MsaTiling
 from tilesim.shared.trace import emit
-from tilesim.shared.validate import check_bool, check_trace, host_array, op_signature, same_kind
+from tilesim.shared.validate import check_bool, check_trace, host_array, same_kind
 
 _CFG = MINIMAX_M3.msa
 #: key columns per score matmul (no numeric effect; keeps each (b, h) gemm small)
@@ -235,8 +235,18 @@ def _trace(trace, c: _Call, stats: list) -> None:
                 )
 
 
-@op_signature(decode_inputs)
-def msa_sparse_decode(ins, *, soc: str = DEFAULT_SOC, seeds_compat: bool = False, trace=None):
+def msa_sparse_decode(
+    q,
+    k_blocks,
+    v_blocks,
+    block_ids,
+    seq_len,
+    *,
+    tiling: MsaTiling | None = None,
+    soc: str = DEFAULT_SOC,
+    seeds_compat: bool = False,
+    trace=None,
+):
     """Block-sparse decode attention over the selected key blocks.
 
     Args:
@@ -274,15 +284,14 @@ def msa_sparse_decode(ins, *, soc: str = DEFAULT_SOC, seeds_compat: bool = False
     FP32 merge and division, one final rounding to BF16. With ``kv_splits > 1``: one FP32
     online merge per split, then the splits' states merged in split order (same formulas).
     """
-    arrays = (ins.q, ins.k_blocks, ins.v_blocks, ins.block_ids, ins.seq_len)
-    c = _check(*arrays, ins.tiling, soc, seeds_compat, trace)
+    c = _check(q, k_blocks, v_blocks, block_ids, seq_len, tiling, soc, seeds_compat, trace)
     out, stats = _run(c)
     if not c.seeds_compat:
         # a batch row with no valid key: zeros (the kernel's arithmetic gives mean(V))
         out[~c.keep.any(axis=1)] = 0.0
     if trace is not None:
         _trace(trace, c, stats)
-    return same_kind(to_bf16(out).reshape(c.d.batch, c.d.hq, c.d.dim), ins.q)
+    return same_kind(to_bf16(out).reshape(c.d.batch, c.d.hq, c.d.dim), q)
 
 
 __all__ = ["msa_sparse_decode", "msa_sparse_decode_flop"]

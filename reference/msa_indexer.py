@@ -33,14 +33,12 @@ from tilesim.shared.msa_indexer import (
     check_meta,
     check_values,
     cost,
-    indexer_inputs,
-    scores_inputs,
     select_from_head_max,
     selection_slots,
     sized_args,
 )
 from tilesim.shared.trace import emit
-from tilesim.shared.validate import check_trace, host_array, op_signature, same_kind
+from tilesim.shared.validate import check_trace, host_array, same_kind
 
 _CFG = MINIMAX_M3.msa
 BY, NIDX, NPAD, DIM = (
@@ -98,8 +96,7 @@ def _scores(q: np.ndarray, k: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(s[:NIDX])
 
 
-@op_signature(scores_inputs)
-def msa_indexer_scores(ins, *, trace=None):
+def msa_indexer_scores(idx_q, idx_k, nb, *, trace=None):
     """Lightning-indexer kernel scores.
 
     Args:
@@ -117,7 +114,7 @@ def msa_indexer_scores(ins, *, trace=None):
         the correctly rounded FP32 dot product (the cube's single K step). Rows 4..15 of the
         kernel's padded output are dropped. Same kind (NumPy/torch) as ``idx_q``.
     """
-    inp = _check(ins.idx_q, ins.idx_k, ins.nb, trace)
+    inp = _check(idx_q, idx_k, nb, trace)
     s = _scores(inp.q, inp.k)
     if trace is not None:
         for blk in range(inp.args.nb):  # the kernel's static block loop
@@ -131,7 +128,7 @@ def msa_indexer_scores(ins, *, trace=None):
                 row_max=tile.max(axis=1),
                 flop=msa_indexer_flop(1),
             )
-    return same_kind(s, ins.idx_q)
+    return same_kind(s, idx_q)
 
 
 def _trace_blocks(trace, head_max: np.ndarray, args: Args) -> None:
@@ -157,8 +154,7 @@ def _trace_blocks(trace, head_max: np.ndarray, args: Args) -> None:
         )
 
 
-@op_signature(indexer_inputs)
-def msa_indexer(ins, *, trace=None):
+def msa_indexer(idx_q, idx_k, nb, *, seq_len=None, head_reduce="max", trace=None):
     """Lightning-indexer block selection (kernel scores + host top-k).
 
     Args:
@@ -180,14 +176,13 @@ def msa_indexer(ins, *, trace=None):
         the local block ``nb-1``. ``nb <= 16``: ``arange(nb)``. Scores are the FP32 kernel
         scores of :func:`msa_indexer_scores` (no softmax scale: ranking is scale-free).
     """
-    inp = _check(ins.idx_q, ins.idx_k, ins.nb, trace, seq_len=ins.seq_len,
-                 head_reduce=ins.head_reduce)  # fmt: skip
+    inp = _check(idx_q, idx_k, nb, trace, seq_len=seq_len, head_reduce=head_reduce)
     args = inp.args
     head_max = block_head_max(_scores(inp.q, inp.k), args.nb, args.valid)  # [4, nb]
     ids = select_from_head_max(head_max, args.nb, head_reduce=args.head_reduce)
     if trace is not None:
         _trace_blocks(trace, head_max, args)
-    return same_kind(ids, ins.idx_q)
+    return same_kind(ids, idx_q)
 
 
 __all__ = ["HEAD_REDUCES", "msa_indexer", "msa_indexer_flop", "msa_indexer_scores"]

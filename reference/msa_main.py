@@ -58,10 +58,10 @@ from tilesim.shared.msa_main import (
     cost,
     host_plan,
     kernel_mask,
-    main_inputs,
 )
+from tilesim.shared.tiling import MsaTiling
 from tilesim.shared.trace import Trace, emit
-from tilesim.shared.validate import check_bool, check_trace, host_array, op_signature, same_kind
+from tilesim.shared.validate import check_bool, check_trace, host_array, same_kind
 
 OP = "msa_main_branch"
 F16 = np.dtype(np.float16)
@@ -110,20 +110,20 @@ class _Call(NamedTuple):
     trace: Trace
 
 
-def _check(ins, seeds_compat, trace, fast) -> _Call:
-    """Every argument check, before any work; ``ins``: the call's inputs
+def _check(inputs: dict, seeds_compat, trace, fast) -> _Call:
+    """Every argument check, before any work; ``inputs``: the call's inputs by name
     (:func:`~tilesim.shared.msa_main.main_inputs`, the parameters of ``check_meta``)."""
     check_trace(trace)
     seeds_compat = check_bool(seeds_compat, "seeds_compat")
     fast = _FAST if fast is None else check_bool(fast, "_fast")
-    a = check_values(check_meta(**vars(ins)))
+    a = check_values(check_meta(**inputs))
     bounds = chunk_bounds(a.kv_len, a.tiling.ntile, seeds_compat=seeds_compat)
     if not bounds:
         raise ValueError(
             f"seeds_compat=True: kv_len = topk*bk = {a.kv_len} is less than one NTILE chunk "
             f"({a.tiling.ntile}); the seeds' kernel runs no chunk (0/0 output)"
         )
-    q, k, v = (host_array(getattr(ins, n), n) for n in ("query", "key_blocks", "value_blocks"))
+    q, k, v = (host_array(inputs[n], n) for n in ("query", "key_blocks", "value_blocks"))
     return _Call(a, q, k, v, bounds, seeds_compat, fast, trace)
 
 
@@ -272,8 +272,19 @@ def _emit_records(call: _Call, plan: _Plan, stats) -> None:
             )
 
 
-@op_signature(main_inputs)
-def msa_main_branch(ins, *, seeds_compat: bool = False, trace=None, _fast: bool | None = None):
+def msa_main_branch(
+    query,
+    key_blocks,
+    value_blocks,
+    block_mask,
+    *,
+    dtype: str | None = None,
+    max_n: int | None = None,
+    tiling: MsaTiling | None = None,
+    seeds_compat: bool = False,
+    trace=None,
+    _fast: bool | None = None,
+):
     """MSA prefill attention with a precomputed block mask.
 
     Args:
@@ -304,14 +315,16 @@ def msa_main_branch(ins, *, seeds_compat: bool = False, trace=None, _fast: bool 
     rounded once); scale multiply and mask add FP32; exp FP32; P cast to ``dtype``; P.V FP32
     accumulation per 128-key K step; merge and final division FP32.
     """
-    call = _check(ins, seeds_compat, trace, _fast)
+    inputs = dict(query=query, key_blocks=key_blocks, value_blocks=value_blocks,
+                  block_mask=block_mask, dtype=dtype, max_n=max_n, tiling=tiling)  # fmt: skip
+    call = _check(inputs, seeds_compat, trace, _fast)
     plan = _plan(call)
     out, stats = _run(call, plan, want_stats=trace is not None)
     if trace is not None:
         if stats is None:  # the speed path skipped dead keys: a statistics pass over all keys
             _, stats = _run(call._replace(fast=False), plan, want_stats=True)
         _emit_records(call, plan, stats)
-    return same_kind(out, ins.query)
+    return same_kind(out, query)
 
 
 __all__ = [

@@ -10,7 +10,8 @@ kernel wrapper: :class:`Args`, :func:`check_meta`, :func:`check_values`, :func:`
   :func:`resolve_tiling` gives the tile config a call runs with, :func:`kernel_build` the
   kernel build (its JIT options) by the call's token count.
 * :func:`packed_inputs`, :func:`kv_split_inputs`, :func:`model_keywords` — the two ops'
-  inputs, written once (:func:`tilesim.shared.validate.op_signature`); :func:`check_inputs`.
+  inputs, written once: the golden's and the wrapper's written-out signatures begin with
+  them (``tests/test_op_records.py``).
 * :func:`host_plan` — the physical rows and stand-ins (:mod:`tilesim.shared.dsa_rows`) and the
   split (:mod:`tilesim.shared.dsa_split_rule`); the kernel's index tensor is packed from it by
   :mod:`tilesim.shared.dsa_kernel_index`.
@@ -27,7 +28,8 @@ import numpy as np
 from tilesim.shared.casts import BF16, FP8_E4M3
 from tilesim.shared.dsa_rows import NO_ROW, cur_seq_lengths, plan_physical_rows, stand_in_positions
 from tilesim.shared.dsa_split_rule import tiles_per_split
-from tilesim.shared.mla_cache import LAYOUTS, NOPE, NSCALES, PYPTO_ROW_BYTES, ROPE
+from tilesim.shared.mla_cache import KV_SPLIT, LAYOUTS, NOPE, NSCALES, PYPTO_ROW_BYTES, ROPE
+from tilesim.shared.models import DEEPSEEK_V32
 from tilesim.shared.op_record import ROUNDS_LIKE_GOLDEN, Call, OpRecord, Output
 from tilesim.shared.tiling import SaTileShapeConfig
 from tilesim.shared.validate import (
@@ -217,7 +219,7 @@ def check_meta(
     )
     rows = _check_queries(query_nope, query_rope)
     n_b, s1 = _check_int_shapes(rows, topk_indices, block_table, kv_act_seqs, nq=nq, topk=topk)
-    if layout == "kv_split":
+    if layout == KV_SPLIT:
         cache_rows, quant = check_split_cache(*caches)
     else:
         cache_rows, quant = check_packed_cache(caches[0], layout)
@@ -227,7 +229,8 @@ def check_meta(
     )  # fmt: skip
 
 
-# the inputs of the two ops, written once for the golden and the wrapper (op_signature)
+# the inputs of the two ops, written once: the golden and the wrapper write the same parameters
+# out (tests/test_op_records.py holds them equal)
 def packed_inputs(query_nope, query_rope, nope_cache, topk_indices, block_table, kv_act_seqs):
     """The arrays of ``sparse_attention_antiquant`` (golden and kernel), in order: BF16
     ``query_nope [T*nq, 512]`` and ``query_rope [T*nq, 64]``; the packed FP8 E4M3 / INT8
@@ -245,33 +248,16 @@ def kv_split_inputs(
 
 def model_keywords(
     *,
-    nq: int = 128,
-    n_kv: int = 1,
+    nq: int = DEEPSEEK_V32.num_q_heads,
+    n_kv: int = DEEPSEEK_V32.num_kv_heads,
     softmax_scale: float,
-    topk: int = 2048,
-    block_size: int = 128,
+    topk: int = DEEPSEEK_V32.topk,
+    block_size: int = DEEPSEEK_V32.block_size,
     tiling: SaTileShapeConfig | None = None,
 ):
     """The sizes both ops take after their arrays (DeepSeek-V3.2's by default): query heads
     ``nq``, KV heads ``n_kv`` (must be 1), ``softmax_scale``, ``topk`` entries per token, the
     cache's ``block_size``, and the tile config (``None``: :func:`resolve_tiling`)."""
-
-
-def check_inputs(ins, layout: str, *, trace=None, progress=None) -> Args:
-    """:func:`check_meta` on the inputs of a call (the namespace of
-    :func:`tilesim.shared.validate.op_signature` over :func:`packed_inputs` or
-    :func:`kv_split_inputs` and :func:`model_keywords`); ``layout="kv_split"`` reads the
-    kv_split cache, any other the packed one."""
-    if layout == "kv_split":
-        caches = (ins.kn_quant, ins.kr, ins.kn_scales)
-    else:
-        caches = (ins.nope_cache,)
-    return check_meta(
-        ins.query_nope, ins.query_rope, caches, ins.topk_indices, ins.block_table,
-        ins.kv_act_seqs, layout=layout, nq=ins.nq, n_kv=ins.n_kv,
-        softmax_scale=ins.softmax_scale, topk=ins.topk, block_size=ins.block_size,
-        tiling=ins.tiling, trace=trace, progress=progress,
-    )  # fmt: skip
 
 
 def check_values(args: Args) -> Args:
@@ -446,7 +432,6 @@ __all__ = [
     "HostPlan",
     "QUANT_NAMES",
     "attention_flop",
-    "check_inputs",
     "check_meta",
     "check_packed_cache",
     "check_split_cache",

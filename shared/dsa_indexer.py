@@ -55,13 +55,12 @@ from tilesim.shared.validate import (
     e4m3_nan_codes,
     host_array,
     host_ints,
-    op_signature,
     require_values,
     shape_of,
 )
 
 INDEX_HEADS = 64  #: index-query heads (DeepSeek-V3.2 ``index_n_heads``)
-TOPK = 2048  #: DeepSeek-V3.2 ``index_topk``
+TOPK = DEEPSEEK_V32.topk  #: DeepSeek-V3.2 ``index_topk`` (2048)
 PATHS = ("int8", "fp8")
 INT8_ORDERS = ("gym", "pypto")
 MAX_DECODE_S1 = 4  #: decode query rows per batch (pypto-gym's kernel buffer)
@@ -235,9 +234,10 @@ def _check_output_sizes(rows: int, topk: int, max_blocks: int, block_size: int) 
 # ----------------------------------------------------------------------------- signature
 def indexer_inputs(q, weights, k_cache, block_table, seq_lens, *, q_scale=None, k_scale=None,
                    q_lens=None, path="int8", int8_order="gym", topk=TOPK,
-                   block_size=128):  # fmt: skip
+                   block_size=DEEPSEEK_V32.block_size):  # fmt: skip
     """The arguments of ``dsa_indexer`` that the golden, the kernel wrapper and
-    :func:`check_meta` share, written once (:func:`tilesim.shared.validate.op_signature`)."""
+    :func:`check_meta` share, written once: each writes them out in this order
+    (``tests/test_op_records.py`` holds them equal)."""
 
 
 def decode_step_inputs(q, weights, k_cache, block_table, seq_lens, query_nope, query_rope, *,
@@ -254,8 +254,9 @@ def decode_step_inputs(q, weights, k_cache, block_table, seq_lens, query_nope, q
     ops have take their defaults (tests/test_op_records.py checks it)."""
 
 
-@op_signature(indexer_inputs)
-def check_meta(ins, *, trace=None, progress=None) -> Args:
+def check_meta(q, weights, k_cache, block_table, seq_lens, *, q_scale=None, k_scale=None,
+               q_lens=None, path="int8", int8_order="gym", topk=TOPK,
+               block_size=DEEPSEEK_V32.block_size, trace=None, progress=None) -> Args:  # fmt: skip
     """Metadata checks of ``dsa_indexer`` (no value read; works on ``meta`` tensors), on the
     arguments of :func:`indexer_inputs` and the golden's ``trace`` / ``progress``.
 
@@ -265,25 +266,24 @@ def check_meta(ins, *, trace=None, progress=None) -> Args:
     ``[num_blocks, block_size*132]``, ``q_scale`` / ``k_scale`` None. ``block_table`` int
     ``[B, max_blocks]``, ``seq_lens`` int ``[B]``, ``q_lens`` int ``[B]`` or None (decode).
     ``ValueError`` / ``TypeError`` naming the argument."""
-    path, int8_order = ins.path, ins.int8_order
     check_choice(path, "path", PATHS)
     check_choice(int8_order, "int8_order", INT8_ORDERS)
-    topk = check_int(ins.topk, "topk", lo=1, hi=INT32_MAX)
+    topk = check_int(topk, "topk", lo=1, hi=INT32_MAX)
     if topk > MAX_POSITIONS:
         raise ValueError(
             f"topk: expected an int in [1, {MAX_POSITIONS}] (MAX_POSITIONS: the most positions a "
             f"score row may hold; DeepSeek-V3.2 uses {TOPK}), got {topk}"
         )
-    block_size = check_int(ins.block_size, "block_size", lo=1, hi=INT32_MAX)
+    block_size = check_int(block_size, "block_size", lo=1, hi=INT32_MAX)
     check_trace(trace)
     if progress is not None:
         check_bool(progress, "progress")
-    rows = _check_queries(ins.q, ins.weights, path)
-    num_blocks = _check_scales(ins.q_scale, ins.k_scale, ins.k_cache, path, rows, block_size)
-    n_b, max_blocks, s1 = _check_lengths(ins.block_table, ins.seq_lens, ins.q_lens, rows)
+    rows = _check_queries(q, weights, path)
+    num_blocks = _check_scales(q_scale, k_scale, k_cache, path, rows, block_size)
+    n_b, max_blocks, s1 = _check_lengths(block_table, seq_lens, q_lens, rows)
     _check_output_sizes(rows, topk, max_blocks, block_size)
-    return Args(ins.q, ins.weights, ins.k_cache, ins.block_table, ins.seq_lens, ins.q_scale,
-                ins.k_scale, ins.q_lens, path, int8_order, topk, block_size, n_b, rows,
+    return Args(q, weights, k_cache, block_table, seq_lens, q_scale,
+                k_scale, q_lens, path, int8_order, topk, block_size, n_b, rows,
                 max_blocks, num_blocks, s1)  # fmt: skip
 
 

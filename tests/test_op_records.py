@@ -1,17 +1,16 @@
 """The registry of op records is the one list of ops: every consumer derives its list from it.
 
 * each record is its contract module's ``RECORD``: its calls exist in ``tilesim.reference``
-  (and ``tilesim.device`` where it says so), their published signatures begin with the
-  record's input prototypes, its ``cost`` is the module's;
+  (and ``tilesim.device`` where it says so), its ``cost`` is the module's;
 * the consumers (the judge's layouts and plans, the case families and case modules, the lazy
   names of ``tilesim.reference`` and ``tilesim.device``, the structural test, the digests, the
   CLI) agree with the registry;
 * no consumer keeps a list of its own: no module-level literal in a consumer names two ops,
   calls or families (a family's case module may key a table of per-op data by exactly the
   calls its cases make); no file is excepted;
-* the golden and the device wrapper of a call take their signature from the record's input
-  prototypes (``op_signature``); the sim tests read their pass figures from the records'
-  ``budgets`` and write none of their own.
+* the golden and the device wrapper of a call write their signature out, beginning with the
+  record's input prototypes (the one source, held equal here); the sim tests read their pass
+  figures from the records' ``budgets`` and write none of their own.
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ from pathlib import Path
 import pytest
 from tilesim.shared import ops
 from tilesim.shared.op_record import OpRecord
+from tilesim.shared.tiling import SaTileShapeConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDS = ops.records()
@@ -56,40 +56,32 @@ def test_call_and_public_names_are_unique():
 
 
 @pytest.mark.parametrize("call", CALLS, ids=lambda c: c.name)
-def test_each_call_is_a_public_golden_with_the_records_signature(call):
+def test_each_call_is_a_public_golden(call):
     import tilesim.reference as ref
 
     fn = getattr(ref, call.name)
     assert fn.__module__ == f"tilesim.reference.{call.module}"
-    published = list(inspect.signature(fn).parameters.values())
-    protos = [p for proto in call.signature for p in inspect.signature(proto).parameters.values()]
-    got = [(p.name, p.kind, p.default) for p in published[: len(protos)]]
-    assert got == [(p.name, p.kind, p.default) for p in protos]
 
 
-def _decorator_prototypes(path: Path, name: str) -> list[str] | None:
-    """The prototype names of the ``@op_signature(...)`` decorating the module-level function
-    ``name`` of ``path`` (``None``: not decorated by it)."""
-    for node in ast.parse(path.read_text()).body:
-        if not isinstance(node, ast.FunctionDef) or node.name != name:
-            continue
-        for dec in node.decorator_list:
-            fn = dec.func if isinstance(dec, ast.Call) else None
-            if getattr(fn, "id", getattr(fn, "attr", None)) == "op_signature":
-                return [getattr(a, "id", getattr(a, "attr", None)) for a in dec.args]
-    return None
-
-
-def _wrappers(call) -> list[tuple[Path, object]]:
-    """``(source file, published function)`` of the golden and, if any, the device wrapper."""
+def _wrappers(call) -> list[object]:
+    """The published golden and, if any, the device wrapper of ``call``."""
     import tilesim.device as dev
     import tilesim.reference as ref
 
-    out = [(ROOT / "reference" / f"{call.module}.py", getattr(ref, call.name))]
-    if call.device:
-        out.append((ROOT / "device" / f"{ops.device_names()[call.name]}.py",
-                    getattr(dev, call.name)))  # fmt: skip
-    return out
+    return [getattr(ref, call.name), *([getattr(dev, call.name)] if call.device else [])]
+
+
+def _params(sig: inspect.Signature) -> list[tuple]:
+    return [(p.name, p.kind, p.default, p.annotation) for p in sig.parameters.values()]
+
+
+def _signature(fn) -> inspect.Signature:
+    """``fn``'s signature with its annotations evaluated (a module may defer them or not)."""
+    return inspect.signature(fn, eval_str=True)
+
+
+def _prototype_params(call) -> list[tuple]:
+    return [t for proto in call.signature for t in _params(_signature(proto))]
 
 
 @pytest.mark.parametrize("call", [c for c in CALLS if c.device], ids=lambda c: c.name)
@@ -103,18 +95,35 @@ def test_each_kernel_call_has_its_prototypes(call):
 
 
 @pytest.mark.parametrize("call", [c for c in CALLS if c.signature], ids=lambda c: c.name)
-def test_golden_and_wrapper_signatures_come_from_the_prototypes(call):
-    """The golden and the device wrapper are ``@op_signature(<the record's prototypes>)``
-    (no signature of their own), so their published parameters begin with the prototypes'."""
-    protos = [p for proto in call.signature for p in inspect.signature(proto).parameters.values()]
-    for path, fn in _wrappers(call):
-        assert _decorator_prototypes(path, call.name) == [p.__name__ for p in call.signature], (
-            f"{path.name}: {call.name} is not @op_signature of its record's prototypes"
-        )
-        published = list(inspect.signature(fn).parameters.values())[: len(protos)]
-        assert [(p.name, p.kind, p.default) for p in published] == [
-            (p.name, p.kind, p.default) for p in protos
-        ]
+def test_golden_and_wrapper_write_out_the_prototypes_signature(call):
+    """The golden and the device wrapper write their signature out in Python (what
+    ``help()``, a type checker and an editor read: no ``__signature__`` laid over ``*args``),
+    and it begins with the record's input prototypes exactly: names, kinds, defaults (the
+    model constants of :mod:`tilesim.shared.models`) and annotations. The prototypes are the
+    one source; each layer's own keywords (``trace``; ``backend``, ``soc``, ``validate``)
+    follow them."""
+    protos = _prototype_params(call)
+    for fn in _wrappers(call):
+        assert "__signature__" not in vars(fn) and not hasattr(fn, "__wrapped__"), fn
+        code = fn.__code__
+        assert not code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS), fn
+        assert _params(_signature(fn))[: len(protos)] == protos, fn.__module__
+        assert fn.__doc__ and fn.__name__ == call.name, fn
+
+
+def test_the_signature_check_can_fail():
+    """A signature that drops a prototype's default or renames a parameter is caught."""
+    from tilesim.shared.dsa import model_keywords
+
+    def written(*, nq: int = 64, n_kv: int = 1, softmax_scale: float, topk: int = 2048,
+                block_size: int = 128, tiling: SaTileShapeConfig | None = None):  # fmt: skip
+        """A wrapper's keywords with one default off."""
+
+    protos = _params(_signature(model_keywords))
+    assert _params(_signature(written)) != protos
+    assert [p[:2] + p[3:] for p in _params(_signature(written))] == [
+        p[:2] + p[3:] for p in protos
+    ]
 
 
 @pytest.mark.parametrize("call", CALLS, ids=lambda c: c.name)
@@ -270,6 +279,7 @@ def test_the_cli_reads_the_registry():
 CONSUMERS = (
     "reference/__init__.py",
     "reference/judge.py",
+    "reference/judge_float.py",
     "reference/judge_plans.py",
     "reference/judge_stages.py",
     "shared/case_schema.py",
@@ -279,7 +289,6 @@ CONSUMERS = (
     *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "reference").glob("*_cases.py")),
     *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "app" / "cli").glob("*.py")),
     *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "tests" / "digests").glob("*.py")),
-    "reference/judge_float.py",
 )
 
 

@@ -7,9 +7,9 @@ argument, the bound and where the bound comes from, before any work or allocatio
 * ``sparse_attention_antiquant`` with a ``block_size`` that does not match the cache's block
   layout: the capacity check on ``kv_act_seqs`` names ``block_size``, the block table's
   width it multiplies and the cache's row count.
-* The argument lists the goldens and the wrappers take from one declaration
-  (``tilesim.shared.validate.op_signature``): the published signatures are the parameter
-  lists written out here, and a wrong call fails as Python's own would, naming the op.
+* The argument lists the goldens and the wrappers write out (held equal to their contract's
+  prototypes by tests/test_op_records.py): the published signatures are the parameter lists
+  written out here, and a wrong call fails as Python's own does, naming the op.
 
 Oracles: the bounds are recomputed here from the case's shapes (table width times the
 ``block_size`` passed), not read from the code under test.
@@ -175,14 +175,14 @@ def test_a_wrong_argument_list_fails_as_a_python_call_would():
     inp, prm = case["inputs"], case["params"]
     args = [inp[k] for k in _DSA_ARRAYS]
     op = R.sparse_attention_antiquant
-    with pytest.raises(TypeError, match=r"^sparse_attention_antiquant\(\): missing a required "
-                       r"argument: 'softmax_scale'$"):  # fmt: skip
+    with pytest.raises(TypeError, match=r"^sparse_attention_antiquant\(\) missing 1 required "
+                       r"keyword-only argument: 'softmax_scale'$"):  # fmt: skip
         op(*args)
     with pytest.raises(TypeError, match="got an unexpected keyword argument 'scale'"):
         op(*args, softmax_scale=1.0, scale=2.0)
     with pytest.raises(TypeError, match="multiple values for argument 'query_nope'"):
         op(*args, query_nope=args[0], softmax_scale=1.0)
-    with pytest.raises(TypeError, match="too many positional arguments"):
+    with pytest.raises(TypeError, match="takes 6 positional arguments but 7"):
         op(*args, 7, softmax_scale=1.0)
     # positional and keyword spellings of one call give the same bits
     by_name = op(**dict(zip(_DSA_ARRAYS, args, strict=True)), **prm)
