@@ -203,11 +203,11 @@ def moe_inputs(
     trace: Trace = None,
 ):
     """The arguments of ``moe_grouped_gemm`` that the golden and the kernel wrapper share,
-    written once (:func:`tilesim.shared.validate.op_signature`): BF16 ``sorted_tokens
-    [N_total, H]``, the kernel-layout ``weights (w13_flat, w2_flat)``, INT32 ``expert_cumsum
-    [E+1]``, :class:`MoeDims` ``dims``, then ``tiling`` (``None``: :func:`resolve_tiling`),
-    an optional in-place ``out``, ``round_activation`` and ``trace``; checked by
-    :func:`check_meta` in this order."""
+    written once (the golden and the wrapper write them out, tests/test_op_records.py holds them
+    equal): BF16 ``sorted_tokens [N_total, H]``, the kernel-layout ``weights (w13_flat,
+    w2_flat)``, INT32 ``expert_cumsum [E+1]``, :class:`MoeDims` ``dims``, then ``tiling``
+    (``None``: :func:`resolve_tiling`), an optional in-place ``out``, ``round_activation`` and
+    ``trace``; checked by :func:`check_meta` in this order."""
 
 
 def check_meta(

@@ -161,9 +161,10 @@ def check_decode_seq_len(seq_len, batch: int, nb: int, by: int) -> np.ndarray:
 
 def decode_inputs(q, k_blocks, v_blocks, block_ids, seq_len, *, tiling: MsaTiling | None = None):
     """The arguments of ``msa_sparse_decode`` that the golden and the kernel wrapper share,
-    written once (:func:`tilesim.shared.validate.op_signature`): BF16 ``q [B, HQ, D]``, the
-    paged BF16 ``k_blocks`` / ``v_blocks [B, HKV, nb, 128, D]``, int ``block_ids [B, topk]``,
-    ``seq_len`` (an int or ``B`` ints), then ``tiling`` (``None``: :func:`resolve_tiling`)."""
+    written once (the golden and the wrapper write them out, tests/test_op_records.py holds them
+    equal): BF16 ``q [B, HQ, D]``, the paged BF16 ``k_blocks`` / ``v_blocks [B, HKV, nb, 128,
+    D]``, int ``block_ids [B, topk]``, ``seq_len`` (an int or ``B`` ints), then ``tiling``
+    (``None``: :func:`resolve_tiling`)."""
 
 
 def check_meta(q, k_blocks, v_blocks, block_ids, seq_len, *, block_size: int | None = None) -> Args:

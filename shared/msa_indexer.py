@@ -34,7 +34,6 @@ from tilesim.shared.validate import (
     check_finite,
     check_int,
     host_array,
-    op_signature,
     same_kind,
 )
 
@@ -82,10 +81,11 @@ def check_indexer_seq_len(seq_len, nb: int) -> int:
 
 
 def indexer_inputs(idx_q, idx_k, nb, *, seq_len=None, head_reduce="max"):
-    """The arguments of ``msa_indexer`` that the golden and the kernel wrapper share, written
-    once (:func:`tilesim.shared.validate.op_signature`): BF16 ``idx_q [4, 128]`` and ``idx_k
-    [nb*128, 128]``, the key blocks ``nb``, then ``seq_len`` (``None``: every key counts) and
-    ``head_reduce`` (:data:`HEAD_REDUCES`); checked by :func:`check_meta`."""
+    """The arguments of ``msa_indexer`` that the golden, the kernel wrapper and
+    :func:`check_meta` write out (``tests/test_op_records.py`` holds them equal): BF16 ``idx_q
+    [4, 128]`` and ``idx_k [nb*128, 128]``, the key blocks ``nb``, then ``seq_len`` (``None``:
+    every key counts) and ``head_reduce`` (:data:`HEAD_REDUCES`); checked by
+    :func:`check_meta`."""
 
 
 def scores_inputs(idx_q, idx_k, nb):
@@ -93,20 +93,18 @@ def scores_inputs(idx_q, idx_k, nb):
     those of :func:`indexer_inputs` without the selection's ``seq_len`` and ``head_reduce``."""
 
 
-@op_signature(indexer_inputs)
-def check_meta(ins) -> Args:
+def check_meta(idx_q, idx_k, nb, *, seq_len=None, head_reduce="max") -> Args:
     """Metadata checks of ``msa_indexer`` / ``msa_indexer_scores`` (no value read: works on
     torch ``meta`` / FakeTensors), on the arguments of :func:`indexer_inputs`: ``idx_q`` BF16
     ``[4, 128]``, ``idx_k`` BF16 ``[nb*128, 128]``, ``nb >= 1``, ``seq_len``
     (:func:`check_indexer_seq_len`, a static int) and ``head_reduce`` in :data:`HEAD_REDUCES`."""
-    idx_q, idx_k = ins.idx_q, ins.idx_k
     check_array(idx_q, "idx_q", dtype=BF16, shape=(NIDX, DIM), layout="[index heads, dim]")
     check_array(idx_k, "idx_k", dtype=BF16)
-    nb = check_int(ins.nb, "nb", lo=1)
+    nb = check_int(nb, "nb", lo=1)
     check_array(idx_k, "idx_k", shape=(nb * BY, DIM), layout=f"[nb*{BY} keys, dim] for nb={nb}")
-    valid = check_indexer_seq_len(ins.seq_len, nb)
-    check_choice(ins.head_reduce, "head_reduce", HEAD_REDUCES)
-    return Args(nb, valid, ins.head_reduce, idx_q, idx_k)
+    valid = check_indexer_seq_len(seq_len, nb)
+    check_choice(head_reduce, "head_reduce", HEAD_REDUCES)
+    return Args(nb, valid, head_reduce, idx_q, idx_k)
 
 
 def check_values(args: Args) -> Args:

@@ -249,10 +249,10 @@ def main_inputs(
     tiling: MsaTiling | None = None,
 ):
     """The arguments of ``msa_main_branch`` that the golden and the kernel wrapper share,
-    written once (:func:`tilesim.shared.validate.op_signature`): ``query [n, HQ, dh]``,
-    ``key_blocks`` / ``value_blocks [topk*bk, HKV, dh]``, the FP32 ``block_mask [ceil(n/bk),
-    topk, bk, bk]``, then ``dtype``, ``max_n`` and ``tiling`` (``None``: as in
-    :func:`check_meta`, whose parameters these are)."""
+    written once (the golden and the wrapper write them out, tests/test_op_records.py holds them
+    equal): ``query [n, HQ, dh]``, ``key_blocks`` / ``value_blocks [topk*bk, HKV, dh]``, the
+    FP32 ``block_mask [ceil(n/bk), topk, bk, bk]``, then ``dtype``, ``max_n`` and ``tiling``
+    (``None``: as in :func:`check_meta`, whose parameters these are)."""
 
 
 def check_meta(

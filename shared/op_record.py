@@ -4,10 +4,10 @@ Each op's contract module ``tilesim.shared.<op>`` exports one :class:`OpRecord` 
 :mod:`tilesim.shared.ops` holds them in order. The record names:
 
 * the op's **public calls** (:class:`Call`): the reference callable, the module of
-  :mod:`tilesim.reference` that defines it, its input prototypes (the ``op_signature`` of
-  :mod:`tilesim.shared.validate`), its outputs (:class:`Output`: name, kind, axes), the
-  judge's layout name and plan, whether a named case's golden is a call of it and whether
-  :mod:`tilesim.device` exports it too;
+  :mod:`tilesim.reference` that defines it, its input prototypes (the leading parameters its
+  golden and wrapper write out, held equal by ``tests/test_op_records.py``), its outputs
+  (:class:`Output`: name, kind, axes), the judge's layout name and plan, whether a named case's
+  golden is a call of it and whether :mod:`tilesim.device` exports it too;
 * the **case family** whose ``tilesim.reference.<family>_cases`` module builds its cases;
 * the other public names of :mod:`tilesim.reference` it adds (``{name: module}``);
 * its one FLOP / byte counter, ``cost``;
