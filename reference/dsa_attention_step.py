@@ -34,7 +34,7 @@ from tilesim.reference.dsa_indexer_prolog import dsa_indexer_prolog
 from tilesim.reference.dsa_step import step_attention
 from tilesim.reference.mla_prolog import mla_prolog
 from tilesim.shared import dsa_attention_step as contract
-from tilesim.shared.mla_cache import NOPE, ROPE
+from tilesim.shared.mla_cache import NOPE, ROPE, is_packed
 from tilesim.shared.validate import op_signature
 
 OP = "dsa_attention_step"
@@ -92,7 +92,7 @@ def _run_attention(a, mla, ids, trace, progress):
     ins, t = a.ins, a.tokens
     caches = contract.latent_views(a.layout, mla.kv_cache, mla.kr_cache, mla.kv_scale_cache)
     kw = ({"kn_quant": caches[0], "kr": caches[1], "kn_scales": caches[2]}
-          if a.layout == "kv_split" else {"nope_cache": caches[0]})  # fmt: skip
+          if not is_packed(a.layout) else {"nope_cache": caches[0]})  # fmt: skip
     out = step_attention(
         ids, mla.query_nope.reshape(t * contract.HEADS, NOPE),
         mla.query_rope.reshape(t * contract.HEADS, ROPE), ins.block_table, ins.seq_lens,

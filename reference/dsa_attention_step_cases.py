@@ -59,6 +59,7 @@ from tilesim.shared.dsa_indexer import INDEX_HEADS, MAX_DECODE_S1
 from tilesim.shared.dsa_indexer_prolog import QB_COLS
 from tilesim.shared.hadamard import scaled_hadamard_bf16
 from tilesim.shared.index_cache import INDEX_DIM
+from tilesim.shared.mla_cache import CACHE_LAYOUTS, PATH_CACHE_LAYOUT, is_packed
 from tilesim.shared.mla_prolog import BLOCK, HEADS, HIDDEN, KV_A, KV_LORA, Q_HEAD, Q_LORA, QK_NOPE
 from tilesim.shared.quant import _ue8m0
 from tilesim.shared.slots import slots_from_block_table
@@ -120,7 +121,7 @@ def _checked(p: dict) -> dict:
     p["spare_blocks"] = check_int(p["spare_blocks"], "spare_blocks", lo=0)
     check_bool(p["poison_unused"], "poison_unused")
     if p["cache_layout"] is not None:
-        check_choice(p["cache_layout"], "cache_layout", ("kv_split", "pypto", "flashmla"))
+        check_choice(p["cache_layout"], "cache_layout", CACHE_LAYOUTS)
     check_choice(p["weight_scale"], "weight_scale", WEIGHT_SCALES)
     return p
 
@@ -197,11 +198,11 @@ def _history_rows(p: dict, table: np.ndarray, n_rows: int) -> np.ndarray:
 
 
 def _latent_cache(p: dict, rngs, n_rows: int, used, progress) -> dict:
-    layout = p["cache_layout"] or ("kv_split" if p["path"] == "int8" else "pypto")
+    layout = p["cache_layout"] or PATH_CACHE_LAYOUT[p["path"]]
     cache = build_cache(n_rows, HISTORY_QUANT[p["path"]], layout, *rngs, progress=progress)
     if p["poison_unused"]:
         poison_rows(cache, ~used, layout)
-    if layout != "kv_split":
+    if is_packed(layout):
         return {"kv_cache": cache["nope_cache"]}
     return {"kv_cache": cache["kn_quant"], "kr_cache": cache["kr"],
             "kv_scale_cache": cache["kn_scales"]}  # fmt: skip

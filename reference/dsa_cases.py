@@ -54,7 +54,15 @@ from tilesim.reference.dsa import progress_bar
 from tilesim.shared.case_schema import CaseInfo, make_case, tolerance
 from tilesim.shared.casts import BF16, FP8_E4M3, to_bf16, to_fp8_e4m3
 from tilesim.shared.dsa import tiling_argument
-from tilesim.shared.mla_cache import NOPE, NSCALES, PYPTO_ROW_BYTES, ROPE, pack_rows
+from tilesim.shared.mla_cache import (
+    CACHE_LAYOUTS,
+    NOPE,
+    NSCALES,
+    PYPTO_ROW_BYTES,
+    ROPE,
+    is_packed,
+    pack_rows,
+)
 from tilesim.shared.models import DEEPSEEK_V32
 from tilesim.shared.quant import (
     QUANT_GROUP,
@@ -73,7 +81,6 @@ from tilesim.shared.validate import (
 
 QUANT_RULES = ("fp8", "fp8_ue8m0", "int8", "fp8_int8grid")
 TOPK_RULES = ("seeds", "causal")
-CASE_LAYOUTS = ("pypto", "flashmla", "kv_split")
 #: rows quantized per step (bounds the temporaries at ~100 MB)
 CHUNK_ROWS = 16384
 #: the Ascend-house compare rule the seeds' tests use for this op (``docs/sources.md``)
@@ -261,7 +268,7 @@ def _acts_text(acts: tuple[int, ...]) -> str:
 def case_summary(c: DsaCase, *, nq: int = 128, block_size: int = 128) -> str:
     """One line describing a named case (shape, cache form, softmax mode, the seeds' entry)."""
     blocks = sum(math.ceil(a / block_size) for a in c.actual_seq)
-    cache = "kv_split tensors" if c.layout == "kv_split" else f"{c.layout} packed cache"
+    cache = f"{c.layout} packed cache" if is_packed(c.layout) else "kv_split tensors"
     soft = "online" if c.tiling.softmax == "online" else "per-tile"
     return (
         f"b {c.b}, s1 {c.s1}, nq {nq}, act {_acts_text(c.actual_seq)}, {blocks} blocks, "
@@ -271,7 +278,7 @@ def case_summary(c: DsaCase, *, nq: int = 128, block_size: int = 128) -> str:
 
 
 def _case_info(c: DsaCase) -> CaseInfo:
-    op = "sparse_attention_antiquant" + ("_kv_split" if c.layout == "kv_split" else "")
+    op = "sparse_attention_antiquant" + ("" if is_packed(c.layout) else "_kv_split")
     return CaseInfo(
         name=c.name,
         family="dsa",
@@ -427,16 +434,14 @@ def build_cache(
     "kr", "kn_scales"}`` for ``"kv_split"``. The bytes do not depend on ``chunk_rows``.
     """
     qdt = quant_dtype(quant)
-    if layout == "kv_split":
+    if is_packed(layout):
+        out = {"nope_cache": np.empty((n_rows, PYPTO_ROW_BYTES), dtype=qdt)}
+    else:
         out = {
             "kn_quant": np.empty((n_rows, NOPE), dtype=qdt),
             "kr": np.empty((n_rows, ROPE), dtype=BF16),
             "kn_scales": np.empty((n_rows, NSCALES), dtype=np.float32),
         }
-    elif layout in ("pypto", "flashmla"):
-        out = {"nope_cache": np.empty((n_rows, PYPTO_ROW_BYTES), dtype=qdt)}
-    else:
-        raise ValueError(f"layout: expected one of {CASE_LAYOUTS}, got {layout!r}")
     bar = progress_bar(n_rows, progress, "dsa cache", unit="row")
     try:
         for r0 in range(0, n_rows, chunk_rows):
@@ -445,7 +450,7 @@ def build_cache(
             rope_bytes = random_bytes(rng_rope, n * ROPE).reshape(n, ROPE)
             q, scales = quantize_grid_rows(nope_bytes, quant)
             rope = grid_bf16(rope_bytes)
-            if layout == "kv_split":
+            if not is_packed(layout):
                 out["kn_quant"][r0 : r0 + n] = q
                 out["kr"][r0 : r0 + n] = rope
                 out["kn_scales"][r0 : r0 + n] = scales
@@ -464,7 +469,7 @@ def poison_rows(cache: dict[str, np.ndarray], mask: np.ndarray, layout: str) -> 
     n = int(mask.sum())
     if n == 0:
         return
-    if layout == "kv_split":
+    if not is_packed(layout):
         nope, rope, scales = _poison_fields(1, cache["kn_quant"].dtype)
         cache["kn_quant"][mask] = nope
         cache["kr"][mask] = rope
@@ -534,7 +539,7 @@ def _checked(p: dict) -> dict:
         raise ValueError(f"n_kv: expected 1 (one latent KV head), got {p['n_kv']!r}")
     q["softmax_scale"] = check_float(p["softmax_scale"], "softmax_scale", positive=True, fp32=True)
     check_choice(p["quant"], "quant", QUANT_RULES)
-    check_choice(p["layout"], "layout", CASE_LAYOUTS)
+    check_choice(p["layout"], "layout", CACHE_LAYOUTS)
     check_choice(p["topk_rule"], "topk_rule", TOPK_RULES)
     q["invalid_frac"] = check_float(p["invalid_frac"], "invalid_frac")
     if not 0 <= q["invalid_frac"] <= 1:
@@ -620,7 +625,7 @@ def dsa_make_case(name: str | None = None, *, seed: int = 0, **params) -> dict:
         "block_size": p["block_size"], "tiling": p["tiling"],
     }  # fmt: skip
     op = "sparse_attention_antiquant_kv_split"
-    if p["layout"] != "kv_split":
+    if is_packed(p["layout"]):
         op = "sparse_attention_antiquant"
         params_out["layout"] = p["layout"]
     meta = {
@@ -646,7 +651,6 @@ def dsa_make_case(name: str | None = None, *, seed: int = 0, **params) -> dict:
 
 __all__ = [
     "CASE_INFO",
-    "CASE_LAYOUTS",
     "DSA_CASES",
     "QUANT_RULES",
     "SEEDS_TOLERANCE",

@@ -49,7 +49,14 @@ from tilesim.reference.judge import Check, Verdict, judge
 from tilesim.reference.judge_indexer import IDS_TOLERANCE, SCORES_TOLERANCE, judge_ids, judge_scores
 from tilesim.shared.dsa_attention_step import IPROLOG_NAMES
 from tilesim.shared.index_cache import INDEX_DIM, fp8_page_views
-from tilesim.shared.mla_cache import NOPE, NSCALES, ROPE, unpack_rows
+from tilesim.shared.mla_cache import (
+    LAYOUTS,
+    NOPE,
+    NSCALES,
+    PATH_CACHE_LAYOUT,
+    ROPE,
+    unpack_rows,
+)
 from tilesim.shared.ops import plan_calls
 
 #: (stage, its outputs in the step's names, the upstream outputs its golden reads)
@@ -279,7 +286,7 @@ def cache_fields(name: str, arr: np.ndarray, layout: str, block_size: int) -> tu
     ``kr_cache``, ``kv_scale_cache``, the index cache ``k_cache`` (INT8 codes, or FP8 pages)
     and ``k_scale``; row ``r`` is cache slot ``r``."""
     a = np.ascontiguousarray(arr)
-    if name == "kv_cache" and layout in ("pypto", "flashmla"):
+    if name == "kv_cache" and layout in LAYOUTS:  # a packed row layout
         rows = unpack_rows(a.reshape(-1, a.shape[-1]), layout)
         fields = {"codes": rows.nope, "rope": rows.rope, "scales": rows.scales}
         return _byte_rows(a, a.shape[-1] * a.itemsize), fields
@@ -441,7 +448,7 @@ def _op_layout(op: str, inputs: dict, params: dict):
     slots = np.asarray(inputs["slot_mapping"], np.int64).reshape(-1)
     path = params.get("path", "int8")
     if op == "mla_prolog":
-        layout = params.get("cache_layout") or ("kv_split" if path == "int8" else "pypto")
+        layout = params.get("cache_layout") or PATH_CACHE_LAYOUT[path]
         return slots, layout, 128, path, None
     return slots, "", int(params.get("block_size", 128)), path, None
 

@@ -40,7 +40,7 @@ from tilesim.reference.arith import block_scaled_matmul_fp32, matmul_fp32, rowsu
 from tilesim.reference.numerics import quantize_nonfinite, quiet_numpy, warn_stage
 from tilesim.shared import mla_prolog as contract
 from tilesim.shared.casts import FP8_E4M3_MAX, to_bf16, to_fp8_e4m3
-from tilesim.shared.mla_cache import NOPE, NSCALES, ROPE, pack_kv_split, pack_rows
+from tilesim.shared.mla_cache import NOPE, NSCALES, ROPE, is_packed, pack_kv_split, pack_rows
 from tilesim.shared.mla_prolog import BLOCK, HEADS, KV_LORA, Q_HEAD, QK_NOPE, MlaPrologOutputs
 from tilesim.shared.quant import (
     _ue8m0,
@@ -194,7 +194,7 @@ def _write_cache(a, ins, codes, kr, scales):
     """Updated copies of the caches with the live tokens' rows written (module docstring)."""
     live = contract.host_plan(a)
     rows = a.slot_mapping[live]
-    if a.cache_layout != "kv_split":
+    if is_packed(a.cache_layout):
         out = np.array(host_data(ins.kv_cache, "kv_cache"), copy=True)
         if live.size:
             out[rows] = pack_rows(codes[live], kr[live], scales[live], a.cache_layout)

@@ -28,7 +28,14 @@ from tilesim.reference.dsa_case_common import builder_arguments, table_case_info
 from tilesim.reference.mla_prolog import quant_int8_gym
 from tilesim.shared.case_schema import CaseInfo, make_case, tolerance
 from tilesim.shared.casts import BF16, FP8_E4M3, FP8_E4M3_MAX, to_bf16, to_fp8_e4m3
-from tilesim.shared.mla_cache import NOPE, NSCALES, PYPTO_ROW_BYTES, ROPE
+from tilesim.shared.mla_cache import (
+    NOPE,
+    NSCALES,
+    PATH_CACHE_LAYOUT,
+    PYPTO_ROW_BYTES,
+    ROPE,
+    is_packed,
+)
 from tilesim.shared.mla_prolog import (
     BLOCK,
     HEADS,
@@ -148,7 +155,7 @@ def _weights(p: dict, rng) -> dict:
 
 def _caches(p: dict, n_blocks: int, layout: str) -> dict:
     rows, bs = n_blocks * p["block_size"], p["block_size"]
-    if layout != "kv_split":  # FP8 packed rows, every byte a NaN code / NaN scale
+    if is_packed(layout):  # FP8 packed rows, every byte a NaN code / NaN scale
         return {"kv_cache": np.full((rows, PYPTO_ROW_BYTES), 0x7F, np.uint8).view(FP8_E4M3)}
     qdt = np.int8 if p["path"] == "int8" else FP8_E4M3
     kv = np.full((n_blocks, bs, 1, NOPE), 0x80 if qdt == np.int8 else 0x7F, np.uint8)
@@ -210,7 +217,7 @@ def mla_prolog_make_case(name: str | None = None, *, seed: int = 0, progress=Non
     _say(progress, "weights")
     inputs = {"x": _bf16_uniform(rng, -1, 1, (slots.size, HIDDEN)), **_weights(p, rng)}
     inputs.update(_rope_inputs(p, rng, pos))
-    layout = p["cache_layout"] or ("kv_split" if p["path"] == "int8" else "pypto")
+    layout = p["cache_layout"] or PATH_CACHE_LAYOUT[p["path"]]
     inputs.update(slot_mapping=slots, **_caches(p, n_blocks, layout))
     _say(progress, "caches")
     params_ = {"path": p["path"], "cache_layout": layout}

@@ -42,7 +42,7 @@ from tilesim.shared import dsa_indexer_prolog as iprolog_contract
 from tilesim.shared import mla_prolog as mla_contract
 from tilesim.shared.casts import BF16, FP8_E4M3
 from tilesim.shared.index_cache import INDEX_DIM, fp8_page_views
-from tilesim.shared.mla_cache import NOPE, PYPTO_ROW_BYTES, ROPE
+from tilesim.shared.mla_cache import NOPE, PYPTO_ROW_BYTES, ROPE, is_packed
 from tilesim.shared.models import DEEPSEEK_V32
 from tilesim.shared.op_record import Call, OpRecord, Output
 from tilesim.shared.slots import NO_SLOT, check_slot_mapping_meta, slots_from_block_table
@@ -181,7 +181,7 @@ def latent_views(layout: str, kv_cache, kr_cache, kv_scale_cache) -> tuple:
     """The latent cache as the attention reads it: ``(nope_cache,)`` for a packed layout, or
     the ``kv_split`` triple as 2-D ``[rows, d]`` views (pypto-gym's ``[blocks, bs, 1, d]``
     forms reshaped; no copy for contiguous arrays)."""
-    if layout != "kv_split":
+    if is_packed(layout):
         return (kv_cache,)
     return tuple(v.reshape(-1, w) for v, w in ((kv_cache, NOPE), (kr_cache, ROPE),
                                                 (kv_scale_cache, 4)))  # fmt: skip
@@ -230,7 +230,7 @@ def _check_index_rope_table(ins, t: int) -> None:
 
 
 def _check_latent_block_size(ins, layout: str, bs: int) -> None:
-    if layout == "kv_split" and len(shape_of(ins.kv_cache, "kv_cache")) == 4:
+    if not is_packed(layout) and len(shape_of(ins.kv_cache, "kv_cache")) == 4:
         got = shape_of(ins.kv_cache, "kv_cache")
         if got[1] != bs:
             raise ValueError(f"kv_cache: expected [blocks, block_size = {bs}, 1, 512] (the "

@@ -12,11 +12,13 @@ kv_split     three tensors                    ``kn_quant [rows,512]`` (e4m3 or i
 Rows are 656 bytes in memory; PyPTO kernels pad each row to a 672-byte pitch in the UB only
 (``PYPTO_UB_PITCH``). All multi-byte fields are little-endian. Every byte count and offset here
 is derived once from the field sizes and orders (:data:`FIELD_SIZES`, :data:`FIELD_ORDER`); the
-kernels read their views of a row from :func:`packed_row_view` and :data:`KV_SPLIT_VIEW`. A
-packed cache is an array of shape ``[rows, 656]`` whose dtype is the quantized type
-(float8_e4m3fn or int8), exactly like the tensors the kernels take. Packing and unpacking are
-exact byte moves. The unpackers also accept raw ``uint8`` bytes and then decode the nope field
-as float8_e4m3fn (view an INT8 cache as ``int8`` first). Arguments follow
+kernels read their views of a row from :func:`packed_row_view` and :data:`KV_SPLIT_VIEW`. The
+layouts an op takes, and the one each quant path uses unless a call says otherwise, are one
+table (:data:`CACHE_LAYOUTS`, :data:`PATH_CACHE_LAYOUT`, :func:`is_packed`) that every golden,
+wrapper and case reads. A packed cache is an array of shape ``[rows, 656]`` whose dtype is the
+quantized type (float8_e4m3fn or int8), exactly like the tensors the kernels take. Packing and
+unpacking are exact byte moves. The unpackers also accept raw ``uint8`` bytes and then decode
+the nope field as float8_e4m3fn (view an INT8 cache as ``int8`` first). Arguments follow
 :mod:`tilesim.shared.validate`: NumPy arrays or torch tensors (FP8/BF16 and ``requires_grad``
 tensors included, read without writing); the results are NumPy arrays.
 
@@ -73,7 +75,16 @@ def _field_bytes(order: tuple[str, ...]) -> dict[str, tuple[int, int]]:
 #: packers here, the kernels' views (:func:`packed_row_view`) and the CLI's byte-layout notes
 #: read it)
 FIELD_BYTES = {layout: _field_bytes(order) for layout, order in FIELD_ORDER.items()}
-LAYOUTS = ("pypto", "flashmla")
+LAYOUTS = tuple(FIELD_ORDER)  #: the packed ``[rows, 656]`` row layouts: ``pypto``, ``flashmla``
+KV_SPLIT = "kv_split"  #: the layout of three tensors, :data:`KV_SPLIT_NAMES`
+#: the kv_split triple's tensors as the sparse attention names them (nope codes, rope, scales)
+KV_SPLIT_NAMES = ("kn_quant", "kr", "kn_scales")
+#: every layout of the latent cache (the one table of cache forms): packed rows, then kv_split
+CACHE_LAYOUTS = (*LAYOUTS, KV_SPLIT)
+#: the latent cache layout of each quant path when a call names none: INT8 the kv_split triple
+#: (pypto-gym's ``mla_prolog_quant`` and INT8 ``sparse_attention_antiquant``), FP8 the packed
+#: ``pypto`` row (the seeds' FP8 kernels; docs/ops/mla_prolog.md, docs/ops/dsa.md)
+PATH_CACHE_LAYOUT = {"int8": KV_SPLIT, "fp8": "pypto"}
 #: byte offsets ``(rope, scales)`` inside a packed row, per layout (the kernel's view offsets)
 LAYOUT_OFFSETS = {k: (f["rope"][0], f["scales"][0]) for k, f in FIELD_BYTES.items()}
 QUANT_DTYPES = (FP8_E4M3, np.dtype(np.int8))
@@ -117,6 +128,13 @@ def _packed_view(layout: str) -> PackedRowView:
 
 #: the kernel-facing view of each packed layout (:class:`PackedRowView`)
 PACKED_ROW_VIEWS = {layout: _packed_view(layout) for layout in LAYOUTS}
+
+
+def is_packed(layout: str, name: str = "layout") -> bool:
+    """Whether the cache ``layout`` (one of :data:`CACHE_LAYOUTS`; ``ValueError`` naming
+    ``name`` otherwise) is one packed ``[rows, 656]`` tensor (``False``: the kv_split triple)."""
+    check_choice(layout, name, CACHE_LAYOUTS)
+    return layout != KV_SPLIT
 
 
 def packed_row_view(layout: str) -> PackedRowView:

@@ -35,7 +35,15 @@ from typing import NamedTuple
 
 import numpy as np
 from tilesim.shared.casts import BF16, FP8_E4M3
-from tilesim.shared.mla_cache import NOPE, NSCALES, PYPTO_ROW_BYTES, ROPE
+from tilesim.shared.mla_cache import (
+    CACHE_LAYOUTS,
+    NOPE,
+    NSCALES,
+    PATH_CACHE_LAYOUT,
+    PYPTO_ROW_BYTES,
+    ROPE,
+    is_packed,
+)
 from tilesim.shared.op_record import Call, OpRecord, Output
 from tilesim.shared.quant import FP8_PROMOTIONS
 from tilesim.shared.rope import LAYOUTS as ROPE_LAYOUTS
@@ -66,7 +74,6 @@ INT8 = np.dtype(np.int8)
 PATHS = ("int8", "fp8")
 RMS_FORMS = ("gym_golden", "gym_kernel", "deepseek")
 KV_QUANTS = ("int8_gym", "int8_seeds", "fp8_ue8m0_deepseek", "fp8_ue8m0_flashmla", "fp8_amax")
-CACHE_LAYOUTS = ("kv_split", "pypto", "flashmla")
 #: the storage dtype of each latent quant rule
 KV_QUANT_DTYPE = {q: (INT8 if q.startswith("int8") else FP8_E4M3) for q in KV_QUANTS}
 
@@ -78,7 +85,7 @@ PATH_DEFAULTS = {
         "rms_form": "gym_golden",
         "rms_eps": 0.0,
         "kv_quant": "int8_gym",
-        "cache_layout": "kv_split",
+        "cache_layout": PATH_CACHE_LAYOUT["int8"],
     },
     # deepseek-ai/DeepSeek-V3.2-Exp inference/model.py MLA.forward, FP8 KV-cache simulation
     "fp8": {
@@ -86,7 +93,7 @@ PATH_DEFAULTS = {
         "rms_form": "deepseek",
         "rms_eps": 1e-6,
         "kv_quant": "fp8_ue8m0_deepseek",
-        "cache_layout": "pypto",
+        "cache_layout": PATH_CACHE_LAYOUT["fp8"],
     },
 }
 
@@ -174,7 +181,7 @@ def prolog_keywords(
     DeepSeek's reference, 950) sets the defaults of every other switch (:data:`PATH_DEFAULTS`);
     ``None`` takes the path's value. ``rope_layout`` in :data:`tilesim.shared.rope.LAYOUTS`;
     ``rms_form`` in :data:`RMS_FORMS`; ``rms_eps`` >= 0; ``kv_quant`` in :data:`KV_QUANTS`;
-    ``cache_layout`` in :data:`CACHE_LAYOUTS`; ``fp8_promotion`` in
+    ``cache_layout`` in :data:`~tilesim.shared.mla_cache.CACHE_LAYOUTS`; ``fp8_promotion`` in
     :data:`tilesim.shared.quant.FP8_PROMOTIONS`, the K-block promotion of every FP8 linear
     (``"fma"``: DeepSeek's ``fp8_gemm`` as nvcc builds it, one rounding; ``"two_roundings"``;
     no effect on BF16 / INT8 linears)."""
@@ -226,7 +233,7 @@ def _linear_kind(w, w_name: str, scale, s_name: str, k: int, n: int, *, int8_ok:
 
 def _check_caches(ins, layout: str, kv_dtype: np.dtype) -> tuple[int, tuple]:
     kv, kr, ks = ins.kv_cache, ins.kr_cache, ins.kv_scale_cache
-    if layout != "kv_split":
+    if is_packed(layout, "cache_layout"):
         for v, name in ((kr, "kr_cache"), (ks, "kv_scale_cache")):
             if v is not None:
                 raise ValueError(f"{name}: expected None with cache_layout {layout!r}, got array")
@@ -368,7 +375,6 @@ RECORD = OpRecord(
 
 __all__ = [
     "RECORD",
-    "CACHE_LAYOUTS",
     "KV_QUANTS",
     "MlaPrologOutputs",
     "PATHS",

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 from tilesim.cli import CliError
 from tilesim.shared.case_schema import CASE_KEYS, CaseInfo
+from tilesim.shared.mla_cache import KV_SPLIT, KV_SPLIT_NAMES
 
 #: inputs passed to an op as one tuple argument, stored as separately named tensors
 PACKED_INPUTS = {"weights": ("w13_flat", "w2_flat")}
@@ -184,12 +185,12 @@ def check_meta_of(op: str, args: dict):
         )  # fmt: skip
     if fam == "dsa":
         split = "nope_cache" not in a
-        names = ("kn_quant", "kr", "kn_scales") if split else ("nope_cache",)
+        names = KV_SPLIT_NAMES if split else ("nope_cache",)
         caches = tuple(a[k] for k in names)
         keys = ("nq", "n_kv", "softmax_scale", "topk", "block_size", "tiling")
         return mod.check_meta(
             a["query_nope"], a["query_rope"], caches, a["topk_indices"], a["block_table"],
-            a["kv_act_seqs"], layout="kv_split" if split else a["layout"],
+            a["kv_act_seqs"], layout=KV_SPLIT if split else a["layout"],
             **{k: a[k] for k in keys},
         )  # fmt: skip
     # the other contracts name their parameters as the op does: bind them by name; a contract

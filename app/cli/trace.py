@@ -198,7 +198,7 @@ def _stage_maps(run: TraceRun, pairs, rep, tol: dict) -> list:
 
 def _cache_geometry(op: str, args: dict) -> tuple:
     """(written slots, latent cache layout, block size, path) of a traced call."""
-    from tilesim.shared.mla_prolog import PATH_DEFAULTS
+    from tilesim.shared.mla_cache import PATH_CACHE_LAYOUT
 
     if op == "dsa_attention_step":
         from tilesim.reference.dsa_attention_step import step_args
@@ -207,7 +207,7 @@ def _cache_geometry(op: str, args: dict) -> tuple:
         return np.asarray(a.slots, np.int64), a.layout, a.ins.block_size, a.path
     path = args.get("path", "int8")
     slots = np.asarray(args["slot_mapping"], np.int64).reshape(-1)
-    layout = args.get("cache_layout") or PATH_DEFAULTS[path]["cache_layout"]
+    layout = args.get("cache_layout") or PATH_CACHE_LAYOUT[path]
     return slots, layout, int(args.get("block_size") or 128), path
 
 

@@ -1,6 +1,6 @@
 """The bench's own pieces (tests/bench, a development tool outside the package): FLOP counts
-against published numbers, and the seeds-style torch goldens agreeing with the references (so
-the timings compare like with like)."""
+(each op record's ``cost``) against published numbers, and the seeds-style torch goldens
+agreeing with the references (so the timings compare like with like)."""
 
 from __future__ import annotations
 
@@ -13,13 +13,9 @@ from tilesim.cli.runner import build_case, run_reference
 
 
 def test_moe_flop_count_matches_the_issue():
-    from types import SimpleNamespace
-
-    from tilesim.shared import MINIMAX_M27
-
-    cs = np.concatenate([[0], np.cumsum([0, 1, 2, 4, 8, 16, 32, 0])]).astype(np.int32)
-    args = {"dims": MINIMAX_M27.moe_dims(8), "expert_cumsum": cs}
-    built = SimpleNamespace(op_name="moe_grouped_gemm", op_args=args)  # m27_case_001's shape
+    built = build_case(get_case("m27_case_001"))  # 8 experts with 0, 1, 2, ..., 32, 0 tokens
+    cs = np.concatenate([[0], np.cumsum([0, 1, 2, 4, 8, 16, 32, 0])])
+    assert np.asarray(built.op_args["expert_cumsum"]).tolist() == cs.tolist()
     # 63 tokens x (mm1 2*H*2I + mm2 2*I*H) = about 1.8 GFLOP
     assert flop_count(built) == 63 * (2 * 3072 * 3072 + 2 * 1536 * 3072)
     assert 1.7e9 < flop_count(built) < 1.9e9
