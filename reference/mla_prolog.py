@@ -33,7 +33,9 @@ the rows named by ``slot_mapping`` differ from the inputs, byte for byte).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
+from types import SimpleNamespace
 
 import numpy as np
 from tilesim.reference.arith import block_scaled_matmul_fp32, matmul_fp32, rowsum_fp32
@@ -52,7 +54,7 @@ from tilesim.shared.quant import (
 )
 from tilesim.shared.rope import apply_rope
 from tilesim.shared.trace import emit, emit_stage
-from tilesim.shared.validate import host_data, op_signature, same_kind
+from tilesim.shared.validate import host_data, same_kind
 
 F32 = np.float32
 OP = "mla_prolog"
@@ -210,9 +212,34 @@ def _write_cache(a, ins, codes, kr, scales):
     return tuple(outs)
 
 
-@op_signature(contract.prolog_inputs, contract.prolog_keywords)
 @quiet_numpy
-def mla_prolog(ins, *, trace: Callable[[dict], None] | None = None) -> MlaPrologOutputs:
+def mla_prolog(
+    x,
+    w_dq,
+    w_uq_qr,
+    w_uq_qr_scale,
+    w_uk,
+    w_dkv_kr,
+    gamma_cq,
+    gamma_ckv,
+    cos,
+    sin,
+    slot_mapping,
+    kv_cache,
+    kr_cache=None,
+    kv_scale_cache=None,
+    w_dq_scale=None,
+    w_dkv_kr_scale=None,
+    *,
+    path: str = "int8",
+    rope_layout: str | None = None,
+    rms_form: str | None = None,
+    rms_eps: float | None = None,
+    kv_quant: str | None = None,
+    cache_layout: str | None = None,
+    fp8_promotion: str = "fma",
+    trace: Callable[[dict], None] | None = None,
+) -> MlaPrologOutputs:
     """The MLA prolog golden (module docstring; ``docs/ops/mla_prolog.md``).
 
     Args: the arrays of :func:`tilesim.shared.mla_prolog.prolog_inputs` and the switches of
@@ -229,6 +256,7 @@ def mla_prolog(ins, *, trace: Callable[[dict], None] | None = None) -> MlaProlog
     through and reported by a :class:`~tilesim.reference.numerics.NumericsWarning` naming the
     stage (``docs/ops/mla_prolog.md``, "Bad input and overflow").
     """
+    ins = SimpleNamespace(**{n: v for n, v in locals().items() if n != "trace"})  # the arguments
     a = contract.check_values(contract.check_meta(ins, **_switch_values(ins), trace=trace))
     query_nope, query_rope, q_norm, q_scale, kv_a = _queries(a, ins, trace)
     kvn = rms_norm(kv_a[:, :KV_LORA], host_data(ins.gamma_ckv, "gamma_ckv"), a.rms_form, a.rms_eps)
@@ -260,7 +288,7 @@ _SWITCHES = ("path", "rope_layout", "rms_form", "rms_eps", "kv_quant", "cache_la
 
 def mla_prolog_cost(*args, **kwargs) -> dict:
     """``{flop, bytes}`` of a call with these arguments (:func:`tilesim.shared.mla_prolog.cost`)."""
-    bound = mla_prolog.__signature__.bind(*args, **kwargs)
+    bound = inspect.signature(mla_prolog).bind(*args, **kwargs)
     bound.apply_defaults()
     ns = type("Ins", (), dict(bound.arguments))
     a = contract.check_meta(ns, **{k: bound.arguments[k] for k in _SWITCHES})
