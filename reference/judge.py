@@ -56,13 +56,13 @@ from tilesim.reference.judge_report import N_POSITIONS, Check, RowNames, Verdict
 from tilesim.reference.judge_ties import TIE_ULPS, IdReport, IdRow, judge_id_rows
 from tilesim.reference.numerics import ULP_DTYPES
 from tilesim.shared.case_schema import TOLERANCE_MODES
-from tilesim.shared.ops import judge_layouts
+from tilesim.shared.ops import judge_kinds
 from tilesim.shared.validate import check_choice, check_float, check_str, host_data
 
 #: (output kind, names of the leading axes) of each op's judged output, by the judge's
-#: ``kind``: the layouts the registry of ops names (:func:`tilesim.shared.ops.judge_layouts`),
+#: ``kind``: the kinds the registry of ops names (:func:`tilesim.shared.ops.judge_kinds`),
 #: then the two plain kinds
-OP_LAYOUTS = {**judge_layouts(), "float": ("float", None), "ids": ("ids", None)}
+JUDGE_KINDS = {**judge_kinds(), "float": ("float", None), "ids": ("ids", None)}
 RULES = ("default", "seeds")
 
 
@@ -119,8 +119,8 @@ def _resolve_kind(kind, tol_mode: str, g: np.ndarray):
     """(kind, axis names) from ``kind`` (an op name or ``"float"``/``"ids"``) or the mode."""
     if kind is None:
         kind = "ids" if tol_mode == "set" else "float"
-    check_choice(kind, "kind", tuple(OP_LAYOUTS))
-    k, axes = OP_LAYOUTS[kind]
+    check_choice(kind, "kind", tuple(JUDGE_KINDS))
+    k, axes = JUDGE_KINDS[kind]
     if k == "ids" and g.dtype.kind not in "iu":
         raise TypeError(f"golden: expected an integer dtype for id outputs, got {g.dtype}")
     return k, axes
@@ -164,7 +164,7 @@ def judge(
     float scores ``[..., candidates]`` (one row per id row) make ties recognisable.
     ``tolerance``: ``{"mode", "atol", "rtol", "ratio"}`` as the case states it, optionally
     ``"row_ulp"`` (a row-ULP budget, :func:`row_ulp_errors`). ``kind``: ``"float"``, ``"ids"``
-    or an op name of :data:`OP_LAYOUTS` (names the coordinates in the report; a calibrated
+    or an op name of :data:`JUDGE_KINDS` (names the coordinates in the report; a calibrated
     op of :data:`OP_L2_UNITS` sets the L2 bounds). ``rule``:
     ``"default"`` or ``"seeds"`` (the module docstring). ``arithmetic``: of the seeds' rule.
     ``precision``: a dtype whose rounding the output carries although it is stored wider (the
@@ -221,7 +221,7 @@ def judge(
     )
 
 
-__all__ = ["L2_FLOOR", "N_POSITIONS", "OP_L2_UNITS", "OP_LAYOUTS", "ROW_L2_UNITS", "ROW_NORM_FLOOR",
-           "RULES", "TENSOR_L2_UNITS", "TIE_ULPS", "UNIT_ROUNDOFF", "Check", "IdReport", "IdRow",
-           "RowNames", "Verdict", "cosine_bound", "judge", "l2_bounds", "l2_units",
-           "row_ulp_errors"]  # fmt: skip
+__all__ = ["JUDGE_KINDS", "L2_FLOOR", "N_POSITIONS", "OP_L2_UNITS", "ROW_L2_UNITS",
+           "ROW_NORM_FLOOR", "RULES", "TENSOR_L2_UNITS", "TIE_ULPS", "UNIT_ROUNDOFF", "Check",
+           "IdReport", "IdRow", "RowNames", "Verdict", "cosine_bound", "judge", "l2_bounds",
+           "l2_units", "row_ulp_errors"]  # fmt: skip

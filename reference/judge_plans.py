@@ -32,12 +32,12 @@ from tilesim.reference.judge_indexer import (
     judge_ids,
     judge_scores,
 )
-from tilesim.shared.ops import golden_layouts, judge_layouts, optional_outputs, plan_calls
+from tilesim.shared.ops import golden_kinds, judge_kinds, optional_outputs, plan_calls
 
 #: the reference op of a golden -> the judge's ``kind`` (names the report's coordinates)
-OP_KINDS = golden_layouts()
+OP_KINDS = golden_kinds()
 #: the judge kinds whose output is ids
-ID_KINDS = tuple(k for k, (what, _) in judge_layouts().items() if what == "ids")
+ID_KINDS = tuple(k for k, (what, _) in judge_kinds().items() if what == "ids")
 #: the ops whose goldens hold ``topk_indices`` + ``scores`` (+ the step's attention ``out``)
 INDEXER_OPS = plan_calls("indexer")
 #: the id, score and attention outputs of those goldens

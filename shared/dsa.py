@@ -410,9 +410,9 @@ RECORD = OpRecord(
     name="dsa",
     calls=(
         Call("sparse_attention_antiquant", "dsa", _OUT, signature=(packed_inputs, model_keywords),
-             layout="dsa", device=True, l2_units=1.4),
+             judge_kind="dsa", device=True, l2_units=1.4),
         Call("sparse_attention_antiquant_kv_split", "dsa", _OUT,
-             signature=(kv_split_inputs, model_keywords), layout="dsa", device=True,
+             signature=(kv_split_inputs, model_keywords), judge_kind="dsa", device=True,
              l2_units=1.4),
     ),
     cost=cost,

@@ -315,7 +315,7 @@ RECORD = OpRecord(
     name="moe",
     calls=(
         Call(OP_NAME, "moe", (Output("out", "float", ("row",)),), signature=(moe_inputs,),
-             layout="moe", device=True, l2_units=1.2),
+             judge_kind="moe", device=True, l2_units=1.2),
     ),
     cost=cost,
     int_checks=check_values,

@@ -377,7 +377,7 @@ RECORD = OpRecord(
     family="msa",
     calls=(
         Call("msa_sparse_decode", "msa_decode", (Output("out", "float", ("batch", "head")),),
-             signature=(decode_inputs,), layout="msa_decode", device=True,
+             signature=(decode_inputs,), judge_kind="msa_decode", device=True,
              l2_units=1.4),
     ),
     cost=cost,

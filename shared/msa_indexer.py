@@ -225,9 +225,9 @@ RECORD = OpRecord(
     family="msa",
     calls=(
         Call("msa_indexer", "msa_indexer", (Output("out", "ids", ("row",)),),
-             signature=(indexer_inputs,), layout="msa_indexer", device=True),
+             signature=(indexer_inputs,), judge_kind="msa_indexer", device=True),
         Call("msa_indexer_scores", "msa_indexer", (Output("out", "float", ("head",)),),
-             signature=(scores_inputs,), layout="msa_indexer_scores", golden=False,
+             signature=(scores_inputs,), judge_kind="msa_indexer_scores", golden=False,
              device=True),
     ),
     cost=cost,

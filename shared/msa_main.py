@@ -357,7 +357,7 @@ RECORD = OpRecord(
     family="msa",
     calls=(
         Call("msa_main_branch", "msa_main", (Output("out", "float", ("query", "head")),),
-             signature=(main_inputs,), layout="msa_main", device=True,
+             signature=(main_inputs,), judge_kind="msa_main", device=True,
              l2_units=1.3),
     ),
     cost=cost,

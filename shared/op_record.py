@@ -6,7 +6,7 @@ Each op's contract module ``tilesim.shared.<op>`` exports one :class:`OpRecord` 
 * the op's **public calls** (:class:`Call`): the reference callable, the module of
   :mod:`tilesim.reference` that defines it, its input prototypes (the leading parameters its
   golden and wrapper write out, held equal by ``tests/test_op_records.py``), its outputs
-  (:class:`Output`: name, kind, axes), the judge's layout name and plan, whether a named case's
+  (:class:`Output`: name, kind, axes), the judge's kind and plan, whether a named case's
   golden is a call of it and whether :mod:`tilesim.device` exports it too;
 * the **case family** whose ``tilesim.reference.<family>_cases`` module builds its cases;
 * the other public names of :mod:`tilesim.reference` it adds (``{name: module}``);
@@ -62,7 +62,7 @@ class Call:
     ``name``: the callable (the same in :mod:`tilesim.reference` and, when ``device``, in
     :mod:`tilesim.device`); ``module``: the :mod:`tilesim.reference` module defining it;
     ``signature``: its input prototypes in the contract module (``()``: none written);
-    ``outputs``: in the op's order; ``layout``: the judge's ``kind`` that names the
+    ``outputs``: in the op's order; ``judge_kind``: the judge's ``kind`` that names the
     coordinates of its (first) output (``None``: none); ``plan``: :data:`PLANS`; ``golden``:
     a named case's golden may be a call of it; ``device``: :mod:`tilesim.device` exports it;
     ``l2_units``: the judge's calibrated relative-L2 bound of its float output, one multiple of
@@ -75,7 +75,7 @@ class Call:
     module: str
     outputs: tuple[Output, ...]
     signature: tuple[Callable, ...] = ()
-    layout: str | None = None
+    judge_kind: str | None = None
     plan: str = "kind"
     golden: bool = True
     device: bool = False

@@ -1,50 +1,50 @@
 """The registry of ops: each op's :class:`~tilesim.shared.op_record.OpRecord`, in order.
 
-:data:`OP_MODULES` is the one list of ops: the contract modules ``tilesim.shared.<op>``, each
-exporting its record as ``RECORD``. Every other list of ops is derived here: the case
-families (:func:`families`), the public calls (:func:`calls`), the public names of
-:mod:`tilesim.reference` (:func:`reference_names`) and :mod:`tilesim.device`
+:data:`RECORDS` is the one list of ops: each contract module ``tilesim.shared.<op>``'s
+``RECORD``, imported by name (:data:`OP_MODULES` their names). Every other list of ops is
+derived here: the case families (:func:`families`), the public calls (:func:`calls`), the public
+names of :mod:`tilesim.reference` (:func:`reference_names`) and :mod:`tilesim.device`
 (:func:`device_names`), the ops of five files (:func:`kernel_ops`), the calls of a judging plan
-(:func:`plan_calls`). The judge, the CLI, the case registry, the structural test and the
-digests read them. Adding an op is one record plus its five files (``docs/index.md``, "Adding
-an op").
-
-The contract modules are imported on the first call of a function here, not at import.
+(:func:`plan_calls`). The judge, the CLI, the case registry, the structural test and the digests
+read them. Adding an op is one record plus its five files (``docs/index.md``, "Adding an op").
 """
 
 from __future__ import annotations
 
-import importlib
-from functools import lru_cache
-
+from tilesim.shared import (
+    dsa,
+    dsa_attention_step,
+    dsa_indexer,
+    dsa_indexer_prolog,
+    mla_prolog,
+    moe,
+    msa_decode,
+    msa_indexer,
+    msa_main,
+)
 from tilesim.shared.op_record import Call, OpRecord
 
-#: the ops, in the registry's order (also the order of the case families)
-OP_MODULES = (
-    "moe",
-    "msa_indexer",
-    "msa_decode",
-    "msa_main",
-    "dsa",
-    "dsa_indexer",
-    "dsa_indexer_prolog",
-    "mla_prolog",
-    "dsa_attention_step",
+#: every op's record, in the registry's order (also the order of the case families): each
+#: contract module's ``RECORD``, imported by name
+RECORDS: tuple[OpRecord, ...] = (
+    moe.RECORD,
+    msa_indexer.RECORD,
+    msa_decode.RECORD,
+    msa_main.RECORD,
+    dsa.RECORD,
+    dsa_indexer.RECORD,
+    dsa_indexer_prolog.RECORD,
+    mla_prolog.RECORD,
+    dsa_attention_step.RECORD,
 )
 
-
-def _record(op: str) -> OpRecord:
-    mod = importlib.import_module(f"tilesim.shared.{op}")
-    rec = getattr(mod, "RECORD", None)
-    if not isinstance(rec, OpRecord) or rec.name != op:
-        raise RuntimeError(f"tilesim.shared.{op} exports no OpRecord RECORD named {op!r}")
-    return rec
+#: the ops, in the registry's order: the names of their contract modules ``tilesim.shared.<op>``
+OP_MODULES = tuple(r.name for r in RECORDS)
 
 
-@lru_cache(maxsize=1)
 def records() -> tuple[OpRecord, ...]:
-    """Every op's record, in :data:`OP_MODULES` order."""
-    return tuple(_record(op) for op in OP_MODULES)
+    """Every op's record, in :data:`OP_MODULES` order (:data:`RECORDS`)."""
+    return RECORDS
 
 
 def record(op: str) -> OpRecord:
@@ -114,31 +114,31 @@ def device_names() -> dict[str, str]:
     return {c.name: r.name for r in records() for c in r.calls if c.device}
 
 
-def judge_layouts() -> dict[str, tuple[str, tuple[str, ...] | None]]:
-    """``{layout: (output kind, axis names)}``: the judge's ``kind`` of each call that names
-    one (:attr:`~tilesim.shared.op_record.Call.layout`), from its first output."""
+def judge_kinds() -> dict[str, tuple[str, tuple[str, ...] | None]]:
+    """``{kind: (output kind, axis names)}``: the judge's ``kind`` of each call that names
+    one (:attr:`~tilesim.shared.op_record.Call.judge_kind`), from its first output."""
     out: dict = {}
     for c in calls():
-        if c.layout is not None and c.layout not in out:
-            out[c.layout] = (c.outputs[0].kind, c.outputs[0].axes)
+        if c.judge_kind is not None and c.judge_kind not in out:
+            out[c.judge_kind] = (c.outputs[0].kind, c.outputs[0].axes)
     return out
 
 
 def judge_l2_units() -> dict[str, tuple[float, float]]:
-    """``{layout: (tensor, row) multiples of u}``: the judge's calibrated relative-L2 bounds of
-    the calls that name a layout and carry :attr:`~tilesim.shared.op_record.Call.l2_units`
+    """``{kind: (tensor, row) multiples of u}``: the judge's calibrated relative-L2 bounds of
+    the calls that name a judge kind and carry :attr:`~tilesim.shared.op_record.Call.l2_units`
     (one multiple, for the tensor and for each row)."""
     out: dict = {}
     for c in calls():
-        if c.layout is not None and c.l2_units is not None:
-            if out.setdefault(c.layout, (c.l2_units,) * 2) != (c.l2_units,) * 2:
-                raise RuntimeError(f"layout {c.layout!r}: calls disagree on l2_units")
+        if c.judge_kind is not None and c.l2_units is not None:
+            if out.setdefault(c.judge_kind, (c.l2_units,) * 2) != (c.l2_units,) * 2:
+                raise RuntimeError(f"judge kind {c.judge_kind!r}: calls disagree on l2_units")
     return out
 
 
-def golden_layouts() -> dict[str, str]:
-    """``{call: layout}`` of the calls a named case's golden may be that name a layout."""
-    return {c.name: c.layout for c in calls() if c.golden and c.layout is not None}
+def golden_kinds() -> dict[str, str]:
+    """``{call: judge kind}`` of the calls a named case's golden may be that name a kind."""
+    return {c.name: c.judge_kind for c in calls() if c.golden and c.judge_kind is not None}
 
 
 def optional_outputs() -> dict[str, tuple[str, ...]]:
@@ -147,6 +147,6 @@ def optional_outputs() -> dict[str, tuple[str, ...]]:
 
 
 __all__ = ["OP_MODULES", "calls", "case_builder", "device_names", "families", "golden_calls",
-           "golden_layouts", "judge_l2_units", "judge_layouts", "optional_outputs",
+           "golden_kinds", "judge_kinds", "judge_l2_units", "optional_outputs",
            "kernel_ops", "plan_calls", "record", "record_of_call", "records",
            "reference_names"]  # fmt: skip

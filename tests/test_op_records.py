@@ -2,7 +2,7 @@
 
 * each record is its contract module's ``RECORD``: its calls exist in ``tilesim.reference``
   (and ``tilesim.device`` where it says so), its ``cost`` is the module's;
-* the consumers (the judge's layouts and plans, the case families and case modules, the lazy
+* the consumers (the judge's kinds and plans, the case families and case modules, the lazy
   names of ``tilesim.reference`` and ``tilesim.device``, the structural test, the digests, the
   CLI) agree with the registry;
 * no consumer keeps a list of its own: no module-level literal in a consumer names two ops,
@@ -202,14 +202,14 @@ def test_the_judge_reads_the_registry():
     judge = _module("tilesim.reference.judge")
     plans = _module("tilesim.reference.judge_plans")
     stages = _module("tilesim.reference.judge_stages")
-    assert judge.OP_LAYOUTS == {**ops.judge_layouts(), "float": ("float", None),
+    assert judge.JUDGE_KINDS == {**ops.judge_kinds(), "float": ("float", None),
                                 "ids": ("ids", None)}  # fmt: skip
-    assert plans.OP_KINDS == ops.golden_layouts()
+    assert plans.OP_KINDS == ops.golden_kinds()
     assert plans.INDEXER_OPS == ops.plan_calls("indexer")
     assert plans.OPTIONAL_OUTPUTS == ops.optional_outputs()
     assert sorted(stages.PLAN_OPS) == sorted(ops.plan_calls("stages"))
     for call in CALLS:
-        assert call.layout is None or call.layout in judge.OP_LAYOUTS
+        assert call.judge_kind is None or call.judge_kind in judge.JUDGE_KINDS
 
 
 def test_the_case_registry_reads_the_registry():

@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 from judge import goldens, mutations
 from tilesim.reference.judge import (
+    JUDGE_KINDS,
     OP_L2_UNITS,
-    OP_LAYOUTS,
     UNIT_ROUNDOFF,
     judge,
     l2_bounds,
@@ -195,7 +195,7 @@ def test_the_calibrated_ops_are_float_layouts_of_the_suite():
     calibrated = {goldens.FLOAT_OPS[n]()["op"] for n in OPS}
     assert set(OP_L2_UNITS) == calibrated
     for kind in OP_L2_UNITS:
-        assert OP_LAYOUTS[kind][0] == "float", kind
+        assert JUDGE_KINDS[kind][0] == "float", kind
         t, r = l2_units(kind)
         assert t == r, kind  # a small output is a few rows: its spread is the row spread
     assert l2_units(None) == l2_units("float") == (4.0, 8.0)
