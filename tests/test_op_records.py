@@ -39,7 +39,7 @@ def _module(name: str):
 @pytest.mark.parametrize("rec", RECORDS, ids=lambda r: r.name)
 def test_each_record_is_its_contract_modules(rec):
     mod = _module(f"tilesim.shared.{rec.name}")
-    assert isinstance(rec, OpRecord)
+    assert isinstance(rec, OpRecord) and mod.RECORD is rec
     assert rec.cost is mod.cost
     assert (ROOT / "shared" / f"{rec.name}.py").is_file()
     assert (ROOT / "reference" / f"{rec.name}.py").is_file()
