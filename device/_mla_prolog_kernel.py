@@ -36,12 +36,25 @@ from tilesim.shared.mla_prolog import HEADS, HIDDEN, KV_A, Q_HEAD, Q_LORA, QK_NO
 #: columns of the ones matrix the norms' row sums multiply by (one cube N tile; column 0 used)
 SUM_COLS = 16
 #: the jit options: PyPTO's DeepSeek prolog example's stitch limit and 910B scheduling mode 2
-#: (hicann/pypto ``models/deepseek_v32_exp/mla_prolog_quant_impl.py`` ``options_list``)
+#: (hicann/pypto ``models/deepseek_v32_exp/mla_prolog_quant_impl.py`` ``options_list``), and an
+#: L1 reuse of 1: without it the compiler packs every N tile of a matmul that shares the ``x``
+#: tile into one cube task, so ``x @ w_dq`` ran on one or two cores (405 -> 308 µs at T = 8)
 JIT = (
     ("runtime", "stitch_function_max_num", 128),
     ("runtime", "device_sched_mode", 2),
+    ("pass", "cube_l1_reuse_setting", ((-1, 1),)),
 )
 READY_ON_HOST = ("slots",)
+#: cube tiles ``([m0, m1], [k0, k1], [n0, n1])`` of C1 (``x @ w_dq``, ``x @ w_dkv_kr``), C2
+#: (``q_norm @ w_uq_qr``) and C3 (the absorption); they change the cost model's tasks, never
+#: a bit (the interpreter sums each matmul's K at once). N tiles of 64 give ``x @ w_dq`` one
+#: task per core (24); K1 tiles of 1024 / the whole 1536 copy each weight slab into L1 in one
+#: piece (the model charges a fixed latency per copy, whatever its size); C2's 256-wide N tiles
+#: halve its tasks (308 -> 186 µs at T = 8 with the L1 reuse above)
+C1_TILES = ([16, 16], [256, 1024], [64, 64])
+C2_TILES = ([16, 16], [256, 1536], [256, 256])
+C3_TILES = ([16, 16], [128, 128], [256, 512])
+SUM_TILES = ([16, 16], [512, 1536], [SUM_COLS, SUM_COLS])
 GROUP = NOPE // NSCALES  # 128 latent values per scale
 
 
@@ -67,7 +80,7 @@ def row_sum(pypto, t, ones, u: int):
     """FP32 ``[u, 1]`` row sums of FP32 ``t [u, n]``: ``t @ ones`` (an FP32 matmul, the exact
     sum rounded once, as the golden's ``rowsum_fp32``); column 0 of the ``[u, 16]`` product."""
     n = t.shape[1]
-    pypto.set_cube_tile_shapes([16, 16], [256, 256], [SUM_COLS, SUM_COLS])
+    pypto.set_cube_tile_shapes(*SUM_TILES)
     s = pypto.matmul(t, pypto.view(ones, [n, SUM_COLS], [0, 0]), pypto.DT_FP32)
     pypto.set_vec_tile_shapes(u, SUM_COLS)
     return pypto.view(s, [u, 1], [0, 0])
@@ -136,7 +149,7 @@ def rope_deinterleave(pypto, v, cos, sin, lead: list):
 def query_stage(pypto, ins, x, t0, u: int, p):
     """``q_a`` -> norm -> INT8 ``q_norm`` (written) -> ``q_b`` -> ``query_nope`` and
     ``query_rope`` (written) for the chunk's ``u`` tokens ``t0 ..``."""
-    pypto.set_cube_tile_shapes([16, 16], [256, 256], [128, 128])
+    pypto.set_cube_tile_shapes(*C1_TILES)
     q_a = pypto.matmul(x, ins.w_dq, pypto.DT_BF16)  # [u, 1536]
     qn = rms_norm(pypto, q_a, ins.gamma_cq, ins.ones, u, p)
     codes, qs = quant_int8(pypto, qn, u, Q_LORA)
@@ -144,13 +157,13 @@ def query_stage(pypto, ins, x, t0, u: int, p):
     pypto.assemble(codes, [t0, 0], ins.q_norm)
     pypto.set_vec_tile_shapes(u, 1)
     pypto.assemble(qs, [t0, 0], ins.q_norm_scale)
-    pypto.set_cube_tile_shapes([16, 16], [256, 256], [128, 128])
+    pypto.set_cube_tile_shapes(*C2_TILES)
     acc = pypto.matmul(codes, ins.w_uq_qr, pypto.DT_INT32)  # [u, 24576], exact
     pypto.set_vec_tile_shapes(u, 1024)
     q_b = pypto.mul(pypto.mul(pypto.cast(acc, pypto.DT_FP32), qs), ins.w_scale)
     q_b = pypto.reshape(pypto.cast(q_b, pypto.DT_BF16), [u, HEADS, Q_HEAD])
     q_nope = pypto.view(q_b, [u, HEADS, QK_NOPE], [0, 0, 0])
-    pypto.set_cube_tile_shapes([16, 16], [128, 128], [256, 256])
+    pypto.set_cube_tile_shapes(*C3_TILES)
     nope = pypto.experimental.transposed_batchmatmul(q_nope, ins.w_uk, pypto.DT_BF16)
     pypto.set_vec_tile_shapes(min(u, 8), 16, NOPE)
     pypto.assemble(nope, [t0, 0, 0], ins.query_nope)
@@ -166,7 +179,7 @@ def query_stage(pypto, ins, x, t0, u: int, p):
 def latent_stage(pypto, ins, x, t0, u: int, p):
     """``kv_a`` -> normed latent -> INT8 codes and 4 scales; ``kv_a[:, 512:]`` -> RoPE; then the
     cache writes of the chunk's tokens (module docstring, W)."""
-    pypto.set_cube_tile_shapes([16, 16], [256, 256], [64, 64])
+    pypto.set_cube_tile_shapes(*C1_TILES)
     kv_a = pypto.matmul(x, ins.w_dkv_kr, pypto.DT_BF16)  # [u, 576]
     pypto.set_vec_tile_shapes(u, ROPE)
     cos = pypto.view(ins.cos, [u, ROPE], [t0, 0])
