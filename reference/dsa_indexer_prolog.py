@@ -4,7 +4,8 @@ the contract is :mod:`tilesim.shared.dsa_indexer_prolog`).
 
 Per token ``t`` (``T`` tokens; ``H`` hidden, ``R`` q_lora_rank; rounding points in capitals;
 ``MM`` = :func:`~tilesim.reference.arith.matmul_fp32` with one K tile: the exact sum of the
-exact products, rounded once to FP32)::
+exact products, rounded once to FP32; ``MMk`` = the same with K tiles of ``k_tile`` rows
+when ``k_tile`` is given, the tile partials added in FP32 -- the device kernel's cube)::
 
     INT8 path (pypto-gym lightning_indexer_prolog_quant, its test golden):
       q    = FP32(int32 q_norm @ w_qb)            exact integer sum, one RNE rounding
@@ -13,17 +14,17 @@ exact products, rounded once to FP32)::
       q    = BF16(MM(q, hadamard_q))                          the matrix input
       q, q_scale = quant_int8(q) per (t, h)                   f = FP32(FP32(1/amax) * 127),
                                                               codes rint(q * f), FP16(1/f)
-      k    = MM(x, w_k)                                       FP32, no BF16 rounding
+      k    = MMk(x, w_k)                                      FP32, no BF16 rounding
       k    = BF16(LN(k))                                      LN below
       k    = BF16(MM([ROPE(k[:64]) | k[64:]], hadamard_k)); k, k_scale = quant_int8(k)
-      w    = FP16(FP32(FP32(BF16(MM(x, w_proj)) * 2^-3) * FP32(128^-0.5)))
+      w    = FP16(FP32(FP32(BF16(MMk(x, w_proj)) * 2^-3) * FP32(128^-0.5)))
     FP8 path (DeepSeek-V3.2-Exp inference/model.py Indexer, after the indexer-RoPE fix):
       q    = LIN8(q_norm, w_qb)                               BF16
       q    = HAD([ROPE(q[:, h, :64]) | q[:, h, 64:]])         HAD: FP32 FWHT * 128^-0.5 -> BF16
       q, q_scale = act_quant(q) per (t, h)                    E4M3, UE8M0 (or amax/448) scale
       k    = BF16(LN(LIN8(x, w_k)))                           BF16 into the LayerNorm
       k    = HAD([ROPE(k[:64]) | k[64:]]); k, k_scale = act_quant(k)
-      w    = FP32(FP32(FP32(MM(x, w_proj) * 2^-3) * q_scale) * FP32(128^-0.5))
+      w    = FP32(FP32(FP32(MMk(x, w_proj) * 2^-3) * q_scale) * FP32(128^-0.5))
 
 ``LN(v)`` (both paths; pypto-gym's golden form): ``mean = FP32(sum v) / 128``, ``d = v -
 mean``, ``var = FP32(sum d*d) / 128``, ``y = d / sqrt(var + FP32(eps))``, ``y * gamma +
@@ -51,7 +52,6 @@ The keys are written into copies of the caches at ``slot_mapping`` (``-1`` skipp
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
 
 import numpy as np
 from tilesim.reference.arith import F32, F64, block_scaled_matmul_fp32, matmul_fp32, rowsum_fp32
@@ -63,6 +63,7 @@ from tilesim.shared.dsa_indexer_prolog import (
     QB_COLS,
     ROPE_DIM,
     Args,
+    PrologResult,
     check_meta,
     check_values,
     host_plan,
@@ -85,18 +86,6 @@ _QB_CHUNK = 1024
 _LINEAR_AMAX_FLOOR = 1e-4
 _HEAD_SCALE = np.float32(INDEX_HEADS**-0.5)  # 2^-3, exact
 _SOFTMAX_SCALE = np.float32(INDEX_DIM**-0.5)  # FP32(128^-0.5)
-
-
-class PrologResult(NamedTuple):
-    """What :func:`dsa_indexer_prolog` returns (a tuple)."""
-
-    q: object  #: int8 / float8_e4m3fn ``[T, 64, 128]``
-    q_scale: object  #: float16 / float32 ``[T, 64]`` (FP8: already folded into ``weights``)
-    weights: object  #: float16 ``[T, 64]`` (INT8) / float32 ``[T, 64]`` (FP8, q scale folded)
-    k_cache: object  #: the updated copy of ``k_cache``
-    #: INT8: the updated copy of ``k_scale``; FP8: a copy of the FP32 scales inside the new
-    #: pages (``[num_blocks, block_size]``, to read; the indexer takes ``k_scale=None`` there)
-    k_scale: object
 
 
 # ----------------------------------------------------------------------------- projections
@@ -204,7 +193,7 @@ def _keys(a: Args, trace=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     ins = a.ins
     x = host_array(ins.x, "x")
     if a.path == "int8":
-        k32 = matmul_fp32(x, host_array(ins.w_k, "w_k"), k_tile=None)  # FP32, kept
+        k32 = matmul_fp32(x, host_array(ins.w_k, "w_k"), k_tile=a.k_tile)  # FP32, kept
         had = ins.hadamard_k
     else:
         kb = _linear_fp8(x, host_array(ins.w_k, "w_k"), host_array(ins.w_k_scale, "w_k_scale"),
@@ -233,7 +222,7 @@ def _keys(a: Args, trace=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def _weights(a: Args, q_scale: np.ndarray, trace=None) -> np.ndarray:
     x = host_array(a.ins.x, "x")
-    w = matmul_fp32(x, host_array(a.ins.w_proj, "w_proj"), k_tile=None)
+    w = matmul_fp32(x, host_array(a.ins.w_proj, "w_proj"), k_tile=a.k_tile)
     if a.path == "int8":
         w = to_bf16(w).astype(F32) * _HEAD_SCALE
         out = (w * _SOFTMAX_SCALE).astype(F16)
@@ -332,7 +321,7 @@ def dsa_indexer_prolog(ins, *, trace: Callable[[dict], None] | None = None):
     a = check_values(check_meta(
         ins, path=ins.path, rope_layout=ins.rope_layout, eps=ins.eps, ue8m0=ins.ue8m0,
         amax_floor=ins.amax_floor, block_size=ins.block_size, trace=trace,
-        fp8_promotion=ins.fp8_promotion,
+        fp8_promotion=ins.fp8_promotion, k_tile=ins.k_tile,
     ))  # fmt: skip
     q_codes, q_scale, q_rot = _queries(a, trace)
     k_codes, k_scale, k_rot = _keys(a, trace)

@@ -54,6 +54,7 @@ from tilesim.shared.index_cache import (
     check_fp8_cache,
     check_int8_cache,
 )
+from tilesim.shared.models import DEEPSEEK_V32
 from tilesim.shared.op_record import Call, OpRecord, Output
 from tilesim.shared.quant import FP8_PROMOTIONS
 from tilesim.shared.slots import NO_SLOT, check_slot_mapping, check_slot_mapping_meta
@@ -99,14 +100,20 @@ def prolog_inputs(x, q_norm, w_qb, w_k, w_proj, ln_gamma, ln_beta, cos, sin, k_c
 
 def prolog_keywords(*, path: str = "int8", rope_layout: str = "halves", eps: float = 1e-6,
                     ue8m0: bool = True, amax_floor: float | None = None,
-                    block_size: int = 128, fp8_promotion: str = "fma"):  # fmt: skip
+                    block_size: int = DEEPSEEK_V32.block_size, fp8_promotion: str = "fma",
+                    k_tile: int | None = None):  # fmt: skip
     """The switches after the arrays: ``path``; ``rope_layout`` (``"halves"``, or DeepSeek's
     pre-fix ``"interleaved"``); the LayerNorm ``eps`` (1e-6: DeepSeek and pypto-gym's test);
     ``ue8m0`` (FP8: power-of-two scales, DeepSeek-V3.2's ``scale_fmt``; ``False``: ``amax /
     448``); ``amax_floor`` of the q/k quantizers (``None``: :data:`AMAX_FLOORS`); the cache's
     ``block_size``; ``fp8_promotion`` (FP8 path: the K-block promotion of the ``w_qb`` and
     ``w_k`` linears, :data:`tilesim.shared.quant.FP8_PROMOTIONS`; ``"fma"``: DeepSeek's
-    ``fp8_gemm`` as nvcc builds it, one rounding; ``"two_roundings"``; unused on INT8)."""
+    ``fp8_gemm`` as nvcc builds it, one rounding; ``"two_roundings"``; unused on INT8);
+    ``k_tile``: the cube K tile of the FP32 linears whose K is the hidden size ``H`` (INT8:
+    ``x @ w_k`` and ``x @ w_proj``; FP8: ``x @ w_proj``): ``None`` (the default) sums all of
+    ``H`` in one tile, the exact sum rounded once; an int sums each tile of ``k_tile`` rows
+    exactly, rounds it once and adds the tile partials in FP32 in ascending K order (the
+    device kernel runs 512: ``docs/ops/dsa_indexer_prolog.md``, "Kernel")."""
 
 
 #: the array arguments, in order
@@ -131,6 +138,19 @@ class Args(NamedTuple):
     slot_mapping: object
     values: bool = False
     fp8_promotion: str = "fma"  #: the FP8 linears' K-block promotion (FP8_PROMOTIONS)
+    k_tile: int | None = None  #: the K tile of the FP32 linears over H (None: one tile)
+
+
+class PrologResult(NamedTuple):
+    """What ``dsa_indexer_prolog`` returns, golden and kernel alike (a tuple)."""
+
+    q: object  #: int8 / float8_e4m3fn ``[T, 64, 128]``
+    q_scale: object  #: float16 / float32 ``[T, 64]`` (FP8: already folded into ``weights``)
+    weights: object  #: float16 ``[T, 64]`` (INT8) / float32 ``[T, 64]`` (FP8, q scale folded)
+    k_cache: object  #: the updated copy of ``k_cache``
+    #: INT8: the updated copy of ``k_scale``; FP8: a copy of the FP32 scales inside the new
+    #: pages (``[num_blocks, block_size]``, to read; the indexer takes ``k_scale=None`` there)
+    k_scale: object
 
 
 class Plan(NamedTuple):
@@ -227,7 +247,7 @@ def _check_cache(ins, path: str, block_size: int) -> int:
 
 def check_meta(ins, *, path="int8", rope_layout="halves", eps=1e-6, ue8m0=True,
                amax_floor=None, block_size=128, trace=None,
-               fp8_promotion="fma") -> Args:  # fmt: skip
+               fp8_promotion="fma", k_tile=None) -> Args:  # fmt: skip
     """Metadata checks of ``dsa_indexer_prolog`` on the namespace of :func:`prolog_inputs`
     (no value read; works on ``meta`` tensors): the switches, every array's dtype and shape
     for ``path``, the arrays the path does not take are ``None``, ``slot_mapping`` an integer
@@ -241,6 +261,8 @@ def check_meta(ins, *, path="int8", rope_layout="halves", eps=1e-6, ue8m0=True,
         amax_floor = AMAX_FLOORS[path]
     amax_floor = check_float(amax_floor, "amax_floor", positive=True, fp32=True)
     block_size = check_int(block_size, "block_size", lo=1, hi=INT32_MAX)
+    if k_tile is not None:
+        k_tile = check_int(k_tile, "k_tile", lo=1, hi=INT32_MAX)
     check_trace(trace)
     _check_absent(ins, path)
     t, h, r = _check_sizes(ins, path)
@@ -249,7 +271,7 @@ def check_meta(ins, *, path="int8", rope_layout="halves", eps=1e-6, ue8m0=True,
     num_blocks = _check_cache(ins, path, block_size)
     check_slot_mapping_meta(ins.slot_mapping, t)
     return Args(ins, path, rope_layout, eps, bool(ue8m0), amax_floor, block_size, t, h, r,
-                num_blocks, ins.slot_mapping, False, fp8_promotion)  # fmt: skip
+                num_blocks, ins.slot_mapping, False, fp8_promotion, k_tile)  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- value checks
@@ -275,6 +297,14 @@ def check_values(args: Args) -> Args:
     check_weight_values(ins.w_qb, "w_qb", ins.w_qb_scale, "w_qb_scale", block=fp8)
     check_weight_values(ins.w_k, "w_k", ins.w_k_scale, "w_k_scale", block=fp8)
     return args._replace(slot_mapping=_check_slots(args), values=True)
+
+
+def check_slot_values(args: Args) -> Args:
+    """The slot checks alone (the small integer input a device wrapper reads on the host
+    anyway: its kernel's cache write reads the slots there); the same messages as
+    :func:`check_values`. Returns ``args`` with a host int64 ``slot_mapping`` (``values``
+    unchanged: the float inputs are not checked)."""
+    return args._replace(slot_mapping=_check_slots(args))
 
 
 # ----------------------------------------------------------------------------- plan and cost
@@ -331,15 +361,18 @@ RECORD = OpRecord(
              (Output("q", "codes", ("token", "head")), Output("q_scale", "float", ("token",)),
               Output("weights", "float", ("token",)), Output("k_cache", "cache"),
               Output("k_scale", "float")),
-             signature=(prolog_inputs, prolog_keywords), plan="stages"),
+             signature=(prolog_inputs, prolog_keywords), plan="stages", device=True),
     ),
     cost=cost,
+    int_checks=check_slot_values,
+    scan_checks=check_values,
 )  # fmt: skip
 
 
 __all__ = [
     "RECORD",
     "AMAX_FLOORS", "FP8_BLOCK", "INPUT_NAMES", "PATHS", "PROLOG_ROPE_LAYOUTS", "QB_COLS",
+    "PrologResult", "check_slot_values",
     "ROPE_DIM", "Args", "Plan", "check_meta", "check_values", "cost", "host_plan", "prolog_inputs",
     "prolog_keywords",
 ]  # fmt: skip

@@ -48,6 +48,21 @@ _ENTRIES = {
     "dsa_indexer/short_int8": ("dsa_indexer", "dsa_indexer_short_int8", {}, ("910b",)),
     "dsa_indexer/short_fp8": ("dsa_indexer", "dsa_indexer_short_fp8", {}, ("950",)),
     "mla_prolog/int8_b4_s2": ("mla_prolog", "mla_prolog_int8_b4_s2", {}, ("910b",)),
+    "dsa_indexer_prolog/int8_pad_h256": (
+        "dsa_indexer_prolog",
+        None,
+        {
+            "path": "int8",
+            "seq_lens": (1, 17, 40),
+            "s1": 1,
+            "pad": 2,
+            "block_size": 16,
+            "hidden": 256,
+            "rank": 256,
+            "seed": 23,
+        },
+        ("910b",),
+    ),  # fmt: skip
 }
 
 
