@@ -192,8 +192,8 @@ def slab_terms(pypto, d, wcol, w: int, p):
     """V1 before the head sum: FP32 ``[64, w]`` terms of one query row from its C1 output
     ``d`` (INT8: the epilogue's ``FP16(relu(dot) * 2^-11)``; FP8: the FP32 logits). The
     weight column is loaded once as one ``[64, 1]`` tile (``* 1.0``: exact, keeps ``-0.0``),
-    not once per ``[TERM_ROWS, w]`` tile of the terms: each copy in costs the model ~0.76 µs
-    of latency whatever its size."""
+    not once per ``[TERM_ROWS, w]`` tile of the terms: each copy in costs the model a fixed
+    latency whatever its size (docs/perf/cost_model.md)."""
     pypto.set_vec_tile_shapes(HEADS, 1)
     wcol = pypto.mul(wcol, 1.0)
     pypto.set_vec_tile_shapes(TERM_ROWS, w)

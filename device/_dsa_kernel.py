@@ -784,12 +784,6 @@ SEED_JIT = {
 }
 
 
-#: the options the kernels keep, per (SoC, mode): the seeds' options that do not make the cost
-#: model worse (tests/device/dsa_sweep.py; docs/ops/dsa.md#kernel): all of
-#: them in the decode preset on both SoCs and in the prefill preset on the 910B; the 950's
-#: prefill preset keeps the seeds' set unmeasured
-JIT = {(soc, mode): spec for soc in ("910b", "950") for mode, spec in SEED_JIT.items()}
-
 #: the large-batch build of the online kernel (picked by token count:
 #: :func:`tilesim.shared.dsa.kernel_build`): the seeds' options with two task merges that
 #: change no arithmetic. ``cube_l1_reuse_setting {-1: 4}`` (the L1 reuse of
@@ -798,24 +792,26 @@ JIT = {(soc, mode): spec for soc in ("910b", "950") for mode, spec in SEED_JIT.i
 #: cube task that copies Q once (15 copies instead of 24); ``vec_nbuffer_setting {-1: 4}`` (as
 #: the indexer, ``_dsa_indexer_kernel.JIT``) packs identically shaped vector subgraphs (the V0
 #: row tiles, the V1 halves) into shared tasks: fewer tasks and fewer successor edges for the
-#: scheduler threads to resolve. Both lengthen a token's chain (b1 52.3 -> 63.0 µs on the 950),
-#: so a small batch keeps the seeds' build (docs/ops/dsa.md#kernel, "Builds by token count")
+#: scheduler threads to resolve. Both lengthen a token's chain, so a small batch keeps the
+#: seeds' build (docs/ops/dsa.md#kernel, "Builds by token count")
 LARGE_BATCH_JIT = replaced(
     SEED_JIT["online"],
     ("pass", "cube_l1_reuse_setting", ((-1, 4),)),
     ("pass", "vec_nbuffer_setting", ((-1, 4),)),
 )
 #: the kernel's builds: the name :func:`tilesim.shared.dsa.kernel_build` returns -> its spec
-#: per (SoC, mode) (``None``: the mode's :data:`JIT`)
+#: per softmax mode (``None``: the seeds' options of every mode, :data:`SEED_JIT`)
 BUILDS = {"seeds": None, "large_batch": {"online": LARGE_BATCH_JIT}}
 
 
 def jit_spec(soc: str, mode: str, build: str = "seeds") -> tuple:
     """The option spec the kernels use on ``soc`` in softmax ``mode`` for ``build`` (a key of
-    :data:`BUILDS`; a mode the build does not cover runs :data:`JIT`'s spec)."""
+    :data:`BUILDS`; a mode the build does not cover runs the seeds' options,
+    :data:`SEED_JIT`, which keep every option that does not make the cost model worse on
+    either SoC: tests/device/dsa_sweep.py, docs/ops/dsa.md#kernel)."""
     if build not in BUILDS:
         raise ValueError(f"build: expected one of {sorted(BUILDS)}, got {build!r}")
-    return (BUILDS[build] or {}).get(mode) or JIT[(soc, mode)]
+    return (BUILDS[build] or {}).get(mode) or SEED_JIT[mode]
 
 
 def build(form: str, quant: str, mode: str, params: NestParams, static_dims: tuple, jit: tuple):

@@ -256,9 +256,9 @@ def _decode_nest(pypto, q, k, v, block_table, positions, keep, keep_rows, out, p
 BATCH_UNROLL = (4, 2, 1)
 #: per SoC arch, the smallest body (batch rows) whose V gathers hang below the ``+ 0``
 #: producer (``spread`` of :func:`_chunk_kv`) instead of on the root: every body on the 950
-#: (DAV_3510; B 1 25.66 -> 24.43 us), bodies of 2 and 4 rows on the 910B (DAV_2201; B 1 with
-#: the producer 25.39, without 25.11 us: its 32 smaller gathers' producers cost more edges
-#: than the fan-out they spread)
+#: (DAV_3510), bodies of 2 and 4 rows on the 910B (DAV_2201: at B 1 its 32 smaller gathers'
+#: producers cost more edges than the fan-out they spread; the figures:
+#: docs/ops/msa_decode.md#kernel)
 SPREAD_ROWS = {"DAV_3510": 1, "DAV_2201": 2}
 
 

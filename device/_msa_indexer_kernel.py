@@ -110,7 +110,7 @@ def _tile_block_max(pypto, s, keep, k0, w: int, block_max) -> None:
     """Inside a kernel body: the 4 index heads of one key tile's scores ``s`` ``[16, w]``, the
     keys past ``seq_len`` SET to -inf (``keep`` ``[1, w]`` bool), the max over each 128-key
     block by one ``reshape`` + ``amax`` per tile, assembled into ``block_max[:, k0/128:]``.
-    One task pair per tile instead of one per block (cost model, nb 40: 17.8 vs 24.2 µs)."""
+    One task pair per tile instead of one per block (fewer tasks: docs/perf/journal.md)."""
     pypto.set_vec_tile_shapes(NIDX, w)
     s = pypto.where(keep, pypto.view(s, [NIDX, w], [0, 0]), NEG_INF)
     s = pypto.reshape(s, [NIDX, w // BY, BY])

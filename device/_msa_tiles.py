@@ -27,8 +27,7 @@ def l0_tile(w: int, cap: int) -> int:
 #: matmuls that read the same GM data into one task -- here C1's page matmuls, which all read
 #: the pair's Q. 4: one C1 task per 512-key chunk (the latency of B 1); 16 in the 4-row body:
 #: one C1 task per pair, 16 per body instead of 64, the fewest tasks for the batches that run
-#: many 4-row bodies one after another (B 64: 910B 581 -> 537 us with 16 instead of 8, B 4
-#: 46.7 -> 49.8; docs/ops/msa_decode.md#kernel)
+#: many 4-row bodies one after another (the B 64 / B 4 figures: docs/ops/msa_decode.md#kernel)
 L1_REUSE_BY_ROWS = ((4, 16), (2, 4), (1, 4))
 
 

@@ -61,9 +61,9 @@ RANKS = ("device", "host")
 #: the device ranking's static row widths (compile buckets): the smallest one ``>= nb`` is
 #: used; a row of ``nb`` block scores is a ``valid_shape`` view of that width (an op that
 #: touches the padding at all sees tie id NOT_CANDIDATE and score -inf there: it never wins).
-#: One bucket: the cost model prices the width at nothing
-#: (nb 40: 17.82 µs at 64, 17.85 at 256, 17.87 at 1024), a ``[4, 1024]`` FP32 buffer is 16 KB
-#: of UB. ``nb`` beyond it (128K tokens) is ranked on the host (``rank="host"``).
+#: One bucket: the cost model prices the width at next to nothing (docs/perf/journal.md), a
+#: ``[4, 1024]`` FP32 buffer is 16 KB of UB. ``nb`` beyond it (128K tokens) is ranked on the
+#: host (``rank="host"``).
 RANK_WIDTHS = (1024,)
 
 

@@ -74,6 +74,7 @@ from tilesim.reference.arith import (
 )
 from tilesim.reference.blas_pool import blas_threads
 from tilesim.reference.dsa_gather import PackedCache, SplitCache
+from tilesim.reference.progress import progress_bar
 from tilesim.shared.casts import BF16, to_bf16
 from tilesim.shared.dsa import (
     HEAD_DIM,
@@ -93,22 +94,7 @@ from tilesim.shared.validate import host_array, same_kind
 
 #: the speed path: query tokens on the worker pool (``False``: serial in the calling thread)
 _POOL = True
-#: show a progress bar (progress=None) once a call has run this many seconds
-PROGRESS_DELAY_S = 3.0
 _N_KV = 1  # the latent cache holds one KV head (checked by check_meta)
-
-
-def progress_bar(total: int, progress, desc: str, unit: str = "token"):
-    """A tqdm bar (``progress``: True now, None after ``PROGRESS_DELAY_S``, False never), or
-    ``None`` when disabled or tqdm is missing (it is optional)."""
-    if progress is False or total == 0:
-        return None
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:  # tqdm is optional
-        return None
-    delay = 0.0 if progress else PROGRESS_DELAY_S
-    return tqdm(total=total, desc=desc, unit=unit, delay=delay, leave=False)
 
 
 def token_keys(cache, rows: np.ndarray) -> np.ndarray:

@@ -173,11 +173,5 @@ def run_stage(stage: str, args, upstream: Mapping, *, trace=None, progress=None)
     raise ValueError(f"stage: expected one of {STAGES}, got {stage!r}")
 
 
-def dsa_attention_step_cost(*args, **kwargs) -> dict:
-    """:func:`tilesim.shared.dsa_attention_step.cost` of a call with these arguments (the
-    checks run, no stage does: :func:`step_args`)."""
-    return contract.cost(step_args(*args, **kwargs))
-
-
 __all__ = ["STAGES", "AttentionStepResult", "dsa_attention_step",
-           "dsa_attention_step_cost", "run_stage", "step_args"]  # fmt: skip
+           "run_stage", "step_args"]  # fmt: skip

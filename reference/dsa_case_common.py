@@ -18,7 +18,7 @@ and the layer step (:mod:`~tilesim.reference.dsa_attention_step_cases`):
 from __future__ import annotations
 
 import numpy as np
-from tilesim.reference.dsa import progress_bar
+from tilesim.reference.progress import progress_bar
 from tilesim.shared.case_schema import CaseInfo
 from tilesim.shared.index_cache import FP8_TOKEN_BYTES, INDEX_DIM, fp8_page_views, scatter_tokens
 from tilesim.shared.quant import quantize_index_fp8, quantize_index_int8
@@ -114,7 +114,7 @@ def index_key_cache(path: str, keys_per_batch, table: np.ndarray, n_blocks: int,
     :func:`~tilesim.shared.quant.quantize_index_fp8` (``ue8m0``; uint8 pages ``[n_blocks,
     block_size * 132]``). ``all_tie``: every key of sequence 0 is its first one. ``poison``:
     every slot no token occupies holds NaN scales and the code 0x7F (the E4M3 NaN; INT8 127).
-    ``progress``, ``desc``, ``unit``: the bar of :func:`tilesim.reference.dsa.progress_bar`.
+    ``progress``, ``desc``, ``unit``: the bar of :func:`tilesim.reference.progress.progress_bar`.
     Returns ``{"k_cache", "k_scale"}`` (INT8) or ``{"k_cache"}`` (FP8 pages)."""
     int8 = path == "int8"
     if int8:

@@ -50,7 +50,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from tilesim.reference.dsa import progress_bar
+from tilesim.reference.progress import progress_bar
 from tilesim.shared.case_schema import CaseInfo, make_case, tolerance
 from tilesim.shared.casts import BF16, FP8_E4M3, to_bf16, to_fp8_e4m3
 from tilesim.shared.dsa import tiling_argument

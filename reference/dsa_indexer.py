@@ -49,7 +49,7 @@ from typing import NamedTuple
 import numpy as np
 from tilesim.reference.arith import F32, F64, halving_sum_fp32, matmul_fp32
 from tilesim.reference.blas_pool import blas_threads, map_in_order
-from tilesim.reference.dsa import progress_bar
+from tilesim.reference.progress import progress_bar
 from tilesim.shared.dsa_indexer import (
     INDEX_HEADS,
     INT8_QK_SCALE,

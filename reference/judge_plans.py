@@ -9,7 +9,7 @@ arrays. The plans (``docs/cli.md``, "Judging the indexer and the decode step";
 * every op with one output kind (MoE, MSA, the DeepSeek attention): :func:`judge` under the
   case's tolerance, the report's coordinates named by the op (:data:`OP_KINDS`); the MSA
   indexer's ids tie-aware with its block scores;
-* the lightning indexer and the decode step (:data:`INDEXER_OPS`): ``topk_indices`` and
+* the lightning indexer and the decode step (:data:`LIGHTNING_INDEXER_OPS`): ``topk_indices`` and
   ``scores`` by :mod:`tilesim.reference.judge_indexer`; the step's attention ``out`` against
   :func:`attention_golden`: the golden recomputed with the device's ids when those differ from
   the golden's only by score ties or by order, else the stored golden (the ids are judged
@@ -38,8 +38,9 @@ from tilesim.shared.ops import golden_kinds, judge_kinds, optional_outputs, plan
 OP_KINDS = golden_kinds()
 #: the judge kinds whose output is ids
 ID_KINDS = tuple(k for k, (what, _) in judge_kinds().items() if what == "ids")
-#: the ops whose goldens hold ``topk_indices`` + ``scores`` (+ the step's attention ``out``)
-INDEXER_OPS = plan_calls("indexer")
+#: the ops whose goldens hold ``topk_indices`` + ``scores`` (+ the step's attention ``out``):
+#: DeepSeek's lightning indexer and the decode step that starts with it
+LIGHTNING_INDEXER_OPS = plan_calls("indexer")
 #: the id, score and attention outputs of those goldens
 IDS, SCORES, OUT = "topk_indices", "scores", "out"
 #: the outputs of an op a device may leave out (the ids' judge reads the golden's scores)
@@ -97,7 +98,7 @@ def judge_outputs(op: str | None, actual: Mapping, golden: Mapping, *, tolerance
         raise ValueError(f"actual: outputs {unknown} are not golden outputs ({list(golden)})")
     labels = {n: name if len(golden) == 1 else f"{name}:{n}" for n in golden}
     common = dict(rule=rule, arithmetic=arithmetic)
-    if op in INDEXER_OPS:
+    if op in LIGHTNING_INDEXER_OPS:
         done = _indexer_plan(actual, golden, labels, tolerance, scores, inputs, params, common)
     else:
         ids_scores = scores if len(golden) == 1 and tolerance["mode"] == "set" else None
@@ -199,5 +200,5 @@ def recompute_attention(ids: np.ndarray, inputs: Mapping | None, params: dict | 
         raise type(e)(f"recomputing the attention with the device's ids: {e}") from None
 
 
-__all__ = ["INDEXER_OPS", "OPTIONAL_OUTPUTS", "OP_KINDS", "OutputVerdict", "attention_golden",
-           "judge_outputs", "kind_of", "recompute_attention"]  # fmt: skip
+__all__ = ["LIGHTNING_INDEXER_OPS", "OPTIONAL_OUTPUTS", "OP_KINDS", "OutputVerdict",
+           "attention_golden", "judge_outputs", "kind_of", "recompute_attention"]  # fmt: skip

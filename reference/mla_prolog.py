@@ -33,7 +33,6 @@ the rows named by ``slot_mapping`` differ from the inputs, byte for byte).
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from types import SimpleNamespace
 
@@ -286,13 +285,4 @@ _SWITCHES = ("path", "rope_layout", "rms_form", "rms_eps", "kv_quant", "cache_la
              "fp8_promotion")  # fmt: skip
 
 
-def mla_prolog_cost(*args, **kwargs) -> dict:
-    """``{flop, bytes}`` of a call with these arguments (:func:`tilesim.shared.mla_prolog.cost`)."""
-    bound = inspect.signature(mla_prolog).bind(*args, **kwargs)
-    bound.apply_defaults()
-    ns = type("Ins", (), dict(bound.arguments))
-    a = contract.check_meta(ns, **{k: bound.arguments[k] for k in _SWITCHES})
-    return contract.cost(a)
-
-
-__all__ = ["MlaPrologOutputs", "act_quant_deepseek", "mla_prolog", "mla_prolog_cost"]
+__all__ = ["MlaPrologOutputs", "act_quant_deepseek", "mla_prolog"]

@@ -303,14 +303,13 @@ def decode_read_mask(keep, *, seeds_compat: bool = False) -> np.ndarray:
     return k
 
 
-#: a split is considered only when a (batch row, KV head) has at least this many chunks.
-#: Measured in PyPTO 0.2.0's cost model (gather "device", B 1): 4 chunks (M3's topk 16) with 2
-#: splits cost +9.7 us on the 910B and +10.4 us on the 950 (39.8 -> 50.2, 38.9 -> 48.6); 8
-#: chunks (topk 32, 910B) 59.5 us with and without. The model fused a pair's whole merge chain
-#: (every chunk's merge and the split combine) into one vector task that waits for the pair's
-#: last P.V, so a split cannot shorten it. The kernel builds that task on purpose (one merge
-#: task per pair, docs/ops/msa_decode.md#kernel): 4 chunks cost the same with 1 and 2 splits
-#: (910B 29.8 us, 950 30.5 us). 16 chunks and more are not measured.
+#: a split is considered only when a (batch row, KV head) has at least this many chunks. In
+#: PyPTO 0.2.0's cost model (gather "device", B 1) 2 splits of 4 chunks (M3's topk 16) cost
+#: more than 1 on both SoCs and 8 chunks (topk 32, 910B) cost the same: the model fuses a
+#: pair's whole merge chain (every chunk's merge and the split combine) into one vector task
+#: that waits for the pair's last P.V, so a split cannot shorten it. The kernel builds that
+#: task on purpose (one merge task per pair, docs/ops/msa_decode.md#kernel). 16 chunks and more
+#: are not measured. The figures: docs/perf/journal.md.
 SPLIT_MIN_CHUNKS = 16
 
 

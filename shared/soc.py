@@ -174,16 +174,16 @@ def moe_vec_tile(soc: str | SocSpec, activation: str) -> int:
 #: Per-SoC tile defaults of the MSA kernels: env variable -> (per-SoC default, required multiple).
 #: * ``MSA_INDEXER_KTILE`` keys per indexer step. The FP32 score tile [16, KTILE] is 32 KB at 512
 #:   (910B, 192 KB UB: in, out and double buffers fit with room to spare) and 64 KB at 1024 (950,
-#:   248 KB UB); fewer, larger steps cut the per-task overhead (cost model, nb = 40: 15.1 us with
-#:   128-key steps, 9.2 us with 512). A whole number of 128-key blocks.
+#:   248 KB UB); fewer, larger steps cut the per-task overhead (docs/ops/msa_indexer.md). A
+#:   whole number of 128-key blocks.
 #: * ``MSA_GATHER_ROWS`` rows of the MSA decode's V-select tile (``gather="paged"`` / ``"host"``,
 #:   BF16, 256 B a row; set alone, also the V-gather tile): 910B 128 rows = 32 KB (double-buffered,
 #:   well inside 192 KB next to the [16, NTILE] FP32 softmax tiles); 950 256 rows = 64 KB (248 KB
 #:   UB).
 #: * ``MSA_VEC_ROWS`` rows of the main branch's [rows, NTILE] FP32 vector tiles (NTILE 512: 2 KB a
 #:   row). Score, mask and P tiles are live together, so three must fit the UB: 910B 32 rows =
-#:   64 KB a tile (40 rows fails to compile), 950 40 rows = 80 KB (48 fails). Cost model (n = 200,
-#:   HQ 32, bf16): 950 with 40 rows 239 us vs 300 us with 32.
+#:   64 KB a tile (40 rows fails to compile), 950 40 rows = 80 KB (48 fails); on the 950 the
+#:   40-row tile is the faster one in the cost model (docs/ops/msa_main.md).
 MSA_DEVICE_TILES: dict[str, tuple[dict[str, int], int]] = {
     "MSA_INDEXER_KTILE": ({"910b": 512, "950": 1024}, 128),
     "MSA_GATHER_ROWS": ({"910b": 128, "950": 256}, 16),

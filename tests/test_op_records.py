@@ -205,7 +205,7 @@ def test_the_judge_reads_the_registry():
     assert judge.JUDGE_KINDS == {**ops.judge_kinds(), "float": ("float", None),
                                 "ids": ("ids", None)}  # fmt: skip
     assert plans.OP_KINDS == ops.golden_kinds()
-    assert plans.INDEXER_OPS == ops.plan_calls("indexer")
+    assert plans.LIGHTNING_INDEXER_OPS == ops.plan_calls("indexer")
     assert plans.OPTIONAL_OUTPUTS == ops.optional_outputs()
     assert sorted(stages.PLAN_OPS) == sorted(ops.plan_calls("stages"))
     for call in CALLS:

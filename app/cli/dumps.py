@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 from tilesim.cli import CliError
 from tilesim.cli import tensorio as tio
-from tilesim.reference.judge_plans import INDEXER_OPS, OPTIONAL_OUTPUTS
+from tilesim.reference.judge_plans import LIGHTNING_INDEXER_OPS, OPTIONAL_OUTPUTS
 from tilesim.reference.judge_stages import PLAN_OPS
 
 #: CANN dump converter naming: op_type.op_name.task_id.stream_id.timestamp.{input|output}.i.npy
@@ -41,7 +41,7 @@ CANN_NPY = re.compile(
 #: answers the output of its stem's name
 STAGED_OPS = PLAN_OPS
 #: ops whose golden output ``scores`` is also the id judge's scores (ties)
-_GOLDEN_SCORES = INDEXER_OPS
+_GOLDEN_SCORES = LIGHTNING_INDEXER_OPS
 
 
 @dataclass

@@ -122,12 +122,12 @@ def run_goldens(op: str, goldens: dict, args: dict) -> GoldenSet:
     its keyword arguments) as the golden side of :func:`tilesim.cli.dumps.match_actuals`,
     with the scores its ids are judged with."""
     from tilesim.cli.replay import indexer_block_scores
-    from tilesim.reference.judge_plans import INDEXER_OPS
+    from tilesim.reference.judge_plans import LIGHTNING_INDEXER_OPS
 
     outs = [tio.Loaded(np.asarray(a), f"reference {n}", None, {"name": n})
             for n, a in goldens.items()]  # fmt: skip
     scores = indexer_block_scores(op, args)
-    if op in INDEXER_OPS and "scores" in goldens:
+    if op in LIGHTNING_INDEXER_OPS and "scores" in goldens:
         scores = {"scores": np.asarray(goldens["scores"])}
     return GoldenSet(outs, scores, {"op": op}, None)
 
