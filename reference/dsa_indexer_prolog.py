@@ -51,7 +51,9 @@ The keys are written into copies of the caches at ``slot_mapping`` (``-1`` skipp
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
+from types import SimpleNamespace
 
 import numpy as np
 from tilesim.reference.arith import F32, F64, block_scaled_matmul_fp32, matmul_fp32, rowsum_fp32
@@ -68,14 +70,17 @@ from tilesim.shared.dsa_indexer_prolog import (
     check_values,
     host_plan,
     prolog_inputs,
-    prolog_keywords,
 )
 from tilesim.shared.hadamard import hadamard_rotate
 from tilesim.shared.index_cache import INDEX_DIM, fp8_page_views
+from tilesim.shared.models import DEEPSEEK_V32
 from tilesim.shared.quant import e4m3_to_fp32, quantize_index_fp8, quantize_index_int8
 from tilesim.shared.rope import apply_rope
 from tilesim.shared.trace import emit, emit_stage
-from tilesim.shared.validate import host_array, op_signature, same_kind
+from tilesim.shared.validate import host_array, same_kind
+
+#: the names of the arrays (:func:`~tilesim.shared.dsa_indexer_prolog.prolog_inputs`)
+_INPUTS = tuple(inspect.signature(prolog_inputs).parameters)
 
 OP = "dsa_indexer_prolog"
 
@@ -288,9 +293,36 @@ def _trace(trace: Callable, a: Args, q_rot: np.ndarray, k_rot: np.ndarray) -> No
              offset=int(plan.offset[t]))  # fmt: skip
 
 
-@op_signature(prolog_inputs, prolog_keywords)
 @quiet_numpy
-def dsa_indexer_prolog(ins, *, trace: Callable[[dict], None] | None = None):
+def dsa_indexer_prolog(
+    x,
+    q_norm,
+    w_qb,
+    w_k,
+    w_proj,
+    ln_gamma,
+    ln_beta,
+    cos,
+    sin,
+    k_cache,
+    slot_mapping,
+    q_norm_scale=None,
+    w_qb_scale=None,
+    w_k_scale=None,
+    hadamard_q=None,
+    hadamard_k=None,
+    k_scale=None,
+    *,
+    path: str = "int8",
+    rope_layout: str = "halves",
+    eps: float = 1e-6,
+    ue8m0: bool = True,
+    amax_floor: float | None = None,
+    block_size: int = DEEPSEEK_V32.block_size,
+    fp8_promotion: str = "fma",
+    k_tile: int | None = None,
+    trace: Callable[[dict], None] | None = None,
+):
     """Lightning-indexer prolog golden (both paths; module docstring for the arithmetic).
 
     Args (declared once for the golden and a kernel wrapper:
@@ -318,10 +350,10 @@ def dsa_indexer_prolog(ins, *, trace: Callable[[dict], None] | None = None):
         :class:`~tilesim.reference.numerics.NumericsWarning` naming the stage
         (``docs/ops/dsa_indexer_prolog.md``, "Bad input and overflow").
     """
+    ins = SimpleNamespace(**{n: v for n, v in locals().items() if n in _INPUTS})  # the arrays
     a = check_values(check_meta(
-        ins, path=ins.path, rope_layout=ins.rope_layout, eps=ins.eps, ue8m0=ins.ue8m0,
-        amax_floor=ins.amax_floor, block_size=ins.block_size, trace=trace,
-        fp8_promotion=ins.fp8_promotion, k_tile=ins.k_tile,
+        ins, path=path, rope_layout=rope_layout, eps=eps, ue8m0=ue8m0, amax_floor=amax_floor,
+        block_size=block_size, trace=trace, fp8_promotion=fp8_promotion, k_tile=k_tile,
     ))  # fmt: skip
     q_codes, q_scale, q_rot = _queries(a, trace)
     k_codes, k_scale, k_rot = _keys(a, trace)
