@@ -266,14 +266,9 @@ def graph_safe(fn):
 
 def allow_in_graph() -> list[str]:
     """Register every wrapper marked :func:`graph_safe` with ``torch._dynamo.allow_in_graph``
-    (imports the kernel modules and dynamo); returns their names. Needed only when dynamo
-    was not yet imported when the wrappers were."""
-    import importlib
-
-    from tilesim import device
-
-    for mod in sorted(set(device._LAZY.values())):
-        importlib.import_module(f"tilesim.device.{mod}")
+    (imports dynamo; the wrappers are loaded with :mod:`tilesim.device`, this module's
+    package); returns their names. Needed only when dynamo was not yet imported when the
+    wrappers were."""
     for fn in _GRAPH_SAFE:
         _register(fn)
     return sorted({fn.__name__ for fn in _GRAPH_SAFE})

@@ -49,6 +49,8 @@ def _imports(tree: ast.AST):
 def test_device_imports_no_reference_and_no_sibling(path):
     mods = set(_imports(ast.parse(path.read_text())))
     assert not [m for m in mods if m.startswith("tilesim.reference")], mods
+    if path == ROOT / "device" / "__init__.py":
+        return  # the package's public face imports each wrapper by name
     own = path.stem
     siblings = {
         m.split(".")[2] for m in mods if m.startswith("tilesim.device.") and len(m.split(".")) > 2
