@@ -6,8 +6,8 @@ The prolog turns the hidden state of the new tokens into what the indexer
 per-head weights, and the new tokens' quantized index keys written into the paged index-key
 cache (``docs/ops/dsa_indexer_prolog.md``). NumPy on host data; rounds nothing:
 
-* :func:`prolog_inputs` / :func:`prolog_keywords`: the op's arguments, declared once
-  (:func:`tilesim.shared.validate.op_signature`);
+* :func:`prolog_inputs` / :func:`prolog_keywords`: the op's arguments, declared once (the
+  golden and the wrapper write them out; ``tests/test_op_records.py`` holds them equal);
 * :class:`Args`, :func:`check_meta` (dtypes, shapes and the switches of each path; no value
   read), :func:`check_values` (finite inputs, the FP8 weights' codes, the slots);
 * :func:`host_plan`: the cache slot (physical block, offset) each token is written to;
