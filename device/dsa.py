@@ -214,8 +214,8 @@ def _checked_args(queries: tuple, caches: tuple, ints: tuple, layout: str, valid
     ``queries`` ``(query_nope, query_rope)``, ``caches``, ``ints`` ``(topk_indices,
     block_table, kv_act_seqs)`` and ``sizes`` (the :func:`~tilesim.shared.dsa.model_keywords`
     by name), metadata only, then the value checks ``validate`` asks for
-    (:func:`tilesim.device.backend.value_checks`: :func:`~tilesim.shared.dsa.check_values`, the
-    integer inputs, for ``True`` and ``"full"``) when the data is real (``a.values`` tells
+    (:func:`tilesim.device.backend.value_checks`: :func:`~tilesim.shared.dsa.check_int_values`,
+    the integer inputs, for ``True`` and ``"full"``) when the data is real (``a.values`` tells
     whether they ran)."""
     _backend.validate_level(validate)
     a = check_meta(*queries, caches, *ints, layout=layout, **sizes)

@@ -20,7 +20,7 @@ Back end (:mod:`tilesim.device.backend`): ``"npu"`` (torch_npu + CANN; tensors o
 ``"sim"`` (CPU tensors or NumPy arrays; PyPTO 0.2.0's host interpreter + cost model; returns
 ``(out, cost_us)``), ``"auto"`` (the default: ``"npu"`` when the tensors live on an NPU, else
 an error that names both options). Arguments are checked by the reference's rules
-(:mod:`tilesim.shared.moe`: ``check_meta``, then ``check_values`` when the cumsum is read, then
+(:mod:`tilesim.shared.moe`: ``check_meta``, then ``check_int_values`` when the cumsum is read, then
 ``host_plan`` for the trace); NumPy in gives NumPy out, torch in torch
 out, and a given ``out`` is written in place and returned. The trace records are the
 reference's (:func:`tilesim.shared.moe.emit_moe_schedule`), sent before the kernel
@@ -65,7 +65,7 @@ class _MoeLaunch(NamedTuple):
 
 
 def _check(args: Args, backend, soc, read) -> _MoeLaunch:
-    """The call's ``check_meta`` result ``args``, then ``check_values`` when ``read`` (the
+    """The call's ``check_meta`` result ``args``, then ``check_int_values`` when ``read`` (the
     only host read of ``expert_cumsum`` here), the kernel's own limits, the target and the
     tiling rule."""
     args = _backend.value_checks(RECORD, args, read)

@@ -3,7 +3,7 @@
 Same name and arguments as the golden ``msa_sparse_decode`` (``reference/msa_decode.py``),
 plus ``gather`` / ``backend`` / ``soc``; NumPy arrays or torch tensors in, the same kind out
 (:mod:`tilesim.device.backend`). The arguments are checked by the op's contract
-:mod:`tilesim.shared.msa_decode` (``check_meta``, then ``check_values`` -- the integer
+:mod:`tilesim.shared.msa_decode` (``check_meta``, then ``check_int_values`` -- the integer
 ``block_ids`` / ``seq_len`` -- unless ``validate=False``: metadata only, no host copy), the
 functions the reference uses; the
 keep-mask and the page table are its torch twins
@@ -230,7 +230,7 @@ def _redirected(keep):
 
 def _check(q, k_blocks, v_blocks, block_ids, seq_len, gather, validate, soc):
     """The shared contract: :func:`tilesim.shared.msa_decode.check_meta` (metadata only),
-    then :func:`~tilesim.shared.msa_decode.check_values` when ``validate`` and the inputs hold
+    then :func:`~tilesim.shared.msa_decode.check_int_values` when ``validate`` and the inputs hold
     data. Returns ``(CallShape, shape_only)``."""
     check_choice(gather, "gather", GATHERS)
     _backend.validate_level(validate)

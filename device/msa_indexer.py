@@ -24,7 +24,7 @@ mode gives the same ids from the same FP32 scores, whatever the key rows past ``
 hold (NaN, inf, garbage; ``tests/device/test_sim_nan_poison.py``).
 
 Checks and host plan: the op's contract :mod:`tilesim.shared.msa_indexer` (``check_meta``,
-then ``check_values``, the finiteness scan, with ``validate="full"`` only; ``host_plan_torch``
+then ``check_data_values``, the finiteness scan, with ``validate="full"`` only; ``host_plan_torch``
 for the masks). The jit
 builders are :mod:`tilesim.device._msa_indexer_kernel`. Per-SoC key tile :data:`KTILE`
 (``MSA_INDEXER_KTILE``). Importing needs neither torch nor pypto.
@@ -150,7 +150,7 @@ def _run_select(q, k, args: Args, target: _backend.Target):
 
 def _check(idx_q, idx_k, nb, validate, **selection) -> tuple[Args, bool]:
     """The shared contract: :func:`tilesim.shared.msa_indexer.check_meta` (metadata only),
-    then, for ``validate="full"`` only, :func:`~tilesim.shared.msa_indexer.check_values` (the
+    then, for ``validate="full"`` only, :func:`~tilesim.shared.msa_indexer.check_data_values` (the
     finiteness scan of ``idx_q`` / ``idx_k``: a host copy) when the inputs hold data
     (:func:`tilesim.device.backend.value_checks`; this op has no integer input to read).
     ``selection``: ``seq_len`` / ``head_reduce`` of an ``msa_indexer`` call. Returns

@@ -78,7 +78,7 @@ class _Call(NamedTuple):
 
 def _check(query, key_blocks, value_blocks, block_mask, dtype, max_n, tiling, backend, validate):
     """Every argument check (the reference's rules: ``check_meta``, plus the kernel's head dim
-    and the back end's name), before any work. The one value check, ``check_values`` (the
+    and the back end's name), before any work. The one value check, ``check_data_values`` (the
     finiteness scan of ``block_mask``), runs only with ``validate="full"`` and on inputs
     holding data (:func:`tilesim.device.backend.value_checks`); otherwise no data is read."""
     check_choice(backend, "backend", _backend.BACKENDS)
