@@ -32,7 +32,7 @@ from tilesim.reference.judge_indexer import (
     judge_ids,
     judge_scores,
 )
-from tilesim.shared.ops import golden_kinds, judge_kinds, optional_outputs, plan_calls
+from tilesim.shared.ops import calls_judged_by, golden_kinds, judge_kinds, optional_outputs
 
 #: the reference op of a golden -> the judge's ``kind`` (names the report's coordinates)
 OP_KINDS = golden_kinds()
@@ -40,7 +40,7 @@ OP_KINDS = golden_kinds()
 ID_KINDS = tuple(k for k, (what, _) in judge_kinds().items() if what == "ids")
 #: the ops whose goldens hold ``topk_indices`` + ``scores`` (+ the step's attention ``out``):
 #: DeepSeek's lightning indexer and the decode step that starts with it
-LIGHTNING_INDEXER_OPS = plan_calls("indexer")
+LIGHTNING_INDEXER_OPS = calls_judged_by("indexer")
 #: the id, score and attention outputs of those goldens
 IDS, SCORES, OUT = "topk_indices", "scores", "out"
 #: the outputs of an op a device may leave out (the ids' judge reads the golden's scores)

@@ -57,7 +57,7 @@ from tilesim.shared.mla_cache import (
     ROPE,
     unpack_rows,
 )
-from tilesim.shared.ops import plan_calls
+from tilesim.shared.ops import calls_judged_by
 
 #: (stage, its outputs in the step's names, the upstream outputs its golden reads)
 STAGES = (
@@ -74,8 +74,8 @@ STAGES = (
 STAGE_OF = {n: stage for stage, outs, _ in STAGES for n in outs}
 #: ops judged stage by stage (the registry's calls of the plan ``"stages"``), in the order
 #: of the step's stages, the layer step last
-_STAGED = plan_calls("stages")
-PLAN_OPS = tuple(dict.fromkeys([*(s[0] for s in STAGES if s[0] in _STAGED), *_STAGED]))
+_STAGED = calls_judged_by("stages")
+STAGED_OPS = tuple(dict.fromkeys([*(s[0] for s in STAGES if s[0] in _STAGED), *_STAGED]))
 #: one E4M3 code step (a neighbouring code) and the smallest E4M3 subnormal
 FP8_CODE_TOL = {"atol": 2.0**-9, "rtol": 2.0**-3, "ratio": 0.005, "mode": "compare"}
 #: UE8M0 (power-of-two) FP32 scales: equal, up to the ratio
@@ -471,8 +471,8 @@ def judge_stages(op: str, actual: dict, golden: dict, inputs: dict, params: dict
     tolerance (the attention output's rule); ``rule``: ``"default"`` or ``"seeds"`` for the
     outputs whose rule is not forced. Names are the step's (``index_q``, ...); the indexer
     prolog's own names (``q``, ``q_scale``, ``weights``) are accepted for that op."""
-    if op not in PLAN_OPS:
-        raise ValueError(f"op: expected one of {PLAN_OPS}, got {op!r}")
+    if op not in STAGED_OPS:
+        raise ValueError(f"op: expected one of {STAGED_OPS}, got {op!r}")
     if op == "dsa_indexer_prolog":
         actual = {IPROLOG_NAMES.get(k, k): v for k, v in actual.items()}
         golden = {IPROLOG_NAMES.get(k, k): v for k, v in golden.items()}
@@ -502,5 +502,5 @@ def judge_stages(op: str, actual: dict, golden: dict, inputs: dict, params: dict
     return report
 
 
-__all__ = ["PLAN_OPS", "STAGES", "Spec", "StageReport", "cache_fields", "judge_output",
+__all__ = ["STAGED_OPS", "STAGES", "Spec", "StageReport", "cache_fields", "judge_output",
            "judge_stages", "output_spec"]  # fmt: skip

@@ -475,7 +475,7 @@ RECORD = OpRecord(
     calls=(
         Call("dsa_attention_step", "dsa_attention_step",
              tuple(Output(f, _KINDS.get(f, "float")) for f in STEP_FIELDS),
-             signature=(step_inputs, step_keywords), plan="stages"),
+             signature=(step_inputs, step_keywords), judged_by="stages"),
     ),
     cost=cost,
     names={"AttentionStepResult": "dsa_attention_step"},

@@ -491,10 +491,10 @@ RECORD = OpRecord(
     name="dsa_indexer",
     calls=(
         Call("dsa_indexer", "dsa_indexer", (_IDS, _SCORES), signature=(indexer_inputs,),
-             judge_kind="dsa_indexer", plan="indexer", device=True),
+             judge_kind="dsa_indexer", judged_by="indexer", device=True),
         Call("dsa_decode_step", "dsa_step",
              (_IDS, _SCORES, Output("out", "float", ("token", "head"))),
-             signature=(decode_step_inputs,), plan="indexer"),
+             signature=(decode_step_inputs,), judged_by="indexer"),
     ),
     cost=cost,
     int_checks=check_int_values,

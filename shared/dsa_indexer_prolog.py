@@ -361,7 +361,7 @@ RECORD = OpRecord(
              (Output("q", "codes", ("token", "head")), Output("q_scale", "float", ("token",)),
               Output("weights", "float", ("token",)), Output("k_cache", "cache"),
               Output("k_scale", "float")),
-             signature=(prolog_inputs, prolog_keywords), plan="stages", device=True),
+             signature=(prolog_inputs, prolog_keywords), judged_by="stages", device=True),
     ),
     cost=cost,
     int_checks=check_slot_values,

@@ -364,7 +364,7 @@ RECORD = OpRecord(
               Output("q_norm", "codes", ("token",)), Output("q_norm_scale", "float", ("token",)),
               Output("kv_cache", "cache"), Output("kr_cache", "cache"),
               Output("kv_scale_cache", "cache")),
-             signature=(prolog_inputs, prolog_keywords), plan="stages", device=True),
+             signature=(prolog_inputs, prolog_keywords), judged_by="stages", device=True),
     ),
     cost=cost,
     names={"MlaPrologOutputs": "mla_prolog"},

@@ -6,7 +6,7 @@ Each op's contract module ``tilesim.shared.<op>`` exports one :class:`OpRecord` 
 * the op's **public calls** (:class:`Call`): the reference callable, the module of
   :mod:`tilesim.reference` that defines it, its input prototypes (the leading parameters its
   golden and wrapper write out, held equal by ``tests/test_op_records.py``), its outputs
-  (:class:`Output`: name, kind, axes), the judge's kind and plan, whether a named case's
+  (:class:`Output`: name, kind, axes), how the judge reads them, whether a named case's
   golden is a call of it and whether :mod:`tilesim.device` exports it too;
 * the **case family** whose ``tilesim.reference.<family>_cases`` module builds its cases;
 * the other public names of :mod:`tilesim.reference` it adds (``{name: module}``);
@@ -36,8 +36,8 @@ OUTPUT_KINDS = ("float", "ids", "codes", "cache")
 #: the small integer inputs, every value
 VALUE_LEVELS = ("meta", "ints", "full")
 #: how the judge reads a call's outputs (``tilesim.reference.judge_plans``): one rule per
-#: output under the case's tolerance, the ids-first indexer plan, or stage by stage
-PLANS = ("kind", "indexer", "stages")
+#: output kind under the case's tolerance, the ids-first indexer rule, or stage by stage
+JUDGED_BY = ("kind", "indexer", "stages")
 
 
 @dataclass(frozen=True)
@@ -63,8 +63,9 @@ class Call:
     :mod:`tilesim.device`); ``module``: the :mod:`tilesim.reference` module defining it;
     ``signature``: its input prototypes in the contract module (``()``: none written);
     ``outputs``: in the op's order; ``judge_kind``: the judge's ``kind`` that names the
-    coordinates of its (first) output (``None``: none); ``plan``: :data:`PLANS`; ``golden``:
-    a named case's golden may be a call of it; ``device``: :mod:`tilesim.device` exports it;
+    coordinates of its (first) output (``None``: none); ``judged_by``: :data:`JUDGED_BY`;
+    ``golden``: a named case's golden may be a call of it; ``device``: :mod:`tilesim.device`
+    exports it;
     ``l2_units``: the judge's calibrated relative-L2 bound of its float output, one multiple of
     the unit roundoff of the rounding the output carries for the whole tensor and for each row
     (set between the worst correct output and the smallest fault, docs/numerics.md
@@ -76,13 +77,13 @@ class Call:
     outputs: tuple[Output, ...]
     signature: tuple[Callable, ...] = ()
     judge_kind: str | None = None
-    plan: str = "kind"
+    judged_by: str = "kind"
     golden: bool = True
     device: bool = False
     l2_units: float | None = None
 
     def __post_init__(self) -> None:
-        check_choice(self.plan, f"Call({self.name!r}).plan", PLANS)
+        check_choice(self.judged_by, f"Call({self.name!r}).judged_by", JUDGED_BY)
         u = self.l2_units
         if u is not None and not (
             isinstance(u, int | float) and not isinstance(u, bool) and 0 < u < math.inf
@@ -166,5 +167,5 @@ class OpRecord:
         raise ValueError(f"call: expected one of {self.call_names}, got {name!r}")
 
 
-__all__ = ["OUTPUT_KINDS", "PLANS", "ROUNDS_LIKE_GOLDEN", "VALUE_LEVELS", "Call", "OpRecord",
+__all__ = ["OUTPUT_KINDS", "JUDGED_BY", "ROUNDS_LIKE_GOLDEN", "VALUE_LEVELS", "Call", "OpRecord",
            "Output"]  # fmt: skip

@@ -4,9 +4,10 @@
 ``RECORD``, imported by name (:data:`OP_MODULES` their names). Every other list of ops is
 derived here: the case families (:func:`families`), the public calls (:func:`calls`), the public
 names of :mod:`tilesim.reference` (:func:`reference_names`) and :mod:`tilesim.device`
-(:func:`device_names`), the ops of five files (:func:`kernel_ops`), the calls of a judging plan
-(:func:`plan_calls`). The judge, the CLI, the case registry, the structural test and the digests
-read them. Adding an op is one record plus its five files (``docs/index.md``, "Adding an op").
+(:func:`device_names`), the ops of five files (:func:`kernel_ops`), the calls the judge
+reads one way (:func:`calls_judged_by`). The judge, the CLI, the case registry, the structural
+test and the digests read them. Adding an op is one record plus its five files
+(``docs/index.md``, "Adding an op").
 """
 
 from __future__ import annotations
@@ -79,9 +80,9 @@ def golden_calls(family: str | None = None) -> tuple[str, ...]:
                  for c in r.calls if c.golden)  # fmt: skip
 
 
-def plan_calls(plan: str) -> tuple[str, ...]:
-    """The calls judged by ``plan`` (:data:`tilesim.shared.op_record.PLANS`)."""
-    return tuple(c.name for c in calls() if c.plan == plan)
+def calls_judged_by(how: str) -> tuple[str, ...]:
+    """The calls the judge reads ``how`` (:data:`tilesim.shared.op_record.JUDGED_BY`)."""
+    return tuple(c.name for c in calls() if c.judged_by == how)
 
 
 def kernel_ops() -> tuple[str, ...]:
@@ -148,5 +149,5 @@ def optional_outputs() -> dict[str, tuple[str, ...]]:
 
 __all__ = ["OP_MODULES", "calls", "case_builder", "device_names", "families", "golden_calls",
            "golden_kinds", "judge_kinds", "judge_l2_units", "optional_outputs",
-           "kernel_ops", "plan_calls", "record", "record_of_call", "records",
+           "kernel_ops", "calls_judged_by", "record", "record_of_call", "records",
            "reference_names"]  # fmt: skip

@@ -205,9 +205,9 @@ def test_the_judge_reads_the_registry():
     assert judge.JUDGE_KINDS == {**ops.judge_kinds(), "float": ("float", None),
                                 "ids": ("ids", None)}  # fmt: skip
     assert plans.OP_KINDS == ops.golden_kinds()
-    assert plans.LIGHTNING_INDEXER_OPS == ops.plan_calls("indexer")
+    assert plans.LIGHTNING_INDEXER_OPS == ops.calls_judged_by("indexer")
     assert plans.OPTIONAL_OUTPUTS == ops.optional_outputs()
-    assert sorted(stages.PLAN_OPS) == sorted(ops.plan_calls("stages"))
+    assert sorted(stages.STAGED_OPS) == sorted(ops.calls_judged_by("stages"))
     for call in CALLS:
         assert call.judge_kind is None or call.judge_kind in judge.JUDGE_KINDS
 
@@ -277,7 +277,7 @@ def test_the_digests_cover_the_registry():
 def test_the_cli_reads_the_registry():
     from tilesim.cli import dumps, plot
 
-    assert dumps.STAGED_OPS == _module("tilesim.reference.judge_stages").PLAN_OPS
+    assert dumps.STAGED_OPS == _module("tilesim.reference.judge_stages").STAGED_OPS
     assert plot._INDEXER_OPS == ops.record("msa_indexer").call_names
 
 

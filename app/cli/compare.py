@@ -129,9 +129,9 @@ def _same_bytes(a, b) -> bool:
 
 def _stage_judged(gs: GoldenSet) -> bool:
     """Is the golden one of the stage-judged ops (the prologs, the layer step)?"""
-    from tilesim.reference.judge_stages import PLAN_OPS
+    from tilesim.reference.judge_stages import STAGED_OPS
 
-    return (gs.manifest or {}).get("op") in PLAN_OPS
+    return (gs.manifest or {}).get("op") in STAGED_OPS
 
 
 def _rule(args) -> str:

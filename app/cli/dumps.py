@@ -30,16 +30,13 @@ import numpy as np
 from tilesim.cli import CliError
 from tilesim.cli import tensorio as tio
 from tilesim.reference.judge_plans import LIGHTNING_INDEXER_OPS, OPTIONAL_OUTPUTS
-from tilesim.reference.judge_stages import PLAN_OPS
+from tilesim.reference.judge_stages import STAGED_OPS
 
 #: CANN dump converter naming: op_type.op_name.task_id.stream_id.timestamp.{input|output}.i.npy
 CANN_NPY = re.compile(
     r"^(?P<op_type>[^.]+)\.(?P<op_name>.+)\.(?P<task>\d+)\.(?P<stream>\d+)"
     r"\.(?P<timestamp>\d+)\.(?P<io>input|output)\.(?P<index>\d+)\.npy$"
 )
-#: ops judged stage by stage: a dump may hold any subset of their outputs, a single file
-#: answers the output of its stem's name
-STAGED_OPS = PLAN_OPS
 #: ops whose golden output ``scores`` is also the id judge's scores (ties)
 _GOLDEN_SCORES = LIGHTNING_INDEXER_OPS
 

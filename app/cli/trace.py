@@ -20,7 +20,7 @@ from tilesim.cli.registry import get_case
 from tilesim.cli.runner import jsonable
 from tilesim.cli.tolerances import resolve_tolerance
 from tilesim.cli.verdicts import judge_run, judge_run_stages, run_goldens
-from tilesim.reference.judge_stages import PLAN_OPS
+from tilesim.reference.judge_stages import STAGED_OPS
 
 
 @dataclasses.dataclass
@@ -155,7 +155,7 @@ def _trace_actual(args, run: TraceRun) -> ActualVerdict:
             )
     tol = resolve_tolerance(run.tolerance)
     notes = [f"note: {n}" for n in notes]
-    if run.op in PLAN_OPS:
+    if run.op in STAGED_OPS:
         rep = judge_run_stages(run.op, pairs, tol, run.args, run.goldens, name=run.name)
         last = rep.summary().splitlines()[-1]
         return ActualVerdict([f"{_sources(pairs)} vs golden: {last}", *notes], rep.passed,
