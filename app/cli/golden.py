@@ -182,51 +182,53 @@ def _golden_replay(args: argparse.Namespace) -> int:
         raise CliError(f"--name {name!r}: expected a plain directory name")
     out_dir = Path(args.output) / name
     _early_check(out_dir, args.format, args.force)
-    plan = rp.plan_replay(args.inputs, op=args.op, params_text=args.params, like=args.like)
-    op_args, params = rp.replay_arguments(plan)
+    request = rp.replay_request(args.inputs, op=args.op, params_text=args.params, like=args.like)
+    op_args, params = rp.replay_arguments(request)
     t0 = time.perf_counter()
-    goldens = rp.run_op(plan.op, op_args)
+    goldens = rp.run_op(request.op, op_args)
     run_s = time.perf_counter() - t0
     manifest = _write_golden(
         out_dir,
         fmt=args.format,
-        groups=golden_groups(plan.op, op_args, goldens),
-        header=_replay_header(plan, params, goldens, name=name, out_dir=out_dir, fmt=args.format),
+        groups=golden_groups(request.op, op_args, goldens),
+        header=_replay_header(
+            request, params, goldens, name=name, out_dir=out_dir, fmt=args.format
+        ),
         force=args.force,
     )
     print(
-        f"{name}: {plan.op} on {len(plan.inputs)} captured inputs from {args.inputs}, "
+        f"{name}: {request.op} on {len(request.inputs)} captured inputs from {args.inputs}, "
         f"ran in {run_s:.2f} s"
     )
-    print(f"  params: {plan.params_from}")
+    print(f"  params: {request.params_from}")
     print(f"  tiling: {tiling_text(params.get('tiling'))}")
-    print(f"  tolerance: {tolerance_text(plan.tolerance)} ({plan.tolerance_from})")
-    for n in plan.notes:
+    print(f"  tolerance: {tolerance_text(request.tolerance)} ({request.tolerance_from})")
+    for n in request.notes:
         print(f"  note: {n}")
     _print_files(out_dir, manifest)
     return 0
 
 
-def _replay_header(plan, params: dict, goldens: dict, *, name: str, out_dir: Path, fmt: str):
+def _replay_header(request, params: dict, goldens: dict, *, name: str, out_dir: Path, fmt: str):
     from tilesim.cli import replay as rp
 
     params_json = jsonable(params)
-    source = str(Path(plan.source).resolve())
+    source = str(Path(request.source).resolve())
     replay = {
         "inputs": source,
-        "params_from": plan.params_from,
-        "tolerance_from": plan.tolerance_from,
-        **({"like": plan.like} if plan.like else {}),
+        "params_from": request.params_from,
+        "tolerance_from": request.tolerance_from,
+        **({"like": request.like} if request.like else {}),
     }
     return {
         "tilesim_version": tilesim.__version__,
         "case": name,
-        "op": plan.op,
+        "op": request.op,
         "replay": replay,
         "params": params_json,
         "tiling": params_json.get("tiling"),
-        "inputs": rp.input_records(plan.inputs, source),
-        "tolerance": {**plan.tolerance, "rule": tolerance_rule(plan.tolerance)},
+        "inputs": rp.input_records(request.inputs, source),
+        "tolerance": {**request.tolerance, "rule": tolerance_rule(request.tolerance)},
         "golden": list(goldens),
-        "reproduce": rp.reproduce_replay(plan, params_json, name=name, out_dir=out_dir, fmt=fmt),
+        "reproduce": rp.reproduce_replay(request, params_json, name=name, out_dir=out_dir, fmt=fmt),
     }

@@ -331,17 +331,17 @@ def op_arguments(op: str, inputs: dict, params: dict) -> dict:
     return args
 
 
-def replay_arguments(plan) -> tuple[dict, dict]:
-    """``(the op's keyword arguments, its non-tensor ones)`` of a :class:`ReplayPlan`, the
+def replay_arguments(request) -> tuple[dict, dict]:
+    """``(the op's keyword arguments, its non-tensor ones)`` of a :class:`ReplayRequest`, the
     tiling resolved by the op's own rule (:func:`tilesim.cli.runner.effective_params`)."""
     from tilesim.cli.runner import effective_params
 
-    op_args = op_arguments(plan.op, plan.inputs, plan.params)
-    tensors = set(op_args) - set(plan.params) - {"progress"}
+    op_args = op_arguments(request.op, request.inputs, request.params)
+    tensors = set(op_args) - set(request.params) - {"progress"}
     try:
-        params = effective_params(plan.op, op_args, tensors)
+        params = effective_params(request.op, op_args, tensors)
     except (ValueError, TypeError) as e:
-        raise CliError(f"{plan.op} rejected the inputs: {e}") from None
+        raise CliError(f"{request.op} rejected the inputs: {e}") from None
     op_args.update(params)
     return op_args, params
 
@@ -408,11 +408,11 @@ def input_records(inputs: dict, source: str) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------------------------
-# the replay plan
+# the replay request
 
 
 @dataclass
-class ReplayPlan:
+class ReplayRequest:
     """What one ``golden --inputs`` runs: the op, its inputs and parameters, the tolerance to
     record, and where each came from."""
 
@@ -452,8 +452,8 @@ def case_params(like: str) -> dict:
     }
 
 
-def plan_replay(spec: str, *, op: str | None, params_text: str | None, like: str | None):
-    """The :class:`ReplayPlan` of ``golden --inputs SPEC [--op OP] [--params P] [--like C]``."""
+def replay_request(spec: str, *, op: str | None, params_text: str | None, like: str | None):
+    """The :class:`ReplayRequest` of ``golden --inputs SPEC [--op OP] [--params P] [--like C]``."""
     found = golden_manifest(spec)
     m = found[1] if found else None
     if m is not None and op is not None and op != m["op"]:
@@ -480,7 +480,7 @@ def plan_replay(spec: str, *, op: str | None, params_text: str | None, like: str
     inputs = golden_inputs(*found) if found else read_inputs(spec)
     params = {**base, **given}
     inputs, notes = settle_dtypes(op, inputs, params)
-    return ReplayPlan(op, spec, inputs, params, base_from, tol, tol_from, kind, like, notes)
+    return ReplayRequest(op, spec, inputs, params, base_from, tol, tol_from, kind, like, notes)
 
 
 def _plan_tolerance(op, like, given_tol, params_text, m, spec) -> tuple[dict, str, str]:
@@ -495,21 +495,23 @@ def _plan_tolerance(op, like, given_tol, params_text, m, spec) -> tuple[dict, st
     return (*op_tolerance(op, None), "op")
 
 
-def reproduce_replay(plan: ReplayPlan, params_json: dict, *, name: str, out_dir: Path, fmt: str):
+def reproduce_replay(
+    request: ReplayRequest, params_json: dict, *, name: str, out_dir: Path, fmt: str
+):
     """The command that writes this replayed golden again (absolute paths, every parameter
     inline, the tolerance's source named)."""
     import shlex
 
-    if plan.tolerance_kind == "params":  # a manifest-shaped --params carries the tolerance
-        tol = {k: plan.tolerance[k] for k in ("atol", "rtol", "ratio", "mode")}
+    if request.tolerance_kind == "params":  # a manifest-shaped --params carries the tolerance
+        tol = {k: request.tolerance[k] for k in ("atol", "rtol", "ratio", "mode")}
         text = json.dumps({"params": params_json, "tolerance": tol, "tensors": []})
     else:
         text = json.dumps(params_json)
-    argv = ["tilesim", "golden", "--inputs", str(Path(plan.source).resolve())]
-    argv += ["--op", plan.op, "--params", text, "--name", name]
+    argv = ["tilesim", "golden", "--inputs", str(Path(request.source).resolve())]
+    argv += ["--op", request.op, "--params", text, "--name", name]
     argv += ["-o", str(out_dir.parent.resolve())]
-    if plan.tolerance_kind == "like":
-        argv += ["--like", plan.like]
+    if request.tolerance_kind == "like":
+        argv += ["--like", request.like]
     if fmt != "npz":
         argv += ["--format", fmt]
     return shlex.join(argv)
@@ -522,7 +524,7 @@ def registry_ops() -> list[str]:
 
 
 __all__ = [
-    "ReplayPlan",
+    "ReplayRequest",
     "case_params",
     "decode",
     "digest",
@@ -533,7 +535,7 @@ __all__ = [
     "golden_inputs",
     "golden_manifest",
     "op_tolerance",
-    "plan_replay",
+    "replay_request",
     "read_inputs",
     "read_params",
     "registry_ops",

@@ -117,13 +117,13 @@ def _trace_run(kind: str, target, args, records: list) -> TraceRun:
                         built.op_args)  # fmt: skip
     from tilesim.cli import replay as rp
 
-    plan = rp.plan_replay(target, op=None, params_text=None, like=None)
-    op_args, _ = rp.replay_arguments(plan)
+    request = rp.replay_request(target, op=None, params_text=None, like=None)
+    op_args, _ = rp.replay_arguments(request)
     t0 = time.perf_counter()
-    goldens = rp.run_op(plan.op, op_args, trace=records.append)
+    goldens = rp.run_op(request.op, op_args, trace=records.append)
     _, m = rp.golden_manifest(target)
     name = m.get("case") or Path(target).name
-    return TraceRun(name, plan.op, plan.tolerance, goldens, time.perf_counter() - t0, op_args)
+    return TraceRun(name, request.op, request.tolerance, goldens, time.perf_counter() - t0, op_args)
 
 
 @dataclasses.dataclass
@@ -142,7 +142,7 @@ class ActualVerdict:
 def _trace_actual(args, run: TraceRun) -> ActualVerdict:
     """``--actual`` against the run's outputs: ACTUAL answers them as in ``tilesim compare``
     (a file, an ``.npz`` or ``.pt`` of several, a dump directory, a golden directory by its
-    manifest), each judged by the op's plan."""
+    manifest), each judged as the op's record says."""
     if not args.actual:
         return ActualVerdict([])
     gs = run_goldens(run.op, run.goldens, run.args)
