@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import pydoc
 import sys
 from pathlib import Path
 
@@ -109,6 +110,8 @@ def test_golden_and_wrapper_write_out_the_prototypes_signature(call):
         assert not inner.__code__.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS), fn
         assert _params(_signature(fn))[: len(protos)] == protos, fn.__module__
         assert fn.__doc__ and fn.__name__ == call.name, fn
+        shown = pydoc.render_doc(fn, renderer=pydoc.plaintext)  # what help(fn) prints
+        assert f"{call.name}({protos[0][0]}, " in shown and fn.__doc__.split()[0] in shown
 
 
 def test_the_signature_check_can_fail():
