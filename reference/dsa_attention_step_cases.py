@@ -31,6 +31,14 @@ weights included -- they are part of the case:
 ``progress=``: the caches' bars (``True`` always, ``None`` after 3 s, ``False`` never). The
 64K cases build in chunks: the latent cache ``CHUNK_ROWS`` rows at a time, the index cache one
 sequence at a time.
+
+The decode step's cases (``dsa_step_*``, op ``dsa_decode_step``, kind ``"decode_step"``: the
+step entered at the indexer) are this family's too: their indexer half is a case of
+:func:`tilesim.reference.dsa_indexer_cases.dsa_indexer_make_case` (index q, weights and
+index cache drawn as the indexer's cases draw them), their attention half grid-uniform BF16
+queries and a latent cache of :func:`tilesim.reference.dsa_cases.build_cache`
+(:func:`decode_attention_inputs`). ``dsa_attention_step_make_case(op="dsa_decode_step",
+...)`` builds an ad-hoc one.
 """
 
 from __future__ import annotations
@@ -44,30 +52,37 @@ from tilesim.reference.dsa_case_common import (
     yarn_rope_inputs,
 )
 from tilesim.reference.dsa_cases import (
+    SEEDS_TOLERANCE,
     build_block_table,
     build_cache,
+    grid_bf16,
     grid_bf16_bits,
     poison_rows,
     random_bytes,
 )
-from tilesim.reference.dsa_indexer_cases import UNIFORM_64
+from tilesim.reference.dsa_indexer_cases import DEFAULTS as INDEXER_DEFAULTS
+from tilesim.reference.dsa_indexer_cases import UNIFORM_64, dsa_indexer_make_case
 from tilesim.reference.mla_prolog_cases import WEIGHT_SCALES
 from tilesim.shared.case_schema import CaseInfo, make_case, tolerance
 from tilesim.shared.casts import BF16, FP8_E4M3_MAX, to_bf16, to_fp8_e4m3
-from tilesim.shared.dsa_attention_step import PATHS
+from tilesim.shared.dsa_attention_step import DECODE_LAYOUTS, PATHS
 from tilesim.shared.dsa_indexer import INDEX_HEADS, MAX_DECODE_S1
 from tilesim.shared.dsa_indexer_prolog import QB_COLS
 from tilesim.shared.hadamard import scaled_hadamard_bf16
 from tilesim.shared.index_cache import INDEX_DIM
-from tilesim.shared.mla_cache import CACHE_LAYOUTS, PATH_CACHE_LAYOUT, is_packed
+from tilesim.shared.mla_cache import CACHE_LAYOUTS, NOPE, PATH_CACHE_LAYOUT, ROPE, is_packed
 from tilesim.shared.mla_prolog import BLOCK, HEADS, HIDDEN, KV_A, KV_LORA, Q_HEAD, Q_LORA, QK_NOPE
+from tilesim.shared.models import DEEPSEEK_V32
 from tilesim.shared.quant import _ue8m0
 from tilesim.shared.slots import slots_from_block_table
+from tilesim.shared.soc import SIM_SOCS, fp8_socs
 from tilesim.shared.tiling import SaTileShapeConfig
 from tilesim.shared.validate import check_bool, check_choice, check_int
 
 BUILDER = "tilesim.reference.dsa_attention_step_cases:dsa_attention_step_make_case"
 OP = "dsa_attention_step"
+#: the decode step's op: the layer step entered at the indexer
+DECODE_OP = "dsa_decode_step"
 MAX_POSITION = 163840  #: DeepSeek-V3.2 ``max_position_embeddings`` (the YaRN table's rows)
 #: the latent cache's quantizer of the earlier tokens (``tilesim.reference.dsa_cases``)
 HISTORY_QUANT = {"int8": "int8", "fp8": "fp8_ue8m0"}
@@ -103,6 +118,20 @@ _TABLE = {
     "dsa_attention_step_short_fp8_ue8m0": (dict(path="fp8", weight_scale="ue8m0"), "small",
                                            "tilesim extra", "B 2, s1 2, FP8 with power-of-two "
                                            "(UE8M0) weight block scales everywhere"),
+}  # fmt: skip
+
+
+#: the decode step's builder parameters: the indexer builder's, the attention's latent cache
+#: quant (``attn_quant``, None: the indexer's ``path``) and ``layout`` (None: ``"pypto"``)
+_DECODE_DEFAULTS = {**INDEXER_DEFAULTS, "op": DECODE_OP, "attn_quant": None, "layout": None}
+# name -> (builder params, size, status, summary)
+_DECODE_TABLE = {
+    "dsa_step_b2_s2_int8": (dict(seq_lens=(300, 2100), attn_quant="int8", layout="kv_split"),
+                            "small", "tilesim extra",
+                            "decode step: INT8 indexer -> top-k -> INT8 kv_split attention"),
+    "dsa_step_b2_s2_fp8": (dict(seq_lens=(300, 2100), path="fp8", ue8m0=True, attn_quant="fp8",
+                                layout="pypto"), "small", "tilesim extra",
+                           "decode step: FP8 indexer -> top-k -> FP8 packed attention"),
 }  # fmt: skip
 
 
@@ -229,6 +258,8 @@ def dsa_attention_step_make_case(name: str | None = None, *, seed: int = 0, prog
     powers of two; the indexer prolog's are UE8M0 either way). ``progress``: the
     caches' bars. Returns the case dict; ``meta`` holds the seed, the builder parameters, the
     new tokens' positions and slots, ``n_blocks``."""
+    if name in _DECODE_TABLE or params.get("op") == DECODE_OP:
+        return _decode_step_case(name, seed, progress, params)
     seed, p = builder_arguments("dsa_attention_step_make_case", name, seed, progress, params,
                                 _DEFAULTS, _TABLE)  # fmt: skip
     p = _checked(p)
@@ -260,6 +291,60 @@ def dsa_attention_step_make_case(name: str | None = None, *, seed: int = 0, prog
                      meta=meta)  # fmt: skip
 
 
+# ----------------------------------------------------------------------------- decode step
+def decode_attention_inputs(p: dict, inputs: dict, n_blocks: int, seed: int) -> tuple[dict, dict]:
+    """The attention half of a decode-step case: grid-uniform BF16 queries ``[T*nq, 512]`` /
+    ``[T*nq, 64]`` (``T`` = the rows of the indexer half's ``q``) and a latent cache of
+    ``n_blocks * block_size`` rows built by :func:`tilesim.reference.dsa_cases.build_cache`
+    (quant ``p["attn_quant"]``, default the indexer's path; layout ``p["layout"]``, default
+    ``"pypto"``), its own streams from ``seed``. Returns ``(inputs, params)``."""
+    quant = p["attn_quant"] or p["path"]
+    layout = p["layout"] or "pypto"
+    nq = DEEPSEEK_V32.num_q_heads
+    rng_q, rng_nope, rng_rope = (
+        np.random.default_rng(s) for s in np.random.SeedSequence([seed, 1]).spawn(3)
+    )
+    n_q = inputs["q"].shape[0] * nq
+    qv = grid_bf16(random_bytes(rng_q, n_q * (NOPE + ROPE))).reshape(n_q, NOPE + ROPE)
+    cache = build_cache(n_blocks * p["block_size"], quant, layout, rng_nope, rng_rope)
+    out = {"query_nope": np.ascontiguousarray(qv[:, :NOPE]),
+           "query_rope": np.ascontiguousarray(qv[:, NOPE:]), **cache}  # fmt: skip
+    params = {"layout": layout, "nq": nq, "softmax_scale": DEEPSEEK_V32.test_softmax_scale,
+              "tiling": SaTileShapeConfig.preset("decode")}  # fmt: skip
+    return out, params
+
+
+def _decode_step_case(name, seed, progress, params: dict) -> dict:
+    """A decode-step case (module docstring): the indexer half by the indexer's builder (the
+    same parameters but ``op``, ``attn_quant``, ``layout``), then the attention half."""
+    seed, p = builder_arguments("dsa_attention_step_make_case", name, seed, progress, params,
+                                _DECODE_DEFAULTS, _DECODE_TABLE)  # fmt: skip
+    check_choice(p["op"], "op", (DECODE_OP,))
+    check_choice(p["attn_quant"], "attn_quant", (None, *PATHS))
+    check_choice(p["layout"], "layout", (None, *DECODE_LAYOUTS))
+    if p["q_lens"] is not None:
+        raise ValueError("q_lens: the decode step takes s1 (decode rows per batch), not q_lens")
+    half = {k: p[k] for k in INDEXER_DEFAULTS if k != "op"}
+    idx = dsa_indexer_make_case(None, seed=seed, progress=progress, **half)
+    n_blocks = idx["meta"]["n_blocks"]
+    attn_inputs, attn_params = decode_attention_inputs(p, idx["inputs"], n_blocks, seed)
+    meta = {"seed": seed, "builder_params": p, "n_blocks": n_blocks}
+    return make_case(name=name, op=DECODE_OP, inputs={**idx["inputs"], **attn_inputs},
+                     params={**idx["params"], **attn_params}, meta=meta,
+                     tolerance=tolerance(**SEEDS_TOLERANCE, mode="compare"))  # fmt: skip
+
+
+def _decode_case_info(name: str) -> CaseInfo:
+    build, size, status, summary = _DECODE_TABLE[name]
+    return CaseInfo(
+        name=name, family=OP, op=DECODE_OP, model="DeepSeek-V3.2", summary=summary, seed=0,
+        size=size, tolerance=tolerance(**SEEDS_TOLERANCE, mode="compare"), builder=BUILDER,
+        kind="decode_step", soc=fp8_socs() if build.get("path") == "fp8" else SIM_SOCS,
+        status=status, notes={"rule": "attention out: the seeds' atol/rtol/ratio; "
+                              "topk_indices / scores: the judge's score-aware id rule"},
+    )  # fmt: skip
+
+
 def _tol() -> dict:
     """The attention output's rule: the seeds' DeepSeek attention tolerance."""
     return tolerance(atol=1e-4, rtol=5e-3, ratio=0.005, mode="compare")
@@ -272,6 +357,9 @@ def _case_info(name: str) -> CaseInfo:
 
 
 #: every named case (``dsa_attention_step_make_case(name)`` builds it), for the CLI registry
-CASE_INFO: dict[str, CaseInfo] = {n: _case_info(n) for n in _TABLE}
+CASE_INFO: dict[str, CaseInfo] = {
+    **{n: _case_info(n) for n in _TABLE},
+    **{n: _decode_case_info(n) for n in _DECODE_TABLE},
+}
 
-__all__ = ["CASE_INFO", "HISTORY_QUANT", "dsa_attention_step_make_case"]
+__all__ = ["CASE_INFO", "HISTORY_QUANT", "decode_attention_inputs", "dsa_attention_step_make_case"]

@@ -246,12 +246,15 @@ def dsa_indexer(
     return indexer_from_args(a, q, trace=trace, progress=progress)
 
 
-def indexer_from_args(a: Args, like, *, trace=None, progress=None) -> IndexerResult:
+def indexer_from_args(a: Args, like, *, trace=None, progress=None,
+                      nan_last: bool = False) -> IndexerResult:  # fmt: skip
     """:func:`dsa_indexer` on already checked arguments (:func:`check_values` Args): the
-    scores, the top-k, the kind of ``like`` (the caller's ``q``). The decode step checks both
-    halves first, then calls this."""
+    scores, the top-k, the kind of ``like`` (the caller's ``q``). The layer step
+    (:mod:`tilesim.reference.dsa_attention_step`) checks every stage first, then calls this;
+    ``nan_last``: NaN scores (from an earlier stage's overflow) ranked last
+    (:func:`tilesim.shared.dsa_indexer.select_topk`) instead of refused."""
     scores = dsa_indexer_scores(a, trace=trace, progress=progress)
-    ids = select_topk(scores, host_plan(a).visible, a.topk)
+    ids = select_topk(scores, host_plan(a).visible, a.topk, nan_last=nan_last)
     return IndexerResult(same_kind(ids, like), same_kind(scores, like))
 
 

@@ -1,10 +1,11 @@
-"""Runnable cases of the DeepSeek-V3.2 lightning indexer (``dsa_indexer``) and of one decode
-step end to end (``dsa_decode_step``: indexer -> top-k -> sparse attention).
+"""Runnable cases of the DeepSeek-V3.2 lightning indexer (``dsa_indexer``).
 
 ``dsa_indexer_make_case(name)`` returns a :func:`tilesim.shared.case_schema.make_case` dict:
-``getattr(tilesim.reference, case["op"])(**case["inputs"], **case["params"])`` is the golden.
-:data:`CASE_INFO` describes every named case for the registry (family ``"dsa_indexer"``, kinds
-``"indexer"`` and ``"decode_step"``).
+``tilesim.reference.dsa_indexer(**case["inputs"], **case["params"])`` is the golden.
+:data:`CASE_INFO` describes every named case for the registry (family ``"dsa_indexer"``, kind
+``"indexer"``). The decode step's cases (``dsa_step_*``: the layer step entered at the
+indexer) are the layer step's family, :mod:`tilesim.reference.dsa_attention_step_cases`,
+which builds their indexer half with this builder.
 
 Data recipe (deterministic from ``seed``; ``SeedSequence(seed).spawn`` gives one stream per
 component): the block table of :func:`tilesim.reference.dsa_cases.build_block_table` (a random
@@ -28,10 +29,11 @@ from __future__ import annotations
 
 import numpy as np
 from tilesim.reference.dsa_case_common import builder_arguments, index_key_cache, new_token_rows
-from tilesim.reference.dsa_cases import DSA_CASES, SEEDS_TOLERANCE, build_block_table
+from tilesim.reference.dsa_cases import DSA_CASES, build_block_table
 from tilesim.shared.case_schema import CaseInfo, make_case, tolerance
 from tilesim.shared.dsa_indexer import INDEX_HEADS, INT8_ORDERS, MAX_DECODE_S1, PATHS, TOPK
 from tilesim.shared.index_cache import INDEX_DIM
+from tilesim.shared.models import DEEPSEEK_V32
 from tilesim.shared.ops import golden_calls
 from tilesim.shared.quant import quantize_index_fp8, quantize_index_int8
 from tilesim.shared.validate import (
@@ -53,11 +55,11 @@ UNIFORM_64 = DSA_CASES["sfa_bf16_b64_s2_seq64K_uniform_per_fp8_d"].actual_seq
 _GYM_B4 = (64 * 1024, 971, 32 * 1024 + 101, 16 * 1024 - 1)
 _GYM_B8 = (32767, 32656, 384, 2000, 64 * 1024, 971, 32 * 1024 + 101, 129090)
 
-_DEFAULTS = {
+#: the builder's parameters and their defaults
+DEFAULTS = {
     "op": "dsa_indexer", "path": "int8", "int8_order": "gym", "seq_lens": (300, 1000),
-    "s1": 2, "q_lens": None, "topk": TOPK, "block_size": 128, "ue8m0": False,
-    "all_tie": False, "poison_unused": False, "spare_blocks": 0, "attn_quant": None,
-    "layout": None,
+    "s1": 2, "q_lens": None, "topk": TOPK, "block_size": DEEPSEEK_V32.block_size,
+    "ue8m0": False, "all_tie": False, "poison_unused": False, "spare_blocks": 0,
 }  # fmt: skip
 
 # name -> (builder params, size, status, summary)
@@ -95,24 +97,17 @@ _TABLE = {
                                  "scores tie: ids 0..2047), INT8"),
     "dsa_indexer_pypto_order_int8": (dict(seq_lens=(300, 2100), int8_order="pypto"), "small",
                                      "tilesim extra", "B 2, s1 2, PyPTO's INT8 rounding order"),
-    "dsa_step_b2_s2_int8": (dict(op="dsa_decode_step", seq_lens=(300, 2100), attn_quant="int8",
-                                 layout="kv_split"), "small", "tilesim extra",
-                            "decode step: INT8 indexer -> top-k -> INT8 kv_split attention"),
-    "dsa_step_b2_s2_fp8": (dict(op="dsa_decode_step", seq_lens=(300, 2100), path="fp8",
-                                ue8m0=True, attn_quant="fp8", layout="pypto"), "small",
-                           "tilesim extra",
-                           "decode step: FP8 indexer -> top-k -> FP8 packed attention"),
 }  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- inputs
 def _checked(p: dict) -> dict:
     """``p`` (the merged builder parameters) checked, in place; returns ``p``."""
-    check_choice(p["op"], "op", OPS)
+    if p["op"] not in OPS:
+        raise ValueError(f"op: expected one of {OPS}, got {p['op']!r} (the decode step's cases "
+                         "are built by dsa_attention_step_make_case)")  # fmt: skip
     check_choice(p["path"], "path", PATHS)
     check_choice(p["int8_order"], "int8_order", INT8_ORDERS)
-    if p["op"] == "dsa_decode_step" and p["q_lens"] is not None:
-        raise ValueError("q_lens: the decode step takes s1 (decode rows per batch), not q_lens")
     ql = new_token_rows(p, unit="batch", seq_lo=0, s1_hi=MAX_DECODE_S1, q_lo=0)
     if p["q_lens"] is not None:
         p["q_lens"] = ql
@@ -171,48 +166,33 @@ def dsa_indexer_make_case(name: str | None = None, *, seed: int = 0, progress=No
     """Build one case: a named entry of :data:`CASE_INFO` (``params`` override its builder
     parameters) or, with ``name=None``, an ad-hoc one.
 
-    Builder parameters: ``op`` (``"dsa_indexer"`` or ``"dsa_decode_step"``), ``path``
-    (``"int8"`` / ``"fp8"``), ``int8_order``, ``seq_lens`` (ints), ``s1`` (decode rows per batch,
-    1..4) or ``q_lens`` (rows per batch: prefill), ``topk``, ``block_size``, ``ue8m0`` (FP8
-    power-of-two scales), ``all_tie``, ``spare_blocks``, ``poison_unused`` (module docstring);
-    for the step
-    ``attn_quant`` (``"int8"`` / ``"fp8"``: the latent cache, default the indexer's path) and
-    ``layout`` (``"pypto"`` / ``"flashmla"`` / ``"kv_split"``). ``progress``: the key-cache bar
-    (a bool or None). Same arguments, same arrays. Returns the case dict; ``meta`` holds the
-    seed, the builder parameters and the block count."""
+    Builder parameters (:data:`DEFAULTS`): ``op`` (``"dsa_indexer"``), ``path`` (``"int8"`` /
+    ``"fp8"``), ``int8_order``, ``seq_lens`` (ints), ``s1`` (decode rows per batch, 1..4) or
+    ``q_lens`` (rows per batch: prefill), ``topk``, ``block_size``, ``ue8m0`` (FP8
+    power-of-two scales), ``all_tie``, ``spare_blocks``, ``poison_unused`` (module docstring).
+    ``progress``: the key-cache bar (a bool or None). Same arguments, same arrays. Returns the
+    case dict; ``meta`` holds the seed, the builder parameters and the block count."""
     seed, p = builder_arguments(
-        "dsa_indexer_make_case", name, seed, progress, params, _DEFAULTS, _TABLE
+        "dsa_indexer_make_case", name, seed, progress, params, DEFAULTS, _TABLE
     )
     p = _checked(p)
     inputs, op_params = _indexer_inputs(p, seed, progress)
     n_blocks = op_params.pop("n_blocks")
     meta = {"seed": seed, "builder_params": {k: v for k, v in p.items() if k != "rows_per_batch"},
             "n_blocks": n_blocks}  # fmt: skip
-    if p["op"] == "dsa_indexer":
-        return make_case(name=name, op="dsa_indexer", inputs=inputs, params=op_params,
-                         tolerance=dict(ID_TOLERANCE), meta=meta)  # fmt: skip
-    from tilesim.reference.dsa_step import step_case_inputs
-
-    attn_inputs, attn_params = step_case_inputs(p, inputs, n_blocks, seed)
-    return make_case(name=name, op="dsa_decode_step", inputs={**inputs, **attn_inputs},
-                     params={**op_params, **attn_params}, meta=meta,
-                     tolerance=tolerance(**SEEDS_TOLERANCE, mode="compare"))  # fmt: skip
+    return make_case(name=name, op="dsa_indexer", inputs=inputs, params=op_params,
+                     tolerance=dict(ID_TOLERANCE), meta=meta)  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- registry
 def _case_info(name: str) -> CaseInfo:
     build, size, status, summary = _TABLE[name]
-    step = build.get("op") == "dsa_decode_step"
-    tol = tolerance(**SEEDS_TOLERANCE, mode="compare") if step else dict(ID_TOLERANCE)
-    rule = ("attention out: the seeds' atol/rtol/ratio; topk_indices / scores: the judge's "
-            "score-aware id rule") if step else (
-            "set equality of ids per row (order free); equal scores: tilesim picks the lower "
+    rule = ("set equality of ids per row (order free); equal scores: tilesim picks the lower "
             "position, no source defines a tie order (the golden stores the scores)")  # fmt: skip
     return CaseInfo(
-        name=name, family="dsa_indexer", op="dsa_decode_step" if step else "dsa_indexer",
-        model="DeepSeek-V3.2", summary=summary, seed=0, size=size, tolerance=tol,
-        builder=BUILDER, kind="decode_step" if step else "indexer",
-        soc=("910b", "950") if build.get("path", "int8") == "int8" else ("950",),
+        name=name, family="dsa_indexer", op="dsa_indexer", model="DeepSeek-V3.2",
+        summary=summary, seed=0, size=size, tolerance=dict(ID_TOLERANCE), builder=BUILDER,
+        kind="indexer", soc=("910b", "950") if build.get("path", "int8") == "int8" else ("950",),
         status=status, notes={"rule": rule},
     )  # fmt: skip
 
@@ -220,5 +200,5 @@ def _case_info(name: str) -> CaseInfo:
 #: every named case (``dsa_indexer_make_case(name)`` builds it)
 CASE_INFO: dict[str, CaseInfo] = {n: _case_info(n) for n in _TABLE}
 
-__all__ = ["CASE_INFO", "ID_TOLERANCE", "OPS", "UNIFORM_64", "WEIGHT_FOLD",
+__all__ = ["CASE_INFO", "DEFAULTS", "ID_TOLERANCE", "OPS", "UNIFORM_64", "WEIGHT_FOLD",
            "dsa_indexer_make_case"]  # fmt: skip

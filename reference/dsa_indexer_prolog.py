@@ -114,8 +114,13 @@ def _linear_fp8(a_bf16: np.ndarray, w, w_scale, ue8m0: bool, promotion: str) -> 
     and FP32 block scales ``[K/128, N/128]`` (module docstring, ``LIN8``; ``promotion``: the
     K-block promotion, ``"fma"`` or ``"two_roundings"``)."""
     t, k = a_bf16.shape
-    codes, sa = quantize_index_fp8(a_bf16.reshape(t, k // FP8_BLOCK, FP8_BLOCK), ue8m0=ue8m0,
-                                   amax_floor=_LINEAR_AMAX_FLOOR)  # fmt: skip
+
+    def quant(v):
+        return quantize_index_fp8(v, ue8m0=ue8m0, amax_floor=_LINEAR_AMAX_FLOOR)
+
+    # a NaN / inf block of ``a`` (a q_norm the layer step's MLA prolog overflowed): the
+    # quantizer's IEEE outcome (reference/numerics.py); finite blocks: the same bits
+    codes, sa = quantize_nonfinite(quant, a_bf16.reshape(t, k // FP8_BLOCK, FP8_BLOCK), FP8_BLOCK)
     a32 = e4m3_to_fp32(codes).reshape(t, k)
     w32 = e4m3_to_fp32(w)
     return to_bf16(block_scaled_matmul_fp32(a32, sa, w32, w_scale, block=FP8_BLOCK,
@@ -355,6 +360,16 @@ def dsa_indexer_prolog(
         ins, path=path, rope_layout=rope_layout, eps=eps, ue8m0=ue8m0, amax_floor=amax_floor,
         block_size=block_size, trace=trace, fp8_promotion=fp8_promotion, k_tile=k_tile,
     ))  # fmt: skip
+    return prolog_from_args(a, trace=trace)
+
+
+@quiet_numpy
+def prolog_from_args(a: Args, *, trace: Callable[[dict], None] | None = None) -> PrologResult:
+    """:func:`dsa_indexer_prolog` on already checked arguments (``a``: the
+    :func:`tilesim.shared.dsa_indexer_prolog.check_values` Args, its arrays in ``a.ins``): no
+    check runs again, so a ``q_norm`` an earlier stage of the layer step computed (NaN / inf
+    after an overflow it warned about) is computed through, not refused."""
+    ins = a.ins
     q_codes, q_scale, q_rot = _queries(a, trace)
     k_codes, k_scale, k_rot = _keys(a, trace)
     weights = _weights(a, q_scale, trace)
@@ -366,4 +381,4 @@ def dsa_indexer_prolog(
     return PrologResult(*(same_kind(v, like) for v in out))
 
 
-__all__ = ["PrologResult", "dsa_indexer_prolog"]
+__all__ = ["PrologResult", "dsa_indexer_prolog", "prolog_from_args"]

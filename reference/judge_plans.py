@@ -164,8 +164,8 @@ def attention_golden(ids, ids_verdict, golden_ids, stored, inputs, params):
 
     The stored golden, unless the device's ``ids`` (judged by ``ids_verdict``) differ from
     ``golden_ids`` only by accepted ties or order: then the golden recomputed with exactly
-    those ids (:func:`tilesim.reference.dsa_step.step_attention` on the call's ``inputs`` and
-    ``params``). ``which`` says which one, in words."""
+    those ids (:func:`tilesim.reference.dsa_attention_step.step_attention` on the call's
+    ``inputs`` and ``params``). ``which`` says which one, in words."""
     if ids is None or ids_verdict is None:
         return stored, "the stored golden: no ids judged with it"
     if not ids_tie_only(ids_verdict):
@@ -181,10 +181,11 @@ def attention_golden(ids, ids_verdict, golden_ids, stored, inputs, params):
 
 def recompute_attention(ids: np.ndarray, inputs: Mapping | None, params: dict | None):
     """The decode step's attention with ``ids``: its own call
-    (:func:`tilesim.reference.dsa_step.step_attention`) on the call's inputs and params."""
+    (:func:`tilesim.reference.dsa_attention_step.step_attention`) on the call's inputs and
+    params."""
     import inspect
 
-    from tilesim.reference.dsa_step import attention_arguments, step_attention
+    from tilesim.reference.dsa_attention_step import attention_arguments, step_attention
 
     if inputs is None or params is None:
         raise ValueError(

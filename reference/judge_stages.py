@@ -2,7 +2,8 @@
 
 :func:`judge_stages` judges device outputs of ``mla_prolog``, ``dsa_indexer_prolog`` or
 ``dsa_attention_step`` (any subset of the op's output names) against their goldens, stage by
-stage (:data:`STAGES`), and names the first stage that fails. ``tilesim compare`` and the tests
+stage (:data:`tilesim.shared.dsa_attention_step.STAGES`: each stage's outputs and the earlier
+outputs it reads), and names the first stage that fails. ``tilesim compare`` and the tests
 call it; the CLI only loads arrays and prints (``docs/cli.md``, "Judging a layer step stage by
 stage"; ``docs/numerics.md``, "Judging an output").
 
@@ -47,7 +48,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from tilesim.reference.judge import Check, Verdict, judge
 from tilesim.reference.judge_indexer import IDS_TOLERANCE, SCORES_TOLERANCE, judge_ids, judge_scores
-from tilesim.shared.dsa_attention_step import IPROLOG_NAMES
+from tilesim.shared import dsa_attention_step as step_contract
+from tilesim.shared.dsa_attention_step import IPROLOG_NAMES, STAGES
 from tilesim.shared.index_cache import INDEX_DIM, fp8_page_views
 from tilesim.shared.mla_cache import (
     LAYOUTS,
@@ -59,23 +61,13 @@ from tilesim.shared.mla_cache import (
 )
 from tilesim.shared.ops import calls_judged_by
 
-#: (stage, its outputs in the step's names, the upstream outputs its golden reads)
-STAGES = (
-    ("mla_prolog", ("query_nope", "query_rope", "q_norm", "q_norm_scale", "kv_cache",
-                    "kr_cache", "kv_scale_cache"), ()),
-    ("dsa_indexer_prolog", ("index_q", "index_q_scale", "index_weights", "k_cache", "k_scale"),
-     ("q_norm", "q_norm_scale")),
-    ("dsa_indexer", ("topk_indices", "scores"),
-     ("index_q", "index_q_scale", "index_weights", "k_cache", "k_scale")),
-    ("sparse_attention", ("attn_out",),
-     ("topk_indices", "query_nope", "query_rope", "kv_cache", "kr_cache", "kv_scale_cache")),
-)  # fmt: skip
-#: the stage of each output
-STAGE_OF = {n: stage for stage, outs, _ in STAGES for n in outs}
+#: the stage of each output (the step's stages and outputs:
+#: :data:`tilesim.shared.dsa_attention_step.STAGES`)
+STAGE_OF = step_contract.STAGE_OF
 #: ops judged stage by stage (the registry's calls of the plan ``"stages"``), in the order
 #: of the step's stages, the layer step last
 _STAGED = calls_judged_by("stages")
-STAGED_OPS = tuple(dict.fromkeys([*(s[0] for s in STAGES if s[0] in _STAGED), *_STAGED]))
+STAGED_OPS = tuple(dict.fromkeys([*(s.name for s in STAGES if s.name in _STAGED), *_STAGED]))
 #: one E4M3 code step (a neighbouring code) and the smallest E4M3 subnormal
 FP8_CODE_TOL = {"atol": 2.0**-9, "rtol": 2.0**-3, "ratio": 0.005, "mode": "compare"}
 #: UE8M0 (power-of-two) FP32 scales: equal, up to the ratio
@@ -483,13 +475,13 @@ def judge_stages(op: str, actual: dict, golden: dict, inputs: dict, params: dict
     visible = _step_visible(a)
     report = StageReport(op, name or op, [])
     passed: dict = {}
-    for stage, outs, upstream in STAGES:
-        if op != "dsa_attention_step" and stage != op:
+    for st in STAGES:
+        if op != "dsa_attention_step" and st.name != op:
             continue
-        res = StageResult(stage)
-        given = [n for n in outs if n in actual and n in golden]
+        res = StageResult(st.name)
+        given = [n for n in st.outputs if n in actual and n in golden]
         if given:
-            gold, res.against, res.notes = _stage_golden(stage, upstream, a, actual, golden,
+            gold, res.against, res.notes = _stage_golden(st.name, st.reads, a, actual, golden,
                                                          passed)  # fmt: skip
             for n in given:
                 spec = output_spec(n, path, case_tolerance)
@@ -502,5 +494,5 @@ def judge_stages(op: str, actual: dict, golden: dict, inputs: dict, params: dict
     return report
 
 
-__all__ = ["STAGED_OPS", "STAGES", "Spec", "StageReport", "cache_fields", "judge_output",
+__all__ = ["STAGED_OPS", "STAGE_OF", "Spec", "StageReport", "cache_fields", "judge_output",
            "judge_stages", "output_spec"]  # fmt: skip

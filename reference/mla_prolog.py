@@ -257,6 +257,16 @@ def mla_prolog(
     """
     ins = SimpleNamespace(**{n: v for n, v in locals().items() if n != "trace"})  # the arguments
     a = contract.check_values(contract.check_meta(ins, **_switch_values(ins), trace=trace))
+    return prolog_from_args(a, trace=trace)
+
+
+@quiet_numpy
+def prolog_from_args(a, *, trace: Callable[[dict], None] | None = None) -> MlaPrologOutputs:
+    """:func:`mla_prolog` on already checked arguments (``a``: the
+    :func:`tilesim.shared.mla_prolog.check_values` Args, its arrays in ``a.ins``): no check
+    runs again. The layer step (:mod:`tilesim.reference.dsa_attention_step`) checks every
+    stage's arguments once, before its first stage, and then calls this."""
+    ins = a.ins
     query_nope, query_rope, q_norm, q_scale, kv_a = _queries(a, ins, trace)
     kvn = rms_norm(kv_a[:, :KV_LORA], host_data(ins.gamma_ckv, "gamma_ckv"), a.rms_form, a.rms_eps)
     _emit(trace, "kv_norm", kvn, 0, "rms_norm(kv_a[:, :512]) * gamma_ckv")
@@ -285,4 +295,4 @@ _SWITCHES = ("path", "rope_layout", "rms_form", "rms_eps", "kv_quant", "cache_la
              "fp8_promotion")  # fmt: skip
 
 
-__all__ = ["MlaPrologOutputs", "act_quant_deepseek", "mla_prolog"]
+__all__ = ["MlaPrologOutputs", "act_quant_deepseek", "mla_prolog", "prolog_from_args"]  # fmt: skip

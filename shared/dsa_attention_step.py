@@ -10,11 +10,17 @@ before any stage runs, in the step's own argument names; the stages' outputs tha
 stages (``q_norm``, the index ``q``, the ids, the queries) are checked through stand-ins of
 their shapes and dtypes, which no data can make wrong.
 
+* :data:`STAGES`: the stages, in order, each with its outputs (its op record's, under the
+  step's names) and the earlier outputs it reads -- written once, read by the golden, the stage
+  judge, the CLI and the docs (:data:`STEP_FIELDS`, :data:`STAGE_OF` derive from it);
 * :func:`step_inputs` / :func:`step_keywords`: the arguments, declared once;
 * :class:`Args`, :func:`check_meta` (dtypes, shapes, switches; no value read),
   :func:`check_values` (lengths, block table, slots, finite inputs, the index-cache tokens
   the indexer reads and no prolog writes); :func:`check_latent_blocks` (every visible token's
-  latent row inside the cache, also the decode step's check, :mod:`tilesim.reference.dsa_step`);
+  latent row inside the cache, also the decode step's check);
+* the decode step (``dsa_decode_step``), the step entered at the indexer
+  (:data:`DECODE_START`): :func:`decode_step_inputs`, :func:`check_decode_step` (the indexer's
+  checks and the attention's, before the indexer runs), :func:`decode_upstream`;
 * :func:`host_plan`: the slot, batch and position of each new token, each row's visible length;
 * :func:`cost`: the stages' FLOPs and bytes, summed and per stage.
 
@@ -42,15 +48,24 @@ from tilesim.shared import dsa_indexer_prolog as iprolog_contract
 from tilesim.shared import mla_prolog as mla_contract
 from tilesim.shared.casts import BF16, FP8_E4M3
 from tilesim.shared.index_cache import INDEX_DIM, fp8_page_views
-from tilesim.shared.mla_cache import NOPE, PYPTO_ROW_BYTES, ROPE, is_packed
+from tilesim.shared.mla_cache import (
+    CACHE_LAYOUTS,
+    KV_SPLIT_NAMES,
+    NOPE,
+    PYPTO_ROW_BYTES,
+    ROPE,
+    is_packed,
+)
 from tilesim.shared.models import DEEPSEEK_V32
 from tilesim.shared.op_record import Call, OpRecord, Output
 from tilesim.shared.slots import NO_SLOT, check_slot_mapping_meta, slots_from_block_table
+from tilesim.shared.tiling import SaTileShapeConfig
 from tilesim.shared.validate import (
     check_array,
     check_bool,
     check_choice,
     check_float,
+    check_pos_int,
     dtype_of,
     host_array,
     host_ints,
@@ -60,18 +75,63 @@ from tilesim.shared.validate import (
 
 PATHS = ("int8", "fp8")
 HEADS = mla_contract.HEADS  #: 128 attention heads (the MLA prolog's query heads)
-#: the outputs of the step, one per stage output, in stage order
-STEP_FIELDS = (
-    "query_nope", "query_rope", "q_norm", "q_norm_scale",  # MLA prolog
-    "kv_cache", "kr_cache", "kv_scale_cache",  # its updated latent cache (copies)
-    "index_q", "index_q_scale", "index_weights",  # indexer prolog
-    "k_cache", "k_scale",  # its updated index cache (copies)
-    "topk_indices", "scores",  # indexer + top-k
-    "attn_out",  # sparse attention, before the output projection
-)  # fmt: skip
-#: the indexer prolog's output names (its result's fields, in order) -> the step's
+#: the indexer prolog's output names (its record's, in order) -> the step's
 IPROLOG_NAMES = {"q": "index_q", "q_scale": "index_q_scale", "weights": "index_weights",
                  "k_cache": "k_cache", "k_scale": "k_scale"}  # fmt: skip
+#: the sparse attention's output name (its record's ``out``) -> the step's
+ATTENTION_NAMES = {"out": "attn_out"}
+
+
+class Stage(NamedTuple):
+    """One stage of the step: ``name``; ``outputs``, its op's outputs (the op record's, in
+    its order) under the step's names; ``reads``, the earlier stages' outputs (the step's
+    names) its golden reads; ``own``, the same outputs under the op's own names."""
+
+    name: str
+    outputs: tuple[str, ...]
+    reads: tuple[str, ...]
+    own: tuple[str, ...]
+
+
+def _stage(name: str, call, reads: tuple, rename: dict | None = None) -> Stage:
+    own = call.output_names
+    return Stage(name, tuple((rename or {}).get(n, n) for n in own), reads, own)
+
+
+#: the stages of the step, in order: each stage's name and outputs, written once (the stage
+#: ops' records); the golden, the stage judge, the CLI and the docs read them here
+STAGES = (
+    _stage("mla_prolog", mla_contract.RECORD.call("mla_prolog"), ()),
+    _stage("dsa_indexer_prolog", iprolog_contract.RECORD.call("dsa_indexer_prolog"),
+           ("q_norm", "q_norm_scale"), IPROLOG_NAMES),
+    _stage("dsa_indexer", idx_contract.RECORD.call("dsa_indexer"),
+           ("index_q", "index_q_scale", "index_weights", "k_cache", "k_scale")),
+    _stage("sparse_attention", attn_contract.RECORD.call("sparse_attention_antiquant"),
+           ("topk_indices", "query_nope", "query_rope", "kv_cache", "kr_cache",
+            "kv_scale_cache"), ATTENTION_NAMES),
+)  # fmt: skip
+#: the stage names, in step order
+STAGE_NAMES = tuple(s.name for s in STAGES)
+#: the outputs of the step, one per stage output, in stage order (the result's fields)
+STEP_FIELDS = tuple(n for s in STAGES for n in s.outputs)
+#: the stage of each step output
+STAGE_OF = {n: s.name for s in STAGES for n in s.outputs}
+#: where the decode step (``dsa_decode_step``) enters the step: the indexer, on given index
+#: queries, index cache, attention queries and latent cache
+DECODE_START = "dsa_indexer"
+#: the stages the decode step runs
+DECODE_STAGES = STAGES[STAGE_NAMES.index(DECODE_START) :]
+#: the decode step's outputs: those of its stages under the stage ops' own names
+DECODE_OUTPUTS = tuple(n for s in DECODE_STAGES for n in s.own)
+#: the latent cache forms the decode step takes (``layout``): the packed rows, then the
+#: kv_split triple (``nope_cache`` / ``kn_quant, kr, kn_scales``, the attention's names)
+DECODE_LAYOUTS = CACHE_LAYOUTS
+
+
+def stage(name: str) -> Stage:
+    """The :class:`Stage` called ``name`` (``ValueError`` naming ``stage``)."""
+    check_choice(name, "stage", STAGE_NAMES)
+    return STAGES[STAGE_NAMES.index(name)]
 
 
 # ----------------------------------------------------------------------------- signature
@@ -96,10 +156,11 @@ def step_keywords(*, path: str = "int8", rope_layout: str | None = None,
                   rms_form: str | None = None, rms_eps: float | None = None,
                   kv_quant: str | None = None, cache_layout: str | None = None,
                   index_rope_layout: str = "halves", ln_eps: float = 1e-6, ue8m0: bool = True,
-                  amax_floor: float | None = None, int8_order: str = "gym", topk: int = 2048,
-                  block_size: int = 128,
+                  amax_floor: float | None = None, int8_order: str = "gym",
+                  topk: int = DEEPSEEK_V32.topk, block_size: int = DEEPSEEK_V32.block_size,
                   softmax_scale: float = DEEPSEEK_V32.model_softmax_scale,
-                  tiling=None, fp8_promotion: str = "fma"):  # fmt: skip
+                  tiling: SaTileShapeConfig | None = None,
+                  fp8_promotion: str = "fma"):  # fmt: skip
     """The switches: ``path`` for every stage; the MLA prolog's ``rope_layout``, ``rms_form``,
     ``rms_eps``, ``kv_quant``, ``cache_layout`` (None: the path's default,
     :data:`tilesim.shared.mla_prolog.PATH_DEFAULTS`); the indexer prolog's
@@ -109,6 +170,25 @@ def step_keywords(*, path: str = "int8", rope_layout: str | None = None,
     ``tiling`` (None: ``SaTileShapeConfig.from_env()`` at call time); ``fp8_promotion``, the
     K-block promotion of both prologs' FP8 linears (``"fma"``: DeepSeek's ``fp8_gemm``, one
     rounding; ``"two_roundings"``; :data:`tilesim.shared.quant.FP8_PROMOTIONS`)."""
+
+
+def decode_step_inputs(q, weights, k_cache, block_table, seq_lens, query_nope, query_rope, *,
+                       q_scale=None, k_scale=None, nope_cache=None, kn_quant=None, kr=None,
+                       kn_scales=None, layout: str = "pypto", path: str = "int8",
+                       int8_order: str = "gym", topk: int = DEEPSEEK_V32.topk,
+                       block_size: int = DEEPSEEK_V32.block_size,
+                       nq: int = DEEPSEEK_V32.num_q_heads,
+                       softmax_scale: float = DEEPSEEK_V32.test_softmax_scale,
+                       tiling: SaTileShapeConfig | None = None):  # fmt: skip
+    """The arguments of ``dsa_decode_step``, the step entered at the indexer
+    (:data:`DECODE_START`): the indexer's (:func:`tilesim.shared.dsa_indexer.indexer_inputs`,
+    decode: no ``q_lens``; ``q``, ``q_scale``, ``weights`` are the step's ``index_q``,
+    ``index_q_scale``, ``index_weights``) and the sparse attention's queries ``[T*nq, 512]`` /
+    ``[T*nq, 64]``, latent cache in its own names (``nope_cache`` for the packed ``layout``
+    ``"pypto"`` / ``"flashmla"``, ``kn_quant`` / ``kr`` / ``kn_scales`` for ``"kv_split"``)
+    and keywords (:func:`tilesim.shared.dsa.model_keywords`: ``nq``, ``softmax_scale``,
+    ``tiling``); ``topk`` and ``block_size`` are shared by both stages. The names both ops
+    have take their defaults (tests/test_op_records.py checks it)."""
 
 
 INPUT_NAMES = tuple(inspect.signature(step_inputs).parameters)
@@ -130,8 +210,12 @@ class Args(NamedTuple):
     iprolog: object  #: the indexer prolog's Args
     indexer: object  #: the indexer's Args
     attention: object  #: the sparse attention's Args (on stand-in queries and ids)
-    slots: object = None  #: int64 ``[T]`` after check_values
+    slots: object = None  #: int64 ``[T]`` after check_values (None: the decode step)
     values: bool = False
+    #: the stage the call enters at: ``"mla_prolog"`` (``dsa_attention_step``) or
+    #: :data:`DECODE_START` (``dsa_decode_step``: ``mla`` / ``iprolog`` None, ``ins`` the
+    #: namespace of :func:`decode_step_inputs`)
+    start: str = "mla_prolog"
 
 
 class Plan(NamedTuple):
@@ -416,6 +500,97 @@ def check_values(args: Args) -> Args:
     return args._replace(mla=mla, iprolog=ip, indexer=ia, slots=slots, values=True)
 
 
+# ----------------------------------------------------------------------------- decode step
+#: the kv_split triple of the decode step (the attention's names)
+_SPLIT = KV_SPLIT_NAMES
+
+
+def decode_caches(ins) -> tuple:
+    """``(nope_cache,)`` or ``(kn_quant, kr, kn_scales)`` of a decode-step namespace
+    (:func:`decode_step_inputs`), checked against its ``layout`` (one of
+    :data:`DECODE_LAYOUTS`; ``ValueError`` naming the argument)."""
+    check_choice(ins.layout, "layout", DECODE_LAYOUTS)
+    given = [k for k in _SPLIT if getattr(ins, k) is not None]
+    if not is_packed(ins.layout):
+        if ins.nope_cache is not None or len(given) != 3:
+            raise ValueError(
+                "layout: 'kv_split' takes kn_quant, kr and kn_scales and no nope_cache, got "
+                f"{given + (['nope_cache'] if ins.nope_cache is not None else [])}"
+            )
+        return tuple(getattr(ins, k) for k in _SPLIT)
+    if given or ins.nope_cache is None:
+        raise ValueError(f"layout: {ins.layout!r} takes nope_cache and none of {_SPLIT}, got "
+                         f"{given or 'no nope_cache'}")  # fmt: skip
+    return (ins.nope_cache,)
+
+
+def _meta_decode_attention(ins, ia, caches: tuple):
+    """Every check of the decode step's attention, before the indexer runs, in the step's
+    own arguments: ``nq``, the queries (``T*nq`` rows, ``T`` = the rows of ``q``), the latent
+    cache, ``softmax_scale``, ``tiling`` (:func:`tilesim.shared.dsa.check_meta` on a stand-in
+    of the ids the indexer will return: ``-1`` everywhere, shape ``[T, topk]``). ``ia``: the
+    indexer's Args. Reads no value."""
+    nq = check_pos_int(ins.nq, "nq")
+    check_array(ins.query_nope, "query_nope", dtype=BF16, ndim=2, layout="[T*nq, 512]")
+    rows = shape_of(ins.query_nope, "query_nope")[0]
+    if rows != ia.rows * nq:
+        raise ValueError(
+            f"query_nope: expected T*nq = {ia.rows}*{nq} = {ia.rows * nq} rows (T = the {ia.rows} "
+            f"query rows of q, nq heads each), got {rows}"
+        )
+    ids = np.broadcast_to(np.int32(idx_contract.NO_ID), (ia.rows, ia.topk))  # no memory
+    aa = attn_contract.check_meta(
+        ins.query_nope, ins.query_rope, caches, ids, ia.block_table, ia.seq_lens,
+        layout=ins.layout, nq=nq, n_kv=1, softmax_scale=ins.softmax_scale, topk=ia.topk,
+        block_size=ia.block_size, tiling=ins.tiling,
+    )  # fmt: skip
+    return aa
+
+
+#: the indexer's arguments among the decode step's (decode: no ``q_lens``)
+_INDEXER_NAMES = tuple(inspect.signature(idx_contract.indexer_inputs).parameters)
+
+
+def check_decode_meta(ins, *, trace=None, progress=None) -> Args:
+    """The decode step's metadata checks (``ins``: the namespace of
+    :func:`decode_step_inputs`; no value read): the latent cache against ``layout``, the
+    indexer's ``check_meta``, the attention's (:func:`_meta_decode_attention`)."""
+    caches = decode_caches(ins)
+    given = {k: getattr(ins, k) for k in _INDEXER_NAMES if hasattr(ins, k)}
+    ia = idx_contract.check_meta(**given, trace=trace, progress=progress)
+    aa = _meta_decode_attention(ins, ia, caches)
+    return Args(ins, ia.path, ia.rows, ins.layout, aa.cache_rows, None, None, ia, aa,
+                start=DECODE_START)  # fmt: skip
+
+
+def check_decode_step(ins, *, trace=None, progress=None) -> Args:
+    """Every check of the decode step (``ins``: the namespace of :func:`decode_step_inputs`)
+    before its first stage: the latent cache against ``layout``; the indexer's
+    ``check_meta`` and ``check_values`` (the caller's index queries, weights and index cache);
+    the attention's (:func:`_meta_decode_attention`); every visible block of ``block_table``
+    inside the latent cache (the ids may pick any visible position). Returns the
+    :class:`Args` of a call entered at :data:`DECODE_START` (values checked)."""
+    caches = decode_caches(ins)
+    given = {k: getattr(ins, k) for k in _INDEXER_NAMES if hasattr(ins, k)}
+    ia = idx_contract.check_values(idx_contract.check_meta(**given, trace=trace, progress=progress))
+    aa = _meta_decode_attention(ins, ia, caches)
+    check_latent_blocks(ia, aa.cache_rows, "nope_cache" if is_packed(ins.layout) else "kn_quant")
+    return Args(ins, ia.path, ia.rows, ins.layout, aa.cache_rows, None, None, ia, aa,
+                values=True, start=DECODE_START)  # fmt: skip
+
+
+def decode_upstream(args: Args) -> dict:
+    """The decode step's given arrays under the step's names (``{index_q: q, ...,
+    kv_cache: nope_cache or kn_quant, kr_cache: kr, kv_scale_cache: kn_scales}``): the
+    outputs of the stages before :data:`DECODE_START`, as the later stages read them."""
+    ins = args.ins
+    caches = decode_caches(ins) + (None, None)
+    return {"index_q": ins.q, "index_q_scale": ins.q_scale, "index_weights": ins.weights,
+            "k_cache": ins.k_cache, "k_scale": ins.k_scale, "query_nope": ins.query_nope,
+            "query_rope": ins.query_rope, "kv_cache": caches[0], "kr_cache": caches[1],
+            "kv_scale_cache": caches[2]}  # fmt: skip
+
+
 # ----------------------------------------------------------------------------- plan and cost
 def _require_values(args: Args, what: str) -> None:
     if not (isinstance(args, Args) and args.values):
@@ -438,23 +613,21 @@ def host_plan(args: Args) -> Plan:
 
 def cost(args: Args) -> dict:
     """``{"flop", "bytes", "stages"}``: each stage's own counter (the MLA prolog's, the indexer
-    prolog's, the indexer's) and the attention's FlashMLA accounting over the ids the indexer
-    returns (``min(topk, visible)`` per row, none ``-1``): ``flop = attention_flop(128,
-    attended)``, ``bytes`` = Q + attended x 656 + O. ``stages`` maps each stage to its
-    ``{flop, bytes}``."""
+    prolog's, the indexer's; a call entered at :data:`DECODE_START` counts the stages it runs)
+    and the attention's FlashMLA accounting over the ids the indexer returns (``min(topk,
+    visible)`` per row, none ``-1``): ``flop = attention_flop(nq, attended)``, ``bytes`` = Q +
+    attended x 656 + O. ``stages`` maps each stage to its ``{flop, bytes}``."""
     _require_values(args, "cost")
     attended = int(np.minimum(host_plan(args).visible, args.indexer.topk).sum())
-    t = args.tokens
-    stages = {
-        "mla_prolog": mla_contract.cost(args.mla),
-        "dsa_indexer_prolog": iprolog_contract.cost(args.iprolog),
-        "dsa_indexer": idx_contract.cost(args.indexer),
-        "sparse_attention": {
-            "flop": attn_contract.attention_flop(HEADS, attended),
-            "bytes": t * HEADS * (NOPE + ROPE) * 2
-            + attended * PYPTO_ROW_BYTES
-            + t * HEADS * NOPE * 2,
-        },
+    t, nq = args.tokens, args.attention.nq
+    stages = {}
+    if args.start == "mla_prolog":
+        stages["mla_prolog"] = mla_contract.cost(args.mla)
+        stages["dsa_indexer_prolog"] = iprolog_contract.cost(args.iprolog)
+    stages["dsa_indexer"] = idx_contract.cost(args.indexer)
+    stages["sparse_attention"] = {
+        "flop": attn_contract.attention_flop(nq, attended),
+        "bytes": t * nq * (NOPE + ROPE) * 2 + attended * PYPTO_ROW_BYTES + t * nq * NOPE * 2,
     }
     stages = {k: {"flop": int(v["flop"]), "bytes": int(v["bytes"])} for k, v in stages.items()}
     return {"flop": sum(v["flop"] for v in stages.values()),
@@ -476,6 +649,12 @@ RECORD = OpRecord(
         Call("dsa_attention_step", "dsa_attention_step",
              tuple(Output(f, _KINDS.get(f, "float")) for f in STEP_FIELDS),
              signature=(step_inputs, step_keywords), judged_by="stages"),
+        # the step entered at the indexer: its stages' outputs under their ops' own names,
+        # judged by the indexer's plan (ids first, then the attention)
+        Call("dsa_decode_step", "dsa_attention_step",
+             idx_contract.RECORD.call("dsa_indexer").outputs
+             + attn_contract.RECORD.call("sparse_attention_antiquant").outputs,
+             signature=(decode_step_inputs,), judged_by="indexer"),
     ),
     cost=cost,
     names={"AttentionStepResult": "dsa_attention_step"},
@@ -484,25 +663,40 @@ RECORD = OpRecord(
 
 __all__ = [
     "RECORD",
+    "ATTENTION_NAMES",
+    "DECODE_LAYOUTS",
+    "DECODE_OUTPUTS",
+    "DECODE_STAGES",
+    "DECODE_START",
     "HEADS",
     "INPUT_NAMES",
     "IPROLOG_NAMES",
     "KEYWORD_NAMES",
     "PATHS",
     "PATH_WEIGHTS",
+    "STAGES",
+    "STAGE_NAMES",
+    "STAGE_OF",
     "STEP_FIELDS",
     "Args",
+    "Stage",
     "Plan",
     "check_latent_blocks",
+    "check_decode_meta",
+    "check_decode_step",
     "check_meta",
     "check_values",
     "cost",
+    "decode_caches",
+    "decode_step_inputs",
+    "decode_upstream",
     "host_plan",
     "iprolog_namespace",
     "iprolog_switches",
     "latent_views",
     "mla_namespace",
     "mla_switches",
+    "stage",
     "step_inputs",
     "step_keywords",
 ]

@@ -240,20 +240,6 @@ def indexer_inputs(q, weights, k_cache, block_table, seq_lens, *, q_scale=None, 
     (``tests/test_op_records.py`` holds them equal)."""
 
 
-def decode_step_inputs(q, weights, k_cache, block_table, seq_lens, query_nope, query_rope, *,
-                       q_scale=None, k_scale=None, nope_cache=None, kn_quant=None, kr=None,
-                       kn_scales=None, layout="pypto", path="int8", int8_order="gym", topk=TOPK,
-                       block_size=128, nq=DEEPSEEK_V32.num_q_heads,
-                       softmax_scale=DEEPSEEK_V32.test_softmax_scale, tiling=None):  # fmt: skip
-    """The arguments of ``dsa_decode_step`` (:mod:`tilesim.reference.dsa_step`): the
-    indexer's (:func:`indexer_inputs`, decode: no ``q_lens``) with the sparse attention's
-    queries, latent cache (``nope_cache`` for the packed ``layout`` ``"pypto"`` /
-    ``"flashmla"``, ``kn_quant`` / ``kr`` / ``kn_scales`` for ``"kv_split"``) and keywords
-    (:func:`tilesim.shared.dsa.model_keywords`: ``nq``, ``softmax_scale``, ``tiling``;
-    ``topk`` and ``block_size`` are the indexer's, shared by both halves). The names both
-    ops have take their defaults (tests/test_op_records.py checks it)."""
-
-
 def check_meta(q, weights, k_cache, block_table, seq_lens, *, q_scale=None, k_scale=None,
                q_lens=None, path="int8", int8_order="gym", topk=TOPK,
                block_size=DEEPSEEK_V32.block_size, trace=None, progress=None) -> Args:  # fmt: skip
@@ -459,14 +445,16 @@ def cost(args: Args) -> dict:
 
 
 # ----------------------------------------------------------------------------- top-k rule
-def select_topk(scores, visible, topk: int) -> np.ndarray:
+def select_topk(scores, visible, topk: int, *, nan_last: bool = False) -> np.ndarray:
     """The one top-k rule: INT32 ``[T, topk]`` from FP32 ``scores [T, >= max(visible)]`` and
     the visible length of each row (``visible [T]``, ints).
 
     Row ``i`` holds the ``min(topk, visible[i])`` best positions among ``0 .. visible[i]-1``,
     ordered by score descending; exactly equal scores (``-0.0 == 0.0``) put the lower position
     first; the remaining slots are :data:`NO_ID`. Columns at or past ``visible[i]`` are never
-    read. A NaN among the visible scores is a ``ValueError`` (the ranking would be void)."""
+    read. A NaN among the visible scores is a ``ValueError`` (the ranking would be void), or,
+    with ``nan_last`` (the layer step, whose own stages made the NaN and warned), ranked by
+    the one ranking rule: below every number, lower position first."""
     topk = check_int(topk, "topk", lo=1)
     s = host_array(scores, "scores")
     check_array(s, "scores", dtype=np.float32, ndim=2, layout="[T, S]")
@@ -474,7 +462,7 @@ def select_topk(scores, visible, topk: int) -> np.ndarray:
     if vis.shape[0] != s.shape[0] or (vis < 0).any() or (vis > s.shape[1]).any():
         raise ValueError(f"visible: expected {s.shape[0]} lengths in [0, {s.shape[1]}], got "
                          f"{vis.tolist()[:8]}")  # fmt: skip
-    for i, v in enumerate(vis.tolist()):
+    for i, v in enumerate([] if nan_last else vis.tolist()):
         row = s[i, :v]
         if np.isnan(row).any():
             raise ValueError(f"scores[{i}, {_first_bad(np.isnan(row))}]: expected a number, got "
@@ -492,9 +480,6 @@ RECORD = OpRecord(
     calls=(
         Call("dsa_indexer", "dsa_indexer", (_IDS, _SCORES), signature=(indexer_inputs,),
              judge_kind="dsa_indexer", judged_by="indexer", device=True),
-        Call("dsa_decode_step", "dsa_step",
-             (_IDS, _SCORES, Output("out", "float", ("token", "head"))),
-             signature=(decode_step_inputs,), judged_by="indexer"),
     ),
     cost=cost,
     int_checks=check_int_values,
@@ -504,7 +489,6 @@ RECORD = OpRecord(
 
 __all__ = [
     "RECORD",
-    "decode_step_inputs",
     "INDEX_HEADS",
     "PRODUCTION_TILING",
     "SMALL_TILING",

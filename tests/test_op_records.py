@@ -360,10 +360,10 @@ def test_the_decode_steps_defaults_are_its_two_halves():
     """``dsa_decode_step`` composes the indexer and the sparse attention: every argument it
     shares with the indexer's prototype, the attention's keywords or its own attention half
     (``step_attention``) has the same default there, so a default is one value in the step."""
-    from tilesim.reference.dsa_step import step_attention
-    from tilesim.shared import dsa, dsa_indexer
+    from tilesim.reference.dsa_attention_step import step_attention
+    from tilesim.shared import dsa, dsa_attention_step, dsa_indexer
 
-    step = inspect.signature(dsa_indexer.decode_step_inputs).parameters
+    step = inspect.signature(dsa_attention_step.decode_step_inputs).parameters
     halves = [dsa_indexer.indexer_inputs, dsa.model_keywords, step_attention]
     shared = 0
     for half in halves:

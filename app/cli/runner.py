@@ -197,6 +197,8 @@ def check_meta_of(op: str, args: dict):
     # whose first parameter is ``ins`` (the prologs, the layer step) takes the arrays as one
     # namespace and its switches by name
     check = getattr(mod, "check_meta", None)
+    if op == "dsa_decode_step":  # the layer step entered at the indexer: its own entry's check
+        check = mod.check_decode_meta
     if check is None:
         raise CliError(f"reference op {op!r}: tilesim.shared.{fam} has no check_meta")
     params = inspect.signature(check).parameters

@@ -27,12 +27,12 @@ def goldens(tmp_path_factory):
     """{"step", "indexer", "tie"}: golden directories (the tie one replayed from its inputs)."""
     from tilesim.cli.runner import jsonable
     from tilesim.cli.tensorio import write_npz
-    from tilesim.reference.dsa_indexer_cases import dsa_indexer_make_case
+    from tilesim.reference.dsa_attention_step_cases import dsa_attention_step_make_case
 
     root = tmp_path_factory.mktemp("dsa_goldens")
     _golden_cli("golden", STEP, "-o", root)
     _golden_cli("golden", INDEXER, "-o", root)
-    case = dsa_indexer_make_case(None, **TIE_CASE)
+    case = dsa_attention_step_make_case(None, **TIE_CASE)
     write_npz(root / "tie_inputs.npz", case["inputs"])
     (root / "tie_params.json").write_text(json.dumps(jsonable(case["params"])))
     _golden_cli("golden", "--inputs", root / "tie_inputs.npz", "--op", "dsa_decode_step",

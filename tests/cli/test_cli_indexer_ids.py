@@ -163,7 +163,7 @@ def test_trace_actual_on_the_decode_step_and_the_layer_step(cli, step, tmp_path)
 
 
 def test_the_manifest_lists_the_outputs_in_the_ops_order(step):
-    from tilesim.reference.dsa_step import STEP_OUTPUTS
+    from tilesim.shared.dsa_attention_step import DECODE_OUTPUTS as STEP_OUTPUTS
 
     m = json.loads((step / "manifest.json").read_text())
     assert m["golden"] == list(STEP_OUTPUTS) == ["topk_indices", "scores", "out"]

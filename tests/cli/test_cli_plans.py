@@ -13,7 +13,7 @@ import pytest
 from tilesim.__main__ import main
 from tilesim.cli.runner import jsonable
 from tilesim.cli.tensorio import read_npz, write_npz
-from tilesim.reference import dsa_indexer_make_case, moe_make_case
+from tilesim.reference import dsa_attention_step_make_case, moe_make_case
 from tilesim.reference.judge_plans import judge_outputs
 
 #: the all-tie decode step: batch 0's index keys all equal (every score of rows 0, 1 ties)
@@ -29,7 +29,7 @@ def _ok(*argv) -> None:
 def step(tmp_path_factory):
     """The all-tie step's case and its golden directory, replayed from its inputs."""
     root = tmp_path_factory.mktemp("plans")
-    case = dsa_indexer_make_case(None, **TIE_CASE)
+    case = dsa_attention_step_make_case(None, **TIE_CASE)
     write_npz(root / "inputs.npz", case["inputs"])
     (root / "params.json").write_text(json.dumps(jsonable(case["params"])))
     _ok("golden", "--inputs", root / "inputs.npz", "--op", "dsa_decode_step", "--params",

@@ -10,7 +10,7 @@ import json
 import numpy as np
 from tilesim.cli.runner import jsonable
 from tilesim.cli.tensorio import read_npz
-from tilesim.reference import dsa_attention_step_make_case, dsa_indexer_make_case
+from tilesim.reference import dsa_attention_step_make_case
 from tilesim.reference.judge_plans import recompute_attention
 
 #: the all-tie decode step: batch 0's index keys all equal (every score of rows 0, 1 ties)
@@ -26,7 +26,7 @@ def _savez(tmp_path, case) -> None:
 
 
 def test_a_tie_swapped_decode_step_dump_passes(cli, tmp_path):
-    case = dsa_indexer_make_case(None, **TIE_CASE)
+    case = dsa_attention_step_make_case(None, **TIE_CASE)
     _savez(tmp_path, case)
     code, out, err = cli("golden", "--inputs", tmp_path / "inputs.npz", "--op",
                          "dsa_decode_step", "--params", tmp_path / "params.json", "--like",

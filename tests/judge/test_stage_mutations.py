@@ -20,13 +20,14 @@ import numpy as np
 import pytest
 from tilesim.reference import arith
 from tilesim.reference.dsa_attention_step_cases import dsa_attention_step_make_case
-from tilesim.reference.judge_stages import STAGES, judge_stages
+from tilesim.reference.judge_stages import judge_stages
 from tilesim.shared.casts import BF16, to_bf16
+from tilesim.shared.dsa_attention_step import STAGES
 from tilesim.shared.index_cache import fp8_page_views
 
 STEP = importlib.import_module("tilesim.reference.dsa_attention_step")
-STAGE_OF = {n: stage for stage, outs, _ in STAGES for n in outs}
-STAGE_ORDER = [stage for stage, _, _ in STAGES]
+STAGE_OF = {n: st.name for st in STAGES for n in st.outputs}
+STAGE_ORDER = [st.name for st in STAGES]
 
 
 @functools.lru_cache(maxsize=4)

@@ -14,7 +14,10 @@ from tilesim.shared.index_cache import fp8_page_views
 
 #: the golden's module (``tilesim.reference.dsa_attention_step`` as an attribute is the function)
 step_mod = importlib.import_module("tilesim.reference.dsa_attention_step")
-STAGES = ("mla_prolog", "dsa_indexer_prolog", "dsa_indexer", "step_attention")
+#: every stage golden the step's module calls (the step's own from-args entries and the
+#: checked goldens run_stage uses)
+STAGES = ("mla_from_args", "iprolog_from_args", "dsa_indexer_prolog", "dsa_indexer",
+          "indexer_from_args", "step_attention")  # fmt: skip
 
 
 @pytest.fixture(scope="module")

@@ -26,21 +26,23 @@ import re
 
 import numpy as np
 import pytest
-from tilesim.reference import dsa_indexer_make_case
+from tilesim.reference import dsa_attention_step_make_case, dsa_indexer_make_case
 from tilesim.shared.dsa_indexer import MAX_POSITIONS
 from tilesim.shared.tiling import SaTileShapeConfig
 from tilesim.shared.validate import MAX_ELEMENTS
 
 #: the modules (``tilesim.reference.dsa_indexer`` the attribute is the function)
 ref_indexer = importlib.import_module("tilesim.reference.dsa_indexer")
-ref_step = importlib.import_module("tilesim.reference.dsa_step")
+ref_step = importlib.import_module("tilesim.reference.dsa_attention_step")
 BS = 16
 
 
 def _case(op="dsa_indexer", **kw):
+    """An indexer case, or a decode-step case (the layer step's family builds those)."""
     args = dict(seed=1, seq_lens=(37, 20), block_size=BS, topk=32, s1=2)
     args.update(kw)
-    return dsa_indexer_make_case(None, op=op, **args)
+    build = dsa_attention_step_make_case if op == "dsa_decode_step" else dsa_indexer_make_case
+    return build(None, op=op, **args)
 
 
 def _args(case, **over):

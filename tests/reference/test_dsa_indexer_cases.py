@@ -1,18 +1,21 @@
-"""Cases of the lightning indexer and of the decode step (``reference/dsa_indexer_cases.py``,
-``reference/dsa_step.py``): the published shapes, the builder's determinism and checks, and
-the step as the composition of its two goldens."""
+"""Cases of the lightning indexer (``reference/dsa_indexer_cases.py``) and of the decode step
+(the layer step entered at the indexer: ``reference/dsa_attention_step.py``, its cases in
+``reference/dsa_attention_step_cases.py``): the published shapes, the builders' determinism
+and checks, and the step as the composition of its two goldens."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 from tilesim.reference import (
+    dsa_attention_step_make_case,
     dsa_decode_step,
     dsa_indexer,
     dsa_indexer_make_case,
     sparse_attention_antiquant,
     sparse_attention_antiquant_kv_split,
 )
+from tilesim.reference.dsa_attention_step_cases import CASE_INFO as STEP_CASES
 from tilesim.reference.dsa_cases import DSA_CASES
 from tilesim.reference.dsa_indexer_cases import CASE_INFO, UNIFORM_64
 from tilesim.shared.case_schema import CASE_KEYS
@@ -23,11 +26,14 @@ def test_case_table_holds_the_published_shapes():
     assert CASE_INFO["li_quant_b4_s1_2_64k"].family == "dsa_indexer"
     assert UNIFORM_64 is DSA_CASES["sfa_bf16_b64_s2_seq64K_uniform_per_int8_d_950"].actual_seq
     assert len(UNIFORM_64) == 64 and min(UNIFORM_64) == 16384 and max(UNIFORM_64) == 114688
-    kinds = {i.kind for i in CASE_INFO.values()}
-    assert kinds == {"indexer", "decode_step"}
-    for info in CASE_INFO.values():
-        assert info.op == ("dsa_decode_step" if info.kind == "decode_step" else "dsa_indexer")
-        assert info.tolerance["mode"] == ("compare" if info.kind == "decode_step" else "set")
+    assert {(i.kind, i.op, i.tolerance["mode"]) for i in CASE_INFO.values()} == {
+        ("indexer", "dsa_indexer", "set")
+    }
+    steps = {n: i for n, i in STEP_CASES.items() if i.kind == "decode_step"}
+    assert sorted(steps) == ["dsa_step_b2_s2_fp8", "dsa_step_b2_s2_int8"]  # one family: the step's
+    for info in steps.values():
+        assert (info.family, info.op, info.tolerance["mode"]) == (
+            "dsa_attention_step", "dsa_decode_step", "compare")  # fmt: skip
     assert callable(gym)
 
 
@@ -50,7 +56,7 @@ def test_builder_is_deterministic_and_follows_the_schema():
         (dict(s1=5), ValueError, "s1"),
         (dict(seq_lens=(10,), q_lens=(11,)), ValueError, "seq_lens"),
         (dict(seq_lens=(10, 20), q_lens=(1,)), ValueError, "q_lens"),
-        (dict(op="dsa_decode_step", q_lens=(1, 1)), ValueError, "q_lens"),
+        (dict(op="dsa_decode_step"), ValueError, "dsa_attention_step_make_case"),
         (dict(colour=1), TypeError, "colour"),
         (dict(spare_blocks=-1), ValueError, "spare_blocks"),
     ],
@@ -62,9 +68,25 @@ def test_builder_checks_its_parameters(over, exc, match):
         dsa_indexer_make_case("no_such_case")
 
 
+@pytest.mark.parametrize(
+    "over, exc, match",
+    [
+        (dict(q_lens=(1, 1)), ValueError, "q_lens"),
+        (dict(attn_quant="bf16"), ValueError, "attn_quant"),
+        (dict(layout="paged"), ValueError, "layout"),
+        (dict(path="bf16"), ValueError, "path"),
+        (dict(colour=1), TypeError, "colour"),
+    ],
+)
+def test_decode_step_builder_checks_its_parameters(over, exc, match):
+    with pytest.raises(exc, match=match):
+        dsa_attention_step_make_case(None, op="dsa_decode_step", **over)
+
+
 @pytest.mark.parametrize("name", ["dsa_step_b2_s2_int8", "dsa_step_b2_s2_fp8"])
 def test_decode_step_is_indexer_then_attention(name):
-    case = dsa_indexer_make_case(name)
+    case = dsa_attention_step_make_case(name)
+    assert case["op"] == "dsa_decode_step"
     got = dsa_decode_step(**case["inputs"], **case["params"])
     assert list(got) == ["topk_indices", "scores", "out"]
     inp, par = case["inputs"], case["params"]
@@ -91,7 +113,7 @@ def test_decode_step_is_indexer_then_attention(name):
 
 
 def test_decode_step_refuses_a_cache_that_does_not_fit_the_layout():
-    case = dsa_indexer_make_case("dsa_step_b2_s2_fp8")
+    case = dsa_attention_step_make_case("dsa_step_b2_s2_fp8")
     args = {**case["inputs"], **case["params"]}
     with pytest.raises(ValueError, match="layout"):
         dsa_decode_step(**{**args, "layout": "kv_split"})
