@@ -25,7 +25,7 @@ One loop nest serves every cache form (:func:`attention_nest`)::
 Online softmax, ``kv_splits = 1``, at most ``UNROLL_TILES`` tiles (the decode preset: 4):
 L4 is unrolled at trace time (:func:`unrolled_tiles`): tile ``t`` runs in a 0/1-trip loop
 (``t < bn``) and leaves its raw ``(O_t, l_t, m_t)`` in its own FP32 tensors, and V2 becomes
-the fold of the tiles in tile order after them (:func:`fold_tiles`, the merge plan of
+the fold of the tiles in tile order after them (:func:`fold_tiles`, the merge tree of
 :mod:`tilesim.device._pypto_common` as in the MSA kernels): one task computes the
 merge coefficients ``a_t, c_t`` and ``L`` from the tiles' ``(l, m)`` (ready after V1, so
 while the C2 matmuls run), then one task per column block folds ``O = O*a + O_t*c`` and
@@ -62,7 +62,7 @@ from tilesim.device._pypto_common import (
     fold_stats,
     jit_options,
     merge_chunk,
-    merge_plan,
+    merge_tree,
     replaced,
 )
 from tilesim.device.backend import compiled
@@ -498,28 +498,28 @@ def coef_col_ids(gt, cols):
 
 def fold_coefficients(states, coef, p):
     """The scalar part of the online fold of the tiles' states, in tile order: the ``(m, l)``
-    half of :func:`~tilesim.device._pypto_common.merge_plan` over one range (``maximum=True``:
+    half of :func:`~tilesim.device._pypto_common.merge_tree` over one range (``maximum=True``:
     merge_online's expressions, ``M' = max(M, m)``, ``a = exp(M - M')``, ``c = exp(m - M')``,
-    ``L' = a*L + c*l``). The plan's weights -- ``pre[0..n-1]`` (one per state), then its
+    ``L' = a*L + c*l``). The merge's weights -- ``pre[0..n-1]`` (one per state), then its
     ``chained`` ones -- and the final (safe) ``L`` are placed in columns ``0 .. 2n-2`` of ONE
     FP32 ``[g_tile, cols]`` tensor ``coef`` by selects in UB (exact) and written at once, so
     that each fold task reads them with one copy and one dependence edge. One subgraph
-    (``sg_set_scope``): a single task. Returns the plan (its ``tree`` is the O half)."""
+    (``sg_set_scope``): a single task. Returns the merge (its ``tree`` is the O half)."""
     pypto.set_semantic_label("Sa_V2")
     gt, cols = coef.shape
     pypto.set_vec_tile_shapes(gt, cols)
     pypto.set_pass_options(sg_set_scope=SCOPE_COEF)
     m_c = [m for _o, _l, m in states]
     l_c = [l for _o, l, _m in states]
-    plan = merge_plan(pypto, m_c, l_c, [(0, len(states))], maximum=True)
-    values = plan.pre + plan.chained + [safe_sum(plan.l, p)]
+    merge = merge_tree(pypto, m_c, l_c, [(0, len(states))], maximum=True)
+    values = merge.pre + merge.chained + [safe_sum(merge.l, p)]
     col_id = coef_col_ids(gt, cols)
     packed = pypto.full([gt, cols], 0.0, pypto.DT_FP32)
     for k, v in enumerate(values):
         packed = pypto.where(pypto.eq(col_id, float(k)), v, packed)
     coef[:] = packed
     pypto.set_pass_options(sg_set_scope=-1)
-    return plan
+    return merge
 
 
 def coef_column(cf, col_id, k):
@@ -539,7 +539,7 @@ def fold_width(n, gt):
 
 
 def fold_outputs(states, coef, tree, out, row0, p):
-    """The O part of the fold: the merge plan's ``tree``
+    """The O part of the fold: the merge's ``tree``
     (:func:`~tilesim.device._pypto_common.eval_tree`) over ``O_t * pre[t]`` with the
     coefficients of :func:`fold_coefficients` -- ``O' = O*a + O_t*c`` in tile order -- then
     ``BF16(O / L)`` into the output rows; per column block of :func:`fold_width` columns, each
@@ -580,9 +580,9 @@ def fold_tiles(states, out, tok, bn, p):
         cols = -(-(2 * n - 1) // 8) * 8
         coef = pypto.tensor([gt, cols], pypto.DT_FP32, f"fold_coef{n}")
         for _c in pypto.loop(0, is_n, 1, name=f"LOOP_L5c{n}_SA", idx_name=f"c{n}"):
-            plan = fold_coefficients(states[:n], coef, p)
+            merge = fold_coefficients(states[:n], coef, p)
         for _f in pypto.loop(0, is_n, 1, name=f"LOOP_L5f{n}_SA", idx_name=f"f{n}"):
-            fold_outputs(states[:n], coef, plan.tree, out, tok.row0, p)
+            fold_outputs(states[:n], coef, merge.tree, out, tok.row0, p)
 
 
 def unrolled_tiles(query, topk_indices, block_table, out, tok, bn, load, p):

@@ -20,7 +20,7 @@ from tilesim.device._msa_tiles import (
 from tilesim.device._pypto_common import (
     eval_tree,
     jit_options,
-    merge_plan,
+    merge_tree,
     operation_options,
     without,
 )
@@ -160,7 +160,7 @@ def _merge(pypto, ml, o_all, q0, out, p: _Static, scope: int):
     ``m_c`` / ``l_c`` come in as one ``[2*n*G, 1]`` column tensor ``ml`` and their ``O_c`` as
     one ``[n*G, D]`` tensor ``o_all`` (two copies in, instead of three per chunk: the cost
     model charges ~1.4 k cycles per copy, one after another). The ``(m, l)`` half of the merge
-    tree (:func:`tilesim.device._msa_tiles.merge_plan`) runs on ``[G, 1]`` columns; the ``O``
+    tree (:func:`tilesim.device._msa_tiles.merge_tree`) runs on ``[G, 1]`` columns; the ``O``
     half is one ``[n*G, D]`` multiply by the chunks' weights, then the chained sums -- the
     values of the chunk loop's merges, operation for operation."""
     g, n = p.g, len(p.bounds)
@@ -170,8 +170,8 @@ def _merge(pypto, ml, o_all, q0, out, p: _Static, scope: int):
     pypto.set_vec_tile_shapes(g, 8)
     m_c = [pypto.view(ml, [g, 1], [c * g, 0]) for c in range(n)]
     l_c = [pypto.view(ml, [g, 1], [(n + c) * g, 0]) for c in range(n)]
-    plan = merge_plan(pypto, m_c, l_c, p.ranges)
-    cols = [w for w in plan.pre if w is not None] + plan.chained + [plan.l]
+    merge = merge_tree(pypto, m_c, l_c, p.ranges)
+    cols = [w for w in merge.pre if w is not None] + merge.chained + [merge.l]
     wts = pypto.tensor([len(cols) * g, 1], pypto.DT_FP32, "merge_weights")
     for i, col in enumerate(cols):  # one [len(cols)*G, 1] column: a UB buffer of the task
         pypto.assemble(col, [i * g, 0], wts)
@@ -184,13 +184,13 @@ def _merge(pypto, ml, o_all, q0, out, p: _Static, scope: int):
     else:
         pypto.set_vec_tile_shapes(g, p.dim)
         prods = [o_all]
-    res = eval_tree(plan.tree, prods, wv[n if n > 1 else 0 : -1]) / wv[-1]
+    res = eval_tree(merge.tree, prods, wv[n if n > 1 else 0 : -1]) / wv[-1]
     if p.gather == "device":
         # a row that keeps no key read stand-in rows: its output is +0. It is the row whose
         # final max is the mask value (every score selected away); ``l - l`` is 0, or NaN when
         # a NaN reached l, so such a row still shows its NaN
         pypto.set_vec_tile_shapes(g, 8)
-        seen = pypto.ne(plan.m + (plan.l - plan.l), LARGE_NEG)
+        seen = pypto.ne(merge.m + (merge.l - merge.l), LARGE_NEG)
         pypto.set_vec_tile_shapes(g, p.dim)
         res = pypto.where(seen, res, 0.0)
     # otherwise every V row such a row reads is zeroed, so O = +0 and O / l = +0. A NaN read

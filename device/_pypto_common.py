@@ -7,7 +7,7 @@
   (:func:`operation_options`, :func:`combine_axis`) and the variants of a spec (:func:`without`,
   :func:`replaced`);
 * the online-softmax merge of key chunks (:func:`merge_chunk`) and its split form, the merge
-  plan (:func:`fold_stats`, :class:`MergePlan`, :func:`merge_plan`, :func:`eval_tree`): the
+  tree (:func:`fold_stats`, :class:`MergeTree`, :func:`merge_tree`, :func:`eval_tree`): the
   operations, in order, of ``tilesim.reference.arith.SoftmaxMerge("online")`` (tested bit for
   bit against it in ``tests/device/test_msa_decode_sim.py``).
 
@@ -101,11 +101,11 @@ def fold_stats(
     return (m_new, wl + wl_c), ((wl, wl_c) if weighted else (a, b))
 
 
-class MergePlan:
+class MergeTree:
     """The online-merge tree of one (batch row, KV head) split into its two halves.
 
     The ``(m, l)`` half needs only the chunks' row maxima and sums, so it is computed first
-    (:func:`merge_plan`); the ``O`` half then needs one weight per chunk (``pre[c]``: every
+    (:func:`merge_tree`); the ``O`` half then needs one weight per chunk (``pre[c]``: every
     chunk's ``O_c`` is multiplied by exactly one weight -- ``b`` of the merge that folds it in,
     or ``a`` of the first merge when it is the state a range starts from) and the ``a``
     weights of merges whose state is already a sum (``chained``). ``tree``: ``("p", c)`` =
@@ -128,33 +128,33 @@ class MergePlan:
         return ("*", x, len(self.chained) - 1)
 
 
-def merge_plan(pypto, m_c: list, l_c: list, ranges, *, maximum: bool = False) -> MergePlan:
-    """The :class:`MergePlan` of the chunks' ``m_c`` / ``l_c`` (FP32 ``[G, 1]``) for the
+def merge_tree(pypto, m_c: list, l_c: list, ranges, *, maximum: bool = False) -> MergeTree:
+    """The :class:`MergeTree` of the chunks' ``m_c`` / ``l_c`` (FP32 ``[G, 1]``) for the
     split ``ranges`` (``[(first, stop), ...]``, :func:`tilesim.shared.splitkv.split_ranges`):
     each range folds its chunks in order, then ranges ``1, 2, ..`` fold into range 0's
     state -- the reference's order (``reference/msa_decode.py``). ``maximum``: as in
     :func:`fold_stats`."""
-    plan = MergePlan(len(m_c))
+    merge = MergeTree(len(m_c))
     states, trees = [], []
     for first, stop in ranges:
         st, tree = (m_c[first], l_c[first]), ("c", first)
         for c in range(first + 1, stop):
             st, (a, b) = fold_stats(pypto, st, (m_c[c], l_c[c]), maximum=maximum)
-            tree = ("+", plan.mul(tree, a), plan.mul(("c", c), b))
+            tree = ("+", merge.mul(tree, a), merge.mul(("c", c), b))
         states.append(st)
         trees.append(tree)
     st, tree = states[0], trees[0]
     for other, t in zip(states[1:], trees[1:], strict=True):
         st, (a, b) = fold_stats(pypto, st, other, maximum=maximum)
-        tree = ("+", plan.mul(tree, a), plan.mul(t, b))
-    plan.m, plan.l = st
-    plan.tree = ("p", 0) if tree == ("c", 0) else tree
-    return plan
+        tree = ("+", merge.mul(tree, a), merge.mul(t, b))
+    merge.m, merge.l = st
+    merge.tree = ("p", 0) if tree == ("c", 0) else tree
+    return merge
 
 
 def eval_tree(tree, products: list, chained: list):
-    """The ``O`` half of a :class:`MergePlan`: ``products[c]`` = ``O_c * pre[c]`` (or ``O_0``
-    for a single chunk), ``chained[k]`` = the plan's ``k``-th chained weight."""
+    """The ``O`` half of a :class:`MergeTree`: ``products[c]`` = ``O_c * pre[c]`` (or ``O_0``
+    for a single chunk), ``chained[k]`` = the tree's ``k``-th chained weight."""
     if tree[0] == "p":
         return products[tree[1]]
     if tree[0] == "*":
@@ -163,13 +163,13 @@ def eval_tree(tree, products: list, chained: list):
 
 
 __all__ = [
-    "MergePlan",
+    "MergeTree",
     "combine_axis",
     "eval_tree",
     "fold_stats",
     "jit_options",
     "merge_chunk",
-    "merge_plan",
+    "merge_tree",
     "operation_options",
     "replaced",
     "without",

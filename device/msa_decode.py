@@ -36,7 +36,7 @@ axis::
 The merges run after the chunks, in ONE vector task per pair (:func:`_merge`): every chunk
 writes ``m_c`` / ``l_c`` into the pair's ``[2*n*G, 1]`` column tensor and ``O_c`` into its
 ``[n*G, D]`` tensor; the task brings both in with one copy each, computes the merge tree's
-``(m, l)`` half and weights (:func:`tilesim.device._msa_tiles.merge_plan`), then the ``O``
+``(m, l)`` half and weights (:func:`tilesim.device._msa_tiles.merge_tree`), then the ``O``
 half (one multiply of every ``O_c`` by its weight, then the chained sums) -- the same
 operations on the same values as merging chunk by chunk.
 

@@ -425,7 +425,7 @@ def test_v_gather_rows_soc_defaults_and_env():
 
 
 class _NumpyOps:
-    """The few ``pypto`` operations the merge plan uses, as FP32 NumPy (every operation one
+    """The few ``pypto`` operations the merge tree uses, as FP32 NumPy (every operation one
     FP32 rounding, as the kernel's vector ops)."""
 
     @staticmethod
@@ -456,12 +456,12 @@ def _stats(gen, n, rows=16):
 
 
 @pytest.mark.parametrize("n,splits", [(1, 1), (2, 1), (4, 1), (4, 2), (5, 2), (3, 3), (7, 3)])
-def test_merge_plan_gives_the_references_merge_bits(n, splits):
+def test_merge_tree_gives_the_references_merge_bits(n, splits):
     """The kernel's split merge (the (m, l) half and weights first, then every O_c times its
-    weight and the chained sums: :func:`tilesim.device._msa_tiles.merge_plan`) against the
+    weight and the chained sums: :func:`tilesim.device._msa_tiles.merge_tree`) against the
     reference's own online merge (``SoftmaxMerge`` per split range, then the ranges folded in
     order), on FP32 NumPy: the same bits of O / l, l and m."""
-    from tilesim.device._pypto_common import eval_tree, merge_plan
+    from tilesim.device._pypto_common import eval_tree, merge_tree
     from tilesim.reference.arith import SoftmaxMerge, exp_fp32_numpy
     from tilesim.shared.splitkv import split_ranges
 
@@ -475,13 +475,13 @@ def test_merge_plan_gives_the_references_merge_bits(n, splits):
                 merges[j].update(o[c], l[c], m[c])
         for part in merges[1:]:
             merges[0].update(part.o, part.l, part.m)
-        plan = merge_plan(_NumpyOps, list(m), list(l), ranges)
-        assert (plan.pre[0] is None) == (n == 1)
-        prods = [o[0]] if n == 1 else [o[c] * plan.pre[c] for c in range(n)]
-        got = eval_tree(plan.tree, prods, plan.chained) / plan.l
+        merge = merge_tree(_NumpyOps, list(m), list(l), ranges)
+        assert (merge.pre[0] is None) == (n == 1)
+        prods = [o[0]] if n == 1 else [o[c] * merge.pre[c] for c in range(n)]
+        got = eval_tree(merge.tree, prods, merge.chained) / merge.l
         np.testing.assert_array_equal(got.view(np.int32), merges[0].normalized().view(np.int32))
-        np.testing.assert_array_equal(plan.l.view(np.int32), merges[0].l.view(np.int32))
-        np.testing.assert_array_equal(plan.m, merges[0].m)  # as numbers (a zero's sign aside)
+        np.testing.assert_array_equal(merge.l.view(np.int32), merges[0].l.view(np.int32))
+        np.testing.assert_array_equal(merge.m, merges[0].m)  # as numbers (a zero's sign aside)
 
 
 def test_msa_modules_import_without_torch_and_pypto():
