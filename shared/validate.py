@@ -34,13 +34,10 @@ Every message names the argument, the expected value and the actual one:
 
 from __future__ import annotations
 
-import functools
-import inspect
 import math
 import numbers
 import os
 import re
-import types
 from collections.abc import Callable, Iterable, Mapping
 
 import numpy as np
@@ -525,43 +522,6 @@ def env_choice(env: Mapping, var: str, default: str, choices: Iterable[str]) -> 
     return key
 
 
-# ----------------------------------------------------------------------------- op signatures
-def op_signature(*inputs: Callable) -> Callable:
-    """Decorator: one op's inputs, declared once and shared by its golden and its wrapper.
-
-    ``inputs``: prototype functions (in the op's contract module, ``tilesim.shared.<op>``)
-    whose parameters, in order, are the inputs both layers take -- names, defaults and
-    annotations; their bodies never run. The decorated ``fn(ins, *, <own keyword-only
-    parameters>)`` is published with the signature ``inputs``' parameters followed by its own
-    (``inspect.signature`` shows it; name, docstring and module are ``fn``'s). A call binds its
-    arguments to that signature as Python would (``TypeError`` naming the op for a missing,
-    unknown or repeated argument), fills in the defaults and calls ``fn(ins, **own)``: ``ins``
-    a namespace of the inputs by name (the caller's objects, not copied)."""
-    shared = [p for proto in inputs for p in inspect.signature(proto).parameters.values()]
-    names = tuple(p.name for p in shared)
-
-    def decorate(fn: Callable) -> Callable:
-        own = list(inspect.signature(fn).parameters.values())[1:]
-        sig = inspect.Signature(shared + own)
-
-        @functools.wraps(fn)
-        def op(*args, **kwargs):
-            try:
-                bound = sig.bind(*args, **kwargs)
-            except TypeError as e:
-                raise TypeError(f"{fn.__name__}(): {e}") from None
-            bound.apply_defaults()
-            got = bound.arguments
-            ins = types.SimpleNamespace(**{n: got[n] for n in names})
-            return fn(ins, **{p.name: got[p.name] for p in own})
-
-        del op.__wrapped__  # the published signature is sig, not fn's
-        op.__signature__ = sig
-        return op
-
-    return decorate
-
-
 __all__ = [
     "INT32_MAX",
     "MAX_ELEMENTS",
@@ -597,7 +557,6 @@ __all__ = [
     "host_data",
     "host_ints",
     "is_array",
-    "op_signature",
     "parse_int_text",
     "raise_at_first",
     "require_array",

@@ -211,11 +211,9 @@ def _build(family, name, over):
 
 
 def _op(name):
-    import importlib
-
     import tilesim.reference as ref
 
-    return getattr(importlib.import_module(f"tilesim.reference.{ref._LAZY[name]}"), name)
+    return getattr(ref, name)
 
 
 def digest_of(arr) -> str:
