@@ -43,8 +43,25 @@ from tilesim.shared.index_cache import INDEX_DIM as DIM  # 128
 #: the largest K tile of the linears over H (a [1024, 128] BF16 tile of ``w_k`` and its
 #: double buffer fill half of the 910B's 512 KiB L1)
 MAX_K_TILE = 1024
-#: the token tiles of the L0 loop (``pypto.loop_unroll`` factors, each dividing the one before)
+#: the N tile of the linears over H: 8 cube tasks for ``x @ w_k``, 4 for ``x @ w_proj``, each
+#: streaming ``H / k_tile`` K tiles (cost model: fewer, longer tasks left the q projection's
+#: 32 tasks waiting for a cube core; ``docs/ops/dsa_indexer_prolog.md``, "Kernel")
+HIDDEN_N_TILE = 16
+#: the token tiles of the L0 loop (``pypto.loop_unroll`` factors, each dividing the one before):
+#: decode batches up to 31 tokens build 8 and 1 (each factor is one more traced body: CI's
+#: T = 8 compiles in a quarter of the time of the large build), 32 tokens and more also 32,
+#: which reads the weights a quarter as often (T = 128: 281 vs 550 µs in the cost model)
 UNROLL = (8, 1)
+LARGE_UNROLL = (32, 8, 1)
+LARGE_TOKENS = 32
+
+
+def unroll_for(tokens: int) -> tuple:
+    """The L0 loop's unroll factors for a call of ``tokens`` tokens (two builds at most per
+    model configuration, as the DeepSeek attention's large-batch build)."""
+    return LARGE_UNROLL if tokens >= LARGE_TOKENS else UNROLL
+
+
 #: 2^-3 = 64^-0.5 (exact) and FP32(128^-0.5): the weights' two factors, as FP32 values
 HEAD_SCALE = 0.125
 SOFTMAX_SCALE = float(np.float32(DIM**-0.5))
@@ -108,7 +125,8 @@ def quant_rows(pypto, v, floor: float):
 def rope_head(pypto, v, cos, sin, rows: int):
     """``[ROPE(v[..., :64]) | v[..., 64:]]`` (BF16) of BF16 ``v [..., rows, 128]`` whose tables
     ``cos``/``sin`` broadcast over ``rows``."""
-    pypto.set_vec_tile_shapes(*([1] * (len(v.shape) - 2)), min(rows, 64), DIM)
+    if len(v.shape) == 2:
+        pypto.set_vec_tile_shapes(min(rows, 64), DIM)
     shp = list(v.shape)
     rope = pypto.view(v, shp[:-1] + [ROPE_DIM], [0] * len(shp))
     rest = pypto.view(v, shp[:-1] + [DIM - ROPE_DIM], [0] * (len(shp) - 1) + [ROPE_DIM])
@@ -129,7 +147,7 @@ def queries(pypto, ins, t0, u: int, p):
     qs = pypto.view(ins.q_norm_scale, [u, 1], [t0, 0])
     pypto.set_cube_tile_shapes([16, 16], [512, 512], [128, 128])
     q32 = pypto.matmul(qn, ins.w_qb, pypto.DT_INT32)
-    pypto.set_vec_tile_shapes(1, 4096)
+    pypto.set_vec_tile_shapes(1, QB_COLS // 2)
     q = pypto.cast(pypto.mul(pypto.mul(pypto.cast(q32, pypto.DT_FP32), qs), ins.w_qb_scale),
                    pypto.DT_BF16)  # fmt: skip
     q3 = pypto.reshape(q, [u, HEADS, DIM])
@@ -182,7 +200,7 @@ def keys(pypto, ins, t0, u: int, p):
     """K1-K5 of ``u`` tokens: ``(codes [u, 128], scales [u, 1])``."""
     x = pypto.view(ins.x, [u, ins.hidden], [t0, 0])
     kt = p.k_tile
-    pypto.set_cube_tile_shapes([16, 16], [kt, kt], [HEADS, HEADS])  # L0B: [512, 64] BF16
+    pypto.set_cube_tile_shapes([16, 16], [kt, kt], [HIDDEN_N_TILE, HIDDEN_N_TILE])
     k32 = pypto.matmul(x, ins.w_k, pypto.DT_FP32)
     k = layer_norm(pypto, ins, k32, u, p.eps)
     cos, sin = token_tables(pypto, ins, t0, u, 2)
@@ -196,7 +214,8 @@ def keys(pypto, ins, t0, u: int, p):
 def head_weights(pypto, ins, t0, u: int, p):
     """W1: FP16 ``[u, 64]`` weights ``FP16(FP32(BF16(x @ w_proj) * 2^-3) * FP32(128^-0.5))``."""
     x = pypto.view(ins.x, [u, ins.hidden], [t0, 0])
-    pypto.set_cube_tile_shapes([16, 16], [p.k_tile, p.k_tile], [HEADS, HEADS])
+    nt = HIDDEN_N_TILE
+    pypto.set_cube_tile_shapes([16, 16], [p.k_tile, p.k_tile], [nt, nt])
     w = pypto.matmul(x, ins.w_proj, pypto.DT_BF16)
     pypto.set_vec_tile_shapes(u, HEADS)
     w = pypto.mul(pypto.mul(pypto.cast(w, pypto.DT_FP32), HEAD_SCALE), SOFTMAX_SCALE)
@@ -295,4 +314,13 @@ def build(params: PrologParams, dtypes: tuple, static_dims: tuple, jit: tuple = 
     )  # fmt: skip
 
 
-__all__ = ["JIT", "MAX_K_TILE", "READY_ON_HOST", "UNROLL", "PrologParams", "build"]
+__all__ = [
+    "JIT",
+    "LARGE_UNROLL",
+    "MAX_K_TILE",
+    "READY_ON_HOST",
+    "UNROLL",
+    "unroll_for",
+    "PrologParams",
+    "build",
+]

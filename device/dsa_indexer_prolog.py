@@ -76,7 +76,7 @@ def kernel_k_tile(a: Args) -> int:
     itself for ``k_tile=None`` (one tile). ``ValueError`` naming ``k_tile`` when it exceeds
     :data:`~tilesim.device._dsa_indexer_prolog_kernel.MAX_K_TILE` or does not divide ``H``:
     the kernel computes what the golden computes with the same ``k_tile``, never another
-    summation (DeepSeek's H = 7168: pass ``k_tile=512``, pypto-gym's)."""
+    summation (DeepSeek's H = 7168: pass ``k_tile=1024``, the cost rows' tile)."""
     from tilesim.device._dsa_indexer_prolog_kernel import MAX_K_TILE
 
     kt = a.hidden if a.k_tile is None else a.k_tile
@@ -84,8 +84,8 @@ def kernel_k_tile(a: Args) -> int:
         got = "None (one tile of H)" if a.k_tile is None else a.k_tile
         raise ValueError(
             f"k_tile: expected a K tile <= {MAX_K_TILE} dividing H = {a.hidden} for the kernel "
-            f"(its L1 holds K tiles of at most {MAX_K_TILE} rows of w_k; pypto-gym's is 512, "
-            f"and the golden with the same k_tile computes the same sums), got {got}"
+            f"(its L1 holds K tiles of at most {MAX_K_TILE} rows of w_k; the kernel's figures "
+            f"are at 1024, and the golden with the same k_tile computes the same sums), got {got}"
         )
     return kt
 
@@ -147,7 +147,8 @@ def _prepare(a: Args, target) -> dict:
 
     dev = _backend.to_tensors(a.ins.x)[0].device
     inputs = _kernel_inputs(a, dev)
-    params = kernels.PrologParams(eps=a.eps, amax_floor=a.amax_floor, k_tile=kernel_k_tile(a))
+    params = kernels.PrologParams(eps=a.eps, amax_floor=a.amax_floor, k_tile=kernel_k_tile(a),
+                                  unroll=kernels.unroll_for(a.rows))  # fmt: skip
     dtypes = (_dtype_name(inputs[7]), _dtype_name(inputs[9]))
     static = (a.hidden, a.rank, a.num_blocks * a.block_size)
     kernel = kernels.build(params, dtypes, static)
@@ -230,12 +231,12 @@ def dsa_indexer_prolog(
     :mod:`tilesim.shared.dsa_indexer_prolog`, with the same messages); the kernel covers
     ``path="int8"`` with ``rope_layout="halves"`` and ``[T, 64]`` tables, and sums the linears
     over ``H`` in K tiles of ``k_tile`` (at most 1024 rows dividing ``H``; ``None``: one tile,
-    so up to ``H = 1024``; DeepSeek's 7168 needs ``k_tile=512``, and the golden with the same
-    ``k_tile`` is what it reproduces). Device-only keywords: ``backend`` (``"npu"``, ``"sim"``
-    or ``"auto"``, :func:`tilesim.device.backend.resolve`), ``soc`` (the simulator's target,
-    ``"910b"`` or ``"950"``; FP8 needs a SoC with FP8) and ``validate`` (``True``: the slot
-    checks; ``"full"``: every value check of the golden; ``False``: metadata only -- a bad
-    slot is then undefined behaviour).
+    so up to ``H = 1024``; DeepSeek's 7168 needs a tile, ``k_tile=1024`` its cost rows', and
+    the golden with the same ``k_tile`` is what it reproduces). Device-only keywords:
+    ``backend`` (``"npu"``, ``"sim"`` or ``"auto"``, :func:`tilesim.device.backend.resolve`),
+    ``soc`` (the simulator's target, ``"910b"`` or ``"950"``; FP8 needs a SoC with FP8) and
+    ``validate`` (``True``: the slot checks; ``"full"``: every value check of the golden;
+    ``False``: metadata only -- a bad slot is then undefined behaviour).
 
     Returns the golden's fields bit for bit (in the simulator): ``q`` int8 ``[T, 64, 128]``,
     ``q_scale`` FP16 ``[T, 64]``, ``weights`` FP16 ``[T, 64]``, and updated copies of

@@ -265,7 +265,9 @@ def _acts_text(acts: tuple[int, ...]) -> str:
     return "[" + ",".join(str(a) for a in acts) + "]"
 
 
-def case_summary(c: DsaCase, *, nq: int = 128, block_size: int = 128) -> str:
+def case_summary(
+    c: DsaCase, *, nq: int = DEEPSEEK_V32.num_q_heads, block_size: int = DEEPSEEK_V32.block_size
+) -> str:
     """One line describing a named case (shape, cache form, softmax mode, the seeds' entry)."""
     blocks = sum(math.ceil(a / block_size) for a in c.actual_seq)
     cache = f"{c.layout} packed cache" if is_packed(c.layout) else "kv_split tensors"

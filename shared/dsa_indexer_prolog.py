@@ -246,7 +246,7 @@ def _check_cache(ins, path: str, block_size: int) -> int:
 
 
 def check_meta(ins, *, path="int8", rope_layout="halves", eps=1e-6, ue8m0=True,
-               amax_floor=None, block_size=128, trace=None,
+               amax_floor=None, block_size=DEEPSEEK_V32.block_size, trace=None,
                fp8_promotion="fma", k_tile=None) -> Args:  # fmt: skip
     """Metadata checks of ``dsa_indexer_prolog`` on the namespace of :func:`prolog_inputs`
     (no value read; works on ``meta`` tensors): the switches, every array's dtype and shape

@@ -319,7 +319,7 @@ def decode_read_mask(keep, *, seeds_compat: bool = False) -> np.ndarray:
 SPLIT_MIN_CHUNKS = 16
 
 
-def n_chunks(topk: int, ntile: int, block_size: int = 128) -> int:
+def n_chunks(topk: int, ntile: int, block_size: int = BY) -> int:
     """Key chunks of one (batch row, KV head): ``ceil(topk*block_size / ntile)`` (tail kept)."""
     keys = check_pos_int(topk, "topk") * check_pos_int(block_size, "block_size")
     return -(-keys // check_pos_int(ntile, "ntile"))
@@ -339,7 +339,7 @@ def _split_work(batch: int, hkv: int, topk: int, ntile: int, block_size: int) ->
 
 
 def default_kv_splits(*, batch: int, hkv: int, topk: int, ntile: int, soc: str,
-                      block_size: int = 128) -> int:  # fmt: skip
+                      block_size: int = BY) -> int:  # fmt: skip
     """The split count for a decode call: a pure function of the shape and the SoC
     (:data:`SPLIT_RULE`).
 
