@@ -20,6 +20,7 @@ import importlib
 import inspect
 import pydoc
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -114,6 +115,23 @@ def test_golden_and_wrapper_write_out_the_prototypes_signature(call):
         assert f"{call.name}({protos[0][0]}, " in shown and fn.__doc__.split()[0] in shown
 
 
+def _literal_sizes(fn) -> list[str]:
+    """The parameters of ``fn`` whose default is written as an integer literal above 1 (a
+    size such as ``topk=2048``, which belongs in :mod:`tilesim.shared.models`)."""
+    node = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]
+    args = node.args
+    positional = zip(args.args[::-1], args.defaults[::-1], strict=False)  # defaults: the last
+    pairs = [*positional, *zip(args.kwonlyargs, args.kw_defaults, strict=True)]
+    return [a.arg for a, d in pairs if isinstance(d, ast.Constant) and type(d.value) is int
+            and d.value > 1]  # fmt: skip
+
+
+@pytest.mark.parametrize("call", [c for c in CALLS if c.signature], ids=lambda c: c.name)
+def test_the_prototypes_take_sizes_from_the_model_constants(call):
+    for proto in call.signature:
+        assert not _literal_sizes(proto), (proto.__qualname__, _literal_sizes(proto))
+
+
 def test_the_signature_check_can_fail():
     """A signature that drops a prototype's default or renames a parameter is caught."""
     from tilesim.shared.dsa import model_keywords
@@ -122,11 +140,11 @@ def test_the_signature_check_can_fail():
                 block_size: int = 128, tiling: SaTileShapeConfig | None = None):  # fmt: skip
         """A wrapper's keywords with one default off."""
 
+    assert _literal_sizes(written) == ["nq", "topk", "block_size"]
+    assert not _literal_sizes(model_keywords)
     protos = _params(_signature(model_keywords))
     assert _params(_signature(written)) != protos
-    assert [p[:2] + p[3:] for p in _params(_signature(written))] == [
-        p[:2] + p[3:] for p in protos
-    ]
+    assert [p[:2] + p[3:] for p in _params(_signature(written))] == [p[:2] + p[3:] for p in protos]
 
 
 @pytest.mark.parametrize("call", CALLS, ids=lambda c: c.name)
