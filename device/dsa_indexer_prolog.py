@@ -138,6 +138,18 @@ def _kernel_outputs(a: Args, dev) -> list:
             ks.detach().reshape(rows, 1).clone()]  # fmt: skip
 
 
+def _empty(a: Args) -> PrologResult:
+    """Empty outputs of the documented shapes and dtypes on ``x``'s device (FakeTensor /
+    ``meta`` inputs: torch.compile's tracing; no data read, no kernel)."""
+    torch = require_torch()
+    x, t = a.ins.x, a.rows
+    return PrologResult(x.new_empty((t, INDEX_HEADS, INDEX_DIM), dtype=torch.int8),
+                        x.new_empty((t, INDEX_HEADS), dtype=torch.float16),
+                        x.new_empty((t, INDEX_HEADS), dtype=torch.float16),
+                        a.ins.k_cache.new_empty(tuple(a.ins.k_cache.shape)),
+                        a.ins.k_scale.new_empty(tuple(a.ins.k_scale.shape)))  # fmt: skip
+
+
 def _dtype_name(x) -> str:
     return str(x.dtype).removeprefix("torch.")
 
@@ -242,14 +254,20 @@ def dsa_indexer_prolog(
     ``q_scale`` FP16 ``[T, 64]``, ``weights`` FP16 ``[T, 64]``, and updated copies of
     ``k_cache`` / ``k_scale`` (only the rows of the written slots differ); NumPy for NumPy
     input; with ``backend="sim"`` the pair ``(result, cost_us)``. Inputs are never modified.
+    FakeTensor / ``meta`` inputs: empty outputs of those shapes, no data read, no kernel.
     Legal input whose arithmetic overflows (docs/ops/dsa_indexer_prolog.md, "Bad input and
     overflow") is computed through without the golden's warning, and a q or k vector holding
     NaN / inf is not quantized by the golden's non-finite rule there.
     """
     ins = _namespace(**{k: v for k, v in locals().items()
                         if k not in ("backend", "soc", "validate")})  # fmt: skip
-    a = _checked(_meta(ins), validate)
+    a = _meta(ins)
+    _backend.validate_level(validate)
     check_choice(backend, "backend", _backend.BACKENDS)
+    if _backend.is_shape_only(x, q_norm, k_cache, slot_mapping,
+                              names=("x", "q_norm", "k_cache", "slot_mapping")):  # fmt: skip
+        return _empty(a)
+    a = _checked(a, validate)
     target = _target(a, backend, soc)
     run = _prepare(a, target)
     us = _backend.launch(run["kernel"], run["inputs"], run["outputs"], target)

@@ -323,3 +323,25 @@ def test_one_k_tile_of_7168_is_refused():
     got = _kernel_error(case["inputs"], case["params"])
     assert "k_tile: expected a K tile <= 1024 dividing H = 7168" in got, got
     assert "got None (one tile of H)" in got
+
+
+@pytest.mark.torch
+def test_shape_only_inputs_answer_without_a_kernel():
+    """``meta`` tensors (what torch.compile traces with): the contract's metadata checks,
+    then empty outputs of the documented shapes and dtypes; no data read, no simulator."""
+    torch = pytest.importorskip("torch")
+    from tilesim.device.dsa_indexer_prolog import dsa_indexer_prolog as kernel
+    from tilesim.shared.interop import to_torch
+
+    inp, prm = _small_case()
+    meta = {k: to_torch(v).to("meta") if isinstance(v, np.ndarray) else v
+            for k, v in inp.items()}  # fmt: skip
+    res = kernel(**meta, **prm, backend="sim")
+    t = inp["x"].shape[0]
+    assert res.q.shape == (t, 64, 128) and res.q.dtype == torch.int8
+    assert res.q.device.type == "meta"
+    assert res.q_scale.shape == (t, 64) and res.weights.dtype == torch.float16
+    assert res.k_cache.shape == inp["k_cache"].shape and res.k_scale.dtype == torch.float16
+    meta["x"] = to_torch(inp["x"][:, :128]).to("meta")
+    with pytest.raises(ValueError, match="w_k: expected"):
+        kernel(**meta, **prm, backend="sim")
