@@ -5,7 +5,7 @@ the rounding points are ``docs/ops/mla_prolog.md`` ("Rounding points", INT8 path
 
 Loop nest (``T`` and every slot are runtime values; one compile per model config)::
 
-    L0 token chunks of U rows   pypto.loop_unroll over T, U in MlaParams.unroll
+    L0 token chunks of U rows   pypto.loop over T / U (U = chunk_rows(T); T padded to U)
        C1  x [U, 7168] @ [w_dq | w_dkv_kr]    one BF16 matmul per weight, the whole K in one
                                              sum (FP32, one rounding), BF16 out
        V1  RMSNorm of q_a (row sum: an FP32 matmul with a ones column, one rounding);
@@ -56,23 +56,50 @@ C2_TILES = ([16, 16], [256, 1536], [256, 256])
 C3_TILES = ([16, 16], [128, 128], [256, 512])
 SUM_TILES = ([16, 16], [512, 1536], [SUM_COLS, SUM_COLS])
 GROUP = NOPE // NSCALES  # 128 latent values per scale
+#: the largest token chunk (the cube's M tile at most 128 rows)
+MAX_CHUNK = 128
+L0A_BYTES = 65536  # the cube's left-operand buffer (the compiler refuses a larger A tile)
 
 
 class MlaParams:
     """Static (trace-time) parameters of one build; ``repr`` keys pypto's compiled-kernel
     cache. ``rms_form``: ``"gym_golden"`` (``x / sqrt(m + eps)``) or ``"gym_kernel"`` (``x *
-    (1 / sqrt(m + eps))``); ``rms_eps``: FP32 value; ``unroll``: the token loop's chunk sizes
-    (each divides the one before, ending in 1)."""
+    (1 / sqrt(m + eps))``); ``rms_eps``: FP32 value; ``chunk``: tokens per trip of the token
+    loop (:func:`chunk_rows`)."""
 
-    def __init__(self, *, rms_form, rms_eps, unroll=(8, 1)):
-        self.rms_form, self.rms_eps, self.unroll = rms_form, float(rms_eps), tuple(unroll)
+    def __init__(self, *, rms_form, rms_eps, chunk=8):
+        self.rms_form, self.rms_eps, self.chunk = rms_form, float(rms_eps), int(chunk)
 
     @property
     def key(self) -> tuple:
-        return ("int8", "kv_split", self.rms_form, self.rms_eps, self.unroll)
+        return ("int8", "kv_split", self.rms_form, self.rms_eps, self.chunk)
 
     def __repr__(self) -> str:
-        return "MlaParams(path={}, cache={}, rms_form={}, rms_eps={}, unroll={})".format(*self.key)
+        return "MlaParams(path={}, cache={}, rms_form={}, rms_eps={}, chunk={})".format(*self.key)
+
+
+def chunk_rows(tokens: int) -> int:
+    """Tokens per trip of the token loop for ``tokens`` new tokens: the power of two at or
+    above it, at most :data:`MAX_CHUNK` (one trip reads every weight once; the wrapper pads
+    ``T`` to a multiple with rows it discards, slot -1). One build per doubling of ``T``."""
+    return min(MAX_CHUNK, 1 << max(int(tokens) - 1, 0).bit_length())
+
+
+def row_tile(u: int) -> int:
+    """Rows of the vector tiles of a ``u``-token chunk (a 1536-wide FP32 row tile stays in
+    48 KB of the unified buffer)."""
+    return min(u, 8)
+
+
+def cube_tiles(tiles: tuple, u: int, a_bytes: int = 2) -> tuple:
+    """``tiles`` with the M tiles set for a ``u``-row chunk (16 .. 128, a multiple of 16);
+    above 16 rows the L1 K tile shrinks to the L0 one and the L0 K tile to what a 64 KB L0A
+    holds of ``[m, k]`` elements of ``a_bytes`` (the A tile grows with M)."""
+    m = min(MAX_CHUNK, max(16, -(-u // 16) * 16))
+    if m == 16:
+        return ([m, m], *tiles[1:])
+    k0 = min(tiles[1][0], L0A_BYTES // (m * a_bytes))
+    return ([m, m], [k0, k0], tiles[2])
 
 
 # ----------------------------------------------------------------------------- stages
@@ -80,9 +107,9 @@ def row_sum(pypto, t, ones, u: int):
     """FP32 ``[u, 1]`` row sums of FP32 ``t [u, n]``: ``t @ ones`` (an FP32 matmul, the exact
     sum rounded once, as the golden's ``rowsum_fp32``); column 0 of the ``[u, 16]`` product."""
     n = t.shape[1]
-    pypto.set_cube_tile_shapes(*SUM_TILES)
+    pypto.set_cube_tile_shapes(*cube_tiles(SUM_TILES, u, 4))
     s = pypto.matmul(t, pypto.view(ones, [n, SUM_COLS], [0, 0]), pypto.DT_FP32)
-    pypto.set_vec_tile_shapes(u, SUM_COLS)
+    pypto.set_vec_tile_shapes(row_tile(u), SUM_COLS)
     return pypto.view(s, [u, 1], [0, 0])
 
 
@@ -91,19 +118,19 @@ def rms_norm(pypto, v, gamma, ones, u: int, p):
     rowsum(FP32(v*v) * FP32(1/n))``, ``root = sqrt(m + eps)``, then ``v / root``
     (``"gym_golden"``) or ``v * FP32(1 / root)`` (``"gym_kernel"``), times gamma, BF16."""
     n = v.shape[1]
-    pypto.set_vec_tile_shapes(u, n)
+    pypto.set_vec_tile_shapes(row_tile(u), n)
     x = pypto.cast(v, pypto.DT_FP32)
     sq = pypto.mul(pypto.mul(x, x), 1.0 / n)
     m = row_sum(pypto, sq, ones, u)
-    pypto.set_vec_tile_shapes(u, 1)
+    pypto.set_vec_tile_shapes(row_tile(u), 1)
     root = pypto.sqrt(pypto.add(m, p.rms_eps))
-    pypto.set_vec_tile_shapes(u, n)
+    pypto.set_vec_tile_shapes(row_tile(u), n)
     if p.rms_form == "gym_golden":
         y = pypto.div(x, root)
     else:
-        pypto.set_vec_tile_shapes(u, 1)
+        pypto.set_vec_tile_shapes(row_tile(u), 1)
         inv = pypto.div(pypto.full([u, 1], 1.0, pypto.DT_FP32), root)
-        pypto.set_vec_tile_shapes(u, n)
+        pypto.set_vec_tile_shapes(row_tile(u), n)
         y = pypto.mul(x, inv)
     return pypto.cast(pypto.mul(y, gamma), pypto.DT_BF16)
 
@@ -112,14 +139,15 @@ def quant_int8(pypto, v, rows: int, group: int):
     """pypto-gym's INT8 quant of BF16 / FP32 ``v [rows, group]`` per row: ``s =
     FP32(FP32(1/amax) * 127)``, codes ``int8(trunc(fp16(int32(rint(v * s)))))`` (saturating),
     dequant scale ``FP32(1/s)`` -> ``(codes INT8 [rows, group], scales FP32 [rows, 1])``."""
-    pypto.set_vec_tile_shapes(min(rows, 32), group)
+    rt = min(rows, max(8, 4096 // group))  # rows of a tile: at most 16 KB of FP32
+    pypto.set_vec_tile_shapes(rt, group)
     x = pypto.cast(v, pypto.DT_FP32)
     amax = pypto.amax(pypto.abs(x), -1, keepdim=True)
-    pypto.set_vec_tile_shapes(min(rows, 32), 1)
+    pypto.set_vec_tile_shapes(rt, 1)
     one = pypto.full([rows, 1], 1.0, pypto.DT_FP32)
     s = pypto.mul(pypto.div(one, amax), float(INT8_QMAX))
     scale = pypto.div(pypto.full([rows, 1], 1.0, pypto.DT_FP32), s)
-    pypto.set_vec_tile_shapes(min(rows, 32), group)
+    pypto.set_vec_tile_shapes(rt, group)
     y = pypto.cast(pypto.mul(x, s), pypto.DT_INT32, pypto.CastMode.CAST_RINT)
     y = pypto.cast(y, pypto.DT_FP16, pypto.CastMode.CAST_ROUND)
     codes = pypto.cast(y, pypto.DT_INT8, pypto.CastMode.CAST_TRUNC,
@@ -149,21 +177,21 @@ def rope_deinterleave(pypto, v, cos, sin, lead: list):
 def query_stage(pypto, ins, x, t0, u: int, p):
     """``q_a`` -> norm -> INT8 ``q_norm`` (written) -> ``q_b`` -> ``query_nope`` and
     ``query_rope`` (written) for the chunk's ``u`` tokens ``t0 ..``."""
-    pypto.set_cube_tile_shapes(*C1_TILES)
+    pypto.set_cube_tile_shapes(*cube_tiles(C1_TILES, u))
     q_a = pypto.matmul(x, ins.w_dq, pypto.DT_BF16)  # [u, 1536]
     qn = rms_norm(pypto, q_a, ins.gamma_cq, ins.ones, u, p)
     codes, qs = quant_int8(pypto, qn, u, Q_LORA)
-    pypto.set_vec_tile_shapes(u, Q_LORA)
+    pypto.set_vec_tile_shapes(row_tile(u), Q_LORA)
     pypto.assemble(codes, [t0, 0], ins.q_norm)
-    pypto.set_vec_tile_shapes(u, 1)
+    pypto.set_vec_tile_shapes(row_tile(u), 1)
     pypto.assemble(qs, [t0, 0], ins.q_norm_scale)
-    pypto.set_cube_tile_shapes(*C2_TILES)
+    pypto.set_cube_tile_shapes(*cube_tiles(C2_TILES, u))
     acc = pypto.matmul(codes, ins.w_uq_qr, pypto.DT_INT32)  # [u, 24576], exact
-    pypto.set_vec_tile_shapes(u, 1024)
+    pypto.set_vec_tile_shapes(row_tile(u), 1024)
     q_b = pypto.mul(pypto.mul(pypto.cast(acc, pypto.DT_FP32), qs), ins.w_scale)
     q_b = pypto.reshape(pypto.cast(q_b, pypto.DT_BF16), [u, HEADS, Q_HEAD])
     q_nope = pypto.view(q_b, [u, HEADS, QK_NOPE], [0, 0, 0])
-    pypto.set_cube_tile_shapes(*C3_TILES)
+    pypto.set_cube_tile_shapes(*cube_tiles(C3_TILES, u))
     nope = pypto.experimental.transposed_batchmatmul(q_nope, ins.w_uk, pypto.DT_BF16)
     pypto.set_vec_tile_shapes(min(u, 8), 16, NOPE)
     pypto.assemble(nope, [t0, 0, 0], ins.query_nope)
@@ -179,16 +207,16 @@ def query_stage(pypto, ins, x, t0, u: int, p):
 def latent_stage(pypto, ins, x, t0, u: int, p):
     """``kv_a`` -> normed latent -> INT8 codes and 4 scales; ``kv_a[:, 512:]`` -> RoPE; then the
     cache writes of the chunk's tokens (module docstring, W)."""
-    pypto.set_cube_tile_shapes(*C1_TILES)
+    pypto.set_cube_tile_shapes(*cube_tiles(C1_TILES, u))
     kv_a = pypto.matmul(x, ins.w_dkv_kr, pypto.DT_BF16)  # [u, 576]
-    pypto.set_vec_tile_shapes(u, ROPE)
+    pypto.set_vec_tile_shapes(row_tile(u), ROPE)
     cos = pypto.view(ins.cos, [u, ROPE], [t0, 0])
     sin = pypto.view(ins.sin, [u, ROPE], [t0, 0])
     kr = rope_deinterleave(pypto, pypto.view(kv_a, [u, ROPE], [0, NOPE]), cos, sin, [u])
     kvn = rms_norm(pypto, pypto.view(kv_a, [u, NOPE], [0, 0]), ins.gamma_ckv, ins.ones, u, p)
     codes, scales = quant_int8(pypto, pypto.reshape(kvn, [u * NSCALES, GROUP]), u * NSCALES,
                                GROUP)  # fmt: skip
-    pypto.set_vec_tile_shapes(u, NOPE)
+    pypto.set_vec_tile_shapes(row_tile(u), NOPE)
     codes = pypto.reshape(codes, [u, NOPE])
     scales = pypto.reshape(scales, [u, NSCALES])
     write_rows(pypto, ins, t0, u, (codes, kr, scales))
@@ -208,11 +236,11 @@ def write_rows(pypto, ins, t0, u: int, fields):
 
 
 def prolog_nest(pypto, ins, p):
-    """The loop nest of the module docstring."""
-    t = ins.x.shape[0]
-    for t0, u in pypto.loop_unroll(0, t, 1, name="MLA_T", idx_name="t0",
-                                   unroll_list=list(p.unroll)):  # fmt: skip
-        pypto.set_vec_tile_shapes(u, 512)
+    """The loop nest of the module docstring (``T`` a multiple of ``p.chunk``: the wrapper pads)."""
+    u = p.chunk
+    for c in pypto.loop(0, ins.x.shape[0] // u, 1, name="MLA_T", idx_name="c"):
+        t0 = c * u
+        pypto.set_vec_tile_shapes(row_tile(u), 512)
         x = pypto.view(ins.x, [u, HIDDEN], [t0, 0])
         query_stage(pypto, ins, x, t0, u, p)
         latent_stage(pypto, ins, x, t0, u, p)
@@ -274,4 +302,4 @@ def build(params: MlaParams, static_dims: tuple, jit: tuple = JIT):
     )  # fmt: skip
 
 
-__all__ = ["JIT", "READY_ON_HOST", "MlaParams", "build"]
+__all__ = ["JIT", "READY_ON_HOST", "MlaParams", "build", "chunk_rows"]

@@ -21,7 +21,9 @@ flow, PyPTO reads the slots on the host: ``READY_ON_HOST``). ``validate="full"``
 golden's value scans (finite activations, every weight once: ~85 MB); ``True`` (default) checks
 the slots only; ``False`` reads nothing (a bad slot is then undefined behaviour).
 
-Compile key: the switches the kernel specialises on (``rms_form``, ``rms_eps``), the cache's row
+Compile key: the switches the kernel specialises on (``rms_form``, ``rms_eps``), the token
+chunk (a power of two up to 128, :func:`tilesim.device._mla_prolog_kernel.chunk_rows`: one
+build per doubling of ``T``; ``T`` is padded to it with discarded rows), the cache's row
 count (PyPTO 0.2.0's views need static shapes; a deployment constant) and the JIT options;
 ``T`` and the slots are runtime values.
 """
@@ -46,6 +48,9 @@ KERNEL_SWITCHES = {
     "kv_quant": ("int8_gym",),
     "cache_layout": ("kv_split",),
 }
+_KERNEL_INPUTS = ("x", "w_dq", "w_uq_qr", "w_uq_qr_scale", "w_uk", "w_dkv_kr", "gamma_cq",
+                  "gamma_ckv", "cos", "sin", "slot_mapping", "kv_cache", "kr_cache",
+                  "kv_scale_cache")  # fmt: skip
 _INPUTS = ("x", "w_dq", "w_uq_qr", "w_uq_qr_scale", "w_uk", "w_dkv_kr", "gamma_cq", "gamma_ckv",
            "cos", "sin", "slot_mapping", "kv_cache", "kr_cache", "kv_scale_cache", "w_dq_scale",
            "w_dkv_kr_scale")  # fmt: skip
@@ -76,70 +81,60 @@ def _check_kernel_limits(a: contract.Args, soc: str) -> None:
 
 
 def _checked(ins, switches: dict, validate, soc: str) -> contract.Args:
-    """The contract's ``check_meta`` (as the golden runs it), then ``check_values`` as
-    ``validate`` asks (``True``: the slots; ``"full"``: every check of the golden), then the
+    """The contract's ``check_meta`` (as the golden runs it), then the value checks its record
+    names as ``validate`` asks (:func:`tilesim.device.backend.value_checks`: ``True`` the
+    slots, ``check_slot_values``; ``"full"`` every check of the golden too), then the
     kernel's limits."""
-    level = _backend.validate_level(validate)
+    _backend.validate_level(validate)
     a = contract.check_meta(ins, **switches)
-    if level == "full":
-        a = contract.check_values(a)
-    elif level == "ints":
-        from tilesim.shared.slots import check_slot_mapping
-
-        slots = check_slot_mapping(ins.slot_mapping, tokens=a.tokens, rows=a.cache_rows,
-                                   rows_of=f"rows of kv_cache {a.cache_shape}")  # fmt: skip
-        a = a._replace(slot_mapping=slots, values=True)
+    a = _backend.value_checks(contract.RECORD, a, validate)  # the record's slot / full checks
     _check_kernel_limits(a, soc)
     return a
 
 
-def _rope_table(v, t: int, torch):
+def _rope_table(v, torch):
     """``cos``/``sin`` as FP32 ``[T, 64]`` (a ``[T, 32]`` table repeated, as the golden reads
     it; BF16 widened exactly)."""
     v = v.to(torch.float32)
     return (torch.cat([v, v], dim=1) if v.shape[1] == ROPE // 2 else v).contiguous()
 
 
-def _kernel_inputs(a: contract.Args):
-    """The kernel's input tensors and fresh output tensors (the caches: copies)."""
-    torch = require_torch()
-    ins = a.ins
-    names = (
-        "x",
-        "w_dq",
-        "w_uq_qr",
-        "w_uq_qr_scale",
-        "w_uk",
-        "w_dkv_kr",
-        "gamma_cq",
-        "gamma_ckv",
-        "cos",
-        "sin",
-        "slot_mapping",
-        "kv_cache",
-        "kr_cache",
-        "kv_scale_cache",
-    )
-    t_ = dict(zip(names, _backend.to_tensors(*(getattr(ins, n) for n in names)), strict=True))
-    t, dev = a.tokens, t_["x"].device
-    slots = t_["slot_mapping"] if a.slot_mapping is None else torch.as_tensor(a.slot_mapping)
+def _padded(v, rows: int, fill, torch):
+    """``v`` with rows appended up to ``rows`` (filled with ``fill``; ``v`` itself when none)."""
+    if v.shape[0] == rows:
+        return v.contiguous()
+    pad = torch.full((rows - v.shape[0], *v.shape[1:]), fill, dtype=v.dtype, device=v.device)
+    return torch.cat([v, pad]).contiguous()
+
+
+def _kernel_inputs(a: contract.Args, chunk: int):
+    """The kernel's input tensors and fresh output tensors (the caches: copies). ``T`` is
+    padded to a multiple of ``chunk`` with zero rows whose slot is -1 (their outputs are
+    dropped, nothing of theirs is written)."""
     from tilesim.device._mla_prolog_kernel import SUM_COLS
 
+    torch = require_torch()
+    ins = a.ins
+    t_ = dict(zip(_KERNEL_INPUTS, _backend.to_tensors(*(getattr(ins, n) for n in _KERNEL_INPUTS)),
+                  strict=True))  # fmt: skip
+    rows, dev = -(-a.tokens // chunk) * chunk, t_["x"].device
+    slots = t_["slot_mapping"] if a.slot_mapping is None else torch.as_tensor(a.slot_mapping)
     inputs = [
-        t_["x"].contiguous(), t_["w_dq"].contiguous(), t_["w_uq_qr"].contiguous(),
+        _padded(t_["x"], rows, 0.0, torch), t_["w_dq"].contiguous(), t_["w_uq_qr"].contiguous(),
         t_["w_uq_qr_scale"].to(torch.float32).reshape(1, -1).contiguous(),
         t_["w_uk"].contiguous(), t_["w_dkv_kr"].contiguous(),
         t_["gamma_cq"].to(torch.float32).reshape(1, -1).contiguous(),
         t_["gamma_ckv"].to(torch.float32).reshape(1, -1).contiguous(),
-        _rope_table(t_["cos"], t, torch), _rope_table(t_["sin"], t, torch),
-        slots.to(device=dev, dtype=torch.int32).contiguous(),
+        _padded(_rope_table(t_["cos"], torch), rows, 0.0, torch),
+        _padded(_rope_table(t_["sin"], torch), rows, 0.0, torch),
+        _padded(slots.to(device=dev, dtype=torch.int32), rows, -1, torch),
         torch.ones((contract.Q_LORA, SUM_COLS), dtype=torch.float32, device=dev),
     ]  # fmt: skip
     outputs = [
-        torch.empty((t, contract.HEADS, NOPE), dtype=torch.bfloat16, device=dev),
-        torch.empty((t, contract.HEADS, ROPE), dtype=torch.bfloat16, device=dev),
-        torch.empty((t, contract.Q_LORA), dtype=torch.int8, device=dev),
-        torch.empty((t, 1), dtype=torch.float32, device=dev),
+        torch.empty((rows, contract.HEADS, NOPE), dtype=torch.bfloat16, device=dev),
+        torch.empty((rows, contract.HEADS, ROPE), dtype=torch.bfloat16, device=dev),
+        torch.empty((rows, contract.Q_LORA), dtype=torch.int8, device=dev),
+        torch.empty((rows, 1), dtype=torch.float32, device=dev),
     ]
     for name, width in (("kv_cache", NOPE), ("kr_cache", ROPE), ("kv_scale_cache", NSCALES)):
         outputs.append(t_[name].detach().clone().reshape(-1, width).contiguous())
@@ -153,8 +148,9 @@ def prepared_launch(a: contract.Args, target) -> dict:
     from tilesim.device import _mla_prolog_kernel as kernels
 
     del target  # the kernel is the same on both SoCs (the INT8 path)
-    inputs, outputs = _kernel_inputs(a)
-    params = kernels.MlaParams(rms_form=a.rms_form, rms_eps=a.rms_eps)
+    params = kernels.MlaParams(rms_form=a.rms_form, rms_eps=a.rms_eps,
+                               chunk=kernels.chunk_rows(a.tokens))  # fmt: skip
+    inputs, outputs = _kernel_inputs(a, params.chunk)
     kernel = kernels.build(params, (a.cache_rows,))
     return {"kernel": functools.partial(kernel, params=params), "inputs": inputs,
             "outputs": outputs, "params": params}  # fmt: skip
@@ -165,6 +161,7 @@ def _finish(a: contract.Args, outputs, us, target):
     ``cost_us`` on the simulator."""
     ins = a.ins
     nope, rope, qn, qs, kv, kr, ks = outputs
+    nope, rope, qn, qs = (o[: a.tokens] for o in (nope, rope, qn, qs))  # the padding dropped
     kv, kr, ks = (
         c.reshape(tuple(getattr(ins, n).shape))
         for c, n in ((kv, "kv_cache"), (kr, "kr_cache"), (ks, "kv_scale_cache"))

@@ -1,4 +1,4 @@
-"""DeepSeek-V3.2 MLA prolog kernel (INT8 path) on PyPTO's CPU simulator, 910B.
+"""DeepSeek-V3.2 MLA prolog kernel (INT8 path) on PyPTO's CPU simulator, 910B and 950.
 
 What is asserted:
 
@@ -11,8 +11,8 @@ What is asserted:
    tokens' would-be rows hold live data the kernel must not touch -- keeps its bytes, and each
    live token's row differs from what was there (the kernel wrote it);
 3. NumPy in -> NumPy out, the caller's arrays unchanged; the cost-model row of the call
-   (``T = 8``, b4 s2 -- the CI cost figure of ``tests/device/cost_figures.json``) against the
-   yardstick.
+   (``T = 8``, b4 s2 -- the CI cost figures of ``tests/device/cost_figures.json``) against the
+   yardstick; ``slow``: the cost rows at ``T = 128`` (b64 s2, cost only) on both SoCs.
 
 The bad-input tests run without pypto: the wrapper's messages are the golden's (the same
 contract, :mod:`tilesim.shared.mla_prolog`), checked before any kernel is built.
@@ -56,14 +56,14 @@ def _rows(a, width: int) -> np.ndarray:
     return a.reshape(-1, width).view(np.uint8)
 
 
-def run_case() -> dict:
+def run_case(soc: str = "910b") -> dict:
     """In the simulator child: the kernel and the golden on the padded case."""
     from tilesim.device import mla_prolog
 
     golden = importlib.import_module("tilesim.reference.mla_prolog").mla_prolog
     ins, prm, would_be = _case()
     before = {k: np.array(v, copy=True) for k, v in ins.items()}
-    out, us = mla_prolog(**ins, **prm, backend="sim", soc="910b")
+    out, us = mla_prolog(**ins, **prm, backend="sim", soc=soc)
     kept = all(np.array_equal(_bytes(before[k]), _bytes(ins[k])) for k in ins)
     ref = golden(**ins, **prm)
     exact = {f: np.array_equal(_bytes(getattr(ref, f)), _bytes(getattr(out, f)))
@@ -101,20 +101,59 @@ def _cost(ins: dict, prm: dict) -> dict:
     return contract.cost(contract.check_values(contract.check_meta(ns, **sw)))
 
 
+#: the bit-exact case's SoCs, both in CI (about 50 s each in a loaded session): the 950 runs
+#: the INT8 path as pypto-gym runs it there, the same kernel through the 950's compiler; each
+#: SoC's cost rows need a CI figure (tests/device/test_cost_figures.py)
+EXACT_SOCS = [
+    pytest.param("910b", marks=pytest.mark.soc_910b, id="910b"),
+    pytest.param("950", marks=pytest.mark.soc_950, id="950"),
+]
+
+
 @pytest.mark.sim
 @pytest.mark.torch
-@pytest.mark.soc_910b
-def test_int8_prolog_bit_exact_and_writes_only_its_rows(sim_report):
+@pytest.mark.parametrize("soc", EXACT_SOCS)
+def test_int8_prolog_bit_exact_and_writes_only_its_rows(soc, sim_report):
     from tilesim.device import sim
 
-    r = sim.isolated(run_case, soc="910b", timeout=1800)
+    r = sim.isolated(run_case, soc, soc=soc, timeout=1800)
     frac = sum(r["exact"].values()) / len(r["exact"])
-    sim_report.add(kernel="mla_prolog", soc="910b", case="int8 b4 s2 (T 8, 2 padding slots)",
+    sim_report.add(kernel="mla_prolog", soc=soc, case="int8 b4 s2 (T 8, 2 padding slots)",
                    bit_exact=frac, max_ulp=0 if frac == 1.0 else None, max_abs=None,
                    us=r["us"], cost=r["cost"])  # fmt: skip
     assert frac >= BUDGETS["bit_exact"], r["exact"]
     assert r["untouched"] and r["pad_rows_kept"] and r["written"], r
     assert r["kept"] and r["numpy_out"], r
+    assert r["us"] > 0
+
+
+SOCS = [pytest.param("910b", marks=pytest.mark.soc_910b, id="910b"),
+        pytest.param("950", marks=pytest.mark.soc_950, id="950")]  # fmt: skip
+
+
+def cost_case(name: str, soc: str) -> dict:
+    """In the simulator child: the cost-model µs of the named case (no interpretation)."""
+    from tilesim.device import mla_prolog, sim
+    from tilesim.reference.mla_prolog_cases import mla_prolog_make_case
+
+    case = mla_prolog_make_case(name)
+    with sim.cost_only():
+        _out, us = mla_prolog(**case["inputs"], **case["params"], backend="sim", soc=soc)
+    return {"us": us, "cost": _cost(dict(case["inputs"]), dict(case["params"]))}
+
+
+@pytest.mark.sim
+@pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.parametrize("soc", SOCS)
+def test_cost_at_t128(soc, sim_report):
+    """pypto-gym's large decode shape (b64 s2, ``T = 128``: one chunk of 128 tokens), cost only."""
+    from tilesim.device import sim
+
+    r = sim.isolated(cost_case, "mla_prolog_int8_b64_s2", soc, soc=soc, timeout=7200)
+    sim_report.add(kernel="mla_prolog", soc=soc, case="int8 b64 s2 (T 128, cost only)",
+                   bit_exact=None, max_ulp=None, max_abs=None, us=r["us"],
+                   cost=r["cost"])  # fmt: skip
     assert r["us"] > 0
 
 
