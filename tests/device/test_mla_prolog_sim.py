@@ -12,7 +12,8 @@ What is asserted:
    live token's row differs from what was there (the kernel wrote it);
 3. NumPy in -> NumPy out, the caller's arrays unchanged; the cost-model row of the call
    (``T = 8``, b4 s2 -- the CI cost figures of ``tests/device/cost_figures.json``) against the
-   yardstick; ``slow``: the cost rows at ``T = 128`` (b64 s2, cost only) on both SoCs.
+   yardstick; ``slow``: the cost rows at ``T = 128`` (b64 s2, cost only) on both SoCs, and
+   bit-exactness for a padded chunk (``T = 6``) and for ``rms_form="gym_kernel"``.
 
 The bad-input tests run without pypto: the wrapper's messages are the golden's (the same
 contract, :mod:`tilesim.shared.mla_prolog`), checked before any kernel is built.
@@ -155,6 +156,38 @@ def test_cost_at_t128(soc, sim_report):
                    bit_exact=None, max_ulp=None, max_abs=None, us=r["us"],
                    cost=r["cost"])  # fmt: skip
     assert r["us"] > 0
+
+
+def run_variants() -> dict:
+    """In the simulator child: ``{variant: every output bit-equal to the golden's}`` for a
+    token count the chunk pads (``mla_prolog_int8_pad``: ``T = 6`` in a chunk of 8, two
+    padding tokens) and pypto-gym's kernel norm (``rms_form="gym_kernel"``, ``rms_eps=1e-5``)."""
+    from tilesim.device import mla_prolog
+    from tilesim.reference.mla_prolog_cases import mla_prolog_make_case
+
+    golden = importlib.import_module("tilesim.reference.mla_prolog").mla_prolog
+    out = {}
+    for label, name, extra in (("T 6 padded to 8", "mla_prolog_int8_pad", {}),
+                               ("gym_kernel 1e-5", CASE,
+                                {"rms_form": "gym_kernel", "rms_eps": 1e-5})):  # fmt: skip
+        case = mla_prolog_make_case(name)
+        prm = {**case["params"], **extra}
+        got, _us = mla_prolog(**case["inputs"], **prm, backend="sim", soc="910b")
+        ref = golden(**case["inputs"], **prm)
+        out[label] = all(np.array_equal(_bytes(getattr(ref, f)), _bytes(getattr(got, f)))
+                         for f in ref._fields)  # fmt: skip
+    return out
+
+
+@pytest.mark.sim
+@pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.soc_910b
+def test_padded_chunk_and_the_kernel_norm_are_bit_exact():
+    from tilesim.device import sim
+
+    r = sim.isolated(run_variants, soc="910b", timeout=1800)
+    assert all(r.values()), r
 
 
 # ----------------------------------------------------------------------------- bad input
