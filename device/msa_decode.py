@@ -104,6 +104,7 @@ from tilesim.device._msa_decode_kernel import (
     build_kernel,
 )
 from tilesim.device._msa_tiles import L1_REUSE_BY_ROWS
+from tilesim.shared.env import env_mapping
 from tilesim.shared.models import MINIMAX_M3
 from tilesim.shared.msa_decode import (
     RECORD,
@@ -114,7 +115,7 @@ from tilesim.shared.msa_decode import (
 )
 from tilesim.shared.soc import DEFAULT_SOC, MSA_DEVICE_TILES, get_soc, msa_device_tile
 from tilesim.shared.tiling import MsaTiling
-from tilesim.shared.validate import check_choice, env_mapping, is_array
+from tilesim.shared.validate import check_choice, is_array
 
 OP_NAME = "msa_sparse_decode"
 GATHERS = ("device", "paged", "host")

@@ -36,6 +36,8 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
+from tilesim.shared.env import env_int
+
 
 @functools.lru_cache(maxsize=1)
 def _openblas():
@@ -74,21 +76,10 @@ def _openblas():
 MAX_DEFAULT_WORKERS = 4
 
 
-def _env_int(name: str, default: int, minimum: int) -> int:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        n = int(raw)
-    except ValueError:
-        raise ValueError(f"{name}: expected an integer >= {minimum}, got {raw!r}") from None
-    if n < minimum:
-        raise ValueError(f"{name}: expected an integer >= {minimum}, got {raw!r}")
-    return n
-
-
 def _wanted() -> int:
-    return _env_int("TILESIM_BLAS_THREADS", 1, 0)
+    """``TILESIM_BLAS_THREADS`` (>= 0), read by the environment policy of
+    :mod:`tilesim.shared.env`."""
+    return env_int(os.environ, "TILESIM_BLAS_THREADS", 1, lo=0)
 
 
 def ref_workers() -> int:
@@ -97,7 +88,7 @@ def ref_workers() -> int:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cpus = os.cpu_count() or 1
-    return _env_int("TILESIM_REF_THREADS", max(1, min(cpus, MAX_DEFAULT_WORKERS)), 1)
+    return env_int(os.environ, "TILESIM_REF_THREADS", max(1, min(cpus, MAX_DEFAULT_WORKERS)))
 
 
 def pin_blas_thread() -> None:

@@ -25,15 +25,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from tilesim.shared.env import env_int, env_mapping, env_text
 from tilesim.shared.validate import (
     check_bool,
     check_choice,
     check_float,
     check_int,
     check_str,
-    env_int,
-    env_mapping,
-    env_text,
 )
 
 #: the cost model of PyPTO 0.2.0 converts cycles to microseconds at this rate for every SoC

@@ -6,7 +6,7 @@ in docs/sources.md.
 Nothing is read from the environment at import time: call ``X.from_env()`` (optionally with
 your own mapping instead of ``os.environ``) to apply the overrides. A bad value raises a
 ``ValueError`` naming the variable, the expected and the actual value. Values are parsed by
-:mod:`tilesim.shared.validate` (``env_int`` / ``env_float`` / ``env_choice``): ASCII digits
+:mod:`tilesim.shared.env` (``env_int`` / ``env_float`` / ``env_choice``): ASCII digits
 only, no sign, underscore or inner blank, at most 2**31 - 1; floats finite in FP32.
 Constructor fields are checked the same way (``TypeError`` for a wrong type, ``ValueError``
 for a wrong value); integer fields are stored as Python ints.
@@ -26,6 +26,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from tilesim.shared.env import (
+    env_choice,
+    env_float,
+    env_int,
+    env_mapping,
+    env_text,
+    parse_int_text,
+)
 from tilesim.shared.validate import (
     INT32_MAX,
     check_choice,
@@ -33,12 +41,6 @@ from tilesim.shared.validate import (
     check_int,
     check_int_sequence,
     check_str,
-    env_choice,
-    env_float,
-    env_int,
-    env_mapping,
-    env_text,
-    parse_int_text,
 )
 
 #: cube and vector tiles of BF16 data must be multiples of 16 elements (32-byte blocks)
@@ -59,7 +61,7 @@ def parse_unroll_list(raw: str, var: str = "PYPTO_UNROLL") -> tuple[int, ...]:
     """``"1,2,4"`` -> ``(4, 2, 1)``: de-duplicated, sorted descending, 1 always present.
 
     Each item is ASCII digits (blanks around it ignored); an empty item (``"1,,2"``) is an
-    error, as is any value :func:`~tilesim.shared.validate.parse_int_text` refuses."""
+    error, as is any value :func:`~tilesim.shared.env.parse_int_text` refuses."""
     check_str(raw, var)
     items = raw.split(",")
     if not raw.strip(" \t\r\n") or any(not t.strip(" \t\r\n") for t in items):

@@ -22,11 +22,7 @@ Policy (``docs/index.md``, "Argument checks"):
 * **Host helpers** (casts, quantizers, cache packers, :func:`~tilesim.reference.compare`)
   read their array arguments with :func:`host_data` and always return NumPy; complex, object,
   string and structured dtypes are refused by :func:`check_real`.
-* **Environment values** (:func:`env_int`, :func:`env_float`, :func:`env_choice`) are ``str``
-  only; surrounding ASCII blanks are ignored and an all-blank value means "unset". Integers
-  are ASCII digits only (no sign, underscore, non-ASCII digit or inner blank) and at most
-  2**31 - 1; floats are ASCII decimal literals (no ``nan``/``inf``/underscore) that stay
-  finite. Messages name the variable.
+* **Environment values** follow their own policy, in :mod:`tilesim.shared.env`.
 
 Every message names the argument, the expected value and the actual one:
 ``"<name>: expected <what>, got <actual>"``.
@@ -36,9 +32,7 @@ from __future__ import annotations
 
 import math
 import numbers
-import os
-import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 
 import numpy as np
 from tilesim.shared.casts import BF16, FP8_E4M3
@@ -339,6 +333,13 @@ def check_pos_int(v, name: str) -> int:
     return check_int(v, name, lo=1)
 
 
+def fp32_holds(v: float) -> bool:
+    """Whether the real number ``v`` rounds (RNE) to a finite FP32 value that is non-zero
+    unless ``v`` is 0: ``|v|`` above half the smallest subnormal and below FP32_MAX plus half
+    an ULP."""
+    return v == 0 or _FP32_TINY / 2 < abs(v) < _FP32_OVERFLOW
+
+
 def check_float(v, name: str, *, positive: bool = False, fp32: bool = False) -> float:
     """A real, finite number (not bool) -> ``float``.
 
@@ -355,7 +356,7 @@ def check_float(v, name: str, *, positive: bool = False, fp32: bool = False) -> 
         raise ValueError(f"{name}: expected a finite number, got {v!r}")
     if positive and not f > 0:
         raise ValueError(f"{name}: expected a number > 0, got {v!r}")
-    if fp32 and f != 0 and not (_FP32_TINY / 2 < abs(f) < _FP32_OVERFLOW):
+    if fp32 and not fp32_holds(f):
         raise ValueError(
             f"{name}: expected a value FP32 can hold (|x| in [{_FP32_TINY:.3g}, "
             f"{_FP32_MAX:.4g}]), got {v!r}"
@@ -440,88 +441,6 @@ def require_values(args, cls: type, what: str) -> None:
         raise TypeError(f"args: {what} needs the Args of check_values, got {type(args).__name__}")
 
 
-# ----------------------------------------------------------------------------- environment
-_ASCII_BLANKS = " \t\r\n"
-_ASCII_UINT = re.compile(r"[0-9]+\Z")
-_ASCII_FLOAT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\Z")
-
-
-def env_mapping(env) -> Mapping:
-    """``os.environ`` for ``None``, else ``env`` itself once it is checked to be a mapping."""
-    if env is None:
-        return os.environ
-    if not isinstance(env, Mapping):
-        raise TypeError(f"env: expected a mapping of str to str, or None, got {_kind(env)}")
-    return env
-
-
-def env_text(env: Mapping, var: str) -> str | None:
-    """The value of ``var`` in ``env`` without surrounding ASCII blanks; ``None`` when unset or
-    all blank. ``TypeError`` naming ``var`` when the value is not a ``str``."""
-    raw = env.get(var)
-    if raw is None:
-        return None
-    if not isinstance(raw, str):
-        raise TypeError(f"{var}: expected a str, got {_kind(raw)} {raw!r}")
-    return raw.strip(_ASCII_BLANKS) or None
-
-
-def parse_int_text(
-    raw: str, name: str, *, lo: int = 1, hi: int = INT32_MAX, multiple_of: int = 1
-) -> int:
-    """An integer written in ASCII digits (surrounding ASCII blanks ignored) in ``[lo, hi]`` and
-    a multiple of ``multiple_of``. Signs, underscores, non-ASCII digits, inner blanks, ``0x``
-    prefixes and fractions are refused; the range is checked on the Python int."""
-    s = raw.strip(_ASCII_BLANKS) if isinstance(raw, str) else None
-    what = "a positive integer" if lo == 1 else f"an integer >= {lo}"
-    if s is None or not _ASCII_UINT.match(s):
-        raise ValueError(f"{name}: expected {what} (ASCII digits), got {raw!r}")
-    v = int(s, 10)
-    if v < lo or v > hi:
-        raise ValueError(f"{name}: expected {what} <= {hi}, got {raw!r}")
-    if v % multiple_of:
-        raise ValueError(f"{name}: expected a positive multiple of {multiple_of}, got {v}")
-    return v
-
-
-def env_int(env: Mapping, var: str, default: int, *, lo: int = 1, multiple_of: int = 1) -> int:
-    """``var`` of ``env`` read by :func:`parse_int_text`; ``default`` when unset or blank."""
-    raw = env_text(env, var)
-    return default if raw is None else parse_int_text(raw, var, lo=lo, multiple_of=multiple_of)
-
-
-def env_float(
-    env: Mapping, var: str, default: float, *, positive: bool = True, fp32: bool = True
-) -> float:
-    """``var`` of ``env`` as a finite decimal literal in ASCII (``fp32``: finite and non-zero in
-    FP32 as well); ``default`` when unset or blank."""
-    raw = env_text(env, var)
-    if raw is None:
-        return default
-    kind = "a finite positive number" if positive else "a finite number"
-    if not _ASCII_FLOAT.match(raw):
-        raise ValueError(f"{var}: expected {kind} (ASCII decimal), got {raw!r}")
-    v = float(raw)
-    bad_fp32 = fp32 and v != 0 and not (_FP32_TINY / 2 < abs(v) < _FP32_OVERFLOW)
-    if not math.isfinite(v) or (positive and not v > 0) or bad_fp32:
-        fp = " FP32 can hold" if fp32 else ""
-        raise ValueError(f"{var}: expected {kind}{fp}, got {raw!r}")
-    return v
-
-
-def env_choice(env: Mapping, var: str, default: str, choices: Iterable[str]) -> str:
-    """``var`` of ``env`` (ASCII, case-insensitive) as one of ``choices``; ``default`` when
-    unset or blank."""
-    choices = tuple(choices)
-    raw = env_text(env, var)
-    if raw is None:
-        return default
-    key = raw.lower() if raw.isascii() else raw
-    if key not in choices:
-        raise ValueError(f"{var}: expected one of {choices}, got {env.get(var)!r}")
-    return key
-
-
 __all__ = [
     "INT32_MAX",
     "MAX_ELEMENTS",
@@ -548,16 +467,11 @@ __all__ = [
     "check_weight_values",
     "dtype_of",
     "e4m3_nan_codes",
-    "env_choice",
-    "env_float",
-    "env_int",
-    "env_mapping",
-    "env_text",
+    "fp32_holds",
     "host_array",
     "host_data",
     "host_ints",
     "is_array",
-    "parse_int_text",
     "raise_at_first",
     "require_array",
     "require_values",

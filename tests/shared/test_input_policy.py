@@ -22,6 +22,7 @@ import pytest
 from tilesim.reference.numerics import bf16_round_trip, ulp_distance
 from tilesim.shared import validate
 from tilesim.shared.casts import BF16, FP8_E4M3, to_bf16, to_fp8_e4m3, widen_to_fp32
+from tilesim.shared.env import parse_int_text
 from tilesim.shared.mla_cache import (
     convert_cache_layout,
     pack_flashmla_rows,
@@ -786,10 +787,10 @@ def test_check_real_and_check_str():
 
 
 def test_parse_int_text_directly():
-    assert validate.parse_int_text(" 42\n", "N") == 42
-    assert validate.parse_int_text("0", "N", lo=0) == 0
-    assert validate.parse_int_text(str(INT32_MAX), "N") == INT32_MAX
+    assert parse_int_text(" 42\n", "N") == 42
+    assert parse_int_text("0", "N", lo=0) == 0
+    assert parse_int_text(str(INT32_MAX), "N") == INT32_MAX
     with pytest.raises(ValueError, match=r"^N: expected an integer >= 0 \(ASCII digits\)"):
-        validate.parse_int_text("-0", "N", lo=0)
+        parse_int_text("-0", "N", lo=0)
     with pytest.raises(ValueError, match="^N: expected a positive multiple of 8, got 12"):
-        validate.parse_int_text("12", "N", multiple_of=8)
+        parse_int_text("12", "N", multiple_of=8)
