@@ -250,7 +250,7 @@ WORK = {
     "indexer": ((_REF + "msa_indexer.py", "_scores"),),
     "decode": ((_REF + "msa_decode.py", "_run"),),
     "main": ((_REF + "msa_main.py", "_plan"), (_REF + "msa_main.py", "_run")),
-    "dsa": ((_REF + "dsa.py", "progress_bar"), (_REF + "dsa.py", "token")),  # after the plan
+    "dsa": ((_REF + "progress.py", "progress_bar"), (_REF + "dsa.py", "token")),  # after the plan
     "iprolog": (
         (_REF + "dsa_indexer_prolog.py", "_queries"),
         (_REF + "dsa_indexer_prolog.py", "_keys"),
