@@ -348,7 +348,7 @@ def sparse_attention_traffic(
     *,
     nq: int = DEEPSEEK_V32.num_q_heads,
     topk: int = DEEPSEEK_V32.topk,
-    g_tile: int = 128,
+    g_tile: int = SaTileShapeConfig.g_tile,
 ) -> dict:
     """HBM bytes and cube FLOPs of one kernel call (the physical-limit columns of the reports):
     the kernel's counts of :func:`tilesim.shared.dsa.cost` (the op's one counter) --

@@ -36,9 +36,6 @@ ELEMENT_COUNTS = {64, 128, 512, 576}
 BLOCK_SIZE_NAMES = {"bs", "block_size"}
 #: (file, number, a fragment of its source line): numbers that are provably not a layout
 ALLOWED = {
-    # the op's call defaults: query heads, the group tile and the paged block size are
-    # arguments of a call, not offsets into a row or page
-    ("dsa.py", 128, "nq: int = 128, topk: int = 2048, g_tile: int = 128"),
     # PyPTO runtime option value (the seeds' and PyPTO's indexer example's)
     ("_dsa_kernel.py", 128, '"stitch_function_max_num", 128'),
     ("_dsa_indexer_kernel.py", 128, '"stitch_function_max_num", 128'),
