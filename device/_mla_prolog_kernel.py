@@ -36,14 +36,21 @@ from tilesim.shared.mla_prolog import HEADS, HIDDEN, KV_A, Q_HEAD, Q_LORA, QK_NO
 #: columns of the ones matrix the norms' row sums multiply by (one cube N tile; column 0 used)
 SUM_COLS = 16
 #: the jit options: PyPTO's DeepSeek prolog example's stitch limit and 910B scheduling mode 2
-#: (hicann/pypto ``models/deepseek_v32_exp/mla_prolog_quant_impl.py`` ``options_list``), and an
+#: (hicann/pypto ``models/deepseek_v32_exp/mla_prolog_quant_impl.py`` ``options_list``); an
 #: L1 reuse of 1: without it the compiler packs every N tile of a matmul that shares the ``x``
-#: tile into one cube task, so ``x @ w_dq`` ran on one or two cores (405 -> 308 µs at T = 8)
-JIT = (
+#: tile into one cube task, so ``x @ w_dq`` ran on one or two cores (405 -> 308 µs at T = 8);
+#: and, for chunks of at most 16 tokens, the example's cube n-buffer of 4 outside scopes 0 and
+#: 1 (C1 keeps one task per N tile), which packs C2's and C3's tasks four to one (96 -> 24 and
+#: 256 -> 64: 184 -> 124 µs at T = 8 on the 910B); at T = 128 it costs more (387 -> 443 µs),
+#: so larger chunks build with :data:`JIT_LARGE_CHUNK`
+JIT_LARGE_CHUNK = (
     ("runtime", "stitch_function_max_num", 128),
     ("runtime", "device_sched_mode", 2),
     ("pass", "cube_l1_reuse_setting", ((-1, 1),)),
 )
+JIT = (*JIT_LARGE_CHUNK, ("pass", "cube_nbuffer_setting", ((-1, 4), (0, 1), (1, 1))))
+#: the largest chunk built with :data:`JIT`
+NBUFFER_MAX_CHUNK = 16
 READY_ON_HOST = ("slots",)
 #: cube tiles ``([m0, m1], [k0, k1], [n0, n1])`` of C1 (``x @ w_dq``, ``x @ w_dkv_kr``), C2
 #: (``q_norm @ w_uq_qr``) and C3 (the absorption); they change the cost model's tasks, never
@@ -289,10 +296,13 @@ def _source(pypto):
     return mla_prolog_int8
 
 
-def build(params: MlaParams, static_dims: tuple, jit: tuple = JIT):
+def build(params: MlaParams, static_dims: tuple, jit: tuple | None = None):
     """The jit kernel on this process's target, built once per (params, static dims = cache
     rows, options) (:func:`tilesim.device.backend.compiled`); ``T`` and the slots are runtime
-    values."""
+    values. ``jit``: the options (default :data:`JIT`, or :data:`JIT_LARGE_CHUNK` for chunks
+    above :data:`NBUFFER_MAX_CHUNK`)."""
+    if jit is None:
+        jit = JIT if params.chunk <= NBUFFER_MAX_CHUNK else JIT_LARGE_CHUNK
     pypto = require_pypto()
     key = (params.key, tuple(static_dims), jit)
     return _backend.compiled(
@@ -302,4 +312,4 @@ def build(params: MlaParams, static_dims: tuple, jit: tuple = JIT):
     )  # fmt: skip
 
 
-__all__ = ["JIT", "READY_ON_HOST", "MlaParams", "build", "chunk_rows"]
+__all__ = ["JIT", "JIT_LARGE_CHUNK", "READY_ON_HOST", "MlaParams", "build", "chunk_rows"]
