@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 import numpy as np
 from tilesim.reference.numerics import ULP_DTYPES, ulp_distance
 from tilesim.shared.casts import BF16, FP8_E4M3
+from tilesim.shared.tolerance import check_bound
 from tilesim.shared.validate import (
     check_bool,
     check_choice,
-    check_float,
     check_int,
     check_real,
     check_str,
@@ -103,14 +103,6 @@ def _round_to(x32: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return x32.astype(dtype).astype(np.float32)
 
 
-def _check_tolerance(name: str, v, upper: float | None = None) -> float:
-    f = check_float(v, name)  # a real, finite number (bool, str, NaN, inf, overflow refused)
-    if f < 0 or (upper is not None and f > upper):
-        rng = f"[0, {upper:g}]" if upper is not None else ">= 0"
-        raise ValueError(f"{name}: expected a number {rng}, got {v!r}")
-    return f
-
-
 def _ulp_stats(a: np.ndarray, g: np.ndarray, a64: np.ndarray, g64: np.ndarray):
     """(max ULP distance in the output dtype, fraction of bit-equal elements)."""
     if a.size == 0:
@@ -132,9 +124,9 @@ def _ulp_stats(a: np.ndarray, g: np.ndarray, a64: np.ndarray, g64: np.ndarray):
 def _check_arguments(actual, golden, atol, rtol, ratio, name, check_dtype, arithmetic, n_worst):
     """Validate the options and the pair; return ``(a, g, atol, rtol, ratio)``: the pair as
     host NumPy arrays, the tolerances as floats."""
-    atol = _check_tolerance("atol", atol)
-    rtol = _check_tolerance("rtol", rtol)
-    ratio = _check_tolerance("ratio", ratio, upper=1.0)
+    atol = check_bound(atol, "atol")
+    rtol = check_bound(rtol, "rtol")
+    ratio = check_bound(ratio, "ratio", fraction=True)
     check_str(name, "name", nonempty=False)
     check_bool(check_dtype, "check_dtype")
     check_choice(arithmetic, "arithmetic", ("float64", "native"))

@@ -55,9 +55,9 @@ from tilesim.reference.judge_float import (
 from tilesim.reference.judge_report import N_POSITIONS, Check, RowNames, Verdict, relabel, row_names
 from tilesim.reference.judge_ties import TIE_ULPS, IdReport, IdRow, judge_id_rows
 from tilesim.reference.numerics import ULP_DTYPES
-from tilesim.shared.case_schema import TOLERANCE_MODES
 from tilesim.shared.ops import judge_kinds
-from tilesim.shared.validate import check_choice, check_float, check_str, host_data
+from tilesim.shared.tolerance import check_tolerance
+from tilesim.shared.validate import check_choice, check_str, host_data
 
 #: (output kind, names of the leading axes) of each op's judged output, by the judge's
 #: ``kind``: the kinds the registry of ops names (:func:`tilesim.shared.ops.judge_kinds`),
@@ -71,26 +71,17 @@ RULES = ("default", "seeds")
 
 
 def _check_tolerance(tol, rule: str, kind: str) -> dict:
-    """The tolerance dict, checked: ``mode`` and the numbers the rule needs."""
-    if not isinstance(tol, dict) or "mode" not in tol:
-        raise TypeError(
-            f"tolerance: expected a dict with a 'mode' key (the case's tolerance), got {tol!r}"
-        )
-    mode = check_choice(tol["mode"], "tolerance.mode", TOLERANCE_MODES)
-    out = {"mode": mode, "ratio": check_float(tol.get("ratio", 0.0) or 0.0, "tolerance.ratio")}
-    if not 0 <= out["ratio"] <= 1:
-        raise ValueError(f"tolerance.ratio: expected a fraction in [0, 1], got {out['ratio']}")
+    """The tolerance dict checked by the one validator
+    (:func:`tilesim.shared.tolerance.check_tolerance`), in the form the verdict records
+    (``mode``, ``ratio``, ``atol`` and ``rtol`` in mode ``"compare"``, ``row_ulp`` when
+    given), and a mode the rule can judge the kind with."""
+    checked = check_tolerance(tol)
+    mode = checked["mode"]
+    out = {"mode": mode, "ratio": checked["ratio"]}
     if mode == "compare":
-        for k in ("atol", "rtol"):
-            if tol.get(k) is None:
-                raise ValueError(f"tolerance.{k}: expected a number for mode 'compare', got None")
-            out[k] = check_float(tol[k], f"tolerance.{k}")
-            if out[k] < 0:
-                raise ValueError(f"tolerance.{k}: expected a number >= 0, got {tol[k]!r}")
-    if tol.get("row_ulp") is not None:
-        out["row_ulp"] = check_float(tol["row_ulp"], "tolerance.row_ulp")
-        if out["row_ulp"] < 0:
-            raise ValueError(f"tolerance.row_ulp: expected a number >= 0, got {tol['row_ulp']}")
+        out.update(atol=checked["atol"], rtol=checked["rtol"])
+    if "row_ulp" in checked:
+        out["row_ulp"] = checked["row_ulp"]
     if mode == "ulp" and rule == "seeds" and kind == "float":
         raise ValueError(
             "tolerance.mode: 'ulp' has no published atol/rtol, so the seeds' rule cannot judge "

@@ -22,7 +22,8 @@ golden. ``tolerance["mode"]`` says how a device result is judged against it:
 
 ``"row_ulp"`` (any mode, optional) adds a row-ULP budget: max ``|a - g|`` in ULPs of the
 golden's dtype at each row's largest ``|golden|``. These are exactly the modes and keys
-:func:`tilesim.reference.judge` takes (:data:`TOLERANCE_MODES`, :data:`TOLERANCE_KEYS`).
+:func:`tilesim.reference.judge` takes (:data:`TOLERANCE_MODES`, :data:`TOLERANCE_KEYS`); the
+one tolerance validator, :mod:`tilesim.shared.tolerance`, checks them for both.
 
 :class:`CaseInfo` describes one named case for the registry (``tilesim cases``).
 """
@@ -32,13 +33,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tilesim.shared.ops import families
-from tilesim.shared.validate import check_choice, check_float
+from tilesim.shared.tolerance import (
+    OPTIONAL_TOLERANCE_KEYS,
+    TOLERANCE_KEYS,
+    TOLERANCE_MODES,
+    check_tolerance,
+)
+from tilesim.shared.validate import check_choice
 
 CASE_KEYS = ("name", "op", "inputs", "params", "tolerance", "meta")
-TOLERANCE_MODES = ("compare", "set", "ulp")
-#: the keys of a tolerance dict: the four every case states, then the optional ones
-TOLERANCE_KEYS = ("atol", "rtol", "ratio", "mode")
-OPTIONAL_TOLERANCE_KEYS = ("row_ulp",)
 CASE_SIZES = ("small", "medium", "large")
 #: the case families (one ``tilesim.reference.<family>_cases`` module each), in the order of
 #: the registry of ops (:func:`tilesim.shared.ops.families`)
@@ -47,38 +50,13 @@ CASE_FAMILIES = families()
 
 def tolerance(atol=None, rtol=None, ratio: float = 0.0, mode: str = "compare",
               row_ulp=None) -> dict:  # fmt: skip
-    """A checked ``{"atol", "rtol", "ratio", "mode"}`` dict, with ``"row_ulp"`` when given
-    (see the module docstring)."""
-    check_choice(mode, "tolerance.mode", TOLERANCE_MODES)
-    if mode == "compare":
-        atol = check_float(atol, "tolerance.atol")
-        rtol = check_float(rtol, "tolerance.rtol")
-        if atol < 0 or rtol < 0:
-            raise ValueError(f"tolerance: expected atol, rtol >= 0, got {atol}, {rtol}")
-    elif atol is not None or rtol is not None:
-        raise ValueError(f"tolerance: mode {mode!r} takes no atol/rtol, got {atol!r}, {rtol!r}")
-    ratio = check_float(ratio, "tolerance.ratio")
-    if not 0 <= ratio <= 1:
-        raise ValueError(f"tolerance.ratio: expected a fraction in [0, 1], got {ratio}")
-    out = {"atol": atol, "rtol": rtol, "ratio": ratio, "mode": mode}
+    """A checked ``{"atol", "rtol", "ratio", "mode"}`` dict of floats, with ``"row_ulp"`` when
+    given (see the module docstring; the rules and messages of
+    :func:`tilesim.shared.tolerance.check_tolerance`, ``form="case"``)."""
+    given = {"atol": atol, "rtol": rtol, "ratio": ratio, "mode": mode}
     if row_ulp is not None:
-        out["row_ulp"] = check_float(row_ulp, "tolerance.row_ulp")
-        if out["row_ulp"] < 0:
-            raise ValueError(f"tolerance.row_ulp: expected a number >= 0, got {row_ulp}")
-    return out
-
-
-def check_tolerance(tol) -> dict:
-    """``tol`` itself when it is a tolerance dict :func:`tolerance` could have made (its keys
-    and values checked), else ``ValueError`` naming the key."""
-    keys = set(tol) if isinstance(tol, dict) else set()
-    if not set(TOLERANCE_KEYS) <= keys <= set(TOLERANCE_KEYS + OPTIONAL_TOLERANCE_KEYS):
-        raise ValueError(
-            f"tolerance: expected a dict with keys {', '.join(TOLERANCE_KEYS)} (optionally "
-            f"{', '.join(OPTIONAL_TOLERANCE_KEYS)}), got {tol!r}"
-        )
-    tolerance(**tol)
-    return tol
+        given["row_ulp"] = row_ulp
+    return check_tolerance(given, form="case")
 
 
 def make_case(*, name, op: str, inputs: dict, params: dict, tolerance: dict, meta: dict) -> dict:
@@ -90,7 +68,7 @@ def make_case(*, name, op: str, inputs: dict, params: dict, tolerance: dict, met
     for key, v in (("inputs", inputs), ("params", params), ("meta", meta)):
         if not isinstance(v, dict):
             raise TypeError(f"{key}: expected a dict, got {type(v).__name__}")
-    check_tolerance(tolerance)
+    check_tolerance(tolerance, form="case")  # one :func:`tolerance` could have made
     return {
         "name": name,
         "op": op,
@@ -142,7 +120,6 @@ __all__ = [
     "TOLERANCE_KEYS",
     "TOLERANCE_MODES",
     "CaseInfo",
-    "check_tolerance",
     "make_case",
     "tolerance",
 ]

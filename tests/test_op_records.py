@@ -296,10 +296,10 @@ def test_the_digests_cover_the_registry():
 
 
 def test_the_cli_reads_the_registry():
-    from tilesim.cli import dumps, plot
+    from tilesim.cli import dumps, plot_trace
 
     assert dumps.STAGED_OPS == _module("tilesim.reference.judge_stages").STAGED_OPS
-    assert plot._INDEXER_OPS == ops.record("msa_indexer").call_names
+    assert plot_trace._MSA_INDEXER_OPS == ops.record("msa_indexer").call_names
 
 
 # ----------------------------------------------------------------------------- no own lists

@@ -10,8 +10,12 @@ Sub-modules, one job each:
   reference op (optionally with its trace hook); :mod:`~tilesim.cli.progress` — progress on
   stderr while it runs.
 * :mod:`~tilesim.cli.replay` — a golden from the user's own captured inputs.
-* :mod:`~tilesim.cli.tensorio` — golden files: ``.npz`` / raw little-endian ``.bin`` +
-  ``manifest.json``, and reading any of ``.npy``, ``.npz[:key]``, ``.bin``, ``.pt`` back.
+* golden files: :mod:`~tilesim.cli.tensorio` — tensors in ``.npz`` / ``.npy`` / raw
+  little-endian ``.bin`` / ``.pt`` files, written and read; :mod:`~tilesim.cli.dtypes` — the
+  element types a file may hold (bfloat16 and float8 as raw bits); :mod:`~tilesim.cli.manifest`
+  — ``manifest.json``, read back checked; :mod:`~tilesim.cli.golden_dir` — a golden directory
+  written all or nothing; :mod:`~tilesim.cli.loading` — a manifest entry's or a command-line
+  spec's tensor read back (``.npy``, ``.npz[:key]``, ``.bin``, ``.pt[:key]``, a directory).
 * :mod:`~tilesim.cli.dumps` — device dumps (CANN's npy naming, multi-output files) matched to
   a golden's outputs.
 * :mod:`~tilesim.cli.tolerances` — the one tolerance resolver (a golden's stated tolerance

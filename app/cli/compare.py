@@ -13,8 +13,9 @@ from pathlib import Path
 
 import numpy as np
 from tilesim.cli import CliError
-from tilesim.cli import tensorio as tio
 from tilesim.cli.dumps import GoldenSet, _dir_key, load_goldens, match_actuals
+from tilesim.cli.loading import Loaded, load_tensor, resolve_spec
+from tilesim.cli.manifest import entries
 from tilesim.cli.outputs import Outputs, check_png_path, size_text
 from tilesim.cli.reports import compare_png, draw_png, print_report, report_json, stage_png_paths
 from tilesim.cli.tolerances import flags_of, resolve_tolerance
@@ -88,7 +89,7 @@ def golden_of_manifest(spec: str, manifest: str, dtype: str | None = None) -> Go
     same bytes), judged as the golden directory judges it. The file must hold exactly that
     output's bytes (else a CliError: another call's golden); raw ``|V2`` / ``|V1`` elements
     take the output's dtype. ``dtype``: ``--golden-dtype``."""
-    path, _ = tio._resolve(_dir_key(spec))
+    path, _ = resolve_spec(_dir_key(spec))
     if path.is_dir() or path.suffix == ".json":
         raise CliError(f"--manifest: GOLDEN {spec} is a golden directory or manifest, read "
                        "with its own manifest; leave --manifest out")  # fmt: skip
@@ -98,7 +99,7 @@ def golden_of_manifest(spec: str, manifest: str, dtype: str | None = None) -> Go
     read, first_error = [], None
     for g in order:  # read as each output in turn: an opaque file takes its dtype
         try:
-            read.append((g, tio.load_tensor(spec, like=g, dtype=dtype)))
+            read.append((g, load_tensor(spec, like=g, dtype=dtype)))
         except CliError as e:
             first_error = first_error or e
     if not read:
@@ -116,7 +117,7 @@ def golden_of_manifest(spec: str, manifest: str, dtype: str | None = None) -> Go
         )
     g = same[0][0]
     where = g.source if len(every.outputs) == 1 else f"{every.path}:{g.name}"
-    one = tio.Loaded(g.array, f"{spec} (= {where})", g.manifest, g.entry)
+    one = Loaded(g.array, f"{spec} (= {where})", g.manifest, g.entry)
     return GoldenSet([one], every.scores, every.manifest, every.path)
 
 
@@ -138,7 +139,7 @@ def _rule(args) -> str:
     return getattr(args, "rule", None) or "default"
 
 
-def _check_pair(actual: tio.Loaded, golden: tio.Loaded, allow_dtype_mismatch: bool) -> None:
+def _check_pair(actual: Loaded, golden: Loaded, allow_dtype_mismatch: bool) -> None:
     """Shapes with the same element count are judged after a reshape the report states; ids
     of any integer width (int32 / int64) are compared as values."""
     a, g = actual.array, golden.array
@@ -185,7 +186,7 @@ def _stage_pngs(outputs, pictures, gs: GoldenSet) -> None:
     """Draw every picture of :func:`_compare_stages` (all written, or none)."""
     scores = next((g.array for g in gs.outputs if g.name == "scores"), None)
     if scores is None and gs.path is not None and gs.manifest is not None:
-        names = [e["name"] for e in tio.entries(gs.manifest, "golden")]
+        names = [e["name"] for e in entries(gs.manifest, "golden")]
         scores = load_goldens(f"{gs.path}:scores").outputs[0].array if "scores" in names else None
     width = None if scores is None else scores.shape[-1]
     with outputs:

@@ -28,7 +28,10 @@ from pathlib import Path
 
 import numpy as np
 from tilesim.cli import CliError
-from tilesim.cli import tensorio as tio
+from tilesim.cli.dtypes import dtype_from_name, reinterpret
+from tilesim.cli.loading import Loaded, load_from_manifest, load_tensor, resolve_spec, split_key
+from tilesim.cli.manifest import MANIFEST, entries, read_manifest
+from tilesim.cli.tensorio import DTYPES_KEY, read_pt, reading
 from tilesim.reference.judge_plans import LIGHTNING_INDEXER_OPS, OPTIONAL_OUTPUTS
 from tilesim.reference.judge_stages import STAGED_OPS
 
@@ -46,7 +49,7 @@ class GoldenSet:
     """The golden outputs (op order), the ``scores`` tensors (the id judge's), the manifest
     and its path."""
 
-    outputs: list[tio.Loaded]
+    outputs: list[Loaded]
     scores: dict[str, np.ndarray] = field(default_factory=dict)
     manifest: dict | None = None
     path: Path | None = None
@@ -72,19 +75,19 @@ class GoldenSet:
 def load_goldens(spec: str, *, dtype: str | None = None) -> GoldenSet:
     """Every golden output of ``spec`` (a golden directory / manifest, or one tensor file);
     ``manifest.json:NAME`` or ``DIR:NAME`` selects one output."""
-    want = tio.dtype_from_name(dtype) if dtype is not None else None
-    path, key = tio._resolve(_dir_key(spec))
-    if path.name == tio.MANIFEST or path.suffix == ".json":
-        m = tio.read_manifest(path)
-        es = tio.entries(m, "golden")
+    want = dtype_from_name(dtype) if dtype is not None else None
+    path, key = resolve_spec(_dir_key(spec))
+    if path.name == MANIFEST or path.suffix == ".json":
+        m = read_manifest(path)
+        es = entries(m, "golden")
         if key is not None:
             es = [e for e in es if e["name"] == key]
         if not es:
             what = f" named {key!r}" if key else ""
             raise CliError(f"{path}: no golden tensor{what} (it lists {_names(m)})")
         outs = [
-            tio.Loaded(
-                tio.load_from_manifest(path, e, dtype=want),
+            Loaded(
+                load_from_manifest(path, e, dtype=want),
                 str(path) if len(es) == 1 else f"{path}:{e['name']}",
                 m,
                 e,
@@ -92,9 +95,9 @@ def load_goldens(spec: str, *, dtype: str | None = None) -> GoldenSet:
             for e in es
         ]
         return GoldenSet(outs, _scores(path, m), m, path)
-    one = tio.load_tensor(spec, dtype=dtype)
+    one = load_tensor(spec, dtype=dtype)
     m = one.manifest
-    mpath = path.parent / tio.MANIFEST if m is not None else None
+    mpath = path.parent / MANIFEST if m is not None else None
     return GoldenSet([one], _scores(mpath, m) if m is not None else {}, m, mpath)
 
 
@@ -102,21 +105,21 @@ def _dir_key(spec: str) -> str:
     """``DIR:NAME`` -> ``DIR/manifest.json:NAME`` (a golden directory with one output named)."""
     head, sep, name = str(spec).rpartition(":")
     if sep and head and not Path(spec).exists() and Path(head).is_dir():
-        return f"{Path(head) / tio.MANIFEST}:{name}"
+        return f"{Path(head) / MANIFEST}:{name}"
     return str(spec)
 
 
 def _names(m: dict) -> list[str]:
-    return [e["name"] for e in tio.entries(m, "golden")]
+    return [e["name"] for e in entries(m, "golden")]
 
 
 def _scores(mpath: Path, m: dict) -> dict[str, np.ndarray]:
     """The ``scores`` tensors; for the ops of :data:`_GOLDEN_SCORES` their golden output
     ``scores`` (also when another output alone is selected)."""
-    es = tio.entries(m, "scores")
+    es = entries(m, "scores")
     if m.get("op") in _GOLDEN_SCORES:
-        es += [e for e in tio.entries(m, "golden") if e["name"] == "scores"]
-    return {e["name"]: tio.load_from_manifest(mpath, e) for e in es}
+        es += [e for e in entries(m, "golden") if e["name"] == "scores"]
+    return {e["name"]: load_from_manifest(mpath, e) for e in es}
 
 
 def dtype_for(spec: str | None, golden: GoldenSet):
@@ -127,7 +130,7 @@ def dtype_for(spec: str | None, golden: GoldenSet):
         return lambda _g: None
     pairs = [p.strip() for p in str(spec).split(",")]
     if len(pairs) == 1 and "=" not in pairs[0]:
-        tio.dtype_from_name(pairs[0])
+        dtype_from_name(pairs[0])
         return lambda _g: pairs[0]
     named = {}
     for p in pairs:
@@ -139,7 +142,7 @@ def dtype_for(spec: str | None, golden: GoldenSet):
             )
         if name not in golden.names:
             raise CliError(f"--actual-dtype: {name!r} is not a golden output ({golden.names})")
-        tio.dtype_from_name(dt)
+        dtype_from_name(dt)
         named[name] = dt
     by_id = {id(g): n for g, n in zip(golden.outputs, golden.names, strict=True)}
     return lambda g: named.get(by_id.get(id(g)))
@@ -155,13 +158,13 @@ def _missing(names: list[str], golden: GoldenSet, where: str) -> list[str]:
 
 def match_actuals(
     spec: str, golden: GoldenSet, *, dtype: str | None = None
-) -> tuple[list[tuple[tio.Loaded, tio.Loaded]], list[str]]:
+) -> tuple[list[tuple[Loaded, Loaded]], list[str]]:
     """``([(golden output, actual), ...], notes)``: the pairs to judge and what was left
     unmatched (e.g. extra device outputs)."""
-    path, key = tio._split_key(_dir_key(spec))
+    path, key = split_key(_dir_key(spec))
     outs = golden.outputs
     dtype = dtype_for(dtype, golden)
-    if path.is_dir() and not (path / tio.MANIFEST).exists():
+    if path.is_dir() and not (path / MANIFEST).exists():
         return _from_directory(path, golden, dtype)
     m = CANN_NPY.match(path.name)
     if m and m["io"] == "output" and path.is_file():
@@ -171,17 +174,17 @@ def match_actuals(
                 f"{path.name} is output {i} of a CANN dump; the golden has {len(outs)} "
                 f"output(s) {golden.names}"
             )
-        return [(outs[i], tio.load_tensor(str(path), like=outs[i], dtype=dtype(outs[i])))], []
+        return [(outs[i], load_tensor(str(path), like=outs[i], dtype=dtype(outs[i])))], []
     if len(outs) == 1:
-        return [(outs[0], tio.load_tensor(spec, like=outs[0], dtype=dtype(outs[0])))], []
+        return [(outs[0], load_tensor(spec, like=outs[0], dtype=dtype(outs[0])))], []
     named = key is None and path.suffix in (".npy", ".bin") and path.stem in golden.names
     if named and (golden.manifest or {}).get("op") in STAGED_OPS:
         g = outs[golden.names.index(path.stem)]
-        return [(g, tio.load_tensor(spec, like=g, dtype=dtype(g)))], []
+        return [(g, load_tensor(spec, like=g, dtype=dtype(g)))], []
     if len(golden.required) == 1 and key is None and path.suffix in (".npy", ".bin"):
         g = outs[golden.names.index(golden.required[0])]
         notes = _missing([n for n in golden.names if n != g.name], golden, str(spec))
-        return [(g, tio.load_tensor(spec, like=g, dtype=dtype(g)))], notes
+        return [(g, load_tensor(spec, like=g, dtype=dtype(g)))], notes
     return _by_name(spec, path, key, golden, dtype)
 
 
@@ -189,13 +192,13 @@ def _by_name(spec, path: Path, key, golden: GoldenSet, dtype):
     names = golden.names
     if path.suffix in (".pt", ".pth") and key is None:
         return _from_pt(path, golden, dtype)
-    if path.suffix == ".npz" or path.name == tio.MANIFEST or path.is_dir():
+    if path.suffix == ".npz" or path.name == MANIFEST or path.is_dir():
         held = _held_names(path)
         pairs = []
         for g, n in zip(golden.outputs, names, strict=True):
             if n in held:
-                sub = f"{path / tio.MANIFEST}:{n}" if path.is_dir() else f"{path}:{n}"
-                pairs.append((g, tio.load_tensor(sub, like=g, dtype=dtype(g))))
+                sub = f"{path / MANIFEST}:{n}" if path.is_dir() else f"{path}:{n}"
+                pairs.append((g, load_tensor(sub, like=g, dtype=dtype(g))))
         return pairs, _missing([n for n in names if n not in held], golden, str(path))
     raise CliError(
         f"the golden has {len(names)} outputs {names}; ACTUAL {str(spec)!r} must hold them all "
@@ -207,18 +210,18 @@ def _by_name(spec, path: Path, key, golden: GoldenSet, dtype):
 def _held_names(path: Path) -> set[str]:
     """The tensor names an ``.npz`` holds, or the golden names of a manifest / its directory."""
     if path.suffix == ".npz":
-        with tio.reading(f"{str(path)!r} as .npz"), np.load(path, allow_pickle=False) as z:
+        with reading(f"{str(path)!r} as .npz"), np.load(path, allow_pickle=False) as z:
             if not hasattr(z, "files"):
                 raise ValueError("not an .npz file")
-            return set(z.files) - {tio.DTYPES_KEY}
-    m = tio.read_manifest(path / tio.MANIFEST if path.is_dir() else path)
+            return set(z.files) - {DTYPES_KEY}
+    m = read_manifest(path / MANIFEST if path.is_dir() else path)
     return set(_names(m))
 
 
 def _from_pt(path: Path, golden: GoldenSet, dtype):
     """A ``.pt`` dict answers by name; a list / tuple by position: every output, or the
     required ones only, in the golden's order."""
-    obj = tio.read_pt(path)
+    obj = read_pt(path)
     names = golden.names
     if isinstance(obj, dict):
         arrays = [(n, obj.get(n), f"{path}:{n}") for n in names]
@@ -231,8 +234,8 @@ def _from_pt(path: Path, golden: GoldenSet, dtype):
     pairs = []
     for n, a, src in (x for x in arrays if x[1] is not None):
         want = dtype(by_name[n])
-        a = tio._reinterpret(a, tio.dtype_from_name(want), src) if want else a
-        pairs.append((by_name[n], tio.Loaded(a, src)))
+        a = reinterpret(a, dtype_from_name(want), src) if want else a
+        pairs.append((by_name[n], Loaded(a, src)))
     return sorted(pairs, key=lambda p: names.index(p[0].name or "")), notes
 
 
@@ -251,7 +254,7 @@ def _from_directory(path: Path, golden: GoldenSet, dtype):
             )
         by_index = {int(m["index"]): p for p, m in cann}
         pairs = [
-            (outs[i], tio.load_tensor(str(by_index[i]), like=outs[i], dtype=dtype(outs[i])))
+            (outs[i], load_tensor(str(by_index[i]), like=outs[i], dtype=dtype(outs[i])))
             for i in range(len(outs))
             if i in by_index
         ]
@@ -274,5 +277,5 @@ def _from_directory(path: Path, golden: GoldenSet, dtype):
                     f"{str(path)!r}: no {n}.npy (golden output {n!r}, required) and no CANN "
                     "dump (<op_type>.<op_name>.<task>.<stream>.<timestamp>.output.<i>.npy)"
                 )
-        pairs.append((g, tio.load_tensor(str(f), like=g, dtype=dtype(g))))
+        pairs.append((g, load_tensor(str(f), like=g, dtype=dtype(g))))
     return pairs, _missing(absent, golden, repr(str(path)))

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import tilesim
 from tilesim.cli import CliError
-from tilesim.cli import tensorio as tio
+from tilesim.cli.golden_dir import declare_golden_dir, golden_files, stale_files, write_golden_dir
+from tilesim.cli.manifest import MANIFEST, RULE_KEY
 from tilesim.cli.outputs import Outputs, size_text
 from tilesim.cli.progress import Progress, build_and_run, want_progress
 from tilesim.cli.registry import get_case, tolerance_rule, tolerance_text
@@ -80,7 +81,7 @@ def golden_header(built: BuiltCase, goldens: dict, *, out_dir: Path) -> dict:
         "params": params,
         "builder_meta": jsonable(built.meta),
         "tiling": params.get("tiling"),
-        "tolerance": {**built.tolerance, "rule": tolerance_rule(built.tolerance)},
+        "tolerance": {**built.tolerance, RULE_KEY: tolerance_rule(built.tolerance)},
         "golden": list(goldens),
         "reproduce": _reproduce_case(i, built.seed, out_dir),
     }
@@ -118,10 +119,10 @@ def _early_check(out_dir: Path, fmt: str, force: bool) -> None:
     """Before the (possibly long) run: refuse an existing golden or the files we know of."""
     if out_dir.exists() and not out_dir.is_dir():
         raise CliError(f"output {str(out_dir)!r} exists and is not a directory")
-    known = [tio.MANIFEST] + (["inputs.npz", "golden.npz"] if fmt == "npz" else [])
+    known = [MANIFEST] + (["inputs.npz", "golden.npz"] if fmt == "npz" else [])
     there = [f for f in known if (out_dir / f).exists()]
     if there and not force:
-        what = f"a golden ({tio.MANIFEST})" if tio.MANIFEST in there else "files"
+        what = f"a golden ({MANIFEST})" if MANIFEST in there else "files"
         raise CliError(
             f"{str(out_dir)!r} already holds {what}: {', '.join(there)}; pass --force to overwrite"
         )
@@ -138,9 +139,9 @@ def _write_golden(out_dir: Path, *, fmt: str, groups: dict, header: dict, force:
     """Check every target, write all files to temporaries, rename them at the end; with
     ``--force`` also remove the files of the previous manifest the new golden does not write."""
     with Outputs(force=force) as outputs:
-        tio.declare_golden_dir(outputs, out_dir, fmt=fmt, groups=groups)
-        stale = tio.stale_files(out_dir, set(tio.golden_files(fmt, groups)) | {tio.MANIFEST})
-        manifest = tio.write_golden_dir(
+        declare_golden_dir(outputs, out_dir, fmt=fmt, groups=groups)
+        stale = stale_files(out_dir, set(golden_files(fmt, groups)) | {MANIFEST})
+        manifest = write_golden_dir(
             outputs, out_dir, fmt=fmt, groups=groups, header=header, notes=notes
         )
     for p in stale:
@@ -156,7 +157,7 @@ def _print_files(out_dir: Path, manifest: dict) -> None:
         size = (out_dir / f).stat().st_size
         desc = ", ".join(f"{t['name']} {t['dtype']}{t['shape']}" for t in ts)
         print(f"  {out_dir / f}  ({size_text(size)}): {desc}")
-    print(f"  {out_dir / tio.MANIFEST}")
+    print(f"  {out_dir / MANIFEST}")
 
 
 def golden_groups(op: str, op_args: dict, goldens: dict) -> dict:
@@ -176,7 +177,7 @@ def _golden_replay(args: argparse.Namespace) -> int:
         raise CliError("--inputs replays captured inputs: give no CASE and no --seed")
     src = Path(args.inputs)
     name = args.name or (src.name if src.is_dir() else src.stem) or "replay"
-    if src.name == tio.MANIFEST and not args.name:
+    if src.name == MANIFEST and not args.name:
         name = src.parent.name or "replay"
     if Path(name).name != name or name in (".", ".."):
         raise CliError(f"--name {name!r}: expected a plain directory name")
@@ -228,7 +229,7 @@ def _replay_header(request, params: dict, goldens: dict, *, name: str, out_dir: 
         "params": params_json,
         "tiling": params_json.get("tiling"),
         "inputs": rp.input_records(request.inputs, source),
-        "tolerance": {**request.tolerance, "rule": tolerance_rule(request.tolerance)},
+        "tolerance": {**request.tolerance, RULE_KEY: tolerance_rule(request.tolerance)},
         "golden": list(goldens),
         "reproduce": rp.reproduce_replay(request, params_json, name=name, out_dir=out_dir, fmt=fmt),
     }

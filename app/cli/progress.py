@@ -9,7 +9,6 @@ import sys
 import time
 
 from tilesim.cli import CliError, require
-from tilesim.cli import tensorio as tio
 from tilesim.cli.runner import build_case, has_own_progress, run_reference
 
 
@@ -19,7 +18,16 @@ def want_progress(args: argparse.Namespace) -> bool:
         if args.progress:
             require("tqdm", "--progress")
         return args.progress
-    return tio.stderr_is_tty() and not os.environ.get("CI")
+    return stderr_is_tty() and not os.environ.get("CI")
+
+
+def stderr_is_tty() -> bool:
+    """Is stderr a terminal (``False`` when it is closed or replaced by an object without a
+    file)."""
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
 class Progress:

@@ -40,8 +40,18 @@ from pathlib import Path
 
 import numpy as np
 from tilesim.cli import CliError
-from tilesim.cli import tensorio as tio
+from tilesim.cli.dtypes import DTYPE_NAMES, check_dtype_supported, dtype_from_name, little_endian
+from tilesim.cli.loading import load_from_manifest
+from tilesim.cli.manifest import (
+    MANIFEST,
+    check_entry,
+    check_tolerance_fields,
+    confined,
+    entries,
+    read_manifest,
+)
 from tilesim.cli.runner import PACKED_INPUTS, RESERVED, check_meta_of, jsonable, op_callable
+from tilesim.cli.tensorio import read_npy, read_npz, read_pt, reading
 
 #: the ml_dtypes types a file stored as opaque void elements of each size may hold
 OPAQUE_CANDIDATES = {1: ("float8_e4m3fn", "float8_e5m2"), 2: ("bfloat16",)}
@@ -66,16 +76,16 @@ def read_inputs(spec: str) -> dict[str, np.ndarray]:
     if found is not None:
         return golden_inputs(*found)
     if path.is_dir():
-        if (path / tio.MANIFEST).is_file():
-            return _from_manifest(path / tio.MANIFEST)
+        if (path / MANIFEST).is_file():
+            return _from_manifest(path / MANIFEST)
         npys = sorted(p for p in path.iterdir() if p.suffix == ".npy" and p.is_file())
         if not npys:
-            raise CliError(f"{str(path)!r} holds no .npy files and no {tio.MANIFEST}")
-        return {p.stem: _plain(tio.read_npy(p), str(p)) for p in npys}
+            raise CliError(f"{str(path)!r} holds no .npy files and no {MANIFEST}")
+        return {p.stem: _plain(read_npy(p), str(p)) for p in npys}
     if path.suffix == ".npz":
-        return {k: _plain(a, f"{path}:{k}") for k, a in tio.read_npz(path).items()}
+        return {k: _plain(a, f"{path}:{k}") for k, a in read_npz(path).items()}
     if path.suffix in (".pt", ".pth"):
-        obj = tio.read_pt(path)
+        obj = read_pt(path)
         if not isinstance(obj, dict):
             raise CliError(f"{path}: expected a dict of name -> tensor (the op's argument names)")
         return obj
@@ -98,12 +108,12 @@ def _plain(a: np.ndarray, where: str) -> np.ndarray:
             f"{where}: opaque {a.dtype.itemsize}-byte elements ({a.dtype.str}): no supported "
             f"dtype has that size; {DTYPE_HINT}"
         )
-    return tio.check_dtype_supported(a, where)
+    return check_dtype_supported(a, where)
 
 
 def is_opaque(a: np.ndarray) -> bool:
     """Void elements of no known type (ml_dtypes types are void-kind too, but named)."""
-    return a.dtype.kind == "V" and a.dtype.name not in tio.DTYPE_NAMES
+    return a.dtype.kind == "V" and a.dtype.name not in DTYPE_NAMES
 
 
 def golden_manifest(spec) -> tuple[Path, dict] | None:
@@ -111,25 +121,25 @@ def golden_manifest(spec) -> tuple[Path, dict] | None:
     ``tilesim golden`` (or its ``manifest.json``): a manifest naming an ``op`` and its
     ``params``. ``None`` for anything else."""
     path = Path(spec)
-    mpath = path / tio.MANIFEST if path.is_dir() else path
+    mpath = path / MANIFEST if path.is_dir() else path
     if mpath.suffix != ".json" or not mpath.is_file():
         return None
-    with tio.reading(f"manifest {str(mpath)!r}"):
+    with reading(f"manifest {str(mpath)!r}"):
         m = json.loads(mpath.read_text(encoding="utf-8"))
     if not (isinstance(m, dict) and isinstance(m.get("op"), str) and "tensors" in m):
         return None
     if not isinstance(m.get("params", {}), dict):
         raise CliError(f"{str(mpath)!r}: 'params' must be an object")
-    return mpath, tio.read_manifest(mpath)
+    return mpath, read_manifest(mpath)
 
 
 def golden_inputs(mpath: Path, m: dict) -> dict[str, np.ndarray]:
     """The inputs of a golden: its ``input`` tensors; for a replayed golden (which stores
     none) the inputs it was made from, at their recorded path, checked by sha256 and typed as
     the manifest records them (an opaque input of an ``np.savez`` file as the replay read it)."""
-    es = tio.entries(m, "input")
+    es = entries(m, "input")
     if es:
-        return {e["name"]: tio.load_from_manifest(mpath, e) for e in es}
+        return {e["name"]: load_from_manifest(mpath, e) for e in es}
     src = (m.get("replay") or {}).get("inputs")
     records = m.get("inputs")
     if not isinstance(src, str) or not isinstance(records, list):
@@ -159,7 +169,7 @@ def _recorded_type(a: np.ndarray, record: dict, where: str) -> np.ndarray:
     which the sha256 covers, are the same."""
     if not is_opaque(a):
         return a
-    want = tio.dtype_from_name(record.get("dtype"))
+    want = dtype_from_name(record.get("dtype"))
     if want.itemsize != a.dtype.itemsize:
         raise CliError(
             f"{where}: opaque {a.dtype.str} elements but the manifest records {want.name}"
@@ -175,7 +185,7 @@ def settle_dtypes(op: str, inputs: dict, params: dict) -> tuple[dict, list[str]]
     opaque = [k for k, a in inputs.items() if is_opaque(a)]
     if not opaque:
         return inputs, []
-    choices = [[tio.dtype_from_name(n) for n in OPAQUE_CANDIDATES[inputs[k].dtype.itemsize]]
+    choices = [[dtype_from_name(n) for n in OPAQUE_CANDIDATES[inputs[k].dtype.itemsize]]
                for k in opaque]  # fmt: skip
     last = None
     for combo in itertools.product(*choices):
@@ -201,7 +211,7 @@ def settle_dtypes(op: str, inputs: dict, params: dict) -> tuple[dict, list[str]]
 
 
 def _from_manifest(mpath: Path) -> dict[str, np.ndarray]:
-    with tio.reading(f"manifest {str(mpath)!r}"):
+    with reading(f"manifest {str(mpath)!r}"):
         m = json.loads(mpath.read_text(encoding="utf-8"))
     if (
         isinstance(m, dict)
@@ -216,20 +226,20 @@ def _from_manifest(mpath: Path) -> dict[str, np.ndarray]:
         if isinstance(e, dict):
             e.setdefault("role", "input")
     checked = _validated(mpath, m)  # the entry checks of a golden's manifest
-    es = tio.entries(checked, "input") or checked["tensors"]
-    return {e["name"]: tio.load_from_manifest(mpath, e) for e in es}
+    es = entries(checked, "input") or checked["tensors"]
+    return {e["name"]: load_from_manifest(mpath, e) for e in es}
 
 
 def _validated(mpath: Path, m: dict) -> dict:
     for j, e in enumerate(m["tensors"]):
-        tio.check_entry(e, f"{mpath}: tensors[{j}]")
-        tio.confined(mpath.parent, e["file"], f"{mpath}: tensors[{j}]")
+        check_entry(e, f"{mpath}: tensors[{j}]")
+        confined(mpath.parent, e["file"], f"{mpath}: tensors[{j}]")
     return m
 
 
 def digest(a: np.ndarray) -> str:
     """sha256 of the tensor's C-order little-endian bytes (what a .bin file holds)."""
-    return hashlib.sha256(tio._little(np.asarray(a)).tobytes()).hexdigest()
+    return hashlib.sha256(little_endian(np.asarray(a)).tobytes()).hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -246,7 +256,7 @@ def read_params(text: str) -> tuple[dict, dict | None]:
     if not text.lstrip().startswith("{"):
         if not p.is_file():
             raise CliError(f"--params {text!r}: neither a JSON object nor an existing file")
-        with tio.reading(f"--params file {text!r}"):
+        with reading(f"--params file {text!r}"):
             text = p.read_text(encoding="utf-8")
         src = f"--params file {str(p)!r}"
     try:
@@ -255,7 +265,7 @@ def read_params(text: str) -> tuple[dict, dict | None]:
         raise CliError(f"{src}: not valid JSON ({e})") from None
     tol = None
     if isinstance(obj, dict) and "tensors" in obj and isinstance(obj.get("params"), dict):
-        tol = tio.check_tolerance_fields(obj.get("tolerance"), src) or None
+        tol = check_tolerance_fields(obj.get("tolerance"), src) or None
         if tol is not None:
             tol = {k: tol.get(k) for k in ("atol", "rtol", "ratio", "mode")}
             tol["mode"] = tol["mode"] or "compare"
@@ -431,7 +441,7 @@ class ReplayRequest:
 
 
 def _manifest_tolerance(m: dict, where: str) -> dict | None:
-    tol = tio.check_tolerance_fields(m.get("tolerance"), where)
+    tol = check_tolerance_fields(m.get("tolerance"), where)
     if not tol:
         return None
     out = {k: tol.get(k) for k in ("atol", "rtol", "ratio", "mode")}

@@ -101,7 +101,8 @@ def _same_as_zero(a: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]
 
 
 def _ids_png(path: Path, rep, a, g, candidates, stage: str = "") -> None:
-    from tilesim.cli.plot import id_grid, save_ids_png
+    from tilesim.cli.plot import save_ids_png
+    from tilesim.cli.plot_ids import id_grid
 
     n_rows = rep.ids.n_rows if rep.ids is not None else int(np.prod(g.shape[:-1]))
     wrong = len(rep.ids.wrong) if rep.ids is not None else rep.n_fail

@@ -16,7 +16,7 @@ An optional ``row_ulp`` budget of the stated tolerance is kept.
 from __future__ import annotations
 
 from tilesim.cli import CliError
-from tilesim.cli import tensorio as tio
+from tilesim.cli.manifest import check_tolerance_fields
 
 #: the flags that override a stated tolerance
 FLAGS = ("atol", "rtol", "ratio")
@@ -31,7 +31,7 @@ def resolve_tolerance(stated: dict | None, given: dict | None = None, *,
                       rule: str = "default") -> dict:  # fmt: skip
     """The tolerance to judge with (module docstring): ``stated`` (``None``: none stated),
     overridden by ``given`` (:func:`flags_of`); ``rule``: the judge's rule."""
-    tol = tio.check_tolerance_fields(stated, "manifest")
+    tol = check_tolerance_fields(stated, "manifest")
     given = given or {}
     mode = tol.get("mode", "compare")
     extra = {"row_ulp": float(tol["row_ulp"])} if tol.get("row_ulp") is not None else {}

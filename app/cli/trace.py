@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 from tilesim.cli import CliError
-from tilesim.cli import tensorio as tio
 from tilesim.cli.dumps import match_actuals
+from tilesim.cli.loading import split_key
 from tilesim.cli.outputs import Outputs, check_png_path, size_text
 from tilesim.cli.progress import Progress, build_and_run, want_progress
 from tilesim.cli.registry import get_case
@@ -36,7 +36,7 @@ class TraceRun:
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
-    from tilesim.cli.plot import summarize
+    from tilesim.cli.plot_trace import summarize
 
     kind, target = _trace_target(args)
     png = Path(args.png) if args.png else None
@@ -51,7 +51,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
         outputs.add(Path(args.records))
     outputs.check()
     if args.actual:  # a missing ACTUAL fails before the run
-        path, _ = tio._split_key(args.actual)
+        path, _ = split_key(args.actual)
         if not path.exists():
             raise CliError(f"no such file or directory {str(path)!r}")
     records: list[dict] = []
@@ -77,7 +77,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
 def _run_line(run: TraceRun, records: list[dict], summary: dict) -> str:
     """The report's first line: an op traced by pipeline stage (the prologs) names its stages
     and the tokens written; any other op counts its tiles, lanes and tile sizes."""
-    from tilesim.cli.plot import is_staged, stage_rows
+    from tilesim.cli.plot_stages import is_staged, stage_rows
 
     if is_staged(records):
         rows = stage_rows(records)
@@ -173,7 +173,7 @@ def _trace_actual(args, run: TraceRun) -> ActualVerdict:
 
 
 def _stage_maps(run: TraceRun, pairs, rep, tol: dict) -> list:
-    """One :class:`~tilesim.cli.plot.ErrorMap` per judged output of an op judged by stage, in
+    """One :class:`~tilesim.cli.plot_errors.ErrorMap` per judged output of an op judged by stage, in
     the op's output order: the distance to the run's golden per token x feature, a cache's
     per written slot x field, the ids' selection picture."""
     from tilesim.reference.judge_stages import output_spec
@@ -212,7 +212,8 @@ def _cache_geometry(op: str, args: dict) -> tuple:
 
 
 def _one_map(name, kind, actual, golden, res, geometry, title):
-    from tilesim.cli.plot import ErrorMap, distance_map, id_grid
+    from tilesim.cli.plot_errors import ErrorMap, distance_map
+    from tilesim.cli.plot_ids import id_grid
 
     g = np.asarray(golden)
     a = np.asarray(actual).reshape(g.shape)
@@ -228,7 +229,7 @@ def _one_map(name, kind, actual, golden, res, geometry, title):
 def _cache_map(name, a, g, res, geometry, title):
     """A cache's map: its written slots (rows) x its fields' columns, each field in its own
     unit; the title adds the judge's count of unwritten rows that differ."""
-    from tilesim.cli.plot import ErrorMap, distance_map
+    from tilesim.cli.plot_errors import ErrorMap, distance_map
     from tilesim.reference.judge_stages import cache_fields
 
     slots, layout, block_size, _ = geometry

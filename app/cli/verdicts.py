@@ -11,9 +11,10 @@ from pathlib import Path
 
 import numpy as np
 from tilesim.cli import CliError
-from tilesim.cli import tensorio as tio
 from tilesim.cli.distribution import distribution
 from tilesim.cli.dumps import GoldenSet, load_goldens
+from tilesim.cli.loading import Loaded, load_from_manifest
+from tilesim.cli.manifest import entries
 from tilesim.cli.replay import decode, golden_inputs, golden_manifest
 
 
@@ -34,7 +35,7 @@ class GoldenInputs(Mapping):
 
     def __init__(self, mpath: Path, manifest: dict) -> None:
         self.mpath, self.manifest = mpath, manifest
-        self.entries = {e["name"]: e for e in tio.entries(manifest, "input")}
+        self.entries = {e["name"]: e for e in entries(manifest, "input")}
         self.loaded: dict = {}
         self.replayed: dict | None = None
 
@@ -50,7 +51,7 @@ class GoldenInputs(Mapping):
                 self.replayed = golden_inputs(self.mpath, self.manifest)
             return self.replayed[name]
         if name not in self.loaded:
-            self.loaded[name] = tio.load_from_manifest(self.mpath, self.entries[name])
+            self.loaded[name] = load_from_manifest(self.mpath, self.entries[name])
         return self.loaded[name]
 
     def __iter__(self) -> Iterator[str]:
@@ -106,7 +107,7 @@ def _judged(gs: GoldenSet, pairs, tol, inputs, params, *, name, rule, arithmetic
         g, a = dumped[ov.output]
         if ov.recomputed_with is not None:
             src = f"{g.source} recomputed with the ids of {dumped[ov.recomputed_with][1].source}"
-            g = tio.Loaded(ov.golden, src, g.manifest, g.entry)
+            g = Loaded(ov.golden, src, g.manifest, g.entry)
         flat = a.array.reshape(ov.golden.shape)
         dist = distribution(flat, ov.golden) if ov.verdict.kind != "ids" else None
         results.append((ov.verdict, dist, a, g, ov.against))
@@ -124,7 +125,7 @@ def run_goldens(op: str, goldens: dict, args: dict) -> GoldenSet:
     from tilesim.cli.replay import indexer_block_scores
     from tilesim.reference.judge_plans import LIGHTNING_INDEXER_OPS
 
-    outs = [tio.Loaded(np.asarray(a), f"reference {n}", None, {"name": n})
+    outs = [Loaded(np.asarray(a), f"reference {n}", None, {"name": n})
             for n, a in goldens.items()]  # fmt: skip
     scores = indexer_block_scores(op, args)
     if op in LIGHTNING_INDEXER_OPS and "scores" in goldens:
@@ -173,7 +174,7 @@ def judge_stage_dump(gs: GoldenSet, pairs, tol: dict, *, case: str, rule: str = 
             "every output): compare against the directory or its manifest.json"
         )
     mpath, m = found
-    every = gs if len(gs.outputs) == len(tio.entries(m, "golden")) else load_goldens(str(mpath))
+    every = gs if len(gs.outputs) == len(entries(m, "golden")) else load_goldens(str(mpath))
     golden = {g.name: g.array for g in every.outputs}
     params = {k: decode(v, f"{mpath}: params.{k}") for k, v in m.get("params", {}).items()}
     actual = {g.name: a.array for g, a in pairs}

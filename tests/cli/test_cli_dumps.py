@@ -100,7 +100,8 @@ def test_cann_dump_directory(cli, golden_dir, tmp_path):
 
 def _two_output_golden(tmp_path):
     """A hand-made golden directory with outputs "attn" (bf16) and "lse" (fp32)."""
-    from tilesim.cli.tensorio import tensor_entry, write_npz
+    from tilesim.cli.manifest import tensor_entry
+    from tilesim.cli.tensorio import write_npz
 
     rng = np.random.default_rng(0)
     attn = rng.normal(size=(4, 8)).astype(ml_dtypes.bfloat16)

@@ -173,7 +173,7 @@ def test_the_manifest_lists_the_outputs_in_the_ops_order(step):
 def test_compare_png_of_ids_draws_the_selection_per_row(cli, step, tmp_path, monkeypatch):
     """``--png`` of an id output: per row and candidate position, the ids both select, the
     missing, extra, unread and tied ones (no ULP picture of id values)."""
-    from tilesim.cli import plot
+    from tilesim.cli import plot, plot_ids
 
     g = read_npz(step / "golden.npz")
     ids = g["topk_indices"].copy()
@@ -195,7 +195,7 @@ def test_compare_png_of_ids_draws_the_selection_per_row(cli, step, tmp_path, mon
     assert code == 1 and "wrote" in out, err
     assert cli.png_size(tmp_path / "ids.png")[0] > 0
     grid, marks = drawn["grid"], drawn["marks"]
-    names = [n for n, _ in plot.ID_CATEGORIES]
+    names = [n for n, _ in plot_ids.ID_CATEGORIES]
     pushed = g["topk_indices"][0, 296:299]
     assert grid.shape == (4, g["scores"].shape[1])
     assert all(names[grid[0, i]].startswith("missing") for i in pushed)

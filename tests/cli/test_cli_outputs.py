@@ -76,7 +76,7 @@ def test_failed_png_leaves_nothing(cli, tmp_path, monkeypatch):
         open(path, "wb").write(b"\x89PNG partial")
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(plot, "_save_small_png", broken)
+    monkeypatch.setattr(plot, "save_small_png", broken)
     code, _, err = cli(
         "trace", CASE, "--png", tmp_path / "t.png", "--records", tmp_path / "r.jsonl"
     )

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 from tilesim.cli import tensorio as tio
+from tilesim.cli.loading import load_from_manifest
+from tilesim.cli.manifest import MANIFEST
 from tilesim.cli.registry import load_registry
 from tilesim.cli.replay import digest
 from tilesim.cli.runner import op_callable
@@ -54,7 +56,7 @@ def tmp_path(tmp_path):
 
 
 def _manifest(d: Path) -> dict:
-    return json.loads((d / tio.MANIFEST).read_text())
+    return json.loads((d / MANIFEST).read_text())
 
 
 def _golden_digests(d: Path) -> dict:
@@ -63,7 +65,7 @@ def _golden_digests(d: Path) -> dict:
     out = {}
     for e in m["tensors"]:
         if e["role"] != "input":
-            out[(e["role"], e["name"])] = digest(tio.load_from_manifest(d / tio.MANIFEST, e))
+            out[(e["role"], e["name"])] = digest(load_from_manifest(d / MANIFEST, e))
     return out
 
 

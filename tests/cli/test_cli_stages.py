@@ -99,7 +99,8 @@ def test_the_first_failing_stage_is_named(root, cli):
 def test_a_subset_dump_is_judged(root, cli, tmp_path):
     """An npz with two outputs; a single ``NAME.npy`` file answers its output."""
     g = np.load(root / "dev" / STEP / "golden.npz")
-    from tilesim.cli.tensorio import load_from_manifest, read_manifest
+    from tilesim.cli.loading import load_from_manifest
+    from tilesim.cli.manifest import read_manifest
 
     mpath = root / "dev" / STEP / "manifest.json"
     m = read_manifest(mpath)

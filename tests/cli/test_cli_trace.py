@@ -8,7 +8,8 @@ import json
 import ml_dtypes
 import numpy as np
 import pytest
-from tilesim.cli.plot import lane_keys, save_trace_png, stat_panels, summarize, tile_extent
+from tilesim.cli.plot import save_trace_png
+from tilesim.cli.plot_trace import lane_keys, stat_panels, summarize, tile_extent
 from tilesim.shared.trace import TRACE_KEYS, check_record, trace_record
 
 CASE = "m3_case_smoke_edge"  # counts [1, 0, 3, 4], unroll {1, 2, 4}
@@ -214,7 +215,7 @@ def test_indexer_panel_names_its_scores_not_a_softmax():
 def test_masked_rows_are_left_out_of_the_softmax_panels():
     """A row with every key of the tile masked has m = score - 1e9 and l = the tile's key
     count; both are left out and the title says how many were."""
-    from tilesim.cli.plot import _stat
+    from tilesim.cli.plot_trace import tile_stat
 
     recs = [
         trace_record("msa_main_branch", {"head": 0, "kv_head": 0}, 0, (0, 512),
@@ -225,15 +226,15 @@ def test_masked_rows_are_left_out_of_the_softmax_panels():
     panels = dict(stat_panels(recs))
     assert set(panels) == {"row_max", "row_sum"}
     assert all("4 rows seeing no key" in t and "left out" in t for t in panels.values())
-    assert _stat(recs[0], "row_max", drop_masked=True) == (1.5, 2.25, 3.0)
-    assert _stat(recs[0], "row_sum", drop_masked=True) == (4.0, 5.0, 6.0)
-    assert _stat(recs[1], "row_max", drop_masked=True) is None  # nothing left to draw
+    assert tile_stat(recs[0], "row_max", drop_masked=True) == (1.5, 2.25, 3.0)
+    assert tile_stat(recs[0], "row_sum", drop_masked=True) == (4.0, 5.0, 6.0)
+    assert tile_stat(recs[1], "row_max", drop_masked=True) is None  # nothing left to draw
 
 
 def test_main_branch_row_max_panel_is_not_swamped(cli, tmp_path):
     """msa_main_unaligned_100 has rows that see no key in some tiles (their m is near -1e9);
     the drawn row maxima stay in the range of real scaled scores."""
-    from tilesim.cli.plot import _stat
+    from tilesim.cli.plot_trace import tile_stat
 
     rec = tmp_path / "r.jsonl"
     assert cli("trace", "msa_main_unaligned_100", "--records", rec)[0] == 0
@@ -242,7 +243,7 @@ def test_main_branch_row_max_panel_is_not_swamped(cli, tmp_path):
     assert raw.min() < -1e8  # the mask value is in the records
     panels = dict(stat_panels(rows))
     assert "left out" in panels["row_max"]
-    drawn = [s for r in rows if (s := _stat(r, "row_max", drop_masked=True)) is not None]
+    drawn = [s for r in rows if (s := tile_stat(r, "row_max", drop_masked=True)) is not None]
     assert drawn and min(s[0] for s in drawn) > -100.0
 
 
@@ -273,9 +274,9 @@ MLA_CASE = "mla_prolog_int8_pad"
 
 
 def _figure():
-    from tilesim.cli.plot import _pyplot
+    from tilesim.cli.plot_figure import pyplot
 
-    return _pyplot().figure(figsize=(11, 8))
+    return pyplot().figure(figsize=(11, 8))
 
 
 def _titles(fig) -> list[str]:
@@ -304,7 +305,7 @@ def mla_run(tmp_path_factory):
 
 
 def test_the_mla_prologs_records_are_its_stages_in_pipeline_order(mla_run):
-    from tilesim.cli.plot import stage_rows
+    from tilesim.cli.plot_stages import stage_rows
 
     recs, gold, ins = mla_run
     rows = stage_rows(recs)
@@ -330,7 +331,8 @@ def test_the_mla_prologs_records_are_its_stages_in_pipeline_order(mla_run):
 
 
 def test_the_prolog_picture_names_its_stages_not_a_softmax(mla_run):
-    from tilesim.cli.plot import draw_schedule, is_staged
+    from tilesim.cli.plot_stages import is_staged
+    from tilesim.cli.plot_trace import draw_schedule
 
     recs = mla_run[0]
     assert is_staged(recs)
@@ -347,7 +349,7 @@ def test_the_prolog_picture_names_its_stages_not_a_softmax(mla_run):
 
 
 def test_a_nonfinite_stage_result_is_named_in_the_title():
-    from tilesim.cli.plot import stage_rows, stage_title
+    from tilesim.cli.plot_stages import stage_rows, stage_title
     from tilesim.shared.trace import emit_stage
 
     recs: list = []
@@ -359,7 +361,8 @@ def test_a_nonfinite_stage_result_is_named_in_the_title():
 
 
 def test_the_layer_step_is_one_panel_per_stage_in_order(cli, tmp_path):
-    from tilesim.cli.plot import draw_schedule, op_groups, stage_rows, stage_title
+    from tilesim.cli.plot_stages import stage_rows, stage_title
+    from tilesim.cli.plot_trace import draw_schedule, op_groups
 
     rec = tmp_path / "r.jsonl"
     assert cli("trace", "dsa_attention_step_short_int8", "--records", rec)[0] == 0
@@ -384,7 +387,7 @@ def test_the_layer_step_is_one_panel_per_stage_in_order(cli, tmp_path):
 
 
 def test_distance_map_counts_ulps_and_code_steps():
-    from tilesim.cli.plot import distance_map
+    from tilesim.cli.plot_errors import distance_map
 
     g = np.array([[1.0, 2.0], [-1.0, 0.5]], ml_dtypes.bfloat16)
     bits = g.view(np.uint16).copy()
@@ -403,6 +406,7 @@ def test_trace_actual_of_a_prolog_draws_an_error_map_per_output(cli, tmp_path, m
     ``kv_cache`` row off by 3 codes: one map per output, each named by stage and output, the
     errors where they were put."""
     import tilesim.cli.plot as plot
+    from tilesim.cli import plot_errors
     from tilesim.cli.tensorio import read_npz, write_npz
 
     got = {}
@@ -448,6 +452,6 @@ def test_trace_actual_of_a_prolog_draws_an_error_map_per_output(cli, tmp_path, m
     assert "PASS" in maps["stage mla_prolog, query_nope"].title
     assert not maps["stage mla_prolog, query_nope"].values.any()
     fig = _figure()
-    plot.draw_error_maps(fig, got["error_maps"])
+    plot_errors.draw_error_maps(fig, got["error_maps"])
     assert sum("ULP in bfloat16" in t for t in _titles(fig)) >= 2
     assert png.exists()

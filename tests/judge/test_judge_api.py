@@ -217,6 +217,7 @@ def test_every_tolerance_the_case_schema_makes_the_judge_takes_and_back():
     """The case schema and the judge accept the same modes and keys: a row-ULP budget in any
     mode goes through ``make_case``, and the judge takes each dict as the schema makes it."""
     from tilesim.shared import case_schema as cs
+    from tilesim.shared.tolerance import check_tolerance
 
     g = _golden()
     ids = np.arange(12, dtype=np.int32).reshape(3, 4)
@@ -230,4 +231,6 @@ def test_every_tolerance_the_case_schema_makes_the_judge_takes_and_back():
     with pytest.raises(ValueError, match="row_ulp"):
         cs.tolerance(mode="ulp", row_ulp=-1)
     with pytest.raises(ValueError, match="optionally row_ulp"):
-        cs.check_tolerance({"mode": "ulp", "atol": None, "rtol": None, "ratio": 0, "x": 1})
+        check_tolerance(
+            {"mode": "ulp", "atol": None, "rtol": None, "ratio": 0, "x": 1}, form="case"
+        )
