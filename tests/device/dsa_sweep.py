@@ -45,20 +45,9 @@ def variants(seed: tuple, kept: tuple) -> dict:
 def cost_only(kernel, args) -> float:
     """Compile ``kernel`` and run PyPTO's cost model on ``args`` without interpreting the
     tensor graph; returns the simulated µs (the figure ``sim.run_kernel`` reports)."""
-    from pathlib import Path
-
     from tilesim.device import sim
 
-    if hasattr(sim, "run_cost"):  # the simulator's own cost-only path
-        return sim.run_cost(kernel, args).us
-    pypto_impl = sim._prepare(args, True, enable_pass_verify=False)
-    sim._call(kernel, args, {})
-    top = Path(pypto_impl.LogTopFolder())
-    us = sim._swim_us(top / "CostModelSimulationOutput")
-    sim._drop_output(top)
-    if us is None:
-        raise sim.SimError("cost model wrote no swim lanes")
-    return us
+    return sim.run_cost(kernel, args).us
 
 
 def case_args(quant: str, preset: str, b: int, s1: int, keys: int = 2048) -> dict:

@@ -1,0 +1,127 @@
+"""Running a function in a fresh spawned process configured for a SoC (:func:`isolated`).
+
+A kernel that fails while being recorded or compiled leaves pypto unusable in its process, and
+the two SoCs cannot share a process, so tests call their checks through :func:`isolated`. The
+child starts with :data:`PINNED_ENV` (docs/device.md, "A deterministic interpreter").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import shutil
+import sys
+import tempfile
+import time
+
+from tilesim.device.sim.errors import SimError
+from tilesim.device.sim.process import configure
+from tilesim.device.sim.soc_target import sim_soc
+from tilesim.shared.soc import DEFAULT_SOC, SIM_SOCS
+
+#: The environment a simulator child starts with (over the caller's): the interpreter's libtorch
+#: runs on one thread with fixed code paths, so its output bits do not depend on the caller's
+#: thread settings, the machine's load or (for ATen's vector kernels and MKL) the CPU
+#: generation. Measured and explained in docs/device.md, "A deterministic interpreter".
+PINNED_ENV = {
+    "OMP_NUM_THREADS": "1",  # libtorch's intra-op pool: one thread, one reduction order
+    "MKL_NUM_THREADS": "1",
+    "MKL_DYNAMIC": "FALSE",  # MKL may not pick its own thread count per call
+    "OMP_DYNAMIC": "FALSE",
+    "MKL_CBWR": "COMPATIBLE",  # MKL's CPU-independent code path (conditional reproducibility)
+    "ATEN_CPU_CAPABILITY": "avx2",  # ATen's vector width: the same on every AVX2+ x86 CPU
+}
+
+
+@contextlib.contextmanager
+def _child_environment():
+    """``os.environ`` with :data:`PINNED_ENV` while a child process is started (a spawned
+    child copies the parent's environment at start); restored after."""
+    saved = {k: os.environ.get(k) for k in PINNED_ENV}
+    os.environ.update(PINNED_ENV)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _child_main(queue, soc: str, workdir: str, payload: bytes) -> None:
+    """The spawned child: configure ``soc``, run the pickled call, put ``("ok", result)`` or
+    ``("err", text)`` on ``queue``."""
+    import traceback
+
+    try:
+        if "pypto" in sys.modules:
+            raise SimError(
+                "pypto was imported before the child could choose its SoC: the parent's "
+                "__main__ module imports pypto (or a kernel module) at top level -- move that "
+                "import into a function or under `if __name__ == '__main__':`"
+            )
+        configure(soc, workdir=workdir)
+        fn, args, kwargs = pickle.loads(payload)
+        result = ("ok", pickle.dumps(fn(*args, **kwargs)))
+    except BaseException as e:  # noqa: BLE001 -- pypto errors may not unpickle: send text
+        tb = traceback.format_exc()
+        result = ("err", f"{type(e).__name__}: {e}\n--- child traceback ---\n{tb}")
+    queue.put(result)
+    queue.close()
+    queue.join_thread()
+
+
+def isolated(fn, *args, soc: str = DEFAULT_SOC, timeout: float = 900.0, **kwargs):
+    """Run ``fn(*args, **kwargs)`` in a fresh spawned process configured for ``soc``.
+
+    ``fn`` must be importable (module level) and its arguments and result picklable (torch
+    tensors are fine). Returns the result or raises :class:`SimError` carrying the child's
+    exception and traceback; a child that dies (e.g. pypto aborts) or exceeds ``timeout``
+    seconds raises too. Costs ~2 s per call (process start + imports).
+    """
+    import multiprocessing as mp
+    import queue as queue_mod
+
+    target = sim_soc(soc)
+    if target not in SIM_SOCS:
+        raise ValueError(f"soc: expected one of {SIM_SOCS}, got {soc!r}")
+    payload = pickle.dumps((fn, args, kwargs))
+    # created here so that it is removed even when the child dies without running atexit
+    workdir = tempfile.mkdtemp(prefix=f"tilesim-sim-{target}-")
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_child_main, args=(q, target, workdir, payload), daemon=True)
+    with _child_environment():
+        p.start()
+    deadline = time.monotonic() + timeout
+    msg = None
+    try:
+        while msg is None:
+            try:
+                msg = q.get(timeout=1.0)
+            except queue_mod.Empty:
+                if not p.is_alive():
+                    try:
+                        msg = q.get(timeout=2.0)
+                    except queue_mod.Empty:
+                        raise SimError(
+                            f"{getattr(fn, '__name__', fn)} [{target}]: child process died "
+                            f"without a result (exit code {p.exitcode})"
+                        ) from None
+                elif time.monotonic() > deadline:
+                    raise SimError(
+                        f"{getattr(fn, '__name__', fn)} [{target}]: no result after {timeout} s"
+                    ) from None
+    finally:
+        p.join(30)
+        if p.is_alive():
+            p.kill()
+            p.join()
+        if not os.environ.get("TILESIM_SIM_KEEP"):
+            shutil.rmtree(workdir, ignore_errors=True)
+    status, value = msg
+    if status == "err":
+        raise SimError(f"[{target}] {value}")
+    return pickle.loads(value)
