@@ -46,6 +46,13 @@ ALLOWED = {
     # UB bytes one fold task may hold, and the widest fold column block (UB budgets)
     ("_dsa_kernel.py", 128, "FOLD_UB = 128 * 1024"),
     ("_dsa_kernel.py", 128, "w = 128"),
+    # the indexer prolog: PyPTO's runtime option, the cube's M-tile cap of the Hadamard
+    # matmul, the q_b matmul's cube tiles (pypto-gym's) and the RoPE's vector-tile rows
+    ("_dsa_indexer_prolog_kernel.py", 128, '"stitch_function_max_num", 128'),
+    ("_dsa_indexer_prolog_kernel.py", 128, "mt = min(m, 128)"),
+    ("_dsa_indexer_prolog_kernel.py", 512, "set_cube_tile_shapes([16, 16], [512, 512], [128, 128])"),
+    ("_dsa_indexer_prolog_kernel.py", 128, "set_cube_tile_shapes([16, 16], [512, 512], [128, 128])"),
+    ("_dsa_indexer_prolog_kernel.py", 64, "set_vec_tile_shapes(min(rows, 64), DIM)"),
 }
 
 

@@ -289,6 +289,7 @@ def test_bad_input_gets_the_goldens_message(name):
     assert all(np.array_equal(_bytes(before[k]), _bytes(inp[k])) for k in before)
 
 
+@pytest.mark.sim  # the kernel module is built: needs pypto
 @pytest.mark.torch
 def test_a_nan_is_scanned_with_validate_full_only():
     """``validate="full"`` runs the golden's float scans (its message); the default reads
@@ -302,6 +303,7 @@ def test_a_nan_is_scanned_with_validate_full_only():
     assert "rope_layout: the kernel implements 'halves' only" in got
 
 
+@pytest.mark.sim  # the kernel module is built: needs pypto
 @pytest.mark.torch
 def test_fp8_needs_a_soc_with_fp8():
     """FP8 on the 910B: the SoC rule's error (``SocSpec.fp8``), naming ``path``; on the 950
@@ -312,6 +314,7 @@ def test_fp8_needs_a_soc_with_fp8():
     assert "'910b'" in got
 
 
+@pytest.mark.sim  # the kernel module is built: needs pypto
 @pytest.mark.torch
 def test_one_k_tile_of_7168_is_refused():
     """At DeepSeek's H = 7168 the kernel cannot sum ``x @ w_k`` in one K tile (the golden's

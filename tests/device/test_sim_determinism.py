@@ -31,6 +31,8 @@ FAMILY_ENTRIES = (
     "msa_main/unaligned_100@950",
     "dsa/int8_pypto@910b",
     "dsa_indexer/short_fp8@950",
+    "mla_prolog/int8_b4_s2@910b",
+    "dsa_indexer_prolog/int8_pad_h256@910b",
 )
 
 _THREAD_KEYS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "MKL_DYNAMIC")
