@@ -15,7 +15,7 @@ bit-exact against the golden in the simulator.
 What the kernel covers: ``path="int8"`` (pypto-gym's recipe, the 910B and the 950) with the
 ``"halves"`` RoPE on ``[T, 64]`` tables. ``path="fp8"`` needs a SoC with FP8
 (:func:`tilesim.shared.soc.require_fp8`: a ``ValueError`` on the 910B) and has no kernel yet
-(``ValueError`` before launch; the golden covers it), nor has ``rope_layout="interleaved"`` or a
+(``ValueError`` before launch; the golden covers it), nor has ``rope_pairing="interleaved"`` or a
 ``[T, 32]`` table.
 
 Host copies per call (``validate``): the default (``True``) copies ``slot_mapping`` (``8 T``
@@ -62,8 +62,10 @@ def _check_kernel_limits(a: Args) -> None:
             "path: the device kernel implements 'int8' (pypto-gym's recipe) only, got 'fp8'; "
             "the FP8 path is golden-only (tilesim.reference.dsa_indexer_prolog)"
         )
-    if a.rope_layout != "halves":
-        raise ValueError(f"rope_layout: the kernel implements 'halves' only, got {a.rope_layout!r}")
+    if a.rope_pairing != "halves":
+        raise ValueError(
+            f"rope_pairing: the kernel implements 'halves' only, got {a.rope_pairing!r}"
+        )
     shp = tuple(a.ins.cos.shape)
     if shp[1] != ROPE_DIM:
         raise ValueError(f"cos: expected the [T, {ROPE_DIM}] halves table for the kernel, got "
@@ -175,7 +177,7 @@ def _namespace(**kw):
 
 def _meta(ins) -> Args:
     """The contract's ``check_meta`` with the call's switches (the golden's call)."""
-    return check_meta(ins, path=ins.path, rope_layout=ins.rope_layout, eps=ins.eps,
+    return check_meta(ins, path=ins.path, rope_pairing=ins.rope_pairing, eps=ins.eps,
                       ue8m0=ins.ue8m0, amax_floor=ins.amax_floor, block_size=ins.block_size,
                       fp8_promotion=ins.fp8_promotion, k_tile=ins.k_tile)  # fmt: skip
 
@@ -225,7 +227,7 @@ def dsa_indexer_prolog(
     k_scale=None,
     *,
     path: str = "int8",
-    rope_layout: str = "halves",
+    rope_pairing: str = "halves",
     eps: float = 1e-6,
     ue8m0: bool = True,
     amax_floor: float | None = None,
@@ -241,7 +243,7 @@ def dsa_indexer_prolog(
 
     Arguments as :func:`tilesim.reference.dsa_indexer_prolog` (checked by the same contract,
     :mod:`tilesim.shared.dsa_indexer_prolog`, with the same messages); the kernel covers
-    ``path="int8"`` with ``rope_layout="halves"`` and ``[T, 64]`` tables, and sums the linears
+    ``path="int8"`` with ``rope_pairing="halves"`` and ``[T, 64]`` tables, and sums the linears
     over ``H`` in K tiles of ``k_tile`` (at most 1024 rows dividing ``H``; ``None``: one tile,
     so up to ``H = 1024``; DeepSeek's 7168 needs a tile, ``k_tile=1024`` its cost rows', and
     the golden with the same ``k_tile`` is what it reproduces). Device-only keywords:

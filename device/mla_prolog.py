@@ -11,7 +11,7 @@ no argument is written, and every row not named keeps its bytes.
 
 What the kernel computes: the INT8 path (``path="int8"``: INT8 ``w_uq_qr`` with per-channel
 scales, BF16 ``w_dq`` / ``w_dkv_kr``, ``kv_quant="int8_gym"``, ``cache_layout="kv_split"``,
-``rope_layout="deinterleave"``), with ``rms_form`` ``"gym_golden"`` (the default) or
+``rope_pairing="deinterleave"``), with ``rms_form`` ``"gym_golden"`` (the default) or
 ``"gym_kernel"`` and any ``rms_eps``: bit for bit the golden with the same switches
 (``docs/ops/mla_prolog.md``, "Kernel"). Anything else is a ``ValueError`` before launch (the
 golden covers it).
@@ -43,7 +43,7 @@ from tilesim.shared.validate import check_choice
 #: the switch values the kernel implements (every other value: ``ValueError`` before launch)
 KERNEL_SWITCHES = {
     "linears": {"q_a": "bf16", "q_b": "int8_channel", "kv_a": "bf16"},
-    "rope_layout": ("deinterleave",),
+    "rope_pairing": ("deinterleave",),
     "rms_form": ("gym_golden", "gym_kernel"),
     "kv_quant": ("int8_gym",),
     "cache_layout": ("kv_split",),
@@ -71,7 +71,7 @@ def _check_kernel_limits(a: contract.Args, soc: str) -> None:
                 f"{a.linears[name]} weight; the FP8 path is golden-only "
                 "(tilesim.reference.mla_prolog)"
             )
-    for name in ("rope_layout", "rms_form", "kv_quant", "cache_layout"):
+    for name in ("rope_pairing", "rms_form", "kv_quant", "cache_layout"):
         got = getattr(a, name)
         if got not in KERNEL_SWITCHES[name]:
             raise ValueError(
@@ -199,7 +199,7 @@ def mla_prolog(
     w_dkv_kr_scale=None,
     *,
     path: str = "int8",
-    rope_layout: str | None = None,
+    rope_pairing: str | None = None,
     rms_form: str | None = None,
     rms_eps: float | None = None,
     kv_quant: str | None = None,
@@ -226,7 +226,7 @@ def mla_prolog(
     pair ``(outputs, cost_us)``. Inputs are never modified.
     """
     ins = types.SimpleNamespace(**{n: v for n, v in locals().items() if n in _INPUTS})
-    switches = {"path": path, "rope_layout": rope_layout, "rms_form": rms_form,
+    switches = {"path": path, "rope_pairing": rope_pairing, "rms_form": rms_form,
                 "rms_eps": rms_eps, "kv_quant": kv_quant, "cache_layout": cache_layout,
                 "fp8_promotion": fp8_promotion}  # fmt: skip
     a = _checked(ins, switches, validate, soc)

@@ -40,7 +40,7 @@ nvcc's default ``--fmad=true`` contracts it), or ``acc = FP32(acc + FP32(P * S))
 ``HAD`` is :func:`tilesim.shared.hadamard.hadamard_rotate`; ``act_quant`` is
 :func:`tilesim.shared.quant.quantize_index_fp8`, ``quant_int8``
 :func:`~tilesim.shared.quant.quantize_index_int8` with ``scale_rule="reciprocal"``.
-``ROPE`` is :func:`tilesim.shared.rope.apply_rope` (``rope_layout``: ``"halves"``, or
+``ROPE`` is :func:`tilesim.shared.rope.apply_rope` (``rope_pairing``: ``"halves"``, or
 DeepSeek's pre-fix ``"interleaved"``). The reductions' order (the matmuls' and the row sums')
 is modelled as one rounding of the exact sum; the public goldens leave it to the BLAS and
 the kernels to the cube (the op page says what that costs).
@@ -144,7 +144,7 @@ def _rope_half(v: np.ndarray, a: Args) -> np.ndarray:
     """``[ROPE(v[..., :64]) | v[..., 64:]]`` for BF16 ``v [T, ..., 128]``."""
     out = v.copy()
     out[..., :ROPE_DIM] = apply_rope(v[..., :ROPE_DIM], a.ins.cos, a.ins.sin,
-                                     layout=a.rope_layout)  # fmt: skip
+                                     pairing=a.rope_pairing)  # fmt: skip
     return out
 
 
@@ -319,7 +319,7 @@ def dsa_indexer_prolog(
     k_scale=None,
     *,
     path: str = "int8",
-    rope_layout: str = "halves",
+    rope_pairing: str = "halves",
     eps: float = 1e-6,
     ue8m0: bool = True,
     amax_floor: float | None = None,
@@ -335,7 +335,7 @@ def dsa_indexer_prolog(
         x, q_norm, w_qb, w_k, w_proj, ln_gamma, ln_beta, cos, sin, k_cache, slot_mapping and
             the path's optional arrays (``q_norm_scale``, ``w_qb_scale``, ``w_k_scale``,
             ``hadamard_q``, ``hadamard_k``, ``k_scale``): see the contract module.
-        path: ``"int8"`` (pypto-gym) or ``"fp8"`` (DeepSeek); rope_layout: ``"halves"`` or the
+        path: ``"int8"`` (pypto-gym) or ``"fp8"`` (DeepSeek); rope_pairing: ``"halves"`` or the
             pre-fix ``"interleaved"``; eps: the LayerNorm epsilon; ue8m0: FP8 power-of-two
             scales; amax_floor: the q/k quantizers' floor (``None``: the path's);
             block_size: tokens per cache block.
@@ -357,7 +357,7 @@ def dsa_indexer_prolog(
     """
     ins = SimpleNamespace(**{n: v for n, v in locals().items() if n in _INPUTS})  # the arrays
     a = check_values(check_meta(
-        ins, path=path, rope_layout=rope_layout, eps=eps, ue8m0=ue8m0, amax_floor=amax_floor,
+        ins, path=path, rope_pairing=rope_pairing, eps=eps, ue8m0=ue8m0, amax_floor=amax_floor,
         block_size=block_size, trace=trace, fp8_promotion=fp8_promotion, k_tile=k_tile,
     ))  # fmt: skip
     return prolog_from_args(a, trace=trace)

@@ -53,7 +53,7 @@ from tilesim.shared.dsa_indexer import INDEX_HEADS
 from tilesim.shared.dsa_indexer_prolog import (
     FP8_BLOCK,
     PATHS,
-    PROLOG_ROPE_LAYOUTS,
+    PROLOG_ROPE_PAIRINGS,
     QB_COLS,
 )
 from tilesim.shared.hadamard import scaled_hadamard_bf16
@@ -84,7 +84,7 @@ _GYM_64K = (65536,) * 4
 
 _DEFAULTS = {
     "path": "int8", "seq_lens": (300, 1000), "s1": 2, "q_lens": None, "pad": 0,
-    "block_size": 128, "rope_layout": "halves", "recipe": "model", "hidden": HIDDEN,
+    "block_size": 128, "rope_pairing": "halves", "recipe": "model", "hidden": HIDDEN,
     "rank": Q_LORA_RANK, "poison_unused": True, "spare_blocks": 0, "ue8m0": True,
     "weight_scale": "ue8m0",
 }  # fmt: skip
@@ -114,7 +114,7 @@ _TABLE = {
                                        "small",
                                        "tilesim extra", "ragged prefill: 6 + 3 new tokens "
                                        "across a block boundary, FP8"),
-    "dsa_indexer_prolog_prefix_rope_fp8": (dict(path="fp8", rope_layout="interleaved"),
+    "dsa_indexer_prolog_prefix_rope_fp8": (dict(path="fp8", rope_pairing="interleaved"),
                                            "small", "tilesim extra", "DeepSeek's pre-fix "
                                            "interleaved indexer RoPE, FP8"),
 }  # fmt: skip
@@ -124,7 +124,7 @@ _TABLE = {
 def _checked(p: dict) -> dict:
     """``p`` (the merged builder parameters) checked, in place; returns ``p``."""
     check_choice(p["path"], "path", PATHS)
-    check_choice(p["rope_layout"], "rope_layout", PROLOG_ROPE_LAYOUTS)
+    check_choice(p["rope_pairing"], "rope_pairing", PROLOG_ROPE_PAIRINGS)
     check_choice(p["recipe"], "recipe", ("model", "gym"))
     if p["recipe"] == "gym" and p["path"] != "int8":
         raise ValueError("recipe: 'gym' (pypto-gym's stand-ins) is an INT8-path recipe")
@@ -236,7 +236,7 @@ def dsa_indexer_prolog_make_case(name: str | None = None, *, seed: int = 0, prog
 
     Builder parameters: ``path`` (``"int8"`` / ``"fp8"``), ``seq_lens`` (lengths including
     the new tokens), ``s1`` (new tokens per sequence) or ``q_lens`` (per sequence: prefill),
-    ``pad`` (padding tokens, slot ``-1``), ``block_size``, ``rope_layout``, ``recipe``
+    ``pad`` (padding tokens, slot ``-1``), ``block_size``, ``rope_pairing``, ``recipe``
     (``"model"`` / ``"gym"``), ``hidden`` / ``rank`` (7168 / 1536; smaller multiples of 128
     for quick tests), ``poison_unused``, ``spare_blocks``, ``ue8m0`` (FP8), ``weight_scale``
     (FP8 weight block scales: ``"ue8m0"`` powers of two, ``"amax448"`` ``amax / 448``;
@@ -259,7 +259,7 @@ def dsa_indexer_prolog_make_case(name: str | None = None, *, seed: int = 0, prog
     inputs.update(_rope(p, rng_w, pos))
     inputs.update(_cache(p, rng_k, table, n_blocks, progress))
     inputs["slot_mapping"] = slots
-    op_params = {"path": p["path"], "rope_layout": p["rope_layout"],
+    op_params = {"path": p["path"], "rope_pairing": p["rope_pairing"],
                  "block_size": p["block_size"]}  # fmt: skip
     if p["path"] == "fp8":
         op_params["ue8m0"] = p["ue8m0"]

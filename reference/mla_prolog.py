@@ -12,10 +12,10 @@ to FP32, and row sums :func:`~tilesim.reference.arith.rowsum_fp32`)::
                q_b = BF16(FP32(int32 q_norm @ w_uq_qr) * s * w_scale)
     else:      q_norm = qn; q_b = BF16(linear(qn, w_uq_qr))
     query_nope = BF16(FP32(q_b[:, h, :128] @ w_uk[h]))                [T, 128, 512]
-    query_rope = rope(q_b[:, h, 128:], cos, sin, rope_layout)         BF16 [T, 128, 64]
+    query_rope = rope(q_b[:, h, 128:], cos, sin, rope_pairing)         BF16 [T, 128, 64]
     kv_a = BF16(linear(x, w_dkv_kr)); kvn = BF16(rms_norm(kv_a[:, :512]) * gamma_ckv)
     codes, scales = kv_quant(kvn) per 128 values                      INT8/FP8 [T, 512], FP32 [T, 4]
-    kr   = rope(kv_a[:, 512:], cos, sin, rope_layout)                 BF16 [T, 64]
+    kr   = rope(kv_a[:, 512:], cos, sin, rope_pairing)                 BF16 [T, 64]
     cache rows slot_mapping[t] (>= 0) <- (codes, kr, scales) in cache_layout
 
 ``linear``: ``"bf16"`` is ``BF16(FP32(x @ w))``; ``"fp8_block"`` is DeepSeek's ``act_quant``
@@ -157,7 +157,7 @@ def _queries(a, ins, trace):
           "q_nope @ w_uk per head: query_nope")  # fmt: skip
     warn_stage(OP, "absorb", "q_b's nope @ w_uk: query_nope", query_nope, q_b)
     cos, sin = host_data(ins.cos, "cos"), host_data(ins.sin, "sin")
-    query_rope = apply_rope(q[:, :, QK_NOPE:], cos, sin, layout=a.rope_layout)
+    query_rope = apply_rope(q[:, :, QK_NOPE:], cos, sin, pairing=a.rope_pairing)
     _emit(trace, "q_rope", query_rope, 0, "rope(q_pe): query_rope")
     warn_stage(OP, "q_rope", "rope of q_b's rope part, cos, sin: query_rope", query_rope, q_b)
     kv_a = linear(x, host_data(ins.w_dkv_kr, "w_dkv_kr"), sc["kv_a"], a.linears["kv_a"],
@@ -231,7 +231,7 @@ def mla_prolog(
     w_dkv_kr_scale=None,
     *,
     path: str = "int8",
-    rope_layout: str | None = None,
+    rope_pairing: str | None = None,
     rms_form: str | None = None,
     rms_eps: float | None = None,
     kv_quant: str | None = None,
@@ -277,7 +277,7 @@ def prolog_from_args(a, *, trace: Callable[[dict], None] | None = None) -> MlaPr
     warn_stage(OP, "kv_quant", f"{a.kv_quant} of the normed latent: codes and the scales "
                "written into the cache", (codes, scales), kvn, zero=True)  # fmt: skip
     cos, sin = host_data(ins.cos, "cos"), host_data(ins.sin, "sin")
-    kr = apply_rope(kv_a[:, KV_LORA:], cos, sin, layout=a.rope_layout)
+    kr = apply_rope(kv_a[:, KV_LORA:], cos, sin, pairing=a.rope_pairing)
     _emit(trace, "k_rope", kr, 0, "rope(kv_a[:, 512:]): kr")
     warn_stage(OP, "k_rope", "rope of kv_a[:, 512:], cos, sin: the cached rope", kr,
                kv_a[:, KV_LORA:])  # fmt: skip
@@ -291,7 +291,7 @@ def _switch_values(ins) -> dict:
     return {k: getattr(ins, k) for k in _SWITCHES}
 
 
-_SWITCHES = ("path", "rope_layout", "rms_form", "rms_eps", "kv_quant", "cache_layout",
+_SWITCHES = ("path", "rope_pairing", "rms_form", "rms_eps", "kv_quant", "cache_layout",
              "fp8_promotion")  # fmt: skip
 
 

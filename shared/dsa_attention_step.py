@@ -152,19 +152,19 @@ def step_inputs(x, block_table, seq_lens, kv_cache, k_cache, w_dq, w_uq_qr, w_uk
     ``q_lens [B]`` (None: decode) and ``slot_mapping [T]`` (None: from the block table)."""
 
 
-def step_keywords(*, path: str = "int8", rope_layout: str | None = None,
+def step_keywords(*, path: str = "int8", rope_pairing: str | None = None,
                   rms_form: str | None = None, rms_eps: float | None = None,
                   kv_quant: str | None = None, cache_layout: str | None = None,
-                  index_rope_layout: str = "halves", ln_eps: float = 1e-6, ue8m0: bool = True,
+                  index_rope_pairing: str = "halves", ln_eps: float = 1e-6, ue8m0: bool = True,
                   amax_floor: float | None = None, int8_order: str = "gym",
                   topk: int = DEEPSEEK_V32.topk, block_size: int = DEEPSEEK_V32.block_size,
                   softmax_scale: float = DEEPSEEK_V32.model_softmax_scale,
                   tiling: SaTileShapeConfig | None = None,
                   fp8_promotion: str = "fma"):  # fmt: skip
-    """The switches: ``path`` for every stage; the MLA prolog's ``rope_layout``, ``rms_form``,
+    """The switches: ``path`` for every stage; the MLA prolog's ``rope_pairing``, ``rms_form``,
     ``rms_eps``, ``kv_quant``, ``cache_layout`` (None: the path's default,
     :data:`tilesim.shared.mla_prolog.PATH_DEFAULTS`); the indexer prolog's
-    ``index_rope_layout`` (its ``rope_layout``), ``ln_eps`` (its ``eps``), ``ue8m0``,
+    ``index_rope_pairing`` (its ``rope_pairing``), ``ln_eps`` (its ``eps``), ``ue8m0``,
     ``amax_floor``; the indexer's ``int8_order`` and ``topk``; ``block_size`` of both caches;
     the attention's ``softmax_scale`` (default DeepSeek-V3.2's ``192^-0.5 * mscale^2``) and
     ``tiling`` (None: ``SaTileShapeConfig.from_env()`` at call time); ``fp8_promotion``, the
@@ -249,14 +249,14 @@ def iprolog_namespace(ins, slots, q_norm, q_norm_scale) -> types.SimpleNamespace
 
 def mla_switches(ins) -> dict:
     """The MLA prolog's keyword switches of the step."""
-    return {k: getattr(ins, k) for k in ("path", "rope_layout", "rms_form", "rms_eps",
+    return {k: getattr(ins, k) for k in ("path", "rope_pairing", "rms_form", "rms_eps",
                                           "kv_quant", "cache_layout",
                                           "fp8_promotion")}  # fmt: skip
 
 
 def iprolog_switches(ins) -> dict:
     """The indexer prolog's keyword switches of the step (under its own names)."""
-    return {"path": ins.path, "rope_layout": ins.index_rope_layout, "eps": ins.ln_eps,
+    return {"path": ins.path, "rope_pairing": ins.index_rope_pairing, "eps": ins.ln_eps,
             "ue8m0": ins.ue8m0, "amax_floor": ins.amax_floor,
             "block_size": ins.block_size, "fp8_promotion": ins.fp8_promotion}  # fmt: skip
 
@@ -297,17 +297,17 @@ def _check_path_weights(ins, path: str) -> None:
 
 
 def _check_index_rope_table(ins, t: int) -> None:
-    """``index_rope_layout="interleaved"`` takes one angle per pair (``cos`` / ``sin`` ``[T,
+    """``index_rope_pairing="interleaved"`` takes one angle per pair (``cos`` / ``sin`` ``[T,
     32]``); the step checks it under its own switch name before the indexer prolog's check
-    (which names its ``rope_layout``)."""
-    if ins.index_rope_layout != "interleaved":
+    (which names its ``rope_pairing``)."""
+    if ins.index_rope_pairing != "interleaved":
         return
     for name in ("cos", "sin"):
         check_array(getattr(ins, name), name, ndim=2, layout="[T, 32|64]")
         shp = shape_of(getattr(ins, name), name)
         if shp[1] != iprolog_contract.ROPE_DIM // 2:
             raise ValueError(
-                f"index_rope_layout: expected 'halves' for a {name} table of shape {shp} (the "
+                f"index_rope_pairing: expected 'halves' for a {name} table of shape {shp} (the "
                 f"indexer prolog's 'interleaved' layout takes [{t}, 32], one angle per pair), "
                 f"got 'interleaved'"
             )
@@ -377,7 +377,7 @@ def check_meta(ins, *, trace=None, progress=None) -> Args:
     """Dtypes, shapes and switches of every stage, before any value is read (``ins``: the
     namespace of :func:`step_inputs` and :func:`step_keywords`): ``path``, the indexer
     prolog's renamed switches, ``x`` (``T >= 1``), the dtypes of :data:`PATH_WEIGHTS` against
-    ``path``; the MLA prolog's checks; ``index_rope_layout`` against ``cos``; the indexer
+    ``path``; the MLA prolog's checks; ``index_rope_pairing`` against ``cos``; the indexer
     prolog's (on a stand-in ``q_norm``); the indexer's (stand-in ``q``, ``weights``,
     ``q_scale``); ``slot_mapping`` an integer ``[T]``; the latent cache's block size; the
     attention's (stand-in queries and ids: ``softmax_scale``, ``tiling``, the latent cache as
@@ -385,7 +385,8 @@ def check_meta(ins, *, trace=None, progress=None) -> Args:
     actual."""
     check_choice(ins.path, "path", PATHS)
     # the indexer prolog's switches the step renames, checked under the step's names
-    check_choice(ins.index_rope_layout, "index_rope_layout", iprolog_contract.PROLOG_ROPE_LAYOUTS)
+    pairings = iprolog_contract.PROLOG_ROPE_PAIRINGS
+    check_choice(ins.index_rope_pairing, "index_rope_pairing", pairings)
     check_float(ins.ln_eps, "ln_eps", positive=True, fp32=True)
     if progress is not None:
         check_bool(progress, "progress")

@@ -74,9 +74,9 @@ from tilesim.shared.validate import (
 )
 
 PATHS = ("int8", "fp8")
-#: the RoPE layouts of the index q/k rope half: ``"halves"`` (pairs ``(j, j + 32)``: pypto-gym
+#: the RoPE pairings of the index q/k rope half: ``"halves"`` (pairs ``(j, j + 32)``: pypto-gym
 #: and DeepSeek after the fix), ``"interleaved"`` (pairs ``(2j, 2j + 1)``: DeepSeek before it)
-PROLOG_ROPE_LAYOUTS = ("halves", "interleaved")
+PROLOG_ROPE_PAIRINGS = ("halves", "interleaved")
 ROPE_DIM = 64  #: the rope part of an index head: its first 64 values
 QB_COLS = INDEX_HEADS * INDEX_DIM  #: 8192 columns of ``w_qb``
 FP8_BLOCK = 128  #: FP8 weights: one FP32 scale per 128 x 128 block; activations per 128
@@ -98,11 +98,11 @@ def prolog_inputs(x, q_norm, w_qb, w_k, w_proj, ln_gamma, ln_beta, cos, sin, k_c
     (INT8). Dtypes per path: the module docstring."""
 
 
-def prolog_keywords(*, path: str = "int8", rope_layout: str = "halves", eps: float = 1e-6,
+def prolog_keywords(*, path: str = "int8", rope_pairing: str = "halves", eps: float = 1e-6,
                     ue8m0: bool = True, amax_floor: float | None = None,
                     block_size: int = DEEPSEEK_V32.block_size, fp8_promotion: str = "fma",
                     k_tile: int | None = None):  # fmt: skip
-    """The switches after the arrays: ``path``; ``rope_layout`` (``"halves"``, or DeepSeek's
+    """The switches after the arrays: ``path``; ``rope_pairing`` (``"halves"``, or DeepSeek's
     pre-fix ``"interleaved"``); the LayerNorm ``eps`` (1e-6: DeepSeek and pypto-gym's test);
     ``ue8m0`` (FP8: power-of-two scales, DeepSeek-V3.2's ``scale_fmt``; ``False``: ``amax /
     448``); ``amax_floor`` of the q/k quantizers (``None``: :data:`AMAX_FLOORS`); the cache's
@@ -126,7 +126,7 @@ class Args(NamedTuple):
 
     ins: object  #: the namespace of :func:`prolog_inputs`' arrays
     path: str
-    rope_layout: str
+    rope_pairing: str
     eps: float
     ue8m0: bool
     amax_floor: float
@@ -225,8 +225,8 @@ def _check_absent(ins, path: str) -> None:
                              f"it), got {type(v).__name__}")  # fmt: skip
 
 
-def _check_rope_tables(ins, t: int, rope_layout: str) -> None:
-    widths = (ROPE_DIM // 2,) if rope_layout == "interleaved" else (ROPE_DIM // 2, ROPE_DIM)
+def _check_rope_tables(ins, t: int, rope_pairing: str) -> None:
+    widths = (ROPE_DIM // 2,) if rope_pairing == "interleaved" else (ROPE_DIM // 2, ROPE_DIM)
     want = " or ".join(f"[{t}, {w}]" for w in widths)
     for name in ("cos", "sin"):
         v = getattr(ins, name)
@@ -235,7 +235,7 @@ def _check_rope_tables(ins, t: int, rope_layout: str) -> None:
         if shp[0] != t or shp[1] not in widths:
             raise ValueError(
                 f"{name}: expected shape {want} (32: one angle per pair; 64: the halves "
-                f"table) for rope_layout={rope_layout!r}, got {shp}"
+                f"table) for rope_pairing={rope_pairing!r}, got {shp}"
             )
 
 
@@ -245,7 +245,7 @@ def _check_cache(ins, path: str, block_size: int) -> int:
     return check_fp8_cache(ins.k_cache, block_size=block_size)[0]
 
 
-def check_meta(ins, *, path="int8", rope_layout="halves", eps=1e-6, ue8m0=True,
+def check_meta(ins, *, path="int8", rope_pairing="halves", eps=1e-6, ue8m0=True,
                amax_floor=None, block_size=DEEPSEEK_V32.block_size, trace=None,
                fp8_promotion="fma", k_tile=None) -> Args:  # fmt: skip
     """Metadata checks of ``dsa_indexer_prolog`` on the namespace of :func:`prolog_inputs`
@@ -253,7 +253,7 @@ def check_meta(ins, *, path="int8", rope_layout="halves", eps=1e-6, ue8m0=True,
     for ``path``, the arrays the path does not take are ``None``, ``slot_mapping`` an integer
     ``[T]``. ``ValueError`` / ``TypeError`` naming the argument, expected and actual."""
     check_choice(path, "path", PATHS)
-    check_choice(rope_layout, "rope_layout", PROLOG_ROPE_LAYOUTS)
+    check_choice(rope_pairing, "rope_pairing", PROLOG_ROPE_PAIRINGS)
     eps = check_float(eps, "eps", positive=True, fp32=True)
     check_bool(ue8m0, "ue8m0")
     check_choice(fp8_promotion, "fp8_promotion", FP8_PROMOTIONS)
@@ -267,10 +267,10 @@ def check_meta(ins, *, path="int8", rope_layout="halves", eps=1e-6, ue8m0=True,
     _check_absent(ins, path)
     t, h, r = _check_sizes(ins, path)
     _check_weights(ins, path, t, h, r)
-    _check_rope_tables(ins, t, rope_layout)
+    _check_rope_tables(ins, t, rope_pairing)
     num_blocks = _check_cache(ins, path, block_size)
     check_slot_mapping_meta(ins.slot_mapping, t)
-    return Args(ins, path, rope_layout, eps, bool(ue8m0), amax_floor, block_size, t, h, r,
+    return Args(ins, path, rope_pairing, eps, bool(ue8m0), amax_floor, block_size, t, h, r,
                 num_blocks, ins.slot_mapping, False, fp8_promotion, k_tile)  # fmt: skip
 
 
@@ -371,7 +371,7 @@ RECORD = OpRecord(
 
 __all__ = [
     "RECORD",
-    "AMAX_FLOORS", "FP8_BLOCK", "INPUT_NAMES", "PATHS", "PROLOG_ROPE_LAYOUTS", "QB_COLS",
+    "AMAX_FLOORS", "FP8_BLOCK", "INPUT_NAMES", "PATHS", "PROLOG_ROPE_PAIRINGS", "QB_COLS",
     "PrologResult", "check_slot_values",
     "ROPE_DIM", "Args", "Plan", "check_meta", "check_values", "cost", "host_plan", "prolog_inputs",
     "prolog_keywords",

@@ -46,7 +46,7 @@ from tilesim.shared.mla_cache import (
 )
 from tilesim.shared.op_record import Call, OpRecord, Output
 from tilesim.shared.quant import FP8_PROMOTIONS
-from tilesim.shared.rope import LAYOUTS as ROPE_LAYOUTS
+from tilesim.shared.rope import PAIRINGS as ROPE_PAIRINGS
 from tilesim.shared.slots import NO_SLOT, check_slot_mapping, check_slot_mapping_meta
 from tilesim.shared.validate import (
     check_array,
@@ -81,7 +81,7 @@ KV_QUANT_DTYPE = {q: (INT8 if q.startswith("int8") else FP8_E4M3) for q in KV_QU
 PATH_DEFAULTS = {
     # hicann/pypto-gym tests/ops/deepseek_v32_exp/test_mla_prolog_quant.py (mla_prolog_quant)
     "int8": {
-        "rope_layout": "deinterleave",
+        "rope_pairing": "deinterleave",
         "rms_form": "gym_golden",
         "rms_eps": 0.0,
         "kv_quant": "int8_gym",
@@ -89,7 +89,7 @@ PATH_DEFAULTS = {
     },
     # deepseek-ai/DeepSeek-V3.2-Exp inference/model.py MLA.forward, FP8 KV-cache simulation
     "fp8": {
-        "rope_layout": "interleaved",
+        "rope_pairing": "interleaved",
         "rms_form": "deepseek",
         "rms_eps": 1e-6,
         "kv_quant": "fp8_ue8m0_deepseek",
@@ -110,7 +110,7 @@ class Args(NamedTuple):
     tokens: int
     linears: dict
     path: str
-    rope_layout: str
+    rope_pairing: str
     rms_form: str
     rms_eps: np.float32
     kv_quant: str
@@ -170,7 +170,7 @@ def prolog_inputs(
 def prolog_keywords(
     *,
     path: str = "int8",
-    rope_layout: str | None = None,
+    rope_pairing: str | None = None,
     rms_form: str | None = None,
     rms_eps: float | None = None,
     kv_quant: str | None = None,
@@ -179,7 +179,7 @@ def prolog_keywords(
 ):
     """The switches: ``path`` (``"int8"``: pypto-gym ``mla_prolog_quant``, 910B; ``"fp8"``:
     DeepSeek's reference, 950) sets the defaults of every other switch (:data:`PATH_DEFAULTS`);
-    ``None`` takes the path's value. ``rope_layout`` in :data:`tilesim.shared.rope.LAYOUTS`;
+    ``None`` takes the path's value. ``rope_pairing`` in :data:`tilesim.shared.rope.PAIRINGS`;
     ``rms_form`` in :data:`RMS_FORMS`; ``rms_eps`` >= 0; ``kv_quant`` in :data:`KV_QUANTS`;
     ``cache_layout`` in :data:`~tilesim.shared.mla_cache.CACHE_LAYOUTS`; ``fp8_promotion`` in
     :data:`tilesim.shared.quant.FP8_PROMOTIONS`, the K-block promotion of every FP8 linear
@@ -188,18 +188,18 @@ def prolog_keywords(
 
 
 # ----------------------------------------------------------------------------- checks
-def _switches(path, rope_layout, rms_form, rms_eps, kv_quant, cache_layout) -> dict:
+def _switches(path, rope_pairing, rms_form, rms_eps, kv_quant, cache_layout) -> dict:
     check_choice(path, "path", PATHS)
     d = dict(PATH_DEFAULTS[path])
     given = {
-        "rope_layout": rope_layout,
+        "rope_pairing": rope_pairing,
         "rms_form": rms_form,
         "rms_eps": rms_eps,
         "kv_quant": kv_quant,
         "cache_layout": cache_layout,
     }
     d.update({k: v for k, v in given.items() if v is not None})
-    check_choice(d["rope_layout"], "rope_layout", ROPE_LAYOUTS)
+    check_choice(d["rope_pairing"], "rope_pairing", ROPE_PAIRINGS)
     check_choice(d["rms_form"], "rms_form", RMS_FORMS)
     check_choice(d["kv_quant"], "kv_quant", KV_QUANTS)
     check_choice(d["cache_layout"], "cache_layout", CACHE_LAYOUTS)
@@ -279,12 +279,12 @@ def _check_dense(ins) -> int:
     return t
 
 
-def check_meta(ins, *, path, rope_layout, rms_form, rms_eps, kv_quant, cache_layout, trace=None,
+def check_meta(ins, *, path, rope_pairing, rms_form, rms_eps, kv_quant, cache_layout, trace=None,
                fp8_promotion="fma"):  # fmt: skip
     """Shapes, dtypes and switches of one call (``ins``: the namespace of
     :func:`prolog_inputs`), reading no value. ``ValueError`` / ``TypeError`` naming the argument,
     the expected and the actual value. Returns :class:`Args` (``values=False``)."""
-    sw = _switches(path, rope_layout, rms_form, rms_eps, kv_quant, cache_layout)
+    sw = _switches(path, rope_pairing, rms_form, rms_eps, kv_quant, cache_layout)
     check_choice(fp8_promotion, "fp8_promotion", FP8_PROMOTIONS)
     check_trace(trace)
     t = _check_dense(ins)
@@ -296,14 +296,14 @@ def check_meta(ins, *, path, rope_layout, rms_form, rms_eps, kv_quant, cache_lay
         "kv_a": _linear_kind(ins.w_dkv_kr, "w_dkv_kr", ins.w_dkv_kr_scale, "w_dkv_kr_scale",
                              HIDDEN, KV_A, int8_ok=False),
     }  # fmt: skip
-    if sw["rope_layout"] == "interleaved" and shape_of(ins.cos, "cos")[1] != QK_ROPE // 2:
+    if sw["rope_pairing"] == "interleaved" and shape_of(ins.cos, "cos")[1] != QK_ROPE // 2:
         raise ValueError(
-            f"cos: expected shape [{t}, 32] (one angle per pair) for rope_layout 'interleaved', "
+            f"cos: expected shape [{t}, 32] (one angle per pair) for rope_pairing 'interleaved', "
             f"got {shape_of(ins.cos, 'cos')}"
         )
     rows, cshape = _check_caches(ins, sw["cache_layout"], KV_QUANT_DTYPE[sw["kv_quant"]])
     return Args(
-        ins, t, linears, path, sw["rope_layout"], sw["rms_form"], sw["rms_eps"],
+        ins, t, linears, path, sw["rope_pairing"], sw["rms_form"], sw["rms_eps"],
         sw["kv_quant"], sw["cache_layout"], rows, cshape, ins.slot_mapping, False, fp8_promotion,
     )  # fmt: skip
 

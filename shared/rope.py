@@ -33,7 +33,7 @@ Parameters (DeepSeek-V3.2 defaults, ``ModelArgs`` of the same file): ``rope_dim`
 The rotation (:func:`apply_rope`) widens ``x``, ``cos`` and ``sin`` to FP32 exactly, forms
 each output element as one FP32 product pair combined by one FP32 add or subtract
 (``a*c - b*s`` and ``a*s + b*c``; no fused multiply-add), and rounds once at the end to the
-dtype of ``x`` (BF16 -> BF16 round to nearest even, FP32 stays FP32). Layouts of the
+dtype of ``x`` (BF16 -> BF16 round to nearest even, FP32 stays FP32). Pairings of the
 ``d`` rope values of one vector:
 
 * ``"interleaved"`` -- pairs ``(2i, 2i+1)``, output interleaved: DeepSeek's
@@ -66,7 +66,8 @@ from tilesim.shared.validate import (
     shape_of,
 )
 
-LAYOUTS = ("interleaved", "halves", "deinterleave")
+#: how RoPE pairs the elements it rotates (the module docstring draws each)
+PAIRINGS = ("interleaved", "halves", "deinterleave")
 
 #: DeepSeek-V3.2's RoPE parameters (``inference/model.py`` ``ModelArgs``)
 DEEPSEEK_V32_ROPE = {
@@ -128,7 +129,7 @@ def yarn_rope_table(
     rows of DeepSeek's ``freqs_cis``). ``yarn``: the keywords of :func:`yarn_inv_freq`
     (``rope_dim``, ``rope_theta``, ``factor``, ``original_max_position_embeddings``,
     ``beta_fast``, ``beta_slow``, ``max_seq_len``; DeepSeek-V3.2's by default). For the
-    ``"halves"``/``"deinterleave"`` layouts pass the table as is (``apply_rope`` repeats it) or
+    ``"halves"``/``"deinterleave"`` pairings pass the table as is (``apply_rope`` repeats it) or
     tile it to ``[T, rope_dim]`` yourself (the form pypto-gym's prolog takes, then rounded to
     BF16: :func:`halves_table`).
     """
@@ -171,47 +172,47 @@ def halves_table(cos, sin, *, dtype=BF16) -> tuple[np.ndarray, np.ndarray]:
     return c2, s2
 
 
-def _table(t, name: str, rows: int, d: int, layout: str) -> np.ndarray:
+def _table(t, name: str, rows: int, d: int, pairing: str) -> np.ndarray:
     check_array(t, name, dtype=(np.float32, BF16), ndim=2, layout="[T, d/2] or [T, d]")
     shp = shape_of(t, name)
-    widths = (d // 2,) if layout == "interleaved" else (d // 2, d)
+    widths = (d // 2,) if pairing == "interleaved" else (d // 2, d)
     if shp[0] != rows or shp[1] not in widths:
         want = " or ".join(f"[{rows}, {w}]" for w in widths)
-        raise ValueError(f"{name}: expected shape {want} for layout {layout!r}, got {shp}")
+        raise ValueError(f"{name}: expected shape {want} for pairing {pairing!r}, got {shp}")
     a = host_data(t, name).astype(np.float32)
-    if layout != "interleaved" and shp[1] == d // 2:
+    if pairing != "interleaved" and shp[1] == d // 2:
         a = np.concatenate([a, a], axis=1)
     return a
 
 
-def apply_rope(x, cos, sin, *, layout: str) -> np.ndarray:
+def apply_rope(x, cos, sin, *, pairing: str) -> np.ndarray:
     """Rotate the last axis of ``x [T, ..., d]`` (BF16 or FP32) by the angles of row ``t``.
 
     ``cos``/``sin``: FP32 or BF16, ``[T, d/2]`` (one value per pair) or, for ``"halves"`` and
     ``"deinterleave"``, ``[T, d]`` read element by element (``out[j] = x[j]*cos[j] -
     x[j+d/2]*sin[j]``, ``out[j+d/2] = x[j+d/2]*cos[j+d/2] + x[j]*sin[j+d/2]``), as pypto-gym's
     prolog reads its ``[T, 64]`` inputs. Returns ``x``'s shape and dtype (one rounding at the
-    end); see the module docstring for the layouts and the FP32 operation order.
+    end); see the module docstring for the pairings and the FP32 operation order.
     """
-    check_choice(layout, "layout", LAYOUTS)
+    check_choice(pairing, "pairing", PAIRINGS)
     check_array(x, "x", dtype=(BF16, np.float32))
     shp = shape_of(x, "x")
     if len(shp) < 2 or shp[-1] < 2 or shp[-1] % 2:
         raise ValueError(f"x: expected shape [T, ..., d] with an even d >= 2, got {shp}")
     d, h = shp[-1], shp[-1] // 2
-    c = _table(cos, "cos", shp[0], d, layout)
-    s = _table(sin, "sin", shp[0], d, layout)
+    c = _table(cos, "cos", shp[0], d, pairing)
+    s = _table(sin, "sin", shp[0], d, pairing)
     xa = host_data(x, "x")
     x32 = xa.astype(np.float32)
     bshape = (shp[0],) + (1,) * (len(shp) - 2) + (c.shape[1],)
     c, s = c.reshape(bshape), s.reshape(bshape)
-    if layout == "interleaved":
+    if pairing == "interleaved":
         a, b = x32[..., 0::2], x32[..., 1::2]
         out = np.empty_like(x32)
         out[..., 0::2] = a * c - b * s
         out[..., 1::2] = a * s + b * c
     else:
-        if layout == "deinterleave":
+        if pairing == "deinterleave":
             x32 = np.concatenate([x32[..., 0::2], x32[..., 1::2]], axis=-1)
         a, b = x32[..., :h], x32[..., h:]
         out = np.concatenate(
@@ -222,7 +223,7 @@ def apply_rope(x, cos, sin, *, layout: str) -> np.ndarray:
 
 __all__ = [
     "DEEPSEEK_V32_ROPE",
-    "LAYOUTS",
+    "PAIRINGS",
     "apply_rope",
     "halves_table",
     "yarn_inv_freq",

@@ -223,7 +223,7 @@ IPROLOG_COMMON = {
     "w_qb_scale": data("w_qb_scale", finite=True),
     "slot_mapping": A("index", "slot_mapping", oob=32),
     "path": A("mode", "path"),
-    "rope_layout": A("mode", "rope_layout"),
+    "rope_pairing": A("mode", "rope_pairing"),
     "block_size": A("int", "block_size"),
     "trace": TRACE,
 }

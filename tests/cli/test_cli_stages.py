@@ -28,7 +28,7 @@ def root(tmp_path_factory):
     _ok("golden", STEP, "-o", r / "golden")
     _ok("golden", MLA, "-o", r / "golden")
     _ok("golden", "--inputs", r / "golden" / STEP, "--params",
-        '{"index_rope_layout": "interleaved"}', "-o", r / "dev")  # fmt: skip
+        '{"index_rope_pairing": "interleaved"}', "-o", r / "dev")  # fmt: skip
     return r
 
 

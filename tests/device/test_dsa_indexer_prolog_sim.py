@@ -299,8 +299,8 @@ def test_a_nan_is_scanned_with_validate_full_only():
     want, got = _messages(inp, prm, validate="full")
     assert got == want and "x" in got
     inp["cos"], inp["sin"] = inp["cos"][:, :32], inp["sin"][:, :32]
-    got = _kernel_error(inp, {**prm, "rope_layout": "interleaved"})
-    assert "rope_layout: the kernel implements 'halves' only" in got
+    got = _kernel_error(inp, {**prm, "rope_pairing": "interleaved"})
+    assert "rope_pairing: the kernel implements 'halves' only" in got
 
 
 @pytest.mark.sim  # the kernel module is built: needs pypto

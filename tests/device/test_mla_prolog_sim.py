@@ -98,7 +98,7 @@ def _cost(ins: dict, prm: dict) -> dict:
 
     names = inspect.signature(contract.prolog_inputs).parameters
     ns = types.SimpleNamespace(**{n: ins.get(n) for n in names})
-    sw = {"rope_layout": None, "rms_form": None, "rms_eps": None, "kv_quant": None, **prm}
+    sw = {"rope_pairing": None, "rms_form": None, "rms_eps": None, "kv_quant": None, **prm}
     return contract.cost(contract.check_values(contract.check_meta(ns, **sw)))
 
 
@@ -253,7 +253,7 @@ def test_fp8_weights_on_the_910b_name_the_socs_fp8_flag():
 
 
 @pytest.mark.torch
-@pytest.mark.parametrize("switch", [{"rms_form": "deepseek"}, {"rope_layout": "halves"},
+@pytest.mark.parametrize("switch", [{"rms_form": "deepseek"}, {"rope_pairing": "halves"},
                                     {"kv_quant": "int8_seeds"}])  # fmt: skip
 def test_switches_the_kernel_lacks_are_refused_before_launch(small_case, switch):
     ins, prm = small_case

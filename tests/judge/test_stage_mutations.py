@@ -3,7 +3,7 @@ prolog fault fails at its own stage, every earlier stage passes and a later one 
 the stored golden (its upstream failed); every correct output passes.
 
 The wrong outputs are made by the stage goldens themselves: the step run with one wrong switch
-or input (a RoPE layout, a missing epsilon, an identity matrix for the Hadamard), or a golden
+or input (a RoPE pairing, a missing epsilon, an identity matrix for the Hadamard), or a golden
 output edited (a slot's row moved to another row, the q scale divided back out of the index
 weights) with the later stages recomputed from the edited output by the step's own stage calls,
 as a device whose later stages are right would compute them. The correct outputs: the golden,
@@ -162,13 +162,13 @@ def test_a_subset_of_stages_is_judged_alone():
 @pytest.mark.parametrize(
     ("path", "changes", "stage"),
     [
-        ("int8", {"rope_layout": "halves"}, "mla_prolog"),  # pypto-gym: de-interleaved
-        ("fp8", {"rope_layout": "halves"}, "mla_prolog"),  # DeepSeek: interleaved
-        ("fp8", {"index_rope_layout": "interleaved"}, "dsa_indexer_prolog"),  # the pre-fix RoPE
+        ("int8", {"rope_pairing": "halves"}, "mla_prolog"),  # pypto-gym: de-interleaved
+        ("fp8", {"rope_pairing": "halves"}, "mla_prolog"),  # DeepSeek: interleaved
+        ("fp8", {"index_rope_pairing": "interleaved"}, "dsa_indexer_prolog"),  # the pre-fix RoPE
     ],
     ids=["mla_int8", "mla_fp8", "indexer_fp8_prefix"],
 )
-def test_wrong_rope_layout_fails_at_its_stage(path, changes, stage):
+def test_wrong_rope_pairing_fails_at_its_stage(path, changes, stage):
     rep = _verdict(path, _run(_case(path), **changes))
     _assert_fails_at(rep, stage)
 

@@ -54,13 +54,13 @@ def _fp8_linear(a: np.ndarray, w, w_scale) -> np.ndarray:
     return _act_quant_dequant(a) @ deq
 
 
-def _rope(v: np.ndarray, cos_row, sin_row, layout: str) -> np.ndarray:
+def _rope(v: np.ndarray, cos_row, sin_row, pairing: str) -> np.ndarray:
     """Rotate the 64 rope values of one vector (or ``[heads, 64]``) in float64."""
     c = np.asarray(cos_row, dtype=np.float64)
     s = np.asarray(sin_row, dtype=np.float64)
     out = np.empty_like(v)
     for j in range(32):
-        if layout == "interleaved":  # pairs (2j, 2j+1), angle j
+        if pairing == "interleaved":  # pairs (2j, 2j+1), angle j
             a, b = v[..., 2 * j], v[..., 2 * j + 1]
             out[..., 2 * j] = a * c[j] - b * s[j]
             out[..., 2 * j + 1] = a * s[j] + b * c[j]
@@ -82,7 +82,7 @@ def _layer_norm(v: np.ndarray, gamma, beta, eps: float) -> np.ndarray:
     )
 
 
-def oracle_prolog(inputs: dict, *, path="int8", rope_layout="halves", eps=1e-6) -> dict:
+def oracle_prolog(inputs: dict, *, path="int8", rope_pairing="halves", eps=1e-6) -> dict:
     """``{"q": [T, 64, 128], "k": [T, 128], "weights": [T, 64]}`` float64 (module docstring)."""
     x = np.asarray(inputs["x"]).astype(np.float64)
     t = x.shape[0]
@@ -105,10 +105,10 @@ def oracle_prolog(inputs: dict, *, path="int8", rope_layout="halves", eps=1e-6) 
     for i in range(t):
         cr, sr = inputs["cos"][i], inputs["sin"][i]
         qi = q[i].copy()
-        qi[:, :64] = _rope(qi[:, :64], cr, sr, rope_layout)
+        qi[:, :64] = _rope(qi[:, :64], cr, sr, rope_pairing)
         q_out[i] = qi @ hq
         ki = _layer_norm(k[i], inputs["ln_gamma"], inputs["ln_beta"], eps)
-        ki[:64] = _rope(ki[:64], cr, sr, rope_layout)
+        ki[:64] = _rope(ki[:64], cr, sr, rope_pairing)
         k_out[i] = ki @ hk
     weights = (x @ np.asarray(inputs["w_proj"]).astype(np.float64)) / 8.0 / math.sqrt(128)
     return {"q": q_out, "k": k_out, "weights": weights}

@@ -58,28 +58,28 @@ def _rms(v: np.ndarray, gamma, eps: float) -> np.ndarray:
     return v / np.sqrt((v * v).mean(axis=-1, keepdims=True) + eps) * _f64(gamma)
 
 
-def _rope(v: np.ndarray, cos, sin, layout: str) -> np.ndarray:
-    """Rotate pairs of ``v [T, ..., 64]`` by the table's angles, in ``layout``'s pairing."""
+def _rope(v: np.ndarray, cos, sin, pairing: str) -> np.ndarray:
+    """Rotate pairs of ``v [T, ..., 64]`` by the table's angles, in ``pairing``."""
     c, s = _f64(cos), _f64(sin)
     d = v.shape[-1]
     if c.shape[1] == d // 2:
         c, s = np.concatenate([c, c], 1), np.concatenate([s, s], 1)
     shape = (v.shape[0],) + (1,) * (v.ndim - 2) + (d,)
     c, s = c.reshape(shape), s.reshape(shape)
-    if layout == "interleaved":  # pair (2i, 2i+1) uses angle i: table entry i
+    if pairing == "interleaved":  # pair (2i, 2i+1) uses angle i: table entry i
         a, b = v[..., 0::2], v[..., 1::2]
         ci, si = c[..., : d // 2], s[..., : d // 2]
         out = np.empty_like(v)
         out[..., 0::2], out[..., 1::2] = a * ci - b * si, a * si + b * ci
         return out
-    if layout == "deinterleave":
+    if pairing == "deinterleave":
         v = np.concatenate([v[..., 0::2], v[..., 1::2]], axis=-1)
     h = d // 2
     a, b = v[..., :h], v[..., h:]
     return np.concatenate([a * c[..., :h] - b * s[..., :h], b * c[..., h:] + a * s[..., h:]], -1)
 
 
-def mla_prolog_oracle(inputs: dict, *, rope_layout: str, rms_eps: float) -> dict:
+def mla_prolog_oracle(inputs: dict, *, rope_pairing: str, rms_eps: float) -> dict:
     """``{"q_a", "qn", "q_norm_deq", "query_nope", "query_rope", "kvn", "kr"}`` in float64."""
     x = _f64(inputs["x"])
     q_a = _bf16(_linear(x, inputs["w_dq"], inputs.get("w_dq_scale")))
@@ -94,10 +94,10 @@ def mla_prolog_oracle(inputs: dict, *, rope_layout: str, rms_eps: float) -> dict
         q_b = _bf16(_linear(qn, w_uq, inputs.get("w_uq_qr_scale")))
     q = q_b.reshape(x.shape[0], 128, 192)
     query_nope = np.einsum("thd,hdc->thc", q[:, :, :128], _f64(inputs["w_uk"]))
-    query_rope = _rope(q[:, :, 128:], inputs["cos"], inputs["sin"], rope_layout)
+    query_rope = _rope(q[:, :, 128:], inputs["cos"], inputs["sin"], rope_pairing)
     kv_a = _bf16(_linear(x, inputs["w_dkv_kr"], inputs.get("w_dkv_kr_scale")))
     kvn = _bf16(_rms(kv_a[:, :512], inputs["gamma_ckv"], rms_eps))
-    kr = _rope(kv_a[:, 512:], inputs["cos"], inputs["sin"], rope_layout)
+    kr = _rope(kv_a[:, 512:], inputs["cos"], inputs["sin"], rope_pairing)
     return {"q_a": q_a, "qn": qn, "q_norm_deq": q_deq, "query_nope": query_nope,
             "query_rope": query_rope, "kvn": kvn, "kr": kr}  # fmt: skip
 

@@ -110,8 +110,8 @@ BAD = [
      "softmax_scale:"),
     ("topk", "int8", lambda c: {}, {"topk": 0}, ValueError, "topk:"),
     ("tiling", "int8", lambda c: {}, {"tiling": "decode"}, TypeError, "tiling:"),
-    ("index_rope_layout", "fp8", lambda c: {}, {"index_rope_layout": "deinterleave"},
-     ValueError, "index_rope_layout:"),
+    ("index_rope_pairing", "fp8", lambda c: {}, {"index_rope_pairing": "deinterleave"},
+     ValueError, "index_rope_pairing:"),
     ("ln_eps", "int8", lambda c: {}, {"ln_eps": -1.0}, ValueError, "ln_eps:"),
     ("rms_form", "int8", lambda c: {}, {"rms_form": "layer"}, ValueError, "rms_form:"),
     ("trace", "int8", lambda c: {}, {"trace": 3}, TypeError, "trace:"),
@@ -123,8 +123,8 @@ BAD = [
     ("w_qb_other_path", "int8",
      lambda c: {"w_qb": np.zeros(c["inputs"]["w_qb"].shape, np.float32).astype(FP8_E4M3)}, {},
      TypeError, "w_qb:"),
-    ("index_rope_table", "int8", lambda c: {}, {"index_rope_layout": "interleaved"},
-     ValueError, "index_rope_layout:"),
+    ("index_rope_table", "int8", lambda c: {}, {"index_rope_pairing": "interleaved"},
+     ValueError, "index_rope_pairing:"),
     ("w_dq_nan_code", "fp8", lambda c: _code(c, "w_dq", 0x7F), {}, ValueError, "w_dq:"),
     ("w_uq_qr_nan_code", "fp8", lambda c: _code(c, "w_uq_qr", 0xFF), {}, ValueError, "w_uq_qr:"),
     ("w_uk_inf", "int8", lambda c: _code(c, "w_uk", 0x7F80), {}, ValueError, "w_uk:"),
@@ -190,14 +190,14 @@ def test_path_mismatch_names_the_weight(cases, no_stage, built, path, words):
         assert w in str(info.value), (w, str(info.value))
 
 
-def test_index_rope_layout_mistake_names_the_step_switch(cases, no_stage):
-    """``index_rope_layout="interleaved"`` with the INT8 path's [T, 64] table: the message
-    names the step's switch (before: the indexer prolog's ``rope_layout``), what it needs and
+def test_index_rope_pairing_mistake_names_the_step_switch(cases, no_stage):
+    """``index_rope_pairing="interleaved"`` with the INT8 path's [T, 64] table: the message
+    names the step's switch (before: the indexer prolog's ``rope_pairing``), what it needs and
     the table's shape."""
     case = cases["int8"]
     with pytest.raises(ValueError) as info:
         step_mod.dsa_attention_step(**case["inputs"], **case["params"], progress=False,
-                                    index_rope_layout="interleaved")  # fmt: skip
+                                    index_rope_pairing="interleaved")  # fmt: skip
     msg = str(info.value)
-    assert msg.startswith("index_rope_layout: expected 'halves'") and "got 'interleaved'" in msg
-    assert "(4, 64)" in msg and "[4, 32]" in msg and "rope_layout=" not in msg
+    assert msg.startswith("index_rope_pairing: expected 'halves'") and "got 'interleaved'" in msg
+    assert "(4, 64)" in msg and "[4, 32]" in msg and "rope_pairing=" not in msg

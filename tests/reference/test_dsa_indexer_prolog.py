@@ -67,15 +67,15 @@ def _check_bound(got, want, path, n_bf16):
 CONFIGS = [
     dict(path="int8"),
     dict(path="fp8"),
-    dict(path="int8", rope_layout="interleaved"),
-    dict(path="fp8", rope_layout="interleaved"),
+    dict(path="int8", rope_pairing="interleaved"),
+    dict(path="fp8", rope_pairing="interleaved"),
     dict(path="fp8", q_lens=(5, 3), seq_lens=(40, 3)),
 ]
 
 
 @pytest.mark.parametrize("kw", CONFIGS, ids=lambda k: "-".join(map(str, k.values())))
 def test_golden_is_the_float64_math_within_the_rounding_bound(kw):
-    if kw.get("rope_layout") == "interleaved" and kw["path"] == "int8":
+    if kw.get("rope_pairing") == "interleaved" and kw["path"] == "int8":
         case = _case(**kw)
         inp = case["inputs"]
         # the interleaved rotation reads one angle per pair: a [T, 32] table
@@ -84,7 +84,7 @@ def test_golden_is_the_float64_math_within_the_rounding_bound(kw):
         case = _case(**kw)
     p = case["params"]
     res = _run(case)
-    ora = oracle_prolog(case["inputs"], path=p["path"], rope_layout=p["rope_layout"])
+    ora = oracle_prolog(case["inputs"], path=p["path"], rope_pairing=p["rope_pairing"])
     slots = case["inputs"]["slot_mapping"]
     q, k = _dequant(res, p["path"], slots[slots >= 0], BS)
     rel_q = _check_bound(q, ora["q"], p["path"], 3)
@@ -99,12 +99,12 @@ def test_golden_is_the_float64_math_within_the_rounding_bound(kw):
         assert (np.abs(w - want) <= (2.0**-8 + 2.0**-10) * np.abs(want) + 2.0**-24).all()
 
 
-def test_wrong_rope_layout_or_missing_hadamard_leaves_the_bound():
+def test_wrong_rope_pairing_or_missing_hadamard_leaves_the_bound():
     """The bound is tight enough to see a wrong arithmetic: the pre-fix layout against the
     post-fix oracle, or the keys of an unrotated chain, fail it."""
     case = _case(path="fp8")
-    res = _run(case, rope_layout="interleaved")
-    ora = oracle_prolog(case["inputs"], path="fp8", rope_layout="halves")
+    res = _run(case, rope_pairing="interleaved")
+    ora = oracle_prolog(case["inputs"], path="fp8", rope_pairing="halves")
     q, _ = _dequant(res, "fp8", [], BS)
     with pytest.raises(AssertionError):
         _check_bound(q, ora["q"], "fp8", 3)

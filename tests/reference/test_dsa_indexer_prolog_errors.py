@@ -37,7 +37,7 @@ BAD = [
     ("int8", dict(w_qb=np.zeros((256, 4096), np.int8)), ValueError, ["w_qb", "8192", "4096"]),
     ("int8", dict(w_k_scale=np.ones((2, 1), np.float32)), ValueError, ["w_k_scale", "None"]),
     ("int8", dict(cos=np.zeros((2, 48), np.float32)), ValueError, ["cos", "[2, 32]", "48"]),
-    ("int8", dict(rope_layout="interleaved"), ValueError, ["cos", "[2, 32]", "interleaved"]),
+    ("int8", dict(rope_pairing="interleaved"), ValueError, ["cos", "[2, 32]", "interleaved"]),
     ("int8", dict(k_scale=np.zeros((4, BS), np.float32)), TypeError, ["k_scale", "float16"]),
     ("int8", dict(block_size=32), ValueError, ["k_cache", "block_size=32"]),
     ("int8", dict(slot_mapping=np.zeros(3, np.int64)), ValueError, ["slot_mapping", "(2)", "(3,)"]),

@@ -67,7 +67,7 @@ def test_each_promotion_is_within_the_float64_bound(amax448_case, promotion):
     FP32 roundings of the oracle's times the q scale."""
     case = amax448_case
     res = _run(case, fp8_promotion=promotion)
-    ora = oracle_prolog(case["inputs"], path="fp8", rope_layout=case["params"]["rope_layout"])
+    ora = oracle_prolog(case["inputs"], path="fp8", rope_pairing=case["params"]["rope_pairing"])
     slots = case["inputs"]["slot_mapping"]
     q, k = _dequant(res, "fp8", slots[slots >= 0], BS)
     assert _check_bound(q, ora["q"], "fp8", 3) > 0

@@ -51,7 +51,7 @@ def test_float64_oracle_agreement(cases, name):
     within 2^-6 relative of the largest."""
     case, out, _ = cases[name]
     p = case["params"]["path"]
-    ref = mla_prolog_oracle(case["inputs"], rope_layout="deinterleave" if p == "int8" else
+    ref = mla_prolog_oracle(case["inputs"], rope_pairing="deinterleave" if p == "int8" else
                             "interleaved", rms_eps=0.0 if p == "int8" else 1e-6)  # fmt: skip
     for key in ("query_nope", "query_rope"):
         got = getattr(out, key).astype(np.float64)
@@ -169,7 +169,7 @@ def small():
          r"slot_mapping\[2\]: expected a row no other token writes, got 7"),
         (dict(slot_mapping=np.array([0.0, 1, 2, 3, 4, 5])), TypeError, r"slot_mapping"),
         (dict(path="fp16"), ValueError, r"path: expected one of \('int8', 'fp8'\), got 'fp16'"),
-        (dict(rope_layout="neox"), ValueError, r"rope_layout: expected one of"),
+        (dict(rope_pairing="neox"), ValueError, r"rope_pairing: expected one of"),
         (dict(rms_eps=-1.0), ValueError, r"rms_eps: expected a value >= 0, got -1.0"),
         (dict(kv_quant="fp8_ue8m0_deepseek"), TypeError, r"kv_cache: expected dtype"),
         (dict(cache_layout="pypto"), ValueError, r"kr_cache: expected None with cache_lay"),

@@ -1,5 +1,5 @@
 """shared/rope.py: the YaRN table against DeepSeek's ``precompute_freqs_cis`` restated in
-torch, and the rotation layouts against torch's complex product and rotate-half."""
+torch, and the pairings against torch's complex product and rotate-half."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def test_interleaved_is_deepseeks_complex_product_bit_for_bit():
     f = torch.complex(torch.from_numpy(cos), torch.from_numpy(sin))[:, None, :]
     want = torch.view_as_real(torch.view_as_complex(xt.float().reshape(5, 3, 32, 2)) * f)
     want = want.flatten(-2).to(torch.bfloat16).view(torch.int16).numpy()
-    got = apply_rope(x, cos, sin, layout="interleaved")
+    got = apply_rope(x, cos, sin, pairing="interleaved")
     assert np.array_equal(got.view(np.int16), want)
 
 
@@ -65,12 +65,12 @@ def test_deinterleave_is_the_interleaved_result_permuted():
     rng = np.random.default_rng(1)
     x = rng.standard_normal((4, 2, 64)).astype(np.float32)
     cos, sin = yarn_rope_table(np.array([1, 2, 3000, 9000]))
-    inter = apply_rope(x, cos, sin, layout="interleaved")
-    de = apply_rope(x, cos, sin, layout="deinterleave")
+    inter = apply_rope(x, cos, sin, pairing="interleaved")
+    de = apply_rope(x, cos, sin, pairing="deinterleave")
     perm = np.concatenate([inter[..., 0::2], inter[..., 1::2]], axis=-1)
     assert np.array_equal(de.view(np.int32), perm.view(np.int32))
     c2, s2 = halves_table(cos, sin, dtype=np.float32)
-    assert np.array_equal(apply_rope(x, c2, s2, layout="deinterleave").view(np.int32),
+    assert np.array_equal(apply_rope(x, c2, s2, pairing="deinterleave").view(np.int32),
                           de.view(np.int32))  # fmt: skip
 
 
@@ -79,7 +79,7 @@ def test_halves_rotates_pairs_i_and_i_plus_half():
     x[0, 3], x[0, 35] = 1.0, 3.0
     cos = np.full((1, 64), 0.5, np.float32)
     sin = np.full((1, 64), 0.25, np.float32)
-    out = apply_rope(x, cos, sin, layout="halves")
+    out = apply_rope(x, cos, sin, pairing="halves")
     assert out[0, 3] == np.float32(1.0 * 0.5 - 3.0 * 0.25)
     assert out[0, 35] == np.float32(3.0 * 0.5 + 1.0 * 0.25)
     assert np.count_nonzero(out) == 2
@@ -88,11 +88,11 @@ def test_halves_rotates_pairs_i_and_i_plus_half():
 @pytest.mark.parametrize(
     ("kw", "exc", "pattern"),
     [
-        (dict(layout="neox"), ValueError, r"layout: expected one of"),
-        (dict(layout="interleaved", cos=np.zeros((2, 64), np.float32)), ValueError,
-         r"cos: expected shape \[2, 32\] for layout 'interleaved', got \(2, 64\)"),
-        (dict(layout="halves", x=np.zeros((2, 63), np.float32)), ValueError, r"x: expected"),
-        (dict(layout="halves", x=np.zeros((2, 64), np.float64)), TypeError, r"x: expected dtype"),
+        (dict(pairing="neox"), ValueError, r"pairing: expected one of"),
+        (dict(pairing="interleaved", cos=np.zeros((2, 64), np.float32)), ValueError,
+         r"cos: expected shape \[2, 32\] for pairing 'interleaved', got \(2, 64\)"),
+        (dict(pairing="halves", x=np.zeros((2, 63), np.float32)), ValueError, r"x: expected"),
+        (dict(pairing="halves", x=np.zeros((2, 64), np.float64)), TypeError, r"x: expected dtype"),
     ],
 )  # fmt: skip
 def test_bad_rope_arguments(kw, exc, pattern):
