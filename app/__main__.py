@@ -12,14 +12,14 @@ import os
 import sys
 
 import tilesim
-from tilesim.shared.case_schema import CASE_FAMILIES
+from tilesim.shared.registry.case_schema import CASE_FAMILIES
 
 #: sub-command -> (its line in ``tilesim --help``, the description of ``tilesim CMD --help``)
 _COMMAND_TEXT = {
     "cases": (
         "list the named cases (op, size, tolerances, SoC marks, the seeds' status)",
         "List the named cases: the seeds' test matrices and tilesim's own (the CASE_INFO "
-        "table of each family's tilesim.reference.<family>_cases module).",
+        "table of each family's tilesim.reference.cases.<family> module).",
     ),
     "golden": (
         "build a case's inputs (or read captured ones), run the reference, write the golden",

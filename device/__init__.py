@@ -1,10 +1,11 @@
 """tilesim.device — PyPTO kernels for Ascend 910B and 950 with thin torch wrappers.
 
 Importing this package needs neither torch, torch_npu nor pypto: each wrapper is imported here
-from its module by name (the device calls of the registry of ops, :mod:`tilesim.shared.ops`;
-``tests/test_op_records.py`` holds this list equal to it), and the wrapper modules import the
-device stack only when a kernel is built or called, through :mod:`tilesim.device._lazy`, whose
-``ImportError`` says what to install. :mod:`tilesim.device.sim` runs any kernel on a CPU
+from its module by name (the device calls of the registry of ops,
+:mod:`tilesim.shared.registry.ops`; ``tests/test_op_records.py`` holds this list equal to it), and
+the wrapper modules import the device stack only when a kernel is built or called, through
+:mod:`tilesim.device._lazy`, whose ``ImportError`` says what to install. :mod:`tilesim.device.sim`
+runs any kernel on a CPU
 (PyPTO's interpreter + cost model).
 
 Also public here (from :mod:`tilesim.device.backend`): ``compile_stats()`` -> {kernel name:

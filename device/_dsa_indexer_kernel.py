@@ -68,8 +68,8 @@ from tilesim.shared.dsa_indexer import (
     MAX_POSITIONS,  # 2^24: positions are exact in FP32
     PRODUCTION_TILING,
 )
-from tilesim.shared.index_cache import INDEX_DIM as DIM  # 128
-from tilesim.shared.index_cache import index_page_view
+from tilesim.shared.layouts.index_cache import INDEX_DIM as DIM  # 128
+from tilesim.shared.layouts.index_cache import index_page_view
 
 NEG_INF = float("-inf")
 #: rows of the score stage's vector tiles
@@ -105,8 +105,8 @@ class IndexerParams:
         self.span = width // self.spans
         self.span_blocks = self.span // block_size
         self.unroll = chunk_unroll(self.span_blocks, tiling.chunk_steps)
-        # how the kernel addresses a block of the cache (tilesim.shared.index_cache): the codes
-        # view's rows per block, the scales view's first column of a block
+        # how the kernel addresses a block of the cache (tilesim.shared.layouts.index_cache): the
+        # codes view's rows per block, the scales view's first column of a block
         page = index_page_view(path, block_size)
         self.rows_per_block, self.scale_col0 = page.code_rows, page.scale_col0
 

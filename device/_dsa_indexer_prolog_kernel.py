@@ -38,7 +38,7 @@ from tilesim.device._lazy import require_pypto
 from tilesim.device._pypto_common import jit_options
 from tilesim.shared.dsa_indexer import INDEX_HEADS as HEADS  # 64 index heads
 from tilesim.shared.dsa_indexer_prolog import QB_COLS, ROPE_DIM
-from tilesim.shared.index_cache import INDEX_DIM as DIM  # 128
+from tilesim.shared.layouts.index_cache import INDEX_DIM as DIM  # 128
 
 #: the largest K tile of the linears over H (a [1024, 128] BF16 tile of ``w_k`` and its
 #: double buffer fill half of the 910B's 512 KiB L1)
@@ -173,7 +173,7 @@ def token_tables(pypto, ins, t0, u: int, ndim: int):
 
 def row_sum(pypto, v32, ones, u: int):
     """FP32 ``[u, 1]`` row sums of FP32 ``v32 [u, 128]``: one matmul against a ones column
-    (the exact sum rounded once: :func:`tilesim.reference.arith.rowsum_fp32`)."""
+    (the exact sum rounded once: :func:`tilesim.reference.util.arith.rowsum_fp32`)."""
     pypto.set_cube_tile_shapes([16, 16], [DIM, DIM], [16, 16])
     s = pypto.matmul(v32, ones, pypto.DT_FP32)
     return pypto.view(s, [u, 1], [0, 0])

@@ -68,10 +68,11 @@ from tilesim.device._pypto_common import (
 from tilesim.device.backend import compiled
 
 # online, kv_splits = 1: tokens of up to UNROLL_TILES tiles fold once (also the split cap)
-from tilesim.shared.dsa_split_rule import UNROLL_TILES
+from tilesim.shared.layouts.dsa_split_rule import UNROLL_TILES
 
-# the cache's byte layouts: the kernel-facing views of tilesim.shared.mla_cache, as module ints
-from tilesim.shared.mla_cache import (
+# the cache's byte layouts: the kernel-facing views of tilesim.shared.layouts.mla_cache, as module
+# ints
+from tilesim.shared.layouts.mla_cache import (
     KV_SPLIT_VIEW,
     NOPE,
     NSCALES,
@@ -79,7 +80,7 @@ from tilesim.shared.mla_cache import (
     SCALE_GROUP,
     packed_row_view,
 )
-from tilesim.shared.mla_cache import PYPTO_ROW_BYTES as ROW_BYTES  # a packed row in GM
+from tilesim.shared.layouts.mla_cache import PYPTO_ROW_BYTES as ROW_BYTES  # a packed row in GM
 
 _ROW = packed_row_view("pypto")  # the sizes, equal in both layouts (offsets: NestParams)
 HEAD = NOPE + ROPE  # query / key width: nope + rope values
@@ -131,14 +132,15 @@ class NestParams:
         self.v2 = tile[5]
         self.online = online
         self.quant = quant  # "int8" or "fp8"
-        # byte offsets inside a packed row and inside its tail (tilesim.shared.mla_cache)
+        # byte offsets inside a packed row and inside its tail (tilesim.shared.layouts.mla_cache)
         row = packed_row_view(layout)
         self.rope_off, self.scale_off = row.rope_off, row.scale_off
         self.tail_rope_off, self.tail_scale_off = row.tail_rope_off, row.tail_scale_off
         # masked builds: topk_indices columns mask_col0.. hold 1 at skipped (-1) entries
         self.mask_col0 = mask_col0
         self.masked = mask_col0 is not None
-        # split-KV: kv_splits ranges of tiles_per_split KV tiles (tilesim.shared.dsa_split_rule)
+        # split-KV: kv_splits ranges of tiles_per_split KV tiles
+        # (tilesim.shared.layouts.dsa_split_rule)
         self.kv_splits = kv_splits
         self.tps = tiles_per_split
         # the jit spec's combine_axis operation option (set in the kernel body)

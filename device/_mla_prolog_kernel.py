@@ -30,7 +30,7 @@ from tilesim.device import backend as _backend
 from tilesim.device._lazy import require_pypto
 from tilesim.device._pypto_common import jit_options
 from tilesim.shared.casts import INT8_QMAX
-from tilesim.shared.mla_cache import NOPE, NSCALES, ROPE
+from tilesim.shared.layouts.mla_cache import NOPE, NSCALES, ROPE
 from tilesim.shared.mla_prolog import HEADS, HIDDEN, KV_A, Q_HEAD, Q_LORA, QK_NOPE
 
 #: columns of the ones matrix the norms' row sums multiply by (one cube N tile; column 0 used)

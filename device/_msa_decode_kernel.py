@@ -24,8 +24,8 @@ from tilesim.device._pypto_common import (
     operation_options,
     without,
 )
+from tilesim.shared.layouts.splitkv import split_ranges
 from tilesim.shared.models import MINIMAX_M3
-from tilesim.shared.splitkv import split_ranges
 
 _CFG = MINIMAX_M3.msa
 BY = _CFG.block_size  # 128 keys per block

@@ -1,5 +1,5 @@
 """PyPTO building blocks every kernel family shares: the device counterpart of
-:mod:`tilesim.reference.arith`.
+:mod:`tilesim.reference.util.arith`.
 
 * the JIT-option spec: a kernel's options as a hashable tuple (part of its compile key),
   ``(("runtime", name, value), ("pass", name, ((scope, n), ...)), ("operation", name, value))``
@@ -8,7 +8,7 @@
   :func:`replaced`);
 * the online-softmax merge of key chunks (:func:`merge_chunk`) and its split form, the merge
   tree (:func:`fold_stats`, :class:`MergeTree`, :func:`merge_tree`, :func:`eval_tree`): the
-  operations, in order, of ``tilesim.reference.arith.SoftmaxMerge("online")`` (tested bit for
+  operations, in order, of ``tilesim.reference.util.arith.SoftmaxMerge("online")`` (tested bit for
   bit against it in ``tests/device/test_msa_decode_sim.py``).
 
 Each PyPTO function takes the ``pypto`` module as its first argument, so importing this module
@@ -62,7 +62,7 @@ def replaced(spec: tuple, *options: tuple) -> tuple:
 
 def merge_chunk(pypto, m, l, o, m_c, l_c, o_c, *, first: bool) -> None:
     """Online-softmax merge of one key chunk into the running ``m, l, o`` (FP32), in the order
-    of operations of the reference (``reference/arith.py``, ``SoftmaxMerge``, mode
+    of operations of the reference (``reference/util/arith.py``, ``SoftmaxMerge``, mode
     ``"online"``): the first chunk is copied; later ones do ``m' = max(m, m_c)``
     (``pypto.maximum``), then :func:`fold_stats`' ``a``, ``b`` and ``l = a*l + b*l_c``, and
     ``o = o*a + o_c*b``. Shared by decode, the main branch and the DeepSeek kernels."""
@@ -130,10 +130,10 @@ class MergeTree:
 
 def merge_tree(pypto, m_c: list, l_c: list, ranges, *, maximum: bool = False) -> MergeTree:
     """The :class:`MergeTree` of the chunks' ``m_c`` / ``l_c`` (FP32 ``[G, 1]``) for the
-    split ``ranges`` (``[(first, stop), ...]``, :func:`tilesim.shared.splitkv.split_ranges`):
-    each range folds its chunks in order, then ranges ``1, 2, ..`` fold into range 0's
-    state -- the reference's order (``reference/msa_decode.py``). ``maximum``: as in
-    :func:`fold_stats`."""
+    split ``ranges`` (``[(first, stop), ...]``,
+    :func:`tilesim.shared.layouts.splitkv.split_ranges`): each range folds its chunks in order, then
+    ranges ``1, 2, ..`` fold into range 0's state -- the reference's order
+    (``reference/msa_decode.py``). ``maximum``: as in :func:`fold_stats`."""
     merge = MergeTree(len(m_c))
     states, trees = [], []
     for first, stop in ranges:

@@ -28,7 +28,7 @@ And, for every kernel, written once here:
   key holds only model constants, tiles, dtypes and options (the SoC is added here);
   sequence lengths, ``nb`` and batch are runtime values of the kernels (dynamic axes).
 * **the value checks** — :func:`value_checks`, the one ``validate=`` policy of every wrapper
-  over the checks each op's record names (:class:`~tilesim.shared.op_record.OpRecord`: its
+  over the checks each op's record names (:class:`~tilesim.shared.registry.op_record.OpRecord`: its
   ``int_checks`` of the small integer inputs the kernel's contract reads on the host anyway,
   run by ``validate=True``, the default, and its ``scan_checks`` of caches, weights,
   activations and masks, run by ``validate="full"`` too); ``validate=False`` checks
@@ -50,7 +50,7 @@ from dataclasses import dataclass
 import numpy as np
 from tilesim.device._lazy import require, require_pypto, require_torch
 from tilesim.shared.interop import is_torch_tensor, to_numpy, to_torch
-from tilesim.shared.op_record import OpRecord
+from tilesim.shared.registry.op_record import OpRecord
 from tilesim.shared.soc import DEFAULT_SOC, SIM_SOCS
 from tilesim.shared.validate import check_choice
 
@@ -169,7 +169,7 @@ def validate_level(validate) -> str:
 
 def value_checks(record: OpRecord, args, validate, *, shape_only: bool = False):
     """The value checks of the op of ``record`` that ``validate`` asks for
-    (:meth:`~tilesim.shared.op_record.OpRecord.value_checks` at :func:`validate_level`), on
+    (:meth:`~tilesim.shared.registry.op_record.OpRecord.value_checks` at :func:`validate_level`), on
     the contract's checked ``args``; returns the contract's ``args`` after them. Shape-only
     inputs (:func:`is_shape_only`) and ``validate=False`` read nothing."""
     level = validate_level(validate)

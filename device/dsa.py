@@ -58,10 +58,10 @@ from tilesim.shared.dsa import (
     cost_of_indices,
     kernel_build,
 )
-from tilesim.shared.dsa_kernel_index import kernel_indices, kernel_indices_torch
-from tilesim.shared.dsa_split_rule import tiles_per_split
 from tilesim.shared.interop import is_torch_tensor
-from tilesim.shared.mla_cache import KV_SPLIT_NAMES, NOPE, is_packed
+from tilesim.shared.layouts.dsa_kernel_index import kernel_indices, kernel_indices_torch
+from tilesim.shared.layouts.dsa_split_rule import tiles_per_split
+from tilesim.shared.layouts.mla_cache import KV_SPLIT_NAMES, NOPE, is_packed
 from tilesim.shared.models import DEEPSEEK_V32
 from tilesim.shared.soc import DEFAULT_SOC, require_fp8
 from tilesim.shared.tiling import SaTileShapeConfig
@@ -104,8 +104,8 @@ def _launch(a: Args, ints: tuple, form: str, quant: str, layout: str, caches: tu
             out, target):  # fmt: skip
     """Run the kernel for the cache ``form`` on the queries, ``caches`` (kernel order) and the
     caller's integer arrays ``ints`` (``topk_indices``, ``block_table``, ``kv_act_seqs``);
-    ``plan``: :func:`~tilesim.shared.dsa_kernel_index.kernel_indices` (validated) or ``None``
-    (:func:`~tilesim.shared.dsa_kernel_index.kernel_indices_torch`). Returns
+    ``plan``: :func:`~tilesim.shared.layouts.dsa_kernel_index.kernel_indices` (validated) or
+    ``None`` (:func:`~tilesim.shared.layouts.dsa_kernel_index.kernel_indices_torch`). Returns
     the wrapper's result (:func:`tilesim.device.backend.finish`)."""
     torch = require_torch()
     from tilesim.device import _dsa_kernel as kernels

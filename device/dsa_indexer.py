@@ -54,14 +54,15 @@ from tilesim.shared.dsa_indexer import (
     IndexerTiling,
     check_meta,
 )
-from tilesim.shared.index_cache import FP8_BLOCK_ALIGN, INDEX_DIM
+from tilesim.shared.layouts.index_cache import FP8_BLOCK_ALIGN, INDEX_DIM
 from tilesim.shared.models import DEEPSEEK_V32
 from tilesim.shared.soc import DEFAULT_SOC, require_fp8
 from tilesim.shared.validate import check_bool, check_choice, check_instance
 
 #: ``topk`` must be a multiple of this (the top-k's 32-element sort groups; not a layout size).
-#: The FP8 block size's multiple is the layout's :data:`~tilesim.shared.index_cache.FP8_BLOCK_ALIGN`
-#: (pages of whole 128-byte code rows), also 32
+#: The FP8 block size's multiple is the layout's
+#: :data:`~tilesim.shared.layouts.index_cache.FP8_BLOCK_ALIGN` (pages of whole 128-byte code rows),
+#: also 32
 ALIGN = 32
 
 

@@ -7,7 +7,7 @@ messages), plus ``backend`` / ``soc`` / ``validate``; NumPy arrays or torch tens
 kind out (:mod:`tilesim.device.backend`). Returns the golden's
 :class:`~tilesim.shared.dsa_indexer_prolog.PrologResult` fields ``(q, q_scale, weights,
 k_cache, k_scale)``: the caches are updated copies in the very layout
-:mod:`tilesim.device.dsa_indexer` reads (:mod:`tilesim.shared.index_cache`), only the rows
+:mod:`tilesim.device.dsa_indexer` reads (:mod:`tilesim.shared.layouts.index_cache`), only the rows
 ``slot_mapping`` names written (``-1``: none). The kernel
 (:mod:`tilesim.device._dsa_indexer_prolog_kernel`, whose docstring has the loop nest) is
 bit-exact against the golden in the simulator.
@@ -46,7 +46,7 @@ from tilesim.shared.dsa_indexer_prolog import (
     check_meta,
     check_values,
 )
-from tilesim.shared.index_cache import INDEX_DIM
+from tilesim.shared.layouts.index_cache import INDEX_DIM
 from tilesim.shared.models import DEEPSEEK_V32
 from tilesim.shared.soc import DEFAULT_SOC, require_fp8
 from tilesim.shared.validate import check_choice

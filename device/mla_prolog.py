@@ -36,7 +36,7 @@ import types
 from tilesim.device import backend as _backend
 from tilesim.device._lazy import require_torch
 from tilesim.shared import mla_prolog as contract
-from tilesim.shared.mla_cache import NOPE, NSCALES, ROPE
+from tilesim.shared.layouts.mla_cache import NOPE, NSCALES, ROPE
 from tilesim.shared.soc import DEFAULT_SOC, require_fp8
 from tilesim.shared.validate import check_choice
 

@@ -2,7 +2,7 @@
 
 The batch and query-token loops change no numbers: each token reads shared inputs only and
 writes only its own output rows. :func:`run_tokens` runs the tokens on the worker pool of
-:mod:`tilesim.reference.blas_pool` (NumPy drops the GIL in matmuls and ufuncs) and hands their
+:mod:`tilesim.reference.util.blas_pool` (NumPy drops the GIL in matmuls and ufuncs) and hands their
 results to ``emit`` in token order from the calling thread, so the trace records keep the
 kernel's order. Same bits, same records as the readable serial loop of ``_run``.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tilesim.reference.blas_pool import map_in_order
+from tilesim.reference.util.blas_pool import map_in_order
 
 
 def run_tokens(token: Callable[[int], list], n_tokens: int, emit: Callable[[list], None]) -> None:

@@ -4,7 +4,7 @@
 The golden's loop nest (:mod:`tilesim.reference.moe`) runs one product per ``loop_unroll``
 chunk. Every output row depends only on its own input row and the K tiling, so here one
 product covers all rows of an expert, its BF16 weights widened one K tile at a time
-(:func:`~tilesim.reference.arith.matmul_fp32`, bounded memory:
+(:func:`~tilesim.reference.util.arith.matmul_fp32`, bounded memory:
 ``8 * k_tile * max(H, 2I)`` bytes per product), and the experts run as independent items on the
 reference worker pool (one BLAS thread each). Same bits and the same trace records, in
 schedule order (tests/reference/test_moe_speed_path.py).
@@ -12,8 +12,8 @@ schedule order (tests/reference/test_moe_speed_path.py).
 
 from __future__ import annotations
 
-from tilesim.reference.arith import matmul_fp32
-from tilesim.reference.blas_pool import blas_threads, map_in_order
+from tilesim.reference.util.arith import matmul_fp32
+from tilesim.reference.util.blas_pool import blas_threads, map_in_order
 from tilesim.shared.moe import emit_moe_schedule
 
 

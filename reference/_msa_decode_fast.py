@@ -9,16 +9,16 @@ named decode case and on poisoned inputs, ``tests/reference/test_msa_speed_paths
   the kernel's compact BF16 gather, then widens each chunk: a BF16 copy and a fresh float64
   allocation per chunk cost more than the widening itself). Widening is exact.
 * :func:`run_rows`: blocks of :data:`BATCH_BLOCK` batch rows on the reference worker pool
-  (:func:`tilesim.reference.blas_pool.map_in_order`) on ``TILESIM_BLAS_THREADS`` BLAS
+  (:func:`tilesim.reference.util.blas_pool.map_in_order`) on ``TILESIM_BLAS_THREADS`` BLAS
   threads. The batch rows share no reduction, so how they are grouped changes no bit.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from tilesim.reference.arith import F64
-from tilesim.reference.blas_pool import blas_threads, map_in_order
-from tilesim.reference.msa_common import zero_unread_rows
+from tilesim.reference.util.arith import F64
+from tilesim.reference.util.blas_pool import blas_threads, map_in_order
+from tilesim.reference.util.msa_common import zero_unread_rows
 
 #: batch rows per work item (no numeric effect: rows share no reduction). Two rows keep a
 #: chunk's float64 K and V (2 x 2 MB) in cache.

@@ -2,7 +2,7 @@
 private; taken when its switch ``_FAST`` is True).
 
 :func:`scores` forms the product for the 4 real index-head rows only, on
-``TILESIM_BLAS_THREADS`` BLAS threads (:func:`tilesim.reference.blas_pool.blas_threads`),
+``TILESIM_BLAS_THREADS`` BLAS threads (:func:`tilesim.reference.util.blas_pool.blas_threads`),
 where the golden's plain path forms the kernel's 16-row product (4 heads + 12 zero rows,
 computed and then dropped). Each output row is its own dot products (rows do not interact),
 so both give the same bits (tested on every named indexer case,
@@ -12,9 +12,9 @@ so both give the same bits (tested on every named indexer case,
 from __future__ import annotations
 
 import numpy as np
-from tilesim.reference.arith import F64, matmul_fp32
-from tilesim.reference.blas_pool import blas_threads
-from tilesim.reference.msa_common import K_STEP
+from tilesim.reference.util.arith import F64, matmul_fp32
+from tilesim.reference.util.blas_pool import blas_threads
+from tilesim.reference.util.msa_common import K_STEP
 
 
 def scores(q: np.ndarray, kt: np.ndarray) -> np.ndarray:

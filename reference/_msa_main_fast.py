@@ -3,7 +3,7 @@
 
 The golden (:mod:`tilesim.reference.msa_main`) runs one item per KV head over all query rows,
 serially, every key. Here the items are (KV head, :data:`ROW_BLOCK` query rows) run on the
-reference worker pool (:func:`tilesim.reference.blas_pool.map_in_order`; rows never interact,
+reference worker pool (:func:`tilesim.reference.util.blas_pool.map_in_order`; rows never interact,
 so the bits do not depend on it), and the K steps no row of a row block sees are skipped when
 that provably changes no bit (:func:`may_skip_dead_keys`, :func:`live_key_steps`). Same output
 bits; same trace records (tests/reference/test_msa_main.py proves both).
@@ -14,8 +14,8 @@ from __future__ import annotations
 from functools import partial
 
 import numpy as np
-from tilesim.reference.blas_pool import blas_threads, map_in_order
-from tilesim.reference.msa_common import K_STEP
+from tilesim.reference.util.blas_pool import blas_threads, map_in_order
+from tilesim.reference.util.msa_common import K_STEP
 from tilesim.shared.msa_main import MASK_NEG
 
 #: query rows per item (no numeric effect: rows never interact); one query block of the

@@ -18,7 +18,7 @@ of ``g_tile`` heads -> KV tile ``t`` of ``s_kv_tile`` top-k columns. The batch a
 change no numbers. A token's keys are gathered and dequantized once (V0 is exact) and each KV
 tile reads its rows. Heads are vectorised inside a group tile; the KV-tile loop is where the
 arithmetic happens and is emulated step by step with the models of
-:mod:`tilesim.reference.arith`.
+:mod:`tilesim.reference.util.arith`.
 
 Per KV tile (FP32 unless stated; rounding points in capitals)::
 
@@ -32,10 +32,10 @@ Per KV tile (FP32 unless stated; rounding points in capitals)::
     per_tile: O_t = BF16(FP32(BF16(P / l) @ kn))                       C2 with BF16 output
               one tile: out = O_t; more tiles (beyond the seeds): SoftmaxMerge("per_tile").
 
-``FP32(x)`` of a matmul is :func:`~tilesim.reference.arith.matmul_fp32` with one K tile (the
+``FP32(x)`` of a matmul is :func:`~tilesim.reference.util.arith.matmul_fp32` with one K tile (the
 products summed in float64, rounded once to FP32, so the bits do not depend on BLAS or the
-CPU); row sums are :func:`~tilesim.reference.arith.rowsum_fp32`; ``exp`` is
-:func:`~tilesim.reference.arith.exp_fp32_correctly_rounded`. Every other FP32 operation is a
+CPU); row sums are :func:`~tilesim.reference.util.arith.rowsum_fp32`; ``exp`` is
+:func:`~tilesim.reference.util.arith.exp_fp32_correctly_rounded`. Every other FP32 operation is a
 single IEEE FP32 operation, in the kernel's order.
 
 Split-KV (``tiling.kv_splits > 1``, online mode; :mod:`tilesim.shared.dsa`): the
@@ -53,7 +53,7 @@ normalised tile outputs are merged with softmax weights (``M' = max(M, m)``, ``A
 ``out = BF16(O)``) where the seeds' kernel keeps only the last tile.
 
 Speed path: with ``_POOL = True`` (the default, the one switch) query tokens run on the worker
-pool of :mod:`tilesim.reference.blas_pool` (``TILESIM_REF_THREADS`` workers; the pooled loop is
+pool of :mod:`tilesim.reference.util.blas_pool` (``TILESIM_REF_THREADS`` workers; the pooled loop is
 :mod:`tilesim.reference._dsa_fast`), one token per thread at a time, and the trace records are
 emitted in loop order from the calling thread; ``_POOL = False`` runs the readable loop here,
 the tokens one after the other in the calling thread. Same bits, same records.
@@ -66,15 +66,15 @@ from itertools import accumulate
 from typing import NamedTuple
 
 import numpy as np
-from tilesim.reference.arith import (
+from tilesim.reference.util.arith import (
     SoftmaxMerge,
     exp_fp32_correctly_rounded,
     matmul_fp32,
     tile_softmax,
 )
-from tilesim.reference.blas_pool import blas_threads
-from tilesim.reference.dsa_gather import PackedCache, SplitCache
-from tilesim.reference.progress import progress_bar
+from tilesim.reference.util.blas_pool import blas_threads
+from tilesim.reference.util.dsa_gather import PackedCache, SplitCache
+from tilesim.reference.util.progress import progress_bar
 from tilesim.shared.casts import BF16, to_bf16
 from tilesim.shared.dsa import (
     HEAD_DIM,
@@ -85,8 +85,8 @@ from tilesim.shared.dsa import (
     cost_of_indices,
     host_plan,
 )
-from tilesim.shared.dsa_rows import NO_ROW
-from tilesim.shared.mla_cache import KV_SPLIT, KV_SPLIT_NAMES, NOPE
+from tilesim.shared.layouts.dsa_rows import NO_ROW
+from tilesim.shared.layouts.mla_cache import KV_SPLIT, KV_SPLIT_NAMES, NOPE
 from tilesim.shared.models import DEEPSEEK_V32
 from tilesim.shared.tiling import SaTileShapeConfig
 from tilesim.shared.trace import trace_record

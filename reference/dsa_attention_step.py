@@ -30,7 +30,7 @@ copies through the same ``block_table`` and ``seq_lens``. Every argument of ever
 checked once, before the first stage runs (``check_meta``, ``check_values`` of the contract);
 the stages then run on the checked arguments and never scan again what an earlier stage
 produced: a NaN / inf an overflow made on legal input (reported by the stage that made it, a
-:class:`~tilesim.reference.numerics.NumericsWarning`) is computed through to the outputs. No
+:class:`~tilesim.reference.util.numerics.NumericsWarning`) is computed through to the outputs. No
 argument is written.
 
 The stages are public on their own too (the stage judge recomputes a stage's golden from a
@@ -53,7 +53,7 @@ from tilesim.reference.dsa_indexer import dsa_indexer, indexer_from_args
 from tilesim.reference.dsa_indexer_prolog import dsa_indexer_prolog
 from tilesim.reference.dsa_indexer_prolog import prolog_from_args as iprolog_from_args
 from tilesim.reference.mla_prolog import prolog_from_args as mla_from_args
-from tilesim.reference.numerics import NumericsWarning
+from tilesim.reference.util.numerics import NumericsWarning
 from tilesim.shared import dsa_attention_step as contract
 from tilesim.shared.dsa_attention_step import (
     DECODE_STAGES,
@@ -63,7 +63,7 @@ from tilesim.shared.dsa_attention_step import (
     STAGES,
     STEP_FIELDS,
 )
-from tilesim.shared.mla_cache import NOPE, ROPE, is_packed
+from tilesim.shared.layouts.mla_cache import NOPE, ROPE, is_packed
 from tilesim.shared.models import DEEPSEEK_V32
 from tilesim.shared.tiling import SaTileShapeConfig
 

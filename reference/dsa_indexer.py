@@ -7,14 +7,14 @@ Shapes (``T`` query rows, batch-major; ``S = max_blocks * block_size``)::
     weights      [T, 64]        float16 (int8) or float32 (fp8: q scale and 64^-0.5*128^-0.5 in)
     q_scale      [T, 64]        float16 (int8 only)
     k_cache      int8 [num_blocks, block_size, 128] + k_scale float16 [num_blocks, block_size]
-                 or uint8 [num_blocks, block_size*132] (FP8 pages: shared/index_cache.py)
+                 or uint8 [num_blocks, block_size*132] (FP8 pages: shared/layouts/index_cache.py)
     block_table  [B, max_blocks] int, seq_lens [B] int, q_lens [B] int or None (decode)
     -> topk_indices int32 [T, topk], scores float32 [T, S]
 
 Loop nest (the kernel's): batch ``b`` -> block tile (``_CHUNK_BLOCKS`` blocks of the batch's
 table at a time; the kernel unrolls its block loop the same way) -> the tile's rows x tokens.
 Tokens do not interact, so the tiling changes no number; batches run on the worker pool of
-:mod:`tilesim.reference.blas_pool` (``TILESIM_REF_THREADS``), each writing its own rows, the
+:mod:`tilesim.reference.util.blas_pool` (``TILESIM_REF_THREADS``), each writing its own rows, the
 trace records emitted in batch order from the calling thread. Per tile, rounding points in capitals
 (``d`` = the exact dot product of the codes, ``h`` = index head)::
 
@@ -30,9 +30,9 @@ trace records emitted in batch order from the calling thread. Per tile, rounding
         l_h = FP32(d); t_h = FP32(relu(l_h) * weights_h); s = HSUM_h(t_h)
         score = FP32(s * k_scale)
 
-``FP32(d)`` is :func:`~tilesim.reference.arith.matmul_fp32` with one K tile (the INT8 dots are
+``FP32(d)`` is :func:`~tilesim.reference.util.arith.matmul_fp32` with one K tile (the INT8 dots are
 exact in FP32 already: ``|d| <= 2^21``); ``HSUM_h`` is the kernel's head sum, the FP32 halving
-tree of :func:`~tilesim.reference.arith.halving_sum_fp32` (32 + 32, then 16 + 16, ... 1 + 1:
+tree of :func:`~tilesim.reference.util.arith.halving_sum_fp32` (32 + 32, then 16 + 16, ... 1 + 1:
 every add rounds). pypto-gym's kernel sums the heads in a cube matmul instead and its golden
 in an FP32 ``bmm``: those orders differ from the tree in the last bits only, which the judge's
 score-aware id rule absorbs. The "pypto" order keeps ``FP32(sum_h t)``, a float64 sum rounded
@@ -47,9 +47,9 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
-from tilesim.reference.arith import F32, F64, halving_sum_fp32, matmul_fp32
-from tilesim.reference.blas_pool import blas_threads, map_in_order
-from tilesim.reference.progress import progress_bar
+from tilesim.reference.util.arith import F32, F64, halving_sum_fp32, matmul_fp32
+from tilesim.reference.util.blas_pool import blas_threads, map_in_order
+from tilesim.reference.util.progress import progress_bar
 from tilesim.shared.dsa_indexer import (
     INDEX_HEADS,
     INT8_QK_SCALE,
@@ -61,7 +61,7 @@ from tilesim.shared.dsa_indexer import (
     host_plan,
     select_topk,
 )
-from tilesim.shared.index_cache import INDEX_DIM, fp8_page_views
+from tilesim.shared.layouts.index_cache import INDEX_DIM, fp8_page_views
 from tilesim.shared.models import DEEPSEEK_V32
 from tilesim.shared.quant import e4m3_to_fp32
 from tilesim.shared.trace import emit

@@ -3,7 +3,7 @@ new tokens' index keys written into the paged index-key cache (``docs/ops/dsa_in
 the contract is :mod:`tilesim.shared.dsa_indexer_prolog`).
 
 Per token ``t`` (``T`` tokens; ``H`` hidden, ``R`` q_lora_rank; rounding points in capitals;
-``MM`` = :func:`~tilesim.reference.arith.matmul_fp32` with one K tile: the exact sum of the
+``MM`` = :func:`~tilesim.reference.util.arith.matmul_fp32` with one K tile: the exact sum of the
 exact products, rounded once to FP32; ``MMk`` = the same with K tiles of ``k_tile`` rows
 when ``k_tile`` is given, the tile partials added in FP32 -- the device kernel's cube)::
 
@@ -46,7 +46,8 @@ is modelled as one rounding of the exact sum; the public goldens leave it to the
 the kernels to the cube (the op page says what that costs).
 
 The keys are written into copies of the caches at ``slot_mapping`` (``-1`` skipped) through
-:mod:`tilesim.shared.index_cache`; no other cache row changes and the inputs are never written.
+:mod:`tilesim.shared.layouts.index_cache`; no other cache row changes and the inputs are never
+written.
 """
 
 from __future__ import annotations
@@ -56,8 +57,14 @@ from collections.abc import Callable
 from types import SimpleNamespace
 
 import numpy as np
-from tilesim.reference.arith import F32, F64, block_scaled_matmul_fp32, matmul_fp32, rowsum_fp32
-from tilesim.reference.numerics import quantize_nonfinite, quiet_numpy, warn_stage
+from tilesim.reference.util.arith import (
+    F32,
+    F64,
+    block_scaled_matmul_fp32,
+    matmul_fp32,
+    rowsum_fp32,
+)
+from tilesim.reference.util.numerics import quantize_nonfinite, quiet_numpy, warn_stage
 from tilesim.shared.casts import to_bf16
 from tilesim.shared.dsa_indexer import INDEX_HEADS
 from tilesim.shared.dsa_indexer_prolog import (
@@ -72,7 +79,7 @@ from tilesim.shared.dsa_indexer_prolog import (
     prolog_inputs,
 )
 from tilesim.shared.hadamard import hadamard_rotate
-from tilesim.shared.index_cache import INDEX_DIM, fp8_page_views
+from tilesim.shared.layouts.index_cache import INDEX_DIM, fp8_page_views
 from tilesim.shared.models import DEEPSEEK_V32
 from tilesim.shared.quant import e4m3_to_fp32, quantize_index_fp8, quantize_index_int8
 from tilesim.shared.rope import apply_rope
@@ -119,7 +126,7 @@ def _linear_fp8(a_bf16: np.ndarray, w, w_scale, ue8m0: bool, promotion: str) -> 
         return quantize_index_fp8(v, ue8m0=ue8m0, amax_floor=_LINEAR_AMAX_FLOOR)
 
     # a NaN / inf block of ``a`` (a q_norm the layer step's MLA prolog overflowed): the
-    # quantizer's IEEE outcome (reference/numerics.py); finite blocks: the same bits
+    # quantizer's IEEE outcome (reference/util/numerics.py); finite blocks: the same bits
     codes, sa = quantize_nonfinite(quant, a_bf16.reshape(t, k // FP8_BLOCK, FP8_BLOCK), FP8_BLOCK)
     a32 = e4m3_to_fp32(codes).reshape(t, k)
     w32 = e4m3_to_fp32(w)
@@ -159,7 +166,7 @@ def _rotate(v: np.ndarray, a: Args, hadamard) -> np.ndarray:
 
 def _quant(v: np.ndarray, a: Args) -> tuple[np.ndarray, np.ndarray]:
     """The path's quantizer per 128-vector; a vector holding NaN / inf (an overflow upstream)
-    gets :func:`~tilesim.reference.numerics.quantize_nonfinite`'s outcome, never an error."""
+    gets :func:`~tilesim.reference.util.numerics.quantize_nonfinite`'s outcome, never an error."""
     if a.path == "int8":
         rule = lambda g: quantize_index_int8(g, amax_floor=a.amax_floor,  # noqa: E731
                                              scale_rule="reciprocal")  # fmt: skip
@@ -352,7 +359,7 @@ def dsa_indexer_prolog(
         updated copies (only the rows of the written slots differ from the inputs). Same kind
         (NumPy / torch) as ``x``; inputs are never modified. Legal input that overflows on
         the way is computed through and reported by a
-        :class:`~tilesim.reference.numerics.NumericsWarning` naming the stage
+        :class:`~tilesim.reference.util.numerics.NumericsWarning` naming the stage
         (``docs/ops/dsa_indexer_prolog.md``, "Bad input and overflow").
     """
     ins = SimpleNamespace(**{n: v for n, v in locals().items() if n in _INPUTS})  # the arrays

@@ -3,8 +3,8 @@ cache rows. The contract is :mod:`tilesim.shared.mla_prolog`, the full page
 ``docs/ops/mla_prolog.md``.
 
 Stages (``T`` tokens; rounding points in capitals; sums of products are
-:func:`~tilesim.reference.arith.matmul_fp32` with one K tile, i.e. the exact sum rounded once
-to FP32, and row sums :func:`~tilesim.reference.arith.rowsum_fp32`)::
+:func:`~tilesim.reference.util.arith.matmul_fp32` with one K tile, i.e. the exact sum rounded once
+to FP32, and row sums :func:`~tilesim.reference.util.arith.rowsum_fp32`)::
 
     q_a  = BF16(linear(x, w_dq))                                      [T, 1536]
     qn   = BF16(rms_norm(q_a) * gamma_cq)                             rms_form, rms_eps
@@ -37,11 +37,18 @@ from collections.abc import Callable
 from types import SimpleNamespace
 
 import numpy as np
-from tilesim.reference.arith import block_scaled_matmul_fp32, matmul_fp32, rowsum_fp32
-from tilesim.reference.numerics import quantize_nonfinite, quiet_numpy, warn_stage
+from tilesim.reference.util.arith import block_scaled_matmul_fp32, matmul_fp32, rowsum_fp32
+from tilesim.reference.util.numerics import quantize_nonfinite, quiet_numpy, warn_stage
 from tilesim.shared import mla_prolog as contract
 from tilesim.shared.casts import FP8_E4M3_MAX, to_bf16, to_fp8_e4m3
-from tilesim.shared.mla_cache import NOPE, NSCALES, ROPE, is_packed, pack_kv_split, pack_rows
+from tilesim.shared.layouts.mla_cache import (
+    NOPE,
+    NSCALES,
+    ROPE,
+    is_packed,
+    pack_kv_split,
+    pack_rows,
+)
 from tilesim.shared.mla_prolog import BLOCK, HEADS, KV_LORA, Q_HEAD, QK_NOPE, MlaPrologOutputs
 from tilesim.shared.quant import (
     _ue8m0,
@@ -85,7 +92,7 @@ def _latent_rule(rule: str):
 
 def _latent_quant(kvn: np.ndarray, rule: str) -> tuple[np.ndarray, np.ndarray]:
     """``(codes, scales)`` of ``rule`` per 128 values; a group holding NaN / inf (an overflow
-    upstream) gets :func:`~tilesim.reference.numerics.quantize_nonfinite`'s outcome."""
+    upstream) gets :func:`~tilesim.reference.util.numerics.quantize_nonfinite`'s outcome."""
     return quantize_nonfinite(_latent_rule(rule), kvn, NOPE // NSCALES)
 
 
@@ -93,7 +100,7 @@ def _latent_quant(kvn: np.ndarray, rule: str) -> tuple[np.ndarray, np.ndarray]:
 def linear(a, w, scale, kind: str, promotion: str = "fma") -> np.ndarray:
     """``BF16`` result of one projection ``a [R, K] @ w [K, N]`` (``kind`` ``"bf16"`` or
     ``"fp8_block"``; module docstring). ``promotion``: the FP8 K-block promotion of
-    :func:`~tilesim.reference.arith.block_scaled_matmul_fp32` (``"fma"`` or
+    :func:`~tilesim.reference.util.arith.block_scaled_matmul_fp32` (``"fma"`` or
     ``"two_roundings"``; unused for BF16)."""
     if kind == "bf16":
         return to_bf16(matmul_fp32(a, w, k_tile=None))
@@ -252,7 +259,7 @@ def mla_prolog(
     Returns :class:`MlaPrologOutputs` (NumPy arrays, or CPU torch tensors when ``x`` is one).
     Every check runs before any work; no argument is written. Legal input that overflows on
     the way (a zero row with ``rms_eps = 0``, a square above the FP32 maximum) is computed
-    through and reported by a :class:`~tilesim.reference.numerics.NumericsWarning` naming the
+    through and reported by a :class:`~tilesim.reference.util.numerics.NumericsWarning` naming the
     stage (``docs/ops/mla_prolog.md``, "Bad input and overflow").
     """
     ins = SimpleNamespace(**{n: v for n, v in locals().items() if n != "trace"})  # the arguments

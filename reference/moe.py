@@ -13,10 +13,10 @@ docs/ops/moe.md) and keeps every loop that changes the numbers:
 5. mm2 ``D = A @ W2_e`` with FP32 accumulation over K tiles of ``tiling.mm2_k`` rows of I;
 6. one BF16 rounding of ``D`` into the output rows.
 
-Arithmetic models (:mod:`tilesim.reference.arith`): mm1 and mm2 are
-:func:`~tilesim.reference.arith.matmul_fp32` with ``k_tile = mm1_k`` / ``mm2_k`` (each K tile's
+Arithmetic models (:mod:`tilesim.reference.util.arith`): mm1 and mm2 are
+:func:`~tilesim.reference.util.arith.matmul_fp32` with ``k_tile = mm1_k`` / ``mm2_k`` (each K tile's
 partial sum exact in float64 and rounded once to FP32, the partials added in FP32 in ascending
-K order); ``exp`` is :func:`~tilesim.reference.arith.exp_fp32_correctly_rounded`.
+K order); ``exp`` is :func:`~tilesim.reference.util.arith.exp_fp32_correctly_rounded`.
 Consequence: every output row depends only on its own input row and the K tiling — the chunk
 split, the BLAS kernel and the thread count do not change the bits (up to a double-rounding
 coincidence when a float64 tile sum lands within ~2^-53 of an FP32 rounding midpoint). What
@@ -40,7 +40,7 @@ from typing import NamedTuple
 
 import numpy as np
 from tilesim.reference import _moe_fast
-from tilesim.reference.arith import exp_fp32_correctly_rounded, matmul_fp32
+from tilesim.reference.util.arith import exp_fp32_correctly_rounded, matmul_fp32
 from tilesim.shared.casts import BF16, to_bf16, widen_to_fp32
 from tilesim.shared.interop import is_torch_tensor, to_torch
 from tilesim.shared.models import ACTIVATIONS, GATE_UP_LAYOUTS, MoeDims

@@ -15,16 +15,16 @@ of the group on the cube M axis)::
         merge (m, l, O) with (m_c, l_c, O_c)  FP32
     out = bf16(O / l)
 
-Arithmetic: :mod:`tilesim.reference.arith` — ``matmul_fp32`` with 128-key K tiles, NumPy's
-float32 ``exp`` (:func:`~tilesim.reference.arith.exp_fp32_numpy`), ``SoftmaxMerge("online")``.
+Arithmetic: :mod:`tilesim.reference.util.arith` — ``matmul_fp32`` with 128-key K tiles, NumPy's
+float32 ``exp`` (:func:`~tilesim.reference.util.arith.exp_fp32_numpy`), ``SoftmaxMerge("online")``.
 The keep-mask and the argument checks are :mod:`tilesim.shared.msa_decode` (the device
 wrapper uses the same functions).
 
 NaN-robust masking (``docs/ops/msa_decode.md``, "Masking and NaN"): the seeds' kernel masks by
 multiplying, ``S*m + (1-m)*(-3e38)``, so a NaN score stays NaN (``0 * NaN``) and a dropped
 key's ``P = 0`` times a NaN V row is NaN again. Here a dropped score is selected to -3e38
-(:func:`~tilesim.reference.msa_common.select_masked`) and the dropped keys' V rows are zeroed
-(:func:`~tilesim.reference.msa_common.zero_unread_rows`, rows from
+(:func:`~tilesim.reference.util.msa_common.select_masked`) and the dropped keys' V rows are zeroed
+(:func:`~tilesim.reference.util.msa_common.zero_unread_rows`, rows from
 :func:`~tilesim.shared.msa_decode.decode_read_mask`) before P.V. On finite inputs the bits are
 those of the multiply form; whatever the masked tail of the current block, a selected future
 block or an unselected block holds (NaN, inf), the output does not change.
@@ -57,8 +57,8 @@ from typing import NamedTuple
 
 import numpy as np
 from tilesim.reference import _msa_decode_fast as _fast
-from tilesim.reference.arith import F32, F64, SoftmaxMerge, exp_fp32_numpy, matmul_fp32
-from tilesim.reference.msa_common import (
+from tilesim.reference.util.arith import F32, F64, SoftmaxMerge, exp_fp32_numpy, matmul_fp32
+from tilesim.reference.util.msa_common import (
     K_STEP,
     chunk_bounds,
     select_masked,
@@ -66,6 +66,7 @@ from tilesim.reference.msa_common import (
     zero_unread_rows,
 )
 from tilesim.shared.casts import BF16, to_bf16
+from tilesim.shared.layouts.splitkv import split_ranges
 from tilesim.shared.models import MINIMAX_M3
 from tilesim.shared.msa_decode import (
     Args,
@@ -77,7 +78,6 @@ from tilesim.shared.msa_decode import (
     sized_args,
 )
 from tilesim.shared.soc import DEFAULT_SOC, get_soc
-from tilesim.shared.splitkv import split_ranges
 from tilesim.shared.tiling import MsaTiling
 from tilesim.shared.trace import emit
 from tilesim.shared.validate import check_bool, check_trace, host_array, same_kind

@@ -23,8 +23,8 @@ from typing import NamedTuple
 
 import numpy as np
 from tilesim.reference import _msa_indexer_fast as _fast
-from tilesim.reference.arith import F64, matmul_fp32
-from tilesim.reference.msa_common import K_STEP
+from tilesim.reference.util.arith import F64, matmul_fp32
+from tilesim.reference.util.msa_common import K_STEP
 from tilesim.shared.models import MINIMAX_M3
 from tilesim.shared.msa_indexer import (
     HEAD_REDUCES,

@@ -21,7 +21,7 @@ Public names:
 * :func:`msa_main_flop_count` / :func:`msa_main_live_flop_count` — the kernel's matmul FLOPs
   and the share of them no golden can avoid (the trace's ``flop`` field; the bench).
 
-Arithmetic: :mod:`tilesim.reference.arith` (``matmul_fp32`` with 128-column K tiles, NumPy's
+Arithmetic: :mod:`tilesim.reference.util.arith` (``matmul_fp32`` with 128-column K tiles, NumPy's
 float32 exp, ``SoftmaxMerge("online")``). Both paths batch the 16 heads of a KV group into one
 matmul per chunk. The speed path (:mod:`tilesim.reference._msa_main_fast`, chosen by
 :data:`_FAST`, or ``_fast=`` per call) adds blocks of :data:`ROW_BLOCK` query rows run as
@@ -46,8 +46,8 @@ from typing import NamedTuple
 import numpy as np
 from tilesim.reference import _msa_main_fast
 from tilesim.reference._msa_main_fast import DEAD_KEY_SCORE_BOUND, ROW_BLOCK, live_key_steps
-from tilesim.reference.arith import F64, SoftmaxMerge, exp_fp32_numpy, matmul_fp32
-from tilesim.reference.msa_common import K_STEP, chunk_bounds, softmax_chunk, zero_unread_rows
+from tilesim.reference.util.arith import F64, SoftmaxMerge, exp_fp32_numpy, matmul_fp32
+from tilesim.reference.util.msa_common import K_STEP, chunk_bounds, softmax_chunk, zero_unread_rows
 from tilesim.shared.casts import BF16, FP32, to_bf16, widen_to_fp32
 from tilesim.shared.msa_main import (
     MASK_NEG,

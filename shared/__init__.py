@@ -17,8 +17,8 @@ from tilesim.shared.dsv32_checkpoint import (
     dsv32_weights_fp8,
     dsv32_weights_int8,
 )
-from tilesim.shared.index_cache import pack_fp8_pages, unpack_fp8_pages
-from tilesim.shared.mla_cache import (
+from tilesim.shared.layouts.index_cache import pack_fp8_pages, unpack_fp8_pages
+from tilesim.shared.layouts.mla_cache import (
     FLASHMLA_ROW_BYTES,
     PYPTO_ROW_BYTES,
     PYPTO_UB_PITCH,

@@ -12,9 +12,9 @@ kernel wrapper: :class:`Args`, :func:`check_meta`, :func:`check_values`, :func:`
 * :func:`packed_inputs`, :func:`kv_split_inputs`, :func:`model_keywords` — the two ops'
   inputs, written once: the golden's and the wrapper's written-out signatures begin with
   them (``tests/test_op_records.py``).
-* :func:`host_plan` — the physical rows and stand-ins (:mod:`tilesim.shared.dsa_rows`) and the
-  split (:mod:`tilesim.shared.dsa_split_rule`); the kernel's index tensor is packed from it by
-  :mod:`tilesim.shared.dsa_kernel_index`.
+* :func:`host_plan` — the physical rows and stand-ins (:mod:`tilesim.shared.layouts.dsa_rows`) and
+  the split (:mod:`tilesim.shared.layouts.dsa_split_rule`); the kernel's index tensor is packed from
+  it by :mod:`tilesim.shared.layouts.dsa_kernel_index`.
 * :func:`cost` — the one FLOP / byte counter (the golden's and the kernel's accounting), on
   :func:`attention_flop` (the matmul FLOPs of some heads over some keys, C1 + C2);
   :func:`cost_of_indices` counts a call known by its indices and lengths alone.
@@ -26,11 +26,16 @@ from typing import NamedTuple
 
 import numpy as np
 from tilesim.shared.casts import BF16, FP8_E4M3
-from tilesim.shared.dsa_rows import NO_ROW, cur_seq_lengths, plan_physical_rows, stand_in_positions
-from tilesim.shared.dsa_split_rule import tiles_per_split
-from tilesim.shared.mla_cache import KV_SPLIT, LAYOUTS, NOPE, NSCALES, PYPTO_ROW_BYTES, ROPE
+from tilesim.shared.layouts.dsa_rows import (
+    NO_ROW,
+    cur_seq_lengths,
+    plan_physical_rows,
+    stand_in_positions,
+)
+from tilesim.shared.layouts.dsa_split_rule import tiles_per_split
+from tilesim.shared.layouts.mla_cache import KV_SPLIT, LAYOUTS, NOPE, NSCALES, PYPTO_ROW_BYTES, ROPE
 from tilesim.shared.models import DEEPSEEK_V32
-from tilesim.shared.op_record import ROUNDS_LIKE_GOLDEN, Call, OpRecord, Output
+from tilesim.shared.registry.op_record import ROUNDS_LIKE_GOLDEN, Call, OpRecord, Output
 from tilesim.shared.tiling import SaTileShapeConfig
 from tilesim.shared.validate import (
     INT32_MAX,
@@ -87,10 +92,10 @@ class Args(NamedTuple):
 
 class HostPlan(NamedTuple):
     """The host rules of one checked call (:func:`host_plan`): ``phys`` int32 ``[T, topk]``
-    physical rows (:data:`~tilesim.shared.dsa_rows.NO_ROW` for skipped ``-1`` entries and
+    physical rows (:data:`~tilesim.shared.layouts.dsa_rows.NO_ROW` for skipped ``-1`` entries and
     columns past ``cur_seq``), ``cur_seq`` int64 ``[T]``, ``skipped`` bool ``[T, topk]`` (used
     ``-1`` entries), ``stand_in`` int64 ``[B]`` positions for them (``None`` when there is
-    none; see :func:`~tilesim.shared.dsa_rows.stand_in_positions`), ``tiles_per_split`` (all
+    none; see :func:`~tilesim.shared.layouts.dsa_rows.stand_in_positions`), ``tiles_per_split`` (all
     of a token's tiles when ``kv_splits = 1``)."""
 
     phys: np.ndarray
@@ -113,7 +118,7 @@ def resolve_tiling(tiling) -> SaTileShapeConfig:
     is the op's default for the call). A ``SaTileShapeConfig`` as given
     (:func:`tiling_argument`); ``None``: ``SaTileShapeConfig.from_env()``, read at the call.
     The default applies no split rule: the split is the config's ``kv_splits`` (1), and
-    :func:`tilesim.shared.dsa_split_rule.split_tiling` sets it where a caller asks."""
+    :func:`tilesim.shared.layouts.dsa_split_rule.split_tiling` sets it where a caller asks."""
     tiling = tiling_argument(tiling)
     return SaTileShapeConfig.from_env() if tiling is None else tiling
 
@@ -263,7 +268,7 @@ def model_keywords(
 def check_int_values(args: Args) -> Args:
     """The checks that read the integer inputs (host int64 copies, returned in the
     :class:`Args`, ``values=True``): ``kv_act_seqs`` in ``[0, max_blocks * block_size]``
-    and every used top-k entry (:func:`~tilesim.shared.dsa_rows.plan_physical_rows`: ``-1``
+    and every used top-k entry (:func:`~tilesim.shared.layouts.dsa_rows.plan_physical_rows`: ``-1``
     or a position inside the sequence, an allocated block, a row inside the cache).
     ``ValueError`` naming the entry."""
     acts = host_ints(args.kv_act_seqs, "kv_act_seqs", ndim=1, layout="[B]")
@@ -309,12 +314,12 @@ def _physical_rows(a: Args) -> tuple[np.ndarray, np.ndarray]:
 
 def host_plan(args: Args) -> HostPlan:
     """The host rules of a checked call (:func:`check_values` first): the physical rows
-    (:func:`~tilesim.shared.dsa_rows.plan_physical_rows`), the used ``-1`` entries and their
-    stand-in positions (:func:`~tilesim.shared.dsa_rows.stand_in_positions`, only when there
-    is one), and the split (:func:`~tilesim.shared.dsa_split_rule.tiles_per_split` of
+    (:func:`~tilesim.shared.layouts.dsa_rows.plan_physical_rows`), the used ``-1`` entries and their
+    stand-in positions (:func:`~tilesim.shared.layouts.dsa_rows.stand_in_positions`, only when there
+    is one), and the split (:func:`~tilesim.shared.layouts.dsa_split_rule.tiles_per_split` of
     ``args.tiling``). NumPy; the kernel's index tensor is packed from it by
-    :func:`tilesim.shared.dsa_kernel_index.kernel_indices` (its torch twin for
-    ``validate=False``: :func:`~tilesim.shared.dsa_kernel_index.kernel_indices_torch`)."""
+    :func:`tilesim.shared.layouts.dsa_kernel_index.kernel_indices` (its torch twin for
+    ``validate=False``: :func:`~tilesim.shared.layouts.dsa_kernel_index.kernel_indices_torch`)."""
     require_values(args, Args, "host_plan")
     phys, cur = _physical_rows(args)
     skipped = (np.arange(args.topk)[None, :] < cur[:, None]) & (phys == NO_ROW)
@@ -411,7 +416,7 @@ def cost_of_indices(topk_indices, kv_act_seqs, *, nq: int, topk: int, s1: int | 
 # ----------------------------------------------------------------------------- record
 #: the one output of both calls
 _OUT = (Output("out", "float", ("token", "head")),)
-#: the op's record in the registry of ops (:mod:`tilesim.shared.ops`)
+#: the op's record in the registry of ops (:mod:`tilesim.shared.registry.ops`)
 RECORD = OpRecord(
     name="dsa",
     calls=(
@@ -423,7 +428,7 @@ RECORD = OpRecord(
     ),
     cost=cost,
     int_checks=check_int_values,
-    names={"DSA_CASES": "dsa_cases"},
+    names={"DSA_CASES": "cases.dsa"},
     # per-tile softmax over several KV tiles rounds each tile's output to BF16 before the merge
     # and the merged output again: one more row ULP (docs/ops/dsa.md, "Budget")
     budgets={**ROUNDS_LIKE_GOLDEN, "row_ulp_per_tile": 2.0},

@@ -30,7 +30,7 @@ reference prologs, 656-byte packed latent rows or the ``kv_split`` triple, 132-b
 pages). One block table and one ``seq_lens`` (counting the new tokens) address both caches;
 the new tokens of batch ``b`` are its last ``q_lens[b]`` positions (decode ``q_lens=None``:
 ``s1 = T // B`` each) and are written to the slot the block table gives them, the one rule of
-:mod:`tilesim.shared.slots`; a caller's ``slot_mapping`` may only replace a slot by ``-1``
+:mod:`tilesim.shared.layouts.slots`; a caller's ``slot_mapping`` may only replace a slot by ``-1``
 (the token's rows are not written; the caches must already hold them). ``cos`` / ``sin`` are
 one table for both prologs (DeepSeek's ``freqs_cis`` is shared by ``MLA`` and ``Indexer``).
 """
@@ -47,8 +47,8 @@ from tilesim.shared import dsa_indexer as idx_contract
 from tilesim.shared import dsa_indexer_prolog as iprolog_contract
 from tilesim.shared import mla_prolog as mla_contract
 from tilesim.shared.casts import BF16, FP8_E4M3
-from tilesim.shared.index_cache import INDEX_DIM, fp8_page_views
-from tilesim.shared.mla_cache import (
+from tilesim.shared.layouts.index_cache import INDEX_DIM, fp8_page_views
+from tilesim.shared.layouts.mla_cache import (
     CACHE_LAYOUTS,
     KV_SPLIT_NAMES,
     NOPE,
@@ -56,9 +56,9 @@ from tilesim.shared.mla_cache import (
     ROPE,
     is_packed,
 )
+from tilesim.shared.layouts.slots import NO_SLOT, check_slot_mapping_meta, slots_from_block_table
 from tilesim.shared.models import DEEPSEEK_V32
-from tilesim.shared.op_record import Call, OpRecord, Output
-from tilesim.shared.slots import NO_SLOT, check_slot_mapping_meta, slots_from_block_table
+from tilesim.shared.registry.op_record import Call, OpRecord, Output
 from tilesim.shared.tiling import SaTileShapeConfig
 from tilesim.shared.validate import (
     check_array,
@@ -643,7 +643,7 @@ _KINDS = {
     "topk_indices": "ids",
     **{f: "cache" for f in ("kv_cache", "kr_cache", "kv_scale_cache", "k_cache")},
 }
-#: the op's record in the registry of ops (:mod:`tilesim.shared.ops`)
+#: the op's record in the registry of ops (:mod:`tilesim.shared.registry.ops`)
 RECORD = OpRecord(
     name="dsa_attention_step",
     calls=(

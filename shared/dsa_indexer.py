@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 import numpy as np
 from tilesim.shared.casts import FP8_E4M3
-from tilesim.shared.index_cache import (
+from tilesim.shared.layouts.index_cache import (
     FP8_SCALE_BYTES,
     INDEX_DIM,
     check_fp8_cache,
@@ -38,8 +38,8 @@ from tilesim.shared.index_cache import (
     fp8_page_views,
 )
 from tilesim.shared.models import DEEPSEEK_V32
-from tilesim.shared.op_record import Call, OpRecord, Output
 from tilesim.shared.ranking import NO_ID, top_k
+from tilesim.shared.registry.op_record import Call, OpRecord, Output
 from tilesim.shared.tiling import normalize_unroll
 from tilesim.shared.validate import (
     INT32_MAX,
@@ -474,7 +474,7 @@ def select_topk(scores, visible, topk: int, *, nan_last: bool = False) -> np.nda
 #: the ids (tie-aware with the scores) and the scores a device may leave out
 _IDS = Output("topk_indices", "ids", ("token",))
 _SCORES = Output("scores", "float", ("token",), optional=True)
-#: the op's record in the registry of ops (:mod:`tilesim.shared.ops`)
+#: the op's record in the registry of ops (:mod:`tilesim.shared.registry.ops`)
 RECORD = OpRecord(
     name="dsa_indexer",
     calls=(

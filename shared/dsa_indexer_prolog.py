@@ -28,7 +28,7 @@ Two paths (``path``):
   128]`` with FP32 scales per 128 x 128 block (``[R/128, 64]``, ``[H/128, 1]``); ``w_proj``
   FP32 ``[H, 64]``; FP32 ``cos``/``sin`` (``[T, 32]`` one angle per pair, or ``[T, 64]``); no
   Hadamard matrices (the fast transform); the 132-byte FP8 pages of
-  :mod:`tilesim.shared.index_cache`.
+  :mod:`tilesim.shared.layouts.index_cache`.
 
 Weights are stored ``[in, out]`` (``y = x @ W``) on both paths; DeepSeek's checkpoint stores the
 transpose (``[out, in]``, scales ``[out/128, in/128]``). ``H`` (hidden, 7168) and ``R``
@@ -37,7 +37,7 @@ transpose (``[out, in]``, scales ``[out/128, in/128]``). ``H`` (hidden, 7168) an
 Slots: ``slot_mapping[t]`` is the physical cache row ``block * block_size + offset`` token
 ``t``'s key goes to; ``-1`` skips the token (vLLM's padding convention); any other value
 outside ``[0, num_blocks * block_size)``, a slot given to two tokens or a mapping that is not
-``[T]`` is refused: the one slot rule of :mod:`tilesim.shared.slots`.
+``[T]`` is refused: the one slot rule of :mod:`tilesim.shared.layouts.slots`.
 """
 
 from __future__ import annotations
@@ -48,16 +48,16 @@ from typing import NamedTuple
 import numpy as np
 from tilesim.shared.casts import BF16, FP8_E4M3
 from tilesim.shared.dsa_indexer import INDEX_HEADS
-from tilesim.shared.index_cache import (
+from tilesim.shared.layouts.index_cache import (
     FP8_SCALE_BYTES,
     INDEX_DIM,
     check_fp8_cache,
     check_int8_cache,
 )
+from tilesim.shared.layouts.slots import NO_SLOT, check_slot_mapping, check_slot_mapping_meta
 from tilesim.shared.models import DEEPSEEK_V32
-from tilesim.shared.op_record import Call, OpRecord, Output
 from tilesim.shared.quant import FP8_PROMOTIONS
-from tilesim.shared.slots import NO_SLOT, check_slot_mapping, check_slot_mapping_meta
+from tilesim.shared.registry.op_record import Call, OpRecord, Output
 from tilesim.shared.validate import (
     INT32_MAX,
     check_array,
@@ -353,7 +353,7 @@ def cost(args: Args) -> dict:
 
 
 # ----------------------------------------------------------------------------- record
-#: the op's record in the registry of ops (:mod:`tilesim.shared.ops`)
+#: the op's record in the registry of ops (:mod:`tilesim.shared.registry.ops`)
 RECORD = OpRecord(
     name="dsa_indexer_prolog",
     calls=(

@@ -26,7 +26,7 @@ output on the FP8 path).
 Slot rule: ``slot_mapping[t]`` is the physical cache row of token ``t`` (``block_table[b, p //
 block_size] * block_size + p % block_size``); ``-1`` skips the token's cache write (vLLM's
 padding); any other value outside ``[0, rows)``, a row named twice or a mapping that is not
-``[T]`` is refused: the one slot rule of :mod:`tilesim.shared.slots`.
+``[T]`` is refused: the one slot rule of :mod:`tilesim.shared.layouts.slots`.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from typing import NamedTuple
 
 import numpy as np
 from tilesim.shared.casts import BF16, FP8_E4M3
-from tilesim.shared.mla_cache import (
+from tilesim.shared.layouts.mla_cache import (
     CACHE_LAYOUTS,
     NOPE,
     NSCALES,
@@ -44,10 +44,10 @@ from tilesim.shared.mla_cache import (
     ROPE,
     is_packed,
 )
-from tilesim.shared.op_record import Call, OpRecord, Output
+from tilesim.shared.layouts.slots import NO_SLOT, check_slot_mapping, check_slot_mapping_meta
 from tilesim.shared.quant import FP8_PROMOTIONS
+from tilesim.shared.registry.op_record import Call, OpRecord, Output
 from tilesim.shared.rope import PAIRINGS as ROPE_PAIRINGS
-from tilesim.shared.slots import NO_SLOT, check_slot_mapping, check_slot_mapping_meta
 from tilesim.shared.validate import (
     check_array,
     check_choice,
@@ -181,10 +181,10 @@ def prolog_keywords(
     DeepSeek's reference, 950) sets the defaults of every other switch (:data:`PATH_DEFAULTS`);
     ``None`` takes the path's value. ``rope_pairing`` in :data:`tilesim.shared.rope.PAIRINGS`;
     ``rms_form`` in :data:`RMS_FORMS`; ``rms_eps`` >= 0; ``kv_quant`` in :data:`KV_QUANTS`;
-    ``cache_layout`` in :data:`~tilesim.shared.mla_cache.CACHE_LAYOUTS`; ``fp8_promotion`` in
-    :data:`tilesim.shared.quant.FP8_PROMOTIONS`, the K-block promotion of every FP8 linear
-    (``"fma"``: DeepSeek's ``fp8_gemm`` as nvcc builds it, one rounding; ``"two_roundings"``;
-    no effect on BF16 / INT8 linears)."""
+    ``cache_layout`` in :data:`~tilesim.shared.layouts.mla_cache.CACHE_LAYOUTS`; ``fp8_promotion``
+    in :data:`tilesim.shared.quant.FP8_PROMOTIONS`, the K-block promotion of every FP8 linear
+    (``"fma"``: DeepSeek's ``fp8_gemm`` as nvcc builds it, one rounding; ``"two_roundings"``; no
+    effect on BF16 / INT8 linears)."""
 
 
 # ----------------------------------------------------------------------------- checks
@@ -364,7 +364,7 @@ def cost(args: Args) -> dict:
 
 
 # ----------------------------------------------------------------------------- record
-#: the op's record in the registry of ops (:mod:`tilesim.shared.ops`)
+#: the op's record in the registry of ops (:mod:`tilesim.shared.registry.ops`)
 RECORD = OpRecord(
     name="mla_prolog",
     calls=(

@@ -27,7 +27,7 @@ import numpy as np
 from tilesim.shared.casts import BF16
 from tilesim.shared.interop import is_torch_tensor, to_numpy
 from tilesim.shared.models import ACTIVATIONS, GATE_UP_LAYOUTS, MoeDims
-from tilesim.shared.op_record import ROUNDS_LIKE_GOLDEN, Call, OpRecord, Output
+from tilesim.shared.registry.op_record import ROUNDS_LIKE_GOLDEN, Call, OpRecord, Output
 from tilesim.shared.tiling import MoeTiling, loop_unroll_chunks
 from tilesim.shared.trace import Trace, emit, trace_record
 from tilesim.shared.validate import (
@@ -316,7 +316,7 @@ def check_moe_tiling(tiling: MoeTiling, dims: MoeDims) -> MoeTiling:
 
 
 # ----------------------------------------------------------------------------- record
-#: the op's record in the registry of ops (:mod:`tilesim.shared.ops`)
+#: the op's record in the registry of ops (:mod:`tilesim.shared.registry.ops`)
 RECORD = OpRecord(
     name="moe",
     calls=(
@@ -326,8 +326,8 @@ RECORD = OpRecord(
     cost=cost,
     int_checks=check_int_values,
     names={"MoeTileRecord": "moe", "moe_flop_count": "moe", "moe_tile_schedule": "moe",
-           "moe_dispatch": "moe_routing", "moe_combine": "moe_routing",
-           "MoeDispatch": "moe_routing", "MOE_CASES": "moe_cases"},
+           "moe_dispatch": "util.moe_routing", "moe_combine": "util.moe_routing",
+           "MoeDispatch": "util.moe_routing", "MOE_CASES": "cases.moe"},
     budgets=ROUNDS_LIKE_GOLDEN,
 )  # fmt: skip
 

@@ -21,7 +21,7 @@ call these functions, so both apply literally the same rule (``docs/ops/msa_deco
 A (batch row, KV head) of the decode reads ``topk*128`` selected keys in NTILE-wide chunks
 (``ceil(topk*128 / ntile)`` chunks, the last one maybe partial). With
 ``MsaTiling.kv_splits = k`` the chunks are grouped into ranges of ``ceil(chunks / k)``
-consecutive chunks (:func:`tilesim.shared.splitkv.split_ranges`); each range is an
+consecutive chunks (:func:`tilesim.shared.layouts.splitkv.split_ranges`); each range is an
 independent online softmax with its own FP32 ``(O, l, m)`` state, and the ranges' states are
 then folded into range 0's state in range order ``1, 2, ..`` with the same online-merge
 formulas, before ``bf16(O / l)``.
@@ -43,10 +43,10 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from tilesim.shared import splitkv
 from tilesim.shared.casts import BF16
+from tilesim.shared.layouts import splitkv
 from tilesim.shared.msa_indexer import BY, TOPK  # the indexer's picks: TOPK blocks of BY keys
-from tilesim.shared.op_record import ROUNDS_LIKE_GOLDEN, Call, OpRecord, Output
+from tilesim.shared.registry.op_record import ROUNDS_LIKE_GOLDEN, Call, OpRecord, Output
 from tilesim.shared.tiling import MsaTiling
 from tilesim.shared.validate import (
     check_array,
@@ -327,7 +327,8 @@ def n_chunks(topk: int, ntile: int, block_size: int = BY) -> int:
 
 #: the decode's split policy: the kernel merges chunk after chunk in a range, then folds the
 #: other ranges into range 0 (range 0's state is the combine's start, no copy):
-#: :func:`tilesim.shared.splitkv.loop_merge_chain`; no cap; at least :data:`SPLIT_MIN_CHUNKS`
+#: :func:`tilesim.shared.layouts.splitkv.loop_merge_chain`; no cap; at least
+#: :data:`SPLIT_MIN_CHUNKS`
 SPLIT_RULE = splitkv.SplitRule(min_units=SPLIT_MIN_CHUNKS)
 
 
@@ -347,7 +348,7 @@ def default_kv_splits(*, batch: int, hkv: int, topk: int, ntile: int, soc: str,
     cube cores (``items >= aic_cores``) or a pair has fewer than :data:`SPLIT_MIN_CHUNKS`
     chunks, 1. Otherwise the smallest ``k <= min(chunks, aic_cores // items)`` (each range can
     have a core) with the shortest merge chain (about ``sqrt(chunks)`` ranges), returned as
-    the number of ranges it gives (:func:`tilesim.shared.splitkv.default_kv_splits`). M3
+    the number of ranges it gives (:func:`tilesim.shared.layouts.splitkv.default_kv_splits`). M3
     decode (topk 16, NTILE 512: 4 chunks) -> 1 on every SoC and batch; topk 64 (16 chunks),
     HKV 4, B 1 -> 4 (chain 6 instead of 15) on the 910B (24 cube cores) and the 950 (28).
     """
@@ -376,7 +377,7 @@ def resolve_tiling(tiling, *, batch: int, hkv: int, topk: int, soc: str) -> MsaT
 
 
 # ----------------------------------------------------------------------------- record
-#: the op's record in the registry of ops (:mod:`tilesim.shared.ops`)
+#: the op's record in the registry of ops (:mod:`tilesim.shared.registry.ops`)
 RECORD = OpRecord(
     name="msa_decode",
     family="msa",

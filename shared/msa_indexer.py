@@ -26,8 +26,8 @@ from typing import NamedTuple
 import numpy as np
 from tilesim.shared.casts import BF16
 from tilesim.shared.models import MINIMAX_M3
-from tilesim.shared.op_record import Call, OpRecord, Output
 from tilesim.shared.ranking import top_k
+from tilesim.shared.registry.op_record import Call, OpRecord, Output
 from tilesim.shared.validate import (
     check_array,
     check_choice,
@@ -225,7 +225,7 @@ def selection_slots(head_max: np.ndarray, nb: int) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- record
-#: the op's record in the registry of ops (:mod:`tilesim.shared.ops`)
+#: the op's record in the registry of ops (:mod:`tilesim.shared.registry.ops`)
 RECORD = OpRecord(
     name="msa_indexer",
     family="msa",
@@ -238,7 +238,7 @@ RECORD = OpRecord(
     ),
     cost=cost,
     scan_checks=check_data_values,
-    names={"msa_indexer_flop": "msa_indexer", "MSA_CASES": "msa_cases"},
+    names={"msa_indexer_flop": "msa_indexer", "MSA_CASES": "cases.msa"},
 )  # fmt: skip
 
 

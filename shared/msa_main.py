@@ -34,7 +34,7 @@ import numpy as np
 from tilesim.shared.casts import BF16, FP32
 from tilesim.shared.interop import is_torch_tensor, to_torch
 from tilesim.shared.models import MINIMAX_M3
-from tilesim.shared.op_record import Call, OpRecord, Output
+from tilesim.shared.registry.op_record import Call, OpRecord, Output
 from tilesim.shared.tiling import MSA_DTYPES, MsaTiling
 from tilesim.shared.validate import (
     check_choice,
@@ -357,7 +357,7 @@ def _live_flop(args: Args) -> int:
 
 
 # ----------------------------------------------------------------------------- record
-#: the op's record in the registry of ops (:mod:`tilesim.shared.ops`)
+#: the op's record in the registry of ops (:mod:`tilesim.shared.registry.ops`)
 RECORD = OpRecord(
     name="msa_main",
     family="msa",

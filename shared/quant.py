@@ -53,7 +53,7 @@ QUANT_GROUP = 128
 #: the promotions of DeepSeek's FP8 block GEMM (``fp8_gemm``), ``acc += partial * FP32(sa *
 #: sb)`` per 128-deep K block: ``"fma"`` one rounding (a fused multiply-add, as nvcc's default
 #: ``--fmad=true`` builds it), ``"two_roundings"`` the product rounded to FP32, then the sum
-#: (:func:`tilesim.reference.arith.block_scaled_matmul_fp32`, ``docs/numerics.md``)
+#: (:func:`tilesim.reference.util.arith.block_scaled_matmul_fp32`, ``docs/numerics.md``)
 FP8_PROMOTIONS = ("fma", "two_roundings")
 #: how :func:`quantize_index_int8` forms its code factor and FP16 scale (``"reciprocal"``:
 #: pypto-gym's prolog golden, ``127 * (1 / amax)`` and ``1 / factor``)

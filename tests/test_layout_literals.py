@@ -1,8 +1,9 @@
 """Byte layouts reach the kernels as data: no layout literal in ``device/``.
 
-The MLA cache rows (``tilesim.shared.mla_cache``: ``packed_row_view``, ``KV_SPLIT_VIEW``) and
-the indexer's key-cache pages (``tilesim.shared.index_cache``: ``index_page_view``) export
-the sizes, pitches and offsets a kernel needs, each derived once from the layout tables there.
+The MLA cache rows (``tilesim.shared.layouts.mla_cache``: ``packed_row_view``, ``KV_SPLIT_VIEW``)
+and the indexer's key-cache pages (``tilesim.shared.layouts.index_cache``: ``index_page_view``)
+export the sizes, pitches and offsets a kernel needs, each derived once from the layout tables
+there.
 Checked on the source tree (code only: docstrings and comments may describe shapes):
 
 * no ``device/`` module writes a row / page size as a number (656, 672, 132, the tail's
@@ -50,8 +51,16 @@ ALLOWED = {
     # matmul, the q_b matmul's cube tiles (pypto-gym's) and the RoPE's vector-tile rows
     ("_dsa_indexer_prolog_kernel.py", 128, '"stitch_function_max_num", 128'),
     ("_dsa_indexer_prolog_kernel.py", 128, "mt = min(m, 128)"),
-    ("_dsa_indexer_prolog_kernel.py", 512, "set_cube_tile_shapes([16, 16], [512, 512], [128, 128])"),
-    ("_dsa_indexer_prolog_kernel.py", 128, "set_cube_tile_shapes([16, 16], [512, 512], [128, 128])"),
+    (
+        "_dsa_indexer_prolog_kernel.py",
+        512,
+        "set_cube_tile_shapes([16, 16], [512, 512], [128, 128])",
+    ),
+    (
+        "_dsa_indexer_prolog_kernel.py",
+        128,
+        "set_cube_tile_shapes([16, 16], [512, 512], [128, 128])",
+    ),
     ("_dsa_indexer_prolog_kernel.py", 64, "set_vec_tile_shapes(min(rows, 64), DIM)"),
 }
 
@@ -112,8 +121,8 @@ def test_no_layout_literal_in_device(path):
         for n in _block_size_derivations(tree)
     ]
     assert not bad, (
-        "layout literals in device/ (read the views of tilesim.shared.mla_cache / "
-        "tilesim.shared.index_cache instead):\n" + "\n".join(bad)
+        "layout literals in device/ (read the views of tilesim.shared.layouts.mla_cache / "
+        "tilesim.shared.layouts.index_cache instead):\n" + "\n".join(bad)
     )
 
 
@@ -143,7 +152,7 @@ def test_packed_row_view_locates_the_packed_fields(layout):
     """The kernel's view of a packed row against bytes the packer writes: rope element 0 =
     BF16 1.5 (0x3FC0), scale 0 = FP32 2.0, both found at the view's row and tail offsets."""
     import ml_dtypes
-    from tilesim.shared.mla_cache import (
+    from tilesim.shared.layouts.mla_cache import (
         FIELD_BYTES,
         PYPTO_ROW_BYTES,
         PYPTO_UB_PITCH,
@@ -170,7 +179,7 @@ def test_packed_row_view_locates_the_packed_fields(layout):
 
 
 def test_kv_split_view():
-    from tilesim.shared.mla_cache import KV_SPLIT_VIEW as v
+    from tilesim.shared.layouts.mla_cache import KV_SPLIT_VIEW as v
 
     assert (v.nope_cols, v.rope_cols, v.scale_cols, v.scale_group) == (512, 64, 4, 128)
     assert v.scale_pitch == 8 and v.scale_pitch * 4 % 32 == 0  # 32 bytes of FP32 in UB
@@ -181,7 +190,7 @@ def test_fp8_page_view_addresses_the_codes_and_scales_of_a_block(bs):
     """Block ``phys``'s codes and scales read through the kernel's two views of the page array
     (128-byte code rows, FP32 words) as the kernel reads them equal what was packed."""
     import ml_dtypes
-    from tilesim.shared.index_cache import index_page_view, pack_fp8_pages
+    from tilesim.shared.layouts.index_cache import index_page_view, pack_fp8_pages
 
     g = np.random.default_rng(bs)
     nb = 3
@@ -200,7 +209,7 @@ def test_fp8_page_view_addresses_the_codes_and_scales_of_a_block(bs):
 
 
 def test_int8_page_view_and_the_fp8_block_alignment():
-    from tilesim.shared.index_cache import FP8_BLOCK_ALIGN, index_page_view
+    from tilesim.shared.layouts.index_cache import FP8_BLOCK_ALIGN, index_page_view
 
     v = index_page_view("int8", 48)
     assert (v.code_rows, v.scale_cols, v.scale_col0) == (48, 48, 0)
@@ -212,7 +221,7 @@ def test_int8_page_view_and_the_fp8_block_alignment():
 def test_the_packed_layouts_differ_only_in_their_offsets():
     """The kernel reads the sizes from one view (``_dsa_kernel``'s module ints) and the
     offsets per layout: every size must be the same in both."""
-    from tilesim.shared.mla_cache import PACKED_ROW_VIEWS
+    from tilesim.shared.layouts.mla_cache import PACKED_ROW_VIEWS
 
     sizes = {
         (v.row_bytes, v.ub_pitch, v.nope_bytes, v.rope_bytes, v.scale_bytes, v.tail_bytes,

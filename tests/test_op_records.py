@@ -24,8 +24,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from tilesim.shared import ops
-from tilesim.shared.op_record import OpRecord
+from tilesim.shared.registry import ops
+from tilesim.shared.registry.op_record import OpRecord
 from tilesim.shared.tiling import SaTileShapeConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -184,7 +184,7 @@ def _own_budgets(path: Path) -> list[str]:
 
 
 def _reads_budgets(path: Path, op: str) -> bool:
-    """``path`` reads ``record("<op>").budgets`` (:func:`tilesim.shared.ops.record`)."""
+    """``path`` reads ``record("<op>").budgets`` (:func:`tilesim.shared.registry.ops.record`)."""
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Attribute) and node.attr == "budgets":
             call = node.value
@@ -220,9 +220,9 @@ def test_the_budget_checks_can_fail(tmp_path):
 
 # ----------------------------------------------------------------------------- the consumers
 def test_the_judge_reads_the_registry():
-    judge = _module("tilesim.reference.judge")
-    plans = _module("tilesim.reference.judge_plans")
-    stages = _module("tilesim.reference.judge_stages")
+    judge = _module("tilesim.reference.judging")
+    plans = _module("tilesim.reference.judging.plans")
+    stages = _module("tilesim.reference.judging.stages")
     assert judge.JUDGE_KINDS == {**ops.judge_kinds(), "float": ("float", None),
                                 "ids": ("ids", None)}  # fmt: skip
     assert plans.OP_KINDS == ops.golden_kinds()
@@ -235,12 +235,12 @@ def test_the_judge_reads_the_registry():
 
 def test_the_case_registry_reads_the_registry():
     from tilesim.cli import registry
-    from tilesim.shared.case_schema import CASE_FAMILIES
+    from tilesim.shared.registry.case_schema import CASE_FAMILIES
 
     assert CASE_FAMILIES == ops.families()
     assert registry.FAMILIES == ops.families()
-    msa = _module("tilesim.reference.msa_cases")
-    dsi = _module("tilesim.reference.dsa_indexer_cases")
+    msa = _module("tilesim.reference.cases.msa")
+    dsi = _module("tilesim.reference.cases.dsa_indexer")
     assert msa._OPS == ops.golden_calls("msa")
     assert dsi.OPS == ops.golden_calls("dsa_indexer")
     golden = set(ops.golden_calls())
@@ -298,7 +298,7 @@ def test_the_digests_cover_the_registry():
 def test_the_cli_reads_the_registry():
     from tilesim.cli import dumps, plot_trace
 
-    assert dumps.STAGED_OPS == _module("tilesim.reference.judge_stages").STAGED_OPS
+    assert dumps.STAGED_OPS == _module("tilesim.reference.judging.stages").STAGED_OPS
     assert plot_trace._MSA_INDEXER_OPS == ops.record("msa_indexer").call_names
 
 
@@ -308,14 +308,14 @@ def test_the_cli_reads_the_registry():
 #: by name, for readers and their tools: test_the_packages_export_the_registrys_names holds
 #: those lists equal to the registry instead)
 CONSUMERS = (
-    "reference/judge.py",
-    "reference/judge_float.py",
-    "reference/judge_plans.py",
-    "reference/judge_stages.py",
-    "shared/case_schema.py",
+    "reference/judging/__init__.py",
+    "reference/judging/float_rules.py",
+    "reference/judging/plans.py",
+    "reference/judging/stages.py",
+    "shared/registry/case_schema.py",
     "tests/test_structure.py",
     "tests/bench/__main__.py",
-    *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "reference").glob("*_cases.py")),
+    *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "reference" / "cases").glob("*.py")),
     *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "app" / "cli").glob("*.py")),
     *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "tests" / "digests").glob("*.py")),
 )
@@ -338,8 +338,8 @@ def _literal_names(node: ast.AST) -> list[str]:
 def _per_op_table(rel: str, sub: ast.AST, hits: list[str]) -> bool:
     """A family's case module may key a table of per-op data (tolerance, builder, rule) by
     exactly the calls its cases make (the registry's golden calls of the family)."""
-    family = Path(rel).name.removesuffix("_cases.py")
-    if not rel.startswith("reference/") or family not in ops.families():
+    family = Path(rel).name.removesuffix(".py")
+    if not rel.startswith("reference/cases/") or family not in ops.families():
         return False
     keys = [k.value for k in getattr(sub, "keys", []) if isinstance(k, ast.Constant)]
     return isinstance(sub, ast.Dict) and keys == hits == list(ops.golden_calls(family))
@@ -395,7 +395,7 @@ def test_the_decode_steps_defaults_are_its_two_halves():
 
 @pytest.mark.parametrize("bad", [True, 0, -1.0, float("inf"), float("nan"), (1.4, 1.4), "1.4"])
 def test_a_calibrated_bound_is_one_finite_positive_number(bad):
-    from tilesim.shared.op_record import Call, Output
+    from tilesim.shared.registry.op_record import Call, Output
 
     out = (Output("out", "float"),)
     assert Call("op", "op", out, l2_units=1.4).l2_units == 1.4

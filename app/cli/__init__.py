@@ -21,8 +21,8 @@ Sub-modules, one job each:
 * :mod:`~tilesim.cli.tolerances` — the one tolerance resolver (a golden's stated tolerance
   with the ``--atol/--rtol/--ratio`` overrides).
 * :mod:`~tilesim.cli.verdicts` — the judge on files: a golden's and a dump's outputs and the
-  golden's call handed to :mod:`tilesim.reference.judge_plans` (the stage ops to
-  :mod:`tilesim.reference.judge_stages`); :mod:`~tilesim.cli.distribution` — the error
+  golden's call handed to :mod:`tilesim.reference.judging.plans` (the stage ops to
+  :mod:`tilesim.reference.judging.stages`); :mod:`~tilesim.cli.distribution` — the error
   distribution a report adds; :mod:`~tilesim.cli.reports` prints the verdicts.
 * :mod:`~tilesim.cli.outputs` — all-or-nothing output files (``--force``, no partial files).
 * :mod:`~tilesim.cli.plot` — the tile-schedule and error pictures (matplotlib, Agg), read

@@ -1,5 +1,5 @@
 """``tilesim compare ACTUAL GOLDEN``: read the device's dump and the golden's outputs, match them
-by name (:mod:`tilesim.cli.dumps`), judge each with :mod:`tilesim.reference.judge` under the
+by name (:mod:`tilesim.cli.dumps`), judge each with :mod:`tilesim.reference.judging` under the
 golden's tolerance (:mod:`tilesim.cli.tolerances`) by the op's plan
 (:mod:`tilesim.cli.verdicts`), and print the verdicts (:mod:`tilesim.cli.reports`). Exit 0 when
 every output passes, 1 when one fails."""
@@ -130,7 +130,7 @@ def _same_bytes(a, b) -> bool:
 
 def _stage_judged(gs: GoldenSet) -> bool:
     """Is the golden one of the stage-judged ops (the prologs, the layer step)?"""
-    from tilesim.reference.judge_stages import STAGED_OPS
+    from tilesim.reference.judging.stages import STAGED_OPS
 
     return (gs.manifest or {}).get("op") in STAGED_OPS
 
@@ -160,7 +160,7 @@ def _check_pair(actual: Loaded, golden: Loaded, allow_dtype_mismatch: bool) -> N
 
 def _compare_stages(args, gs: GoldenSet, pairs, notes, tol, case: str, png, outputs) -> int:
     """The prologs and the layer step: the stage verdict of
-    :func:`tilesim.reference.judge_stages.judge_stages` (which stage first fails and why);
+    :func:`tilesim.reference.judging.stages.judge_stages` (which stage first fails and why);
     ``png``: one picture per judged output (:func:`tilesim.cli.reports.stage_png_paths`)."""
     rep = judge_stage_dump(gs, pairs, tol, case=case, rule=_rule(args))
     pictures = stage_png_paths(png, rep) if png is not None else []

@@ -14,7 +14,7 @@ output order, plus its ``scores`` tensors (the MSA indexer's block scores). The 
 * a directory of ``<name>.npy`` files answers by name; another golden directory by name.
 
 Some goldens hold outputs a device need not dump (the judge's
-:data:`tilesim.reference.judge_plans.OPTIONAL_OUTPUTS`: the lightning indexer's and the decode
+:data:`tilesim.reference.judging.plans.OPTIONAL_OUTPUTS`: the lightning indexer's and the decode
 step's ``scores``). A missing optional output is left unjudged (a note
 says so); a missing required output is an error naming it. With one required output, a single
 ``.npy`` / ``.bin`` file answers it.
@@ -32,8 +32,8 @@ from tilesim.cli.dtypes import dtype_from_name, reinterpret
 from tilesim.cli.loading import Loaded, load_from_manifest, load_tensor, resolve_spec, split_key
 from tilesim.cli.manifest import MANIFEST, entries, read_manifest
 from tilesim.cli.tensorio import DTYPES_KEY, read_pt, reading
-from tilesim.reference.judge_plans import LIGHTNING_INDEXER_OPS, OPTIONAL_OUTPUTS
-from tilesim.reference.judge_stages import STAGED_OPS
+from tilesim.reference.judging.plans import LIGHTNING_INDEXER_OPS, OPTIONAL_OUTPUTS
+from tilesim.reference.judging.stages import STAGED_OPS
 
 #: CANN dump converter naming: op_type.op_name.task_id.stream_id.timestamp.{input|output}.i.npy
 CANN_NPY = re.compile(

@@ -96,9 +96,9 @@ def _reproduce_case(info, seed, out_dir: Path) -> str:
 
 
 def byte_layout_notes(built: BuiltCase) -> dict:
-    """Row byte layouts of the packed MLA caches (``tilesim.shared.mla_cache``; the layout is
-    described in docs/sources.md, "DeepSeek sparse attention")."""
-    from tilesim.shared.mla_cache import FIELD_BYTES, NOPE, NSCALES, PYPTO_ROW_BYTES, ROPE
+    """Row byte layouts of the packed MLA caches (``tilesim.shared.layouts.mla_cache``; the layout
+    is described in docs/sources.md, "DeepSeek sparse attention")."""
+    from tilesim.shared.layouts.mla_cache import FIELD_BYTES, NOPE, NSCALES, PYPTO_ROW_BYTES, ROPE
 
     if "nope_cache" not in built.inputs:
         return {}

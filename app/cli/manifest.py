@@ -26,7 +26,7 @@ import numpy as np
 from tilesim.cli import CliError
 from tilesim.cli.dtypes import C_TYPES, dtype_from_name
 from tilesim.cli.tensorio import reading
-from tilesim.shared.tolerance import check_tolerance
+from tilesim.shared.registry.tolerance import check_tolerance
 
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 1
@@ -119,8 +119,8 @@ def check_entry(e, where: str) -> dict:
 
 def check_tolerance_fields(tol, where: str) -> dict:
     """A manifest's ``tolerance`` object (``{}`` when absent), itself, once the one tolerance
-    validator (:func:`tilesim.shared.tolerance.check_tolerance`, ``form="stated"``: any of the
-    keys, numbers or nulls, ``mode`` ``"compare"`` when absent) passes it without its
+    validator (:func:`tilesim.shared.registry.tolerance.check_tolerance`, ``form="stated"``: any of
+    the keys, numbers or nulls, ``mode`` ``"compare"`` when absent) passes it without its
     :data:`RULE_KEY` words; a refusal as a :class:`CliError` naming ``where``."""
     if tol is None:
         return {}

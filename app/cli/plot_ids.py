@@ -1,7 +1,7 @@
 """The picture of an id output judged as sets (``tilesim compare --png``, the ids' panel of an op
 judged by stage): per id row and candidate position, which ids both select, which the device
 misses, adds or puts after the entries read, and which are accepted ties, from the judge's id
-report (:class:`tilesim.reference.judge_ties.IdReport`); pooled so that a wrong id is never
+report (:class:`tilesim.reference.judging.ties.IdReport`); pooled so that a wrong id is never
 hidden, with a marker on each tied or wrong id.
 """
 

@@ -22,7 +22,7 @@ from collections import OrderedDict
 import numpy as np
 from tilesim.cli.plot_stages import draw_stages, is_staged
 from tilesim.shared.msa_main import MASK_NEG
-from tilesim.shared.ops import record
+from tilesim.shared.registry.ops import record
 from tilesim.shared.trace import lane_id
 
 #: a row max at or below this is a row with every score of the tile masked (the attention

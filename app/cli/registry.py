@@ -1,9 +1,9 @@
 """The named-case registry: the ``CASE_INFO`` tables of the families' case modules.
 
-Each family's cases module (``tilesim.reference.<family>_cases`` for every family of
-:data:`tilesim.shared.case_schema.CASE_FAMILIES`, the families of the registry of ops
-:mod:`tilesim.shared.ops`) exports ``CASE_INFO: dict[str,
-tilesim.shared.case_schema.CaseInfo]`` — family, op, model, summary, seed, size, tolerance,
+Each family's cases module (``tilesim.reference.cases.<family>`` for every family of
+:data:`tilesim.shared.registry.case_schema.CASE_FAMILIES`, the families of the registry of ops
+:mod:`tilesim.shared.registry.ops`) exports ``CASE_INFO: dict[str,
+tilesim.shared.registry.case_schema.CaseInfo]`` — family, op, model, summary, seed, size, tolerance,
 builder (``"module:function"``), kind, SoC marks, the seeds' status and notes. The registry is
 their union, in family order; there is no second copy of the table. The builder's own case
 name is the entry's name unless ``builder_params`` holds ``"case"`` (``None`` = an ad-hoc
@@ -17,11 +17,11 @@ import importlib
 from functools import lru_cache
 
 from tilesim.cli import CliError
-from tilesim.shared.case_schema import CASE_FAMILIES, CaseInfo
+from tilesim.shared.registry.case_schema import CASE_FAMILIES, CaseInfo
 
 FAMILIES = CASE_FAMILIES
 #: where each family's ``CASE_INFO`` lives
-CASE_MODULES = {f: f"tilesim.reference.{f}_cases" for f in FAMILIES}
+CASE_MODULES = {f: f"tilesim.reference.cases.{f}" for f in FAMILIES}
 
 
 def _family_table(family: str) -> dict[str, CaseInfo]:

@@ -53,7 +53,7 @@ def compare_png(outputs: Outputs, png: Path, result, tol, candidates: int | None
 
 def stage_png_paths(png: Path, report) -> list[tuple[Path, str, object, object, object]]:
     """``[(path, stage, verdict, actual, golden)]``: one picture per judged output of a stage
-    report (:class:`tilesim.reference.judge_stages.StageReport`), a cache one per field of its
+    report (:class:`tilesim.reference.judging.stages.StageReport`), a cache one per field of its
     written slots, named ``<png stem>.<stage>.<output>[.<field>].png`` beside ``png``."""
     out = []
     for s in report.stages:

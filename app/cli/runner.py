@@ -2,7 +2,7 @@
 
 Every builder (``moe_make_case``, ``msa_make_case``, ``dsa_make_case``) is called as
 ``builder(name, progress=..., **builder_params)`` (plus ``seed=`` when overridden) and returns
-the case dict of :mod:`tilesim.shared.case_schema`: ``{"name", "op", "inputs", "params",
+the case dict of :mod:`tilesim.shared.registry.case_schema`: ``{"name", "op", "inputs", "params",
 "tolerance", "meta"}``. This module turns it into
 
 * a flat ``{name: ndarray}`` of input tensors (what a golden directory stores; a pair such as
@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 from tilesim.cli import CliError
-from tilesim.shared.case_schema import CASE_KEYS, CaseInfo
-from tilesim.shared.mla_cache import KV_SPLIT, KV_SPLIT_NAMES
+from tilesim.shared.layouts.mla_cache import KV_SPLIT, KV_SPLIT_NAMES
+from tilesim.shared.registry.case_schema import CASE_KEYS, CaseInfo
 
 #: inputs passed to an op as one tuple argument, stored as separately named tensors
 PACKED_INPUTS = {"weights": ("w13_flat", "w2_flat")}
@@ -42,7 +42,7 @@ class BuiltCase:
     """One built case, ready to be written or handed to the op."""
 
     info: CaseInfo
-    case: dict  # the builder's case dict (the schema of tilesim.shared.case_schema)
+    case: dict  # the builder's case dict (the schema of tilesim.shared.registry.case_schema)
     seed: int | None
     inputs: dict  # tensor name -> ndarray (flat: packed pairs split)
     op_args: dict  # argument name -> value, exactly what the op receives
@@ -93,7 +93,7 @@ def _check_case(info: CaseInfo, case) -> dict:
         got = sorted(case) if isinstance(case, dict) else type(case).__name__
         raise CliError(
             f"case {info.name!r}: builder {info.builder} returned {got}, expected the case "
-            f"schema keys {list(CASE_KEYS)} (tilesim.shared.case_schema)"
+            f"schema keys {list(CASE_KEYS)} (tilesim.shared.registry.case_schema)"
         )
     return case
 

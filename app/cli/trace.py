@@ -20,7 +20,7 @@ from tilesim.cli.registry import get_case
 from tilesim.cli.runner import jsonable
 from tilesim.cli.tolerances import resolve_tolerance
 from tilesim.cli.verdicts import judge_run, judge_run_stages, run_goldens
-from tilesim.reference.judge_stages import STAGED_OPS
+from tilesim.reference.judging.stages import STAGED_OPS
 
 
 @dataclasses.dataclass
@@ -176,7 +176,7 @@ def _stage_maps(run: TraceRun, pairs, rep, tol: dict) -> list:
     """One :class:`~tilesim.cli.plot_errors.ErrorMap` per judged output of an op judged by stage, in
     the op's output order: the distance to the run's golden per token x feature, a cache's
     per written slot x field, the ids' selection picture."""
-    from tilesim.reference.judge_stages import output_spec
+    from tilesim.reference.judging.stages import output_spec
     from tilesim.shared.dsa_attention_step import IPROLOG_NAMES
 
     step_name = IPROLOG_NAMES if run.op == "dsa_indexer_prolog" else {}
@@ -198,7 +198,7 @@ def _stage_maps(run: TraceRun, pairs, rep, tol: dict) -> list:
 
 def _cache_geometry(op: str, args: dict) -> tuple:
     """(written slots, latent cache layout, block size, path) of a traced call."""
-    from tilesim.shared.mla_cache import PATH_CACHE_LAYOUT
+    from tilesim.shared.layouts.mla_cache import PATH_CACHE_LAYOUT
 
     if op == "dsa_attention_step":
         from tilesim.reference.dsa_attention_step import step_args
@@ -230,7 +230,7 @@ def _cache_map(name, a, g, res, geometry, title):
     """A cache's map: its written slots (rows) x its fields' columns, each field in its own
     unit; the title adds the judge's count of unwritten rows that differ."""
     from tilesim.cli.plot_errors import ErrorMap, distance_map
-    from tilesim.reference.judge_stages import cache_fields
+    from tilesim.reference.judging.stages import cache_fields
 
     slots, layout, block_size, _ = geometry
     if a.dtype != g.dtype and a.dtype.itemsize == g.dtype.itemsize:

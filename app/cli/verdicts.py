@@ -1,6 +1,6 @@
 """The judge on files: hand a golden's outputs, a dump's outputs and the golden's call (inputs,
-params) to :func:`tilesim.reference.judge_plans.judge_outputs` or, for the prologs and the layer
-step, :func:`tilesim.reference.judge_stages.judge_stages`; the judge's refusals become
+params) to :func:`tilesim.reference.judging.plans.judge_outputs` or, for the prologs and the layer
+step, :func:`tilesim.reference.judging.stages.judge_stages`; the judge's refusals become
 one-line :class:`~tilesim.cli.CliError` messages. Nothing here decides a verdict."""
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def golden_scores(scores: dict):
 def judge_dump(gs: GoldenSet, pairs, tol: dict, *, case: str, rule: str, arithmetic: str):
     """``[(verdict, distribution or None, actual, golden, against or None)]`` of the dumped
     outputs ``pairs`` (``[(golden, actual)]`` of :mod:`tilesim.cli.dumps`), in the golden's
-    order, by the op's plan (:func:`tilesim.reference.judge_plans.judge_outputs`) with the
+    order, by the op's plan (:func:`tilesim.reference.judging.plans.judge_outputs`) with the
     call the golden directory records; a golden recomputed by the plan is named in
     ``golden.source``."""
     inputs, params = golden_call(gs)
@@ -91,7 +91,7 @@ def judge_dump(gs: GoldenSet, pairs, tol: dict, *, case: str, rule: str, arithme
 
 
 def _judged(gs: GoldenSet, pairs, tol, inputs, params, *, name, rule, arithmetic) -> list:
-    from tilesim.reference.judge_plans import judge_outputs
+    from tilesim.reference.judging.plans import judge_outputs
 
     names = dict(zip((id(g) for g in gs.outputs), gs.names, strict=True))
     dumped = {names[id(g)]: (g, a) for g, a in pairs}
@@ -123,7 +123,7 @@ def run_goldens(op: str, goldens: dict, args: dict) -> GoldenSet:
     its keyword arguments) as the golden side of :func:`tilesim.cli.dumps.match_actuals`,
     with the scores its ids are judged with."""
     from tilesim.cli.replay import indexer_block_scores
-    from tilesim.reference.judge_plans import LIGHTNING_INDEXER_OPS
+    from tilesim.reference.judging.plans import LIGHTNING_INDEXER_OPS
 
     outs = [Loaded(np.asarray(a), f"reference {n}", None, {"name": n})
             for n, a in goldens.items()]  # fmt: skip
@@ -151,7 +151,7 @@ def judge_run(op: str, gs: GoldenSet, pairs, tol: dict, args: dict, *, name: str
 def judge_run_stages(op: str, pairs, tol: dict, args: dict, goldens: dict, *, name: str):
     """The stage verdict of ``pairs`` against the outputs ``goldens`` of a reference run of a
     stage-judged op with its call's arguments ``args``."""
-    from tilesim.reference.judge_stages import judge_stages
+    from tilesim.reference.judging.stages import judge_stages
 
     inputs, params = _call_parts(args)
     actual = {g.name: a.array for g, a in pairs}
@@ -161,11 +161,11 @@ def judge_run_stages(op: str, pairs, tol: dict, args: dict, goldens: dict, *, na
 
 
 def judge_stage_dump(gs: GoldenSet, pairs, tol: dict, *, case: str, rule: str = "default"):
-    """:func:`tilesim.reference.judge_stages.judge_stages` of the dumped outputs ``pairs``
+    """:func:`tilesim.reference.judging.stages.judge_stages` of the dumped outputs ``pairs``
     (any subset) against every golden output of the directory, with the call's inputs and
     params (read from the golden directory: the recomputations and the cache slots need
     them); ``tol``: the case's tolerance (the attention's rule)."""
-    from tilesim.reference.judge_stages import judge_stages
+    from tilesim.reference.judging.stages import judge_stages
 
     found = golden_manifest(gs.path) if gs.path is not None else None
     if found is None:

@@ -93,7 +93,7 @@ def _patched_sources(pkg_lib: Path, dst: Path) -> Path:
 #    a BF16 rounding midpoint rounds either way on different machines. The patch sums each K
 #    step in float64 -- exact for products of BF16, FP16, FP8 and INT8 operands, so no order
 #    can change it -- and rounds the step's partial once to FP32 before the FP32 accumulator
-#    update: the cube model of ``tilesim.reference.arith.matmul_fp32`` (docs/device.md,
+#    update: the cube model of ``tilesim.reference.util.arith.matmul_fp32`` (docs/device.md,
 #    "A deterministic interpreter").
 _MM_HELPER = """
 static torch::Tensor TilesimTileMatmul(const torch::Tensor &a, const torch::Tensor &b) {

@@ -250,12 +250,15 @@ WORK = {
     "indexer": ((_REF + "msa_indexer.py", "_scores"),),
     "decode": ((_REF + "msa_decode.py", "_run"),),
     "main": ((_REF + "msa_main.py", "_plan"), (_REF + "msa_main.py", "_run")),
-    "dsa": ((_REF + "progress.py", "progress_bar"), (_REF + "dsa.py", "token")),  # after the plan
+    "dsa": (
+        (_REF + "util/progress.py", "progress_bar"),
+        (_REF + "dsa.py", "token"),
+    ),  # after the plan
     "iprolog": (
         (_REF + "dsa_indexer_prolog.py", "_queries"),
         (_REF + "dsa_indexer_prolog.py", "_keys"),
     ),  # fmt: skip
-    "case": (("shared/case_schema.py", "make_case"),),
+    "case": (("shared/registry/case_schema.py", "make_case"),),
     "device": (
         ("device/backend.py", "resolve"),
         ("device/backend.py", "to_tensors"),
@@ -415,7 +418,7 @@ def builder_ops() -> list[Op]:
 @cache
 def _host_values() -> dict:
     from tilesim.shared.casts import to_bf16
-    from tilesim.shared.mla_cache import pack_pypto_rows
+    from tilesim.shared.layouts.mla_cache import pack_pypto_rows
     from tilesim.shared.quant import quantize_latent_fp8
     from tilesim.shared.weights import convert_minimax_weights
 
@@ -459,8 +462,9 @@ def _dispatch_base():
 
 def host_ops() -> list[Op]:
     from tilesim.reference import compare, moe_combine, moe_dispatch
-    from tilesim.reference.numerics import bf16_round_trip, ulp_distance
-    from tilesim.shared import casts, mla_cache, quant, weights
+    from tilesim.reference.util.numerics import bf16_round_trip, ulp_distance
+    from tilesim.shared import casts, quant, weights
+    from tilesim.shared.layouts import mla_cache
 
     m = mla_cache
     ops = [

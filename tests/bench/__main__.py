@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from tilesim.shared import ops
+from tilesim.shared.registry import ops
 
 from bench import report, timing
 
@@ -125,7 +125,7 @@ def _run_all(args) -> int:
         for name, gib in MEMORY_CASES.items():
             mem.append({**timing.run_memory(name), "target_gib": gib})
             print(f"memory: {mem[-1]}", flush=True)
-    from tilesim.reference.blas_pool import ref_workers
+    from tilesim.reference.util.blas_pool import ref_workers
 
     info = {**report.machine_info(), "torch_threads": torch_threads, "ref_workers": ref_workers()}
     info["failed"] = failed

@@ -1,6 +1,6 @@
 """FLOP counts of a built case, from the op's record: its one counter ``cost``
-(:attr:`tilesim.shared.op_record.OpRecord.cost`, the sum of its trace records' ``flop``) on the
-case's checked arguments: what the kernel computes, masked keys included, and the live work any
+(:attr:`tilesim.shared.registry.op_record.OpRecord.cost`, the sum of its trace records' ``flop``) on
+the case's checked arguments: what the kernel computes, masked keys included, and the live work any
 golden has to do.
 """
 
@@ -14,7 +14,7 @@ def checked_cost(built, **kw) -> dict:
     arguments (:func:`tilesim.cli.runner.check_meta_of`), then the record's integer value checks
     (the ones a wrapper runs by default; the counters read those integers), then ``cost``."""
     from tilesim.cli.runner import check_meta_of
-    from tilesim.shared.ops import record_of_call
+    from tilesim.shared.registry.ops import record_of_call
 
     rec = record_of_call(built.op_name)
     args = rec.value_checks(check_meta_of(built.op_name, built.op_args), "ints")
@@ -70,7 +70,7 @@ def _main_widen(built) -> int:
 
 
 def _dsa_widen(built) -> int:
-    from tilesim.shared.mla_cache import NOPE, ROPE
+    from tilesim.shared.layouts.mla_cache import NOPE, ROPE
 
     return int(checked_cost(built)["attended"]) * (NOPE + ROPE)  # each attended row dequantised
 

@@ -169,7 +169,7 @@ def _one_blas_thread():
     import contextlib
 
     try:
-        from tilesim.reference.blas_pool import blas_threads
+        from tilesim.reference.util.blas_pool import blas_threads
     except ImportError:
         return contextlib.nullcontext()
     old = os.environ.get("TILESIM_BLAS_THREADS")
@@ -222,7 +222,7 @@ class CaseResult:
 
 def _bench_only_cases() -> dict:
     """Cases the bench times that are not in the registry (built by the family builder)."""
-    from tilesim.shared.case_schema import CaseInfo
+    from tilesim.shared.registry.case_schema import CaseInfo
 
     m3 = {"num_experts": 8, "hidden_size": 6144, "intermediate_size": 3072,
           "activation": "swigluoai", "counts": (32,) * 8, "seed": 7, "input_scale": 0.5,
@@ -237,7 +237,7 @@ def _bench_only_cases() -> dict:
             seed=7,
             size="medium",
             tolerance={"mode": "compare", "atol": 0.5, "rtol": 0.015, "ratio": 0.0},
-            builder="tilesim.reference.moe_cases:moe_make_case",
+            builder="tilesim.reference.cases.moe:moe_make_case",
             status="tilesim extra",
             builder_params={"case": None, **m3},
         )

@@ -16,7 +16,7 @@ from tilesim.cli.registry import (
     tolerance_text,
 )
 from tilesim.cli.runner import build_case
-from tilesim.shared.case_schema import CASE_KEYS, TOLERANCE_MODES, CaseInfo, tolerance
+from tilesim.shared.registry.case_schema import CASE_KEYS, TOLERANCE_MODES, CaseInfo, tolerance
 
 SMALL = [c.name for c in load_registry().values() if c.size == "small"]
 
@@ -74,7 +74,7 @@ def test_cases_table_lists_every_case(cli):
     assert code == 0
     assert "m3_case_smoke_edge" in out and "sfa_bf16" not in out and "msa_" not in out
     code, out, _ = cli("cases", "--family", "moe", "-v")
-    assert code == 0 and "builder: tilesim.reference.moe_cases:moe_make_case" in out
+    assert code == 0 and "builder: tilesim.reference.cases.moe:moe_make_case" in out
 
 
 def test_cases_json_and_kind_filter(cli):
@@ -103,7 +103,8 @@ def test_unknown_family_and_case_are_clear_errors(cli):
 
 @pytest.mark.parametrize("name", SMALL)
 def test_small_cases_build_the_case_schema_the_registry_describes(name):
-    """The builder's case dict follows tilesim.shared.case_schema and agrees with the entry."""
+    """The builder's case dict follows tilesim.shared.registry.case_schema and agrees with the
+    entry."""
     info = get_case(name)
     built = build_case(info)
     case = built.case

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-from tilesim.reference.judge import l2_bounds
+from tilesim.reference.judging import l2_bounds
 
 CASE = "m3_case_smoke_edge"  # golden out: bfloat16 [8, 256], atol 0.5, rtol 0.015, ratio 0
 

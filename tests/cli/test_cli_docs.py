@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tilesim.shared.case_schema import CASE_FAMILIES
+from tilesim.shared.registry.case_schema import CASE_FAMILIES
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 

@@ -27,7 +27,7 @@ def goldens(tmp_path_factory):
     """{"step", "indexer", "tie"}: golden directories (the tie one replayed from its inputs)."""
     from tilesim.cli.runner import jsonable
     from tilesim.cli.tensorio import write_npz
-    from tilesim.reference.dsa_attention_step_cases import dsa_attention_step_make_case
+    from tilesim.reference.cases.dsa_attention_step import dsa_attention_step_make_case
 
     root = tmp_path_factory.mktemp("dsa_goldens")
     _golden_cli("golden", STEP, "-o", root)

@@ -1,5 +1,5 @@
 """`tilesim compare` only reads files and calls the judge: on the same arrays it gives the verdict
-of a direct :func:`tilesim.reference.judge_plans.judge_outputs` call (every check, its value,
+of a direct :func:`tilesim.reference.judging.plans.judge_outputs` call (every check, its value,
 and the golden each output was judged against), for a plain op, the lightning indexer and the
 decode step with its attention recomputed from the device's ids."""
 
@@ -14,7 +14,7 @@ from tilesim.__main__ import main
 from tilesim.cli.runner import jsonable
 from tilesim.cli.tensorio import read_npz, write_npz
 from tilesim.reference import dsa_attention_step_make_case, moe_make_case
-from tilesim.reference.judge_plans import judge_outputs
+from tilesim.reference.judging.plans import judge_outputs
 
 #: the all-tie decode step: batch 0's index keys all equal (every score of rows 0, 1 ties)
 TIE_CASE = dict(op="dsa_decode_step", all_tie=True, seq_lens=(200, 100), topk=64,

@@ -11,7 +11,7 @@ import numpy as np
 from tilesim.cli.runner import jsonable
 from tilesim.cli.tensorio import read_npz
 from tilesim.reference import dsa_attention_step_make_case
-from tilesim.reference.judge_plans import recompute_attention
+from tilesim.reference.judging.plans import recompute_attention
 
 #: the all-tie decode step: batch 0's index keys all equal (every score of rows 0, 1 ties)
 TIE_CASE = dict(op="dsa_decode_step", all_tie=True, seq_lens=(200, 100), topk=64,

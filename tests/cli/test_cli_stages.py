@@ -1,6 +1,6 @@
 """The MLA prolog, the indexer prolog and the layer step from the command line: listed, goldens
 written with every stage output (caches included, no output a path lacks), replayed, traced,
-and `tilesim compare` naming the stage that first fails (``tilesim.reference.judge_stages``)."""
+and `tilesim compare` naming the stage that first fails (``tilesim.reference.judging.stages``)."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def test_the_families_are_listed(cli):
     import importlib
 
     for fam in ("mla_prolog", "dsa_attention_step"):
-        table = importlib.import_module(f"tilesim.reference.{fam}_cases").CASE_INFO
+        table = importlib.import_module(f"tilesim.reference.cases.{fam}").CASE_INFO
         code, out, _ = cli("cases", "--family", fam, "--json")
         assert code == 0
         assert sorted(c["name"] for c in json.loads(out)) == sorted(table) and len(table) >= 7

@@ -350,7 +350,7 @@ class SimReport:
     def metrics(actual, golden) -> dict:
         """``{"bit_exact", "max_ulp", "max_abs"}`` of ``actual`` vs ``golden`` (same dtype/shape;
         numpy/ml_dtypes arrays or torch tensors). NaN anywhere counts as not exact, ULP -1."""
-        from tilesim.reference.numerics import ulp_distance
+        from tilesim.reference.util.numerics import ulp_distance
 
         a, g = _to_numpy(actual), _to_numpy(golden)
         if a.shape != g.shape:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 
 import pytest
-from tilesim.shared.ops import record
+from tilesim.shared.registry.ops import record
 
 DECODE_NB = (17, 18, 40)
 DECODE_BATCH = (1, 2, 4)
@@ -233,7 +233,7 @@ def _compile_moe_npu_shapes(soc) -> dict:
     import torch
     from tilesim.device import sim
     from tilesim.device.moe import kernel_config, npu_buffers
-    from tilesim.reference.moe_cases import moe_make_case
+    from tilesim.reference.cases.moe import moe_make_case
 
     seconds = {}
     for name in ("m3_case_smoke_edge", "m27_case_001"):

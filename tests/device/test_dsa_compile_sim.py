@@ -72,8 +72,8 @@ def _poison_unread(inp: dict, prm: dict) -> tuple[dict, int]:
     """A copy of ``inp`` whose every cache row no live entry reads is NaN (reference
     ``poison_rows``), and whose entries past ``cur_seq`` are garbage; returns it and the
     number of poisoned rows."""
-    from tilesim.reference.dsa_cases import poison_rows
-    from tilesim.shared.dsa_rows import plan_physical_rows
+    from tilesim.reference.cases.dsa import poison_rows
+    from tilesim.shared.layouts.dsa_rows import plan_physical_rows
 
     rows = inp["nope_cache"].shape[0]
     phys, cur = plan_physical_rows(
@@ -253,7 +253,7 @@ def test_kernel_build_rule():
 def test_device_plan_equals_the_host_plan():
     import torch
     from tilesim.shared.dsa import check_meta, check_values
-    from tilesim.shared.dsa_kernel_index import kernel_indices, kernel_indices_torch
+    from tilesim.shared.layouts.dsa_kernel_index import kernel_indices, kernel_indices_torch
 
     case = _case(2, (300, 600), seed=5, invalid_frac=0.3)
     inp, prm = case["inputs"], case["params"]

@@ -52,7 +52,7 @@ def make_case(path, lens, s1, *, seed=0, topk=TOPK, bs=BS, data="randn", num_blo
     ``num_blocks`` physical blocks (a fixed pool: one compile) include some no row uses (the
     NaN-poison test fills them)."""
     from tilesim.shared.casts import FP8_E4M3
-    from tilesim.shared.index_cache import pack_fp8_pages
+    from tilesim.shared.layouts.index_cache import pack_fp8_pages
 
     g = np.random.default_rng(seed)
     b, t = len(lens), len(lens) * s1
@@ -93,7 +93,7 @@ def make_case(path, lens, s1, *, seed=0, topk=TOPK, bs=BS, data="randn", num_blo
 def poison(inp, prm):
     """A copy of the case with NaN in every cache entry no row sees: spare blocks and the
     tail of each batch's last block (INT8: the k scales; FP8: codes and scales)."""
-    from tilesim.shared.index_cache import fp8_scale_offset
+    from tilesim.shared.layouts.index_cache import fp8_scale_offset
 
     out = {k: np.array(v, copy=True) for k, v in inp.items()}
     bs = prm["block_size"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 try:
-    from tilesim.reference.dsa_cases import DSA_CASES
+    from tilesim.reference.cases.dsa import DSA_CASES
 except ImportError:  # pragma: no cover - the reference is part of the package
     DSA_CASES = {}
 

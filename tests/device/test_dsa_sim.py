@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from tilesim.shared.ops import record
+from tilesim.shared.registry.ops import record
 from tilesim.shared.soc import get_soc
 
 #: the kernel's pass figures (docs/ops/dsa.md, "Budget")
@@ -82,7 +82,7 @@ def run_case(spec: dict) -> dict:
     import torch
     from tilesim.device import dsa as dev
     from tilesim.device import sim
-    from tilesim.shared.dsa_rows import cur_seq_lengths
+    from tilesim.shared.layouts.dsa_rows import cur_seq_lengths
 
     case = reference.dsa_make_case(
         seed=spec.get("seed", 7),
@@ -146,7 +146,7 @@ def _force_skips(inputs: dict, spec: dict, s_kv_tile: int) -> np.ndarray:
     """On top of ``invalid_frac``: token 0 loses a whole KV tile (its second), token 1 its
     first tile (with kv_splits 2: its first two, a whole split), and the last token every
     entry (-> a zero row)."""
-    from tilesim.shared.dsa_rows import cur_seq_lengths
+    from tilesim.shared.layouts.dsa_rows import cur_seq_lengths
 
     ti = np.array(inputs["topk_indices"], copy=True)
     cur = cur_seq_lengths(inputs["kv_act_seqs"], spec["s1"], spec["topk"])
@@ -160,7 +160,7 @@ def _force_skips(inputs: dict, spec: dict, s_kv_tile: int) -> np.ndarray:
 
 
 def reference_metrics(got: np.ndarray, ref: np.ndarray) -> dict:
-    from tilesim.reference.numerics import ulp_distance
+    from tilesim.reference.util.numerics import ulp_distance
 
     u = ulp_distance(got, ref)
     d = np.abs(got.astype(np.float64) - ref.astype(np.float64))
@@ -413,8 +413,8 @@ def _checked(case, **over):
 
 
 def test_kernel_indices_mask_the_skipped_entries():
-    from tilesim.shared.dsa_kernel_index import kernel_indices
-    from tilesim.shared.dsa_rows import cur_seq_lengths
+    from tilesim.shared.layouts.dsa_kernel_index import kernel_indices
+    from tilesim.shared.layouts.dsa_rows import cur_seq_lengths
 
     case = _small_case(actual_seq=(300, 40), topk_rule="causal", invalid_frac=0.3)
     inp = case["inputs"]

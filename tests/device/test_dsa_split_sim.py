@@ -3,7 +3,7 @@ the matmul-only probe.
 
 Per SoC (910B INT8, 950 FP8 packed cache, decode preset, one query token per batch row, 2048
 keys): B 1 and B 8 through the kernel with ``tiling = split_tiling(decode, ...)`` (the default
-rule of :mod:`tilesim.shared.dsa_split_rule`) and the build the wrapper picks by token count
+rule of :mod:`tilesim.shared.layouts.dsa_split_rule`) and the build the wrapper picks by token count
 (:func:`tilesim.shared.dsa.kernel_build`: the seeds' at B 1, the large-batch build at B 8),
 compared with the reference twin given the same
 tiling (>= 99 % bit-exact, :func:`tilesim.reference.judge` passing under the cases' tolerance
@@ -30,9 +30,9 @@ def run_decode(soc: str, quant: str, b: int) -> dict:
     from probes.dsa_probe import matmul_probe
     from probes.floor import floor_us
     from tilesim.device import dsa as dev
-    from tilesim.reference.numerics import ulp_distance
+    from tilesim.reference.util.numerics import ulp_distance
     from tilesim.shared.dsa import cost_of_indices, kernel_build
-    from tilesim.shared.dsa_split_rule import split_tiling
+    from tilesim.shared.layouts.dsa_split_rule import split_tiling
     from tilesim.shared.tiling import SaTileShapeConfig
 
     cfg = split_tiling(SaTileShapeConfig.decode(), tokens=b, nq=128, topk=2048, soc=soc)

@@ -25,7 +25,7 @@ import importlib
 
 import numpy as np
 import pytest
-from tilesim.shared.ops import record
+from tilesim.shared.registry.ops import record
 
 BUDGETS = record("mla_prolog").budgets
 CASE = "mla_prolog_int8_b4_s2"
@@ -35,7 +35,7 @@ PAD_TOKENS = (2, 5)
 
 
 def _case():
-    from tilesim.reference.mla_prolog_cases import mla_prolog_make_case
+    from tilesim.reference.cases.mla_prolog import mla_prolog_make_case
 
     case = mla_prolog_make_case(CASE)
     ins = dict(case["inputs"])
@@ -135,7 +135,7 @@ SOCS = [pytest.param("910b", marks=pytest.mark.soc_910b, id="910b"),
 def cost_case(name: str, soc: str) -> dict:
     """In the simulator child: the cost-model µs of the named case (no interpretation)."""
     from tilesim.device import mla_prolog, sim
-    from tilesim.reference.mla_prolog_cases import mla_prolog_make_case
+    from tilesim.reference.cases.mla_prolog import mla_prolog_make_case
 
     case = mla_prolog_make_case(name)
     with sim.cost_only():
@@ -163,7 +163,7 @@ def run_variants() -> dict:
     token count the chunk pads (``mla_prolog_int8_pad``: ``T = 6`` in a chunk of 8, two
     padding tokens) and pypto-gym's kernel norm (``rms_form="gym_kernel"``, ``rms_eps=1e-5``)."""
     from tilesim.device import mla_prolog
-    from tilesim.reference.mla_prolog_cases import mla_prolog_make_case
+    from tilesim.reference.cases.mla_prolog import mla_prolog_make_case
 
     golden = importlib.import_module("tilesim.reference.mla_prolog").mla_prolog
     out = {}
@@ -245,7 +245,7 @@ def test_nan_in_x_is_refused_with_validate_full(small_case):
 @pytest.mark.torch
 def test_fp8_weights_on_the_910b_name_the_socs_fp8_flag():
     import tilesim.device as dev
-    from tilesim.reference.mla_prolog_cases import mla_prolog_make_case
+    from tilesim.reference.cases.mla_prolog import mla_prolog_make_case
 
     case = mla_prolog_make_case("mla_prolog_fp8_b4_s2")
     with pytest.raises(ValueError, match=r"w_dq: .*needs a SoC with FP8.*'910b'"):

@@ -19,7 +19,7 @@ def test_seed_case_on_npu(name):
     import torch_npu  # noqa: F401
     from tilesim.device import moe_grouped_gemm
     from tilesim.reference import moe_grouped_gemm as reference
-    from tilesim.reference.moe_cases import moe_make_case
+    from tilesim.reference.cases.moe import moe_make_case
 
     case = moe_make_case(name)
     inp, p, tol = case["inputs"], case["params"], case["tolerance"]

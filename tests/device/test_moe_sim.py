@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from tilesim.shared.ops import record
+from tilesim.shared.registry.ops import record
 
 #: the kernel's pass figures: the device budgets of the op's record (tilesim.shared.moe)
 BUDGETS = record("moe").budgets
@@ -76,7 +76,7 @@ def _case_tensors(counts, h, i, xs, ws, seed):
 def _build(spec, soc):
     """(x, w13, w2, cs, dims, tiling) of a CASES entry; x has 3 rows past the last expert."""
     import torch
-    from tilesim.reference.moe_cases import moe_make_case
+    from tilesim.reference.cases.moe import moe_make_case
     from tilesim.shared.models import MoeDims
     from tilesim.shared.soc import moe_tiling
 

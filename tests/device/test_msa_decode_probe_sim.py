@@ -26,7 +26,7 @@ import itertools
 import numpy as np
 import pytest
 from test_msa_decode_sim import _case
-from tilesim.shared.ops import record
+from tilesim.shared.registry.ops import record
 
 #: the kernel's pass figures: the device budgets of the op's record (tilesim.shared.msa_decode)
 BUDGETS = record("msa_decode").budgets
@@ -354,7 +354,7 @@ def run_against_probe(soc: str, seed: int = 7) -> dict:
     from tilesim.device import msa_sparse_decode
     from tilesim.reference import msa_sparse_decode as reference
     from tilesim.reference import msa_sparse_decode_flop
-    from tilesim.reference.numerics import ulp_distance
+    from tilesim.reference.util.numerics import ulp_distance
     from tilesim.shared.msa_decode import cost, sized_args, split_tiling
     from tilesim.shared.tiling import MsaTiling
 

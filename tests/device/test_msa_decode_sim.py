@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from tilesim.shared.ops import record
+from tilesim.shared.registry.ops import record
 
 #: the kernel's pass figures: the device budgets of the op's record (tilesim.shared.msa_decode)
 BUDGETS = record("msa_decode").budgets
@@ -89,7 +89,7 @@ def check_decode(spec, soc, seed=7, kv_splits=None, gathers=("device", "paged", 
     from oracles.msa import torch_dense_oracle
     from tilesim.device.msa_decode import msa_sparse_decode
     from tilesim.reference import msa_sparse_decode as reference
-    from tilesim.reference.numerics import ulp_distance
+    from tilesim.reference.util.numerics import ulp_distance
     from tilesim.shared.msa_decode import split_tiling
     from tilesim.shared.tiling import MsaTiling
 
@@ -462,8 +462,8 @@ def test_merge_tree_gives_the_references_merge_bits(n, splits):
     reference's own online merge (``SoftmaxMerge`` per split range, then the ranges folded in
     order), on FP32 NumPy: the same bits of O / l, l and m."""
     from tilesim.device._pypto_common import eval_tree, merge_tree
-    from tilesim.reference.arith import SoftmaxMerge, exp_fp32_numpy
-    from tilesim.shared.splitkv import split_ranges
+    from tilesim.reference.util.arith import SoftmaxMerge, exp_fp32_numpy
+    from tilesim.shared.layouts.splitkv import split_ranges
 
     gen = np.random.default_rng(100 * n + splits)
     for _ in range(20):

@@ -118,7 +118,7 @@ def _judged(s, gold, ids, want) -> dict:
 
 
 def _ulp32(a, b) -> int:
-    from tilesim.reference.numerics import ulp_distance
+    from tilesim.reference.util.numerics import ulp_distance
 
     return int(ulp_distance(a.numpy(), b.numpy()).max())
 

@@ -27,7 +27,7 @@ the streaming floor of the op's bytes (``tests/probes/floor.py``: "floor µs", "
 from __future__ import annotations
 
 import pytest
-from tilesim.shared.ops import record
+from tilesim.shared.registry.ops import record
 
 #: per compute dtype, the kernel's max |a - g| over max |g| of its golden: the device budgets
 #: of the op's record (tilesim.shared.msa_main)

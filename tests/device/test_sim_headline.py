@@ -71,7 +71,7 @@ def cost_dsa_decode(soc: str, quant: str, b: int) -> dict:
 
 def _msa_case(batch: int | None = None, **over):
     import tilesim.reference as reference
-    from tilesim.reference.msa_cases import CASE_INFO
+    from tilesim.reference.cases.msa import CASE_INFO
 
     info = CASE_INFO[MSA_CASE]
     params = {k: v for k, v in info.builder_params.items() if k != "case"}

@@ -292,7 +292,7 @@ def test_the_indexers_prepared_launch_checks_like_its_wrapper(monkeypatch, valid
 def test_each_kernels_record_names_its_value_checks():
     """The wrapper runs the checks its op's record names: the contract's own functions."""
     from tilesim.device import backend
-    from tilesim.shared import ops
+    from tilesim.shared.registry import ops
 
     for rec in ops.records():
         if not rec.kernel:
@@ -309,7 +309,7 @@ def test_each_kernels_record_names_its_value_checks():
 
 def test_the_record_runs_the_checks_each_level_asks_for():
     from tilesim.device import backend
-    from tilesim.shared.op_record import Call, OpRecord, Output
+    from tilesim.shared.registry.op_record import Call, OpRecord, Output
 
     ran = []
     rec = OpRecord("toy", (Call("toy", "toy", (Output("out", "float"),)),), cost=len,

@@ -43,7 +43,7 @@ def _moe_entries():
 
 
 def _msa_entries():
-    from tilesim.reference.msa_cases import MSA_CASES
+    from tilesim.reference.cases.msa import MSA_CASES
 
     for name, spec in MSA_CASES.items():
         over = {}
@@ -109,7 +109,7 @@ def _msa_entries():
 
 
 def _dsa_entries():
-    from tilesim.reference.dsa_cases import DSA_CASES
+    from tilesim.reference.cases.dsa import DSA_CASES
 
     for i, (name, case) in enumerate(DSA_CASES.items()):
         b = min(case.b, 2)
@@ -151,7 +151,7 @@ def _dsa_entries():
 
 
 def _dsa_indexer_entries():
-    from tilesim.reference.dsa_indexer_cases import CASE_INFO
+    from tilesim.reference.cases.dsa_indexer import CASE_INFO
 
     for name, info in CASE_INFO.items():
         if info.size == "small":
@@ -159,7 +159,7 @@ def _dsa_indexer_entries():
 
 
 def _dsa_indexer_prolog_entries():
-    from tilesim.reference.dsa_indexer_prolog_cases import CASE_INFO
+    from tilesim.reference.cases.dsa_indexer_prolog import CASE_INFO
 
     for name, info in CASE_INFO.items():
         if info.size == "small":
@@ -167,7 +167,7 @@ def _dsa_indexer_prolog_entries():
 
 
 def _mla_prolog_entries():
-    from tilesim.reference.mla_prolog_cases import CASE_INFO
+    from tilesim.reference.cases.mla_prolog import CASE_INFO
 
     for name, info in CASE_INFO.items():
         if info.size == "small":
@@ -175,7 +175,7 @@ def _mla_prolog_entries():
 
 
 def _dsa_attention_step_entries():
-    from tilesim.reference.dsa_attention_step_cases import CASE_INFO
+    from tilesim.reference.cases.dsa_attention_step import CASE_INFO
 
     for name, info in CASE_INFO.items():
         if info.size == "small":
@@ -188,7 +188,7 @@ def entries():
 
     Op overrides replace op parameters after the build; a ``tiling`` given as a dict is built
     as ``MsaTiling(**d)`` (``SaTileShapeConfig(**d)`` for the ``dsa`` family)."""
-    from tilesim.shared.ops import families
+    from tilesim.shared.registry.ops import families
 
     out = []
     for family in families():
@@ -203,7 +203,7 @@ def _build(family, name, over):
     """``(op, case)``: the case built by ``family``'s builder (the registry of ops names it)."""
     import importlib
 
-    from tilesim.shared.ops import case_builder
+    from tilesim.shared.registry.ops import case_builder
 
     module, builder = case_builder(family)
     case = getattr(importlib.import_module(module), builder)(name, **dict(over))

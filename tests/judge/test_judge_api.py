@@ -216,8 +216,8 @@ def test_a_zero_golden_row_is_judged_against_the_typical_row_norm():
 def test_every_tolerance_the_case_schema_makes_the_judge_takes_and_back():
     """The case schema and the judge accept the same modes and keys: a row-ULP budget in any
     mode goes through ``make_case``, and the judge takes each dict as the schema makes it."""
-    from tilesim.shared import case_schema as cs
-    from tilesim.shared.tolerance import check_tolerance
+    from tilesim.shared.registry import case_schema as cs
+    from tilesim.shared.registry.tolerance import check_tolerance
 
     g = _golden()
     ids = np.arange(12, dtype=np.int32).reshape(3, 4)

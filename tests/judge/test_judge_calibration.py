@@ -6,7 +6,7 @@ intermediates than the golden differs from it by about the golden's own error), 
 golden rerun under the op's other legal tile configurations and rounding choices. The best
 wrong one: the smallest faults of :func:`judge.mutations.small_mutations` (a row, a head of
 every token, a block of rows or the whole output scaled by 1 + 2u, 1.01, 1.02). Each bound of
-:data:`~tilesim.reference.judge.OP_L2_UNITS` sits between them with the margins asserted
+:data:`~tilesim.reference.judging.OP_L2_UNITS` sits between them with the margins asserted
 here: at least :data:`BOUND_OVER_CORRECT` times the worst correct output and at most
 1 / :data:`WRONG_OVER_BOUND` of the best wrong one. The large mutations of the suite (zeros, a
 wrong softmax scale, a dropped mask, ...) fail too, and rounding flips of a fraction of each
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from judge import goldens, mutations
-from tilesim.reference.judge import (
+from tilesim.reference.judging import (
     JUDGE_KINDS,
     OP_L2_UNITS,
     UNIT_ROUNDOFF,

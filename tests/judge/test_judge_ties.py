@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from tilesim.reference.judge import judge
-from tilesim.reference.judge_indexer import judge_ids
-from tilesim.reference.judge_stages import judge_output, output_spec
+from tilesim.reference.judging import judge
+from tilesim.reference.judging.indexer import judge_ids
+from tilesim.reference.judging.stages import judge_output, output_spec
 
 LENGTH = 10
 

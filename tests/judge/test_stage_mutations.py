@@ -1,4 +1,4 @@
-"""The stage verdict of the DeepSeek-V3.2 layer step (``tilesim.reference.judge_stages``): each
+"""The stage verdict of the DeepSeek-V3.2 layer step (``tilesim.reference.judging.stages``): each
 prolog fault fails at its own stage, every earlier stage passes and a later one fails only against
 the stored golden (its upstream failed); every correct output passes.
 
@@ -18,12 +18,12 @@ import importlib
 
 import numpy as np
 import pytest
-from tilesim.reference import arith
-from tilesim.reference.dsa_attention_step_cases import dsa_attention_step_make_case
-from tilesim.reference.judge_stages import judge_stages
+from tilesim.reference.cases.dsa_attention_step import dsa_attention_step_make_case
+from tilesim.reference.judging.stages import judge_stages
+from tilesim.reference.util import arith
 from tilesim.shared.casts import BF16, to_bf16
 from tilesim.shared.dsa_attention_step import STAGES
-from tilesim.shared.index_cache import fp8_page_views
+from tilesim.shared.layouts.index_cache import fp8_page_views
 
 STEP = importlib.import_module("tilesim.reference.dsa_attention_step")
 STAGE_OF = {n: st.name for st in STAGES for n in st.outputs}
@@ -134,7 +134,7 @@ def test_another_valid_summation_order_passes_the_prologs(op, name, moves, monke
     it), and every output passes under the case tables' per-output limits."""
     import tilesim.reference as R
 
-    mod = importlib.import_module(f"tilesim.reference.{op}_cases")
+    mod = importlib.import_module(f"tilesim.reference.cases.{op}")
     case = getattr(mod, f"{op}_make_case")(name)
 
     def run():

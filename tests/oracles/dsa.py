@@ -28,7 +28,7 @@ import math
 
 import ml_dtypes
 import numpy as np
-from tilesim.reference.blas_pool import blas_threads
+from tilesim.reference.util.blas_pool import blas_threads
 from tilesim.shared.interop import to_numpy, to_torch
 
 BF16 = np.dtype(ml_dtypes.bfloat16)

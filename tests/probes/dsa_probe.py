@@ -17,7 +17,7 @@ from tilesim.device._lazy import require_torch
 from tilesim.device._pypto_common import jit_options
 from tilesim.device.backend import compiled
 from tilesim.shared.dsa import resolve_tiling
-from tilesim.shared.dsa_split_rule import kv_tiles
+from tilesim.shared.layouts.dsa_split_rule import kv_tiles
 from tilesim.shared.soc import DEFAULT_SOC
 from tilesim.shared.validate import check_pos_int
 

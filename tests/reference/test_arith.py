@@ -1,4 +1,4 @@
-"""The arithmetic models of tilesim.reference.arith against independent oracles."""
+"""The arithmetic models of tilesim.reference.util.arith against independent oracles."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from tilesim.reference.arith import (
+from tilesim.reference.util.arith import (
     SoftmaxMerge,
     exp_fp32_correctly_rounded,
     exp_fp32_numpy,
@@ -184,7 +184,7 @@ def _pairwise_python(vals):
 
 @pytest.mark.parametrize("n", [1, 2, 4, 64])
 def test_halving_sum_fp32_is_the_halving_tree(n):
-    from tilesim.reference.arith import halving_sum_fp32
+    from tilesim.reference.util.arith import halving_sum_fp32
 
     rng = np.random.default_rng(n)
     x = (rng.standard_normal((n, 5, 3)) * 10.0 ** rng.integers(-3, 4, (n, 5, 3))).astype(np.float32)
@@ -199,7 +199,7 @@ def test_halving_sum_fp32_is_the_halving_tree(n):
 
 
 def test_halving_sum_fp32_refuses_a_length_that_is_not_a_power_of_two():
-    from tilesim.reference.arith import halving_sum_fp32
+    from tilesim.reference.util.arith import halving_sum_fp32
 
     with pytest.raises(ValueError, match="power-of-two length on axis 1, got 3"):
         halving_sum_fp32(np.zeros((2, 3), np.float32), axis=1)

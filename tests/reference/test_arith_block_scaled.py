@@ -7,7 +7,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from tilesim.reference.arith import block_scaled_matmul_fp32, fma_fp32, matmul_fp32
+from tilesim.reference.util.arith import block_scaled_matmul_fp32, fma_fp32, matmul_fp32
 from tilesim.shared.casts import to_fp8_e4m3
 from tilesim.shared.quant import e4m3_to_fp32
 

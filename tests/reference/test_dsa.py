@@ -13,7 +13,7 @@ import pytest
 import tilesim.reference as R
 from oracles.dsa import check_budget, oracle
 from tilesim.reference.dsa import sparse_attention_cost
-from tilesim.shared.mla_cache import pack_rows, unpack_rows
+from tilesim.shared.layouts.mla_cache import pack_rows, unpack_rows
 from tilesim.shared.tiling import SaTileShapeConfig
 from tilesim.shared.trace import check_record
 

@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from tilesim.reference.cases.dsa_attention_step import dsa_attention_step_make_case
 from tilesim.reference.dsa import sparse_attention_antiquant, sparse_attention_antiquant_kv_split
 from tilesim.reference.dsa_attention_step import AttentionStepResult, dsa_attention_step
-from tilesim.reference.dsa_attention_step_cases import dsa_attention_step_make_case
 from tilesim.reference.dsa_indexer import dsa_indexer
 from tilesim.reference.dsa_indexer_prolog import dsa_indexer_prolog
 from tilesim.reference.mla_prolog import mla_prolog
 from tilesim.shared.dsa_attention_step import STEP_FIELDS
-from tilesim.shared.index_cache import fp8_page_views
-from tilesim.shared.mla_cache import unpack_pypto_rows
+from tilesim.shared.layouts.index_cache import fp8_page_views
+from tilesim.shared.layouts.mla_cache import unpack_pypto_rows
+from tilesim.shared.layouts.slots import slots_from_block_table
 from tilesim.shared.models import DEEPSEEK_V32
-from tilesim.shared.slots import slots_from_block_table
 
 PATHS = ("int8", "fp8")
 #: visible 300 / 1000 tokens with topk 128: most visible latent rows are never selected

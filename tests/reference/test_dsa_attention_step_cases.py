@@ -10,10 +10,10 @@ import textwrap
 
 import numpy as np
 import pytest
+from tilesim.reference.cases.dsa_attention_step import dsa_attention_step_make_case
 from tilesim.reference.dsa_attention_step import dsa_attention_step
-from tilesim.reference.dsa_attention_step_cases import dsa_attention_step_make_case
 from tilesim.shared.hadamard import scaled_hadamard_bf16
-from tilesim.shared.index_cache import fp8_page_views
+from tilesim.shared.layouts.index_cache import fp8_page_views
 from tilesim.shared.rope import halves_table, yarn_rope_table
 
 
@@ -103,7 +103,7 @@ _MEASURE = textwrap.dedent(
     """
     import resource, sys
     from tilesim.reference.dsa_attention_step import dsa_attention_step
-    from tilesim.reference.dsa_attention_step_cases import dsa_attention_step_make_case
+    from tilesim.reference.cases.dsa_attention_step import dsa_attention_step_make_case
     c = dsa_attention_step_make_case(sys.argv[1], progress=False)
     r = dsa_attention_step(**c["inputs"], **c["params"], progress=False)
     assert (r.topk_indices >= 0).all()

@@ -8,9 +8,9 @@ import importlib
 
 import numpy as np
 import pytest
-from tilesim.reference.dsa_attention_step_cases import dsa_attention_step_make_case
+from tilesim.reference.cases.dsa_attention_step import dsa_attention_step_make_case
 from tilesim.shared.casts import BF16, FP8_E4M3
-from tilesim.shared.index_cache import fp8_page_views
+from tilesim.shared.layouts.index_cache import fp8_page_views
 
 #: the golden's module (``tilesim.reference.dsa_attention_step`` as an attribute is the function)
 step_mod = importlib.import_module("tilesim.reference.dsa_attention_step")

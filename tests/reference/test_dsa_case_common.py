@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from tilesim.reference.dsa_case_common import (
+from tilesim.reference.cases.dsa_common import (
     builder_arguments,
     index_key_cache,
     new_token_rows,
     table_case_info,
 )
-from tilesim.shared.case_schema import tolerance
-from tilesim.shared.index_cache import fp8_page_views
+from tilesim.shared.layouts.index_cache import fp8_page_views
+from tilesim.shared.registry.case_schema import tolerance
 
 DEFAULTS = {"path": "int8", "seq_lens": (5,), "s1": 1, "q_lens": None}
 TABLE = {"x_fp8": (dict(path="fp8"), "small", "tilesim extra", "one FP8 case")}

@@ -13,14 +13,14 @@ import ml_dtypes
 import numpy as np
 import pytest
 import tilesim.reference as R
-from tilesim.reference import dsa_cases as C
-from tilesim.shared.case_schema import CASE_KEYS, CaseInfo
-from tilesim.shared.mla_cache import unpack_kv_split, unpack_rows
+from tilesim.reference.cases import dsa as C
+from tilesim.shared.layouts.mla_cache import unpack_kv_split, unpack_rows
 from tilesim.shared.quant import (
     quantize_latent_fp8,
     quantize_latent_fp8_ue8m0,
     quantize_latent_int8,
 )
+from tilesim.shared.registry.case_schema import CASE_KEYS, CaseInfo
 from tilesim.shared.tiling import SaTileShapeConfig
 
 BF16 = np.dtype(ml_dtypes.bfloat16)

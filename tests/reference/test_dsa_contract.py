@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tilesim.reference as R
-from tilesim.shared import dsa, dsa_split_rule
+from tilesim.shared import dsa
+from tilesim.shared.layouts import dsa_split_rule
 from tilesim.shared.tiling import SaTileShapeConfig
 
 SMALL = dict(nq=2, topk=8, block_size=4)

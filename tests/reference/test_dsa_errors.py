@@ -6,7 +6,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import tilesim.reference as R
-from tilesim.shared.mla_cache import unpack_rows
+from tilesim.shared.layouts.mla_cache import unpack_rows
 from tilesim.shared.tiling import SaTileShapeConfig
 
 BF16 = np.dtype(ml_dtypes.bfloat16)

@@ -1,6 +1,6 @@
-"""Cases of the lightning indexer (``reference/dsa_indexer_cases.py``) and of the decode step
+"""Cases of the lightning indexer (``reference/cases/dsa_indexer.py``) and of the decode step
 (the layer step entered at the indexer: ``reference/dsa_attention_step.py``, its cases in
-``reference/dsa_attention_step_cases.py``): the published shapes, the builders' determinism
+``reference/cases/dsa_attention_step.py``): the published shapes, the builders' determinism
 and checks, and the step as the composition of its two goldens."""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from tilesim.reference import (
     sparse_attention_antiquant,
     sparse_attention_antiquant_kv_split,
 )
-from tilesim.reference.dsa_attention_step_cases import CASE_INFO as STEP_CASES
-from tilesim.reference.dsa_cases import DSA_CASES
-from tilesim.reference.dsa_indexer_cases import CASE_INFO, UNIFORM_64
-from tilesim.shared.case_schema import CASE_KEYS
+from tilesim.reference.cases.dsa import DSA_CASES
+from tilesim.reference.cases.dsa_attention_step import CASE_INFO as STEP_CASES
+from tilesim.reference.cases.dsa_indexer import CASE_INFO, UNIFORM_64
+from tilesim.shared.registry.case_schema import CASE_KEYS
 
 
 def test_case_table_holds_the_published_shapes():

@@ -24,7 +24,7 @@ from oracles.dsa_indexer import oracle_indexer
 from oracles.dsa_indexer_prolog import fp8_page_row, oracle_prolog
 from tilesim.reference import dsa_indexer, dsa_indexer_prolog, dsa_indexer_prolog_make_case
 from tilesim.shared.dsa_indexer_prolog import check_meta, check_values, cost
-from tilesim.shared.index_cache import unpack_fp8_pages
+from tilesim.shared.layouts.index_cache import unpack_fp8_pages
 from tilesim.shared.trace import check_record
 
 BS = 16
@@ -197,7 +197,8 @@ def test_a_slot_given_twice_is_refused():
 def test_prolog_then_indexer_is_the_oracle_chain(path):
     """The prolog writes the new keys, the indexer golden reads that cache with the prolog's
     q and weights: its scores and ids equal the independent indexer oracle's on the same
-    bytes, and the new keys decode (shared/index_cache.py and by hand) to what was written."""
+    bytes, and the new keys decode (shared/layouts/index_cache.py and by hand) to what was
+    written."""
     case = _case(path=path, seq_lens=(40, 70), s1=2, poison_unused=False)
     meta, inp = case["meta"], case["inputs"]
     res = _run(case)

@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from tilesim.reference import dsa_indexer_prolog, dsa_indexer_prolog_make_case
-from tilesim.reference.dsa_indexer_prolog_cases import CASE_INFO
-from tilesim.shared.case_schema import CASE_FAMILIES
+from tilesim.reference.cases.dsa_indexer_prolog import CASE_INFO
 from tilesim.shared.hadamard import scaled_hadamard_bf16
+from tilesim.shared.registry.case_schema import CASE_FAMILIES
 from tilesim.shared.rope import halves_table, yarn_rope_table
 
 SMALL = sorted(n for n, info in CASE_INFO.items() if info.size == "small")

@@ -25,8 +25,8 @@ import numpy as np
 import pytest
 from oracles.deepseek_torch import ds_rope
 from tilesim.reference import dsa_indexer_prolog, dsa_indexer_prolog_make_case
-from tilesim.reference.dsa_indexer_prolog_cases import GYM_TOLERANCES
-from tilesim.shared.index_cache import unpack_fp8_pages
+from tilesim.reference.cases.dsa_indexer_prolog import GYM_TOLERANCES
+from tilesim.shared.layouts.index_cache import unpack_fp8_pages
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional

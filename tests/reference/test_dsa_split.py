@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 import tilesim.reference as R
 from oracles.dsa import check_budget, oracle
-from tilesim.shared.dsa_split_rule import (
+from tilesim.shared.layouts.dsa_split_rule import (
     default_kv_splits,
     kv_tiles,
     merge_chain,
     split_tiling,
     tiles_per_split,
 )
-from tilesim.shared.splitkv import effective_kv_splits
+from tilesim.shared.layouts.splitkv import effective_kv_splits
 from tilesim.shared.tiling import SaTileShapeConfig
 
 SMALL = dict(nq=16, topk=256, block_size=16)

@@ -10,11 +10,11 @@ import warnings
 import numpy as np
 import pytest
 from tilesim.reference import dsa_attention_step, dsa_decode_step
-from tilesim.reference.dsa_attention_step_cases import dsa_attention_step_make_case
-from tilesim.reference.numerics import NumericsWarning
+from tilesim.reference.cases.dsa_attention_step import dsa_attention_step_make_case
+from tilesim.reference.util.numerics import NumericsWarning
 from tilesim.shared import dsa_attention_step as contract
-from tilesim.shared import ops
 from tilesim.shared.casts import BF16
+from tilesim.shared.registry import ops
 
 PATHS = ("int8", "fp8")
 #: BF16's largest finite value: x @ w overflows FP32 in the MLA prolog's first linear
@@ -44,7 +44,7 @@ def _bits(v) -> np.ndarray:
 def test_the_stage_outputs_are_the_stage_ops_records_outputs():
     """Each stage's outputs are its op record's outputs (renamed where the step's names
     differ), the step's fields are their concatenation, and the stage judge reads them."""
-    from tilesim.reference import judge_stages
+    from tilesim.reference.judging import stages as judge_stages
 
     own = {
         "mla_prolog": ops.record("mla_prolog").call("mla_prolog").output_names,

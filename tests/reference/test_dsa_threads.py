@@ -13,8 +13,8 @@ import threading
 import numpy as np
 import pytest
 import tilesim.reference as R
-from tilesim.reference import blas_pool
-from tilesim.reference.blas_pool import MAX_DEFAULT_WORKERS, ref_workers
+from tilesim.reference.util import blas_pool
+from tilesim.reference.util.blas_pool import MAX_DEFAULT_WORKERS, ref_workers
 from tilesim.shared.tiling import SaTileShapeConfig
 
 SMALL = dict(nq=16, topk=256, block_size=16)
@@ -171,7 +171,7 @@ def test_ref_workers_env(monkeypatch):
 
 
 def _named_cases():
-    from tilesim.reference.dsa_cases import DSA_CASES
+    from tilesim.reference.cases.dsa import DSA_CASES
 
     return list(DSA_CASES.items())
 

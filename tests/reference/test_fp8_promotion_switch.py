@@ -9,10 +9,10 @@ import inspect
 import numpy as np
 import pytest
 from tilesim.reference import dsa_indexer_prolog, dsa_indexer_prolog_make_case
+from tilesim.reference.cases.dsa_attention_step import dsa_attention_step_make_case
+from tilesim.reference.cases.mla_prolog import mla_prolog_make_case
 from tilesim.reference.dsa_attention_step import dsa_attention_step, step_args
-from tilesim.reference.dsa_attention_step_cases import dsa_attention_step_make_case
 from tilesim.reference.mla_prolog import mla_prolog
-from tilesim.reference.mla_prolog_cases import mla_prolog_make_case
 
 BAD = r"fp8_promotion: expected one of \('fma', 'two_roundings'\), got 'fused'"
 
@@ -31,7 +31,7 @@ def _indexer_case(path: str):
 def test_a_bad_value_is_refused_by_name(monkeypatch):
     """Each op refuses an unknown promotion before its arithmetic runs (the linear is
     replaced by one that fails, so any work before the check would show)."""
-    import tilesim.reference.arith as arith
+    import tilesim.reference.util.arith as arith
 
     def boom(*a, **k):
         raise AssertionError("work began before the check")

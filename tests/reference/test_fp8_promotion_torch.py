@@ -5,7 +5,7 @@ MLA prolog and the FP8 indexer prolog.
 block as ``C_local_accum += C_local * Scale_C_shared`` (``Scale_C = scales_a * scales_b``, an
 FP32 product); nvcc's default ``--fmad=true`` contracts the multiply-add into one FMA, one
 rounding. torch has no FMA on CPU, so :func:`_fma32` emulates it exactly, written apart from
-the golden's (:func:`tilesim.reference.arith.fma_fp32`, TwoSum and rounding to odd): the
+the golden's (:func:`tilesim.reference.util.arith.fma_fp32`, TwoSum and rounding to odd): the
 exact product in float64, Fast2Sum for the error of the float64 sum, and where the float64
 sum is an FP32 midpoint the error's sign picks the neighbour.
 
@@ -23,11 +23,11 @@ import numpy as np
 import pytest
 from oracles.deepseek_torch import ds_rope
 from tilesim.reference import dsa_indexer_prolog, dsa_indexer_prolog_make_case
+from tilesim.reference.cases.mla_prolog import mla_prolog_make_case
 from tilesim.reference.mla_prolog import mla_prolog
-from tilesim.reference.mla_prolog_cases import mla_prolog_make_case
-from tilesim.shared.index_cache import unpack_fp8_pages
 from tilesim.shared.interop import to_numpy, to_torch
-from tilesim.shared.mla_cache import unpack_rows
+from tilesim.shared.layouts.index_cache import unpack_fp8_pages
+from tilesim.shared.layouts.mla_cache import unpack_rows
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.torch

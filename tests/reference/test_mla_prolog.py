@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 from oracles.torch_io import np_of, t_of
 from tilesim.reference import compare
+from tilesim.reference.cases.mla_prolog import GYM_TOLERANCES, mla_prolog_make_case
 from tilesim.reference.mla_prolog import mla_prolog
-from tilesim.reference.mla_prolog_cases import GYM_TOLERANCES, mla_prolog_make_case
 from tilesim.shared.casts import FP8_E4M3
-from tilesim.shared.mla_cache import unpack_rows
+from tilesim.shared.layouts.mla_cache import unpack_rows
 
 pytestmark = pytest.mark.torch
 torch = pytest.importorskip("torch")

@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from oracles.mla_prolog import mla_prolog_oracle, yarn_table_f64
+from tilesim.reference.cases.mla_prolog import mla_prolog_make_case
 from tilesim.reference.mla_prolog import mla_prolog
-from tilesim.reference.mla_prolog_cases import mla_prolog_make_case
 from tilesim.shared.casts import to_bf16
-from tilesim.shared.mla_cache import unpack_kv_split, unpack_rows
+from tilesim.shared.layouts.mla_cache import unpack_kv_split, unpack_rows
 from tilesim.shared.quant import dequantize_latent
 
 
@@ -86,8 +86,8 @@ def test_yarn_table_matches_the_float64_formula():
 
 @pytest.mark.parametrize("name", ["mla_prolog_int8_pad", "mla_prolog_fp8_b4_s2_flashmla"])
 def test_composition_dsa_reader_sees_what_the_prolog_quantized(cases, name):
-    """Rows read back through shared/mla_cache.py (the dsa golden's readers) hold the prolog's
-    codes, scales and rope, and dequantize to the rule's values of the normed latent."""
+    """Rows read back through shared/layouts/mla_cache.py (the dsa golden's readers) hold the
+    prolog's codes, scales and rope, and dequantize to the rule's values of the normed latent."""
     case, out, _ = cases[name]
     slots = case["inputs"]["slot_mapping"]
     live = slots[slots >= 0]

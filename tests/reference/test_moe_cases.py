@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import tilesim.reference as ref
 from tilesim.reference import MOE_CASES, moe_grouped_gemm, moe_make_case
-from tilesim.reference.moe_cases import CASE_INFO, scaled_bf16_normal
+from tilesim.reference.cases.moe import CASE_INFO, scaled_bf16_normal
 from tilesim.shared import MoeDims, unconvert_minimax_weights
-from tilesim.shared.case_schema import CASE_KEYS, CaseInfo
+from tilesim.shared.registry.case_schema import CASE_KEYS, CaseInfo
 
 
 def test_seed_matrix_values():

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import tilesim.reference as ref
 from tilesim.reference import MSA_CASES, build_msa_block_mask, msa_make_case
-from tilesim.reference.msa_cases import CASE_INFO, seeds_topk_indices
-from tilesim.shared.case_schema import CASE_KEYS, CaseInfo
+from tilesim.reference.cases.msa import CASE_INFO, seeds_topk_indices
+from tilesim.shared.registry.case_schema import CASE_KEYS, CaseInfo
 
 # (n, seed) -> selected block ids in slot order, as published by the seeds' main-branch test
 # (hicann/pypto-gym; docs/ops/msa.md, "Cases")
@@ -183,7 +183,7 @@ def test_case_info_covers_every_named_case():
     kinds = {"msa_indexer": "indexer", "msa_sparse_decode": "decode"}
     for name, info in CASE_INFO.items():
         assert isinstance(info, CaseInfo) and info.name == name and info.family == "msa"
-        assert info.builder == "tilesim.reference.msa_cases:msa_make_case"
+        assert info.builder == "tilesim.reference.cases.msa:msa_make_case"
         assert info.kind == kinds.get(info.op, "main_branch")
         if name in MSA_CASES:
             assert (info.op, info.seed) == (MSA_CASES[name]["op"], MSA_CASES[name]["seed"])

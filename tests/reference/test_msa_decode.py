@@ -330,7 +330,7 @@ def test_batch_blocks_and_workers_are_invisible(rng, monkeypatch, workers, block
     a time, in the calling thread)."""
     import threading
 
-    from tilesim.reference import blas_pool
+    from tilesim.reference.util import blas_pool
 
     mod = importlib.import_module("tilesim.reference.msa_decode")
     nb = 9
@@ -375,8 +375,8 @@ def test_batch_blocks_and_workers_are_invisible(rng, monkeypatch, workers, block
 def test_exp_model_within_2_ulp_of_correctly_rounded():
     """P = exp(S - m) uses NumPy's float32 exp (``arith.exp_fp32_numpy``): <= 2 ulp from the
     correctly rounded value on the softmax domain [-104, 0] (below -103.3 exp is 0 in FP32)."""
-    from tilesim.reference.arith import exp_fp32_numpy as exp_fp32
-    from tilesim.reference.numerics import ulp_distance
+    from tilesim.reference.util.arith import exp_fp32_numpy as exp_fp32
+    from tilesim.reference.util.numerics import ulp_distance
 
     lo = np.float32(-104.0).view(np.uint32)
     x = np.arange(0x80000000, int(lo) + 1, 997, dtype=np.uint64).astype(np.uint32).view(F32)

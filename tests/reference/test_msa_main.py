@@ -23,7 +23,7 @@ from oracles.msa_main import (
     mask_oracle,
 )
 from tilesim.reference import build_msa_block_mask, msa_main_branch, msa_make_case
-from tilesim.reference.msa_cases import seeds_topk_indices
+from tilesim.reference.cases.msa import seeds_topk_indices
 from tilesim.shared.casts import to_bf16
 from tilesim.shared.tiling import MsaTiling
 from tilesim.shared.trace import check_record
@@ -139,7 +139,7 @@ def test_row_blocking_and_workers_are_invisible(monkeypatch, workers):
     run on the pool when there are several workers."""
     import threading
 
-    from tilesim.reference import blas_pool
+    from tilesim.reference.util import blas_pool
 
     fast_mod = importlib.import_module("tilesim.reference._msa_main_fast")
 
@@ -611,7 +611,7 @@ def test_huge_row_counts_fail_a_bound_check_not_an_allocation():
 
 
 def _main_case_names():
-    from tilesim.reference.msa_cases import MSA_CASES
+    from tilesim.reference.cases.msa import MSA_CASES
 
     return [k for k, v in MSA_CASES.items() if v["op"] == "msa_main_branch"]
 
@@ -621,7 +621,7 @@ def test_speed_path_is_bit_equal_on_every_named_case(name, monkeypatch):
     """The one switch ``_FAST`` (:mod:`tilesim.reference._msa_main_fast` vs the golden loop):
     same output bits and trace records on every named main-branch case (n >= 1024 reduced as
     tests/digests/golden_digests.py reduces it; seed and max_n kept)."""
-    from tilesim.reference.msa_cases import MSA_CASES, msa_make_case
+    from tilesim.reference.cases.msa import MSA_CASES, msa_make_case
 
     mod = importlib.import_module("tilesim.reference.msa_main")
     n = MSA_CASES[name]["params"]["n"]

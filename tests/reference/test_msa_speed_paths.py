@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from oracles.msa import loop_kernel
 from tilesim.reference import msa_indexer, msa_indexer_scores, msa_sparse_decode
-from tilesim.reference.msa_common import zero_unread_rows
+from tilesim.reference.util.msa_common import zero_unread_rows
 from tilesim.shared.casts import to_bf16
 from tilesim.shared.msa_decode import decode_keep_mask, decode_read_mask
 from tilesim.shared.tiling import MsaTiling
@@ -257,7 +257,7 @@ def test_decode_widened_keys_equal_the_compact_gather(rng):
 
 # ----------------------------------------------------------------------------- named cases
 def _named(op: str) -> list[str]:
-    from tilesim.reference.msa_cases import MSA_CASES
+    from tilesim.reference.cases.msa import MSA_CASES
 
     return [name for name, spec in MSA_CASES.items() if spec["op"] == op]
 
@@ -277,7 +277,7 @@ def _both_paths(monkeypatch, mod, fn, case):
 def test_indexer_speed_path_is_bit_equal_on_every_named_case(monkeypatch, name):
     """The one switch of the indexer golden: same ids, same trace records on every named case
     (they are small: no size reduction needed), and the scores kernel alike."""
-    from tilesim.reference.msa_cases import msa_make_case
+    from tilesim.reference.cases.msa import msa_make_case
 
     case = msa_make_case(name)
     (ids0, r0), (ids1, r1) = _both_paths(monkeypatch, IDX, msa_indexer, case)
@@ -292,7 +292,7 @@ def test_indexer_speed_path_is_bit_equal_on_every_named_case(monkeypatch, name):
 def test_decode_speed_path_is_bit_equal_on_every_named_case(monkeypatch, name):
     """The one switch of the decode golden: same output, same trace records on every named
     case (they are small: no size reduction needed)."""
-    from tilesim.reference.msa_cases import msa_make_case
+    from tilesim.reference.cases.msa import msa_make_case
 
     case = msa_make_case(name)
     (o0, r0), (o1, r1) = _both_paths(monkeypatch, DEC, msa_sparse_decode, case)

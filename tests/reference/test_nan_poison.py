@@ -525,7 +525,7 @@ def test_select_masking_equals_the_multiply_form_on_finite_scores():
     """``select_masked`` vs the seeds' ``S*m + (1-m)*neg`` (written out here) on FP32 scores
     covering +-0, subnormals, the extremes and random values: the same bits; on NaN / inf
     scores the select still gives ``neg`` where masked, the multiply form does not."""
-    from tilesim.reference.msa_common import select_masked
+    from tilesim.reference.util.msa_common import select_masked
 
     rng = np.random.default_rng(0)
     special = np.array([0.0, -0.0, 1e-45, -1e-45, 3.4e38, -3.4e38, -3e38, 1.0, -1.0], dtype=F32)

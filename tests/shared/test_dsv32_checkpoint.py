@@ -494,7 +494,7 @@ def _rel_l2(a, b) -> float:
 
 def _run_prologs(path: str, w, x: np.ndarray):
     from tilesim.reference import dsa_indexer_prolog, mla_prolog
-    from tilesim.reference.dsa_case_common import yarn_rope_inputs
+    from tilesim.reference.cases.dsa_common import yarn_rope_inputs
 
     t = len(x)
     rope = yarn_rope_inputs(path, np.arange(100, 100 + t), 163840)

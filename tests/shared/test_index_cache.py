@@ -1,4 +1,4 @@
-"""The indexer's key-cache layouts (``tilesim.shared.index_cache``) and its q / k quantizers
+"""The indexer's key-cache layouts (``tilesim.shared.layouts.index_cache``) and its q / k quantizers
 (``tilesim.shared.quant``: ``quantize_index_int8``, ``quantize_index_fp8``).
 
 Oracles: the FP8 page bytes read back with ``struct`` at the documented offsets (DeepGEMM's
@@ -14,7 +14,7 @@ import struct
 import ml_dtypes
 import numpy as np
 import pytest
-from tilesim.shared.index_cache import (
+from tilesim.shared.layouts.index_cache import (
     FP8_TOKEN_BYTES,
     check_int8_cache,
     fp8_page_bytes,

@@ -19,11 +19,11 @@ from functools import partial
 
 import numpy as np
 import pytest
-from tilesim.reference.numerics import bf16_round_trip, ulp_distance
+from tilesim.reference.util.numerics import bf16_round_trip, ulp_distance
 from tilesim.shared import validate
 from tilesim.shared.casts import BF16, FP8_E4M3, to_bf16, to_fp8_e4m3, widen_to_fp32
 from tilesim.shared.env import parse_int_text
-from tilesim.shared.mla_cache import (
+from tilesim.shared.layouts.mla_cache import (
     convert_cache_layout,
     pack_flashmla_rows,
     pack_kv_split,

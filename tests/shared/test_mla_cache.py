@@ -24,7 +24,7 @@ from tilesim.shared import (
     unpack_kv_split,
     unpack_pypto_rows,
 )
-from tilesim.shared.mla_cache import pack_rows, unpack_rows
+from tilesim.shared.layouts.mla_cache import pack_rows, unpack_rows
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 FP8 = np.dtype(ml_dtypes.float8_e4m3fn)
@@ -227,7 +227,7 @@ def test_bad_cache_names_the_argument():
 def test_the_field_offset_tables_locate_the_packed_fields(layout):
     """``FIELD_BYTES`` / ``LAYOUT_OFFSETS`` (read by the kernel and the CLI) against bytes
     written here with ``struct``: rope element 0 = BF16 1.5 (0x3FC0), scale 0 = FP32 2.0."""
-    from tilesim.shared.mla_cache import FIELD_BYTES, LAYOUT_OFFSETS
+    from tilesim.shared.layouts.mla_cache import FIELD_BYTES, LAYOUT_OFFSETS
 
     nope = np.zeros((1, 512), dtype=FP8)
     rope = np.zeros((1, 64), dtype=BF16)

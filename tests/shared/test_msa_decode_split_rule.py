@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from tilesim.shared.layouts.splitkv import effective_kv_splits, loop_merge_chain, split_ranges
 from tilesim.shared.msa_decode import (
     SPLIT_MIN_CHUNKS,
     default_kv_splits,
@@ -12,7 +13,6 @@ from tilesim.shared.msa_decode import (
     split_tiling,
 )
 from tilesim.shared.soc import get_soc
-from tilesim.shared.splitkv import effective_kv_splits, loop_merge_chain, split_ranges
 from tilesim.shared.tiling import MsaTiling
 
 

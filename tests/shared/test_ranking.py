@@ -170,7 +170,7 @@ def test_drop_in_for_the_deepseek_indexer_select_topk():
 
 
 def test_the_callers_rank_by_the_rule():
-    from tilesim.reference.moe_routing import moe_dispatch
+    from tilesim.reference.util.moe_routing import moe_dispatch
     from tilesim.shared.casts import to_bf16
     from tilesim.shared.msa_indexer import select_from_head_max
 
@@ -192,7 +192,7 @@ def test_the_callers_rank_by_the_rule():
 
 
 def test_the_judge_pairs_ties_best_first_and_never_pairs_a_nan_score():
-    from tilesim.reference.judge_ties import pair_ties
+    from tilesim.reference.judging.ties import pair_ties
 
     s = np.array([1.0, 5.0, np.nan, 5.0, 3.0], dtype=np.float32)
     ties, left, rest = pair_ties(s, [1], [2, 3, 4])

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from tilesim.shared import case_schema, trace, validate
+from tilesim.shared import trace, validate
 from tilesim.shared.casts import to_bf16
+from tilesim.shared.registry import case_schema
 
 
 @pytest.mark.parametrize("bad", [[1, 2], (1, 2), 3, None, "x"])

@@ -1,4 +1,4 @@
-"""The one slot rule (tilesim.shared.slots): a caller's ``slot_mapping`` and the block-table
+"""The one slot rule (tilesim.shared.layouts.slots): a caller's ``slot_mapping`` and the block-table
 host rule, each edge behaviour once (``-1`` skipped; everything else out of range, a row given
 twice, a mapping of the wrong length and an unallocated block refused); and
 ``validate.raise_at_first``, which the rule reports through."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from tilesim.shared.slots import (
+from tilesim.shared.layouts.slots import (
     NO_SLOT,
     check_slot_mapping,
     check_slot_mapping_meta,

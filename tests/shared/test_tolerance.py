@@ -1,5 +1,5 @@
-"""The one tolerance validator (:mod:`tilesim.shared.tolerance`): its rules and messages, the
-three forms its readers ask for, and the same message from every reader of a tolerance (the
+"""The one tolerance validator (:mod:`tilesim.shared.registry.tolerance`): its rules and messages,
+the three forms its readers ask for, and the same message from every reader of a tolerance (the
 case schema, the judge, the seeds' compare, a golden's manifest on the command line)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 from tilesim.cli import CliError
 from tilesim.cli.manifest import check_tolerance_fields
 from tilesim.reference import compare, judge
-from tilesim.shared import case_schema
-from tilesim.shared.tolerance import FORMS, check_bound, check_tolerance
+from tilesim.shared.registry import case_schema
+from tilesim.shared.registry.tolerance import FORMS, check_bound, check_tolerance
 
 GOOD = {"atol": 1e-3, "rtol": 2e-3, "ratio": 0.005, "mode": "compare"}
 

@@ -1,7 +1,7 @@
 """Float outputs: the seeds' element rule and the golden-aware layer of the default rule.
 
 The golden-aware layer bounds the relative L2 error ``||a - g|| / ||g||`` and the cosine
-similarity, over the whole tensor and per row (:func:`tilesim.reference.judge_report.rows`),
+similarity, over the whole tensor and per row (:func:`tilesim.reference.judging.report.rows`),
 in units of the unit roundoff ``u`` of the rounding the output carries (BF16 ``2^-8``): the
 op's calibrated multiple (:data:`OP_L2_UNITS`, from each op's record) where the judge's
 ``kind`` names a calibrated op, else the dtype's rule (:data:`TENSOR_L2_UNITS`,
@@ -17,11 +17,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from tilesim.reference.compare import compare
-from tilesim.reference.judge_report import N_POSITIONS, Check, RowNames, rows
-from tilesim.reference.numerics import ULP_DTYPES, ulp_distance
+from tilesim.reference.judging.compare import compare
+from tilesim.reference.judging.report import N_POSITIONS, Check, RowNames, rows
+from tilesim.reference.util.numerics import ULP_DTYPES, ulp_distance
 from tilesim.shared.casts import BF16, FP8_E4M3
-from tilesim.shared.ops import judge_l2_units
+from tilesim.shared.registry.ops import judge_l2_units
 
 #: unit roundoff (half an ULP at 1) of each float output dtype
 UNIT_ROUNDOFF = {
@@ -39,7 +39,7 @@ UNIT_ROUNDOFF = {
 #: smallest fault (a row, head or block scaled by 1 + 2u, 1.01, 1.02), with the margins of
 #: docs/numerics.md ("Calibration"); the tensor bound equals the row bound, as a small output
 #: is a few rows whose spread is the row spread. Each op's record carries its figures
-#: (:attr:`tilesim.shared.op_record.Call.l2_units`)
+#: (:attr:`tilesim.shared.registry.op_record.Call.l2_units`)
 OP_L2_UNITS = judge_l2_units()
 
 #: relative-L2 bound of the whole tensor of a float output no op calibrates (``kind`` "float",
@@ -264,7 +264,7 @@ def _loose_tolerance(tol: dict, g: np.ndarray) -> list[str]:
 
 
 def judge_floats(a, g, tol, rule, name, arithmetic, names, precision, kind=None) -> dict:
-    """The :class:`~tilesim.reference.judge_report.Verdict` fields of a float pair ``a``,
+    """The :class:`~tilesim.reference.judging.report.Verdict` fields of a float pair ``a``,
     ``g`` (host arrays of one shape) under the checked tolerance ``tol``: ``checks`` (the
     seeds' element rule in mode ``"compare"``; with ``rule="default"`` also a finiteness check
     outside mode ``"compare"``, the golden-aware layer and the row-ULP budget), ``seeds`` (the

@@ -30,9 +30,9 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
-from tilesim.reference.numerics import ULP_DTYPES, ulp_distance
+from tilesim.reference.util.numerics import ULP_DTYPES, ulp_distance
 from tilesim.shared.casts import BF16, FP8_E4M3
-from tilesim.shared.tolerance import check_bound
+from tilesim.shared.registry.tolerance import check_bound
 from tilesim.shared.validate import (
     check_bool,
     check_choice,

@@ -1,14 +1,14 @@
 """Runnable cases of the DeepSeek-V3.2 lightning indexer (``dsa_indexer``).
 
-``dsa_indexer_make_case(name)`` returns a :func:`tilesim.shared.case_schema.make_case` dict:
-``tilesim.reference.dsa_indexer(**case["inputs"], **case["params"])`` is the golden.
+``dsa_indexer_make_case(name)`` returns a :func:`tilesim.shared.registry.case_schema.make_case`
+dict: ``tilesim.reference.dsa_indexer(**case["inputs"], **case["params"])`` is the golden.
 :data:`CASE_INFO` describes every named case for the registry (family ``"dsa_indexer"``, kind
 ``"indexer"``). The decode step's cases (``dsa_step_*``: the layer step entered at the
-indexer) are the layer step's family, :mod:`tilesim.reference.dsa_attention_step_cases`,
+indexer) are the layer step's family, :mod:`tilesim.reference.cases.dsa_attention_step`,
 which builds their indexer half with this builder.
 
 Data recipe (deterministic from ``seed``; ``SeedSequence(seed).spawn`` gives one stream per
-component): the block table of :func:`tilesim.reference.dsa_cases.build_block_table` (a random
+component): the block table of :func:`tilesim.reference.cases.dsa.build_block_table` (a random
 permutation of the blocks, unused entries -1); index q ``[T, 64, 128]`` and index k (one vector
 per token) drawn standard normal in FP32 and quantized with :mod:`tilesim.shared.quant`
 (``quantize_index_int8`` per token-head / token, or ``quantize_index_fp8`` with plain or UE8M0
@@ -28,14 +28,14 @@ past ``seq_lens`` in each batch's last block) with NaN scales (FP16 / FP32) and 
 from __future__ import annotations
 
 import numpy as np
-from tilesim.reference.dsa_case_common import builder_arguments, index_key_cache, new_token_rows
-from tilesim.reference.dsa_cases import DSA_CASES, build_block_table
-from tilesim.shared.case_schema import CaseInfo, make_case, tolerance
+from tilesim.reference.cases.dsa import DSA_CASES, build_block_table
+from tilesim.reference.cases.dsa_common import builder_arguments, index_key_cache, new_token_rows
 from tilesim.shared.dsa_indexer import INDEX_HEADS, INT8_ORDERS, MAX_DECODE_S1, PATHS, TOPK
-from tilesim.shared.index_cache import INDEX_DIM
+from tilesim.shared.layouts.index_cache import INDEX_DIM
 from tilesim.shared.models import DEEPSEEK_V32
-from tilesim.shared.ops import golden_calls
 from tilesim.shared.quant import quantize_index_fp8, quantize_index_int8
+from tilesim.shared.registry.case_schema import CaseInfo, make_case, tolerance
+from tilesim.shared.registry.ops import golden_calls
 from tilesim.shared.validate import (
     check_bool,
     check_choice,
@@ -43,14 +43,14 @@ from tilesim.shared.validate import (
     check_int,
 )
 
-BUILDER = "tilesim.reference.dsa_indexer_cases:dsa_indexer_make_case"
+BUILDER = "tilesim.reference.cases.dsa_indexer:dsa_indexer_make_case"
 #: the ops a case of this family calls (the registry of ops)
 OPS = golden_calls("dsa_indexer")
 #: ids are judged as sets per row (order free); the judge's score-aware rule reads ``scores``
 ID_TOLERANCE = tolerance(mode="set")
 #: DeepSeek-V3.2's folded weight constants ``64^-0.5 * 128^-0.5``
 WEIGHT_FOLD = float(INDEX_HEADS**-0.5 * INDEX_DIM**-0.5)
-#: the seeds' uniform DeepSeek decode lengths, 16K .. 112K (``tilesim.reference.dsa_cases``)
+#: the seeds' uniform DeepSeek decode lengths, 16K .. 112K (``tilesim.reference.cases.dsa``)
 UNIFORM_64 = DSA_CASES["sfa_bf16_b64_s2_seq64K_uniform_per_fp8_d"].actual_seq
 _GYM_B4 = (64 * 1024, 971, 32 * 1024 + 101, 16 * 1024 - 1)
 _GYM_B8 = (32767, 32656, 384, 2000, 64 * 1024, 971, 32 * 1024 + 101, 129090)

@@ -6,7 +6,7 @@ chunks). With ``kv_splits = k`` the units are cut into ranges of ``ceil(units / 
 consecutive units (:func:`split_ranges`; the last range may be shorter, empty ranges are not
 formed). Each range folds its units into its own FP32 softmax state ``(O, l, m)``; the states
 are then folded in range order ``0, 1, ..`` (:data:`MERGE_ORDER`) with the same online-merge
-formulas as the units inside a range (``tilesim.reference.arith.SoftmaxMerge``). The layout
+formulas as the units inside a range (``tilesim.reference.util.arith.SoftmaxMerge``). The layout
 depends on ``units`` and ``k`` only, never on the data, so the golden and the kernel cut alike.
 
 :func:`default_kv_splits` is the one rule that picks ``k`` for a call: the smallest split count

@@ -18,7 +18,7 @@ def kernel_indices(a: Args, plan: HostPlan | None = None) -> tuple[np.ndarray, i
     ``[1, s_kv_tile]`` view stays inside the tensor (only ``cur_seq`` columns are read; the
     entries past ``cur_seq`` are written 0, whatever the caller left there). When some used
     entry is ``-1`` (the masked build), it is replaced by a stand-in position of its batch
-    (:func:`~tilesim.shared.dsa_rows.stand_in_positions`) and as many columns again follow,
+    (:func:`~tilesim.shared.layouts.dsa_rows.stand_in_positions`) and as many columns again follow,
     1 at every skipped entry, 0 elsewhere (one tensor, not two: PyPTO 0.2.0's cost-model
     machine crashes with ten kernel arguments); ``mask_col0`` is where they start, else
     ``None``."""
@@ -47,8 +47,8 @@ def kernel_indices_torch(ti, bt, acts, *, s1: int, topk: int, block_size: int, s
     (torch ops on the inputs' device, no host copy; the ``validate=False`` path), with no
     value check: INT32 ``[T, 2*cols]``, the entries (0 past ``cur_seq``, a used ``-1``
     replaced by its batch's stand-in position, the first one whose block is allocated and
-    inside the cache: :func:`~tilesim.shared.dsa_rows.stand_in_positions`), then the 0/1 skip
-    columns from ``cols``. Always the masked layout: whether a ``-1`` is used is not known
+    inside the cache: :func:`~tilesim.shared.layouts.dsa_rows.stand_in_positions`), then the 0/1
+    skip columns from ``cols``. Always the masked layout: whether a ``-1`` is used is not known
     without reading the data. A batch with a used ``-1`` and no allocated block gets position
     0 (undefined, as every unchecked bad entry is). Tested equal to :func:`kernel_indices`."""
     import torch  # lazily: importing this module needs no torch

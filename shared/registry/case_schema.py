@@ -23,7 +23,7 @@ golden. ``tolerance["mode"]`` says how a device result is judged against it:
 ``"row_ulp"`` (any mode, optional) adds a row-ULP budget: max ``|a - g|`` in ULPs of the
 golden's dtype at each row's largest ``|golden|``. These are exactly the modes and keys
 :func:`tilesim.reference.judge` takes (:data:`TOLERANCE_MODES`, :data:`TOLERANCE_KEYS`); the
-one tolerance validator, :mod:`tilesim.shared.tolerance`, checks them for both.
+one tolerance validator, :mod:`tilesim.shared.registry.tolerance`, checks them for both.
 
 :class:`CaseInfo` describes one named case for the registry (``tilesim cases``).
 """
@@ -32,8 +32,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tilesim.shared.ops import families
-from tilesim.shared.tolerance import (
+from tilesim.shared.registry.ops import families
+from tilesim.shared.registry.tolerance import (
     OPTIONAL_TOLERANCE_KEYS,
     TOLERANCE_KEYS,
     TOLERANCE_MODES,
@@ -43,8 +43,8 @@ from tilesim.shared.validate import check_choice
 
 CASE_KEYS = ("name", "op", "inputs", "params", "tolerance", "meta")
 CASE_SIZES = ("small", "medium", "large")
-#: the case families (one ``tilesim.reference.<family>_cases`` module each), in the order of
-#: the registry of ops (:func:`tilesim.shared.ops.families`)
+#: the case families (one ``tilesim.reference.cases.<family>`` module each), in the order of
+#: the registry of ops (:func:`tilesim.shared.registry.ops.families`)
 CASE_FAMILIES = families()
 
 
@@ -52,7 +52,7 @@ def tolerance(atol=None, rtol=None, ratio: float = 0.0, mode: str = "compare",
               row_ulp=None) -> dict:  # fmt: skip
     """A checked ``{"atol", "rtol", "ratio", "mode"}`` dict of floats, with ``"row_ulp"`` when
     given (see the module docstring; the rules and messages of
-    :func:`tilesim.shared.tolerance.check_tolerance`, ``form="case"``)."""
+    :func:`tilesim.shared.registry.tolerance.check_tolerance`, ``form="case"``)."""
     given = {"atol": atol, "rtol": rtol, "ratio": ratio, "mode": mode}
     if row_ulp is not None:
         given["row_ulp"] = row_ulp

@@ -16,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from tilesim.reference.compare import compare
-from tilesim.reference.judge_report import N_POSITIONS, Check, rows
-from tilesim.reference.numerics import ULP_DTYPES, ulp_distance
+from tilesim.reference.judging.compare import compare
+from tilesim.reference.judging.report import N_POSITIONS, Check, rows
+from tilesim.reference.util.numerics import ULP_DTYPES, ulp_distance
 from tilesim.shared.ranking import rank
 from tilesim.shared.validate import host_data
 
@@ -209,7 +209,7 @@ def _check_visible(visible, n_rows: int, name: str) -> np.ndarray | None:
 
 
 def judge_id_rows(a, g, tol, rule, name, scores, names, visible) -> dict:
-    """The :class:`~tilesim.reference.judge_report.Verdict` fields of an id pair ``a``, ``g``
+    """The :class:`~tilesim.reference.judging.report.Verdict` fields of an id pair ``a``, ``g``
     (integer host arrays ``[..., k]`` of one shape) under the checked tolerance ``tol``:
     ``rule="seeds"`` the sorted rows under the element rule (``seeds``, ``checks``), else the
     rows as sets with ties (``ids``, one ``"id sets"`` check passing when at most

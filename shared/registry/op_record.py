@@ -1,14 +1,14 @@
 """The record of one op: what every registry of tilesim reads about it, written once.
 
 Each op's contract module ``tilesim.shared.<op>`` exports one :class:`OpRecord` as ``RECORD``;
-:mod:`tilesim.shared.ops` holds them in order. The record names:
+:mod:`tilesim.shared.registry.ops` holds them in order. The record names:
 
 * the op's **public calls** (:class:`Call`): the reference callable, the module of
   :mod:`tilesim.reference` that defines it, its input prototypes (the leading parameters its
   golden and wrapper write out, held equal by ``tests/test_op_records.py``), its outputs
   (:class:`Output`: name, kind, axes), how the judge reads them, whether a named case's
   golden is a call of it and whether :mod:`tilesim.device` exports it too;
-* the **case family** whose ``tilesim.reference.<family>_cases`` module builds its cases;
+* the **case family** whose ``tilesim.reference.cases.<family>`` module builds its cases;
 * the other public names of :mod:`tilesim.reference` it adds (``{name: module}``);
 * its one FLOP / byte counter, ``cost``;
 * its **value checks** (the contract's functions that read data, split by what a wrapper's
@@ -35,7 +35,7 @@ OUTPUT_KINDS = ("float", "ids", "codes", "cache")
 #: what a wrapper's ``validate=`` reads (``tilesim.device.backend.validate_level``): nothing,
 #: the small integer inputs, every value
 VALUE_LEVELS = ("meta", "ints", "full")
-#: how the judge reads a call's outputs (``tilesim.reference.judge_plans``): one rule per
+#: how the judge reads a call's outputs (``tilesim.reference.judging.plans``): one rule per
 #: output kind under the case's tolerance, the ids-first indexer rule, or stage by stage
 JUDGED_BY = ("kind", "indexer", "stages")
 

@@ -5,14 +5,14 @@ MSA-specific pieces only:
 * :data:`K_STEP` — the K tile of every MSA cube matmul (128);
 * :func:`round_p` — the cast of P before the P.V matmul (BF16 / FP16 / FP32);
 * :func:`softmax_chunk` — one online-softmax key chunk:
-  :func:`tilesim.reference.arith.tile_softmax` with NumPy's float32 exp, then ``cast(P) @ V``
-  with :func:`tilesim.reference.arith.matmul_fp32` in :data:`K_STEP` K tiles;
+  :func:`tilesim.reference.util.arith.tile_softmax` with NumPy's float32 exp, then ``cast(P) @ V``
+  with :func:`tilesim.reference.util.arith.matmul_fp32` in :data:`K_STEP` K tiles;
 * :func:`chunk_bounds` — the NTILE chunks of a key range (tail kept, or dropped as the seeds do);
 * :func:`select_masked`, :func:`zero_unread_rows` — NaN-robust masking: a masked score is SET
   to the mask constant (a select, never ``S*m + (1-m)*neg``, whose ``0 * NaN`` is NaN), and the
   V rows of masked keys are zeroed before P.V (``P = 0`` times a NaN V row is NaN again).
 
-The arithmetic models are :mod:`tilesim.reference.arith`, the argument checks
+The arithmetic models are :mod:`tilesim.reference.util.arith`, the argument checks
 :mod:`tilesim.shared.validate`, the MSA host rules :mod:`tilesim.shared.msa_indexer`
 (indexer selection), :mod:`tilesim.shared.msa_decode` (decode keep-mask) and
 :mod:`tilesim.shared.msa_main` (main-branch block mask).
@@ -21,7 +21,7 @@ The arithmetic models are :mod:`tilesim.reference.arith`, the argument checks
 from __future__ import annotations
 
 import numpy as np
-from tilesim.reference.arith import F64, exp_fp32_numpy, matmul_fp32, tile_softmax
+from tilesim.reference.util.arith import F64, exp_fp32_numpy, matmul_fp32, tile_softmax
 from tilesim.shared.casts import BF16, to_bf16
 
 F16 = np.dtype(np.float16)
@@ -47,7 +47,7 @@ def softmax_chunk(s32: np.ndarray, v64: np.ndarray, p_dtype: np.dtype):
     """One online-softmax chunk on masked, scaled FP32 scores ``s32`` ``[..., rows, w]``
     (overwritten: it holds P afterwards).
 
-    :func:`tilesim.reference.arith.tile_softmax` with NumPy's float32 exp gives ``m_c``, P and
+    :func:`tilesim.reference.util.arith.tile_softmax` with NumPy's float32 exp gives ``m_c``, P and
     ``l_c`` (over the unrounded P); ``O_c = cast(P) @ V`` (cube, FP32 out, K accumulated in
     :data:`K_STEP` steps). Returns ``(m_c, l_c, O_c)`` in FP32.
     """

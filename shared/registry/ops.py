@@ -1,4 +1,4 @@
-"""The registry of ops: each op's :class:`~tilesim.shared.op_record.OpRecord`, in order.
+"""The registry of ops: each op's :class:`~tilesim.shared.registry.op_record.OpRecord`, in order.
 
 :data:`RECORDS` is the one list of ops: each contract module ``tilesim.shared.<op>``'s
 ``RECORD``, imported by name (:data:`OP_MODULES` their names). Every other list of ops is
@@ -23,7 +23,7 @@ from tilesim.shared import (
     msa_indexer,
     msa_main,
 )
-from tilesim.shared.op_record import Call, OpRecord
+from tilesim.shared.registry.op_record import Call, OpRecord
 
 #: every op's record, in the registry's order (also the order of the case families): each
 #: contract module's ``RECORD``, imported by name
@@ -57,7 +57,7 @@ def record(op: str) -> OpRecord:
 
 
 def families() -> tuple[str, ...]:
-    """The case families, in registry order (one ``tilesim.reference.<family>_cases`` each)."""
+    """The case families, in registry order (one ``tilesim.reference.cases.<family>`` each)."""
     return tuple(dict.fromkeys(r.family for r in records()))
 
 
@@ -81,7 +81,7 @@ def golden_calls(family: str | None = None) -> tuple[str, ...]:
 
 
 def calls_judged_by(how: str) -> tuple[str, ...]:
-    """The calls the judge reads ``how`` (:data:`tilesim.shared.op_record.JUDGED_BY`)."""
+    """The calls the judge reads ``how`` (:data:`tilesim.shared.registry.op_record.JUDGED_BY`)."""
     return tuple(c.name for c in calls() if c.judged_by == how)
 
 
@@ -94,7 +94,7 @@ def case_builder(family: str) -> tuple[str, str]:
     """``(module, function)`` of ``family``'s case builder."""
     if family not in families():
         raise ValueError(f"family: expected one of {families()}, got {family!r}")
-    return f"tilesim.reference.{family}_cases", f"{family}_make_case"
+    return f"tilesim.reference.cases.{family}", f"{family}_make_case"
 
 
 def reference_names() -> dict[str, str]:
@@ -106,7 +106,7 @@ def reference_names() -> dict[str, str]:
         out.update(r.names)
     for family in families():
         module, builder = case_builder(family)
-        out[builder] = module.rsplit(".", 1)[-1]
+        out[builder] = module.removeprefix("tilesim.reference.")
     return out
 
 
@@ -117,7 +117,7 @@ def device_names() -> dict[str, str]:
 
 def judge_kinds() -> dict[str, tuple[str, tuple[str, ...] | None]]:
     """``{kind: (output kind, axis names)}``: the judge's ``kind`` of each call that names
-    one (:attr:`~tilesim.shared.op_record.Call.judge_kind`), from its first output."""
+    one (:attr:`~tilesim.shared.registry.op_record.Call.judge_kind`), from its first output."""
     out: dict = {}
     for c in calls():
         if c.judge_kind is not None and c.judge_kind not in out:
@@ -127,8 +127,9 @@ def judge_kinds() -> dict[str, tuple[str, tuple[str, ...] | None]]:
 
 def judge_l2_units() -> dict[str, tuple[float, float]]:
     """``{kind: (tensor, row) multiples of u}``: the judge's calibrated relative-L2 bounds of
-    the calls that name a judge kind and carry :attr:`~tilesim.shared.op_record.Call.l2_units`
-    (one multiple, for the tensor and for each row)."""
+    the calls that name a judge kind and carry
+    :attr:`~tilesim.shared.registry.op_record.Call.l2_units` (one multiple, for the tensor and for
+    each row)."""
     out: dict = {}
     for c in calls():
         if c.judge_kind is not None and c.l2_units is not None:

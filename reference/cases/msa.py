@@ -1,7 +1,7 @@
 """Runnable test cases of the MSA goldens: the seeds' test matrices (``docs/ops/msa.md``, "Cases").
 
-``msa_make_case(name)`` returns a :func:`tilesim.shared.case_schema.make_case` dict such that
-``getattr(tilesim.reference, case["op"])(**case["inputs"], **case["params"])`` runs the golden.
+``msa_make_case(name)`` returns a :func:`tilesim.shared.registry.case_schema.make_case` dict such
+that ``getattr(tilesim.reference, case["op"])(**case["inputs"], **case["params"])`` runs the golden.
 ``tolerance`` is the seeds' pass rule for a device result against that golden: mode ``"set"``
 for block ids (each row holds the same set of ids), else mode ``"compare"`` with ``atol`` /
 ``rtol`` and ``ratio = 0`` (every element must pass). ``meta`` carries what the case was built
@@ -22,12 +22,12 @@ import math
 import random
 
 import numpy as np
-from tilesim.shared.case_schema import CaseInfo, make_case, tolerance
 from tilesim.shared.casts import to_bf16
 from tilesim.shared.models import MINIMAX_M3
 from tilesim.shared.msa_indexer import HEAD_REDUCES, check_indexer_seq_len
 from tilesim.shared.msa_main import MAX_PREFILL_ROWS, build_msa_block_mask
-from tilesim.shared.ops import golden_calls
+from tilesim.shared.registry.case_schema import CaseInfo, make_case, tolerance
+from tilesim.shared.registry.ops import golden_calls
 from tilesim.shared.tiling import MSA_DTYPES
 from tilesim.shared.validate import (
     check_bool,
@@ -44,7 +44,7 @@ BY = _CFG.block_size
 #: the ops a case of this family calls (the registry of ops)
 _OPS = golden_calls("msa")
 _SELECTS = ("indexer", "random")
-BUILDER = "tilesim.reference.msa_cases:msa_make_case"
+BUILDER = "tilesim.reference.cases.msa:msa_make_case"
 
 #: the seeds' pass rule per op (mode "set": id sets; "compare": every element within atol/rtol)
 TOLERANCES = {
@@ -306,8 +306,8 @@ def msa_make_case(
 
     ``progress``: ``True`` / ``False`` / ``None``, accepted for the common builder interface
     (these builders draw no progress bar). Every argument is checked (``ValueError`` /
-    ``TypeError`` naming it). Returns the :func:`tilesim.shared.case_schema.make_case` dict;
-    identical arguments give identical arrays.
+    ``TypeError`` naming it). Returns the :func:`tilesim.shared.registry.case_schema.make_case`
+    dict; identical arguments give identical arrays.
     """
     if progress is not None:
         check_bool(progress, "progress")

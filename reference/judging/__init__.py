@@ -3,7 +3,7 @@
 :func:`judge` is the single entry point the CLI, the sim tests and the bench call. It takes the
 case's tolerance dict explicitly (``{"atol", "rtol", "ratio", "mode"}``, ``mode`` one of
 ``"compare"``, ``"set"``, ``"ulp"``; an optional ``"row_ulp"`` adds a row-ULP budget: the dict
-of :func:`tilesim.shared.case_schema.tolerance`) and returns
+of :func:`tilesim.shared.registry.case_schema.tolerance`) and returns
 a :class:`Verdict` that says which rule failed, where and by how much (docs/numerics.md,
 "Judging an output").
 
@@ -29,15 +29,15 @@ expected shape. ULPs are counted in the golden's dtype when ``actual`` is wider 
 ``actual``'s dtype is kept too).
 
 This module is the entry: the arguments, the output kinds and :func:`judge`. The float rules
-are :mod:`tilesim.reference.judge_float`, the id sets and their ties
-:mod:`tilesim.reference.judge_ties`, the verdict's records and its text and JSON
-:mod:`tilesim.reference.judge_report`; their public names are importable from here too.
+are :mod:`tilesim.reference.judging.float_rules`, the id sets and their ties
+:mod:`tilesim.reference.judging.ties`, the verdict's records and its text and JSON
+:mod:`tilesim.reference.judging.report`; their public names are importable from here too.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from tilesim.reference.judge_float import (
+from tilesim.reference.judging.float_rules import (
     L2_FLOOR,
     OP_L2_UNITS,
     ROW_L2_UNITS,
@@ -52,15 +52,22 @@ from tilesim.reference.judge_float import (
     nonfinite,
     row_ulp_errors,
 )
-from tilesim.reference.judge_report import N_POSITIONS, Check, RowNames, Verdict, relabel, row_names
-from tilesim.reference.judge_ties import TIE_ULPS, IdReport, IdRow, judge_id_rows
-from tilesim.reference.numerics import ULP_DTYPES
-from tilesim.shared.ops import judge_kinds
-from tilesim.shared.tolerance import check_tolerance
+from tilesim.reference.judging.report import (
+    N_POSITIONS,
+    Check,
+    RowNames,
+    Verdict,
+    relabel,
+    row_names,
+)
+from tilesim.reference.judging.ties import TIE_ULPS, IdReport, IdRow, judge_id_rows
+from tilesim.reference.util.numerics import ULP_DTYPES
+from tilesim.shared.registry.ops import judge_kinds
+from tilesim.shared.registry.tolerance import check_tolerance
 from tilesim.shared.validate import check_choice, check_str, host_data
 
 #: (output kind, names of the leading axes) of each op's judged output, by the judge's
-#: ``kind``: the kinds the registry of ops names (:func:`tilesim.shared.ops.judge_kinds`),
+#: ``kind``: the kinds the registry of ops names (:func:`tilesim.shared.registry.ops.judge_kinds`),
 #: then the two plain kinds
 JUDGE_KINDS = {**judge_kinds(), "float": ("float", None), "ids": ("ids", None)}
 RULES = ("default", "seeds")
@@ -72,7 +79,7 @@ RULES = ("default", "seeds")
 
 def _check_tolerance(tol, rule: str, kind: str) -> dict:
     """The tolerance dict checked by the one validator
-    (:func:`tilesim.shared.tolerance.check_tolerance`), in the form the verdict records
+    (:func:`tilesim.shared.registry.tolerance.check_tolerance`), in the form the verdict records
     (``mode``, ``ratio``, ``atol`` and ``rtol`` in mode ``"compare"``, ``row_ulp`` when
     given), and a mode the rule can judge the kind with."""
     checked = check_tolerance(tol)

@@ -10,12 +10,12 @@ arrays. The plans (``docs/cli.md``, "Judging the indexer and the decode step";
   case's tolerance, the report's coordinates named by the op (:data:`OP_KINDS`); the MSA
   indexer's ids tie-aware with its block scores;
 * the lightning indexer and the decode step (:data:`LIGHTNING_INDEXER_OPS`): ``topk_indices`` and
-  ``scores`` by :mod:`tilesim.reference.judge_indexer`; the step's attention ``out`` against
+  ``scores`` by :mod:`tilesim.reference.judging.indexer`; the step's attention ``out`` against
   :func:`attention_golden`: the golden recomputed with the device's ids when those differ from
   the golden's only by score ties or by order, else the stored golden (the ids are judged
   first, so wrong ids fail their own check and a wrong attention still fails its own);
 * the prologs and the layer step are judged stage by stage
-  (:func:`tilesim.reference.judge_stages.judge_stages`).
+  (:func:`tilesim.reference.judging.stages.judge_stages`).
 """
 
 from __future__ import annotations
@@ -24,15 +24,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
-from tilesim.reference.judge import Verdict, judge
-from tilesim.reference.judge_indexer import (
+from tilesim.reference.judging import Verdict, judge
+from tilesim.reference.judging.indexer import (
     ids_tie_only,
     ids_tolerance,
     indexer_visible,
     judge_ids,
     judge_scores,
 )
-from tilesim.shared.ops import calls_judged_by, golden_kinds, judge_kinds, optional_outputs
+from tilesim.shared.registry.ops import calls_judged_by, golden_kinds, judge_kinds, optional_outputs
 
 #: the reference op of a golden -> the judge's ``kind`` (names the report's coordinates)
 OP_KINDS = golden_kinds()

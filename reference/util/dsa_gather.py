@@ -10,7 +10,7 @@ the host by :mod:`tilesim.shared.dsa` (shared with the kernel wrapper).
 from __future__ import annotations
 
 import numpy as np
-from tilesim.shared.mla_cache import LAYOUTS, MlaCacheRows, unpack_rows
+from tilesim.shared.layouts.mla_cache import LAYOUTS, MlaCacheRows, unpack_rows
 from tilesim.shared.quant import dequantize_latent
 
 

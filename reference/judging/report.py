@@ -1,12 +1,12 @@
-"""What a verdict of :func:`tilesim.reference.judge.judge` says and how it says it.
+"""What a verdict of :func:`tilesim.reference.judging.judge` says and how it says it.
 
 :class:`Check` is one rule's outcome (a value against a bound, where, why); :class:`Verdict`
 holds every check of one output with its text (:meth:`Verdict.summary`) and JSON
 (:meth:`Verdict.as_dict`) forms. A row is the last axis of an output (:func:`rows`: one head
 of one token for attention outputs, one token for MoE); :class:`RowNames` names a row in the
 report by its leading axes (``"token 3, head 5"``) or by its index in a larger tensor (a
-cache's slots). The float rules (:mod:`tilesim.reference.judge_float`) and the id-set rules
-(:mod:`tilesim.reference.judge_ties`) build these records; docs/numerics.md, "Judging an
+cache's slots). The float rules (:mod:`tilesim.reference.judging.float_rules`) and the id-set rules
+(:mod:`tilesim.reference.judging.ties`) build these records; docs/numerics.md, "Judging an
 output", states the rules.
 """
 
@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
-from tilesim.reference.compare import CompareReport
+from tilesim.reference.judging.compare import CompareReport
 
 if TYPE_CHECKING:
-    from tilesim.reference.judge_ties import IdReport
+    from tilesim.reference.judging.ties import IdReport
 
 #: positions listed for NaN/Inf and for rows that fail
 N_POSITIONS = 10

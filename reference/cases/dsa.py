@@ -2,10 +2,11 @@
 
 :func:`dsa_make_case` builds inputs the way the seeds' tests do (``hicann/pypto-gym``, the
 DeepSeek sparse-attention tests; ``docs/sources.md``) and returns the case dict of
-:func:`tilesim.shared.case_schema.make_case`, so that ``op(**case["inputs"], **case["params"])``
-runs the golden (``op`` is the name of :func:`~tilesim.reference.sparse_attention_antiquant` or
-``..._kv_split`` in :mod:`tilesim.reference`). :data:`DSA_CASES` names the seeds' test matrix
-with tile preset and SoC marks; :data:`CASE_INFO` describes each named case for the registry.
+:func:`tilesim.shared.registry.case_schema.make_case`, so that ``op(**case["inputs"],
+**case["params"])`` runs the golden (``op`` is the name of
+:func:`~tilesim.reference.sparse_attention_antiquant` or ``..._kv_split`` in
+:mod:`tilesim.reference`). :data:`DSA_CASES` names the seeds' test matrix with tile preset and SoC
+marks; :data:`CASE_INFO` describes each named case for the registry.
 
 Data recipe (deterministic from ``seed``; NumPy ``SeedSequence(seed).spawn`` gives one
 independent stream per component, so e.g. the top-k rule never changes the cache bytes):
@@ -50,11 +51,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from tilesim.reference.progress import progress_bar
-from tilesim.shared.case_schema import CaseInfo, make_case, tolerance
+from tilesim.reference.util.progress import progress_bar
 from tilesim.shared.casts import BF16, FP8_E4M3, to_bf16, to_fp8_e4m3
 from tilesim.shared.dsa import tiling_argument
-from tilesim.shared.mla_cache import (
+from tilesim.shared.layouts.mla_cache import (
     CACHE_LAYOUTS,
     NOPE,
     NSCALES,
@@ -70,6 +70,7 @@ from tilesim.shared.quant import (
     quantize_latent_fp8_ue8m0,
     quantize_latent_int8,
 )
+from tilesim.shared.registry.case_schema import CaseInfo, make_case, tolerance
 from tilesim.shared.tiling import SaTileShapeConfig
 from tilesim.shared.validate import (
     check_bool,
@@ -290,14 +291,14 @@ def _case_info(c: DsaCase) -> CaseInfo:
         seed=0,
         size=c.size,
         tolerance=tolerance(**SEEDS_TOLERANCE, mode="compare"),
-        builder="tilesim.reference.dsa_cases:dsa_make_case",
+        builder="tilesim.reference.cases.dsa:dsa_make_case",
         soc=c.soc,
         status=c.status,
         notes={"seed_note": _SEED_NOTE},
     )
 
 
-#: the registry's view of :data:`DSA_CASES` (``tilesim.shared.case_schema.CaseInfo``)
+#: the registry's view of :data:`DSA_CASES` (``tilesim.shared.registry.case_schema.CaseInfo``)
 CASE_INFO: dict[str, CaseInfo] = {name: _case_info(c) for name, c in DSA_CASES.items()}
 
 _DEFAULTS = {
@@ -612,7 +613,7 @@ def dsa_make_case(name: str | None = None, *, seed: int = 0, **params) -> dict:
             (a bool or None: the cache-building bar).
 
     Returns:
-        The case dict of :func:`tilesim.shared.case_schema.make_case`:
+        The case dict of :func:`tilesim.shared.registry.case_schema.make_case`:
         ``getattr(tilesim.reference, case["op"])(**case["inputs"], **case["params"])`` is the
         golden; ``tolerance`` is the seeds' rule (atol 1e-4, rtol 5e-3, ratio 0.005, mode
         ``"compare"``); ``meta`` holds the seed, the SoC marks, the seeds' status and entry, and

@@ -24,11 +24,10 @@ seconds); ``True`` prints one line per stage.
 from __future__ import annotations
 
 import numpy as np
-from tilesim.reference.dsa_case_common import builder_arguments, table_case_info, yarn_rope_inputs
+from tilesim.reference.cases.dsa_common import builder_arguments, table_case_info, yarn_rope_inputs
 from tilesim.reference.mla_prolog import quant_int8_gym
-from tilesim.shared.case_schema import CaseInfo, make_case, tolerance
 from tilesim.shared.casts import BF16, FP8_E4M3, FP8_E4M3_MAX, to_bf16, to_fp8_e4m3
-from tilesim.shared.mla_cache import (
+from tilesim.shared.layouts.mla_cache import (
     NOPE,
     NSCALES,
     PATH_CACHE_LAYOUT,
@@ -36,6 +35,7 @@ from tilesim.shared.mla_cache import (
     ROPE,
     is_packed,
 )
+from tilesim.shared.layouts.slots import NO_SLOT, slots_from_block_table
 from tilesim.shared.mla_prolog import (
     BLOCK,
     HEADS,
@@ -47,10 +47,10 @@ from tilesim.shared.mla_prolog import (
     QK_NOPE,
 )
 from tilesim.shared.quant import _ue8m0
-from tilesim.shared.slots import NO_SLOT, slots_from_block_table
+from tilesim.shared.registry.case_schema import CaseInfo, make_case, tolerance
 from tilesim.shared.validate import check_choice, check_int, check_int_sequence
 
-BUILDER = "tilesim.reference.mla_prolog_cases:mla_prolog_make_case"
+BUILDER = "tilesim.reference.cases.mla_prolog:mla_prolog_make_case"
 #: the FP8 weights' block scales a case draws: ``"amax448"`` (``amax / 448`` per block, every
 #: significand bit in use) and ``"ue8m0"`` (the power of two at or above it, the
 #: ``"scale_fmt": "ue8m0"`` of DeepSeek-V3.2's checkpoints; docs/ops/mla_prolog.md)

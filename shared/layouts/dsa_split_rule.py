@@ -13,7 +13,7 @@ only (not on the token), so a short token simply has fewer (or one) non-empty sp
 ``kv_splits = 1`` is the unsplit loop (one range = every tile; no combine). Both the golden
 (``tilesim.reference.dsa``) and the kernel (``tilesim.device.dsa``) take the
 split from the tile config they are given; :func:`default_kv_splits` is the rule that picks
-it for a call shape and SoC (:data:`SPLIT_RULE` on :mod:`tilesim.shared.splitkv`, with the
+it for a call shape and SoC (:data:`SPLIT_RULE` on :mod:`tilesim.shared.layouts.splitkv`, with the
 kernel's merge chain :func:`merge_chain` and its :data:`UNROLL_TILES`), and
 :func:`split_tiling` applies it to a tile config. The rule is applied only where asked for (a
 tile config is never changed behind the caller's back, so the golden and the kernel always
@@ -22,7 +22,7 @@ see the same split). ``docs/ops/dsa.md`` ("Split-KV").
 
 from __future__ import annotations
 
-from tilesim.shared import splitkv
+from tilesim.shared.layouts import splitkv
 from tilesim.shared.tiling import SaTileShapeConfig
 from tilesim.shared.validate import check_instance, check_pos_int
 

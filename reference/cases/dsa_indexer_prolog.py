@@ -1,14 +1,15 @@
 """Named cases of the DeepSeek-V3.2 lightning-indexer prolog (``dsa_indexer_prolog``,
 docs/ops/dsa_indexer_prolog.md).
 
-``dsa_indexer_prolog_make_case(name)`` returns a :func:`tilesim.shared.case_schema.make_case`
-dict: ``getattr(tilesim.reference, case["op"])(**case["inputs"], **case["params"])`` is the
+``dsa_indexer_prolog_make_case(name)`` returns a
+:func:`tilesim.shared.registry.case_schema.make_case` dict: ``getattr(tilesim.reference,
+case["op"])(**case["inputs"], **case["params"])`` is the
 golden. Every input is drawn from ``SeedSequence(seed)`` streams (same arguments, same arrays):
 
-* the block table of :func:`tilesim.reference.dsa_cases.build_block_table` (a random
+* the block table of :func:`tilesim.reference.cases.dsa.build_block_table` (a random
   permutation, unused entries -1); the new tokens are the last ``s1`` (decode) or
   ``q_lens[b]`` (prefill) positions of each sequence, their slots from
-  :func:`tilesim.shared.slots.slots_from_block_table`; ``pad`` padding tokens
+  :func:`tilesim.shared.layouts.slots.slots_from_block_table`; ``pad`` padding tokens
   with slot ``-1`` follow (vLLM's convention);
 * the cache already holds every earlier token's key (standard normal keys quantized by
   :mod:`tilesim.shared.quant`, one batch at a time, so the 64K cases hold one batch of FP32
@@ -38,16 +39,15 @@ case's own tolerance is the q codes' (``atol 1, rtol 0, ratio 0``).
 from __future__ import annotations
 
 import numpy as np
-from tilesim.reference.dsa_case_common import (
+from tilesim.reference.cases.dsa import build_block_table
+from tilesim.reference.cases.dsa_common import (
     builder_arguments,
     index_key_cache,
     new_token_rows,
     table_case_info,
     yarn_rope_inputs,
 )
-from tilesim.reference.dsa_cases import build_block_table
-from tilesim.reference.mla_prolog_cases import WEIGHT_SCALES
-from tilesim.shared.case_schema import CASE_FAMILIES, CaseInfo, make_case, tolerance
+from tilesim.reference.cases.mla_prolog import WEIGHT_SCALES
 from tilesim.shared.casts import BF16, FP8_E4M3_MAX, to_bf16, to_fp8_e4m3
 from tilesim.shared.dsa_indexer import INDEX_HEADS
 from tilesim.shared.dsa_indexer_prolog import (
@@ -57,9 +57,10 @@ from tilesim.shared.dsa_indexer_prolog import (
     QB_COLS,
 )
 from tilesim.shared.hadamard import scaled_hadamard_bf16
-from tilesim.shared.index_cache import INDEX_DIM
+from tilesim.shared.layouts.index_cache import INDEX_DIM
+from tilesim.shared.layouts.slots import slots_from_block_table
 from tilesim.shared.quant import _ue8m0
-from tilesim.shared.slots import slots_from_block_table
+from tilesim.shared.registry.case_schema import CASE_FAMILIES, CaseInfo, make_case, tolerance
 from tilesim.shared.validate import (
     check_bool,
     check_choice,
@@ -67,7 +68,7 @@ from tilesim.shared.validate import (
     check_int,
 )
 
-BUILDER = "tilesim.reference.dsa_indexer_prolog_cases:dsa_indexer_prolog_make_case"
+BUILDER = "tilesim.reference.cases.dsa_indexer_prolog:dsa_indexer_prolog_make_case"
 OP = "dsa_indexer_prolog"
 #: pypto-gym's per-output limits of its prolog test: name -> (atol, rtol, ratio)
 GYM_TOLERANCES = {
@@ -240,7 +241,7 @@ def dsa_indexer_prolog_make_case(name: str | None = None, *, seed: int = 0, prog
     (``"model"`` / ``"gym"``), ``hidden`` / ``rank`` (7168 / 1536; smaller multiples of 128
     for quick tests), ``poison_unused``, ``spare_blocks``, ``ue8m0`` (FP8), ``weight_scale``
     (FP8 weight block scales: ``"ue8m0"`` powers of two, ``"amax448"`` ``amax / 448``;
-    :data:`tilesim.reference.mla_prolog_cases.WEIGHT_SCALES`). ``progress``: the
+    :data:`tilesim.reference.cases.mla_prolog.WEIGHT_SCALES`). ``progress``: the
     cache bar (a bool or None). Returns the case dict; ``meta`` holds the seed, the builder
     parameters, the block table, ``seq_lens``, ``q_lens`` and the tokens' positions (what
     the indexer reading the cache afterwards needs)."""
@@ -282,7 +283,7 @@ def _case_info(name: str) -> CaseInfo:
 
 
 #: every named case (``dsa_indexer_prolog_make_case(name)`` builds it); registered once the
-#: family is listed in ``tilesim.shared.case_schema.CASE_FAMILIES``
+#: family is listed in ``tilesim.shared.registry.case_schema.CASE_FAMILIES``
 CASE_INFO: dict[str, CaseInfo] = {n: _case_info(n) for n in _TABLE} if OP in CASE_FAMILIES else {}
 
 __all__ = ["CASE_INFO", "GYM_TOLERANCES", "dsa_indexer_prolog_make_case"]

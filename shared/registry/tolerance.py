@@ -3,7 +3,7 @@ messages for every reader of one.
 
 A tolerance is ``{"atol", "rtol", "ratio", "mode"}`` with an optional ``"row_ulp"``
 (:data:`TOLERANCE_KEYS`, :data:`OPTIONAL_TOLERANCE_KEYS`; the modes and what they judge are in
-:mod:`tilesim.shared.case_schema` and docs/numerics.md, "Judging an output"). The rules:
+:mod:`tilesim.shared.registry.case_schema` and docs/numerics.md, "Judging an output"). The rules:
 
 * ``mode`` is one of :data:`TOLERANCE_MODES`;
 * ``atol``, ``rtol`` and ``row_ulp`` are ``None`` or a real, finite number ``>= 0``; ``ratio``
@@ -12,10 +12,10 @@ A tolerance is ``{"atol", "rtol", "ratio", "mode"}`` with an optional ``"row_ulp
 
 Three readers ask for more or for less (``form``):
 
-* ``"case"`` — a named case's tolerance (:func:`tilesim.shared.case_schema.tolerance`): every
-  one of the four keys, ``atol``/``rtol`` numbers in mode ``"compare"`` and ``None`` in the
+* ``"case"`` — a named case's tolerance (:func:`tilesim.shared.registry.case_schema.tolerance`):
+  every one of the four keys, ``atol``/``rtol`` numbers in mode ``"compare"`` and ``None`` in the
   modes that publish none;
-* ``"judged"`` — what :func:`tilesim.reference.judge.judge` judges with: a ``mode``, and in mode
+* ``"judged"`` — what :func:`tilesim.reference.judging.judge` judges with: a ``mode``, and in mode
   ``"compare"`` numbers for ``atol`` and ``rtol``;
 * ``"stated"`` — a golden's ``manifest.json`` (the CLI): any subset of the keys, ``mode``
   ``"compare"`` when absent; the command line's ``--atol/--rtol/--ratio`` complete it.

@@ -4,7 +4,7 @@ The seeds: hicann/pypto-gym, tests/ops/minimax_m27/test_minimax_m27_grouped_gemm
 tests/ops/minimax_m3/test_minimax_m3_grouped_gemm.py with their ``test_cases.json``
 (docs/sources.md#moe-grouped-gemm, docs/ops/moe.md).
 
-``moe_make_case(name)`` returns the case dict of :mod:`tilesim.shared.case_schema`:
+``moe_make_case(name)`` returns the case dict of :mod:`tilesim.shared.registry.case_schema`:
 ``moe_grouped_gemm(**case["inputs"], **case["params"])`` is the golden, ``case["tolerance"]``
 says how a device result is judged (the seeds' ``assert_allclose`` for named cases: every
 element, ``ratio`` 0; ``mode="ulp"`` for custom cases, which have no published tolerance).
@@ -21,10 +21,10 @@ gives DIFFERENT numbers here; the distributions, shapes, scales and tolerances a
 from __future__ import annotations
 
 import numpy as np
-from tilesim.shared.case_schema import CaseInfo, make_case, tolerance
 from tilesim.shared.casts import to_bf16, widen_to_fp32
 from tilesim.shared.models import ACTIVATIONS, MoeDims
 from tilesim.shared.moe import OP_NAME
+from tilesim.shared.registry.case_schema import CaseInfo, make_case, tolerance
 from tilesim.shared.tiling import MoeTiling
 from tilesim.shared.validate import (
     check_bool,
@@ -91,7 +91,7 @@ _CUSTOM_DEFAULTS = {
 
 _DIM_KEYS = ("alpha", "limit", "beta", "gate_up_layout")
 _TILING_KEYS = ("mm1_k", "mm2_k", "mm1_n", "mm2_n", "vec_tile")
-_BUILDER = "tilesim.reference.moe_cases:moe_make_case"
+_BUILDER = "tilesim.reference.cases.moe:moe_make_case"
 
 #: registry facts of the named cases (the seeds' tests carry no SoC marker; their README
 #: targets the 910B)
@@ -218,7 +218,8 @@ def _draw_inputs(spec: dict, dims: MoeDims) -> dict:
 def moe_make_case(
     name: str | None = None, *, seed: int | None = None, progress: bool | None = None, **params
 ) -> dict:
-    """Build a grouped-GEMM case (the schema of :func:`tilesim.shared.case_schema.make_case`).
+    """Build a grouped-GEMM case (the schema of
+    :func:`tilesim.shared.registry.case_schema.make_case`).
 
     Args:
         name: a key of :data:`MOE_CASES`, or None for a custom case (defaults: E 4, H 256,

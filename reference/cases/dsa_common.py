@@ -1,12 +1,12 @@
 """Helpers of the DeepSeek-V3.2 case builders shared by the lightning indexer
-(:mod:`~tilesim.reference.dsa_indexer_cases`), the two prologs
-(:mod:`~tilesim.reference.dsa_indexer_prolog_cases`, :mod:`~tilesim.reference.mla_prolog_cases`)
-and the layer step (:mod:`~tilesim.reference.dsa_attention_step_cases`):
+(:mod:`~tilesim.reference.cases.dsa_indexer`), the two prologs
+(:mod:`~tilesim.reference.cases.dsa_indexer_prolog`, :mod:`~tilesim.reference.cases.mla_prolog`)
+and the layer step (:mod:`~tilesim.reference.cases.dsa_attention_step`):
 
 * :func:`builder_arguments` -- a builder's ``seed`` and ``progress`` checked, and its
   parameters: the defaults, then the named table entry's, then the caller's overrides;
-* :func:`table_case_info` -- the :class:`~tilesim.shared.case_schema.CaseInfo` of a table entry
-  ``(builder params, size, status, summary)`` (an FP8 path runs on the 950 only);
+* :func:`table_case_info` -- the :class:`~tilesim.shared.registry.case_schema.CaseInfo` of a table
+  entry ``(builder params, size, status, summary)`` (an FP8 path runs on the 950 only);
 * :func:`new_token_rows` -- the sequences' lengths and new tokens (decode ``s1`` or prefill
   ``q_lens``), every sequence holding its new tokens;
 * :func:`yarn_rope_inputs` -- the YaRN ``cos``/``sin`` table at the new tokens' positions in the
@@ -18,10 +18,15 @@ and the layer step (:mod:`~tilesim.reference.dsa_attention_step_cases`):
 from __future__ import annotations
 
 import numpy as np
-from tilesim.reference.progress import progress_bar
-from tilesim.shared.case_schema import CaseInfo
-from tilesim.shared.index_cache import FP8_TOKEN_BYTES, INDEX_DIM, fp8_page_views, scatter_tokens
+from tilesim.reference.util.progress import progress_bar
+from tilesim.shared.layouts.index_cache import (
+    FP8_TOKEN_BYTES,
+    INDEX_DIM,
+    fp8_page_views,
+    scatter_tokens,
+)
 from tilesim.shared.quant import quantize_index_fp8, quantize_index_int8
+from tilesim.shared.registry.case_schema import CaseInfo
 from tilesim.shared.rope import halves_table, yarn_rope_table
 from tilesim.shared.soc import SIM_SOCS, fp8_socs
 from tilesim.shared.validate import check_bool, check_choice, check_int, check_int_sequence
@@ -114,8 +119,9 @@ def index_key_cache(path: str, keys_per_batch, table: np.ndarray, n_blocks: int,
     :func:`~tilesim.shared.quant.quantize_index_fp8` (``ue8m0``; uint8 pages ``[n_blocks,
     block_size * 132]``). ``all_tie``: every key of sequence 0 is its first one. ``poison``:
     every slot no token occupies holds NaN scales and the code 0x7F (the E4M3 NaN; INT8 127).
-    ``progress``, ``desc``, ``unit``: the bar of :func:`tilesim.reference.progress.progress_bar`.
-    Returns ``{"k_cache", "k_scale"}`` (INT8) or ``{"k_cache"}`` (FP8 pages)."""
+    ``progress``, ``desc``, ``unit``: the bar of
+    :func:`tilesim.reference.util.progress.progress_bar`. Returns ``{"k_cache", "k_scale"}`` (INT8)
+    or ``{"k_cache"}`` (FP8 pages)."""
     int8 = path == "int8"
     if int8:
         codes = np.zeros((n_blocks, block_size, INDEX_DIM), dtype=np.int8)

@@ -1,15 +1,16 @@
 """Named cases of one DeepSeek-V3.2 attention layer step (``dsa_attention_step``,
 docs/ops/dsa_attention_step.md).
 
-``dsa_attention_step_make_case(name)`` returns a :func:`tilesim.shared.case_schema.make_case`
-dict: ``tilesim.reference.dsa_attention_step(**case["inputs"], **case["params"])`` is the
+``dsa_attention_step_make_case(name)`` returns a
+:func:`tilesim.shared.registry.case_schema.make_case` dict:
+``tilesim.reference.dsa_attention_step(**case["inputs"], **case["params"])`` is the
 golden. Every array is drawn from ``SeedSequence(seed)`` streams (same arguments, same arrays),
 weights included -- they are part of the case:
 
-* the block table of :func:`tilesim.reference.dsa_cases.build_block_table`; the new tokens are
+* the block table of :func:`tilesim.reference.cases.dsa.build_block_table`; the new tokens are
   the last ``s1`` (decode) or ``q_lens[b]`` (prefill rows, the same in every batch) positions of
   each sequence;
-* ``x``: BF16 on the 256-value grid ``j / 128`` (:func:`tilesim.reference.dsa_cases.grid_bf16`,
+* ``x``: BF16 on the 256-value grid ``j / 128`` (:func:`tilesim.reference.cases.dsa.grid_bf16`,
   one random byte per value, so the 7168-wide rows cost no FP32 copy);
 * weights: BF16 on the same grid times a power of two (exact); INT8 codes uniform in
   ``[-127, 127]`` with per-column FP32 scales ``U(0.05, 0.1) / 127`` (what an ``amax / 127``
@@ -22,7 +23,7 @@ weights included -- they are part of the case:
   (``max_seq_len`` 163840, DeepSeek-V3.2's ``max_position_embeddings``): FP32 ``[T, 32]`` on
   the FP8 path, BF16 halves ``[T, 64]`` on the INT8 path, one table for both prologs;
 * the caches hold every earlier token: the latent cache grid rows quantized by
-  :func:`tilesim.reference.dsa_cases.build_cache` (INT8 ``"int8"`` in the ``kv_split``
+  :func:`tilesim.reference.cases.dsa.build_cache` (INT8 ``"int8"`` in the ``kv_split``
   triple; FP8 ``"fp8_ue8m0"`` in 656-byte ``"pypto"`` rows), the index cache standard normal
   keys quantized by :mod:`tilesim.shared.quant` (INT8 + FP16 scales; FP8 UE8M0 pages), one
   sequence at a time; with ``poison_unused`` (default) every other row -- the new tokens' slots
@@ -34,9 +35,9 @@ sequence at a time.
 
 The decode step's cases (``dsa_step_*``, op ``dsa_decode_step``, kind ``"decode_step"``: the
 step entered at the indexer) are this family's too: their indexer half is a case of
-:func:`tilesim.reference.dsa_indexer_cases.dsa_indexer_make_case` (index q, weights and
+:func:`tilesim.reference.cases.dsa_indexer.dsa_indexer_make_case` (index q, weights and
 index cache drawn as the indexer's cases draw them), their attention half grid-uniform BF16
-queries and a latent cache of :func:`tilesim.reference.dsa_cases.build_cache`
+queries and a latent cache of :func:`tilesim.reference.cases.dsa.build_cache`
 (:func:`decode_attention_inputs`). ``dsa_attention_step_make_case(op="dsa_decode_step",
 ...)`` builds an ad-hoc one.
 """
@@ -44,14 +45,7 @@ queries and a latent cache of :func:`tilesim.reference.dsa_cases.build_cache`
 from __future__ import annotations
 
 import numpy as np
-from tilesim.reference.dsa_case_common import (
-    builder_arguments,
-    index_key_cache,
-    new_token_rows,
-    table_case_info,
-    yarn_rope_inputs,
-)
-from tilesim.reference.dsa_cases import (
+from tilesim.reference.cases.dsa import (
     SEEDS_TOLERANCE,
     build_block_table,
     build_cache,
@@ -60,31 +54,38 @@ from tilesim.reference.dsa_cases import (
     poison_rows,
     random_bytes,
 )
-from tilesim.reference.dsa_indexer_cases import DEFAULTS as INDEXER_DEFAULTS
-from tilesim.reference.dsa_indexer_cases import UNIFORM_64, dsa_indexer_make_case
-from tilesim.reference.mla_prolog_cases import WEIGHT_SCALES
-from tilesim.shared.case_schema import CaseInfo, make_case, tolerance
+from tilesim.reference.cases.dsa_common import (
+    builder_arguments,
+    index_key_cache,
+    new_token_rows,
+    table_case_info,
+    yarn_rope_inputs,
+)
+from tilesim.reference.cases.dsa_indexer import DEFAULTS as INDEXER_DEFAULTS
+from tilesim.reference.cases.dsa_indexer import UNIFORM_64, dsa_indexer_make_case
+from tilesim.reference.cases.mla_prolog import WEIGHT_SCALES
 from tilesim.shared.casts import BF16, FP8_E4M3_MAX, to_bf16, to_fp8_e4m3
 from tilesim.shared.dsa_attention_step import DECODE_LAYOUTS, PATHS
 from tilesim.shared.dsa_indexer import INDEX_HEADS, MAX_DECODE_S1
 from tilesim.shared.dsa_indexer_prolog import QB_COLS
 from tilesim.shared.hadamard import scaled_hadamard_bf16
-from tilesim.shared.index_cache import INDEX_DIM
-from tilesim.shared.mla_cache import CACHE_LAYOUTS, NOPE, PATH_CACHE_LAYOUT, ROPE, is_packed
+from tilesim.shared.layouts.index_cache import INDEX_DIM
+from tilesim.shared.layouts.mla_cache import CACHE_LAYOUTS, NOPE, PATH_CACHE_LAYOUT, ROPE, is_packed
+from tilesim.shared.layouts.slots import slots_from_block_table
 from tilesim.shared.mla_prolog import BLOCK, HEADS, HIDDEN, KV_A, KV_LORA, Q_HEAD, Q_LORA, QK_NOPE
 from tilesim.shared.models import DEEPSEEK_V32
 from tilesim.shared.quant import _ue8m0
-from tilesim.shared.slots import slots_from_block_table
+from tilesim.shared.registry.case_schema import CaseInfo, make_case, tolerance
 from tilesim.shared.soc import SIM_SOCS, fp8_socs
 from tilesim.shared.tiling import SaTileShapeConfig
 from tilesim.shared.validate import check_bool, check_choice, check_int
 
-BUILDER = "tilesim.reference.dsa_attention_step_cases:dsa_attention_step_make_case"
+BUILDER = "tilesim.reference.cases.dsa_attention_step:dsa_attention_step_make_case"
 OP = "dsa_attention_step"
 #: the decode step's op: the layer step entered at the indexer
 DECODE_OP = "dsa_decode_step"
 MAX_POSITION = 163840  #: DeepSeek-V3.2 ``max_position_embeddings`` (the YaRN table's rows)
-#: the latent cache's quantizer of the earlier tokens (``tilesim.reference.dsa_cases``)
+#: the latent cache's quantizer of the earlier tokens (``tilesim.reference.cases.dsa``)
 HISTORY_QUANT = {"int8": "int8", "fp8": "fp8_ue8m0"}
 _64K = (65536,) * 4
 
@@ -295,7 +296,7 @@ def dsa_attention_step_make_case(name: str | None = None, *, seed: int = 0, prog
 def decode_attention_inputs(p: dict, inputs: dict, n_blocks: int, seed: int) -> tuple[dict, dict]:
     """The attention half of a decode-step case: grid-uniform BF16 queries ``[T*nq, 512]`` /
     ``[T*nq, 64]`` (``T`` = the rows of the indexer half's ``q``) and a latent cache of
-    ``n_blocks * block_size`` rows built by :func:`tilesim.reference.dsa_cases.build_cache`
+    ``n_blocks * block_size`` rows built by :func:`tilesim.reference.cases.dsa.build_cache`
     (quant ``p["attn_quant"]``, default the indexer's path; layout ``p["layout"]``, default
     ``"pypto"``), its own streams from ``seed``. Returns ``(inputs, params)``."""
     quant = p["attn_quant"] or p["path"]

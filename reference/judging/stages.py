@@ -8,7 +8,7 @@ call it; the CLI only loads arrays and prints (``docs/cli.md``, "Judging a layer
 stage"; ``docs/numerics.md``, "Judging an output").
 
 The plan, per stage of the step (one rule for every stage, the same as the decode step's
-attention in :mod:`tilesim.reference.judge_plans`): a stage is judged against its golden
+attention in :mod:`tilesim.reference.judging.plans`): a stage is judged against its golden
 **recomputed from the device's own upstream outputs when the device dumped them, they differ
 from the golden's bytes, and every one that differs passed its own stage** (ids: the same sets
 up to score ties; floats and caches: within their rule). Otherwise it is judged against the
@@ -20,7 +20,7 @@ that computes the layer's wrong output). The report says which golden and why.
 * ``mla_prolog``: its seven outputs against the stored golden (its inputs are the step's).
 * ``dsa_indexer_prolog``: reads ``q_norm`` (+ ``q_norm_scale``).
 * ``dsa_indexer``: ``topk_indices`` (per-row sets, tie-aware with the scores of the same
-  golden) and ``scores``, by :mod:`tilesim.reference.judge_indexer`; reads the index ``q``,
+  golden) and ``scores``, by :mod:`tilesim.reference.judging.indexer`; reads the index ``q``,
   its scale, the weights and the updated index cache.
 * ``sparse_attention``: ``attn_out``; reads the ids, the queries and the updated latent cache
   (the step's own attention call).
@@ -30,15 +30,15 @@ so it is the golden the step itself would have given on those upstream values. A
 upstream the stage golden refuses (a NaN in a row it reads, a wrong dtype) is reported and the
 stage is judged against the stored golden instead.
 
-Per output (:func:`output_spec`): floats by :func:`tilesim.reference.judge.judge` under the
+Per output (:func:`output_spec`): floats by :func:`tilesim.reference.judging.judge` under the
 case table's per-output limits (INT8 path: pypto-gym's ``GYM_TOLERANCES`` of
-:mod:`~tilesim.reference.mla_prolog_cases` and :mod:`~tilesim.reference.dsa_indexer_prolog_cases`;
+:mod:`~tilesim.reference.cases.mla_prolog` and :mod:`~tilesim.reference.cases.dsa_indexer_prolog`;
 the attention: the case's tolerance); quantized codes and quantization scales by the seeds'
 element rule alone (a discrete output: one code step or one ULP of a scale is the legitimate
 difference, which the golden-aware L2 bounds would count); caches as (a) every row the op does
 not write byte-equal to the golden (= the cache given) and (b) the written rows decoded through
-:mod:`tilesim.shared.mla_cache` / :mod:`tilesim.shared.index_cache` into their fields (codes,
-rope, scales), each judged by its field's rule.
+:mod:`tilesim.shared.layouts.mla_cache` / :mod:`tilesim.shared.layouts.index_cache` into their
+fields (codes, rope, scales), each judged by its field's rule.
 """
 
 from __future__ import annotations
@@ -46,12 +46,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from tilesim.reference.judge import Check, Verdict, judge
-from tilesim.reference.judge_indexer import IDS_TOLERANCE, SCORES_TOLERANCE, judge_ids, judge_scores
+from tilesim.reference.judging import Check, Verdict, judge
+from tilesim.reference.judging.indexer import (
+    IDS_TOLERANCE,
+    SCORES_TOLERANCE,
+    judge_ids,
+    judge_scores,
+)
 from tilesim.shared import dsa_attention_step as step_contract
 from tilesim.shared.dsa_attention_step import IPROLOG_NAMES, STAGES
-from tilesim.shared.index_cache import INDEX_DIM, fp8_page_views
-from tilesim.shared.mla_cache import (
+from tilesim.shared.layouts.index_cache import INDEX_DIM, fp8_page_views
+from tilesim.shared.layouts.mla_cache import (
     LAYOUTS,
     NOPE,
     NSCALES,
@@ -59,7 +64,7 @@ from tilesim.shared.mla_cache import (
     ROPE,
     unpack_rows,
 )
-from tilesim.shared.ops import calls_judged_by
+from tilesim.shared.registry.ops import calls_judged_by
 
 #: the stage of each output (the step's stages and outputs:
 #: :data:`tilesim.shared.dsa_attention_step.STAGES`)
@@ -98,8 +103,8 @@ def _gym(table: dict, key: str) -> dict:
 def output_spec(name: str, path: str, case_tol: dict) -> Spec:
     """The rule of the step output ``name`` on ``path`` (``"int8"`` / ``"fp8"``);
     ``case_tol``: the case's tolerance (the attention output's)."""
-    from tilesim.reference.dsa_indexer_prolog_cases import GYM_TOLERANCES as IP
-    from tilesim.reference.mla_prolog_cases import GYM_TOLERANCES as MLA
+    from tilesim.reference.cases.dsa_indexer_prolog import GYM_TOLERANCES as IP
+    from tilesim.reference.cases.mla_prolog import GYM_TOLERANCES as MLA
 
     int8 = path == "int8"
     codes = Spec("float", _gym(MLA, "kv_cache") if int8 else FP8_CODE_TOL, "seeds")

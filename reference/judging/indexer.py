@@ -1,6 +1,6 @@
 """The judge of the DeepSeek lightning indexer's two outputs, wherever they are judged (the
-indexer and the decode step of :mod:`tilesim.reference.judge_plans`, the layer step's
-``dsa_indexer`` stage of :mod:`tilesim.reference.judge_stages`). Which positions a row sees
+indexer and the decode step of :mod:`tilesim.reference.judging.plans`, the layer step's
+``dsa_indexer`` stage of :mod:`tilesim.reference.judging.stages`). Which positions a row sees
 comes from the lengths (:func:`indexer_visible`: ``seq_lens``, ``q_lens``), never from a score
 value: a visible position may score ``-inf`` too (finite weights of ``-3e38`` drive its FP32
 score there).
@@ -19,7 +19,7 @@ score there).
 from __future__ import annotations
 
 import numpy as np
-from tilesim.reference.judge import Check, Verdict, judge
+from tilesim.reference.judging import Check, Verdict, judge
 
 #: the id judge of the indexer's ids: per-row sets, no wrong row
 IDS_TOLERANCE = {"atol": 0.0, "rtol": 0.0, "ratio": 0.0, "mode": "set"}
