@@ -83,7 +83,7 @@ def _check_kernel_limits(a: contract.Args, soc: str) -> None:
 def _checked(ins, switches: dict, validate, soc: str) -> contract.Args:
     """The contract's ``check_meta`` (as the golden runs it), then the value checks its record
     names as ``validate`` asks (:func:`tilesim.device.backend.value_checks`: ``True`` the
-    slots, ``check_slot_values``; ``"full"`` every check of the golden too), then the
+    slots, ``check_int_values``; ``"full"`` every check of the golden too), then the
     kernel's limits."""
     _backend.validate_level(validate)
     a = contract.check_meta(ins, **switches)

@@ -9,7 +9,8 @@ cache (``docs/ops/dsa_indexer_prolog.md``). NumPy on host data; rounds nothing:
 * :func:`prolog_inputs` / :func:`prolog_keywords`: the op's arguments, declared once (the
   golden and the wrapper write them out; ``tests/test_op_records.py`` holds them equal);
 * :class:`Args`, :func:`check_meta` (dtypes, shapes and the switches of each path; no value
-  read), :func:`check_values` (finite inputs, the FP8 weights' codes, the slots);
+  read), :func:`check_values` = :func:`check_int_values` (the slots) then
+  :func:`check_data_values` (finite inputs, the FP8 weights' codes);
 * :func:`host_plan`: the cache slot (physical block, offset) each token is written to;
 * :func:`cost`: the op's one FLOP / byte counter.
 
@@ -282,12 +283,20 @@ def _check_slots(a: Args) -> np.ndarray:
                               f"block_size {a.block_size}")  # fmt: skip
 
 
-def check_values(args: Args) -> Args:
-    """Value checks on host copies, before any work (``ValueError`` naming the array and the
-    first bad index): every float input finite (the FP8 weights: no NaN code), FP8 weight
-    scales ``> 0``; the slots (module docstring). The caches are not read (any content,
-    NaN included, passes: only the written rows change). Returns ``args`` with a host int64
-    ``slot_mapping`` and ``values=True``."""
+def check_int_values(args: Args) -> Args:
+    """The slot checks (the small integer input a device wrapper reads on the host anyway:
+    its kernel's cache write reads the slots there; the record's ``int_checks``): entries
+    ``-1`` or a row in ``[0, num_blocks * block_size)``, no row twice, ``ValueError`` naming
+    ``slot_mapping`` and the first bad index. Returns ``args`` with a host int64
+    ``slot_mapping`` (``values`` unchanged: the float inputs are not checked)."""
+    return args._replace(slot_mapping=_check_slots(args))
+
+
+def check_data_values(args: Args) -> Args:
+    """The scans of the float inputs on host copies (the record's ``scan_checks``,
+    ``ValueError`` naming the array and the first bad index): every float input finite (the
+    FP8 weights: no NaN code), FP8 weight scales ``> 0``. The caches are not read (any
+    content, NaN included, passes: only the written rows change). Returns ``args``."""
     ins = args.ins
     names = ["x", "q_norm", "w_proj", "ln_gamma", "ln_beta", "cos", "sin"]
     names += ["q_norm_scale", "hadamard_q", "hadamard_k"] if args.path == "int8" else []
@@ -296,15 +305,14 @@ def check_values(args: Args) -> Args:
     fp8 = args.path == "fp8"
     check_weight_values(ins.w_qb, "w_qb", ins.w_qb_scale, "w_qb_scale", block=fp8)
     check_weight_values(ins.w_k, "w_k", ins.w_k_scale, "w_k_scale", block=fp8)
-    return args._replace(slot_mapping=_check_slots(args), values=True)
+    return args
 
 
-def check_slot_values(args: Args) -> Args:
-    """The slot checks alone (the small integer input a device wrapper reads on the host
-    anyway: its kernel's cache write reads the slots there); the same messages as
-    :func:`check_values`. Returns ``args`` with a host int64 ``slot_mapping`` (``values``
-    unchanged: the float inputs are not checked)."""
-    return args._replace(slot_mapping=_check_slots(args))
+def check_values(args: Args) -> Args:
+    """Every value check, before any work (the golden's): :func:`check_int_values` then
+    :func:`check_data_values`. Returns ``args`` with a host int64 ``slot_mapping`` and
+    ``values=True``."""
+    return check_data_values(check_int_values(args))._replace(values=True)
 
 
 # ----------------------------------------------------------------------------- plan and cost
@@ -364,15 +372,15 @@ RECORD = OpRecord(
              signature=(prolog_inputs, prolog_keywords), judged_by="stages", device=True),
     ),
     cost=cost,
-    int_checks=check_slot_values,
-    scan_checks=check_values,
+    int_checks=check_int_values,
+    scan_checks=check_data_values,
 )  # fmt: skip
 
 
 __all__ = [
     "RECORD",
     "AMAX_FLOORS", "FP8_BLOCK", "INPUT_NAMES", "PATHS", "PROLOG_ROPE_PAIRINGS", "QB_COLS",
-    "PrologResult", "check_slot_values",
+    "PrologResult", "check_data_values", "check_int_values",
     "ROPE_DIM", "Args", "Plan", "check_meta", "check_values", "cost", "host_plan", "prolog_inputs",
     "prolog_keywords",
 ]  # fmt: skip

@@ -308,33 +308,38 @@ def check_meta(ins, *, path, rope_pairing, rms_form, rms_eps, kv_quant, cache_la
     )  # fmt: skip
 
 
-def check_slot_values(args: Args) -> Args:
-    """The slot checks alone (the small integer input a device wrapper reads on the host
-    anyway: its cache write reads the slots there), with :func:`check_values`' messages:
-    ``slot_mapping`` entries ``-1`` or a row in ``[0, cache_rows)``, no row twice. Returns
-    :class:`Args` with a host int64 ``slot_mapping`` and ``values=True`` (the float inputs
-    are not checked)."""
+def check_int_values(args: Args) -> Args:
+    """The slot checks (the small integer input a device wrapper reads on the host anyway:
+    its cache write reads the slots there; the record's ``int_checks``), with
+    :func:`check_values`' messages: ``slot_mapping`` entries ``-1`` or a row in ``[0,
+    cache_rows)``, no row twice. Returns :class:`Args` with a host int64 ``slot_mapping`` and
+    ``values=True`` (the float inputs are not checked)."""
     slots = check_slot_mapping(args.ins.slot_mapping, tokens=args.tokens, rows=args.cache_rows,
                                rows_of=f"rows of kv_cache {args.cache_shape}")  # fmt: skip
     return args._replace(slot_mapping=slots, values=True)
 
 
-def check_values(args: Args) -> Args:
-    """The checks that read data: ``slot_mapping`` entries (``-1`` or a row in ``[0,
-    cache_rows)``, no row twice); finite ``x``, gammas and ``cos``/``sin``; every weight and
-    its scale by the rule both prologs share (:func:`tilesim.shared.validate.check_weight_values`:
-    no NaN / inf, no E4M3 NaN code, finite scales, FP8 block scales ``> 0``). Reads every
-    weight once (about 85 MB at full size, a bit test). Returns :class:`Args` with a host
-    int64 ``slot_mapping`` (``values=True``)."""
+def check_data_values(args: Args) -> Args:
+    """The scans of the float inputs (the record's ``scan_checks``): finite ``x``, gammas and
+    ``cos``/``sin``; every weight and its scale by the rule both prologs share
+    (:func:`tilesim.shared.validate.check_weight_values`: no NaN / inf, no E4M3 NaN code,
+    finite scales, FP8 block scales ``> 0``). Reads every weight once (about 85 MB at full
+    size, a bit test). Returns ``args``."""
     ins = args.ins
-    slots = check_slot_values(args).slot_mapping
     for name in ("x", "gamma_cq", "gamma_ckv", "cos", "sin"):
         check_finite(host_data(getattr(ins, name), name), name)
     for w, linear in (("w_dq", "q_a"), ("w_uq_qr", "q_b"), ("w_dkv_kr", "kv_a")):
         check_weight_values(getattr(ins, w), w, getattr(ins, f"{w}_scale"), f"{w}_scale",
                             block=args.linears[linear] == "fp8_block")  # fmt: skip
     check_weight_values(ins.w_uk, "w_uk")
-    return args._replace(slot_mapping=slots, values=True)
+    return args
+
+
+def check_values(args: Args) -> Args:
+    """Every value check (the golden's): :func:`check_int_values` then
+    :func:`check_data_values`. Returns :class:`Args` with a host int64 ``slot_mapping``
+    (``values=True``)."""
+    return check_data_values(check_int_values(args))
 
 
 # ----------------------------------------------------------------------------- host rules
@@ -377,8 +382,8 @@ RECORD = OpRecord(
              signature=(prolog_inputs, prolog_keywords), judged_by="stages", device=True),
     ),
     cost=cost,
-    int_checks=check_slot_values,
-    scan_checks=check_values,
+    int_checks=check_int_values,
+    scan_checks=check_data_values,
     names={"MlaPrologOutputs": "mla_prolog"},
     # the INT8 kernel rounds where the golden does: every output bit for bit in the simulator
     budgets={"bit_exact": 1.0, "row_ulp": 0.0},
@@ -394,7 +399,8 @@ __all__ = [
     "RMS_FORMS",
     "Args",
     "check_meta",
-    "check_slot_values",
+    "check_data_values",
+    "check_int_values",
     "check_values",
     "cost",
     "host_plan",
