@@ -159,11 +159,13 @@ def prepared_launch(op: str, *args, jit: tuple | None = None, **kwargs) -> dict:
     variants; a build forced: ``jit=_dsa_kernel.jit_spec(soc, mode, build)``). Run it with
     ``tilesim.device.sim.run_compile(kernel, [*inputs, *outputs])`` (compile only) or
     ``run_kernel``."""
-    check_choice(op, "op", ("sparse_attention_antiquant", "sparse_attention_antiquant_kv_split"))
+    wrappers = {f.__name__: f for f in (sparse_attention_antiquant,
+                                        sparse_attention_antiquant_kv_split)}  # fmt: skip
+    check_choice(op, "op", tuple(wrappers))
     box: dict = {"jit": None if jit is None else tuple(jit)}
     token = _CAPTURE.set(box)
     try:
-        globals()[op](*args, **kwargs)
+        wrappers[op](*args, **kwargs)
     finally:
         _CAPTURE.reset(token)
     if "kernel" not in box:

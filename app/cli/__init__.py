@@ -31,7 +31,8 @@ Sub-modules, one job each:
 
 from __future__ import annotations
 
-import importlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 
 class CliError(Exception):
@@ -40,16 +41,23 @@ class CliError(Exception):
     exit_code = 2
 
 
-def require(module: str, purpose: str, *, extra: str = "cli"):
-    """Import an optional dependency or fail with a one-line :class:`CliError` naming the
-    install (``pip install 'tilesim[cli]'`` for matplotlib/tqdm, ``[torch]`` for torch)."""
+@contextmanager
+def optional_dependency(purpose: str, *, extra: str = "cli") -> Iterator[None]:
+    """Around the plain, function-local import of an optional dependency (so ``tilesim
+    --help`` never imports it): its ``ImportError`` becomes a one-line :class:`CliError`
+    naming the install (``pip install 'tilesim[cli]'`` for matplotlib/tqdm, ``[torch]`` for
+    torch)::
+
+        with optional_dependency(f"reading {path.name}", extra="torch"):
+            import torch
+    """
     try:
-        return importlib.import_module(module)
-    except ImportError:
+        yield
+    except ImportError as e:
+        missing = (e.name or str(e)).split(".")[0]
         raise CliError(
-            f"{purpose} needs {module.split('.')[0]}, which is not installed: "
-            f"pip install 'tilesim[{extra}]'"
+            f"{purpose} needs {missing}, which is not installed: pip install 'tilesim[{extra}]'"
         ) from None
 
 
-__all__ = ["CliError", "require"]
+__all__ = ["CliError", "optional_dependency"]

@@ -12,9 +12,10 @@ import numpy as np
 
 def require_matplotlib(purpose: str = "drawing a PNG"):
     """matplotlib (Agg backend), or a one-line CliError naming the install."""
-    from tilesim.cli import require
+    from tilesim.cli import optional_dependency
 
-    matplotlib = require("matplotlib", purpose)
+    with optional_dependency(purpose):
+        import matplotlib
     return matplotlib
 
 

@@ -8,7 +8,7 @@ import os
 import sys
 import time
 
-from tilesim.cli import CliError, require
+from tilesim.cli import CliError, optional_dependency
 from tilesim.cli.runner import build_case, has_own_progress, run_reference
 
 
@@ -16,7 +16,8 @@ def want_progress(args: argparse.Namespace) -> bool:
     """``--progress`` / ``--no-progress`` when given, else: stderr is a terminal outside CI."""
     if getattr(args, "progress", None) is not None:
         if args.progress:
-            require("tqdm", "--progress")
+            with optional_dependency("--progress"):
+                import tqdm  # noqa: F401 -- present, or the one-line error now
         return args.progress
     return stderr_is_tty() and not os.environ.get("CI")
 

@@ -1,53 +1,73 @@
 """The named-case registry: the ``CASE_INFO`` tables of the families' case modules.
 
-Each family's cases module (``tilesim.reference.cases.<family>`` for every family of
-:data:`tilesim.shared.registry.case_schema.CASE_FAMILIES`, the families of the registry of ops
-:mod:`tilesim.shared.registry.ops`) exports ``CASE_INFO: dict[str,
-tilesim.shared.registry.case_schema.CaseInfo]`` — family, op, model, summary, seed, size, tolerance,
-builder (``"module:function"``), kind, SoC marks, the seeds' status and notes. The registry is
-their union, in family order; there is no second copy of the table. The builder's own case
-name is the entry's name unless ``builder_params`` holds ``"case"`` (``None`` = an ad-hoc
-builder call, e.g. a tilesim extra case built from parameters).
+Each family of the registry of ops (:func:`tilesim.shared.registry.ops.families`, also
+:data:`tilesim.shared.registry.case_schema.CASE_FAMILIES`) has one case builder,
+``<family>_make_case``, a public name of :mod:`tilesim.reference` imported there by name from
+the family's cases module ``tilesim.reference.cases.<family>``; that module exports
+``CASE_INFO: dict[str, tilesim.shared.registry.case_schema.CaseInfo]`` — family, op, model,
+summary, seed, size, tolerance, builder (its ``"module:function"`` path, shown by
+``tilesim cases -v`` and written into manifests; checked here to name the builder), kind, SoC
+marks, the seeds' status and notes. The registry is their union, in family order; there is
+no second copy of the table. The builder's own case name is the entry's name unless
+``builder_params`` holds ``"case"`` (``None`` = an ad-hoc builder call, e.g. a tilesim extra
+case built from parameters). Nothing is imported by name at run time: the builders are
+objects of the imported :mod:`tilesim.reference`, each table the one beside its builder.
 """
 
 from __future__ import annotations
 
 import difflib
-import importlib
+import inspect
+from collections.abc import Callable
 from functools import lru_cache
+from types import ModuleType
 
+import tilesim.reference as reference
 from tilesim.cli import CliError
+from tilesim.shared.registry import ops
 from tilesim.shared.registry.case_schema import CASE_FAMILIES, CaseInfo
 
 FAMILIES = CASE_FAMILIES
-#: where each family's ``CASE_INFO`` lives
-CASE_MODULES = {f: f"tilesim.reference.cases.{f}" for f in FAMILIES}
+
+
+def family_builder(family: str) -> Callable[..., dict]:
+    """``family``'s case builder: :mod:`tilesim.reference`'s ``<family>_make_case``
+    (:func:`tilesim.shared.registry.ops.case_builder`)."""
+    return getattr(reference, ops.case_builder(family)[1])
+
+
+def case_module(family: str) -> ModuleType:
+    """``family``'s cases module: the module defining its builder (and its ``CASE_INFO``)."""
+    return inspect.getmodule(family_builder(family))
+
+
+def builder_path(builder: Callable) -> str:
+    """``"module:function"`` of a builder, as a :class:`CaseInfo` states it."""
+    return f"{builder.__module__}:{builder.__name__}"
 
 
 def _family_table(family: str) -> dict[str, CaseInfo]:
-    mod = importlib.import_module(CASE_MODULES[family])
+    mod = case_module(family)
     table = getattr(mod, "CASE_INFO", None)
     if not isinstance(table, dict):
-        raise RuntimeError(f"{CASE_MODULES[family]} exports no CASE_INFO dict")
+        raise RuntimeError(f"{mod.__name__} exports no CASE_INFO dict")
     return table
 
 
 def _merge(tables: dict[str, dict[str, CaseInfo]]) -> dict[str, CaseInfo]:
     out: dict[str, CaseInfo] = {}
     for family, table in tables.items():
+        where, builder = f"{family} CASE_INFO", builder_path(family_builder(family))
         for key, info in table.items():
             if not isinstance(info, CaseInfo):
-                raise TypeError(
-                    f"{CASE_MODULES[family]}.CASE_INFO[{key!r}]: expected a CaseInfo, "
-                    f"got {type(info).__name__}"
-                )
-            if key != info.name or info.family != family:
+                raise TypeError(f"{where}[{key!r}]: expected a CaseInfo, got {type(info).__name__}")
+            if key != info.name or info.family != family or info.builder != builder:
                 raise ValueError(
-                    f"{CASE_MODULES[family]}.CASE_INFO[{key!r}]: expected name {key!r} and "
-                    f"family {family!r}, got {info.name!r} / {info.family!r}"
+                    f"{where}[{key!r}]: expected name {key!r}, family {family!r} and builder "
+                    f"{builder!r}, got {info.name!r} / {info.family!r} / {info.builder!r}"
                 )
             if key in out:
-                raise ValueError(f"duplicate case name {key!r} in {CASE_MODULES[family]}")
+                raise ValueError(f"duplicate case name {key!r} in {where}")
             out[key] = info
     return out
 

@@ -19,7 +19,7 @@ exactly ``getattr(tilesim.reference, case["op"])(**case["inputs"], **case["param
 from __future__ import annotations
 
 import dataclasses
-import importlib
+import difflib
 import inspect
 import time
 import types
@@ -27,8 +27,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+import tilesim.reference as reference
 from tilesim.cli import CliError
+from tilesim.cli.registry import family_builder
 from tilesim.shared.layouts.mla_cache import KV_SPLIT, KV_SPLIT_NAMES
+from tilesim.shared.registry import ops
 from tilesim.shared.registry.case_schema import CASE_KEYS, CaseInfo
 
 #: inputs passed to an op as one tuple argument, stored as separately named tensors
@@ -61,31 +64,15 @@ class BuiltCase:
         return self.case["meta"]
 
 
-def _import_builder(info: CaseInfo) -> Callable:
-    module, _, function = info.builder.partition(":")
-    try:
-        mod = importlib.import_module(module)
-    except ImportError as e:
-        raise CliError(
-            f"case {info.name!r}: its builder module {module} is not available ({e})"
-        ) from None
-    fn = getattr(mod, function, None)
-    if fn is None:
-        raise CliError(f"case {info.name!r}: {module} has no builder {function!r}")
-    return fn
-
-
 def op_callable(name: str) -> Callable:
-    """The public reference op ``name`` (an attribute of :mod:`tilesim.reference`)."""
-    import tilesim.reference as ref
-
-    try:
-        fn = getattr(ref, name)
-    except (AttributeError, ImportError) as e:
-        raise CliError(f"reference op {name!r} is not available ({e})") from None
-    if not callable(fn) or inspect.ismodule(fn):
-        raise CliError(f"reference op {name!r} resolved to {fn!r}, not a function")
-    return fn
+    """The public reference op ``name``: a call of the registry of ops
+    (:func:`tilesim.shared.registry.ops.calls`), the function :mod:`tilesim.reference`
+    imports under that name."""
+    if name not in {c.name for c in ops.calls()}:
+        close = difflib.get_close_matches(str(name), [c.name for c in ops.calls()], n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise CliError(f"unknown reference op {name!r}{hint}")
+    return getattr(reference, name)
 
 
 def _check_case(info: CaseInfo, case) -> dict:
@@ -118,7 +105,7 @@ def build_case(
     ``progress``: ``False`` (default) silences the progress bars of builders and ops that
     have their own (the DeepSeek ones), ``True`` shows them, ``None`` leaves their default.
     """
-    fn = _import_builder(info)
+    fn = family_builder(info.family)
     kwargs = dict(info.builder_params)
     name = kwargs.pop("case", info.name)
     if seed is not None:
@@ -154,9 +141,10 @@ def _is_tensorish(v) -> bool:
 
 
 def op_family(op: str) -> str:
-    """The op's contract module name in :mod:`tilesim.shared` (``moe``, ``msa_indexer``,
-    ``msa_decode``, ``msa_main``, ``dsa``): the name of the reference module defining it."""
-    return op_callable(op).__module__.rsplit(".", 1)[-1]
+    """The name of the op whose public call ``op`` is (its contract module
+    ``tilesim.shared.<name>``: ``moe``, ``msa_indexer``, ..., ``dsa_attention_step``)."""
+    op_callable(op)  # an unknown call: the CLI's message
+    return ops.record_of_call(op).name
 
 
 def full_arguments(op: str, args: dict) -> dict:
@@ -176,7 +164,7 @@ def check_meta_of(op: str, args: dict):
     op's keyword arguments, defaults filled): its ``Args``, or its ``TypeError`` / ``ValueError``
     naming the argument. Reads no value."""
     fam = op_family(op)
-    mod = _contract(fam)
+    mod = ops.contract(fam)
     a = full_arguments(op, args)
     if fam == "moe":
         return mod.check_meta(
@@ -196,24 +184,14 @@ def check_meta_of(op: str, args: dict):
     # the other contracts name their parameters as the op does: bind them by name; a contract
     # whose first parameter is ``ins`` (the prologs, the layer step) takes the arrays as one
     # namespace and its switches by name
-    check = getattr(mod, "check_meta", None)
+    check = mod.check_meta
     if op == "dsa_decode_step":  # the layer step entered at the indexer: its own entry's check
         check = mod.check_decode_meta
-    if check is None:
-        raise CliError(f"reference op {op!r}: tilesim.shared.{fam} has no check_meta")
     params = inspect.signature(check).parameters
     kw = {k: a[k] for k in params if k in a and k != "ins"}
     if "ins" in params:
         return check(types.SimpleNamespace(**a), **kw)
     return check(**kw)
-
-
-def _contract(fam: str):
-    """The module ``tilesim.shared.<fam>``; a :class:`CliError` when there is none."""
-    try:
-        return importlib.import_module(f"tilesim.shared.{fam}")
-    except ImportError:
-        raise CliError(f"no contract module tilesim.shared.{fam} for its metadata check") from None
 
 
 def resolved_settings(op: str, args: dict) -> dict:
@@ -226,11 +204,9 @@ def resolved_settings(op: str, args: dict) -> dict:
     a = full_arguments(op, args)
     if "tiling" not in a:
         return {}
-    if fam in ("dsa", "dsa_step", "dsa_attention_step"):  # a step's tiling is the attention's
-        from tilesim.shared.dsa import resolve_tiling
-
-        return {"tiling": resolve_tiling(a["tiling"])}
-    mod = _contract(fam)
+    if fam in ("dsa", "dsa_attention_step"):  # a step's tiling is the attention's
+        return {"tiling": ops.contract("dsa").resolve_tiling(a["tiling"])}
+    mod = ops.contract(fam)
     meta = check_meta_of(op, a)
     if fam == "moe":
         return {"tiling": mod.resolve_tiling(meta.tiling, meta.dims)}

@@ -167,10 +167,12 @@ def read_npz_member(path: Path, key: str | None, preferred: str | None) -> tuple
 def read_pt(path: Path) -> dict[str, np.ndarray] | list[np.ndarray]:
     """A ``.pt`` file loaded with ``torch.load(weights_only=True)`` (no code runs): one
     tensor -> ``[array]``, a list/tuple -> list, a dict of name -> tensor -> dict."""
-    from tilesim.cli import require
-
-    torch = require("torch", f"reading {path.name}", extra="torch")
     import pickle
+
+    from tilesim.cli import optional_dependency
+
+    with optional_dependency(f"reading {path.name}", extra="torch"):
+        import torch
 
     from tilesim.shared.interop import to_numpy
 

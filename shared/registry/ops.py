@@ -1,16 +1,19 @@
 """The registry of ops: each op's :class:`~tilesim.shared.registry.op_record.OpRecord`, in order.
 
-:data:`RECORDS` is the one list of ops: each contract module ``tilesim.shared.<op>``'s
-``RECORD``, imported by name (:data:`OP_MODULES` their names). Every other list of ops is
-derived here: the case families (:func:`families`), the public calls (:func:`calls`), the public
-names of :mod:`tilesim.reference` (:func:`reference_names`) and :mod:`tilesim.device`
-(:func:`device_names`), the ops of five files (:func:`kernel_ops`), the calls the judge
-reads one way (:func:`calls_judged_by`). The judge, the CLI, the case registry, the structural
-test and the digests read them. Adding an op is one record plus its five files
-(``docs/index.md``, "Adding an op").
+:data:`CONTRACTS` is the one list of ops: each contract module ``tilesim.shared.<op>``,
+imported by name; :data:`RECORDS` the ``RECORD`` of each (:data:`OP_MODULES` their names), and
+:func:`contract` the module of one op by name (the CLI's metadata checks and tiling rules).
+Every other list of ops is derived here: the case families (:func:`families`), the public
+calls (:func:`calls`), the public names of :mod:`tilesim.reference` (:func:`reference_names`)
+and :mod:`tilesim.device` (:func:`device_names`), the ops of five files (:func:`kernel_ops`),
+the calls the judge reads one way (:func:`calls_judged_by`). The judge, the CLI, the case
+registry, the structural test and the digests read them. Adding an op is one record plus its
+five files (``docs/index.md``, "Adding an op").
 """
 
 from __future__ import annotations
+
+from types import ModuleType
 
 from tilesim.shared import (
     dsa,
@@ -25,19 +28,22 @@ from tilesim.shared import (
 )
 from tilesim.shared.registry.op_record import Call, OpRecord
 
-#: every op's record, in the registry's order (also the order of the case families): each
-#: contract module's ``RECORD``, imported by name
-RECORDS: tuple[OpRecord, ...] = (
-    moe.RECORD,
-    msa_indexer.RECORD,
-    msa_decode.RECORD,
-    msa_main.RECORD,
-    dsa.RECORD,
-    dsa_indexer.RECORD,
-    dsa_indexer_prolog.RECORD,
-    mla_prolog.RECORD,
-    dsa_attention_step.RECORD,
+#: every op's contract module ``tilesim.shared.<op>``, imported by name, in the registry's
+#: order (also the order of the case families)
+CONTRACTS: tuple[ModuleType, ...] = (
+    moe,
+    msa_indexer,
+    msa_decode,
+    msa_main,
+    dsa,
+    dsa_indexer,
+    dsa_indexer_prolog,
+    mla_prolog,
+    dsa_attention_step,
 )
+
+#: every op's record: each contract module's ``RECORD``, in :data:`CONTRACTS` order
+RECORDS: tuple[OpRecord, ...] = tuple(m.RECORD for m in CONTRACTS)
 
 #: the ops, in the registry's order: the names of their contract modules ``tilesim.shared.<op>``
 OP_MODULES = tuple(r.name for r in RECORDS)
@@ -54,6 +60,13 @@ def record(op: str) -> OpRecord:
         if rec.name == op:
             return rec
     raise ValueError(f"op: expected one of {OP_MODULES}, got {op!r}")
+
+
+def contract(op: str) -> ModuleType:
+    """The contract module of ``op`` (a name of :data:`OP_MODULES`): ``check_meta``,
+    ``check_values``, ``host_plan``, ``cost`` and, for an op with a tiling, ``resolve_tiling``."""
+    record(op)  # the one message of an unknown op
+    return CONTRACTS[OP_MODULES.index(op)]
 
 
 def families() -> tuple[str, ...]:
@@ -148,7 +161,7 @@ def optional_outputs() -> dict[str, tuple[str, ...]]:
     return {c.name: c.optional_outputs for c in calls() if c.optional_outputs}
 
 
-__all__ = ["OP_MODULES", "calls", "case_builder", "device_names", "families", "golden_calls",
-           "golden_kinds", "judge_kinds", "judge_l2_units", "optional_outputs",
-           "kernel_ops", "calls_judged_by", "record", "record_of_call", "records",
-           "reference_names"]  # fmt: skip
+__all__ = ["CONTRACTS", "OP_MODULES", "calls", "calls_judged_by", "case_builder", "contract",
+           "device_names", "families", "golden_calls", "golden_kinds", "judge_kinds",
+           "judge_l2_units", "kernel_ops", "optional_outputs", "record", "record_of_call",
+           "records", "reference_names"]  # fmt: skip

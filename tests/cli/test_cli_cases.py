@@ -8,14 +8,17 @@ import json
 import numpy as np
 import pytest
 from tilesim.cli.registry import (
-    CASE_MODULES,
     _merge,
+    builder_path,
+    case_module,
+    family_builder,
     get_case,
     list_cases,
     load_registry,
     tolerance_text,
 )
 from tilesim.cli.runner import build_case
+from tilesim.shared.registry import ops
 from tilesim.shared.registry.case_schema import CASE_KEYS, TOLERANCE_MODES, CaseInfo, tolerance
 
 SMALL = [c.name for c in load_registry().values() if c.size == "small"]
@@ -43,18 +46,21 @@ def test_registry_covers_every_family_of_the_issue():
 def test_registry_is_the_union_of_the_family_tables():
     """One source: each family module's CASE_INFO, nothing added or dropped."""
     reg = load_registry()
-    for family, module in CASE_MODULES.items():
-        table = getattr(importlib.import_module(module), "CASE_INFO", None)
-        if table is None:  # the family has not published its table yet
-            pytest.skip(f"{module} has no CASE_INFO yet")
+    for family in ops.families():
+        module, builder = ops.case_builder(family)
+        mod = importlib.import_module(module)
+        assert case_module(family) is mod and family_builder(family) is getattr(mod, builder)
+        table = mod.CASE_INFO
         assert {n for n, c in reg.items() if c.family == family} == set(table)
         assert all(reg[n] is table[n] for n in table)
+        assert {c.builder for c in table.values()} == {f"{module}:{builder}"}
 
 
 def test_merge_rejects_duplicates_and_misfiled_entries():
-    def info(name, family):
+    def info(name, family, builder=None):
+        builder = builder or builder_path(family_builder(family))
         return CaseInfo(name=name, family=family, op="op", model="m", summary="s", seed=0,
-                        size="small", tolerance=tolerance(0.0, 0.0), builder="m:f")  # fmt: skip
+                        size="small", tolerance=tolerance(0.0, 0.0), builder=builder)  # fmt: skip
 
     with pytest.raises(ValueError, match="duplicate case name 'a'"):
         _merge({"moe": {"a": info("a", "moe")}, "msa": {"a": info("a", "msa")}})
@@ -62,6 +68,8 @@ def test_merge_rejects_duplicates_and_misfiled_entries():
         _merge({"moe": {"a": info("a", "dsa")}})
     with pytest.raises(ValueError, match="name 'b'"):
         _merge({"moe": {"b": info("a", "moe")}})
+    with pytest.raises(ValueError, match="builder 'tilesim.reference.cases.moe:moe_make_case'"):
+        _merge({"moe": {"a": info("a", "moe", "tilesim.reference.moe_cases:moe_make_case")}})
 
 
 def test_cases_table_lists_every_case(cli):
