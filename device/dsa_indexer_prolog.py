@@ -12,11 +12,13 @@ k_cache, k_scale)``: the caches are updated copies in the very layout
 (:mod:`tilesim.device._dsa_indexer_prolog_kernel`, whose docstring has the loop nest) is
 bit-exact against the golden in the simulator.
 
-What the kernel covers: ``path="int8"`` (pypto-gym's recipe, the 910B and the 950) with the
-``"halves"`` RoPE on ``[T, 64]`` tables. ``path="fp8"`` needs a SoC with FP8
-(:func:`tilesim.shared.soc.require_fp8`: a ``ValueError`` on the 910B) and has no kernel yet
-(``ValueError`` before launch; the golden covers it), nor has ``rope_pairing="interleaved"`` or a
-``[T, 32]`` table.
+What the kernels cover (``rope_pairing="halves"``): ``path="int8"`` (pypto-gym's recipe, the
+910B and the 950; :mod:`tilesim.device._dsa_indexer_prolog_kernel`) on ``[T, 64]`` tables;
+``path="fp8"`` (DeepSeek-V3.2's indexer; :mod:`tilesim.device._dsa_indexer_prolog_fp8_kernel`)
+on a SoC with FP8 (:func:`tilesim.shared.soc.require_fp8`: a ``ValueError`` on the 910B), with
+``fp8_promotion="two_roundings"`` (the promotion the kernel computes), ``ue8m0=True``, a
+``block_size`` multiple of 32 (the pages as whole 128-byte rows) and ``[T, 64]`` or ``[T,
+32]`` tables. Anything else is a ``ValueError`` before launch (the golden covers it).
 
 Host copies per call (``validate``): the default (``True``) copies ``slot_mapping`` (``8 T``
 bytes) for the slot checks -- the kernel's cache write reads it on the host anyway
@@ -24,9 +26,11 @@ bytes) for the slot checks -- the kernel's cache write reads it on the host anyw
 activations, RoPE tables, scales, Hadamard matrices, ``w_k``, ``w_proj``); ``False`` copies
 nothing but what the launch reads.
 
-Weights are taken as the golden takes them (``[in, out]``); the kernel reads them as they are
-(no per-call preparation): ``w_qb_scale [8192, 1]`` and ``ln_gamma`` / ``ln_beta [128]`` are
-passed as ``[1, 8192]`` / ``[1, 128]`` views of the same memory.
+Weights are taken as the golden takes them (``[in, out]``); the kernels read them as they are
+(no per-call preparation): ``w_qb_scale [8192, 1]`` (INT8) and ``ln_gamma`` / ``ln_beta
+[128]`` are passed as ``[1, 8192]`` / ``[1, 128]`` views of the same memory; FP8 block scales
+as they are. The FP8 pages are passed as one INT8 view of their bytes (``[num_blocks *
+block_size * 132 / 128, 128]``) of the copy the kernel writes.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ from tilesim.shared.dsa_indexer_prolog import (
     check_meta,
     check_values,
 )
-from tilesim.shared.layouts.index_cache import INDEX_DIM
+from tilesim.shared.layouts.index_cache import FP8_BLOCK_ALIGN, INDEX_DIM, index_page_view
 from tilesim.shared.models import DEEPSEEK_V32
 from tilesim.shared.soc import DEFAULT_SOC, require_fp8
 from tilesim.shared.validate import check_choice
@@ -56,21 +60,37 @@ ONES_COLS = 16
 
 
 def _check_kernel_limits(a: Args) -> None:
-    """What the kernel cannot do on top of the shared checks (``ValueError``)."""
-    if a.path != "int8":
-        raise ValueError(
-            "path: the device kernel implements 'int8' (pypto-gym's recipe) only, got 'fp8'; "
-            "the FP8 path is golden-only (tilesim.reference.dsa_indexer_prolog)"
-        )
+    """What the kernels cannot do on top of the shared checks (``ValueError``)."""
     if a.rope_pairing != "halves":
         raise ValueError(
             f"rope_pairing: the kernel implements 'halves' only, got {a.rope_pairing!r}"
         )
     shp = tuple(a.ins.cos.shape)
-    if shp[1] != ROPE_DIM:
+    if a.path == "int8" and shp[1] != ROPE_DIM:
         raise ValueError(f"cos: expected the [T, {ROPE_DIM}] halves table for the kernel, got "
                          f"{shp}")  # fmt: skip
+    if a.path == "fp8":
+        _check_fp8_limits(a)
     kernel_k_tile(a)
+
+
+def _check_fp8_limits(a: Args) -> None:
+    """The FP8 kernel's switches: the promotion it computes, UE8M0 scales, whole-row pages."""
+    if a.fp8_promotion != "two_roundings":
+        raise ValueError(
+            f"fp8_promotion: the FP8 kernel adds each K block's partial as FP32(acc + FP32(P * "
+            f"S)), 'two_roundings' (no fused multiply-add on its vector unit); pass "
+            f"fp8_promotion='two_roundings' (equal to 'fma' when every P * S is exact, e.g. "
+            f"UE8M0 weight scales), got {a.fp8_promotion!r}"
+        )
+    if not a.ue8m0:
+        raise ValueError("ue8m0: the FP8 kernel implements UE8M0 (power-of-two) scales, "
+                         "DeepSeek-V3.2's scale_fmt, only, got False")  # fmt: skip
+    if a.block_size % FP8_BLOCK_ALIGN:
+        raise ValueError(
+            f"block_size: expected a multiple of {FP8_BLOCK_ALIGN} for the FP8 kernel (the "
+            f"pages as whole {INDEX_DIM}-byte rows), got {a.block_size}"
+        )
 
 
 def kernel_k_tile(a: Args) -> int:
@@ -125,6 +145,38 @@ def _kernel_inputs(a: Args, dev) -> list:
     return [*(t[n].contiguous() for n in names), ones, slots]
 
 
+def _fp8_kernel_inputs(a: Args, dev) -> list:
+    """The FP8 kernel's input tensors (zero-copy views of the caller's where possible), the
+    Hadamard stage matrices and the ones columns (constants), the slots as int32."""
+    from tilesim.device._dsa_indexer_prolog_fp8_kernel import hadamard_stages
+
+    torch = require_torch()
+    ins = a.ins
+    names = ("x", "q_norm", "w_qb", "w_qb_scale", "w_k", "w_k_scale", "w_proj", "ln_gamma",
+             "ln_beta", "cos", "sin")  # fmt: skip
+    t = dict(zip(names, _backend.to_tensors(*(getattr(ins, n) for n in names)), strict=True))
+    for n in ("ln_gamma", "ln_beta"):
+        t[n] = t[n].reshape(1, INDEX_DIM)
+    stages = torch.from_numpy(hadamard_stages()).to(dev)
+    ones = torch.ones((INDEX_DIM, ONES_COLS), dtype=torch.float32, device=dev)
+    (slots,) = _backend.to_tensors(a.slot_mapping)
+    slots = slots.to(device=dev, dtype=torch.int32).contiguous()
+    return [*(t[n].contiguous() for n in names), stages, ones, slots]
+
+
+def _fp8_kernel_outputs(a: Args, dev) -> list:
+    """Fresh outputs: q codes E4M3 ``[T*64, 128]``, q scales FP32 ``[T*64, 1]``, weights FP32
+    ``[T, 64]``, and a copy of the pages as INT8 rows of 128 bytes (the kernel writes only
+    the bytes of the slots' keys and scales)."""
+    torch = require_torch()
+    (kc,) = _backend.to_tensors(a.ins.k_cache)
+    m = a.rows * INDEX_HEADS
+    pages = kc.detach().contiguous().clone().view(torch.int8).reshape(-1, INDEX_DIM)
+    return [torch.zeros((m, INDEX_DIM), dtype=torch.float8_e4m3fn, device=dev),
+            torch.zeros((m, 1), dtype=torch.float32, device=dev),
+            torch.zeros((a.rows, INDEX_HEADS), dtype=torch.float32, device=dev), pages]  # fmt: skip
+
+
 def _kernel_outputs(a: Args, dev) -> list:
     """Fresh outputs: q codes ``[T*64, 128]``, q scales ``[T*64, 1]``, weights ``[T, 64]``,
     and copies of the caches (``[rows, 128]`` codes, ``[rows, 1]`` scales), the kernel
@@ -145,11 +197,14 @@ def _empty(a: Args) -> PrologResult:
     ``meta`` inputs: torch.compile's tracing; no data read, no kernel)."""
     torch = require_torch()
     x, t = a.ins.x, a.rows
-    return PrologResult(x.new_empty((t, INDEX_HEADS, INDEX_DIM), dtype=torch.int8),
-                        x.new_empty((t, INDEX_HEADS), dtype=torch.float16),
-                        x.new_empty((t, INDEX_HEADS), dtype=torch.float16),
-                        a.ins.k_cache.new_empty(tuple(a.ins.k_cache.shape)),
-                        a.ins.k_scale.new_empty(tuple(a.ins.k_scale.shape)))  # fmt: skip
+    int8 = a.path == "int8"
+    code, scale = (torch.int8, torch.float16) if int8 else (torch.float8_e4m3fn, torch.float32)
+    ks = (a.ins.k_scale.new_empty(tuple(a.ins.k_scale.shape)) if int8 else
+          x.new_empty((a.num_blocks, a.block_size), dtype=torch.float32))  # fmt: skip
+    return PrologResult(x.new_empty((t, INDEX_HEADS, INDEX_DIM), dtype=code),
+                        x.new_empty((t, INDEX_HEADS), dtype=scale),
+                        x.new_empty((t, INDEX_HEADS), dtype=scale),
+                        a.ins.k_cache.new_empty(tuple(a.ins.k_cache.shape)), ks)  # fmt: skip
 
 
 def _dtype_name(x) -> str:
@@ -160,6 +215,8 @@ def _prepare(a: Args, target) -> dict:
     from tilesim.device import _dsa_indexer_prolog_kernel as kernels
 
     dev = _backend.to_tensors(a.ins.x)[0].device
+    if a.path == "fp8":
+        return _prepare_fp8(a, target, dev)
     inputs = _kernel_inputs(a, dev)
     params = kernels.PrologParams(eps=a.eps, amax_floor=a.amax_floor, k_tile=kernel_k_tile(a),
                                   unroll=kernels.unroll_for(a.rows))  # fmt: skip
@@ -168,6 +225,20 @@ def _prepare(a: Args, target) -> dict:
     kernel = kernels.build(params, dtypes, static)
     return {"kernel": functools.partial(kernel, params=params), "inputs": inputs,
             "outputs": _kernel_outputs(a, dev), "target": target, "params": params}  # fmt: skip
+
+
+def _prepare_fp8(a: Args, target, dev) -> dict:
+    from tilesim.device import _dsa_indexer_prolog_fp8_kernel as fp8
+    from tilesim.device._dsa_indexer_prolog_kernel import unroll_for
+
+    inputs = _fp8_kernel_inputs(a, dev)
+    params = fp8.Fp8Params(eps=a.eps, amax_floor=a.amax_floor, k_tile=kernel_k_tile(a),
+                           block_size=a.block_size, unroll=unroll_for(a.rows))  # fmt: skip
+    dtypes = (_dtype_name(inputs[7]), _dtype_name(inputs[9]))
+    static = (a.hidden, a.rank, a.num_blocks * params.code_rows, int(inputs[9].shape[1]))
+    kernel = fp8.build(params, dtypes, static)
+    return {"kernel": functools.partial(kernel, params=params), "inputs": inputs,
+            "outputs": _fp8_kernel_outputs(a, dev), "target": target, "params": params}  # fmt: skip
 
 
 def _namespace(**kw):
@@ -192,12 +263,27 @@ def prepared_launch(ins, *, backend="sim", soc=DEFAULT_SOC, validate=True) -> di
     return _prepare(a, _target(a, backend, soc))
 
 
+def _fp8_caches(a: Args, pages) -> list:
+    """The FP8 result's ``k_cache`` (the written pages, ``uint8 [num_blocks, block_size *
+    132]``) and ``k_scale`` (a copy of the FP32 scales inside them, ``[num_blocks,
+    block_size]``, as the golden returns), from the kernel's INT8 rows of page bytes."""
+    torch = require_torch()
+    kc = pages.view(torch.uint8).reshape(a.num_blocks, -1)
+    page = index_page_view("fp8", a.block_size)
+    words = kc.view(torch.float32)
+    return [kc, words[:, page.scale_col0 : page.scale_col0 + a.block_size].clone()]
+
+
 def _finish(a: Args, outs: list, us, target):
     """The golden's result fields from the kernel's outputs (NumPy for NumPy input)."""
-    q, qs, w, kc, ks = outs
-    res = [q.reshape(a.rows, INDEX_HEADS, INDEX_DIM), qs.reshape(a.rows, INDEX_HEADS), w,
-           kc.reshape(a.num_blocks, a.block_size, INDEX_DIM),
-           ks.reshape(a.num_blocks, a.block_size)]  # fmt: skip
+    q, qs, w = outs[:3]
+    res = [q.reshape(a.rows, INDEX_HEADS, INDEX_DIM), qs.reshape(a.rows, INDEX_HEADS), w]
+    if a.path == "fp8":
+        res += _fp8_caches(a, outs[3])
+    else:
+        kc, ks = outs[3:]
+        res += [kc.reshape(a.num_blocks, a.block_size, INDEX_DIM),
+                ks.reshape(a.num_blocks, a.block_size)]  # fmt: skip
     if target.numpy_io:
         from tilesim.shared.interop import to_numpy
 

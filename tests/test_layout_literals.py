@@ -62,6 +62,13 @@ ALLOWED = {
         "set_cube_tile_shapes([16, 16], [512, 512], [128, 128])",
     ),
     ("_dsa_indexer_prolog_kernel.py", 64, "set_vec_tile_shapes(min(rows, 64), DIM)"),
+    # the FP8 indexer prolog: the UE8M0 ladder's exponent steps (powers of two, not sizes),
+    # the cube's M-tile cap of the FWHT stages, the vector-tile row caps, the N-tile cap of
+    # the FP8 linears (cube and UB tile shapes)
+    ("_dsa_indexer_prolog_fp8_kernel.py", 64, "LADDER = (64, 64, 64, 32"),
+    ("_dsa_indexer_prolog_fp8_kernel.py", 128, "mt = min(m, 128)"),
+    ("_dsa_indexer_prolog_fp8_kernel.py", 64, "set_vec_tile_shapes(min(m, 64), DIM)"),
+    ("_dsa_indexer_prolog_fp8_kernel.py", 512, "[min(n, 512), min(n, 512)]"),
 }
 
 

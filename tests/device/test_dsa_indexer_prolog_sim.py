@@ -1,4 +1,4 @@
-"""DeepSeek-V3.2 lightning-indexer prolog kernel on PyPTO's CPU simulator (INT8 path).
+"""DeepSeek-V3.2 lightning-indexer prolog kernels on PyPTO's CPU simulator (INT8 and FP8).
 
 What is asserted (``docs/ops/dsa_indexer_prolog.md``, "Kernel"):
 
@@ -11,6 +11,12 @@ What is asserted (``docs/ops/dsa_indexer_prolog.md``, "Kernel"):
    but the written slots keeps its bytes (other tokens' rows, the last blocks' padding, the
    blocks no table holds), each written row holds a finite scale, slot ``-1`` writes nothing;
 3. NumPy in -> NumPy out, inputs untouched, one compile for several token counts.
+
+The FP8 kernel (the 950) is held to the same three against the golden with
+``fp8_promotion="two_roundings"`` (the promotion it computes), on 132-byte pages poisoned
+byte by byte: every page byte but the written keys' 128 code bytes and 4 scale bytes --
+located by hand from the DeepGEMM layout, not through ``shared/layouts/index_cache.py`` --
+keeps its value; each written scale is a power of two (UE8M0).
 
 The cost rows (the CI figure at T = 8 on the 910B, ``tests/device/cost_figures.json``; the
 T = 128 rows in the slow set) carry the op's contract cost, from which the report derives the
@@ -29,6 +35,14 @@ DECODE_B4 = {"path": "int8", "seq_lens": (300, 1000, 64, 129), "s1": 2, "block_s
 #: CI-size shapes: a one-token batch, a batch crossing a block boundary, two padding tokens
 SMALL = {"path": "int8", "seq_lens": (1, 17, 40), "s1": 1, "pad": 2, "block_size": 16,
          "hidden": 256, "rank": 256, "spare_blocks": 2}  # fmt: skip
+#: the FP8 CI case: a one-token batch, a token at the first slot of a second block (32-token
+#: blocks, the FP8 kernel's page rows), one padding token; H = R = 256 (two K blocks each)
+SMALL_FP8 = {"path": "fp8", "seq_lens": (1, 33), "s1": 1, "pad": 1, "block_size": 32,
+             "hidden": 256, "rank": 256, "spare_blocks": 1}  # fmt: skip
+#: the FP8 kernel's switch: each K block's partial promoted with two FP32 roundings
+FP8_KERNEL = {"fp8_promotion": "two_roundings"}
+#: FP8 page poison: 0xFF (E4M3 NaN codes, NaN scale words) on the table's blocks, 0xFE on spares
+PAGE_POISON, SPARE_POISON = 0xFF, 0xFE
 
 
 def _bytes(x) -> np.ndarray:
@@ -178,8 +192,110 @@ def test_padding_block_edges_and_k_tiles(sim_soc, sim_report):
     assert not r["one_tile"]["q"], r["one_tile"]  # the queries do not read x
 
 
+# ----------------------------------------------------------------------------- FP8 (950)
+def poison_pages(case) -> dict:
+    """The FP8 case's inputs with every page byte poisoned: :data:`PAGE_POISON` on the blocks
+    the table holds, :data:`SPARE_POISON` on the spare blocks."""
+    inp = {k: (np.array(v, copy=True) if isinstance(v, np.ndarray) else v)
+           for k, v in case["inputs"].items()}  # fmt: skip
+    used = np.unique(case["meta"]["block_table"])
+    used = used[used >= 0]
+    inp["k_cache"][:] = SPARE_POISON
+    inp["k_cache"][used] = PAGE_POISON
+    return inp
+
+
+def cancel_in_w_proj(inp, k_tile: int) -> None:
+    """:func:`cancel_in_k_tiles` for the FP8 path, whose FP32 linear over H is ``x @ w_proj``
+    alone (``w_k`` is E4M3: ``2^12`` is no code): token 0's weights then depend on the K
+    tiles."""
+    x = inp["x"]
+    x[0] = 0
+    x[0, 0], x[0, 1], x[0, k_tile] = 2.0**13, 1.0, -(2.0**13)
+    inp["w_proj"][0] = 2.0**12
+    inp["w_proj"][k_tile] = 2.0**12
+
+
+def page_rows(inp, res, bs: int) -> dict:
+    """The kernel's pages against its inputs, the bytes located by hand (DeepGEMM's layout: a
+    page is ``bs`` token-major 128-byte code rows, then ``bs`` little-endian FP32 scales):
+    every byte but the written keys' 128 code bytes and 4 scale bytes keeps its value; each
+    written scale is a finite power of two and its codes are not the poison."""
+    slots = np.asarray(inp["slot_mapping"], np.int64)
+    written = slots[slots >= 0]
+    pin, pout = _bytes(inp["k_cache"]).reshape(inp["k_cache"].shape), _bytes(res.k_cache)
+    pout = pout.reshape(pin.shape)
+    mask = np.ones(pin.shape, dtype=bool)
+    scales, moved = [], []
+    for s in written:
+        blk, off = divmod(int(s), bs)
+        w0 = 128 * bs + 4 * off  # the page's scale run starts after its bs code rows
+        code, word = slice(128 * off, 128 * off + 128), slice(w0, w0 + 4)
+        mask[blk, code] = mask[blk, word] = False
+        scales.append(float(pout[blk, word].copy().view("<f4")[0]))
+        moved.append(bool((pout[blk, code] != PAGE_POISON).any()))
+    sc = np.array(scales, dtype=np.float32)
+    mant = np.frexp(sc)[0]
+    return {"others_kept": bool(np.array_equal(pin[mask], pout[mask])),
+            "written_finite": bool(np.isfinite(sc).all() and (mant == 0.5).all()),
+            "written_moved": all(moved), "skipped": int((slots < 0).sum()),
+            "written": int(written.size)}  # fmt: skip
+
+
+def check_case_fp8(build: dict, k_tile: int) -> dict:
+    """Child: the FP8 kernel and the golden (``fp8_promotion="two_roundings"``, the same
+    ``k_tile``) on one poisoned case, bit for bit, the pages checked by hand; token 0's
+    weights made to depend on the K tiles (:func:`cancel_in_w_proj`), ``one_tile`` saying
+    which golden outputs move with ``k_tile=None``."""
+    from tilesim.device import compile_stats
+    from tilesim.device.dsa_indexer_prolog import dsa_indexer_prolog as kernel
+    from tilesim.reference import dsa_indexer_prolog as golden
+    from tilesim.reference import dsa_indexer_prolog_make_case
+    from tilesim.shared.dsa_indexer_prolog import check_meta, check_values, cost
+
+    case = dsa_indexer_prolog_make_case(None, seed=7, **build)
+    inp = poison_pages(case)
+    cancel_in_w_proj(inp, k_tile)
+    prm = {**case["params"], **FP8_KERNEL, "k_tile": k_tile}
+    before = {k: np.array(v, copy=True) for k, v in inp.items() if isinstance(v, np.ndarray)}
+    res, us = kernel(**inp, **prm, backend="sim", soc="950")
+    want = golden(**inp, **prm)
+    one = golden(**inp, **{**prm, "k_tile": None})
+    out = {"us": us, "stats": compile_stats(), "T": inp["x"].shape[0]}
+    out["exact"] = {n: float((_bytes(getattr(res, n)) == _bytes(getattr(want, n))).mean())
+                    for n in res._fields}  # fmt: skip
+    out["dtypes"] = {n: str(getattr(res, n).dtype) for n in res._fields}
+    out["numpy_out"] = all(isinstance(v, np.ndarray) for v in res)
+    out["inputs_kept"] = all(np.array_equal(_bytes(before[k]), _bytes(inp[k])) for k in before)
+    out.update(page_rows(inp, res, prm["block_size"]))
+    out["cost"] = cost(check_values(check_meta(_ns(inp, prm), **_switches(prm))))
+    out["one_tile"] = {n: not np.array_equal(_bytes(getattr(one, n)), _bytes(getattr(want, n)))
+                       for n in want._fields}  # fmt: skip
+    return out
+
+
+@pytest.mark.sim
+@pytest.mark.torch
+@pytest.mark.soc_950
+def test_fp8_pages_bit_exact_on_the_950(sim_report):
+    """The FP8 kernel on the 950: a one-token batch, a token in the first slot of a second
+    page and a padding token (slot -1) at H = R = 256 (two K blocks per FP8 linear) in K
+    tiles of 128 for ``x @ w_proj``: every output the golden's bits with
+    ``fp8_promotion="two_roundings"`` -- E4M3 q codes, FP32 q scales and weights, the pages
+    -- and only the two written keys' bytes changed in the poisoned pages; the K tiles are
+    the ones the weights are summed in (the one-tile golden's weights differ)."""
+    from tilesim.device import sim
+
+    r = sim.isolated(check_case_fp8, SMALL_FP8, 128, soc="950", timeout=1800)
+    _row(sim_report, "950", "fp8 b2 s1 + 1 padding token H 256 k_tile 128", r)
+    assert_case(r, "fp8")
+    assert (r["T"], r["written"], r["skipped"]) == (3, 2, 1)
+    assert r["dtypes"]["q"] == "float8_e4m3fn" and r["dtypes"]["k_cache"] == "uint8", r["dtypes"]
+    assert r["one_tile"]["weights"] and not r["one_tile"]["k_cache"], r["one_tile"]
+
+
 # ----------------------------------------------------------------------------- cost rows
-def cost_at(soc: str, b: int, s1: int = 2) -> dict:
+def cost_at(soc: str, b: int, s1: int = 2, path: str = "int8") -> dict:
     """Child: the kernel costed (compile + cost model, no interpreter) at decode ``b`` x
     ``s1`` and DeepSeek's sizes, zero data (the cost model reads no value), with the op's
     contract cost and the floor of its bytes."""
@@ -190,9 +306,9 @@ def cost_at(soc: str, b: int, s1: int = 2) -> dict:
     from tilesim.shared.dsa_indexer_prolog import check_meta, check_values, cost
 
     lens = tuple(128 + 64 * i for i in range(b))
-    case = dsa_indexer_prolog_make_case(None, seed=1, path="int8", seq_lens=lens, s1=s1,
+    case = dsa_indexer_prolog_make_case(None, seed=1, path=path, seq_lens=lens, s1=s1,
                                         block_size=128)  # fmt: skip
-    prm = {**case["params"], "k_tile": K_TILE}
+    prm = {**case["params"], "k_tile": K_TILE, **(FP8_KERNEL if path == "fp8" else {})}
     ns = _ns(case["inputs"], prm)
     for k, v in prm.items():
         setattr(ns, k, v)
@@ -206,9 +322,9 @@ def cost_at(soc: str, b: int, s1: int = 2) -> dict:
     return {"us": us, "cost": c, "floor_us": floor_us(c["bytes"], soc=soc)}
 
 
-def _cost_row(sim_report, soc: str, b: int, r) -> None:
+def _cost_row(sim_report, soc: str, b: int, r, path: str = "int8") -> None:
     sim_report.add(kernel="dsa_indexer_prolog", soc=soc,
-                   case=f"int8 decode b{b} s2 H 7168 (T {2 * b}, cost only)", bit_exact=None,
+                   case=f"{path} decode b{b} s2 H 7168 (T {2 * b}, cost only)", bit_exact=None,
                    max_ulp=None, max_abs=None, us=r["us"],
                    cost={"flop": r["cost"]["flop"], "bytes": r["cost"]["bytes"]},
                    extra={"floor µs": r["floor_us"]})  # fmt: skip
@@ -225,6 +341,21 @@ def test_decode_cost(b, sim_soc, sim_report):
 
     r = sim.isolated(cost_at, sim_soc, b, soc=sim_soc, timeout=3600)
     _cost_row(sim_report, sim_soc, b, r)
+    assert r["us"] > 0 and r["floor_us"] > 0 and r["cost"]["bytes"] > 15_000_000
+
+
+@pytest.mark.sim
+@pytest.mark.torch
+@pytest.mark.slow
+@pytest.mark.soc_950
+@pytest.mark.parametrize("b", [4, 64])
+def test_fp8_decode_cost(b, sim_report):
+    """The FP8 kernel's cost rows on the 950 at T = 8 (b4 s2) and T = 128 (b64 s2), DeepSeek's
+    sizes, ``k_tile=1024``, against the same yardstick."""
+    from tilesim.device import sim
+
+    r = sim.isolated(cost_at, "950", b, 2, "fp8", soc="950", timeout=7200)
+    _cost_row(sim_report, "950", b, r, "fp8")
     assert r["us"] > 0 and r["floor_us"] > 0 and r["cost"]["bytes"] > 15_000_000
 
 
@@ -306,12 +437,25 @@ def test_a_nan_is_scanned_with_validate_full_only():
 @pytest.mark.sim  # the kernel module is built: needs pypto
 @pytest.mark.torch
 def test_fp8_needs_a_soc_with_fp8():
-    """FP8 on the 910B: the SoC rule's error (``SocSpec.fp8``), naming ``path``; on the 950
-    the FP8 path has no kernel yet (the golden covers it)."""
-    inp, prm = _small_case(path="fp8")
-    got = _kernel_error(inp, prm, soc="910b")
+    """FP8 on the 910B: the SoC rule's error (``SocSpec.fp8``), naming ``path``, with the
+    kernel's own switches too (the SoC is checked first)."""
+    inp, prm = _small_case(**SMALL_FP8)
+    got = _kernel_error(inp, {**prm, **FP8_KERNEL}, soc="910b")
     assert got.startswith("ValueError: path: 'fp8' needs a SoC with FP8 E4M3"), got
     assert "'910b'" in got
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("switch", ["fp8_promotion", "ue8m0", "block_size"])
+def test_fp8_switches_the_kernel_does_not_compute_are_refused(switch):
+    """On the 950 the FP8 kernel refuses, before launch and naming the argument, what it does
+    not compute: the golden's default ``"fma"`` promotion, ``amax / 448`` scales, pages that
+    are not whole 128-byte rows (``block_size`` 16); the golden accepts each."""
+    over = {"fp8_promotion": {}, "ue8m0": {"ue8m0": False}, "block_size": {"block_size": 16}}
+    inp, prm = _small_case(**{**SMALL_FP8, **over[switch]})
+    prm = {**prm, **({} if switch == "fp8_promotion" else FP8_KERNEL)}
+    got = _kernel_error(inp, prm, soc="950")
+    assert got.startswith(f"ValueError: {switch}: "), got
 
 
 @pytest.mark.sim  # the kernel module is built: needs pypto
