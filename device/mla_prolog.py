@@ -4,17 +4,27 @@ tokens' latent cache rows, all on the device.
 Same arguments as the golden :func:`tilesim.reference.mla_prolog` (contract:
 :mod:`tilesim.shared.mla_prolog`; the golden's ``[K, N]`` weights, ND, no preparation), plus
 ``backend`` / ``soc`` / ``validate``; NumPy arrays or torch tensors in, the same kind out
-(:mod:`tilesim.device.backend`). The kernel (:mod:`tilesim.device._mla_prolog_kernel`, whose
-docstring has the loop nest) writes the queries, ``q_norm`` / ``q_norm_scale`` and the cache
+(:mod:`tilesim.device.backend`). The kernel (one per path, below; each docstring has its loop
+nest) writes the queries, ``q_norm`` / ``q_norm_scale`` and the cache
 rows ``slot_mapping`` names (``-1``: none) into copies of the caller's caches: like the golden,
 no argument is written, and every row not named keeps its bytes.
 
-What the kernel computes: the INT8 path (``path="int8"``: INT8 ``w_uq_qr`` with per-channel
-scales, BF16 ``w_dq`` / ``w_dkv_kr``, ``kv_quant="int8_gym"``, ``cache_layout="kv_split"``,
-``rope_pairing="deinterleave"``), with ``rms_form`` ``"gym_golden"`` (the default) or
-``"gym_kernel"`` and any ``rms_eps``: bit for bit the golden with the same switches
-(``docs/ops/mla_prolog.md``, "Kernel"). Anything else is a ``ValueError`` before launch (the
-golden covers it).
+What the kernels compute (``docs/ops/mla_prolog.md``, "Kernel"), each bit for bit the golden
+with the same switches:
+
+* the INT8 path (:mod:`tilesim.device._mla_prolog_kernel`, 910B and 950; ``path="int8"``:
+  INT8 ``w_uq_qr`` with per-channel scales, BF16 ``w_dq`` / ``w_dkv_kr``,
+  ``kv_quant="int8_gym"``, ``cache_layout="kv_split"``, ``rope_pairing="deinterleave"``),
+  ``rms_form`` ``"gym_golden"`` (the default) or ``"gym_kernel"``, any ``rms_eps``;
+* the FP8 path (:mod:`tilesim.device._mla_prolog_fp8_kernel`, on a SoC with FP8: the 950;
+  ``path="fp8"``: the three linears FP8 E4M3 with 128 x 128 block scales, ``rms_form=
+  "deepseek"``, ``rope_pairing="interleaved"``, ``kv_quant="fp8_ue8m0_deepseek"``) with
+  ``cache_layout="kv_split"`` and ``fp8_promotion="two_roundings"`` (both must be passed: the
+  path's defaults are the packed ``"pypto"`` row and ``"fma"``), any ``rms_eps``. The block
+  scales are widened per call to one per column (:func:`column_scales`, ~1.6 MB).
+
+Anything else is a ``ValueError`` before launch (the golden covers it); FP8 weights on the
+910B name the SoC's ``fp8`` flag.
 
 Host copies per call: ``slot_mapping`` (``8 * T`` bytes; the kernel's cache writes are control
 flow, PyPTO reads the slots on the host: ``READY_ON_HOST``). ``validate="full"`` also runs the
@@ -54,28 +64,54 @@ _KERNEL_INPUTS = ("x", "w_dq", "w_uq_qr", "w_uq_qr_scale", "w_uk", "w_dkv_kr", "
 _INPUTS = ("x", "w_dq", "w_uq_qr", "w_uq_qr_scale", "w_uk", "w_dkv_kr", "gamma_cq", "gamma_ckv",
            "cos", "sin", "slot_mapping", "kv_cache", "kr_cache", "kv_scale_cache", "w_dq_scale",
            "w_dkv_kr_scale")  # fmt: skip
+_FP8_INPUTS = ("x", "w_dq", "w_dq_scale", "w_uq_qr", "w_uq_qr_scale", "w_uk", "w_dkv_kr",
+               "w_dkv_kr_scale", "gamma_cq", "gamma_ckv", "cos", "sin", "slot_mapping",
+               "kv_cache", "kr_cache", "kv_scale_cache")  # fmt: skip
+
+
+#: the FP8 path's switch values on an FP8 SoC (the 950; the kernel:
+#: :mod:`tilesim.device._mla_prolog_fp8_kernel`): DeepSeek's defaults except the cache form
+#: (the ``kv_split`` triple, not the packed row) and the block promotion (two roundings)
+FP8_KERNEL_SWITCHES = {
+    "linears": {"q_a": "fp8_block", "q_b": "fp8_block", "kv_a": "fp8_block"},
+    "rope_pairing": ("interleaved",),
+    "rms_form": ("deepseek",),
+    "kv_quant": ("fp8_ue8m0_deepseek",),
+    "cache_layout": ("kv_split",),
+    "fp8_promotion": ("two_roundings",),
+}
+_WEIGHT_OF = {"q_a": "w_dq", "q_b": "w_uq_qr", "kv_a": "w_dkv_kr"}
+
+
+def kernel_switches(a: contract.Args) -> dict:
+    """The switch table of the kernel a call runs: :data:`FP8_KERNEL_SWITCHES` when ``w_dq``
+    is FP8, else :data:`KERNEL_SWITCHES` (the INT8 path)."""
+    return FP8_KERNEL_SWITCHES if a.linears["q_a"] == "fp8_block" else KERNEL_SWITCHES
 
 
 def _check_kernel_limits(a: contract.Args, soc: str) -> None:
-    """What the kernel cannot do on top of the contract's checks (``ValueError``): an FP8
+    """What the kernels cannot do on top of the contract's checks (``ValueError``): an FP8
     weight on a SoC without FP8 (the SoC's ``fp8`` flag, :func:`tilesim.shared.soc.require_fp8`),
-    then every switch value the kernel does not implement."""
-    for name, want in KERNEL_SWITCHES["linears"].items():
-        w = {"q_a": "w_dq", "q_b": "w_uq_qr", "kv_a": "w_dkv_kr"}[name]
+    then every weight kind and switch value the path's kernel does not implement
+    (:func:`kernel_switches`)."""
+    for name, w in _WEIGHT_OF.items():
         if a.linears[name] == "fp8_block":
             require_fp8(soc, w, "an FP8 E4M3 weight (path 'fp8')",
                         "use the INT8 path (path='int8') on the 910B, or soc='950'")  # fmt: skip
+    table = kernel_switches(a)
+    label = "FP8" if table is FP8_KERNEL_SWITCHES else "INT8"
+    for name, want in table["linears"].items():
         if a.linears[name] != want:
             raise ValueError(
-                f"{w}: the device kernel implements the INT8 path ({want} {name} linear), got a "
-                f"{a.linears[name]} weight; the FP8 path is golden-only "
+                f"{_WEIGHT_OF[name]}: the device kernel's {label} path takes a {want} {name} "
+                f"linear, got a {a.linears[name]} weight; mixed linears are golden-only "
                 "(tilesim.reference.mla_prolog)"
             )
-    for name in ("rope_pairing", "rms_form", "kv_quant", "cache_layout"):
-        got = getattr(a, name)
-        if got not in KERNEL_SWITCHES[name]:
+    for name in ("rope_pairing", "rms_form", "kv_quant", "cache_layout", "fp8_promotion"):
+        got, ok = getattr(a, name), table.get(name)
+        if ok is not None and got not in ok:
             raise ValueError(
-                f"{name}: the device kernel implements {KERNEL_SWITCHES[name]}, got {got!r}; "
+                f"{name}: the device kernel implements {ok} on the {label} path, got {got!r}; "
                 "the golden covers the rest (tilesim.reference.mla_prolog)"
             )
 
@@ -141,13 +177,67 @@ def _kernel_inputs(a: contract.Args, chunk: int):
     return inputs, outputs
 
 
+def column_scales(scale, n: int, torch):
+    """FP32 ``[K/128, n]`` of DeepSeek's ``[K/128, ceil(n/128)]`` block scales: each block's
+    scale repeated over its 128 columns (the FP8 kernel's per-column promotion operand)."""
+    return scale.to(torch.float32).repeat_interleave(contract.BLOCK, dim=1)[:, :n].contiguous()
+
+
+def _kernel_inputs_fp8(a: contract.Args, chunk: int):
+    """The FP8 kernel's inputs and fresh outputs (:func:`_kernel_inputs`' rules: ``T`` padded
+    to ``chunk`` with slot -1 rows, the caches copies); ``cos``/``sin`` FP32 ``[T, 32]``."""
+    from tilesim.device._mla_prolog_kernel import SUM_COLS
+
+    torch = require_torch()
+    ins = a.ins
+    t_ = dict(zip(_FP8_INPUTS, _backend.to_tensors(*(getattr(ins, n) for n in _FP8_INPUTS)),
+                  strict=True))  # fmt: skip
+    rows, dev = -(-a.tokens // chunk) * chunk, t_["x"].device
+    slots = t_["slot_mapping"] if a.slot_mapping is None else torch.as_tensor(a.slot_mapping)
+    w = {n: t_[n].contiguous() for n in ("w_dq", "w_uq_qr", "w_dkv_kr")}
+    inputs = [
+        _padded(t_["x"], rows, 0.0, torch), w["w_dq"],
+        column_scales(t_["w_dq_scale"], contract.Q_LORA, torch), w["w_uq_qr"],
+        column_scales(t_["w_uq_qr_scale"], contract.HEADS * contract.Q_HEAD, torch),
+        t_["w_uk"].contiguous(), w["w_dkv_kr"],
+        column_scales(t_["w_dkv_kr_scale"], contract.KV_A, torch),
+        t_["gamma_cq"].to(torch.float32).reshape(1, -1).contiguous(),
+        t_["gamma_ckv"].to(torch.float32).reshape(1, -1).contiguous(),
+        _padded(t_["cos"].to(torch.float32), rows, 0.0, torch),
+        _padded(t_["sin"].to(torch.float32), rows, 0.0, torch),
+        _padded(slots.to(device=dev, dtype=torch.int32), rows, -1, torch),
+        torch.ones((contract.Q_LORA, SUM_COLS), dtype=torch.float32, device=dev),
+    ]  # fmt: skip
+    outputs = [
+        torch.empty((rows, contract.HEADS, NOPE), dtype=torch.bfloat16, device=dev),
+        torch.empty((rows, contract.HEADS, ROPE), dtype=torch.bfloat16, device=dev),
+        torch.empty((rows, contract.Q_LORA), dtype=torch.bfloat16, device=dev),
+    ]
+    for name, width in (("kv_cache", NOPE), ("kr_cache", ROPE), ("kv_scale_cache", NSCALES)):
+        outputs.append(t_[name].detach().clone().reshape(-1, width).contiguous())
+    return inputs, outputs
+
+
+def _prepared_fp8(a: contract.Args) -> dict:
+    from tilesim.device import _mla_prolog_fp8_kernel as fp8
+    from tilesim.device._mla_prolog_kernel import chunk_rows
+
+    params = fp8.MlaFp8Params(rms_eps=a.rms_eps, chunk=chunk_rows(a.tokens))
+    inputs, outputs = _kernel_inputs_fp8(a, params.chunk)
+    kernel = fp8.build(params, (a.cache_rows,))
+    return {"kernel": functools.partial(kernel, params=params), "inputs": inputs,
+            "outputs": outputs, "params": params}  # fmt: skip
+
+
 def prepared_launch(a: contract.Args, target) -> dict:
     """What a call launches for checked ``a``: ``{"kernel", "inputs", "outputs", "params"}``
     (the kernel with its static parameters bound; ``outputs``: query_nope, query_rope, q_norm,
-    q_norm_scale and the three cache copies as ``[rows, d]``)."""
+    q_norm_scale (INT8 path only) and the three cache copies as ``[rows, d]``)."""
     from tilesim.device import _mla_prolog_kernel as kernels
 
-    del target  # the kernel is the same on both SoCs (the INT8 path)
+    del target  # each path's kernel is the same on every SoC that runs it
+    if kernel_switches(a) is FP8_KERNEL_SWITCHES:
+        return _prepared_fp8(a)
     params = kernels.MlaParams(rms_form=a.rms_form, rms_eps=a.rms_eps,
                                chunk=kernels.chunk_rows(a.tokens))  # fmt: skip
     inputs, outputs = _kernel_inputs(a, params.chunk)
@@ -160,8 +250,11 @@ def _finish(a: contract.Args, outputs, us, target):
     """``MlaPrologOutputs`` in the caller's cache shapes (NumPy for NumPy input), paired with
     ``cost_us`` on the simulator."""
     ins = a.ins
+    if len(outputs) == 6:  # the FP8 path: BF16 q_norm, no q_norm_scale
+        outputs = [*outputs[:3], None, *outputs[3:]]
     nope, rope, qn, qs, kv, kr, ks = outputs
-    nope, rope, qn, qs = (o[: a.tokens] for o in (nope, rope, qn, qs))  # the padding dropped
+    nope, rope, qn = (o[: a.tokens] for o in (nope, rope, qn))  # the padding dropped
+    qs = None if qs is None else qs[: a.tokens]
     kv, kr, ks = (
         c.reshape(tuple(getattr(ins, n).shape))
         for c, n in ((kv, "kv_cache"), (kr, "kr_cache"), (ks, "kv_scale_cache"))
@@ -170,7 +263,7 @@ def _finish(a: contract.Args, outputs, us, target):
     if target.numpy_io:
         from tilesim.shared.interop import to_numpy
 
-        outs = [to_numpy(o).copy() for o in outs]
+        outs = [None if o is None else to_numpy(o).copy() for o in outs]
     res = contract.MlaPrologOutputs(*outs)
     return (res, 0.0 if us is None else us) if target.sim else res
 
@@ -215,15 +308,17 @@ def mla_prolog(
     Arguments as :func:`tilesim.reference.mla_prolog` (the arrays of
     :func:`tilesim.shared.mla_prolog.prolog_inputs`, the switches of
     :func:`~tilesim.shared.mla_prolog.prolog_keywords`), checked by the same contract with the
-    same messages; the kernel implements the INT8 path (module docstring). Device-only
+    same messages; the kernels implement the INT8 path and, on the 950, the FP8 path with the
+    ``kv_split`` cache and ``fp8_promotion="two_roundings"`` (module docstring). Device-only
     keywords: ``backend`` (``"npu"``, ``"sim"`` or ``"auto"``), ``soc`` (the simulator's
     target, ``"910b"`` or ``"950"``) and ``validate`` (``True``: the slots are checked on the
     host; ``"full"``: every value check of the golden; ``False``: metadata only).
 
-    Returns INT8 ``q_norm [T, 1536]``, FP32 ``q_norm_scale [T, 1]``, BF16 ``query_nope [T, 128,
-    512]`` and ``query_rope [T, 128, 64]`` (de-interleaved), and updated copies of the three
-    caches in the caller's shapes; NumPy arrays for NumPy input; with ``backend="sim"`` the
-    pair ``(outputs, cost_us)``. Inputs are never modified.
+    Returns ``q_norm [T, 1536]`` (INT8 with FP32 ``q_norm_scale [T, 1]``; FP8 path: BF16 and
+    ``None``), BF16 ``query_nope [T, 128, 512]`` and ``query_rope [T, 128, 64]`` (in the
+    path's pairing), and updated copies of the three caches in the caller's shapes; NumPy
+    arrays for NumPy input; with ``backend="sim"`` the pair ``(outputs, cost_us)``. Inputs are
+    never modified.
     """
     ins = types.SimpleNamespace(**{n: v for n, v in locals().items() if n in _INPUTS})
     switches = {"path": path, "rope_pairing": rope_pairing, "rms_form": rms_form,
@@ -237,4 +332,5 @@ def mla_prolog(
     return _finish(a, run["outputs"], us, target)
 
 
-__all__ = ["KERNEL_SWITCHES", "mla_prolog", "prepared_launch"]
+__all__ = ["FP8_KERNEL_SWITCHES", "KERNEL_SWITCHES", "column_scales", "kernel_switches",
+           "mla_prolog", "prepared_launch"]  # fmt: skip

@@ -34,19 +34,34 @@ CASE = "mla_prolog_int8_b4_s2"
 PAD_TOKENS = (2, 5)
 
 
-def _case():
-    from tilesim.reference.cases.mla_prolog import mla_prolog_make_case
+#: the FP8 path's case (built here from the case builder's parameters): DeepSeek's arithmetic
+#: -- FP8 E4M3 weights with ``amax / 448`` block scales, YaRN ``cos``/``sin`` ``[T, 32]``,
+#: UE8M0 latent quant -- at b4 s2 (``T = 8``) in the ``kv_split`` cache form, every cache row
+#: NaN-poisoned by the builder
+FP8_BUILD = {"path": "fp8", "cache_layout": "kv_split", "seq_lens": (1024, 5000, 2048, 130)}
+#: the golden's switch the FP8 kernel is judged with: its K-block promotion rounds the
+#: scaled partial, then the sum (docs/ops/mla_prolog.md, "Kernel")
+FP8_SWITCHES = {"fp8_promotion": "two_roundings"}
 
-    case = mla_prolog_make_case(CASE)
+
+def _case(path: str = "int8", **build):
+    from tilesim.reference import mla_prolog_make_case
+
+    if path == "int8":
+        case, extra = mla_prolog_make_case(CASE, **build), {}
+    else:
+        case, extra = mla_prolog_make_case(None, **{**FP8_BUILD, **build}), FP8_SWITCHES
     ins = dict(case["inputs"])
     live_rows = np.asarray(ins["slot_mapping"]).copy()
     slots = live_rows.copy()
     slots[list(PAD_TOKENS)] = -1
     ins["slot_mapping"] = slots
-    return ins, dict(case["params"]), live_rows
+    return ins, {**case["params"], **extra}, live_rows
 
 
 def _bytes(a) -> np.ndarray:
+    if a is None:  # the FP8 path's q_norm_scale
+        return np.zeros(0, np.uint8)
     a = np.ascontiguousarray(np.asarray(a))
     return a.view(np.uint8).reshape(a.shape[0], -1) if a.ndim else a.view(np.uint8)
 
@@ -57,19 +72,21 @@ def _rows(a, width: int) -> np.ndarray:
     return a.reshape(-1, width).view(np.uint8)
 
 
-def run_case(soc: str = "910b") -> dict:
-    """In the simulator child: the kernel and the golden on the padded case."""
+def run_case(soc: str = "910b", path: str = "int8") -> dict:
+    """In the simulator child: the kernel and the golden on the padded case of ``path``."""
     from tilesim.device import mla_prolog
 
     golden = importlib.import_module("tilesim.reference.mla_prolog").mla_prolog
-    ins, prm, would_be = _case()
-    before = {k: np.array(v, copy=True) for k, v in ins.items()}
+    ins, prm, would_be = _case(path)
+    before = {k: np.array(v, copy=True) for k, v in ins.items() if v is not None}
     out, us = mla_prolog(**ins, **prm, backend="sim", soc=soc)
-    kept = all(np.array_equal(_bytes(before[k]), _bytes(ins[k])) for k in ins)
+    kept = all(np.array_equal(_bytes(before[k]), _bytes(ins[k])) for k in before)
     ref = golden(**ins, **prm)
-    exact = {f: np.array_equal(_bytes(getattr(ref, f)), _bytes(getattr(out, f)))
+    exact = {f: (getattr(ref, f) is None) == (getattr(out, f) is None)
+             and np.array_equal(_bytes(getattr(ref, f)), _bytes(getattr(out, f)))
              for f in ref._fields}  # fmt: skip
-    numpy_out = all(isinstance(getattr(out, f), np.ndarray) for f in out._fields)
+    numpy_out = all(isinstance(getattr(out, f), np.ndarray) for f in out._fields
+                    if getattr(ref, f) is not None)  # fmt: skip
     slots = ins["slot_mapping"]
     live = slots[slots >= 0]
     untouched, written = True, True
@@ -122,6 +139,30 @@ def test_int8_prolog_bit_exact_and_writes_only_its_rows(soc, sim_report):
     sim_report.add(kernel="mla_prolog", soc=soc, case="int8 b4 s2 (T 8, 2 padding slots)",
                    bit_exact=frac, max_ulp=0 if frac == 1.0 else None, max_abs=None,
                    us=r["us"], cost=r["cost"])  # fmt: skip
+    assert frac >= BUDGETS["bit_exact"], r["exact"]
+    assert r["untouched"] and r["pad_rows_kept"] and r["written"], r
+    assert r["kept"] and r["numpy_out"], r
+    assert r["us"] > 0
+
+
+#: the FP8 case's cost-model row
+FP8_ROW = "fp8 kv_split b4 s2 (T 8, 2 padding slots)"
+
+
+@pytest.mark.sim
+@pytest.mark.torch
+@pytest.mark.soc_950
+def test_fp8_prolog_on_the_950_bit_exact_and_writes_only_its_rows(sim_report):
+    """The FP8 path (DeepSeek's arithmetic, ``kv_split`` cache) on the 950: every output bit
+    for bit the golden's with ``fp8_promotion="two_roundings"``, and the cache writes as the
+    INT8 test checks them (NaN-poisoned rows kept, the padding tokens' rows untouched)."""
+    from tilesim.device import sim
+
+    r = sim.isolated(run_case, "950", "fp8", soc="950", timeout=1800)
+    frac = sum(r["exact"].values()) / len(r["exact"])
+    sim_report.add(kernel="mla_prolog", soc="950", case=FP8_ROW, bit_exact=frac,
+                   max_ulp=0 if frac == 1.0 else None, max_abs=None, us=r["us"],
+                   cost=r["cost"])  # fmt: skip
     assert frac >= BUDGETS["bit_exact"], r["exact"]
     assert r["untouched"] and r["pad_rows_kept"] and r["written"], r
     assert r["kept"] and r["numpy_out"], r
@@ -262,3 +303,29 @@ def test_switches_the_kernel_lacks_are_refused_before_launch(small_case, switch)
     name = next(iter(switch))
     with pytest.raises(ValueError, match=rf"^{name}: the device kernel implements"):
         dev.mla_prolog(**ins, **prm, **switch, backend="sim", soc="910b")
+
+
+@pytest.fixture(scope="module")
+def fp8_case():
+    ins, prm, _ = _case("fp8")
+    return ins, prm
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("switch", [{"cache_layout": "pypto"}, {"fp8_promotion": "fma"},
+                                    {"rms_form": "gym_golden"}])  # fmt: skip
+def test_fp8_switches_the_kernel_lacks_are_refused_before_launch(fp8_case, switch):
+    """The FP8 kernel writes the ``kv_split`` triple and promotes in two roundings: the path's
+    defaults (the packed row, ``"fma"``) and other switch values are refused on the 950,
+    naming the switch, before anything is built."""
+    import tilesim.device as dev
+
+    ins, prm = fp8_case
+    ins = dict(ins)
+    if "cache_layout" in switch:  # a packed cache for the packed layout (the contract's shape)
+        rows = int(np.prod(ins["kv_cache"].shape[:-1]))
+        ins.update(kv_cache=np.zeros((rows, 656), np.uint8).view(ins["kv_cache"].dtype),
+                   kr_cache=None, kv_scale_cache=None)  # fmt: skip
+    name = next(iter(switch))
+    with pytest.raises(ValueError, match=rf"^{name}: the device kernel implements .* FP8 path"):
+        dev.mla_prolog(**ins, **{**prm, **switch}, backend="sim", soc="950")
