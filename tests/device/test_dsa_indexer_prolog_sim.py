@@ -271,6 +271,7 @@ def check_case_fp8(build: dict, k_tile: int) -> dict:
     out["cost"] = cost(check_values(check_meta(_ns(inp, prm), **_switches(prm))))
     out["one_tile"] = {n: not np.array_equal(_bytes(getattr(one, n)), _bytes(getattr(want, n)))
                        for n in want._fields}  # fmt: skip
+    out["refusals"] = fp8_refusals()
     return out
 
 
@@ -283,7 +284,10 @@ def test_fp8_pages_bit_exact_on_the_950(sim_report):
     tiles of 128 for ``x @ w_proj``: every output the golden's bits with
     ``fp8_promotion="two_roundings"`` -- E4M3 q codes, FP32 q scales and weights, the pages
     -- and only the two written keys' bytes changed in the poisoned pages; the K tiles are
-    the ones the weights are summed in (the one-tile golden's weights differ)."""
+    the ones the weights are summed in (the one-tile golden's weights differ). In the same
+    950 process, what the kernel does not compute is refused before launch, naming the
+    argument (:func:`fp8_refusals`: the default ``"fma"`` promotion, ``ue8m0=False``,
+    ``block_size`` 16), where the golden accepts it."""
     from tilesim.device import sim
 
     r = sim.isolated(check_case_fp8, SMALL_FP8, 128, soc="950", timeout=1800)
@@ -292,6 +296,8 @@ def test_fp8_pages_bit_exact_on_the_950(sim_report):
     assert (r["T"], r["written"], r["skipped"]) == (3, 2, 1)
     assert r["dtypes"]["q"] == "float8_e4m3fn" and r["dtypes"]["k_cache"] == "uint8", r["dtypes"]
     assert r["one_tile"]["weights"] and not r["one_tile"]["k_cache"], r["one_tile"]
+    for switch, msg in r["refusals"].items():
+        assert msg.startswith(f"ValueError: {switch}: "), msg
 
 
 # ----------------------------------------------------------------------------- cost rows
@@ -445,17 +451,21 @@ def test_fp8_needs_a_soc_with_fp8():
     assert "'910b'" in got
 
 
-@pytest.mark.torch
-@pytest.mark.parametrize("switch", ["fp8_promotion", "ue8m0", "block_size"])
-def test_fp8_switches_the_kernel_does_not_compute_are_refused(switch):
-    """On the 950 the FP8 kernel refuses, before launch and naming the argument, what it does
-    not compute: the golden's default ``"fma"`` promotion, ``amax / 448`` scales, pages that
-    are not whole 128-byte rows (``block_size`` 16); the golden accepts each."""
-    over = {"fp8_promotion": {}, "ue8m0": {"ue8m0": False}, "block_size": {"block_size": 16}}
-    inp, prm = _small_case(**{**SMALL_FP8, **over[switch]})
-    prm = {**prm, **({} if switch == "fp8_promotion" else FP8_KERNEL)}
-    got = _kernel_error(inp, prm, soc="950")
-    assert got.startswith(f"ValueError: {switch}: "), got
+FP8_SWITCHES = {"fp8_promotion": {}, "ue8m0": {"ue8m0": False}, "block_size": {"block_size": 16}}
+
+
+def fp8_refusals() -> dict:
+    """Child (a 950 process): the wrapper's error per FP8 switch the kernel does not compute,
+    the golden run on the same arguments (it accepts each)."""
+    from tilesim.reference import dsa_indexer_prolog as golden
+
+    out = {}
+    for switch, over in FP8_SWITCHES.items():
+        inp, prm = _small_case(**{**SMALL_FP8, **over})
+        prm = {**prm, **({} if switch == "fp8_promotion" else FP8_KERNEL)}
+        golden(**inp, **prm)
+        out[switch] = _kernel_error(inp, prm, soc="950")
+    return out
 
 
 @pytest.mark.sim  # the kernel module is built: needs pypto
