@@ -328,19 +328,23 @@ def dsa_indexer_prolog(
     k_scale)``.
 
     Arguments as :func:`tilesim.reference.dsa_indexer_prolog` (checked by the same contract,
-    :mod:`tilesim.shared.dsa_indexer_prolog`, with the same messages); the kernel covers
-    ``path="int8"`` with ``rope_pairing="halves"`` and ``[T, 64]`` tables, and sums the linears
-    over ``H`` in K tiles of ``k_tile`` (at most 1024 rows dividing ``H``; ``None``: one tile,
-    so up to ``H = 1024``; DeepSeek's 7168 needs a tile, ``k_tile=1024`` its cost rows', and
-    the golden with the same ``k_tile`` is what it reproduces). Device-only keywords:
+    :mod:`tilesim.shared.dsa_indexer_prolog`, with the same messages); the kernels cover
+    ``rope_pairing="halves"``: ``path="int8"`` on ``[T, 64]`` tables, ``path="fp8"`` (a SoC
+    with FP8) with ``fp8_promotion="two_roundings"``, ``ue8m0=True`` and a ``block_size``
+    multiple of 32 (module docstring); both sum their FP32 linears over ``H`` in K tiles of
+    ``k_tile`` (at most 1024 rows dividing ``H``; ``None``: one tile, so up to ``H = 1024``;
+    DeepSeek's 7168 needs a tile, ``k_tile=1024`` its cost rows', and the golden with the
+    same ``k_tile`` is what it reproduces). Device-only keywords:
     ``backend`` (``"npu"``, ``"sim"`` or ``"auto"``, :func:`tilesim.device.backend.resolve`),
     ``soc`` (the simulator's target, ``"910b"`` or ``"950"``; FP8 needs a SoC with FP8) and
     ``validate`` (``True``: the slot checks; ``"full"``: every value check of the golden;
     ``False``: metadata only -- a bad slot is then undefined behaviour).
 
-    Returns the golden's fields bit for bit (in the simulator): ``q`` int8 ``[T, 64, 128]``,
-    ``q_scale`` FP16 ``[T, 64]``, ``weights`` FP16 ``[T, 64]``, and updated copies of
-    ``k_cache`` / ``k_scale`` (only the rows of the written slots differ); NumPy for NumPy
+    Returns the golden's fields bit for bit (in the simulator): ``q`` int8 (FP8: E4M3)
+    ``[T, 64, 128]``, ``q_scale`` FP16 (FP8: FP32) ``[T, 64]``, ``weights`` FP16 (FP8: FP32)
+    ``[T, 64]``, and updated copies of ``k_cache`` / ``k_scale`` (only the rows of the written
+    slots differ; FP8: the pages with only the written keys' bytes changed, and a copy of the
+    scales inside them); NumPy for NumPy
     input; with ``backend="sim"`` the pair ``(result, cost_us)``. Inputs are never modified.
     FakeTensor / ``meta`` inputs: empty outputs of those shapes, no data read, no kernel.
     Legal input whose arithmetic overflows (docs/ops/dsa_indexer_prolog.md, "Bad input and
