@@ -199,6 +199,33 @@ def test_cost_at_t128(soc, sim_report):
     assert r["us"] > 0
 
 
+def fp8_cost_case(b: int) -> dict:
+    """In the simulator child: the cost-model µs of the FP8 case at ``b`` sequences of 2 new
+    tokens (``T = 2b``, every token live; no interpretation) on the 950."""
+    from tilesim.device import mla_prolog, sim
+
+    ins, prm, live_rows = _case("fp8", b=b, seq_lens=(1024,) * b)
+    ins["slot_mapping"] = live_rows  # every token live
+    with sim.cost_only():
+        _out, us = mla_prolog(**ins, **prm, backend="sim", soc="950")
+    return {"us": us, "cost": _cost(ins, prm)}
+
+
+@pytest.mark.sim
+@pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.soc_950
+def test_fp8_cost_at_t128(sim_report):
+    """The FP8 path at b64 s2 (``T = 128``: one chunk of 128 tokens) on the 950, cost only."""
+    from tilesim.device import sim
+
+    r = sim.isolated(fp8_cost_case, 64, soc="950", timeout=7200)
+    sim_report.add(kernel="mla_prolog", soc="950", case="fp8 kv_split b64 s2 (T 128, cost only)",
+                   bit_exact=None, max_ulp=None, max_abs=None, us=r["us"],
+                   cost=r["cost"])  # fmt: skip
+    assert r["us"] > 0
+
+
 def run_variants() -> dict:
     """In the simulator child: ``{variant: every output bit-equal to the golden's}`` for a
     token count the chunk pads (``mla_prolog_int8_pad``: ``T = 6`` in a chunk of 8, two

@@ -48,6 +48,12 @@ _ENTRIES = {
     "dsa_indexer/short_int8": ("dsa_indexer", "dsa_indexer_short_int8", {}, ("910b",)),
     "dsa_indexer/short_fp8": ("dsa_indexer", "dsa_indexer_short_fp8", {}, ("950",)),
     "mla_prolog/int8_b4_s2": ("mla_prolog", "mla_prolog_int8_b4_s2", {}, ("910b",)),
+    "mla_prolog/fp8_kv_split_b4_s2": (
+        "mla_prolog",
+        None,
+        {"path": "fp8", "cache_layout": "kv_split", "seq_lens": (1024, 5000, 2048, 130)},
+        ("950",),
+    ),
     "dsa_indexer_prolog/int8_pad_h256": (
         "dsa_indexer_prolog",
         None,
@@ -63,6 +69,13 @@ _ENTRIES = {
         },
         ("910b",),
     ),  # fmt: skip
+}
+#: the call parameters an entry adds to its case's: a switch value the kernel is judged with
+#: where the case's default is golden-only (the FP8 MLA prolog kernel promotes in two
+#: roundings)
+CALL_PARAMS = {
+    # the FP8 MLA prolog kernel's K-block promotion (docs/ops/mla_prolog.md, "Kernel")
+    "mla_prolog/fp8_kv_split_b4_s2": {"fp8_promotion": "two_roundings"},
 }
 
 
@@ -81,14 +94,16 @@ def _case(family, name, over):
     return _build(family, name, over)
 
 
-def kernel_digest(family, name, over, soc) -> str:
-    """Runs in the simulator child: the device op's output digest for one entry."""
+def kernel_digest(family, name, over, soc, call=None) -> str:
+    """Runs in the simulator child: the device op's output digest for one entry (``call``:
+    its :data:`CALL_PARAMS`)."""
     import tilesim.device as dev
 
     from digests.golden_digests import digest_of
 
     op_name, case = _case(family, name, over)
     kw = {k: v for k, v in case["params"].items() if k != "progress"}
+    kw.update(call or {})
     out = getattr(dev, op_name)(**case["inputs"], **kw, backend="sim", soc=soc)
     if isinstance(out, tuple):
         out = out[0]
@@ -104,7 +119,8 @@ def run_entry(key: str) -> str:
     from tilesim.device import sim
 
     family, name, over, soc = dict(entries())[key]
-    return sim.isolated(kernel_digest, family, name, over, soc, soc=soc)
+    call = CALL_PARAMS.get(key.split("@")[0])
+    return sim.isolated(kernel_digest, family, name, over, soc, call, soc=soc)
 
 
 if __name__ == "__main__":
