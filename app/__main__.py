@@ -44,10 +44,12 @@ _COMMAND_TEXT = {
 }
 
 
-def _command(sub, name: str) -> argparse.ArgumentParser:
-    """One sub-command's parser, with its texts from :data:`_COMMAND_TEXT`."""
+def _command(sub, name: str, func) -> argparse.ArgumentParser:
+    """One sub-command's parser, with its texts from :data:`_COMMAND_TEXT`, running ``func``."""
     summary, description = _COMMAND_TEXT[name]
-    return sub.add_parser(name, help=summary, description=description)
+    p = sub.add_parser(name, help=summary, description=description)
+    p.set_defaults(func=func)
+    return p
 
 
 def _add_parsers(sub) -> None:
@@ -62,7 +64,7 @@ def _add_parsers(sub) -> None:
 
 
 def _add_cases(sub, c) -> None:
-    p = _command(sub, "cases")
+    p = _command(sub, "cases", c.cmd_cases)
     p.add_argument(
         "family_arg",
         metavar="FAMILY",
@@ -76,11 +78,10 @@ def _add_cases(sub, c) -> None:
     )
     p.add_argument("-v", "--verbose", action="store_true", help="builder, rule and notes per case")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=c.cmd_cases)
 
 
 def _add_golden(sub, c) -> None:
-    p = _command(sub, "golden")
+    p = _command(sub, "golden", c.cmd_golden)
     p.add_argument("case", metavar="CASE", nargs="?", help="a named case (`tilesim cases`)")
     p.add_argument("-o", "--output", required=True, metavar="DIR", help="parent directory")
     r = p.add_argument_group("replay captured inputs (instead of CASE)")
@@ -111,11 +112,10 @@ def _add_golden(sub, c) -> None:
     p.add_argument("--seed", type=_seed, help="override the case's seed (an integer >= 0)")
     p.add_argument("--force", action="store_true", help="overwrite an existing golden")
     _progress_flags(p)
-    p.set_defaults(func=c.cmd_golden)
 
 
 def _add_compare(sub, c) -> None:
-    p = _command(sub, "compare")
+    p = _command(sub, "compare", c.cmd_compare)
     p.add_argument("actual", metavar="ACTUAL")
     p.add_argument("golden", metavar="GOLDEN")
     p.add_argument("--atol", type=float, help="absolute tolerance (default: the manifest's)")
@@ -159,11 +159,10 @@ def _add_compare(sub, c) -> None:
         "ids per row)",
     )
     p.add_argument("--force", action="store_true", help="overwrite an existing PNG")
-    p.set_defaults(func=c.cmd_compare)
 
 
 def _add_trace(sub, c) -> None:
-    p = _command(sub, "trace")
+    p = _command(sub, "trace", c.cmd_trace)
     p.add_argument(
         "case",
         metavar="CASE|DIR",
@@ -181,7 +180,6 @@ def _add_trace(sub, c) -> None:
     p.add_argument("--records", metavar="FILE", help="also write the trace records as JSON lines")
     p.add_argument("--force", action="store_true", help="overwrite an existing PNG / records")
     _progress_flags(p)
-    p.set_defaults(func=c.cmd_trace)
 
 
 def _seed(text: str) -> int:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from tilesim.device.backend import allow_in_graph, compile_stats, reset_compile_stats
 from tilesim.device.dsa import sparse_attention_antiquant, sparse_attention_antiquant_kv_split
+from tilesim.device.dsa_attention_step import dsa_attention_step
 from tilesim.device.dsa_indexer import dsa_indexer
 from tilesim.device.dsa_indexer_prolog import dsa_indexer_prolog
 from tilesim.device.mla_prolog import mla_prolog
@@ -28,6 +29,7 @@ from tilesim.device.msa_main import msa_main_branch
 __all__ = [
     "allow_in_graph",
     "compile_stats",
+    "dsa_attention_step",
     "dsa_indexer",
     "dsa_indexer_prolog",
     "mla_prolog",

@@ -45,7 +45,6 @@ import inspect
 import warnings
 from collections.abc import Callable, Mapping
 from types import SimpleNamespace
-from typing import NamedTuple
 
 import numpy as np
 from tilesim.reference.dsa import sparse_attention_antiquant, sparse_attention_antiquant_kv_split
@@ -62,36 +61,13 @@ from tilesim.shared.dsa_attention_step import (
     STAGE_OF,
     STAGES,
     STEP_FIELDS,
+    AttentionStepResult,
 )
 from tilesim.shared.layouts.mla_cache import NOPE, ROPE, is_packed
 from tilesim.shared.models import DEEPSEEK_V32
 from tilesim.shared.tiling import SaTileShapeConfig
 
 OP = "dsa_attention_step"
-
-
-class AttentionStepResult(NamedTuple):
-    """Every stage output of the step, in stage order
-    (:data:`tilesim.shared.dsa_attention_step.STEP_FIELDS`). ``None`` where the stage returns
-    none: ``q_norm_scale`` on the FP8 path, ``kr_cache`` / ``kv_scale_cache`` for a packed
-    latent cache; and every output of a stage the call did not run (entered at the indexer:
-    the prologs'). ``k_scale`` is the FP8 pages' scales (a copy, to read)."""
-
-    query_nope: object  #: BF16 ``[T, 128, 512]`` (MLA prolog)
-    query_rope: object  #: BF16 ``[T, 128, 64]``
-    q_norm: object  #: INT8 / BF16 ``[T, 1536]``
-    q_norm_scale: object  #: FP32 ``[T, 1]`` (INT8) or None
-    kv_cache: object  #: the updated copy of ``kv_cache``
-    kr_cache: object  #: the updated copy of ``kr_cache`` (kv_split) or None
-    kv_scale_cache: object  #: the updated copy of ``kv_scale_cache`` (kv_split) or None
-    index_q: object  #: INT8 / E4M3 ``[T, 64, 128]`` (indexer prolog)
-    index_q_scale: object  #: FP16 / FP32 ``[T, 64]``
-    index_weights: object  #: FP16 / FP32 ``[T, 64]``
-    k_cache: object  #: the updated copy of ``k_cache``
-    k_scale: object  #: the updated copy of ``k_scale`` (INT8) / the new pages' scales (FP8)
-    topk_indices: object  #: INT32 ``[T, topk]`` (indexer)
-    scores: object  #: FP32 ``[T, max_blocks * block_size]``
-    attn_out: object  #: BF16 ``[T, nq, 512]`` (sparse attention, before ``wo``)
 
 
 # ----------------------------------------------------------------------------- the stages
@@ -217,6 +193,7 @@ def dsa_attention_step(x, block_table, seq_lens, kv_cache, k_cache, w_dq, w_uq_q
                        topk: int = DEEPSEEK_V32.topk, block_size: int = DEEPSEEK_V32.block_size,
                        softmax_scale: float = DEEPSEEK_V32.model_softmax_scale,
                        tiling: SaTileShapeConfig | None = None, fp8_promotion: str = "fma",
+                       index_k_tile: int | None = None,
                        trace: Callable[[dict], None] | None = None,
                        progress: bool | None = None) -> AttentionStepResult:  # fmt: skip
     """One attention layer step: MLA prolog -> indexer prolog -> (cache writes) -> indexer ->

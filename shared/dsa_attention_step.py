@@ -1,5 +1,6 @@
 """The contract of one DeepSeek-V3.2 attention layer step (op ``dsa_attention_step``), written
-once for the golden (:mod:`tilesim.reference.dsa_attention_step`) and a future wrapper.
+once for the golden (:mod:`tilesim.reference.dsa_attention_step`) and the device step
+(:mod:`tilesim.device.dsa_attention_step`).
 
 The step chains five stages (``docs/ops/dsa_attention_step.md``), each the contract of its
 own op: the MLA prolog (:mod:`tilesim.shared.mla_prolog`), the indexer prolog
@@ -85,28 +86,30 @@ ATTENTION_NAMES = {"out": "attn_out"}
 class Stage(NamedTuple):
     """One stage of the step: ``name``; ``outputs``, its op's outputs (the op record's, in
     its order) under the step's names; ``reads``, the earlier stages' outputs (the step's
-    names) its golden reads; ``own``, the same outputs under the op's own names."""
+    names) its golden reads; ``own``, the same outputs under the op's own names; ``op``, its
+    op (whose device wrapper the device step runs for it)."""
 
     name: str
     outputs: tuple[str, ...]
     reads: tuple[str, ...]
     own: tuple[str, ...]
+    op: str  #: the op of the stage (its record's name; its device wrapper's module)
 
 
-def _stage(name: str, call, reads: tuple, rename: dict | None = None) -> Stage:
-    own = call.output_names
-    return Stage(name, tuple((rename or {}).get(n, n) for n in own), reads, own)
+def _stage(name: str, rec, call: str, reads: tuple, rename: dict | None = None) -> Stage:
+    own = rec.call(call).output_names
+    return Stage(name, tuple((rename or {}).get(n, n) for n in own), reads, own, rec.name)
 
 
 #: the stages of the step, in order: each stage's name and outputs, written once (the stage
 #: ops' records); the golden, the stage judge, the CLI and the docs read them here
 STAGES = (
-    _stage("mla_prolog", mla_contract.RECORD.call("mla_prolog"), ()),
-    _stage("dsa_indexer_prolog", iprolog_contract.RECORD.call("dsa_indexer_prolog"),
+    _stage("mla_prolog", mla_contract.RECORD, "mla_prolog", ()),
+    _stage("dsa_indexer_prolog", iprolog_contract.RECORD, "dsa_indexer_prolog",
            ("q_norm", "q_norm_scale"), IPROLOG_NAMES),
-    _stage("dsa_indexer", idx_contract.RECORD.call("dsa_indexer"),
+    _stage("dsa_indexer", idx_contract.RECORD, "dsa_indexer",
            ("index_q", "index_q_scale", "index_weights", "k_cache", "k_scale")),
-    _stage("sparse_attention", attn_contract.RECORD.call("sparse_attention_antiquant"),
+    _stage("sparse_attention", attn_contract.RECORD, "sparse_attention_antiquant",
            ("topk_indices", "query_nope", "query_rope", "kv_cache", "kr_cache",
             "kv_scale_cache"), ATTENTION_NAMES),
 )  # fmt: skip
@@ -160,7 +163,7 @@ def step_keywords(*, path: str = "int8", rope_pairing: str | None = None,
                   topk: int = DEEPSEEK_V32.topk, block_size: int = DEEPSEEK_V32.block_size,
                   softmax_scale: float = DEEPSEEK_V32.model_softmax_scale,
                   tiling: SaTileShapeConfig | None = None,
-                  fp8_promotion: str = "fma"):  # fmt: skip
+                  fp8_promotion: str = "fma", index_k_tile: int | None = None):  # fmt: skip
     """The switches: ``path`` for every stage; the MLA prolog's ``rope_pairing``, ``rms_form``,
     ``rms_eps``, ``kv_quant``, ``cache_layout`` (None: the path's default,
     :data:`tilesim.shared.mla_prolog.PATH_DEFAULTS`); the indexer prolog's
@@ -169,7 +172,10 @@ def step_keywords(*, path: str = "int8", rope_pairing: str | None = None,
     the attention's ``softmax_scale`` (default DeepSeek-V3.2's ``192^-0.5 * mscale^2``) and
     ``tiling`` (None: ``SaTileShapeConfig.from_env()`` at call time); ``fp8_promotion``, the
     K-block promotion of both prologs' FP8 linears (``"fma"``: DeepSeek's ``fp8_gemm``, one
-    rounding; ``"two_roundings"``; :data:`tilesim.shared.quant.FP8_PROMOTIONS`)."""
+    rounding; ``"two_roundings"``; :data:`tilesim.shared.quant.FP8_PROMOTIONS`);
+    ``index_k_tile``, the indexer prolog's ``k_tile`` (the K tile of its FP32 linears over
+    ``H``, ``x @ w_k`` and ``x @ w_proj``, tile partials added in FP32; None: one tile, the
+    exact sum rounded once; the device kernel's tile at ``H = 7168`` is 1024)."""
 
 
 def decode_step_inputs(q, weights, k_cache, block_table, seq_lens, query_nope, query_rope, *,
@@ -218,6 +224,30 @@ class Args(NamedTuple):
     start: str = "mla_prolog"
 
 
+class AttentionStepResult(NamedTuple):
+    """Every stage output of the step, in stage order (:data:`STEP_FIELDS`): the result of
+    the golden and of the device step. ``None`` where the stage returns none:
+    ``q_norm_scale`` on the FP8 path, ``kr_cache`` / ``kv_scale_cache`` for a packed latent
+    cache; and every output of a stage the call did not run (entered at the indexer: the
+    prologs'). ``k_scale`` is the FP8 pages' scales (a copy, to read)."""
+
+    query_nope: object  #: BF16 ``[T, 128, 512]`` (MLA prolog)
+    query_rope: object  #: BF16 ``[T, 128, 64]``
+    q_norm: object  #: INT8 / BF16 ``[T, 1536]``
+    q_norm_scale: object  #: FP32 ``[T, 1]`` (INT8) or None
+    kv_cache: object  #: the updated copy of ``kv_cache``
+    kr_cache: object  #: the updated copy of ``kr_cache`` (kv_split) or None
+    kv_scale_cache: object  #: the updated copy of ``kv_scale_cache`` (kv_split) or None
+    index_q: object  #: INT8 / E4M3 ``[T, 64, 128]`` (indexer prolog)
+    index_q_scale: object  #: FP16 / FP32 ``[T, 64]``
+    index_weights: object  #: FP16 / FP32 ``[T, 64]``
+    k_cache: object  #: the updated copy of ``k_cache``
+    k_scale: object  #: the updated copy of ``k_scale`` (INT8) / the new pages' scales (FP8)
+    topk_indices: object  #: INT32 ``[T, topk]`` (indexer)
+    scores: object  #: FP32 ``[T, max_blocks * block_size]``
+    attn_out: object  #: BF16 ``[T, nq, 512]`` (sparse attention, before ``wo``)
+
+
 class Plan(NamedTuple):
     """Host rules of a checked step (:func:`host_plan`), int64."""
 
@@ -258,7 +288,8 @@ def iprolog_switches(ins) -> dict:
     """The indexer prolog's keyword switches of the step (under its own names)."""
     return {"path": ins.path, "rope_pairing": ins.index_rope_pairing, "eps": ins.ln_eps,
             "ue8m0": ins.ue8m0, "amax_floor": ins.amax_floor,
-            "block_size": ins.block_size, "fp8_promotion": ins.fp8_promotion}  # fmt: skip
+            "block_size": ins.block_size, "fp8_promotion": ins.fp8_promotion,
+            "k_tile": ins.index_k_tile}  # fmt: skip
 
 
 def latent_views(layout: str, kv_cache, kr_cache, kv_scale_cache) -> tuple:
@@ -481,24 +512,42 @@ def _check_read_index_keys(ins, ia, slots: np.ndarray) -> None:
             )
 
 
-def check_values(args: Args) -> Args:
-    """The checks that read data, before any stage runs: the indexer's integer checks
-    (``seq_lens``, ``q_lens``, every visible block of ``block_table``); the same ``q_lens`` in
-    every batch; ``slot_mapping`` entries (``-1`` or the block table's slot); the MLA prolog's
-    and the indexer prolog's value checks with those slots (finite inputs, slots inside their
-    caches); every visible block inside the latent cache; the index cache's read tokens that
-    no prolog writes. Returns ``args`` with ``slots`` and ``values=True``."""
+def check_int_values(args: Args) -> Args:
+    """The checks of the small integer inputs (host copies; a device wrapper's default, the
+    record's ``int_checks``): the indexer's (``seq_lens``, ``q_lens``, every visible block of
+    ``block_table``); the same ``q_lens`` in every batch; ``slot_mapping`` entries (``-1`` or
+    the block table's slot); both prologs' slot checks with those slots; every visible block
+    inside the latent cache. Returns ``args`` with ``slots`` and ``values=True`` (what
+    :func:`host_plan` needs; :func:`cost` needs :func:`check_values`: the float inputs are not
+    read here)."""
     ins = args.ins
     ia = idx_contract.check_int_values(args.indexer)
     _uniform_q_lens(ia)
     slots = _slots(ins, ia)
-    mla = mla_contract.check_values(args.mla._replace(ins=mla_namespace(ins, slots),
-                                                      slot_mapping=slots))  # fmt: skip
+    mla = mla_contract.check_int_values(args.mla._replace(ins=mla_namespace(ins, slots),
+                                                          slot_mapping=slots))  # fmt: skip
     ipn = iprolog_namespace(ins, slots, args.iprolog.ins.q_norm, args.iprolog.ins.q_norm_scale)
-    ip = iprolog_contract.check_values(args.iprolog._replace(ins=ipn, slot_mapping=slots))
+    ip = iprolog_contract.check_int_values(args.iprolog._replace(ins=ipn, slot_mapping=slots))
     check_latent_blocks(ia, args.latent_rows)
-    _check_read_index_keys(ins, ia, slots)
     return args._replace(mla=mla, iprolog=ip, indexer=ia, slots=slots, values=True)
+
+
+def check_data_values(args: Args) -> Args:
+    """The scans of the float data after :func:`check_int_values` (the record's
+    ``scan_checks``): both prologs' (finite activations, gammas, RoPE tables; every weight
+    and its scales), and the index-cache tokens the indexer reads that no prolog writes
+    (:func:`_check_read_index_keys`). Returns ``args``."""
+    _require_values(args, "check_data_values")
+    mla = mla_contract.check_data_values(args.mla)
+    ip = iprolog_contract.check_data_values(args.iprolog)._replace(values=True)
+    _check_read_index_keys(args.ins, args.indexer, args.slots)
+    return args._replace(mla=mla, iprolog=ip)
+
+
+def check_values(args: Args) -> Args:
+    """Every value check, before any stage runs (the golden's): :func:`check_int_values`
+    then :func:`check_data_values`. Returns ``args`` with ``slots`` and ``values=True``."""
+    return check_data_values(check_int_values(args))
 
 
 # ----------------------------------------------------------------------------- decode step
@@ -649,7 +698,7 @@ RECORD = OpRecord(
     calls=(
         Call("dsa_attention_step", "dsa_attention_step",
              tuple(Output(f, _KINDS.get(f, "float")) for f in STEP_FIELDS),
-             signature=(step_inputs, step_keywords), judged_by="stages"),
+             signature=(step_inputs, step_keywords), judged_by="stages", device=True),
         # the step entered at the indexer: its stages' outputs under their ops' own names,
         # judged by the indexer's plan (ids first, then the attention)
         Call("dsa_decode_step", "dsa_attention_step",
@@ -659,11 +708,14 @@ RECORD = OpRecord(
     ),
     cost=cost,
     names={"AttentionStepResult": "dsa_attention_step"},
+    int_checks=check_int_values,
+    scan_checks=check_data_values,
 )  # fmt: skip
 
 
 __all__ = [
     "RECORD",
+    "AttentionStepResult",
     "ATTENTION_NAMES",
     "DECODE_LAYOUTS",
     "DECODE_OUTPUTS",
@@ -682,6 +734,8 @@ __all__ = [
     "Args",
     "Stage",
     "Plan",
+    "check_data_values",
+    "check_int_values",
     "check_latent_blocks",
     "check_decode_meta",
     "check_decode_step",

@@ -33,6 +33,7 @@ FAMILY_ENTRIES = (
     "dsa_indexer/short_fp8@950",
     "mla_prolog/int8_b4_s2@910b",
     "dsa_indexer_prolog/int8_pad_h256@910b",
+    "dsa_attention_step/short_int8@910b",
 )
 
 _THREAD_KEYS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "MKL_DYNAMIC")

@@ -1,0 +1,346 @@
+"""The DeepSeek-V3.2 layer step on the device (``tilesim.device.dsa_attention_step``): the MLA
+prolog, indexer prolog, indexer and sparse attention kernels launched one after the other in
+PyPTO's CPU simulator, judged stage by stage against the golden
+:func:`tilesim.reference.dsa_attention_step` called with the switches the kernels implement.
+
+What is asserted (CI: the small INT8 case ``dsa_attention_step_short_int8`` on the 910B, B 2,
+s1 2, lengths 300 / 1000, with ``index_k_tile=1024``, the indexer prolog kernel's K tile at
+H = 7168):
+
+1. every output of the three first stages -- the queries, ``q_norm`` and its scale, the latent
+   cache triple, the index queries, scales, weights and index cache, the ids and the scores --
+   bit for bit the golden's; ``attn_out`` within the sparse attention's budgets (its record's:
+   ``bit_exact`` and ``row_ulp``): the attention's softmax ``exp`` is the device intrinsic
+   where the golden rounds the float64 ``exp`` once, and its FP32 row sums follow the
+   device's order, so a BF16 output may land one ULP off (docs/ops/dsa.md, "Rounding points");
+2. the caches, from the inputs alone (independent of the golden): the case poisons every row
+   no earlier token holds with NaN, the new tokens' slots included; each cache's rows outside
+   the written slots keep their bytes, each written slot's row differs from the poison;
+3. NumPy in -> NumPy out, no argument written; each stage kernel built once and no other
+   (:func:`tilesim.device.compile_stats`);
+4. ``tilesim compare`` judges the device outputs, dumped as one ``.npz``, against the golden
+   directory of the same call (``tilesim golden`` replayed with ``index_k_tile``): every
+   stage passes.
+
+``slow``: the layer at b4 s2 over 64K on both SoCs (cost only), each stage's cost-model time
+and their sum, the layer's figure (``docs/ops/dsa_attention_step.md``, "Kernel").
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tilesim.shared.registry.ops import record
+
+ATTENTION_BUDGETS = record("dsa").budgets
+CASE = "dsa_attention_step_short_int8"
+#: the indexer prolog kernel's K tile of ``x @ w_k`` / ``x @ w_proj`` at H = 7168
+INDEX_K_TILE = 1024
+#: the four stage kernels' compile-registry names (the INT8 path's kv_split attention)
+STAGE_KERNELS = ("dsa_indexer", "dsa_indexer_prolog", "dsa_sparse_attention_kv_split",
+                 "mla_prolog")  # fmt: skip
+#: each cache of the step: (name, width of its rows in elements)
+CACHES = (("kv_cache", 512), ("kr_cache", 64), ("kv_scale_cache", 4), ("k_cache", 128),
+          ("k_scale", 1))  # fmt: skip
+
+
+#: the FP8 path's case (950): the kernels' latent cache form and K-block promotion
+FP8_CASE = ("dsa_attention_step_short_fp8", {"cache_layout": "kv_split"},
+            {"cache_layout": "kv_split", "fp8_promotion": "two_roundings"})  # fmt: skip
+
+
+def _case(name: str = CASE, build: dict | None = None,
+          call: dict | None = None) -> tuple[dict, dict, dict]:  # fmt: skip
+    """``(inputs, params, tolerance)`` of the named case built with ``build`` (builder
+    parameters), its params with ``index_k_tile`` and ``call``."""
+    from tilesim.reference import dsa_attention_step_make_case
+
+    case = dsa_attention_step_make_case(name, **(build or {}))
+    prm = {k: v for k, v in case["params"].items() if k != "progress"}
+    prm = {**prm, "index_k_tile": INDEX_K_TILE, **(call or {})}
+    return dict(case["inputs"]), prm, case["tolerance"]
+
+
+def _bytes(a) -> np.ndarray:
+    a = np.ascontiguousarray(np.asarray(a))
+    return a.view(np.uint8).reshape(a.shape[0], -1) if a.ndim else a.view(np.uint8)
+
+
+def _rows(a, width: int) -> np.ndarray:
+    a = np.ascontiguousarray(np.asarray(a))
+    return a.reshape(-1, width).view(np.uint8)
+
+
+def _cache_rows(ins: dict, out, slots: np.ndarray, block_size: int) -> dict:
+    """Per cache: every row outside ``slots`` byte-equal to the input's, every slot's row
+    changed (the input holds NaN there). The FP8 index cache (132-byte pages, codes then
+    scales) is compared by page: the pages no slot falls in, the pages slots fall in."""
+    found = {}
+    for name, width in CACHES:
+        if ins.get(name) is None:  # FP8: the k scales live in the pages
+            continue
+        rows, width = slots, width
+        if np.asarray(ins[name]).dtype == np.uint8:  # FP8 pages [blocks, block_size * 132]
+            rows, width = np.unique(slots // block_size), ins[name].shape[1]
+        old, new = _rows(ins[name], width), _rows(getattr(out, name), width)
+        other = np.ones(old.shape[0], bool)
+        other[rows] = False
+        found[name] = (bool(np.array_equal(old[other], new[other])),
+                       bool((old[rows] != new[rows]).any(axis=1).all()))  # fmt: skip
+    return found
+
+
+def _attention_verdict(got, ref, tolerance: dict) -> dict:
+    from tilesim.reference import judge
+
+    rows = got.shape[0] * got.shape[1]
+    g, r = got.reshape(rows, -1), ref.reshape(rows, -1)
+    v = judge(g, r, {**tolerance, "row_ulp": ATTENTION_BUDGETS["row_ulp"]}, kind="dsa")
+    return {"passed": bool(v.passed), "summary": v.summary(),
+            "bit_exact": float(np.mean(g.view(np.uint16) == r.view(np.uint16)))}  # fmt: skip
+
+
+def run_step(dump: str, soc: str, case: tuple = (CASE, None, None)) -> dict:
+    """In the simulator child: the device step on the case (``(name, build, call)`` of
+    :func:`_case`; NumPy in), the golden with the same arguments, the checks of the module
+    docstring; writes the device outputs to ``dump`` (``.npz``, the step's output names)."""
+    from tilesim.cli.tensorio import write_npz
+    from tilesim.device import compile_stats, dsa_attention_step, reset_compile_stats
+    from tilesim.reference import dsa_attention_step as golden
+    from tilesim.reference.dsa_attention_step import step_args
+
+    ins, prm, tol = _case(*case)
+    before = {k: _bytes(v).copy() for k, v in ins.items() if isinstance(v, np.ndarray)}
+    reset_compile_stats()
+    out, us = dsa_attention_step(**ins, **prm, backend="sim", soc=soc)
+    builds = compile_stats()
+    kept = all(np.array_equal(before[k], _bytes(ins[k])) for k in before)
+    ref = golden(**ins, **prm)
+    exact = {f: bool(np.array_equal(_bytes(getattr(ref, f)), _bytes(getattr(out, f))))
+             for f in out._fields if f != "attn_out" and getattr(ref, f) is not None}  # fmt: skip
+    slots = step_args(**ins, **prm).slots
+    write_npz(dump, {f: np.asarray(v) for f, v in out._asdict().items() if v is not None})
+    return {"exact": exact, "attention": _attention_verdict(out.attn_out, ref.attn_out, tol),
+            "caches": _cache_rows(ins, out, slots, prm["block_size"]), "kept": kept,
+            "builds": builds, "us": us,
+            "numpy_out": all(isinstance(v, np.ndarray) for v in out if v is not None),
+            "metrics_attn": {"max_abs": float(np.max(np.abs(
+                out.attn_out.astype(np.float64) - ref.attn_out.astype(np.float64))))}}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def step_run(tmp_path_factory):
+    from tilesim.device import sim
+
+    root = tmp_path_factory.mktemp("step")
+    dump = root / "device.npz"
+    return root, sim.isolated(run_step, str(dump), "910b", soc="910b", timeout=1800)
+
+
+@pytest.mark.sim
+@pytest.mark.torch
+@pytest.mark.soc_910b
+def test_every_stage_on_the_device_is_the_goldens(step_run, sim_report):
+    _root, r = step_run
+    a = r["attention"]
+    sim_report.add(kernel="dsa_attention_step", soc="910b",
+                   case="int8 b2 s2 short (T 4, four launches)",
+                   bit_exact=a["bit_exact"], max_ulp=None, max_abs=r["metrics_attn"]["max_abs"],
+                   us=r["us"])  # fmt: skip
+    assert all(r["exact"].values()), r["exact"]
+    assert a["passed"] and a["bit_exact"] >= ATTENTION_BUDGETS["bit_exact"], a
+    for name, (untouched, written) in r["caches"].items():
+        assert untouched and written, (name, r["caches"])
+    assert r["kept"] and r["numpy_out"], r
+    assert r["builds"] == dict.fromkeys(STAGE_KERNELS, 1), r["builds"]
+    assert r["us"] > 0
+
+
+@pytest.mark.sim
+@pytest.mark.torch
+@pytest.mark.soc_910b
+def test_tilesim_compare_passes_the_device_dump_stage_by_stage(step_run, capsys):
+    from tilesim.__main__ import main
+
+    root, _r = step_run
+    assert main(["golden", CASE, "-o", str(root / "case")]) == 0
+    replay = ["golden", "--inputs", str(root / "case" / CASE), "--params",
+              f'{{"index_k_tile": {INDEX_K_TILE}}}', "-o", str(root / "golden")]  # fmt: skip
+    assert main(replay) == 0
+    capsys.readouterr()
+    code = main(["compare", str(root / "device.npz"), str(root / "golden" / CASE)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    for stage in ("mla_prolog", "dsa_indexer_prolog", "dsa_indexer", "sparse_attention"):
+        assert f"stage {stage}: PASS" in out, out
+
+
+@pytest.mark.sim
+@pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.soc_950
+def test_the_fp8_step_on_the_950_is_the_goldens(tmp_path):
+    """The FP8 path (DeepSeek's prologs' kernels, the kv_split latent cache, FP8 index pages)
+    on the 950: the same checks as the INT8 CI test."""
+    from tilesim.device import sim
+
+    r = sim.isolated(run_step, str(tmp_path / "fp8.npz"), "950", FP8_CASE, soc="950",
+                     timeout=1800)  # fmt: skip
+    assert all(r["exact"].values()), r["exact"]
+    a = r["attention"]
+    assert a["passed"] and a["bit_exact"] >= ATTENTION_BUDGETS["bit_exact"], a
+    for name, (untouched, written) in r["caches"].items():
+        assert untouched and written, (name, r["caches"])
+    assert r["kept"] and r["numpy_out"] and r["us"] > 0, r
+    assert len(r["builds"]) == 4 and set(r["builds"].values()) == {1}, r["builds"]
+
+
+# ----------------------------------------------------------------------------- bad input
+@pytest.fixture(scope="module")
+def small_case():
+    ins, prm, _tol = _case()
+    return ins, prm
+
+
+def _both(ins: dict, prm: dict, **device_kw) -> list:
+    """The golden's and the device step's exception for the same call (type, message)."""
+    import tilesim.device as dev
+    import tilesim.reference as ref
+
+    got = []
+    device = {"backend": "sim", "soc": "910b", **device_kw}
+    for fn, kw in ((ref.dsa_attention_step, {}), (dev.dsa_attention_step, device)):
+        with pytest.raises((ValueError, TypeError)) as e:
+            fn(**ins, **prm, **kw)
+        got.append((type(e.value), str(e.value)))
+    return got
+
+
+BAD = {
+    "x rank": lambda i: i.update(x=i["x"][0]),
+    "slot not the table's": lambda i: i.update(slot_mapping=np.array([5, 6, 7, 8], np.int64)),
+    "w_qb dtype": lambda i: i.update(w_qb=i["w_qb"].astype(np.float32)),
+    "seq_lens past the table": lambda i: i.update(seq_lens=np.array([300, 5000], np.int32)),
+    "k_scale missing": lambda i: i.update(k_scale=None),
+}
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("bad", sorted(BAD))
+def test_bad_input_gets_the_goldens_message(small_case, bad):
+    """The contract's checks with the golden's messages, before any kernel is built; nothing
+    written."""
+    ins, prm = small_case
+    ins = {k: (np.array(v, copy=True) if isinstance(v, np.ndarray) else v) for k, v in ins.items()}
+    BAD[bad](ins)
+    before = {k: _bytes(v).copy() for k, v in ins.items() if isinstance(v, np.ndarray)}
+    (tg, mg), (td, md) = _both(ins, prm)
+    assert td is tg and md == mg
+    assert all(np.array_equal(v, _bytes(ins[k])) for k, v in before.items())
+
+
+@pytest.mark.torch
+def test_nan_in_a_weight_is_refused_with_validate_full(small_case):
+    ins, prm = small_case
+    w = np.array(ins["w_k"], copy=True)
+    w[5, 3] = np.nan
+    (tg, mg), (td, md) = _both({**ins, "w_k": w}, prm, validate="full")
+    assert td is tg and md == mg and md.startswith("w_k")
+
+
+LACKS = {"index_k_tile": None, "int8_order": "pypto", "rms_form": "deepseek",
+         "index_rope_pairing": "interleaved"}  # fmt: skip
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("name", sorted(LACKS))
+def test_switch_values_the_kernels_lack_are_refused_by_name(small_case, name):
+    """The golden takes the value; the device step refuses it before any work, naming the
+    step's argument and the value."""
+    import tilesim.device as dev
+
+    ins, prm = small_case
+    value = LACKS[name]
+    kw = {**prm, name: value}
+    if name == "index_rope_pairing":  # the interleaved pairing reads [T, 32] tables
+        ins = {**ins, "cos": ins["cos"][:, :32].copy(), "sin": ins["sin"][:, :32].copy()}
+    with pytest.raises(ValueError, match=rf"^{name}: the device step's stage kernels implement "
+                       rf".*, got {value!r}"):  # fmt: skip
+        dev.dsa_attention_step(**ins, **kw, backend="sim", soc="910b")
+
+
+FP8_REFUSED = {
+    "910b": ({}, r"^path: 'fp8' needs a SoC with FP8"),
+    "950": ({}, r"^cache_layout: the device step's stage kernels implement \('kv_split',\)"),
+    "950 fma": (FP8_CASE[1], r"^fp8_promotion: .*\('two_roundings',\)"),
+}
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("which", sorted(FP8_REFUSED))
+def test_fp8_values_without_a_kernel_are_refused_by_name(which):
+    """FP8 on the 910B (no FP8 on the SoC); on the 950 the FP8 path's default packed latent
+    rows and ``"fma"`` promotion, which its prolog kernels do not compute."""
+    import tilesim.device as dev
+
+    build, match = FP8_REFUSED[which]
+    ins, prm, _tol = _case(FP8_CASE[0], build=build, call=build)
+    with pytest.raises(ValueError, match=match):
+        dev.dsa_attention_step(**ins, **prm, backend="sim", soc=which.split()[0])
+
+
+# ----------------------------------------------------------------------------- slow: the layer
+#: the 64K case (INT8 path: the prolog kernels' path, on both SoCs)
+LAYER_CASE = "dsa_attention_step_b4_s2_64k_int8"
+
+
+def cost_layer(soc: str) -> dict:
+    """In the simulator child: each stage's cost-model µs of the 64K case (cost only, no
+    interpretation) and the step's ``{flop, bytes}`` (the contract's ``cost``)."""
+    import types
+
+    from tilesim.device import sim
+    from tilesim.device.dsa_attention_step import run_stages
+    from tilesim.shared import dsa_attention_step as contract
+
+    ins, prm, _tol = _case(LAYER_CASE)
+    with sim.cost_only():
+        _res, stages = run_stages({**ins, **prm, "backend": "sim", "soc": soc})
+    ns = types.SimpleNamespace(**{**dict.fromkeys(contract.INPUT_NAMES), **ins,
+                                  **_keywords(prm)})  # fmt: skip
+    args = contract.check_values(contract.check_meta(ns))
+    return {"stages": stages, "cost": contract.cost(args)}
+
+
+def _keywords(prm: dict) -> dict:
+    """The step's keywords: their defaults, then ``prm``."""
+    import inspect
+
+    from tilesim.shared.dsa_attention_step import step_keywords
+
+    sig = inspect.signature(step_keywords).parameters
+    return {**{k: p.default for k, p in sig.items()}, **prm}
+
+
+@pytest.mark.sim
+@pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.parametrize("soc", [
+    pytest.param("910b", marks=pytest.mark.soc_910b, id="910b"),
+    pytest.param("950", marks=pytest.mark.soc_950, id="950"),
+])  # fmt: skip
+def test_layer_cost_at_b4_s2_64k(soc, sim_report):
+    """The layer at b4 s2 over 64K (topk 2048), cost only: four launches, the layer's figure
+    their sum, each stage's µs beside it (the targets, <= 500 µs on the 910B and <= 450 µs on
+    the 950, are the committed figures')."""
+    from tilesim.device import sim
+
+    r = sim.isolated(cost_layer, soc, soc=soc, timeout=7200)
+    total = sum(r["stages"].values())
+    extra = {f"{k} µs": v for k, v in r["stages"].items()}
+    sim_report.add(kernel="dsa_attention_step", soc=soc,
+                   case="int8 b4 s2 64K topk 2048 (four launches, cost only)", bit_exact=None,
+                   max_ulp=None, max_abs=None, us=total,
+                   cost={k: r["cost"][k] for k in ("flop", "bytes")},
+                   extra=extra)  # fmt: skip
+    assert all(v > 0 for v in r["stages"].values()), r
