@@ -48,6 +48,12 @@ _ENTRIES = {
     "dsa_indexer/short_int8": ("dsa_indexer", "dsa_indexer_short_int8", {}, ("910b",)),
     "dsa_indexer/short_fp8": ("dsa_indexer", "dsa_indexer_short_fp8", {}, ("950",)),
     "mla_prolog/int8_b4_s2": ("mla_prolog", "mla_prolog_int8_b4_s2", {}, ("910b",)),
+    "mla_prolog/fp8_kv_split_b4_s2": (
+        "mla_prolog",
+        None,
+        {"path": "fp8", "cache_layout": "kv_split", "seq_lens": (1024, 5000, 2048, 130)},
+        ("950",),
+    ),
     "dsa_indexer_prolog/int8_pad_h256": (
         "dsa_indexer_prolog",
         None,
@@ -68,9 +74,14 @@ _ENTRIES = {
     ),  # fmt: skip
 }
 #: the call parameters an entry adds to its case's: a switch value the kernel is judged with
-#: where the case's default is golden-only (the layer step's indexer prolog needs a K tile of
-#: its linears at H = 7168, docs/ops/dsa_attention_step.md, "Kernel")
-CALL_PARAMS = {"dsa_attention_step/short_int8": {"index_k_tile": 1024}}
+#: where the case's default is golden-only (the FP8 MLA prolog kernel promotes in two
+#: roundings; the layer step's indexer prolog needs a K tile of its linears at H = 7168,
+#: docs/ops/dsa_attention_step.md, "Kernel")
+CALL_PARAMS = {
+    "dsa_attention_step/short_int8": {"index_k_tile": 1024},
+    # the FP8 MLA prolog kernel's K-block promotion (docs/ops/mla_prolog.md, "Kernel")
+    "mla_prolog/fp8_kv_split_b4_s2": {"fp8_promotion": "two_roundings"},
+}
 
 
 def entries() -> list[tuple[str, tuple]]:
