@@ -57,11 +57,14 @@ from tilesim.shared.mla_prolog import BLOCK, HEADS, HIDDEN, KV_A, Q_HEAD, Q_LORA
 #: DeepSeek's ``act_quant`` floor of a block's amax
 AMAX_FLOOR = 1e-4
 #: cube tiles ``([m0, m1], [k0, k1], [n0, n1])`` of one K block of C1 (``x`` against
-#: ``w_dq`` / ``w_dkv_kr``) and C2 (``q_norm`` against ``w_uq_qr``): K is the 128-deep block
-C1_TILES = ([16, 16], [BLOCK, BLOCK], [256, 256])
+#: ``w_dq`` / ``w_dkv_kr``) and C2 (``q_norm`` against ``w_uq_qr``): K is the 128-deep block.
+#: They and :data:`PROMOTE_COLS` change the cost model's tasks, never a bit; measured at T = 8
+#: on the 950: C1 N 256 -> 512 with promotion tiles 1024 -> 2048 columns, 433.6 -> 389.5 µs
+#: (3072 columns: 397.9; 1536: 416.9); a C2 N tile of 1024 does not compile (L0B)
+C1_TILES = ([16, 16], [BLOCK, BLOCK], [512, 512])
 C2_TILES = ([16, 16], [BLOCK, BLOCK], [512, 512])
-#: columns of the vector tiles of the block promotion (FP32 ``[rows, 1024]``: 32 KB at 8 rows)
-PROMOTE_COLS = 1024
+#: columns of the vector tiles of the block promotion (FP32 ``[rows, 2048]``: 64 KB at 8 rows)
+PROMOTE_COLS = 2048
 K_BLOCKS_X = HIDDEN // BLOCK  # 56
 K_BLOCKS_Q = Q_LORA // BLOCK  # 12
 
