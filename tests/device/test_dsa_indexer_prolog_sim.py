@@ -395,6 +395,19 @@ def _kernel_error(inp, prm, **device) -> str:
     return f"{type(e.value).__name__}: {e.value}"
 
 
+def _kernel_error_on(soc: str, inp, prm) -> str:
+    """Child (a ``soc`` process): :func:`_kernel_error` for that SoC."""
+    return _kernel_error(inp, prm, soc=soc)
+
+
+def _isolated_kernel_error(inp, prm, soc: str = "910b") -> str:
+    """:func:`_kernel_error` in a fresh process configured for ``soc`` (the refusals come after
+    the target is resolved, which configures the simulator for the call's SoC)."""
+    from tilesim.device import sim
+
+    return sim.isolated(_kernel_error_on, soc, inp, prm, soc=soc, timeout=600)
+
+
 def _bad(name):
     """Bad arguments of the contract (each the golden refuses before any work)."""
     inp, prm = _small_case()
@@ -436,7 +449,7 @@ def test_a_nan_is_scanned_with_validate_full_only():
     want, got = _messages(inp, prm, validate="full")
     assert got == want and "x" in got
     inp["cos"], inp["sin"] = inp["cos"][:, :32], inp["sin"][:, :32]
-    got = _kernel_error(inp, {**prm, "rope_pairing": "interleaved"})
+    got = _isolated_kernel_error(inp, {**prm, "rope_pairing": "interleaved"})
     assert "rope_pairing: the kernel implements 'halves' only" in got
 
 
@@ -446,7 +459,7 @@ def test_fp8_needs_a_soc_with_fp8():
     """FP8 on the 910B: the SoC rule's error (``SocSpec.fp8``), naming ``path``, with the
     kernel's own switches too (the SoC is checked first)."""
     inp, prm = _small_case(**SMALL_FP8)
-    got = _kernel_error(inp, {**prm, **FP8_KERNEL}, soc="910b")
+    got = _isolated_kernel_error(inp, {**prm, **FP8_KERNEL}, soc="910b")
     assert got.startswith("ValueError: path: 'fp8' needs a SoC with FP8 E4M3"), got
     assert "'910b'" in got
 
@@ -477,7 +490,7 @@ def test_one_k_tile_of_7168_is_refused():
 
     case = dsa_indexer_prolog_make_case(None, seed=1, path="int8", seq_lens=(5,), s1=1,
                                         block_size=16)  # fmt: skip
-    got = _kernel_error(case["inputs"], case["params"])
+    got = _isolated_kernel_error(case["inputs"], case["params"])
     assert "k_tile: expected a K tile <= 1024 dividing H = 7168" in got, got
     assert "got None (one tile of H)" in got
 
