@@ -70,7 +70,10 @@ _ENTRIES = {
         ("910b",),
     ),  # fmt: skip
     "dsa_attention_step/short_int8": (
-        "dsa_attention_step", "dsa_attention_step_short_int8", {}, ("910b",),
+        "dsa_attention_step",
+        "dsa_attention_step_short_int8",
+        {},
+        ("910b",),
     ),  # fmt: skip
 }
 #: the call parameters an entry adds to its case's: a switch value the kernel is judged with
