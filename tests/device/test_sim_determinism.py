@@ -33,8 +33,14 @@ FAMILY_ENTRIES = (
     "dsa_indexer/short_fp8@950",
     "mla_prolog/int8_b4_s2@910b",
     "dsa_indexer_prolog/int8_pad_h256@910b",
-    "dsa_attention_step/short_int8@910b",
 )
+#: families whose kernel is only a sequence of other families' kernels: the layer step launches
+#: the four stage wrappers (device/dsa_attention_step.py), each with its own entry above, so its
+#: bits under threads and load follow from theirs (its digest is still checked by
+#: tests/digests/test_kernel_digests.py)
+COMPOSED_FAMILIES = {"dsa_attention_step"}
+#: the entry the quiet-versus-loaded comparison runs twice (the cheapest in FAMILY_ENTRIES)
+QUIET_ENTRY = "dsa_indexer_prolog/int8_pad_h256@910b"
 
 _THREAD_KEYS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "MKL_DYNAMIC")
 
@@ -65,6 +71,8 @@ def test_every_family_entry_is_a_digest_entry():
     known = dict(entries())
     assert set(FAMILY_ENTRIES) <= set(known)
     families = {key.split("/")[0] for key in known}
+    assert COMPOSED_FAMILIES <= families
+    families -= COMPOSED_FAMILIES
     assert {key.split("/")[0] for key in FAMILY_ENTRIES} == families
 
 
@@ -82,7 +90,7 @@ def test_same_bits_under_threads_and_load(key):
 def test_quiet_and_loaded_runs_agree():
     """The same entry from a one-thread caller on an idle machine and from a four-thread
     caller beside two spinning processes: identical digests."""
-    key = FAMILY_ENTRIES[2]
+    key = QUIET_ENTRY
     with caller_conditions(threads=1, busy=0):
         quiet = run_entry(key)
     with caller_conditions(threads=4, busy=2):
