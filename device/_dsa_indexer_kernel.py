@@ -61,7 +61,6 @@ branches a build and a row group take. Private; importing it needs neither torch
 # no `from __future__ import annotations`: the frontend evaluates the pypto.Tensor(...) annotations
 from tilesim.device import backend as _backend
 from tilesim.device._lazy import require_pypto
-from tilesim.device._pypto_common import jit_options
 from tilesim.shared.dsa_indexer import INDEX_HEADS as HEADS  # 64 index heads
 from tilesim.shared.dsa_indexer import (
     INT8_QK_SCALE,  # 2^-11
@@ -509,13 +508,9 @@ def build(params: IndexerParams, static_dims: tuple, jit: tuple = JIT):
     (params, static dims = cache rows and block-table width, options)
     (:func:`tilesim.device.backend.compiled`); batch, ``s1`` and every length are runtime
     values."""
-    pypto = require_pypto()
-    key = (params.key, tuple(static_dims), jit)
-    return _backend.compiled(
-        "dsa_indexer", key,
-        lambda: pypto.frontend.jit(**jit_options(jit, ready_on_host=READY_ON_HOST))(
-            _sources(pypto)[params.path]),
-    )  # fmt: skip
+    return _backend.compiled_jit(
+        "dsa_indexer", (params.key, tuple(static_dims)), jit,
+        lambda: _sources(require_pypto())[params.path], ready_on_host=READY_ON_HOST)  # fmt: skip
 
 
 __all__ = [

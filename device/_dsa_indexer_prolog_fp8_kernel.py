@@ -59,9 +59,9 @@ from tilesim.device._dsa_indexer_prolog_kernel import (
     _Args,
     layer_norm,
     rope_head,
+    write_queries,
 )
 from tilesim.device._lazy import require_pypto
-from tilesim.device._pypto_common import jit_options
 from tilesim.shared.casts import FP8_E4M3_MAX
 from tilesim.shared.dsa_indexer import INDEX_HEADS as HEADS  # 64 index heads
 from tilesim.shared.dsa_indexer_prolog import FP8_BLOCK, QB_COLS, ROPE_DIM
@@ -294,10 +294,7 @@ def prolog_nest(pypto, ins, outs, p):
     for t0, u in pypto.loop_unroll(0, t, 1, name="IP8_TOK", idx_name="t0",
                                    unroll_list=list(p.unroll)):  # fmt: skip
         qc, qsc = queries(pypto, ins, t0, u, p)
-        pypto.set_vec_tile_shapes(HEADS, DIM)
-        pypto.assemble(qc, [t0 * HEADS, 0], outs.q)
-        pypto.set_vec_tile_shapes(HEADS, 16)
-        pypto.assemble(qsc, [t0 * HEADS, 0], outs.q_scale)
+        write_queries(pypto, outs, qc, qsc, t0, 16)
         kc, ksc = keys(pypto, ins, t0, u, p)
         kbytes = encode_e4m3_bytes(pypto, kc, u)
         write_keys(pypto, ins, kbytes, ksc, t0, u, p, outs.pages)
@@ -352,13 +349,11 @@ def build(params: Fp8Params, dtypes: tuple, static_dims: tuple, jit: tuple = JIT
     width)``, options) (:func:`tilesim.device.backend.compiled`); ``T`` and the slots are
     runtime values."""
     pypto = require_pypto()
-    key = ("fp8", params.key, tuple(dtypes), tuple(static_dims), jit)
     ln_dt, tab_dt = (getattr(pypto, _DTYPES[d]) for d in dtypes)
-    return _backend.compiled(
-        "dsa_indexer_prolog", key,
-        lambda: pypto.frontend.jit(**jit_options(jit, ready_on_host=READY_ON_HOST))(
-            _source(pypto, ln_dt, tab_dt, static_dims[-1])),
-    )  # fmt: skip
+    return _backend.compiled_jit(
+        "dsa_indexer_prolog", ("fp8", params.key, tuple(dtypes), tuple(static_dims)), jit,
+        lambda: _source(pypto, ln_dt, tab_dt, static_dims[-1]),
+        ready_on_host=READY_ON_HOST)  # fmt: skip
 
 
 __all__ = [

@@ -35,7 +35,6 @@ written. Private; importing it needs neither torch nor pypto.
 import numpy as np
 from tilesim.device import backend as _backend
 from tilesim.device._lazy import require_pypto
-from tilesim.device._pypto_common import jit_options
 from tilesim.shared.dsa_indexer import INDEX_HEADS as HEADS  # 64 index heads
 from tilesim.shared.dsa_indexer_prolog import QB_COLS, ROPE_DIM
 from tilesim.shared.layouts.index_cache import INDEX_DIM as DIM  # 128
@@ -235,16 +234,21 @@ def write_keys(pypto, ins, codes, scales, t0, u: int, outs):
             pypto.assemble(pypto.view(scales, [1, 1], [i, 0]), [slot, 0], outs.k_scale)
 
 
+def write_queries(pypto, outs, qc, qsc, t0, scale_cols: int):
+    """The query codes ``[u*H, DIM]`` and scales ``[u*H, 1]`` into rows ``t0*H ..`` of
+    ``outs.q`` and ``outs.q_scale`` (the scales' vector tile ``[H, scale_cols]``)."""
+    pypto.set_vec_tile_shapes(HEADS, DIM)
+    pypto.assemble(qc, [t0 * HEADS, 0], outs.q)
+    pypto.set_vec_tile_shapes(HEADS, scale_cols)
+    pypto.assemble(qsc, [t0 * HEADS, 0], outs.q_scale)
+
+
 def prolog_nest(pypto, ins, outs, p):
     """The loop nest of the module docstring."""
     t = ins.x.shape[0]
     for t0, u in pypto.loop_unroll(0, t, 1, name="IP_TOK", idx_name="t0",
                                    unroll_list=list(p.unroll)):  # fmt: skip
-        qc, qsc = queries(pypto, ins, t0, u, p)
-        pypto.set_vec_tile_shapes(HEADS, DIM)
-        pypto.assemble(qc, [t0 * HEADS, 0], outs.q)
-        pypto.set_vec_tile_shapes(HEADS, 1)
-        pypto.assemble(qsc, [t0 * HEADS, 0], outs.q_scale)
+        write_queries(pypto, outs, *queries(pypto, ins, t0, u, p), t0, 1)
         kc, ksc = keys(pypto, ins, t0, u, p)
         write_keys(pypto, ins, kc, ksc, t0, u, outs)
         pypto.set_vec_tile_shapes(u, HEADS)
@@ -305,13 +309,10 @@ def build(params: PrologParams, dtypes: tuple, static_dims: tuple, jit: tuple = 
     parameters' and RoPE tables' dtype names, static dims = ``(H, R, cache rows)``, options)
     (:func:`tilesim.device.backend.compiled`); ``T`` and the slots are runtime values."""
     pypto = require_pypto()
-    key = (params.key, tuple(dtypes), tuple(static_dims), jit)
     ln_dt, tab_dt = (getattr(pypto, _DTYPES[d]) for d in dtypes)
-    return _backend.compiled(
-        "dsa_indexer_prolog", key,
-        lambda: pypto.frontend.jit(**jit_options(jit, ready_on_host=READY_ON_HOST))(
-            _source(pypto, ln_dt, tab_dt)),
-    )  # fmt: skip
+    return _backend.compiled_jit(
+        "dsa_indexer_prolog", (params.key, tuple(dtypes), tuple(static_dims)), jit,
+        lambda: _source(pypto, ln_dt, tab_dt), ready_on_host=READY_ON_HOST)  # fmt: skip
 
 
 __all__ = [

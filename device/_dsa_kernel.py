@@ -60,12 +60,11 @@ from tilesim.device._pypto_common import (
     combine_axis,
     eval_tree,
     fold_stats,
-    jit_options,
     merge_chunk,
     merge_tree,
     replaced,
 )
-from tilesim.device.backend import compiled
+from tilesim.device.backend import compiled_jit
 
 # online, kv_splits = 1: tokens of up to UNROLL_TILES tiles fold once (also the split cap)
 from tilesim.shared.layouts.dsa_split_rule import UNROLL_TILES
@@ -830,11 +829,5 @@ def build(form: str, quant: str, mode: str, params: NestParams, static_dims: tup
     if combine_axis(jit) != params.combine_axis:
         raise ValueError(f"params.combine_axis {params.combine_axis} does not match jit {jit!r}")
     name = "dsa_sparse_attention" if form == "packed" else "dsa_sparse_attention_kv_split"
-    key = (quant, mode, params.key, tuple(static_dims), jit)
-    return compiled(
-        name,
-        key,
-        lambda: pypto.frontend.jit(**jit_options(jit, ready_on_host=READY_ON_HOST))(
-            SOURCES[(form, quant)]
-        ),
-    )
+    key = (quant, mode, params.key, tuple(static_dims))
+    return compiled_jit(name, key, jit, lambda: SOURCES[(form, quant)], ready_on_host=READY_ON_HOST)

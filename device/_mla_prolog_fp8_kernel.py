@@ -37,19 +37,19 @@ import math
 from tilesim.device import backend as _backend
 from tilesim.device._lazy import require_pypto
 from tilesim.device._mla_prolog_kernel import (
-    C3_TILES,
     JIT,
     JIT_LARGE_CHUNK,
     NBUFFER_MAX_CHUNK,
     READY_ON_HOST,
     SUM_COLS,
     _Inputs,
+    chunk_loop,
     cube_tiles,
+    query_heads,
     row_sum,
     row_tile,
     write_rows,
 )
-from tilesim.device._pypto_common import jit_options
 from tilesim.shared.casts import FP8_E4M3_MAX
 from tilesim.shared.layouts.mla_cache import NOPE, NSCALES, ROPE
 from tilesim.shared.mla_prolog import BLOCK, HEADS, HIDDEN, KV_A, Q_HEAD, Q_LORA, QK_NOPE
@@ -194,18 +194,13 @@ def query_stage(pypto, ins, xq, t0, u: int, p):
     q_b = block_linear(pypto, codes, qs, ins.w_uq_qr, ins.w_uq_qr_scale, u, C2_TILES)
     pypto.set_vec_tile_shapes(row_tile(u), PROMOTE_COLS)
     q_b = pypto.reshape(pypto.cast(q_b, pypto.DT_BF16), [u, HEADS, Q_HEAD])
-    q_nope = pypto.view(q_b, [u, HEADS, QK_NOPE], [0, 0, 0])
-    pypto.set_cube_tile_shapes(*cube_tiles(C3_TILES, u))
-    nope = pypto.experimental.transposed_batchmatmul(q_nope, ins.w_uk, pypto.DT_BF16)
-    pypto.set_vec_tile_shapes(min(u, 8), 16, NOPE)
-    pypto.assemble(nope, [t0, 0, 0], ins.query_nope)
-    pypto.set_vec_tile_shapes(1, 64, ROPE)
-    q_pe = pypto.view(q_b, [u, HEADS, ROPE], [0, 0, QK_NOPE])
-    cos = pypto.reshape(pypto.view(ins.cos, [u, ROPE // 2], [t0, 0]), [u, 1, ROPE // 2])
-    sin = pypto.reshape(pypto.view(ins.sin, [u, ROPE // 2], [t0, 0]), [u, 1, ROPE // 2])
-    rope = rope_interleaved(pypto, q_pe, cos, sin, [u, HEADS])
-    pypto.set_vec_tile_shapes(min(u, 8), 16, ROPE)
-    pypto.assemble(rope, [t0, 0, 0], ins.query_rope)
+
+    def rope(q_pe):
+        cos = pypto.reshape(pypto.view(ins.cos, [u, ROPE // 2], [t0, 0]), [u, 1, ROPE // 2])
+        sin = pypto.reshape(pypto.view(ins.sin, [u, ROPE // 2], [t0, 0]), [u, 1, ROPE // 2])
+        return rope_interleaved(pypto, q_pe, cos, sin, [u, HEADS])
+
+    query_heads(pypto, ins, q_b, t0, u, rope)
 
 
 def latent_stage(pypto, ins, xq, t0, u: int, p):
@@ -225,15 +220,14 @@ def latent_stage(pypto, ins, xq, t0, u: int, p):
 
 
 def prolog_nest(pypto, ins, p):
-    """The loop nest of the module docstring (``T`` a multiple of ``p.chunk``: the wrapper pads)."""
-    u = p.chunk
-    for c in pypto.loop(0, ins.x.shape[0] // u, 1, name="MLA8_T", idx_name="c"):
-        t0 = c * u
-        pypto.set_vec_tile_shapes(row_tile(u), 512)
-        x = pypto.view(ins.x, [u, HIDDEN], [t0, 0])
+    """The loop nest of the module docstring."""
+
+    def body(x, t0, u):
         xq = act_quant(pypto, x, u, HIDDEN)  # shared by q_a and kv_a (the same codes)
         query_stage(pypto, ins, xq, t0, u, p)
         latent_stage(pypto, ins, xq, t0, u, p)
+
+    chunk_loop(pypto, ins, p, "MLA8_T", body)
 
 
 def _source(pypto):
@@ -280,13 +274,9 @@ def build(params: MlaFp8Params, static_dims: tuple, jit: tuple | None = None):
     ``JIT_LARGE_CHUNK``)."""
     if jit is None:
         jit = JIT if params.chunk <= NBUFFER_MAX_CHUNK else JIT_LARGE_CHUNK
-    pypto = require_pypto()
-    key = (params.key, tuple(static_dims), jit)
-    return _backend.compiled(
-        "mla_prolog_fp8", key,
-        lambda: pypto.frontend.jit(**jit_options(jit, ready_on_host=READY_ON_HOST))(
-            _source(pypto)),
-    )  # fmt: skip
+    return _backend.compiled_jit(
+        "mla_prolog_fp8", (params.key, tuple(static_dims)), jit,
+        lambda: _source(require_pypto()), ready_on_host=READY_ON_HOST)  # fmt: skip
 
 
 __all__ = ["MlaFp8Params", "act_quant", "block_linear", "build", "ue8m0"]

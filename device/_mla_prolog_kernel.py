@@ -28,7 +28,6 @@ pypto.
 # no `from __future__ import annotations`: the frontend evaluates the pypto.Tensor(...) annotations
 from tilesim.device import backend as _backend
 from tilesim.device._lazy import require_pypto
-from tilesim.device._pypto_common import jit_options
 from tilesim.shared.casts import INT8_QMAX
 from tilesim.shared.layouts.mla_cache import NOPE, NSCALES, ROPE
 from tilesim.shared.mla_prolog import HEADS, HIDDEN, KV_A, Q_HEAD, Q_LORA, QK_NOPE
@@ -197,18 +196,28 @@ def query_stage(pypto, ins, x, t0, u: int, p):
     pypto.set_vec_tile_shapes(row_tile(u), 1024)
     q_b = pypto.mul(pypto.mul(pypto.cast(acc, pypto.DT_FP32), qs), ins.w_scale)
     q_b = pypto.reshape(pypto.cast(q_b, pypto.DT_BF16), [u, HEADS, Q_HEAD])
+
+    def rope(q_pe):
+        cos = pypto.reshape(pypto.view(ins.cos, [u, ROPE], [t0, 0]), [u, 1, ROPE])
+        sin = pypto.reshape(pypto.view(ins.sin, [u, ROPE], [t0, 0]), [u, 1, ROPE])
+        return rope_deinterleave(pypto, q_pe, cos, sin, [u, HEADS])
+
+    query_heads(pypto, ins, q_b, t0, u, rope)
+
+
+def query_heads(pypto, ins, q_b, t0, u: int, rope):
+    """BF16 ``q_b [u, HEADS, Q_HEAD]`` -> ``query_nope`` (its nope part absorbed by ``w_uk``,
+    a transposed batch matmul) and ``query_rope`` (``rope(q_pe)``), both written at ``t0``;
+    shared by the INT8 and FP8 kernels."""
     q_nope = pypto.view(q_b, [u, HEADS, QK_NOPE], [0, 0, 0])
     pypto.set_cube_tile_shapes(*cube_tiles(C3_TILES, u))
     nope = pypto.experimental.transposed_batchmatmul(q_nope, ins.w_uk, pypto.DT_BF16)
     pypto.set_vec_tile_shapes(min(u, 8), 16, NOPE)
     pypto.assemble(nope, [t0, 0, 0], ins.query_nope)
     pypto.set_vec_tile_shapes(1, 64, ROPE)
-    q_pe = pypto.view(q_b, [u, HEADS, ROPE], [0, 0, QK_NOPE])
-    cos = pypto.reshape(pypto.view(ins.cos, [u, ROPE], [t0, 0]), [u, 1, ROPE])
-    sin = pypto.reshape(pypto.view(ins.sin, [u, ROPE], [t0, 0]), [u, 1, ROPE])
-    rope = rope_deinterleave(pypto, q_pe, cos, sin, [u, HEADS])
+    q_rope = rope(pypto.view(q_b, [u, HEADS, ROPE], [0, 0, QK_NOPE]))
     pypto.set_vec_tile_shapes(min(u, 8), 16, ROPE)
-    pypto.assemble(rope, [t0, 0, 0], ins.query_rope)
+    pypto.assemble(q_rope, [t0, 0, 0], ins.query_rope)
 
 
 def latent_stage(pypto, ins, x, t0, u: int, p):
@@ -242,15 +251,25 @@ def write_rows(pypto, ins, t0, u: int, fields):
                 pypto.assemble(pypto.view(field, [1, width], [i, 0]), [slot, 0], cache)
 
 
-def prolog_nest(pypto, ins, p):
-    """The loop nest of the module docstring (``T`` a multiple of ``p.chunk``: the wrapper pads)."""
+def chunk_loop(pypto, ins, p, name: str, body):
+    """The token loop of both kernels: ``body(x, t0, u)`` per chunk of ``u = p.chunk`` tokens
+    from ``t0``, ``x`` the chunk's BF16 ``[u, HIDDEN]`` view (``T`` a multiple of ``p.chunk``:
+    the wrapper pads)."""
     u = p.chunk
-    for c in pypto.loop(0, ins.x.shape[0] // u, 1, name="MLA_T", idx_name="c"):
+    for c in pypto.loop(0, ins.x.shape[0] // u, 1, name=name, idx_name="c"):
         t0 = c * u
         pypto.set_vec_tile_shapes(row_tile(u), 512)
-        x = pypto.view(ins.x, [u, HIDDEN], [t0, 0])
+        body(pypto.view(ins.x, [u, HIDDEN], [t0, 0]), t0, u)
+
+
+def prolog_nest(pypto, ins, p):
+    """The loop nest of the module docstring."""
+
+    def body(x, t0, u):
         query_stage(pypto, ins, x, t0, u, p)
         latent_stage(pypto, ins, x, t0, u, p)
+
+    chunk_loop(pypto, ins, p, "MLA_T", body)
 
 
 class _Inputs:
@@ -303,13 +322,9 @@ def build(params: MlaParams, static_dims: tuple, jit: tuple | None = None):
     above :data:`NBUFFER_MAX_CHUNK`)."""
     if jit is None:
         jit = JIT if params.chunk <= NBUFFER_MAX_CHUNK else JIT_LARGE_CHUNK
-    pypto = require_pypto()
-    key = (params.key, tuple(static_dims), jit)
-    return _backend.compiled(
-        "mla_prolog", key,
-        lambda: pypto.frontend.jit(**jit_options(jit, ready_on_host=READY_ON_HOST))(
-            _source(pypto)),
-    )  # fmt: skip
+    return _backend.compiled_jit(
+        "mla_prolog", (params.key, tuple(static_dims)), jit,
+        lambda: _source(require_pypto()), ready_on_host=READY_ON_HOST)  # fmt: skip
 
 
 __all__ = ["JIT", "JIT_LARGE_CHUNK", "READY_ON_HOST", "MlaParams", "build", "chunk_rows"]

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from tilesim.device._lazy import require, require_pypto, require_torch
+from tilesim.device._pypto_common import jit_options
 from tilesim.shared.interop import is_torch_tensor, to_numpy, to_torch
 from tilesim.shared.registry.op_record import OpRecord
 from tilesim.shared.soc import DEFAULT_SOC, SIM_SOCS
@@ -212,6 +213,20 @@ def compiled(name: str, key: tuple, build: Callable[[], object]):
     return kernel
 
 
+def compiled_jit(
+    name: str, key: tuple, jit: tuple, source: Callable[[], object], *, ready_on_host: tuple
+):
+    """:func:`compiled` for a PyPTO kernel: ``pypto.frontend.jit`` with the options of the
+    spec ``jit`` (:func:`tilesim.device._pypto_common.jit_options`, ``ready_on_host``: the
+    tensors the kernel's control flow reads on the host) applied to ``source()`` (the kernel
+    function, built only on a miss), once per ``(*key, jit)`` on this process's target."""
+    return compiled(
+        name, (*_check_key(key, name), jit),
+        lambda: require_pypto().frontend.jit(**jit_options(jit, ready_on_host=ready_on_host))(
+            source()),
+    )  # fmt: skip
+
+
 def compile_once(name: str):
     """Decorator form of :func:`compiled` for a factory ``build_kernel(*key)``: each distinct
     positional argument tuple is built once (keyword arguments are refused)."""
@@ -316,6 +331,7 @@ __all__ = [
     "compile_once",
     "compile_stats",
     "compiled",
+    "compiled_jit",
     "finish",
     "graph_safe",
     "is_shape_only",

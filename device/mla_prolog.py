@@ -143,6 +143,14 @@ def _padded(v, rows: int, fill, torch):
     return torch.cat([v, pad]).contiguous()
 
 
+def _call_tensors(a: contract.Args, names: tuple, chunk: int, torch):
+    """``({name: tensor} of the call's inputs ``names``, the padded row count (``T`` rounded
+    up to ``chunk``), the slots as a tensor)``."""
+    t_ = dict(zip(names, _backend.to_tensors(*(getattr(a.ins, n) for n in names)), strict=True))
+    slots = t_["slot_mapping"] if a.slot_mapping is None else torch.as_tensor(a.slot_mapping)
+    return t_, -(-a.tokens // chunk) * chunk, slots
+
+
 def _kernel_inputs(a: contract.Args, chunk: int):
     """The kernel's input tensors and fresh output tensors (the caches: copies). ``T`` is
     padded to a multiple of ``chunk`` with zero rows whose slot is -1 (their outputs are
@@ -150,11 +158,8 @@ def _kernel_inputs(a: contract.Args, chunk: int):
     from tilesim.device._mla_prolog_kernel import SUM_COLS
 
     torch = require_torch()
-    ins = a.ins
-    t_ = dict(zip(_KERNEL_INPUTS, _backend.to_tensors(*(getattr(ins, n) for n in _KERNEL_INPUTS)),
-                  strict=True))  # fmt: skip
-    rows, dev = -(-a.tokens // chunk) * chunk, t_["x"].device
-    slots = t_["slot_mapping"] if a.slot_mapping is None else torch.as_tensor(a.slot_mapping)
+    t_, rows, slots = _call_tensors(a, _KERNEL_INPUTS, chunk, torch)
+    dev = t_["x"].device
     inputs = [
         _padded(t_["x"], rows, 0.0, torch), t_["w_dq"].contiguous(), t_["w_uq_qr"].contiguous(),
         t_["w_uq_qr_scale"].to(torch.float32).reshape(1, -1).contiguous(),
@@ -166,15 +171,23 @@ def _kernel_inputs(a: contract.Args, chunk: int):
         _padded(slots.to(device=dev, dtype=torch.int32), rows, -1, torch),
         torch.ones((contract.Q_LORA, SUM_COLS), dtype=torch.float32, device=dev),
     ]  # fmt: skip
+    q_norm = ((contract.Q_LORA, torch.int8), (1, torch.float32))
+    return inputs, _kernel_outputs(t_, rows, q_norm, torch)
+
+
+def _kernel_outputs(t_: dict, rows: int, q_norm: tuple, torch) -> list:
+    """Both kernels' fresh outputs: ``query_nope``, ``query_rope``, then one ``[rows, width]``
+    tensor per ``(width, dtype)`` of ``q_norm`` (the INT8 path's codes and scale, the FP8
+    path's BF16 ``q_norm``), then copies of the three caches (``[rows, width]`` views)."""
+    dev = t_["x"].device
     outputs = [
         torch.empty((rows, contract.HEADS, NOPE), dtype=torch.bfloat16, device=dev),
         torch.empty((rows, contract.HEADS, ROPE), dtype=torch.bfloat16, device=dev),
-        torch.empty((rows, contract.Q_LORA), dtype=torch.int8, device=dev),
-        torch.empty((rows, 1), dtype=torch.float32, device=dev),
+        *(torch.empty((rows, width), dtype=dt, device=dev) for width, dt in q_norm),
     ]
     for name, width in (("kv_cache", NOPE), ("kr_cache", ROPE), ("kv_scale_cache", NSCALES)):
         outputs.append(t_[name].detach().clone().reshape(-1, width).contiguous())
-    return inputs, outputs
+    return outputs
 
 
 def column_scales(scale, n: int, torch):
@@ -189,11 +202,8 @@ def _kernel_inputs_fp8(a: contract.Args, chunk: int):
     from tilesim.device._mla_prolog_kernel import SUM_COLS
 
     torch = require_torch()
-    ins = a.ins
-    t_ = dict(zip(_FP8_INPUTS, _backend.to_tensors(*(getattr(ins, n) for n in _FP8_INPUTS)),
-                  strict=True))  # fmt: skip
-    rows, dev = -(-a.tokens // chunk) * chunk, t_["x"].device
-    slots = t_["slot_mapping"] if a.slot_mapping is None else torch.as_tensor(a.slot_mapping)
+    t_, rows, slots = _call_tensors(a, _FP8_INPUTS, chunk, torch)
+    dev = t_["x"].device
     w = {n: t_[n].contiguous() for n in ("w_dq", "w_uq_qr", "w_dkv_kr")}
     inputs = [
         _padded(t_["x"], rows, 0.0, torch), w["w_dq"],
@@ -208,14 +218,7 @@ def _kernel_inputs_fp8(a: contract.Args, chunk: int):
         _padded(slots.to(device=dev, dtype=torch.int32), rows, -1, torch),
         torch.ones((contract.Q_LORA, SUM_COLS), dtype=torch.float32, device=dev),
     ]  # fmt: skip
-    outputs = [
-        torch.empty((rows, contract.HEADS, NOPE), dtype=torch.bfloat16, device=dev),
-        torch.empty((rows, contract.HEADS, ROPE), dtype=torch.bfloat16, device=dev),
-        torch.empty((rows, contract.Q_LORA), dtype=torch.bfloat16, device=dev),
-    ]
-    for name, width in (("kv_cache", NOPE), ("kr_cache", ROPE), ("kv_scale_cache", NSCALES)):
-        outputs.append(t_[name].detach().clone().reshape(-1, width).contiguous())
-    return inputs, outputs
+    return inputs, _kernel_outputs(t_, rows, ((contract.Q_LORA, torch.bfloat16),), torch)
 
 
 def _prepared_fp8(a: contract.Args) -> dict:
