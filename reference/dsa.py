@@ -45,6 +45,18 @@ non-empty splits' states folded in split order by a combine ``SoftmaxMerge("onli
 ``normalized()`` is rounded to BF16 -- the kernel's split and combine, step for step.
 ``kv_splits = 1`` is the unsplit loop above (same bits).
 
+Accumulation (``accumulation=``, a golden-only keyword): ``"exact"`` (the default, the
+formulas above: every C1 / C2 K range and every row sum summed exactly and rounded once) or
+``"k_steps"``, the arithmetic of the kernel as PyPTO's CPU interpreter runs it, step for step
+(docs/ops/dsa.md, "Accumulation"): C1 sums its 576-deep K in steps of the tiling's C1 ``kL1``
+and C2 its keys in steps of the C2 ``kL1`` (``c1_tile[3]``, ``c2_tile[3]``), each step summed
+exactly and rounded once to FP32, the steps added in FP32 in ascending K order
+(:func:`~tilesim.reference.util.arith.matmul_fp32` with ``k_tile``); the row sum ``l`` is
+:func:`~tilesim.reference.util.arith.rowsum_fp32_cascade` (the interpreter's FP32 order); a
+KV tile keeps its top-k columns in place (a ``-1`` column is a zero ``P`` and a zero V row, as
+in the kernel's masked build), so the K steps of C2 and the row sum see the kernel's columns.
+The named tilings' kernels were measured bit-exact against it (``tests/device/test_dsa_sim.py``).
+
 Policies beyond the seeds: ``-1`` entries are skipped (a tile whose columns are all ``-1`` is
 skipped entirely: it is neither the first nor the last tile); a query token with no usable entry
 (``cur_seq = 0`` or all ``-1``) outputs zeros; in per-tile mode with several tiles the
@@ -70,6 +82,7 @@ from tilesim.reference.util.arith import (
     SoftmaxMerge,
     exp_fp32_correctly_rounded,
     matmul_fp32,
+    rowsum_fp32_cascade,
     tile_softmax,
 )
 from tilesim.reference.util.blas_pool import blas_threads
@@ -90,11 +103,13 @@ from tilesim.shared.layouts.mla_cache import KV_SPLIT, KV_SPLIT_NAMES, NOPE
 from tilesim.shared.models import DEEPSEEK_V32
 from tilesim.shared.tiling import SaTileShapeConfig
 from tilesim.shared.trace import trace_record
-from tilesim.shared.validate import host_array, same_kind
+from tilesim.shared.validate import check_choice, host_array, same_kind
 
 #: the speed path: query tokens on the worker pool (``False``: serial in the calling thread)
 _POOL = True
 _N_KV = 1  # the latent cache holds one KV head (checked by check_meta)
+#: the golden's ``accumulation`` models (module docstring): the default first
+ACCUMULATIONS = ("exact", "k_steps")
 
 
 def token_keys(cache, rows: np.ndarray) -> np.ndarray:
@@ -123,15 +138,49 @@ def tile_attention(q64: np.ndarray, k64: np.ndarray, scale: np.float32, mode: st
     return to_bf16(matmul_fp32(to_bf16(p / l), v64, k_tile=None)), l, m
 
 
+def tile_attention_k_steps(
+    q64: np.ndarray,
+    k64: np.ndarray,
+    kept: np.ndarray,
+    scale: np.float32,
+    mode: str,
+    k_steps: tuple[int, int],
+):
+    """:func:`tile_attention` with ``accumulation="k_steps"`` (module docstring): C1 in K steps
+    of ``k_steps[0]`` columns, C2 in K steps of ``k_steps[1]`` keys, ``l`` in the cascade
+    order. ``k64 [n, 576]``: the tile's kept keys; ``kept`` bool ``[w]``: which of the tile's
+    ``w`` top-k columns they are (``n`` of them true). The skipped columns stay in place as the
+    kernel's masked build has them: ``P = 0`` there (the kernel selects ``-3e38`` as their
+    score) and a zero V row, so C2's K steps and the row sum run over the ``w`` columns."""
+    c1, c2 = k_steps
+    s = matmul_fp32(q64, k64.T, k_tile=c1) * scale  # C1 (K = 576) + the V1 scaling
+    m = s.max(axis=-1, keepdims=True)
+    with np.errstate(under="ignore"):
+        p_kept = exp_fp32_correctly_rounded(s - m)
+    if kept.all():
+        p, v64 = p_kept, k64[:, :NOPE]
+    else:  # the masked build's tile: skipped columns in place, P = 0 and V = 0 there
+        p = np.zeros((s.shape[0], kept.size), dtype=np.float32)
+        p[:, kept] = p_kept
+        v64 = np.zeros((kept.size, NOPE))
+        v64[kept] = k64[:, :NOPE]
+    l = rowsum_fp32_cascade(p)
+    if mode == "online":
+        return matmul_fp32(to_bf16(p), v64, k_tile=c2), l, m  # C2
+    return to_bf16(matmul_fp32(to_bf16(p / l), v64, k_tile=c2)), l, m
+
+
 class _TokenPlan(NamedTuple):
     """The KV tiles of one query token: ``valid[t]`` kept entries, tile t = rows
-    ``start[t]:start[t+1]`` of the token's gathered keys, ``live`` = tiles with entries."""
+    ``start[t]:start[t+1]`` of the token's gathered keys, ``live`` = tiles with entries;
+    ``kept`` bool ``[cur]``: which of the token's first ``cur`` top-k columns are not ``-1``."""
 
     cur: int
     rows: np.ndarray
     valid: list[int]
     start: list[int]
     live: list[int]
+    kept: np.ndarray
 
 
 def _branch(t: int, live: list[int]) -> str:
@@ -144,8 +193,9 @@ def _branch(t: int, live: list[int]) -> str:
 class _Nest:
     """The loop nest of one call on checked arguments (``token(r)`` is loops L2..L4)."""
 
-    def __init__(self, op: str, a: Args, cache, tracing: bool):
+    def __init__(self, op: str, a: Args, cache, tracing: bool, accumulation: str = "exact"):
         self.op, self.a, self.cache, self.tracing = op, a, cache, tracing
+        self.accumulation = accumulation
         self.qn = host_array(a.query_nope, "query_nope")
         self.qr = host_array(a.query_rope, "query_rope")
         self.cfg = a.tiling
@@ -163,7 +213,7 @@ class _Nest:
         n_tiles = -(-cur // s_kv)
         valid = [int(np.count_nonzero(kept[t * s_kv : (t + 1) * s_kv])) for t in range(n_tiles)]
         live = [t for t in range(n_tiles) if valid[t]]
-        return _TokenPlan(cur, used[kept], valid, list(accumulate(valid, initial=0)), live)
+        return _TokenPlan(cur, used[kept], valid, list(accumulate(valid, initial=0)), live, kept)
 
     def token(self, r: int) -> list[dict]:
         """Query token ``r = b*s1 + s``: writes its ``nq`` output rows and returns its trace
@@ -200,8 +250,7 @@ class _Nest:
             for t in tiles:
                 m = l = None
                 if plan.valid[t]:
-                    k_t = k64[plan.start[t] : plan.start[t + 1]]  # K = [kn | kr] of the tile
-                    o_t, l, m = tile_attention(q_tok[h0:h1], k_t, self.a.softmax_scale, merge.mode)
+                    o_t, l, m = self.tile(q_tok[h0:h1], k64, plan, t, merge.mode)
                     merge.update(o_t, l, m)  # V2
                 if self.tracing:
                     branch = _branch(t, live) if plan.valid[t] else "skip"
@@ -219,6 +268,17 @@ class _Nest:
             result = combine.normalized()
         base = r * self.a.nq
         self.out[base + h0 : base + h1] = to_bf16(result)
+
+    def tile(self, q64, k64, plan: _TokenPlan, t: int, mode: str):
+        """C1, V1, C2 of KV tile ``t`` (``k64``: the token's kept keys) in the call's
+        ``accumulation``: :func:`tile_attention` or :func:`tile_attention_k_steps`."""
+        k_t = k64[plan.start[t] : plan.start[t + 1]]  # K = [kn | kr] of the tile
+        if self.accumulation == "exact":
+            return tile_attention(q64, k_t, self.a.softmax_scale, mode)
+        s_kv = self.cfg.s_kv_tile
+        kept = plan.kept[t * s_kv : (t + 1) * s_kv]
+        steps = (self.cfg.c1_tile[3], self.cfg.c2_tile[3])  # the cube tiles' kL1
+        return tile_attention_k_steps(q64, k_t, kept, self.a.softmax_scale, mode, steps)
 
     def record(self, r, where, t, plan: _TokenPlan, ml, branch) -> dict:
         """The trace record of KV tile ``t`` of a group tile (``where = (kv, g, heads)``)."""
@@ -245,12 +305,12 @@ class _Nest:
         )
 
 
-def _run(op: str, a: Args, cache, trace, progress) -> np.ndarray:
+def _run(op: str, a: Args, cache, trace, progress, accumulation: str) -> np.ndarray:
     """Loops L0 (batch) x L1 (query token), in (b, s) order; they change no numbers. With
     ``_POOL`` the same tokens run on the worker pool instead
     (:func:`tilesim.reference._dsa_fast.run_tokens`), the records still consumed in this
     order from the calling thread."""
-    nest = _Nest(op, a, cache, trace is not None)
+    nest = _Nest(op, a, cache, trace is not None, accumulation)
     n_tokens = a.n_b * a.s1
     bar = progress_bar(n_tokens, progress, op)
 
@@ -291,6 +351,7 @@ def sparse_attention_antiquant(
     block_size: int = DEEPSEEK_V32.block_size,
     tiling: SaTileShapeConfig | None = None,
     layout: str = "pypto",
+    accumulation: str = "exact",
     trace: Callable[[dict], None] | None = None,
     progress: bool | None = None,
 ):
@@ -314,19 +375,22 @@ def sparse_attention_antiquant(
             valid entries, ``row_max`` / ``row_sum`` per head, ``flop``; ``extra``: ``heads``,
             ``branch``, ``n_tiles``, ``softmax``, ``s_kv_tile``), in loop order and from the
             calling thread whatever ``TILESIM_REF_THREADS`` is.
+        accumulation: ``"exact"`` (default) or ``"k_steps"``: the kernel's K steps and row-sum
+            order as the CPU interpreter runs them (module docstring); golden-only.
         progress: ``True`` always shows a tqdm bar, ``False`` never, ``None`` after 3 s.
 
     Returns:
         BF16 ``[T*nq, 512]`` (a NumPy array, or a CPU torch tensor when ``query_nope`` is one).
         Inputs are never modified. See the module docstring for the arithmetic.
     """
+    check_choice(accumulation, "accumulation", ACCUMULATIONS)
     a = check_values(check_meta(
         query_nope, query_rope, (nope_cache,), topk_indices, block_table, kv_act_seqs,
         layout=layout, nq=nq, n_kv=n_kv, softmax_scale=softmax_scale, topk=topk,
         block_size=block_size, tiling=tiling, trace=trace, progress=progress,
     ))  # fmt: skip
     cache = PackedCache(host_array(nope_cache, "nope_cache"), layout)
-    out = _run("sparse_attention_antiquant", a, cache, trace, progress)
+    out = _run("sparse_attention_antiquant", a, cache, trace, progress, accumulation)
     return same_kind(out, query_nope)
 
 
@@ -346,12 +410,14 @@ def sparse_attention_antiquant_kv_split(
     topk: int = DEEPSEEK_V32.topk,
     block_size: int = DEEPSEEK_V32.block_size,
     tiling: SaTileShapeConfig | None = None,
+    accumulation: str = "exact",
     trace: Callable[[dict], None] | None = None,
     progress: bool | None = None,
 ):
     """:func:`sparse_attention_antiquant` over the kv_split cache: ``kn_quant [rows, 512]`` FP8
     E4M3 or INT8, ``kr [rows, 64]`` BF16, ``kn_scales [rows, 4]`` FP32. Same arithmetic, same
     bits as the packed op on the same data."""
+    check_choice(accumulation, "accumulation", ACCUMULATIONS)
     caches = (kn_quant, kr, kn_scales)
     a = check_values(check_meta(
         query_nope, query_rope, caches, topk_indices, block_table, kv_act_seqs,
@@ -359,7 +425,7 @@ def sparse_attention_antiquant_kv_split(
         block_size=block_size, tiling=tiling, trace=trace, progress=progress,
     ))  # fmt: skip
     cache = SplitCache(*(host_array(x, n) for n, x in zip(KV_SPLIT_NAMES, caches, strict=True)))
-    out = _run("sparse_attention_antiquant_kv_split", a, cache, trace, progress)
+    out = _run("sparse_attention_antiquant_kv_split", a, cache, trace, progress, accumulation)
     return same_kind(out, query_nope)
 
 
@@ -380,9 +446,11 @@ def sparse_attention_cost(
 
 
 __all__ = [
+    "ACCUMULATIONS",
     "sparse_attention_antiquant",
     "sparse_attention_antiquant_kv_split",
     "sparse_attention_cost",
     "tile_attention",
+    "tile_attention_k_steps",
     "token_keys",
 ]

@@ -28,6 +28,9 @@ the table of which op uses which model.
     goldens) state a budget for P, not a bit promise.
 
 * :func:`rowsum_fp32` — a float64 sum of FP32 values rounded once to FP32.
+* :func:`rowsum_fp32_cascade` — an FP32 row sum in the order of the PyPTO CPU interpreter's
+  reduction (libtorch's cascade: 8 lanes x 4 accumulators x 4 levels, every add one FP32
+  rounding); the DeepSeek attention's ``accumulation="k_steps"`` golden uses it.
 * :func:`tile_softmax` — ``m = rowmax(S)``, ``P = exp(S - m)`` (one FP32 subtraction, the
   chosen exp), ``l = rowsum_fp32(P)`` over the unrounded P.
 * :class:`SoftmaxMerge` — the running ``(m, l, O)`` of a flash-attention loop over key tiles,
@@ -191,6 +194,78 @@ def rowsum_fp32(x, axis: int = -1) -> np.ndarray:
     return np.asarray(x).astype(F64).sum(axis=axis, keepdims=True).astype(F32)
 
 
+#: the cascade of :func:`rowsum_fp32_cascade`: vector lanes, accumulators per vector, levels
+_CASCADE_LANES, _CASCADE_ILP, _CASCADE_LEVELS = 8, 4, 4
+
+
+def _cascade(terms: np.ndarray) -> np.ndarray:
+    """Sum ``terms [rows, n, ...]`` over axis 1 in FP32 with the cascade's levels: level 0
+    adds terms one by one; after every ``2**p`` terms (``p = max(4, ceil(log2 n) // 4)``)
+    level 0 is added into level 1 and cleared, level 1 into level 2 when the count is a
+    multiple of ``2**(2p)``, and so on; the leftover terms go into level 0; then levels 1..3
+    are added into level 0 in order. Every add is one FP32 rounding."""
+    n = terms.shape[1]
+    power = max(4, int(n - 1).bit_length() // _CASCADE_LEVELS if n > 1 else 0)
+    step, mask = 1 << power, (1 << power) - 1
+    acc = np.zeros((_CASCADE_LEVELS, terms.shape[0], *terms.shape[2:]), dtype=F32)
+    i = 0
+    while i + step <= n:
+        for _ in range(step):
+            acc[0] += terms[:, i]
+            i += 1
+        for j in range(1, _CASCADE_LEVELS):
+            acc[j] += acc[j - 1]
+            acc[j - 1] = 0
+            if i & (mask << (j * power)):
+                break
+    for k in range(i, n):
+        acc[0] += terms[:, k]
+    for j in range(1, _CASCADE_LEVELS):
+        acc[0] += acc[j]
+    return acc[0]
+
+
+def _ilp_sum(units: np.ndarray) -> np.ndarray:
+    """``units [rows, n, ...]`` (vectors or scalars) summed as ``_CASCADE_ILP`` interleaved
+    cascades (unit ``4i + k`` into accumulator ``k``), the units past the last whole group
+    added into accumulator 0, then accumulators 1..3 added into 0, in FP32."""
+    rows, n = units.shape[:2]
+    groups = n // _CASCADE_ILP
+    grouped = units[:, : groups * _CASCADE_ILP].reshape(rows, groups, _CASCADE_ILP,
+                                                        *units.shape[2:])  # fmt: skip
+    part = _cascade(grouped)  # [rows, ILP, ...]
+    total = part[:, 0].copy()
+    for k in range(groups * _CASCADE_ILP, n):
+        total += units[:, k]
+    for k in range(1, _CASCADE_ILP):
+        total += part[:, k]
+    return total
+
+
+def rowsum_fp32_cascade(x) -> np.ndarray:
+    """FP32 sum of the last axis of FP32 ``x [rows, n]`` (kept as a length-1 axis) in the order
+    of the PyPTO CPU interpreter's row sum, which is libtorch's ``sum`` on one thread
+    (``pytorch/pytorch:aten/src/ATen/native/cpu/SumKernel.cpp``, the cascade sum of an inner
+    reduction, AVX2 width): with ``n >= 8`` the row is read as ``n // 8`` vectors of 8 lanes
+    summed lane-wise by :func:`_ilp_sum`, then a scalar accumulator starting at 0 adds the
+    ``n % 8`` tail values and the 8 lanes in order; with ``n < 8`` the values are summed as
+    scalars by :func:`_ilp_sum`. Every add is one FP32 rounding (no float64), so the result
+    differs from :func:`rowsum_fp32` in the last places. ``tests/reference/test_arith.py``
+    checks it against libtorch's ``sum``."""
+    x = np.asarray(x, dtype=F32)
+    rows, n = x.shape
+    if n < _CASCADE_LANES:
+        return _ilp_sum(x)[:, None]
+    nv = n // _CASCADE_LANES
+    lanes = _ilp_sum(x[:, : nv * _CASCADE_LANES].reshape(rows, nv, _CASCADE_LANES))
+    total = np.zeros(rows, dtype=F32)
+    for k in range(nv * _CASCADE_LANES, n):
+        total += x[:, k]
+    for k in range(_CASCADE_LANES):
+        total += lanes[:, k]
+    return total[:, None]
+
+
 def halving_sum_fp32(x, axis: int) -> np.ndarray:
     """FP32 sum over ``axis`` (removed) as a vector unit's halving tree computes it: the upper
     half is added to the lower half element-wise in FP32 until one slice is left
@@ -308,5 +383,6 @@ __all__ = [
     "halving_sum_fp32",
     "matmul_fp32",
     "rowsum_fp32",
+    "rowsum_fp32_cascade",
     "tile_softmax",
 ]

@@ -197,7 +197,8 @@ DSA_COMMON = {
     "block_size": A("int", "block_size", oob=8),
     "tiling": A("object", "tiling", optional=True),
 }
-DSA_REF = {"trace": TRACE, "progress": A("flag", "progress", optional=True)}
+DSA_REF = {"trace": TRACE, "progress": A("flag", "progress", optional=True),
+           "accumulation": A("mode", "accumulation")}  # fmt: skip
 DSA_PACKED = {
     "nope_cache": data("nope_cache", bad=np.int16),
     "layout": A("mode", "layout"),
