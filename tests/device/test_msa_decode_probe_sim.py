@@ -10,8 +10,9 @@ cube tiles, and nothing else. Two kinds of checks:
   loops -- and their FLOPs must equal the op's own counter
   (``tilesim.reference.msa_sparse_decode_flop``). This is what keeps the probe's mirrored tiles
   and chunk bounds from drifting away from ``device/_msa_decode_kernel.py``;
-* on the simulator (both SoCs), in ONE process per SoC: the decode through the public wrapper
-  (``gather="device"``, inputs as ``test_msa_decode_sim.py`` builds them) against the reference
+* on the simulator (both SoCs; CI: the B 4 shape on the 950, :data:`RUNS`), in ONE process
+  per run: the decode through the public wrapper (``gather="device"``, inputs as
+  ``test_msa_decode_sim.py`` builds them) against the reference
   (>= 99 % bit-exact, <= 1 row-ULP), then the probe on the same queries and the same selected
   keys; its products must equal a float64 matmul of the same tiles within the FP32 dot-product
   bound; and the streaming floor of the op's bytes (``tests/probes/floor.py``). The rows go to
@@ -38,6 +39,21 @@ SHAPES = {
     "nb40 B4 topk16 seq[5000,4990,4980,4970]": (4, 40, 16, [5000, 4990, 4980, 4970], "with_last"),
 }
 HQ, HKV, D = 64, 4, 128
+_B1 = ("nb17 B1 topk16 seq2100", "nb40 B1 topk16 seq[5000]")
+#: (SoC, shapes) of the simulator runs. CI runs the B 4 shape on the 950: the decode's 4-row
+#: batch body on that SoC's gather tiles and the probe with its FP32 bound. ``slow``, because
+#: CI checks them elsewhere: the 950's B 1 shapes (``nb17 B1`` is test_msa_decode_sim.py's case
+#: of the same name -- same inputs, seed, tiling and budgets; ``nb40 B1`` runs the same 1-row
+#: body, same cost: the decode's cost follows B and topk, not nb) and the 910B's run (its B 1
+#: decode as on the 950, its 4-row body in test_compile_once.py's ``(nb 40, B 4)`` call, the
+#: probe kernel on the 950); they add the B 1 probe rows and the 910B's probe rows
+RUNS = [
+    pytest.param("950", ("nb40 B4 topk16 seq[5000,4990,4980,4970]",), marks=pytest.mark.soc_950,
+                 id="950-b4"),
+    pytest.param("950", _B1, marks=[pytest.mark.soc_950, pytest.mark.slow], id="950-b1"),
+    pytest.param("910b", tuple(SHAPES), marks=[pytest.mark.soc_910b, pytest.mark.slow],
+                 id="910b"),
+]  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- recording stand-in
@@ -342,10 +358,10 @@ def _decode_bytes(b: int, topk: int) -> int:
     return 2 * 2 * b * HQ * D + 2 * 2 * b * HKV * sel * D + 2 * b * sel + 4 * b * HKV * topk
 
 
-def run_against_probe(soc: str, seed: int = 7) -> dict:
-    """Child process: per shape, the decode (public wrapper, gather="device", the default
-    split rule) vs the reference given the same tiling, then the probe on the same queries and
-    selected keys (one probe per (B, topk): the shapes with the same B share it)."""
+def run_against_probe(soc: str, seed: int = 7, names: tuple = tuple(SHAPES)) -> dict:
+    """Child process: per shape of ``names``, the decode (public wrapper, gather="device", the
+    default split rule) vs the reference given the same tiling, then the probe on the same
+    queries and selected keys (one probe per (B, topk): the shapes with the same B share it)."""
     import ml_dtypes
     import numpy as np
     import torch
@@ -359,8 +375,8 @@ def run_against_probe(soc: str, seed: int = 7) -> dict:
     from tilesim.shared.tiling import MsaTiling
 
     res, probes = {}, {}
-    for name, spec in SHAPES.items():
-        q, kb, vb, ids, seq = _case(*spec, seed)
+    for name in names:
+        q, kb, vb, ids, seq = _case(*SHAPES[name], seed)
         seq = torch.tensor(seq)
         b, topk = ids.shape
         tiling = split_tiling(MsaTiling.from_env(), batch=b, hkv=HKV, topk=topk, soc=soc)
@@ -397,11 +413,13 @@ def run_against_probe(soc: str, seed: int = 7) -> dict:
 
 @pytest.mark.sim
 @pytest.mark.torch
-def test_decode_against_probe(sim_soc, sim_report):
+@pytest.mark.parametrize("sim_soc,names", RUNS)
+def test_decode_against_probe(sim_soc, names, sim_report):
     from tilesim.device import sim
     from tilesim.shared.tiling import MsaTiling
 
-    r = sim.isolated(run_against_probe, sim_soc, soc=sim_soc, timeout=1800)
+    r = sim.isolated(run_against_probe, sim_soc, 7, names, soc=sim_soc, timeout=1800)
+    assert sorted(r) == sorted(names)
     for name, m in r.items():
         b, nb, topk = SHAPES[name][:3]
         # the probe is the decode's matmuls: same FLOPs as the op's counter (traced, no pypto)
