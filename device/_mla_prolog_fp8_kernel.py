@@ -9,9 +9,13 @@ Loop nest (``T`` and every slot are runtime values; one compile per model config
 
     L0 token chunks of U rows   pypto.loop over T / U (U = chunk_rows(T); T padded to U)
        A1  act quant of x: per 128 values amax (floor 1e-4), UE8M0 scale, E4M3 codes
+       S   per linear, once: S = FP32(sa * sb) [U, K/128, N/128, 1] from the activation
+           scales and the weight's [K/128, ceil(N/128)] block scales as DeepSeek ships them
        C1  per 128-deep K block kb (56 of them): P = codes_kb @ w_kb (FP8 x FP8 -> FP32, the
-           block's exact sum rounded once), acc = acc + FP32(FP32(P * sb_kb) * sa_kb):
-           the golden's fp8_promotion="two_roundings"; once for w_dq, once for w_dkv_kr
+           block's exact sum rounded once), acc = acc + FP32(P * S_kb), P viewed [U, 1,
+           N/128, 128] against S's [U, 1, N/128, 1] slice: the golden's
+           fp8_promotion="two_roundings"; once for w_dq, once for w_dkv_kr (as two column
+           groups: 4 whole blocks, then the last 64 columns)
        V1  RMSNorm "deepseek" of q_a -> q_norm (BF16, written); act quant (12 blocks)
        C2  q_norm codes @ w_uq_qr, 12 K blocks as C1; BF16
        C3  absorption: per head q_nope [U, 128] @ w_uk[h] (transposed batch matmul), BF16
@@ -25,10 +29,10 @@ UE8M0 without bit operations (PyPTO 0.2.0's ``view(dtype=INT32)`` of FP32 does n
 and the cost model has no ``exp2``): ``e = ceil(log2(y))``, ``s = FP32(BF16(exp(e * ln 2)))``
 (BF16 rounding snaps the few-ULP error of ``exp`` to the power of two), then one doubling if
 ``s < y`` and one halving if ``s / 2 >= y``: the least power of two ``>= y``, exact, whatever
-the last bits of ``log2`` and ``exp``. Block promotion: ``sa`` is a power of two, so
-``FP32(FP32(P * sb) * sa)`` is ``FP32(P * FP32(sa * sb))`` bit for bit (away from FP32
-underflow), the golden's two-roundings product. Private; importing it needs neither torch
-nor pypto.
+the last bits of ``log2`` and ``exp``. Block promotion: the golden's own operations, ``S =
+FP32(sa * sb)`` then ``FP32(P * S)`` and the add; the block scales are read as the caller
+holds them (no per-column copy exists on the host or the device). Private; importing it
+needs neither torch nor pypto.
 """
 
 # no `from __future__ import annotations`: the frontend evaluates the pypto.Tensor(...) annotations
@@ -59,12 +63,17 @@ AMAX_FLOOR = 1e-4
 #: cube tiles ``([m0, m1], [k0, k1], [n0, n1])`` of one K block of C1 (``x`` against
 #: ``w_dq`` / ``w_dkv_kr``) and C2 (``q_norm`` against ``w_uq_qr``): K is the 128-deep block.
 #: They and :data:`PROMOTE_COLS` change the cost model's tasks, never a bit; measured at T = 8
-#: on the 950: C1 N 256 -> 512 with promotion tiles 1024 -> 2048 columns, 433.6 -> 389.5 µs
-#: (3072 columns: 397.9; 1536: 416.9); a C2 N tile of 1024 does not compile (L0B)
+#: on the 950 (with the earlier two-multiply promotion): C1 N 256 -> 512 with promotion tiles
+#: 1024 -> 2048 columns, 433.6 -> 389.5 µs (3072 columns: 397.9; 1536: 416.9); a C2 N tile
+#: of 1024 does not compile (L0B)
 C1_TILES = ([16, 16], [BLOCK, BLOCK], [512, 512])
 C2_TILES = ([16, 16], [BLOCK, BLOCK], [512, 512])
 #: columns of the vector tiles of the block promotion (FP32 ``[rows, 2048]``: 64 KB at 8 rows)
 PROMOTE_COLS = 2048
+#: (K blocks, N blocks) of the vector tiles of :func:`block_scales`' ``[rows, K/128, N/128,
+#: 1]`` outer product (the unit axis is padded to 8 values in the unified buffer: 32 KB at 8
+#: rows; 8 x 64 overflows it)
+SCALE_TILE = (4, 32)
 K_BLOCKS_X = HIDDEN // BLOCK  # 56
 K_BLOCKS_Q = Q_LORA // BLOCK  # 12
 
@@ -122,22 +131,55 @@ def act_quant(pypto, v, rows: int, width: int):
     return codes, pypto.reshape(s, [rows, nb])
 
 
-def block_linear(pypto, codes, sa, w, sb, u: int, tiles: tuple):
-    """FP32 ``[u, N]`` of DeepSeek's ``fp8_gemm`` with ``fp8_promotion="two_roundings"``:
-    ``codes`` FP8 ``[u, K]`` with UE8M0 ``sa [u, K/128]``, ``w`` FP8 ``[K, N]`` with ``sb [K/128,
-    N]`` (each block scale repeated over its 128 columns); per K block ascending, ``acc =
-    FP32(acc + FP32(FP32(P * sb) * sa))`` from ``acc = +0``."""
-    k, n = w.shape
-    acc = None
-    for kb in range(k // BLOCK):
-        pypto.set_cube_tile_shapes(*cube_tiles(tiles, u, 1))
+def block_scales(pypto, sa, sb, u: int):
+    """FP32 ``[u, K/128, nb, 1]``: the golden's combined scale ``S = FP32(sa * sb)`` of every
+    (token, K block, N block), from the UE8M0 activation scales ``sa [u, K/128]`` and the
+    weight's block scales ``sb [K/128, nb]`` as DeepSeek ships them. One outer product: each
+    operand is broadcast along one axis (PyPTO 0.2.0 refuses an operand expanded along two,
+    e.g. a ``[1, nb, 1]`` row against ``[u, nb, 128]``)."""
+    kbs, nb = sb.shape
+    pypto.set_vec_tile_shapes(row_tile(u), kbs, 1, 1)
+    sa4 = pypto.reshape(sa, [u, kbs, 1, 1])
+    pypto.set_vec_tile_shapes(1, kbs, nb, 1)
+    sb4 = pypto.reshape(sb, [1, kbs, nb, 1])
+    pypto.set_vec_tile_shapes(row_tile(u), min(kbs, SCALE_TILE[0]), min(nb, SCALE_TILE[1]), 1)
+    return pypto.mul(sa4, sb4)
+
+
+def block_linear(pypto, codes, sa, w, sb, u: int, tiles: tuple, groups: tuple):
+    """FP32 ``[u, width]`` per column group ``(c0, width)`` of ``groups`` (each a run of whole
+    128-column blocks, or one narrower last block) of DeepSeek's ``fp8_gemm`` with
+    ``fp8_promotion="two_roundings"``: ``codes`` FP8 ``[u, K]`` with UE8M0 ``sa [u, K/128]``,
+    ``w`` FP8 ``[K, N]`` with its block scales ``sb [K/128, ceil(N/128)]``. Per K block
+    ascending and group: ``P = codes_kb @ w[kb, group]`` (the block's exact sum rounded once),
+    viewed ``[u, 1, blocks, 128]``, times its ``[u, 1, blocks, 1]`` slice of
+    :func:`block_scales` (broadcast along the columns), ``acc = FP32(acc + FP32(P * S))`` from
+    ``acc = +0``: the golden's arithmetic operation for operation."""
+    s4 = block_scales(pypto, sa, sb, u)
+    accs = [None] * len(groups)
+    for kb in range(w.shape[0] // BLOCK):
         a_k = pypto.view(codes, [u, BLOCK], [0, kb * BLOCK])
-        part = pypto.matmul(a_k, pypto.view(w, [BLOCK, n], [kb * BLOCK, 0]), pypto.DT_FP32)
-        pypto.set_vec_tile_shapes(row_tile(u), min(n, PROMOTE_COLS))
-        term = pypto.mul(pypto.mul(part, pypto.view(sb, [1, n], [kb, 0])),
-                         pypto.view(sa, [u, 1], [0, kb]))  # fmt: skip
-        acc = pypto.add(term, 0.0) if acc is None else pypto.add(acc, term)  # +0 start
-    return acc
+        for i, (c0, width) in enumerate(groups):
+            pypto.set_cube_tile_shapes(*cube_tiles(tiles, u, 1))
+            part = pypto.matmul(a_k, pypto.view(w, [BLOCK, width], [kb * BLOCK, c0]),
+                                pypto.DT_FP32)  # fmt: skip
+            nb, cols = _promotion_tiles(pypto, u, width)
+            s_kb = pypto.view(s4, [u, 1, nb, 1], [0, kb, c0 // BLOCK, 0])
+            term = pypto.mul(pypto.reshape(part, [u, 1, nb, cols]), s_kb)
+            accs[i] = pypto.add(term, 0.0) if accs[i] is None else pypto.add(accs[i], term)
+    out = []
+    for (_c0, width), acc in zip(groups, accs, strict=True):
+        _promotion_tiles(pypto, u, width)
+        out.append(pypto.reshape(acc, [u, width]))
+    return out
+
+
+def _promotion_tiles(pypto, u: int, width: int) -> tuple:
+    """Sets the vector tiles of a ``width``-column group's promotion (``PROMOTE_COLS`` columns
+    a tile) and returns its ``(blocks, columns per block)``."""
+    nb, cols = max(width // BLOCK, 1), min(width, BLOCK)
+    pypto.set_vec_tile_shapes(row_tile(u), 1, min(nb, PROMOTE_COLS // cols), cols)
+    return nb, cols
 
 
 # ----------------------------------------------------------------------------- stages
@@ -185,13 +227,14 @@ def rope_interleaved(pypto, v, cos, sin, lead: list):
 def query_stage(pypto, ins, xq, t0, u: int, p):
     """``q_a`` -> norm -> ``q_norm`` (BF16, written) -> act quant -> ``q_b`` -> ``query_nope``
     and ``query_rope`` (written) for the chunk's ``u`` tokens ``t0 ..``."""
-    q_a = block_linear(pypto, *xq, ins.w_dq, ins.w_dq_scale, u, C1_TILES)
+    (q_a,) = block_linear(pypto, *xq, ins.w_dq, ins.w_dq_scale, u, C1_TILES, ((0, Q_LORA),))
     pypto.set_vec_tile_shapes(row_tile(u), Q_LORA)
     q_a = pypto.cast(q_a, pypto.DT_BF16)
     qn = rms_norm_deepseek(pypto, q_a, ins.gamma_cq, ins.ones, u, p.rms_eps)
     pypto.assemble(qn, [t0, 0], ins.q_norm)
     codes, qs = act_quant(pypto, qn, u, Q_LORA)
-    q_b = block_linear(pypto, codes, qs, ins.w_uq_qr, ins.w_uq_qr_scale, u, C2_TILES)
+    (q_b,) = block_linear(pypto, codes, qs, ins.w_uq_qr, ins.w_uq_qr_scale, u, C2_TILES,
+                          ((0, HEADS * Q_HEAD),))  # fmt: skip
     pypto.set_vec_tile_shapes(row_tile(u), PROMOTE_COLS)
     q_b = pypto.reshape(pypto.cast(q_b, pypto.DT_BF16), [u, HEADS, Q_HEAD])
 
@@ -206,15 +249,16 @@ def query_stage(pypto, ins, xq, t0, u: int, p):
 def latent_stage(pypto, ins, xq, t0, u: int, p):
     """``kv_a`` -> normed latent -> E4M3 codes and 4 UE8M0 scales; ``kv_a[:, 512:]`` -> RoPE;
     then the cache writes of the chunk's tokens (module docstring, W)."""
-    kv_a = block_linear(pypto, *xq, ins.w_dkv_kr, ins.w_dkv_kr_scale, u, C1_TILES)
-    pypto.set_vec_tile_shapes(row_tile(u), KV_A)
-    kv_a = pypto.cast(kv_a, pypto.DT_BF16)
+    nope, pe = block_linear(
+        pypto, *xq, ins.w_dkv_kr, ins.w_dkv_kr_scale, u, C1_TILES, ((0, NOPE), (NOPE, ROPE))
+    )  # 4 whole blocks, then 64 columns
     pypto.set_vec_tile_shapes(row_tile(u), ROPE)
     cos = pypto.view(ins.cos, [u, ROPE // 2], [t0, 0])
     sin = pypto.view(ins.sin, [u, ROPE // 2], [t0, 0])
-    kr = rope_interleaved(pypto, pypto.view(kv_a, [u, ROPE], [0, NOPE]), cos, sin, [u])
-    kvn = rms_norm_deepseek(pypto, pypto.view(kv_a, [u, NOPE], [0, 0]), ins.gamma_ckv,
-                            ins.ones, u, p.rms_eps)  # fmt: skip
+    kr = rope_interleaved(pypto, pypto.cast(pe, pypto.DT_BF16), cos, sin, [u])
+    pypto.set_vec_tile_shapes(row_tile(u), NOPE)
+    kvn = rms_norm_deepseek(pypto, pypto.cast(nope, pypto.DT_BF16), ins.gamma_ckv, ins.ones, u,
+                            p.rms_eps)  # fmt: skip
     codes, scales = act_quant(pypto, kvn, u, NOPE)
     write_rows(pypto, ins, t0, u, (codes, kr, scales))
 
@@ -236,12 +280,12 @@ def _source(pypto):
     def mla_prolog_fp8(
         x: pypto.Tensor([pypto.DYNAMIC, HIDDEN], pypto.DT_BF16),  # [T, 7168]
         w_dq: pypto.Tensor([HIDDEN, Q_LORA], pypto.DT_FP8E4M3),
-        w_dq_scale: pypto.Tensor([K_BLOCKS_X, Q_LORA], pypto.DT_FP32),  # per column
+        w_dq_scale: pypto.Tensor([K_BLOCKS_X, Q_LORA // BLOCK], pypto.DT_FP32),  # [56, 12]
         w_uq_qr: pypto.Tensor([Q_LORA, HEADS * Q_HEAD], pypto.DT_FP8E4M3),
-        w_uq_qr_scale: pypto.Tensor([K_BLOCKS_Q, HEADS * Q_HEAD], pypto.DT_FP32),
+        w_uq_qr_scale: pypto.Tensor([K_BLOCKS_Q, HEADS * Q_HEAD // BLOCK], pypto.DT_FP32),
         w_uk: pypto.Tensor([HEADS, QK_NOPE, NOPE], pypto.DT_BF16),
         w_dkv_kr: pypto.Tensor([HIDDEN, KV_A], pypto.DT_FP8E4M3),
-        w_dkv_kr_scale: pypto.Tensor([K_BLOCKS_X, KV_A], pypto.DT_FP32),
+        w_dkv_kr_scale: pypto.Tensor([K_BLOCKS_X, -(-KV_A // BLOCK)], pypto.DT_FP32),  # [56, 5]
         gamma_cq: pypto.Tensor([1, Q_LORA], pypto.DT_FP32),
         gamma_ckv: pypto.Tensor([1, NOPE], pypto.DT_FP32),
         cos: pypto.Tensor([pypto.DYNAMIC, ROPE // 2], pypto.DT_FP32),  # [T, 32]
@@ -279,4 +323,4 @@ def build(params: MlaFp8Params, static_dims: tuple, jit: tuple | None = None):
         lambda: _source(require_pypto()), ready_on_host=READY_ON_HOST)  # fmt: skip
 
 
-__all__ = ["MlaFp8Params", "act_quant", "block_linear", "build", "ue8m0"]
+__all__ = ["MlaFp8Params", "act_quant", "block_linear", "block_scales", "build", "ue8m0"]

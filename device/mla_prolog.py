@@ -20,8 +20,9 @@ with the same switches:
   ``path="fp8"``: the three linears FP8 E4M3 with 128 x 128 block scales, ``rms_form=
   "deepseek"``, ``rope_pairing="interleaved"``, ``kv_quant="fp8_ue8m0_deepseek"``) with
   ``cache_layout="kv_split"`` and ``fp8_promotion="two_roundings"`` (both must be passed: the
-  path's defaults are the packed ``"pypto"`` row and ``"fma"``), any ``rms_eps``. The block
-  scales are widened per call to one per column (:func:`column_scales`, ~1.6 MB).
+  path's defaults are the packed ``"pypto"`` row and ``"fma"``), any ``rms_eps``. The
+  kernel reads DeepSeek's ``[K/128, ceil(N/128)]`` block scales as they are: nothing is
+  prepared on the host, per call or once.
 
 Anything else is a ``ValueError`` before launch (the golden covers it); FP8 weights on the
 910B name the SoC's ``fp8`` flag.
@@ -81,6 +82,11 @@ FP8_KERNEL_SWITCHES = {
     "fp8_promotion": ("two_roundings",),
 }
 _WEIGHT_OF = {"q_a": "w_dq", "q_b": "w_uq_qr", "kv_a": "w_dkv_kr"}
+#: the FP8 kernel's weight parameters in order: each E4M3 ``[K, N]`` weight and its FP32
+#: ``[K/128, ceil(N/128)]`` block scales (BF16 ``w_uk`` unscaled), the caller's tensors as they
+#: are (no host preparation, per call or once)
+_FP8_WEIGHTS = ("w_dq", "w_dq_scale", "w_uq_qr", "w_uq_qr_scale", "w_uk", "w_dkv_kr",
+                "w_dkv_kr_scale")  # fmt: skip
 
 
 def kernel_switches(a: contract.Args) -> dict:
@@ -190,27 +196,18 @@ def _kernel_outputs(t_: dict, rows: int, q_norm: tuple, torch) -> list:
     return outputs
 
 
-def column_scales(scale, n: int, torch):
-    """FP32 ``[K/128, n]`` of DeepSeek's ``[K/128, ceil(n/128)]`` block scales: each block's
-    scale repeated over its 128 columns (the FP8 kernel's per-column promotion operand)."""
-    return scale.to(torch.float32).repeat_interleave(contract.BLOCK, dim=1)[:, :n].contiguous()
-
-
 def _kernel_inputs_fp8(a: contract.Args, chunk: int):
     """The FP8 kernel's inputs and fresh outputs (:func:`_kernel_inputs`' rules: ``T`` padded
-    to ``chunk`` with slot -1 rows, the caches copies); ``cos``/``sin`` FP32 ``[T, 32]``."""
+    to ``chunk`` with slot -1 rows, the caches copies); ``cos``/``sin`` FP32 ``[T, 32]``; the
+    weights and their FP32 ``[K/128, ceil(N/128)]`` block scales the caller's tensors, as
+    they are (contiguous: no copy for contiguous input)."""
     from tilesim.device._mla_prolog_kernel import SUM_COLS
 
     torch = require_torch()
     t_, rows, slots = _call_tensors(a, _FP8_INPUTS, chunk, torch)
     dev = t_["x"].device
-    w = {n: t_[n].contiguous() for n in ("w_dq", "w_uq_qr", "w_dkv_kr")}
     inputs = [
-        _padded(t_["x"], rows, 0.0, torch), w["w_dq"],
-        column_scales(t_["w_dq_scale"], contract.Q_LORA, torch), w["w_uq_qr"],
-        column_scales(t_["w_uq_qr_scale"], contract.HEADS * contract.Q_HEAD, torch),
-        t_["w_uk"].contiguous(), w["w_dkv_kr"],
-        column_scales(t_["w_dkv_kr_scale"], contract.KV_A, torch),
+        _padded(t_["x"], rows, 0.0, torch), *(t_[n].contiguous() for n in _FP8_WEIGHTS),
         t_["gamma_cq"].to(torch.float32).reshape(1, -1).contiguous(),
         t_["gamma_ckv"].to(torch.float32).reshape(1, -1).contiguous(),
         _padded(t_["cos"].to(torch.float32), rows, 0.0, torch),
@@ -335,5 +332,5 @@ def mla_prolog(
     return _finish(a, run["outputs"], us, target)
 
 
-__all__ = ["FP8_KERNEL_SWITCHES", "KERNEL_SWITCHES", "column_scales", "kernel_switches",
+__all__ = ["FP8_KERNEL_SWITCHES", "KERNEL_SWITCHES", "kernel_switches",
            "mla_prolog", "prepared_launch"]  # fmt: skip

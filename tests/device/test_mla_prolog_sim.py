@@ -338,6 +338,33 @@ def fp8_case():
     return ins, prm
 
 
+#: the per-column scale tables ``[K/128, N]`` of the three FP8 weights: the shape a per-call
+#: widening of DeepSeek's ``[K/128, ceil(N/128)]`` block scales would hand the kernel
+WIDENED_SCALE_SHAPES = {(7168 // 128, 1536), (1536 // 128, 128 * 192), (7168 // 128, 576)}
+
+
+@pytest.mark.torch
+def test_fp8_weights_reach_the_kernel_as_the_caller_holds_them(fp8_case):
+    """No per-call format work on the FP8 path (weights as users hold them): every FP8
+    weight and its ``[K/128, ceil(N/128)]`` block scales reach the kernel as the caller's own
+    memory (no copy, no widening), and no kernel input is a ``[K/128, N]`` per-column scale
+    table. The kernel's inputs are built as a call builds them, without pypto."""
+    import types
+
+    wrapper = importlib.import_module("tilesim.device.mla_prolog")
+    ins, prm = fp8_case
+    names = ("path", "rope_pairing", "rms_form", "rms_eps", "kv_quant", "cache_layout")
+    switches = {**{k: prm.get(k) for k in names}, "fp8_promotion": prm["fp8_promotion"]}
+    ns = types.SimpleNamespace(**{n: ins.get(n) for n in wrapper._INPUTS})
+    a = wrapper._checked(ns, switches, True, "950")
+    inputs, _outputs = wrapper._kernel_inputs_fp8(a, 8)
+    shapes = {tuple(t.shape) for t in inputs}
+    assert not shapes & WIDENED_SCALE_SHAPES, shapes
+    pointers = {t.data_ptr() for t in inputs}
+    for name in ("w_dq", "w_dq_scale", "w_uq_qr", "w_uq_qr_scale", "w_dkv_kr", "w_dkv_kr_scale"):
+        assert np.asarray(ins[name]).ctypes.data in pointers, name
+
+
 @pytest.mark.torch
 @pytest.mark.parametrize("switch", [{"cache_layout": "pypto"}, {"fp8_promotion": "fma"},
                                     {"rms_form": "gym_golden"}])  # fmt: skip
