@@ -3,9 +3,9 @@ prolog, indexer prolog, indexer and sparse attention kernels launched one after 
 PyPTO's CPU simulator, judged stage by stage against the golden
 :func:`tilesim.reference.dsa_attention_step` called with the switches the kernels implement.
 
-What is asserted (CI: the small INT8 case ``dsa_attention_step_short_int8`` on the 910B, B 2,
-s1 2, lengths 300 / 1000, with ``index_k_tile=1024``, the indexer prolog kernel's K tile at
-H = 7168):
+What is asserted (CI: the small INT8 case ``dsa_attention_step_short_int8`` on the 910B and the
+950, B 2, s1 2, lengths 300 / 1000, with ``index_k_tile=1024``, the indexer prolog kernel's K
+tile at H = 7168; one simulator run per SoC, shared by the tests that read it):
 
 1. every output of the three first stages -- the queries, ``q_norm`` and its scale, the latent
    cache triple, the index queries, scales, weights and index cache, the ids and the scores --
@@ -17,10 +17,13 @@ H = 7168):
    no earlier token holds with NaN, the new tokens' slots included; each cache's rows outside
    the written slots keep their bytes, each written slot's row differs from the poison;
 3. NumPy in -> NumPy out, no argument written; each stage kernel built once and no other
-   (:func:`tilesim.device.compile_stats`);
+   (:func:`tilesim.device.compile_stats`); the outputs' digest is the committed kernel digest
+   of the same call (``tests/digests/kernel_digests.json``, entry
+   ``dsa_attention_step/short_int8@<soc>``: this run is that entry's CI check, so the digest
+   test leaves it to the ``slow`` set instead of interpreting the step a second time);
 4. ``tilesim compare`` judges the device outputs, dumped as one ``.npz``, against the golden
    directory of the same call (``tilesim golden`` replayed with ``index_k_tile``): every
-   stage passes.
+   stage passes (910B).
 
 ``slow``: the layer at b4 s2 over 64K on both SoCs (cost only), each stage's cost-model time
 and their sum, the layer's figure (``docs/ops/dsa_attention_step.md``, "Kernel").
@@ -104,6 +107,7 @@ def run_step(dump: str, soc: str, case: tuple = (CASE, None, None)) -> dict:
     """In the simulator child: the device step on the case (``(name, build, call)`` of
     :func:`_case`; NumPy in), the golden with the same arguments, the checks of the module
     docstring; writes the device outputs to ``dump`` (``.npz``, the step's output names)."""
+    from digests.golden_digests import digest_of
     from tilesim.cli.tensorio import write_npz
     from tilesim.device import compile_stats, dsa_attention_step, reset_compile_stats
     from tilesim.reference import dsa_attention_step as golden
@@ -122,28 +126,48 @@ def run_step(dump: str, soc: str, case: tuple = (CASE, None, None)) -> dict:
     write_npz(dump, {f: np.asarray(v) for f, v in out._asdict().items() if v is not None})
     return {"exact": exact, "attention": _attention_verdict(out.attn_out, ref.attn_out, tol),
             "caches": _cache_rows(ins, out, slots, prm["block_size"]), "kept": kept,
-            "builds": builds, "us": us,
+            "builds": builds, "us": us, "digest": digest_of(out),
             "numpy_out": all(isinstance(v, np.ndarray) for v in out if v is not None),
             "metrics_attn": {"max_abs": float(np.max(np.abs(
                 out.attn_out.astype(np.float64) - ref.attn_out.astype(np.float64))))}}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
-def step_run(tmp_path_factory):
+def step_runs(tmp_path_factory):
+    """``run(soc) -> (root, result)``: :func:`run_step` on the INT8 case, once per SoC and
+    module (the device outputs dumped to ``root / "device.npz"``)."""
     from tilesim.device import sim
 
-    root = tmp_path_factory.mktemp("step")
-    dump = root / "device.npz"
-    return root, sim.isolated(run_step, str(dump), "910b", soc="910b", timeout=1800)
+    done = {}
+
+    def run(soc: str):
+        if soc not in done:
+            root = tmp_path_factory.mktemp(f"step_{soc}")
+            dump = str(root / "device.npz")
+            done[soc] = root, sim.isolated(run_step, dump, soc, soc=soc, timeout=1800)
+        return done[soc]
+
+    return run
+
+
+def _committed_digest(soc: str) -> str:
+    import json
+
+    from digests.kernel_digests import DIGEST_FILE
+
+    return json.loads(DIGEST_FILE.read_text())[f"dsa_attention_step/short_int8@{soc}"]
 
 
 @pytest.mark.sim
 @pytest.mark.torch
-@pytest.mark.soc_910b
-def test_every_stage_on_the_device_is_the_goldens(step_run, sim_report):
-    _root, r = step_run
+@pytest.mark.parametrize("soc", [
+    pytest.param("910b", marks=pytest.mark.soc_910b, id="910b"),
+    pytest.param("950", marks=pytest.mark.soc_950, id="950"),
+])  # fmt: skip
+def test_every_stage_on_the_device_is_the_goldens(step_runs, soc, sim_report):
+    _root, r = step_runs(soc)
     a = r["attention"]
-    sim_report.add(kernel="dsa_attention_step", soc="910b",
+    sim_report.add(kernel="dsa_attention_step", soc=soc,
                    case="int8 b2 s2 short (T 4, four launches)",
                    bit_exact=a["bit_exact"], max_ulp=None, max_abs=r["metrics_attn"]["max_abs"],
                    us=r["us"])  # fmt: skip
@@ -154,15 +178,16 @@ def test_every_stage_on_the_device_is_the_goldens(step_run, sim_report):
     assert r["kept"] and r["numpy_out"], r
     assert r["builds"] == dict.fromkeys(STAGE_KERNELS, 1), r["builds"]
     assert r["us"] > 0
+    assert r["digest"] == _committed_digest(soc), "the step's output bits moved"
 
 
 @pytest.mark.sim
 @pytest.mark.torch
 @pytest.mark.soc_910b
-def test_tilesim_compare_passes_the_device_dump_stage_by_stage(step_run, capsys):
+def test_tilesim_compare_passes_the_device_dump_stage_by_stage(step_runs, capsys):
     from tilesim.__main__ import main
 
-    root, _r = step_run
+    root, _r = step_runs("910b")
     assert main(["golden", CASE, "-o", str(root / "case")]) == 0
     replay = ["golden", "--inputs", str(root / "case" / CASE), "--params",
               f'{{"index_k_tile": {INDEX_K_TILE}}}', "-o", str(root / "golden")]  # fmt: skip

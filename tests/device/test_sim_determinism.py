@@ -36,8 +36,8 @@ FAMILY_ENTRIES = (
 )
 #: families whose kernel is only a sequence of other families' kernels: the layer step launches
 #: the four stage wrappers (device/dsa_attention_step.py), each with its own entry above, so its
-#: bits under threads and load follow from theirs (its digest is still checked by
-#: tests/digests/test_kernel_digests.py)
+#: bits under threads and load follow from theirs (its digests are still checked, in CI by
+#: tests/device/test_dsa_attention_step_sim.py: tests/digests/kernel_digests.py SHARED_RUNS)
 COMPOSED_FAMILIES = {"dsa_attention_step"}
 #: the entry the quiet-versus-loaded comparison runs twice (the cheapest in FAMILY_ENTRIES)
 QUIET_ENTRY = "dsa_indexer_prolog/int8_pad_h256@910b"

@@ -73,8 +73,15 @@ _ENTRIES = {
         "dsa_attention_step",
         "dsa_attention_step_short_int8",
         {},
-        ("910b",),
+        SOCS,
     ),  # fmt: skip
+}
+#: entries whose CI check is another sim test's run of the same call, asserting this digest
+#: (one interpretation instead of two): tests/digests/test_kernel_digests.py runs them in the
+#: ``slow`` set only
+SHARED_RUNS = {
+    "dsa_attention_step/short_int8@910b": "tests/device/test_dsa_attention_step_sim.py",
+    "dsa_attention_step/short_int8@950": "tests/device/test_dsa_attention_step_sim.py",
 }
 #: the call parameters an entry adds to its case's: a switch value the kernel is judged with
 #: where the case's default is golden-only (the FP8 MLA prolog kernel promotes in two

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from digests.kernel_digests import DIGEST_FILE, entries, run_entry
+from digests.kernel_digests import DIGEST_FILE, SHARED_RUNS, entries, run_entry
 
 pytestmark = [pytest.mark.sim, pytest.mark.torch]
 
@@ -20,6 +20,23 @@ def test_every_entry_has_a_committed_digest():
     assert sorted(ENTRIES) == sorted(EXPECTED)
 
 
-@pytest.mark.parametrize("key", sorted(ENTRIES))
+def test_the_shared_runs_assert_their_digest():
+    """Each ``SHARED_RUNS`` entry is an entry, and its test file reads the committed digest of
+    its family (so leaving the entry out of CI here leaves it checked there)."""
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    assert set(SHARED_RUNS) <= set(ENTRIES)
+    for key, test_file in SHARED_RUNS.items():
+        text = (repo / test_file).read_text()
+        assert "DIGEST_FILE" in text and key.split("@")[0] in text, key
+
+
+@pytest.mark.parametrize(
+    "key",
+    [pytest.param(k, marks=pytest.mark.slow) if k in SHARED_RUNS else k for k in sorted(ENTRIES)],
+)
 def test_kernel_digest_unchanged(key):
+    """Every entry; those in ``SHARED_RUNS`` are ``slow`` here, their CI check being the named
+    test's own run of the same call (``test_the_shared_runs_assert_their_digest``)."""
     assert run_entry(key) == EXPECTED[key]
