@@ -13,7 +13,9 @@ Loop nest (``T`` and every slot are runtime values; one compile per model config
        Q1  a, sa = act_quant(q_norm) per 128         E4M3 codes, UE8M0 scales (ladder below)
        Q2  q = BF16(LIN8(a, sa, w_qb, w_qb_scale))   per K block kb of 128: cube E4M3 x E4M3
                                                      -> FP32 P (one rounding), S = FP32(sa *
-                                                     sb), acc = FP32(acc + FP32(P * S))
+                                                     sb), acc = FP32(acc + FP32(P * S));
+                                                     S of all K blocks in one operation,
+                                                     every P * S in one pass, acc on views
        Q3  RoPE of each head's first 64 values       the INT8 kernel's rope_head (FP32, BF16)
        Q4  q = BF16(FWHT(q) * FP32(128^-0.5))        7 butterfly stages as FP32 matmuls
        Q5  q, q_scale = act_quant(q) per head        E4M3 codes out, FP32 scales out
@@ -80,6 +82,17 @@ LADDER = (64, 64, 64, 32, 16, 8, 4, 2, 1)
 #: the smallest normal E4M3 magnitude (2^-6) and the byte encoder's exponent ladder over it
 E4M3_MIN_NORMAL = 2.0**-6
 E4M3_LADDER = (8, 4, 2, 1)
+#: the vector tile of an ``[U, blocks, 128]`` FP32 block tensor holds at most this many values
+#: (64 KiB): every token's rows of as many 128-blocks as fit (docs/ops/dsa_indexer_prolog.md,
+#: "Kernel": tiles of 12-128 values made the T = 8 row 405 µs, almost all GM copies)
+BLOCK_TILE_VALUES = 16384
+#: the K blocks of a one-block-wide linear (``x @ w_k``) per promotion tile: the accumulation
+#: runs on views of the tile (no copy per K block)
+PROMOTE_K_BLOCKS = 8
+#: the token rows promoted together (a 32-token tile's ``w_qb`` partials in one tensor, 12 MB,
+#: do not compile: PyPTO 0.2.0 fails a pass; 16 rows measured 409.8 µs at T = 128, 8 rows
+#: 421.0, 4 rows 419.7)
+PROMOTE_ROWS = 16
 #: E4M3: 3 mantissa bits, exponent bias 7; subnormal step 2^-9
 E4M3_MANT = 8.0
 E4M3_BIAS = 7.0
@@ -140,34 +153,73 @@ def act_quant(pypto, v32, floor: float):
     return pypto.cast(pypto.div(v32, s), pypto.DT_FP8E4M3), s
 
 
+def block_tile(u: int, nb: int) -> tuple:
+    """The vector tile ``[rows, blocks, 128]`` of an FP32 ``[u, nb, 128]`` block tensor: as
+    many blocks as fit :data:`BLOCK_TILE_VALUES`, then as many of the ``u`` rows."""
+    blocks = max(1, min(nb, BLOCK_TILE_VALUES // FP8_BLOCK))
+    return max(1, min(u, BLOCK_TILE_VALUES // (blocks * FP8_BLOCK))), blocks, FP8_BLOCK
+
+
+def promote_tile(u: int) -> tuple:
+    """The vector tile of a one-block-wide promotion (``x @ w_k``): :data:`PROMOTE_K_BLOCKS`
+    K blocks of as many of the ``u`` rows as fit :data:`BLOCK_TILE_VALUES`."""
+    rows = BLOCK_TILE_VALUES // (PROMOTE_K_BLOCKS * FP8_BLOCK)
+    return max(1, min(u, rows)), PROMOTE_K_BLOCKS, FP8_BLOCK
+
+
 def linear_fp8(pypto, codes, sa, w, w_scale, u: int, n: int):
     """BF16 ``[u, n]``: DeepSeek's FP8 ``Linear`` of E4M3 ``codes [u, K]`` with scales ``sa [u,
     K/128, 1]`` by E4M3 ``w [K, n]`` with block scales ``w_scale [K/128, n/128]``: per K block
     ``P = codes_kb @ w_kb`` (FP32), ``acc = FP32(acc + FP32(P * FP32(sa_kb * sb_kb)))`` from
-    ``acc = 0``, then BF16 (the golden's ``"two_roundings"`` promotion)."""
-    nb = n // FP8_BLOCK
-    acc = None
-    for kb in range(codes.shape[1] // FP8_BLOCK):
+    ``acc = 0``, ascending, then BF16 (the golden's ``"two_roundings"`` promotion). The scale
+    products of every K block are one operation, the partials one ``[u, K/128 * n/128, 128]``
+    tensor (K block major) multiplied by them in one pass, and the accumulation runs on views
+    of it: per tile one copy, not one per K block (:func:`promote`, :data:`PROMOTE_ROWS` token
+    rows at a time)."""
+    nb, nkb = n // FP8_BLOCK, codes.shape[1] // FP8_BLOCK
+    pypto.set_vec_tile_shapes(*block_tile(u, nkb))
+    scales = pypto.mul(sa, pypto.reshape(w_scale, [1, nkb, nb]))  # [u, nkb, nb]
+    parts = []
+    for kb in range(nkb):
         pypto.set_cube_tile_shapes([16, 16], [FP8_BLOCK, FP8_BLOCK], [min(n, 512), min(n, 512)])
         part = pypto.matmul(
             pypto.view(codes, [u, FP8_BLOCK], [0, kb * FP8_BLOCK]),
             pypto.view(w, [FP8_BLOCK, n], [kb * FP8_BLOCK, 0]),
             pypto.DT_FP32,
         )
-        pypto.set_vec_tile_shapes(1, min(nb, 32), FP8_BLOCK)
-        part3 = pypto.reshape(part, [u, nb, FP8_BLOCK])
-        sb = pypto.reshape(pypto.view(w_scale, [1, nb], [kb, 0]), [1, nb, 1])
-        scale = pypto.mul(pypto.view(sa, [u, 1, 1], [0, kb, 0]), sb)
-        term = pypto.mul(part3, scale)
+        pypto.set_vec_tile_shapes(*block_tile(u, nb))
+        parts.append(pypto.reshape(part, [u, nb, FP8_BLOCK]))
+    outs = [promote(pypto, parts, scales, r0, min(PROMOTE_ROWS, u - r0))
+            for r0 in range(0, u, PROMOTE_ROWS)]  # fmt: skip
+    return pypto.reshape(outs[0] if len(outs) == 1 else pypto.concat(outs, 0), [u, n])
+
+
+def promote(pypto, parts, scales, r0: int, m: int):
+    """BF16 ``[m, nb, 128]``: rows ``r0 .. r0 + m`` of ``FP32(acc + FP32(P_kb * S_kb))`` over
+    the K blocks' partials ``parts`` (each FP32 ``[u, nb, 128]``) and their scale products
+    ``scales [u, nkb, nb]``, ascending from ``acc = 0``: the ``P * S`` of every K block in one
+    pass over the concatenated ``[m, nkb * nb, 128]``, the accumulation on its views."""
+    u, nb = parts[0].shape[0], parts[0].shape[1]
+    nkb = len(parts)
+    pypto.set_vec_tile_shapes(*(promote_tile(m) if nb == 1 else block_tile(m, nb)))
+    if m < u:
+        parts = [pypto.view(part, [m, nb, FP8_BLOCK], [r0, 0, 0]) for part in parts]
+        scales = pypto.view(scales, [m, nkb, nb], [r0, 0, 0])
+    terms = pypto.mul(pypto.concat(parts, 1), pypto.reshape(scales, [m, nkb * nb, 1]))
+    acc = None
+    for kb in range(nkb):
+        term = pypto.view(terms, [m, nb, FP8_BLOCK], [0, kb * nb, 0])
         acc = pypto.add(term, 0.0) if acc is None else pypto.add(acc, term)  # 0 + P*S first
-    return pypto.cast(pypto.reshape(acc, [u, n]), pypto.DT_BF16)
+    return pypto.cast(acc, pypto.DT_BF16)
 
 
 def quant_blocks(pypto, v, u: int, k: int, floor: float):
     """``act_quant`` of BF16 ``v [u, k]`` per 128 values: ``(codes [u, k], scales [u, k/128,
     1])``."""
-    pypto.set_vec_tile_shapes(1, min(k // FP8_BLOCK, 32), FP8_BLOCK)
-    v3 = pypto.reshape(pypto.cast(v, pypto.DT_FP32), [u, k // FP8_BLOCK, FP8_BLOCK])
+    pypto.set_vec_tile_shapes(u, min(k, BLOCK_TILE_VALUES // u))  # a 2-D tile for the 2-D cast
+    v32 = pypto.cast(v, pypto.DT_FP32)
+    pypto.set_vec_tile_shapes(*block_tile(u, k // FP8_BLOCK))
+    v3 = pypto.reshape(v32, [u, k // FP8_BLOCK, FP8_BLOCK])
     codes, s = act_quant(pypto, v3, floor)
     return pypto.reshape(codes, [u, k]), s
 
