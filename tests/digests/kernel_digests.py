@@ -69,6 +69,23 @@ _ENTRIES = {
         },
         ("910b",),
     ),  # fmt: skip
+    # the FP8 kernel's branches: a padding token (slot -1), a token in the first slot of a
+    # second 32-token page, two K blocks per FP8 linear, two K tiles of x @ w_proj (CALL_PARAMS)
+    "dsa_indexer_prolog/fp8_pad_h256": (
+        "dsa_indexer_prolog",
+        None,
+        {
+            "path": "fp8",
+            "seq_lens": (1, 33),
+            "s1": 1,
+            "pad": 1,
+            "block_size": 32,
+            "hidden": 256,
+            "rank": 256,
+            "seed": 24,
+        },
+        ("950",),
+    ),  # fmt: skip
     "dsa_attention_step/short_int8": (
         "dsa_attention_step",
         "dsa_attention_step_short_int8",
@@ -91,6 +108,9 @@ CALL_PARAMS = {
     "dsa_attention_step/short_int8": {"index_k_tile": 1024},
     # the FP8 MLA prolog kernel's K-block promotion (docs/ops/mla_prolog.md, "Kernel")
     "mla_prolog/fp8_kv_split_b4_s2": {"fp8_promotion": "two_roundings"},
+    # the FP8 indexer prolog kernel's promotion and a K tile of x @ w_proj
+    # (docs/ops/dsa_indexer_prolog.md, "Kernel")
+    "dsa_indexer_prolog/fp8_pad_h256": {"fp8_promotion": "two_roundings", "k_tile": 128},
 }
 
 
