@@ -164,8 +164,12 @@ def _committed_digest(soc: str) -> str:
     pytest.param("910b", marks=pytest.mark.soc_910b, id="910b"),
     pytest.param("950", marks=pytest.mark.soc_950, id="950"),
 ])  # fmt: skip
-def test_every_stage_on_the_device_is_the_goldens(step_runs, soc, sim_report):
-    _root, r = step_runs(soc)
+def test_every_stage_on_the_device_is_the_goldens(step_runs, soc, sim_report, capsys):
+    """Every stage's outputs against the golden, the caches' untouched rows, one build per
+    stage, the kernel digest, and ``tilesim compare`` on the dump: one simulator run per SoC
+    in one test (a second test reading the same run could land on another xdist worker and
+    interpret the step again)."""
+    root, r = step_runs(soc)
     a = r["attention"]
     sim_report.add(kernel="dsa_attention_step", soc=soc,
                    case="int8 b2 s2 short (T 4, four launches)",
@@ -179,15 +183,14 @@ def test_every_stage_on_the_device_is_the_goldens(step_runs, soc, sim_report):
     assert r["builds"] == dict.fromkeys(STAGE_KERNELS, 1), r["builds"]
     assert r["us"] > 0
     assert r["digest"] == _committed_digest(soc), "the step's output bits moved"
+    _compare_passes_stage_by_stage(root, capsys)
 
 
-@pytest.mark.sim
-@pytest.mark.torch
-@pytest.mark.soc_910b
-def test_tilesim_compare_passes_the_device_dump_stage_by_stage(step_runs, capsys):
+def _compare_passes_stage_by_stage(root, capsys):
+    """``tilesim compare`` judges the device dump against the CLI's golden of the case (the
+    step's ``index_k_tile``) and passes every stage."""
     from tilesim.__main__ import main
 
-    root, _r = step_runs("910b")
     assert main(["golden", CASE, "-o", str(root / "case")]) == 0
     replay = ["golden", "--inputs", str(root / "case" / CASE), "--params",
               f'{{"index_k_tile": {INDEX_K_TILE}}}', "-o", str(root / "golden")]  # fmt: skip
