@@ -29,7 +29,12 @@ running it: the compile checks at the NPU tests' shapes and the cost-model optio
 the seeds' ``_d``/``_p``). The call's token count picks the build (its JIT options, part of the
 compile key): :func:`tilesim.shared.dsa.kernel_build` -- online calls of at least
 ``LARGE_BATCH_ITEMS[soc]`` (token, group tile) work items run the large-batch build
-(:data:`tilesim.device._dsa_kernel.LARGE_BATCH_JIT`: task merges only, the same bits).
+(:data:`tilesim.device._dsa_kernel.LARGE_BATCH_JIT`: task merges only, the same bits). From
+``LARGE_TILING_ITEMS[soc]`` work items a ``decode``-preset call also runs the large-batch
+tiling (:func:`tilesim.shared.dsa.kernel_tiling`, ``SaTileShapeConfig.large_batch()``: one
+2048-key tile per token, 512-deep K steps; part of the compile key through the tiles). Its
+bits are not the decode preset's: its golden twin is the reference with that tiling and
+``accumulation="k_steps"`` (:func:`tilesim.shared.dsa.golden_keywords`).
 
 Edges handled beyond the seeds' kernels, as the reference documents them: a query token with
 ``cur_seq = 0`` gets zeros (the seeds write nothing); a last tile with fewer than ``s_kv_tile``
@@ -57,6 +62,7 @@ from tilesim.shared.dsa import (
     check_meta,
     cost_of_indices,
     kernel_build,
+    kernel_tiling,
 )
 from tilesim.shared.interop import is_torch_tensor
 from tilesim.shared.layouts.dsa_kernel_index import kernel_indices, kernel_indices_torch
@@ -248,6 +254,12 @@ def _checked_call(checked, form: str, layout: str, out, backend, soc):
         return a.query_nope.new_empty((a.rows, NOPE), dtype=require_torch().bfloat16)
     name = "nope_cache" if form == "packed" else "kn_quant"
     target = _resolve(a, a.quant, name, backend, soc)
+    # many tokens: the decode preset's call runs the large-batch tiling (its own bits), whose
+    # index plan is padded to its KV tiles
+    tiling = kernel_tiling(tokens=a.rows // a.nq, nq=a.nq, tiling=a.tiling, soc=target.soc)
+    if tiling != a.tiling:
+        a = a._replace(tiling=tiling)
+        plan = kernel_indices(a) if a.values else None
     return _launch(a, ints, form, a.quant, layout, a.caches, plan, out, target)
 
 
@@ -278,7 +290,9 @@ def sparse_attention_antiquant(
     Args are those of :func:`tilesim.reference.sparse_attention_antiquant` (NumPy/ml_dtypes
     arrays or torch tensors, checked by the same function): ``nope_cache`` INT8 (910B, 950) or
     FP8 E4M3 (950) ``[rows, 656]`` in ``layout`` ``"pypto"`` or ``"flashmla"``; ``tiling``
-    ``None`` reads ``SaTileShapeConfig.from_env()`` (decode preset). Device-only keywords:
+    ``None`` reads ``SaTileShapeConfig.from_env()`` (decode preset). A decode-preset call of
+    many tokens runs the large-batch tiling, whose bits are the golden's with
+    :func:`tilesim.shared.dsa.golden_keywords` (module docstring). Device-only keywords:
 
     * ``out`` — a BF16 torch tensor ``[T*nq, 512]`` on the inputs' device, written in place
       (else one is allocated);

@@ -142,6 +142,39 @@ def kernel_build(*, tokens: int, nq: int, tiling: SaTileShapeConfig, soc: str) -
     return "large_batch" if large else "seeds"
 
 
+#: per SoC, the fewest (token, group tile) work items for which the device wrapper runs the
+#: ``decode`` preset's calls with :meth:`SaTileShapeConfig.large_batch` tiles
+#: (:func:`kernel_tiling`): the crossover measured in the cost model (2048 keys per token, s1 2,
+#: both with the large-batch build: the 910B loses at 12 tokens and gains from 14, the 950 ties
+#: at 14 and gains from 16; docs/ops/dsa.md#kernel, "The large-batch tiling")
+LARGE_TILING_ITEMS = {"910b": 14, "950": 16}
+
+
+def kernel_tiling(*, tokens: int, nq: int, tiling: SaTileShapeConfig, soc: str):
+    """The tile config the device kernel runs a call with on ``soc``:
+    :meth:`SaTileShapeConfig.large_batch` in place of ``tiling`` when ``tiling`` is the
+    ``decode`` preset and ``tokens * ceil(nq / g_tile)`` work items reach
+    ``LARGE_TILING_ITEMS[soc]``, else ``tiling`` itself. The large-batch tiling moves bits (its
+    K steps and KV tiles), so such a call's golden twin is the reference with the returned
+    tiling and ``accumulation="k_steps"`` (:func:`golden_keywords`). The one rule, read by the
+    wrapper (then :func:`kernel_build` picks the JIT options for the returned tiling)."""
+    check_choice(soc, "soc", tuple(LARGE_TILING_ITEMS))
+    items = check_pos_int(tokens, "tokens") * -(-check_pos_int(nq, "nq") // tiling.g_tile)
+    if tiling != SaTileShapeConfig.decode() or items < LARGE_TILING_ITEMS[soc]:
+        return tiling
+    return SaTileShapeConfig.large_batch()
+
+
+def golden_keywords(*, tokens: int, nq: int, tiling: SaTileShapeConfig, soc: str) -> dict:
+    """The reference's keywords that reproduce the device wrapper's call on ``soc`` (its
+    :func:`kernel_tiling`): ``{"tiling": ..}``, plus ``accumulation="k_steps"`` for the
+    large-batch tiling, whose kernel the golden models step for step."""
+    run = kernel_tiling(tokens=tokens, nq=nq, tiling=tiling, soc=soc)
+    if run == SaTileShapeConfig.large_batch():
+        return {"tiling": run, "accumulation": "k_steps"}
+    return {"tiling": run}
+
+
 def _check_queries(query_nope, query_rope) -> int:
     check_array(query_nope, "query_nope", dtype=BF16, ndim=2, layout="[T*nq, 512]")
     rows = shape_of(query_nope, "query_nope")[0]
@@ -437,6 +470,7 @@ RECORD = OpRecord(
 
 __all__ = [
     "LARGE_BATCH_ITEMS",
+    "LARGE_TILING_ITEMS",
     "RECORD",
     "Args",
     "HEAD_DIM",
@@ -451,7 +485,9 @@ __all__ = [
     "cost",
     "cost_of_indices",
     "host_plan",
+    "golden_keywords",
     "kernel_build",
+    "kernel_tiling",
     "kv_split_inputs",
     "model_keywords",
     "packed_inputs",

@@ -17,7 +17,8 @@ for a wrong value); integer fields are stored as Python ints.
 * :class:`MsaTiling` — MSA decode and main branch: ``MSA_NTILE``, ``MSA_NQ_TILE``,
   ``MSA_DTYPE``, ``MSA_MAX_N``, ``MSA_KV_SPLITS`` (decode split-KV).
 * :class:`SaTileShapeConfig` — DeepSeek sparse attention: presets ``decode`` (online softmax,
-  ``s_kv_tile`` 512) and ``prefill`` (per-tile normalised softmax, ``s_kv_tile`` 2048);
+  ``s_kv_tile`` 512) and ``prefill`` (per-tile normalised softmax, ``s_kv_tile`` 2048), and the
+  device wrapper's ``large_batch`` tiling (online, 2048-key tiles, 512-deep K steps);
   ``TILESIM_SA_PRESET``, ``TILESIM_SA_G_TILE``, ``TILESIM_SA_S_KV_TILE``.
 """
 
@@ -283,6 +284,20 @@ class SaTileShapeConfig:
             c2_tile=(128,) * 6,
             v2_tile=(64, 128),
             softmax="per_tile",
+        )
+
+    @classmethod
+    def large_batch(cls) -> SaTileShapeConfig:
+        """The large-batch decode tiling: online softmax over 2048-key tiles (one tile per token
+        at DeepSeek-V3.2's top-k) with 512-deep L1 K tiles in C1 and C2 (``kL1``; ``kL0`` as in
+        ``decode``). The device wrapper runs it in place of ``decode`` for a call of many
+        tokens (:func:`tilesim.shared.dsa.kernel_tiling`); its bits are not ``decode``'s (fewer
+        K steps, another merge order): its golden is the reference with this tiling and
+        ``accumulation="k_steps"`` (docs/ops/dsa.md#kernel, "The large-batch tiling")."""
+        return cls(
+            s_kv_tile=2048,
+            c1_tile=(128, 128, 256, 512, 128, 128),
+            c2_tile=(128, 128, 128, 512, 256, 256),
         )
 
     @classmethod

@@ -193,7 +193,7 @@ _C = {
     # 910B: INT8 (the 910B has no FP8 type)
     "int8-packed-decode-s2": dict(
         soc="910b", quant="int8", layout="pypto", preset="decode", s1=2, acts=(1500, 1),
-        topk=2048, try_fp8_here=True,
+        topk=2048,
     ),
     "int8-packed-prefill-s2-2tiles": dict(
         soc="910b", quant="int8", layout="pypto", preset="prefill", s1=2, acts=(2300, 1),
@@ -206,7 +206,7 @@ _C = {
     ),
     "int8-packed-decode-s2-skips": dict(  # -1 entries: scattered, a whole tile, a whole token
         soc="910b", quant="int8", layout="pypto", preset="decode", s1=2, acts=(2100, 1500),
-        topk=2048, skips=True,
+        topk=2048, skips=True, try_fp8_here=True,
     ),
     "int8-kv_split-decode-s1-topk1000": dict(  # topk not a multiple of the tile: padded cols
         soc="910b", quant="int8", layout="kv_split", preset="decode", s1=1, acts=(600, 70),
@@ -259,8 +259,12 @@ _C = {
 
 
 #: cases whose corner another case also crosses, left out under CI (``slow``): kv_split
-#: prefill over two tiles is also ``fp8-kv_split-prefill-s2-skips``'s
-SLOW = {"fp8-kv_split-prefill-s1-2tiles"}
+#: prefill over two tiles is also ``fp8-kv_split-prefill-s2-skips``'s; the flashmla layout's
+#: bits are the pypto layout's (``test_sim_cache_forms_give_identical_bits``); the unmasked
+#: 910B decode's bits are the kernel digest ``dsa/int8_pypto@910b``'s, its 2 tiles per token
+#: and ``cur_seq = 0`` row are the masked case's too (which now also tries an FP8 cache). The
+#: last two pay for the large-batch tiling's CI cases (``test_large_batch_tiling_bit_exact``)
+SLOW = {"fp8-kv_split-prefill-s1-2tiles", "fp8-flashmla-decode-s1", "int8-packed-decode-s2"}
 
 
 def _params():
@@ -589,3 +593,97 @@ def test_sim_cache_forms_give_identical_bits():
     assert outs["torch_out"]  # kv_split ran on torch CPU tensors and answered with one
     assert np.array_equal(outs["pypto"], outs["flashmla"])
     assert np.array_equal(outs["pypto"], outs["kv_split"])
+
+
+# ----------------------------------------------------------------------------- large-batch tiling
+#: the large-batch tiling's CI cases (SaTileShapeConfig.large_batch: one 2048-key tile per token,
+#: 512-deep K steps), one per SoC: the kernel-digest entries dsa/large_batch_* (their case, in
+#: tests/digests/kernel_digests.py, has -1 entries -- the masked build -- and 2 tokens of 1000
+#: and 600 keys, so C2 runs two K steps per token over a partial tile); this test's run is their
+#: CI digest check (SHARED_RUNS)
+LARGE_BATCH_DIGESTS = {"910b": "dsa/large_batch_int8@910b", "950": "dsa/large_batch_fp8@950"}
+
+
+def run_large_batch(soc: str) -> dict:
+    """Child: the large-batch tiling with the large-batch build (the wrapper's pair for many
+    tokens; forced through ``prepared_launch(jit=)``, the case being small), against the
+    golden with ``accumulation="k_steps"`` and with the default ``"exact"``."""
+    import tilesim.reference as reference
+    from digests.golden_digests import digest_of
+    from digests.kernel_digests import _case, entries
+    from tilesim.device import _dsa_kernel as kernels
+    from tilesim.device import dsa as dev
+    from tilesim.device import sim
+    from tilesim.shared.interop import to_numpy
+
+    case = _case(*dict(entries())[LARGE_BATCH_DIGESTS[soc]][:3])[1]
+    jit = kernels.jit_spec(soc, "online", "large_batch")
+    run = dev.prepared_launch(case["op"], **case["inputs"], **case["params"], jit=jit,
+                              backend="sim", soc=soc)  # fmt: skip
+    us = sim.run_kernel(run["kernel"], [*run["inputs"], *run["outputs"]]).us
+    got = to_numpy(run["outputs"][0]).view(np.uint16)
+    golden = getattr(reference, case["op"])
+    steps = golden(**case["inputs"], **case["params"], accumulation="k_steps").view(np.uint16)
+    exact = golden(**case["inputs"], **case["params"]).view(np.uint16)
+    return {
+        "us": us,
+        "differ_k_steps": int((got != steps).sum()),
+        "differ_exact": int((got != exact).sum()),
+        "size": got.size,
+        "masked": run["kernel"].keywords["params"].masked,
+        "digest": digest_of(to_numpy(run["outputs"][0])),
+    }
+
+
+@pytest.mark.sim
+@pytest.mark.torch
+@pytest.mark.parametrize(
+    "soc",
+    [
+        pytest.param("910b", marks=pytest.mark.soc_910b),
+        pytest.param("950", marks=pytest.mark.soc_950),
+    ],
+)
+def test_large_batch_tiling_bit_exact(soc):
+    """The large-batch tiling's kernel equals the golden with ``accumulation="k_steps"`` bit
+    for bit, and is another rounding than the default golden (so the switch is what makes it
+    exact); its output is the committed kernel digest of the case."""
+    import json
+
+    from digests.kernel_digests import DIGEST_FILE
+    from tilesim.device import sim
+
+    r = sim.isolated(run_large_batch, soc, soc=soc)
+    assert r["masked"]  # the -1 entries run the masked build
+    assert r["differ_k_steps"] == 0, f"{r['differ_k_steps']} of {r['size']} elements differ"
+    assert r["differ_exact"] > 0
+    key = LARGE_BATCH_DIGESTS[soc]
+    assert r["digest"] == json.loads(DIGEST_FILE.read_text())[key]
+    assert 0.0 < r["us"] < 1e5
+
+
+def test_large_batch_tiling_is_picked_by_token_count():
+    """:func:`tilesim.shared.dsa.kernel_tiling`: the decode preset's call from
+    ``LARGE_TILING_ITEMS`` work items on runs the large-batch tiling with the large-batch
+    build; fewer items, another preset or a changed decode tiling run as given; the golden's
+    keywords follow (``accumulation="k_steps"`` with the large-batch tiling only)."""
+    from tilesim.shared.dsa import LARGE_TILING_ITEMS, golden_keywords, kernel_build, kernel_tiling
+    from tilesim.shared.tiling import SaTileShapeConfig
+
+    dec, big = SaTileShapeConfig.decode(), SaTileShapeConfig.large_batch()
+    assert big.s_kv_tile == 2048 and big.c1_tile[3] == big.c2_tile[3] == 512
+    for soc, n in LARGE_TILING_ITEMS.items():
+        assert kernel_tiling(tokens=n - 1, nq=128, tiling=dec, soc=soc) == dec
+        assert kernel_tiling(tokens=n, nq=128, tiling=dec, soc=soc) == big
+        assert kernel_build(tokens=n, nq=128, tiling=big, soc=soc) == "large_batch"
+        for other in (
+            SaTileShapeConfig.prefill(),
+            dec.replace(kv_splits=2),
+            dec.replace(g_tile=64),
+        ):
+            assert kernel_tiling(tokens=4 * n, nq=128, tiling=other, soc=soc) == other
+        assert golden_keywords(tokens=n, nq=128, tiling=dec, soc=soc) == {
+            "tiling": big, "accumulation": "k_steps"}  # fmt: skip
+        assert golden_keywords(tokens=n - 1, nq=128, tiling=dec, soc=soc) == {"tiling": dec}
+    with pytest.raises(ValueError, match="soc"):
+        kernel_tiling(tokens=1, nq=128, tiling=dec, soc="h100")

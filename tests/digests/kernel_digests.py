@@ -27,6 +27,19 @@ HERE = Path(__file__).resolve().parent
 DIGEST_FILE = HERE / "kernel_digests.json"
 SOCS = ("910b", "950")
 
+
+def _large_batch_case(quant: str, seed: int) -> dict:
+    """Builder overrides of a large-batch-tiling entry: b 2, s1 1, 1000 and 600 keys of top-k
+    1024 in one 2048-key tile, 20 % -1 entries, unreached rows poisoned."""
+    from tilesim.shared.tiling import SaTileShapeConfig
+
+    return {
+        "quant": quant, "layout": "pypto", "b": 2, "s1": 1, "actual_seq": (1000, 600),
+        "topk": 1024, "tiling": SaTileShapeConfig.large_batch(), "topk_rule": "causal",
+        "invalid_frac": 0.2, "poison_unreached": True, "seed": seed,
+    }  # fmt: skip
+
+
 #: entry -> (family, case name or None, builder overrides, SoCs)
 _ENTRIES = {
     "moe/m3_case_smoke_edge": ("moe", "m3_case_smoke_edge", {}, SOCS),
@@ -45,6 +58,9 @@ _ENTRIES = {
         {"quant": "fp8", "layout": "kv_split", "actual_seq": (300, 700), "seed": 22},
         ("950",),
     ),
+    # the large-batch tiling (SaTileShapeConfig.large_batch, its own bits), with -1 entries
+    "dsa/large_batch_int8": ("dsa", None, _large_batch_case("int8", 31), ("910b",)),
+    "dsa/large_batch_fp8": ("dsa", None, _large_batch_case("fp8", 32), ("950",)),
     "dsa_indexer/short_int8": ("dsa_indexer", "dsa_indexer_short_int8", {}, ("910b",)),
     "dsa_indexer/short_fp8": ("dsa_indexer", "dsa_indexer_short_fp8", {}, ("950",)),
     "mla_prolog/int8_b4_s2": ("mla_prolog", "mla_prolog_int8_b4_s2", {}, ("910b",)),
@@ -99,6 +115,8 @@ _ENTRIES = {
 SHARED_RUNS = {
     "dsa_attention_step/short_int8@910b": "tests/device/test_dsa_attention_step_sim.py",
     "dsa_attention_step/short_int8@950": "tests/device/test_dsa_attention_step_sim.py",
+    "dsa/large_batch_int8@910b": "tests/device/test_dsa_sim.py",
+    "dsa/large_batch_fp8@950": "tests/device/test_dsa_sim.py",
 }
 #: the call parameters an entry adds to its case's: a switch value the kernel is judged with
 #: where the case's default is golden-only (the FP8 MLA prolog kernel promotes in two

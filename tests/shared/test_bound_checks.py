@@ -122,12 +122,15 @@ _DEVICE = [("out", None), ("backend", "auto"), ("soc", "910b"), ("validate", Tru
 #: op -> (positional parameters, golden keywords, wrapper keywords) as (name, default)
 _SIGNATURES = {
     "sparse_attention_antiquant": (
-        _DSA_ARRAYS, [*_DSA_SIZES, ("layout", "pypto"), ("trace", None), ("progress", None)],
+        _DSA_ARRAYS,
+        [*_DSA_SIZES, ("layout", "pypto"), ("accumulation", "exact"), ("trace", None),
+         ("progress", None)],
         [*_DSA_SIZES, ("layout", "pypto"), *_DEVICE],
     ),
     "sparse_attention_antiquant_kv_split": (
         ["query_nope", "query_rope", "kn_quant", "kr", "kn_scales", *_DSA_ARRAYS[3:]],
-        [*_DSA_SIZES, ("trace", None), ("progress", None)], [*_DSA_SIZES, *_DEVICE],
+        [*_DSA_SIZES, ("accumulation", "exact"), ("trace", None), ("progress", None)],
+        [*_DSA_SIZES, *_DEVICE],
     ),
     "moe_grouped_gemm": (
         ["sorted_tokens", "weights", "expert_cumsum", "dims"],
