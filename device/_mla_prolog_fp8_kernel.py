@@ -71,9 +71,14 @@ C2_TILES = ([16, 16], [BLOCK, BLOCK], [512, 512])
 #: columns of the vector tiles of the block promotion (FP32 ``[rows, 2048]``: 64 KB at 8 rows)
 PROMOTE_COLS = 2048
 #: (K blocks, N blocks) of the vector tiles of :func:`block_scales`' ``[rows, K/128, N/128,
-#: 1]`` outer product (the unit axis is padded to 8 values in the unified buffer: 32 KB at 8
-#: rows; 8 x 64 overflows it)
-SCALE_TILE = (4, 32)
+#: 1]`` outer product (the unit axis is padded to 8 values in the unified buffer: 24 KB at 8
+#: rows; 8 x 64 overflows it). The promotion chains copy ``S`` in these tiles, so more K blocks
+#: a tile means fewer copies a block: measured at T = 8 on the 950, (4, 32) 305.5 µs, (8, 32)
+#: 296.6, (8, 16) 291.4, (8, 12) 290.3, (8, 8) 323.7, (14, 16) 337.0. Chunks above
+#: ``NBUFFER_MAX_CHUNK`` rows take :data:`SCALE_TILE_LARGE_CHUNK` (T = 128: 792.1 µs with
+#: (4, 32), 842.4 with (8, 12))
+SCALE_TILE = (8, 12)
+SCALE_TILE_LARGE_CHUNK = (4, 32)
 #: rows of :func:`act_quant`'s ``[rows * blocks, 128]`` vector tiles (FP32: 32 KB). Measured at
 #: T = 8 on the 950: 32 rows 330.7 µs (the divide-and-cast of ``x`` as 14 tasks), 64 rows
 #: 305.5, 128 rows 377.3
@@ -146,7 +151,8 @@ def block_scales(pypto, sa, sb, u: int):
     sa4 = pypto.reshape(sa, [u, kbs, 1, 1])
     pypto.set_vec_tile_shapes(1, kbs, nb, 1)
     sb4 = pypto.reshape(sb, [1, kbs, nb, 1])
-    pypto.set_vec_tile_shapes(row_tile(u), min(kbs, SCALE_TILE[0]), min(nb, SCALE_TILE[1]), 1)
+    tile = SCALE_TILE if u <= NBUFFER_MAX_CHUNK else SCALE_TILE_LARGE_CHUNK
+    pypto.set_vec_tile_shapes(row_tile(u), min(kbs, tile[0]), min(nb, tile[1]), 1)
     return pypto.mul(sa4, sb4)
 
 
