@@ -84,14 +84,18 @@ E4M3_MIN_NORMAL = 2.0**-6
 E4M3_LADDER = (8, 4, 2, 1)
 #: the vector tile of an ``[U, blocks, 128]`` FP32 block tensor holds at most this many values
 #: (64 KiB): every token's rows of as many 128-blocks as fit (docs/ops/dsa_indexer_prolog.md,
-#: "Kernel": tiles of 12-128 values made the T = 8 row 405 µs, almost all GM copies)
+#: "Kernel": tiles of 12-128 values spent the kernel's time in GM copies)
 BLOCK_TILE_VALUES = 16384
+#: the vector tile of a many-block promotion (``w_qb``'s 64 N blocks) holds at most this many
+#: values: ``[1, 64, 128]``, the fastest at T = 8 (the variants measured:
+#: docs/perf/journal.md)
+PROMOTE_TILE_VALUES = 8192
 #: the K blocks of a one-block-wide linear (``x @ w_k``) per promotion tile: the accumulation
 #: runs on views of the tile (no copy per K block)
 PROMOTE_K_BLOCKS = 8
 #: the token rows promoted together (a 32-token tile's ``w_qb`` partials in one tensor, 12 MB,
-#: do not compile: PyPTO 0.2.0 fails a pass; 16 rows measured 409.8 µs at T = 128, 8 rows
-#: 421.0, 4 rows 419.7)
+#: do not compile: PyPTO 0.2.0 fails a pass; 16 rows the fastest of 4, 8 and 16 at T = 128,
+#: docs/perf/journal.md)
 PROMOTE_ROWS = 16
 #: E4M3: 3 mantissa bits, exponent bias 7; subnormal step 2^-9
 E4M3_MANT = 8.0
@@ -153,11 +157,11 @@ def act_quant(pypto, v32, floor: float):
     return pypto.cast(pypto.div(v32, s), pypto.DT_FP8E4M3), s
 
 
-def block_tile(u: int, nb: int) -> tuple:
+def block_tile(u: int, nb: int, values: int = BLOCK_TILE_VALUES) -> tuple:
     """The vector tile ``[rows, blocks, 128]`` of an FP32 ``[u, nb, 128]`` block tensor: as
-    many blocks as fit :data:`BLOCK_TILE_VALUES`, then as many of the ``u`` rows."""
-    blocks = max(1, min(nb, BLOCK_TILE_VALUES // FP8_BLOCK))
-    return max(1, min(u, BLOCK_TILE_VALUES // (blocks * FP8_BLOCK))), blocks, FP8_BLOCK
+    many blocks as fit ``values``, then as many of the ``u`` rows."""
+    blocks = max(1, min(nb, values // FP8_BLOCK))
+    return max(1, min(u, values // (blocks * FP8_BLOCK))), blocks, FP8_BLOCK
 
 
 def promote_tile(u: int) -> tuple:
@@ -201,7 +205,8 @@ def promote(pypto, parts, scales, r0: int, m: int):
     pass over the concatenated ``[m, nkb * nb, 128]``, the accumulation on its views."""
     u, nb = parts[0].shape[0], parts[0].shape[1]
     nkb = len(parts)
-    pypto.set_vec_tile_shapes(*(promote_tile(m) if nb == 1 else block_tile(m, nb)))
+    tile = promote_tile(m) if nb == 1 else block_tile(m, nb, PROMOTE_TILE_VALUES)
+    pypto.set_vec_tile_shapes(*tile)
     if m < u:
         parts = [pypto.view(part, [m, nb, FP8_BLOCK], [r0, 0, 0]) for part in parts]
         scales = pypto.view(scales, [m, nkb, nb], [r0, 0, 0])
