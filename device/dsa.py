@@ -107,7 +107,7 @@ def _check_out(out, rows: int) -> None:
 
 # ----------------------------------------------------------------------------- launch
 def _launch(a: Args, ints: tuple, form: str, quant: str, layout: str, caches: tuple, plan,
-            out, target):  # fmt: skip
+            out, target, unmasked: bool = False):  # fmt: skip
     """Run the kernel for the cache ``form`` on the queries, ``caches`` (kernel order) and the
     caller's integer arrays ``ints`` (``topk_indices``, ``block_table``, ``kv_act_seqs``);
     ``plan``: :func:`~tilesim.shared.layouts.dsa_kernel_index.kernel_indices` (validated) or
@@ -131,6 +131,8 @@ def _launch(a: Args, ints: tuple, form: str, quant: str, layout: str, caches: tu
             ti, bt, acts, s1=a.s1, topk=a.topk, block_size=a.block_size,
             s_kv_tile=a.tiling.s_kv_tile, cache_rows=tensors[1].shape[0],
         )  # fmt: skip
+        if unmasked:  # the caller's promise: no used -1, so no skip columns (unmasked build)
+            plan = (plan[0][:, : plan[1]], None)
     idx, mask_col0 = plan
     idx = torch.as_tensor(idx).to(device=dev, dtype=torch.int32).contiguous()
     bt, acts = _bucket_columns(bt.to(torch.int32)), acts.to(torch.int32).contiguous()
@@ -237,7 +239,7 @@ def _checked_args(queries: tuple, caches: tuple, ints: tuple, layout: str, valid
 _CACHE_NAMES = (("nope_cache",), KV_SPLIT_NAMES)
 
 
-def _checked_call(checked, form: str, layout: str, out, backend, soc):
+def _checked_call(checked, form: str, layout: str, out, backend, soc, unmasked=False):
     """The rest of a call once the arguments are checked (``checked``: :func:`_checked_args`):
     the kernel's limits, the index plan (host, :func:`kernel_indices`, when
     the values were checked; else its torch twin at launch), ``out``, the target; then the launch of
@@ -260,7 +262,7 @@ def _checked_call(checked, form: str, layout: str, out, backend, soc):
     if tiling != a.tiling:
         a = a._replace(tiling=tiling)
         plan = kernel_indices(a) if a.values else None
-    return _launch(a, ints, form, a.quant, layout, a.caches, plan, out, target)
+    return _launch(a, ints, form, a.quant, layout, a.caches, plan, out, target, unmasked)
 
 
 # ----------------------------------------------------------------------------- public ops
@@ -284,6 +286,7 @@ def sparse_attention_antiquant(
     backend: str = "auto",
     soc: str = DEFAULT_SOC,
     validate: bool = True,
+    unmasked: bool = False,
 ):
     """Sparse MLA attention over a packed quantized latent cache on PyPTO -> BF16 ``[T*nq, 512]``.
 
@@ -307,8 +310,13 @@ def sparse_attention_antiquant(
       copy of the INT32 plan: docs/device.md#host-round-trips-and-validate); ``False`` checks
       metadata only,
       reads no value and plans the index tensor on the inputs' device
-      (:func:`kernel_indices_torch`, always the masked kernel build); bad
-      entries are then undefined.
+      (:func:`kernel_indices_torch`, the masked kernel build unless ``unmasked``); bad
+      entries are then undefined;
+    * ``unmasked`` — with ``validate=False``: the caller's promise that no used entry (the
+      first ``cur_seq`` of a row) is ``-1`` (e.g. every row sees ``>= topk`` keys of an
+      indexer that fills them), so the device plan drops the skip columns and the unmasked
+      build runs (the same bits on such ids); a used ``-1`` is then undefined. Ignored when
+      the values are checked (the host plan sees the ids).
 
     FakeTensor / ``meta`` inputs (torch.compile tracing; the wrapper is
     :func:`~tilesim.device.backend.graph_safe`): the metadata checks, then an empty BF16
@@ -322,7 +330,7 @@ def sparse_attention_antiquant(
                  block_size=block_size, tiling=tiling)  # fmt: skip
     ints = (topk_indices, block_table, kv_act_seqs)
     checked = _checked_args((query_nope, query_rope), (nope_cache,), ints, layout, validate, sizes)
-    return _checked_call(checked, "packed", layout, out, backend, soc)
+    return _checked_call(checked, "packed", layout, out, backend, soc, unmasked)
 
 
 @_backend.graph_safe
@@ -346,6 +354,7 @@ def sparse_attention_antiquant_kv_split(
     backend: str = "auto",
     soc: str = DEFAULT_SOC,
     validate: bool = True,
+    unmasked: bool = False,
 ):
     """:func:`sparse_attention_antiquant` over the kv_split cache: ``kn_quant [rows, 512]`` FP8
     E4M3 (950) or INT8, ``kr [rows, 64]`` BF16, ``kn_scales [rows, 4]`` FP32. Same arithmetic
@@ -355,7 +364,7 @@ def sparse_attention_antiquant_kv_split(
     checked = _checked_args((query_nope, query_rope), (kn_quant, kr, kn_scales),
                             (topk_indices, block_table, kv_act_seqs), "kv_split", validate,
                             sizes)  # fmt: skip
-    return _checked_call(checked, "split", "pypto", out, backend, soc)
+    return _checked_call(checked, "split", "pypto", out, backend, soc, unmasked)
 
 
 def sparse_attention_traffic(

@@ -23,7 +23,12 @@ four separate launches: the step's cost is the sum of the four kernels' cost-mod
 (:func:`run_stages` returns them by stage). Between the stages nothing goes to the host: the
 stages are called with ``validate=False`` (the step checked every input before the first
 launch), so the indexer's ids reach the attention kernel's index plan on the device
-(:func:`tilesim.shared.layouts.dsa_kernel_index.kernel_indices_torch`). What PyPTO reads on
+(:func:`tilesim.shared.layouts.dsa_kernel_index.kernel_indices_torch`). That plan is the
+attention's unmasked build (no skip columns) when every query row sees at least ``topk`` keys
+-- the indexer then fills every id with a position, no ``-1`` -- and the masked build
+otherwise: a host decision from the ``seq_lens`` the step's checks or slot rule already
+copied (:func:`attention_unmasked`; a caller's ``slot_mapping`` with ``validate=False``
+reads no length: masked). What PyPTO reads on
 the host is each kernel's ``ready_on_host`` inputs, all of them the caller's or the host slot
 rule's: the slots (both prologs), ``block_table`` and ``seq_lens`` (indexer, attention)
 (:func:`tilesim.device._dsa_attention_step_kernel.ready_on_host`).
@@ -151,26 +156,46 @@ def check_kernel_limits(a, soc: str) -> None:
 
 
 # ----------------------------------------------------------------------------- checks
-def _host_slots(a) -> np.ndarray:
-    """``validate=False``: the slots the prologs write, derived on the host (their kernels read
-    them there) by the one slot rule from ``block_table`` / ``seq_lens`` (decode: ``s1 = T //
-    B`` new tokens per batch), or the caller's ``slot_mapping``; unchecked."""
+def _host_slots(a) -> tuple[np.ndarray, np.ndarray | None]:
+    """``validate=False``: ``(slots, seq_lens)``, the slots the prologs write, derived on the
+    host (their kernels read them there) by the one slot rule from ``block_table`` /
+    ``seq_lens`` (decode: ``s1 = T // B`` new tokens per batch), with the host copy of
+    ``seq_lens`` that rule read; or the caller's ``slot_mapping`` and ``None`` (no length
+    read); unchecked."""
     if a.ins.slot_mapping is not None:
-        return host_ints(a.ins.slot_mapping, "slot_mapping", ndim=1)
+        return host_ints(a.ins.slot_mapping, "slot_mapping", ndim=1), None
     ia = a.indexer
     q_lens = np.full(ia.n_b, ia.s1, np.int64) if a.ins.q_lens is None else a.ins.q_lens
-    return slots_from_block_table(a.ins.block_table, a.ins.seq_lens, q_lens=q_lens,
-                                  block_size=ia.block_size)  # fmt: skip
+    lens = host_ints(a.ins.seq_lens, "seq_lens", ndim=1)
+    return slots_from_block_table(a.ins.block_table, lens, q_lens=q_lens,
+                                  block_size=ia.block_size), lens  # fmt: skip
 
 
-def _checked(ins, validate):
-    """The contract's ``check_meta`` (the golden's), then the value checks ``validate`` asks
-    for (:func:`tilesim.device.backend.value_checks` over the record's ``int_checks`` /
-    ``scan_checks``); ``validate=False``: the host slots, unchecked."""
+def attention_unmasked(seq_lens, s1: int, topk: int) -> bool:
+    """Whether the attention can run its unmasked build: every query token sees at least
+    ``topk`` keys (its causal count ``seq_lens[b] - s1 + 1 + s``, ``s`` in ``0..s1-1``; the
+    least is ``s = 0``), so the indexer fills all ``topk`` ids of every row with positions and
+    writes no ``-1`` (docs/ops/dsa_indexer.md). ``seq_lens``: the host copy the step already
+    holds (int ``[B]``), or ``None`` (none read: ``False``, the masked build)."""
+    if seq_lens is None or s1 is None or len(seq_lens) == 0:
+        return False
+    return bool(np.min(np.asarray(seq_lens, dtype=np.int64)) - s1 + 1 >= topk)
+
+
+def _checked(ins, validate) -> tuple:
+    """``(a, unmasked)``: the contract's ``check_meta`` (the golden's), then the value checks
+    ``validate`` asks for (:func:`tilesim.device.backend.value_checks` over the record's
+    ``int_checks`` / ``scan_checks``; ``validate=False``: the host slots, unchecked), and the
+    attention's build from the ``seq_lens`` those read on the host
+    (:func:`attention_unmasked`; no other read)."""
     _backend.validate_level(validate)
     a = contract.check_meta(ins)
     a = _backend.value_checks(contract.RECORD, a, validate)
-    return a if a.slots is not None else a._replace(slots=_host_slots(a))
+    lens = a.indexer.seq_lens if a.slots is not None else None
+    if a.slots is None:
+        slots, lens = _host_slots(a)
+        a = a._replace(slots=slots)
+    return a, attention_unmasked(lens, a.indexer.s1, a.indexer.topk)
 
 
 # ----------------------------------------------------------------------------- the stages
@@ -216,7 +241,7 @@ def _attention_stage(a, t, up, target) -> tuple:
                     up["query_rope"].reshape(rows, ROPE), *caches, up["topk_indices"],
                     t.block_table, t.seq_lens, nq=nq, softmax_scale=a.ins.softmax_scale,
                     topk=ia.topk, block_size=ia.block_size, tiling=a.ins.tiling,
-                    **extra)  # fmt: skip
+                    unmasked=up["unmasked"], **extra)  # fmt: skip
     return {"attn_out": out.reshape(a.tokens, nq, NOPE)}, us
 
 
@@ -225,13 +250,14 @@ _RUNNERS = {"mla_prolog": _mla_stage, "dsa_indexer_prolog": _iprolog_stage,
             "dsa_indexer": _indexer_stage, "sparse_attention": _attention_stage}  # fmt: skip
 
 
-def _launch_stages(a, target) -> tuple[dict, dict]:
-    """Every stage in order on torch tensors (the caller's as zero-copy views); returns
-    ``({step output: tensor}, {stage: cost_us or None})``."""
+def _launch_stages(a, target, unmasked: bool = False) -> tuple[dict, dict]:
+    """Every stage in order on torch tensors (the caller's as zero-copy views); ``unmasked``:
+    the attention's build (:func:`attention_unmasked`). Returns ``({step output: tensor},
+    {stage: cost_us or None})``."""
     t = types.SimpleNamespace(**dict(zip(INPUT_NAMES, _backend.to_tensors(
         *(getattr(a.ins, n) for n in INPUT_NAMES)), strict=True)))  # fmt: skip
     (slots,) = _backend.to_tensors(np.asarray(a.slots, dtype=np.int64))
-    up, costs = {"slots": slots.to(t.x.device)}, {}
+    up, costs = {"slots": slots.to(t.x.device), "unmasked": unmasked}, {}
     for name in STAGE_NAMES:
         outs, costs[name] = _RUNNERS[name](a, t, up, target)
         up.update(outs)
@@ -251,12 +277,13 @@ def _result(up: dict, target) -> AttentionStepResult:
 
 # ----------------------------------------------------------------------------- public
 def _prepared(ins, backend: str, soc: str, validate):
-    """``(a, target)``: the contract's checks (:func:`_checked`), the call's target, the
-    kernels' limits; nothing launched (each stage's wrapper configures the simulator)."""
-    a = _checked(ins, validate)
+    """``(a, target, unmasked)``: the contract's checks and the attention's build
+    (:func:`_checked`), the call's target, the kernels' limits; nothing launched (each stage's
+    wrapper configures the simulator)."""
+    a, unmasked = _checked(ins, validate)
     target = _backend.resolve(backend, soc, ins.x, configure=False)
     check_kernel_limits(a, target.soc)
-    return a, target
+    return a, target, unmasked
 
 
 def run_stages(arguments: dict) -> tuple[AttentionStepResult, dict]:
@@ -268,8 +295,8 @@ def run_stages(arguments: dict) -> tuple[AttentionStepResult, dict]:
     bound.apply_defaults()
     call = dict(bound.arguments)
     backend, soc, validate = (call.pop(k) for k in DEVICE_KEYWORDS)
-    a, target = _prepared(types.SimpleNamespace(**call), backend, soc, validate)
-    up, costs = _launch_stages(a, target)
+    a, target, unmasked = _prepared(types.SimpleNamespace(**call), backend, soc, validate)
+    up, costs = _launch_stages(a, target, unmasked)
     return _result(up, target), costs
 
 
@@ -319,4 +346,10 @@ def dsa_attention_step(x, block_table, seq_lens, kv_cache, k_cache, w_dq, w_uq_q
 _SIGNATURE = inspect.signature(dsa_attention_step)
 
 
-__all__ = ["DEVICE_KEYWORDS", "check_kernel_limits", "dsa_attention_step", "run_stages"]
+__all__ = [
+    "DEVICE_KEYWORDS",
+    "attention_unmasked",
+    "check_kernel_limits",
+    "dsa_attention_step",
+    "run_stages",
+]

@@ -25,8 +25,17 @@ tile at H = 7168; one simulator run per SoC, shared by the tests that read it):
    directory of the same call (``tilesim golden`` replayed with ``index_k_tile``): every
    stage passes (910B).
 
-``slow``: the layer at b4 s2 over 64K on both SoCs (cost only), each stage's cost-model time
-and their sum, the layer's figure (``docs/ops/dsa_attention_step.md``, "Kernel").
+5. the attention's build, a host decision from the lengths (``attention_unmasked``): the CI
+   case's rows see fewer than ``topk`` keys, so the step asks for the masked build; the rule
+   against an oracle that lists every row's visible keys, and (torch inputs, stages stubbed)
+   the step's host reads are ``block_table`` and ``seq_lens`` once each at ``validate=True``
+   and ``False``, whichever build (no CPU simulator).
+
+``slow``: the layer at b4 s2 over 64K on both SoCs (cost only, the unmasked attention), each
+stage's cost-model time and their sum, the layer's figure (``docs/ops/dsa_attention_step.md``,
+"Kernel"); the INT8 case at ``topk`` 256 (every row sees >= topk keys) on the 910B: the
+unmasked build, every stage judged as in CI, and the masked build's ``attn_out`` on the same
+ids byte for byte the same.
 """
 
 from __future__ import annotations
@@ -103,10 +112,51 @@ def _attention_verdict(got, ref, tolerance: dict) -> dict:
             "bit_exact": float(np.mean(g.view(np.uint16) == r.view(np.uint16)))}  # fmt: skip
 
 
-def run_step(dump: str, soc: str, case: tuple = (CASE, None, None)) -> dict:
+def _spy_attention_builds() -> list:
+    """In the simulator child: wraps the step's two attention wrappers so that each call
+    appends the build the step asked for (its ``unmasked`` keyword) to the returned list."""
+    import importlib
+
+    step = importlib.import_module("tilesim.device.dsa_attention_step")  # the module
+
+    asked = []
+
+    def spy(real):
+        def call(*args, **kw):
+            asked.append("unmasked" if kw.get("unmasked") else "masked")
+            return real(*args, **kw)
+
+        return call
+
+    for name in ("sparse_attention_antiquant", "sparse_attention_antiquant_kv_split"):
+        setattr(step, name, spy(getattr(step, name)))
+    return asked
+
+
+def _masked_rerun_same_bits(out, ins: dict, prm: dict, soc: str) -> bool:
+    """The kv_split attention's masked build (``validate=False``, no ``unmasked``) on the
+    step's own queries, latent cache copies and ids: byte for byte the step's ``attn_out``."""
+    from tilesim.device.dsa import sparse_attention_antiquant_kv_split
+    from tilesim.shared.dsa_attention_step import latent_views
+    from tilesim.shared.models import DEEPSEEK_V32
+
+    t, nq = out.attn_out.shape[:2]
+    caches = latent_views("kv_split", out.kv_cache, out.kr_cache, out.kv_scale_cache)
+    got, _us = sparse_attention_antiquant_kv_split(
+        out.query_nope.reshape(t * nq, -1), out.query_rope.reshape(t * nq, -1), *caches,
+        out.topk_indices, ins["block_table"], ins["seq_lens"], nq=nq,
+        softmax_scale=prm.get("softmax_scale", DEEPSEEK_V32.model_softmax_scale),
+        topk=prm["topk"], block_size=prm["block_size"], tiling=prm.get("tiling"),
+        backend="sim", soc=soc, validate=False)  # fmt: skip
+    return bool(np.array_equal(_bytes(got), _bytes(out.attn_out.reshape(t * nq, -1))))
+
+
+def run_step(dump: str, soc: str, case: tuple = (CASE, None, None), remask: bool = False) -> dict:
     """In the simulator child: the device step on the case (``(name, build, call)`` of
     :func:`_case`; NumPy in), the golden with the same arguments, the checks of the module
-    docstring; writes the device outputs to ``dump`` (``.npz``, the step's output names)."""
+    docstring, the attention build the step asked for (``"attention_builds"``); writes the
+    device outputs to ``dump`` (``.npz``, the step's output names). ``remask``: also the
+    masked build on the step's ids (:func:`_masked_rerun_same_bits`)."""
     from digests.golden_digests import digest_of
     from tilesim.cli.tensorio import write_npz
     from tilesim.device import compile_stats, dsa_attention_step, reset_compile_stats
@@ -116,8 +166,10 @@ def run_step(dump: str, soc: str, case: tuple = (CASE, None, None)) -> dict:
     ins, prm, tol = _case(*case)
     before = {k: _bytes(v).copy() for k, v in ins.items() if isinstance(v, np.ndarray)}
     reset_compile_stats()
+    asked = _spy_attention_builds()
     out, us = dsa_attention_step(**ins, **prm, backend="sim", soc=soc)
     builds = compile_stats()
+    remasked = _masked_rerun_same_bits(out, ins, prm, soc) if remask else None
     kept = all(np.array_equal(before[k], _bytes(ins[k])) for k in before)
     ref = golden(**ins, **prm)
     exact = {f: bool(np.array_equal(_bytes(getattr(ref, f)), _bytes(getattr(out, f))))
@@ -126,7 +178,8 @@ def run_step(dump: str, soc: str, case: tuple = (CASE, None, None)) -> dict:
     write_npz(dump, {f: np.asarray(v) for f, v in out._asdict().items() if v is not None})
     return {"exact": exact, "attention": _attention_verdict(out.attn_out, ref.attn_out, tol),
             "caches": _cache_rows(ins, out, slots, prm["block_size"]), "kept": kept,
-            "builds": builds, "us": us, "digest": digest_of(out),
+            "builds": builds, "us": us, "digest": digest_of(out), "attention_builds": asked,
+            "masked_rerun_same_bits": remasked,
             "numpy_out": all(isinstance(v, np.ndarray) for v in out if v is not None),
             "metrics_attn": {"max_abs": float(np.max(np.abs(
                 out.attn_out.astype(np.float64) - ref.attn_out.astype(np.float64))))}}  # fmt: skip
@@ -181,6 +234,9 @@ def test_every_stage_on_the_device_is_the_goldens(step_runs, soc, sim_report, ca
         assert untouched and written, (name, r["caches"])
     assert r["kept"] and r["numpy_out"], r
     assert r["builds"] == dict.fromkeys(STAGE_KERNELS, 1), r["builds"]
+    # rows that see fewer than topk keys (300 / 1000 < 2048): the indexer writes -1 padding,
+    # the attention keeps its masked build
+    assert r["attention_builds"] == ["masked"], r["attention_builds"]
     assert r["us"] > 0
     assert r["digest"] == _committed_digest(soc), "the step's output bits moved"
     _compare_passes_stage_by_stage(root, capsys)
@@ -221,6 +277,35 @@ def test_the_fp8_step_on_the_950_is_the_goldens(tmp_path):
         assert untouched and written, (name, r["caches"])
     assert r["kept"] and r["numpy_out"] and r["us"] > 0, r
     assert len(r["builds"]) == 4 and set(r["builds"].values()) == {1}, r["builds"]
+    assert r["attention_builds"] == ["masked"], r["attention_builds"]
+
+
+#: the INT8 case with topk 256: every row sees at least topk keys (299 .. 1000 >= 256), so the
+#: indexer fills every id and the step runs the attention's unmasked build
+FULL_ROWS_CASE = (CASE, {"topk": 256}, None)
+
+
+@pytest.mark.sim
+@pytest.mark.slow
+@pytest.mark.torch
+@pytest.mark.soc_910b
+def test_rows_that_see_topk_keys_run_the_unmasked_attention(tmp_path):
+    """Every row sees >= topk keys: the step asks for the attention's unmasked build, every
+    stage passes the CI test's checks against the golden (the same topk), and the masked
+    build on the same ids gives the same ``attn_out`` bytes (ids without ``-1``: the mask
+    selects nothing)."""
+    from tilesim.device import sim
+
+    r = sim.isolated(run_step, str(tmp_path / "full.npz"), "910b", FULL_ROWS_CASE, True,
+                     soc="910b", timeout=1800)  # fmt: skip
+    assert r["attention_builds"] == ["unmasked"], r["attention_builds"]
+    assert all(r["exact"].values()), r["exact"]
+    a = r["attention"]
+    assert a["passed"] and a["bit_exact"] >= ATTENTION_BUDGETS["bit_exact"], a
+    assert r["masked_rerun_same_bits"] is True, r["masked_rerun_same_bits"]
+    for name, (untouched, written) in r["caches"].items():
+        assert untouched and written, (name, r["caches"])
+    assert r["builds"] == dict.fromkeys(STAGE_KERNELS, 1), r["builds"]
 
 
 # ----------------------------------------------------------------------------- bad input
@@ -315,6 +400,88 @@ def test_fp8_values_without_a_kernel_are_refused_by_name(which):
     ins, prm, _tol = _case(FP8_CASE[0], build=build, call=build)
     with pytest.raises(ValueError, match=match):
         dev.dsa_attention_step(**ins, **prm, backend="sim", soc=which.split()[0])
+
+
+# ----------------------------------------------------------------------------- attention build
+def _visible_keys(seq_lens, s1: int) -> list[int]:
+    """Every decode row's visible keys, row by row (batch ``b``'s ``s``-th new token sees
+    ``seq_lens[b] - s1 + 1 + s``): the oracle of the build rule."""
+    return [int(n) - s1 + 1 + s for n in seq_lens for s in range(s1)]
+
+
+#: (seq_lens, s1, topk): the unmasked build exactly when every row sees >= topk keys
+BUILD_RULE = {
+    "64K b4 s2": ((65536,) * 4, 2, 2048),
+    "short rows (CI case)": ((300, 1000), 2, 2048),
+    "short rows, topk 256": ((300, 1000), 2, 256),
+    "first row one key short": ((2048, 4000), 2, 2048),
+    "first row exactly topk": ((2049, 4000), 2, 2048),
+    "s1 3 boundary": ((2049,), 3, 2048),
+    "s1 1": ((2048,), 1, 2048),
+}
+
+
+@pytest.mark.parametrize("which", sorted(BUILD_RULE))
+def test_the_unmasked_build_exactly_when_every_row_sees_topk_keys(which):
+    from tilesim.device.dsa_attention_step import attention_unmasked
+
+    lens, s1, topk = BUILD_RULE[which]
+    want = all(n >= topk for n in _visible_keys(lens, s1))
+    assert attention_unmasked(np.array(lens, np.int32), s1, topk) is want
+    assert attention_unmasked(None, s1, topk) is False  # no lengths read: masked
+
+
+def _host_reads(inputs: dict):
+    """A torch function mode counting host reads (``numpy``, ``__array__``, ``tolist``,
+    ``item``: each a device-to-host copy on an NPU) of the watched torch inputs' storage, by
+    input name (``.calls``; ``"<other>"``: a tensor that is no input)."""
+    import collections
+
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    owner = {t.untyped_storage().data_ptr(): n for n, t in inputs.items()
+             if isinstance(t, torch.Tensor)}  # fmt: skip
+
+    class Mode(TorchFunctionMode):
+        calls = collections.Counter()
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if getattr(func, "__name__", "") in {"numpy", "__array__", "tolist", "item"}:
+                if args and isinstance(args[0], torch.Tensor):
+                    ptr = args[0].untyped_storage().data_ptr()
+                    self.calls[owner.get(ptr, "<other>")] += 1
+            return func(*args, **(kwargs or {}))
+
+    return Mode()
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("validate", [True, False])
+@pytest.mark.parametrize("topk", [2048, 256])
+def test_the_build_comes_from_the_lengths_already_on_the_host(small_case, monkeypatch,
+                                                              validate, topk):  # fmt: skip
+    """Torch inputs, the launches stubbed: the step hands the attention the unmasked build
+    exactly when every row sees ``topk`` keys (300 / 1000 lengths: topk 256 yes, 2048 no),
+    and it reads on the host only ``block_table`` and ``seq_lens``, once each -- the reads
+    its slot rule (``validate=False``) or integer checks make anyway: no new copy."""
+    import importlib
+
+    step = importlib.import_module("tilesim.device.dsa_attention_step")  # the module
+    from tilesim.shared.dsa_attention_step import STAGE_NAMES
+    from tilesim.shared.interop import to_torch
+
+    ins, prm = small_case
+    tins = {k: to_torch(np.ascontiguousarray(v)).clone() if isinstance(v, np.ndarray) else v
+            for k, v in ins.items()}  # fmt: skip
+    seen = []
+    monkeypatch.setattr(step, "_launch_stages", lambda a, target, unmasked: (
+        seen.append(unmasked), ({}, dict.fromkeys(STAGE_NAMES)))[1])  # fmt: skip
+    with _host_reads(tins) as rec:
+        step.run_stages({**tins, **prm, "topk": topk, "backend": "sim", "soc": "910b",
+                         "validate": validate})  # fmt: skip
+    assert seen == [topk == 256], seen
+    assert dict(rec.calls) == {"block_table": 1, "seq_lens": 1}, dict(rec.calls)
 
 
 # ----------------------------------------------------------------------------- slow: the layer

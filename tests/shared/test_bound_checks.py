@@ -125,12 +125,12 @@ _SIGNATURES = {
         _DSA_ARRAYS,
         [*_DSA_SIZES, ("layout", "pypto"), ("accumulation", "exact"), ("trace", None),
          ("progress", None)],
-        [*_DSA_SIZES, ("layout", "pypto"), *_DEVICE],
+        [*_DSA_SIZES, ("layout", "pypto"), *_DEVICE, ("unmasked", False)],
     ),
     "sparse_attention_antiquant_kv_split": (
         ["query_nope", "query_rope", "kn_quant", "kr", "kn_scales", *_DSA_ARRAYS[3:]],
         [*_DSA_SIZES, ("accumulation", "exact"), ("trace", None), ("progress", None)],
-        [*_DSA_SIZES, *_DEVICE],
+        [*_DSA_SIZES, *_DEVICE, ("unmasked", False)],
     ),
     "moe_grouped_gemm": (
         ["sorted_tokens", "weights", "expert_cumsum", "dims"],
