@@ -10,7 +10,8 @@ Loop nest (``T`` and every slot are runtime values; one compile per model config
                                              sum (FP32, one rounding), BF16 out
        V1  RMSNorm of q_a (row sum: an FP32 matmul with a ones column, one rounding);
            per-token INT8 quant -> q_norm, q_norm_scale (written)
-       C2  q_norm [U, 1536] @ w_uq_qr INT8 -> INT32 (exact), dequant by token and channel, BF16
+       C2  q_norm [U, 1536] @ w_uq_qr INT8 -> INT32 (exact), dequant by token and channel, BF16,
+           (U <= 16: as two tensors, q_nope [U, 128, 128] and q_pe [U, 128, 64]: dequant_heads)
        C3  absorption: per head q_nope [U, 128] @ w_uk[h] (transposed batch matmul), BF16
        V2  RoPE of the query's rope part and of kv_a[:, 512:] ("deinterleave": transposes)
        V3  RMSNorm of kv_a[:, :512]; INT8 quant per group of 128 -> codes, 4 FP32 scales
@@ -50,6 +51,15 @@ JIT_LARGE_CHUNK = (
 JIT = (*JIT_LARGE_CHUNK, ("pass", "cube_nbuffer_setting", ((-1, 4), (0, 1), (1, 1))))
 #: the largest chunk built with :data:`JIT`
 NBUFFER_MAX_CHUNK = 16
+#: INT8 kernel, chunks of :data:`ABSORB_CHUNK` tokens: the absorption's (C3's) group of 256
+#: same-shape cube tasks merged per SoC into one wave instead of :data:`JIT`'s 64 tasks (three
+#: waves on 24 / 28 cores): ``(hash order, tasks merged)`` of that group, found in the cost
+#: model's trace (the order numbers the compiler's groups of same-shape subgraphs and differs
+#: between the 910B's and the 950's pass pipelines; C2 is order 3 / 4). C3 31.1 -> 24.0 µs on
+#: the 910B; ``T = 8``: 126.6 -> 119.3 µs (910B), 110.7 -> 106.3 µs (950). Other chunks build
+#: a different graph, whose orders were not measured: they keep :data:`JIT`.
+ABSORB_MERGE = {"910b": (4, 11), "950": (5, 10)}
+ABSORB_CHUNK = 8
 READY_ON_HOST = ("slots",)
 #: cube tiles ``([m0, m1], [k0, k1], [n0, n1])`` of C1 (``x @ w_dq``, ``x @ w_dkv_kr``), C2
 #: (``q_norm @ w_uq_qr``) and C3 (the absorption); they change the cost model's tasks, never
@@ -62,6 +72,9 @@ C2_TILES = ([16, 16], [256, 1536], [256, 256])
 C3_TILES = ([16, 16], [128, 128], [256, 512])
 SUM_TILES = ([16, 16], [512, 1536], [SUM_COLS, SUM_COLS])
 GROUP = NOPE // NSCALES  # 128 latent values per scale
+#: heads per vector tile of the ``q_nope`` dequant (``q_pe``: twice as many): 8 x 8 x 128
+#: FP32 values, 32 KB, as the 2-D dequant's 8 x 1024 tiles were
+DEQUANT_HEADS = 8
 #: the largest token chunk (the cube's M tile at most 128 rows)
 MAX_CHUNK = 128
 L0A_BYTES = 65536  # the cube's left-operand buffer (the compiler refuses a larger A tile)
@@ -193,9 +206,12 @@ def query_stage(pypto, ins, x, t0, u: int, p):
     pypto.assemble(qs, [t0, 0], ins.q_norm_scale)
     pypto.set_cube_tile_shapes(*cube_tiles(C2_TILES, u))
     acc = pypto.matmul(codes, ins.w_uq_qr, pypto.DT_INT32)  # [u, 24576], exact
-    pypto.set_vec_tile_shapes(row_tile(u), 1024)
-    q_b = pypto.mul(pypto.mul(pypto.cast(acc, pypto.DT_FP32), qs), ins.w_scale)
-    q_b = pypto.reshape(pypto.cast(q_b, pypto.DT_BF16), [u, HEADS, Q_HEAD])
+    if u <= NBUFFER_MAX_CHUNK:
+        q_b = dequant_heads(pypto, ins, acc, qs, u)
+    else:  # one q_b [u, HEADS, Q_HEAD] (T = 128: 387 µs on the 910B; the two parts: 407)
+        pypto.set_vec_tile_shapes(row_tile(u), 1024)
+        q_b = pypto.mul(pypto.mul(pypto.cast(acc, pypto.DT_FP32), qs), ins.w_scale)
+        q_b = pypto.reshape(pypto.cast(q_b, pypto.DT_BF16), [u, HEADS, Q_HEAD])
 
     def rope(q_pe):
         cos = pypto.reshape(pypto.view(ins.cos, [u, ROPE], [t0, 0]), [u, 1, ROPE])
@@ -205,17 +221,41 @@ def query_stage(pypto, ins, x, t0, u: int, p):
     query_heads(pypto, ins, q_b, t0, u, rope)
 
 
+def dequant_heads(pypto, ins, acc, qs, u: int):
+    """``q_b = BF16(FP32(FP32(acc) * qs) * w_scale)`` of INT32 ``acc [u, HEADS * Q_HEAD]``
+    (``qs`` FP32 ``[u, 1]``), computed per head part into two tensors: ``q_nope`` BF16
+    ``[u, HEADS, QK_NOPE]`` and ``q_pe`` BF16 ``[u, HEADS, ROPE]`` (the golden's products, in
+    its order). Each part is its own contiguous tensor, so the absorption reads ``q_nope`` as
+    it is (a view of one ``q_b`` cost a copy task between the dequant and C3); ``qs`` is
+    widened to ``[u, HEADS, 1]`` first (off the critical path: PyPTO 0.2.0 broadcasts an
+    operand along one axis only). Used for chunks up to :data:`NBUFFER_MAX_CHUNK` tokens."""
+    pypto.set_vec_tile_shapes(row_tile(u), HEADS)
+    qs3 = pypto.reshape(pypto.expand_clone(qs, [u, HEADS]), [u, HEADS, 1])
+    acc = pypto.reshape(acc, [u, HEADS, Q_HEAD])
+    w_scale = pypto.reshape(ins.w_scale, [1, HEADS, Q_HEAD])
+
+    def part(width: int, offset: int, heads: int):
+        pypto.set_vec_tile_shapes(row_tile(u), heads, width)
+        v = pypto.cast(pypto.view(acc, [u, HEADS, width], [0, 0, offset]), pypto.DT_FP32)
+        s = pypto.view(w_scale, [1, HEADS, width], [0, 0, offset])
+        return pypto.cast(pypto.mul(pypto.mul(v, qs3), s), pypto.DT_BF16)
+
+    return part(QK_NOPE, 0, DEQUANT_HEADS), part(ROPE, QK_NOPE, 2 * DEQUANT_HEADS)
+
+
 def query_heads(pypto, ins, q_b, t0, u: int, rope):
     """BF16 ``q_b [u, HEADS, Q_HEAD]`` -> ``query_nope`` (its nope part absorbed by ``w_uk``,
     a transposed batch matmul) and ``query_rope`` (``rope(q_pe)``), both written at ``t0``;
-    shared by the INT8 and FP8 kernels."""
-    q_nope = pypto.view(q_b, [u, HEADS, QK_NOPE], [0, 0, 0])
+    shared by the INT8 and FP8 kernels. ``q_b`` may also be the pair ``(q_nope [u, HEADS,
+    QK_NOPE], q_pe [u, HEADS, ROPE])`` (the INT8 kernel's :func:`dequant_heads`)."""
+    parts = q_b if isinstance(q_b, tuple) else None
+    q_nope = parts[0] if parts else pypto.view(q_b, [u, HEADS, QK_NOPE], [0, 0, 0])
     pypto.set_cube_tile_shapes(*cube_tiles(C3_TILES, u))
     nope = pypto.experimental.transposed_batchmatmul(q_nope, ins.w_uk, pypto.DT_BF16)
     pypto.set_vec_tile_shapes(min(u, 8), 16, NOPE)
     pypto.assemble(nope, [t0, 0, 0], ins.query_nope)
     pypto.set_vec_tile_shapes(1, 64, ROPE)
-    q_rope = rope(pypto.view(q_b, [u, HEADS, ROPE], [0, 0, QK_NOPE]))
+    q_rope = rope(parts[1] if parts else pypto.view(q_b, [u, HEADS, ROPE], [0, 0, QK_NOPE]))
     pypto.set_vec_tile_shapes(min(u, 8), 16, ROPE)
     pypto.assemble(q_rope, [t0, 0, 0], ins.query_rope)
 
@@ -315,16 +355,36 @@ def _source(pypto):
     return mla_prolog_int8
 
 
+def int8_jit(chunk: int, soc: str) -> tuple:
+    """The INT8 kernel's jit options for ``chunk``-token chunks on ``soc``: :data:`JIT` (with
+    the absorption merged as :data:`ABSORB_MERGE` for :data:`ABSORB_CHUNK` tokens) up to
+    :data:`NBUFFER_MAX_CHUNK` tokens, else :data:`JIT_LARGE_CHUNK`."""
+    if chunk > NBUFFER_MAX_CHUNK:
+        return JIT_LARGE_CHUNK
+    if chunk != ABSORB_CHUNK:
+        return JIT
+    *head, (_pass, name, merges) = JIT
+    return (*head, (_pass, name, (*merges, ABSORB_MERGE[soc])))
+
+
 def build(params: MlaParams, static_dims: tuple, jit: tuple | None = None):
     """The jit kernel on this process's target, built once per (params, static dims = cache
     rows, options) (:func:`tilesim.device.backend.compiled`); ``T`` and the slots are runtime
-    values. ``jit``: the options (default :data:`JIT`, or :data:`JIT_LARGE_CHUNK` for chunks
-    above :data:`NBUFFER_MAX_CHUNK`)."""
+    values. ``jit``: the options (default :func:`int8_jit` for the chunk on this process's
+    target)."""
     if jit is None:
-        jit = JIT if params.chunk <= NBUFFER_MAX_CHUNK else JIT_LARGE_CHUNK
+        jit = int8_jit(params.chunk, _backend.npu_soc())
     return _backend.compiled_jit(
         "mla_prolog", (params.key, tuple(static_dims)), jit,
         lambda: _source(require_pypto()), ready_on_host=READY_ON_HOST)  # fmt: skip
 
 
-__all__ = ["JIT", "JIT_LARGE_CHUNK", "READY_ON_HOST", "MlaParams", "build", "chunk_rows"]
+__all__ = [
+    "JIT",
+    "JIT_LARGE_CHUNK",
+    "READY_ON_HOST",
+    "MlaParams",
+    "build",
+    "chunk_rows",
+    "int8_jit",
+]
