@@ -48,18 +48,19 @@ ALLOWED = {
     ("_dsa_kernel.py", 128, "FOLD_UB = 128 * 1024"),
     ("_dsa_kernel.py", 128, "w = 128"),
     # the indexer prolog: PyPTO's runtime option, the cube's M-tile cap of the Hadamard
-    # matmul, the q_b matmul's cube tiles (pypto-gym's) and the RoPE's vector-tile rows
+    # matmul, the q_b matmul's cube tiles (pypto-gym's L0 K 512 and N 128; its L1 K holds the
+    # whole rank, QB_K_L1) and the RoPE's vector-tile rows
     ("_dsa_indexer_prolog_kernel.py", 128, '"stitch_function_max_num", 128'),
     ("_dsa_indexer_prolog_kernel.py", 128, "mt = min(m, 128)"),
     (
         "_dsa_indexer_prolog_kernel.py",
         512,
-        "set_cube_tile_shapes([16, 16], [512, 512], [128, 128])",
+        "set_cube_tile_shapes([16, 16], [min(512, kl1), kl1], [128, 128])",
     ),
     (
         "_dsa_indexer_prolog_kernel.py",
         128,
-        "set_cube_tile_shapes([16, 16], [512, 512], [128, 128])",
+        "set_cube_tile_shapes([16, 16], [min(512, kl1), kl1], [128, 128])",
     ),
     ("_dsa_indexer_prolog_kernel.py", 64, "set_vec_tile_shapes(min(rows, 64), DIM)"),
     # the FP8 indexer prolog: the UE8M0 ladder's exponent steps (powers of two, not sizes),
