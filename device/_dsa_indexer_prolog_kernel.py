@@ -49,13 +49,13 @@ MAX_K_TILE = 1024
 HIDDEN_N_TILE = 16
 #: the L1 K tile of ``q_norm @ w_qb``: the whole rank (1536) in one fill, three 512-row L0
 #: steps from it (a [1536, 128] INT8 tile, 192 KiB, double-buffered within the 910B's 512
-#: KiB L1): 3 GM copies per task instead of 9, each of the 32 tasks 10.3 -> 6.2 µs (T = 8 on
-#: the 910B 60.5 -> 55.9 µs). INT8 x INT8 -> INT32 sums are exact in any tiling
+#: KiB L1): 3 GM copies per task instead of 9 (figures: ``docs/ops/dsa_indexer_prolog.md``,
+#: "Kernel"). INT8 x INT8 -> INT32 sums are exact in any tiling
 QB_K_L1 = 1536
 #: the token tiles of the L0 loop (``pypto.loop_unroll`` factors, each dividing the one before):
 #: decode batches up to 31 tokens build 8 and 1 (each factor is one more traced body: CI's
 #: T = 8 compiles in a quarter of the time of the large build), 32 tokens and more also 32,
-#: which reads the weights a quarter as often (T = 128: 281 vs 550 µs in the cost model)
+#: which reads the weights a quarter as often (the T = 128 figures: the op page, "Kernel")
 UNROLL = (8, 1)
 LARGE_UNROLL = (32, 8, 1)
 LARGE_TOKENS = 32
@@ -206,8 +206,8 @@ def hidden_tiles(pypto, k_tile: int):
     """The cube tiles of a linear over H (``x @ w_k``, ``x @ w_proj``): M 16, K ``k_tile`` in
     L0 and in L1, N :data:`HIDDEN_N_TILE`. The L1 K tile is the interpreter's exactly summed
     tile, so it stays ``k_tile`` (the golden's switch): two ``k_tile`` steps per L1 fill
-    cost 53.2 instead of 55.9 µs at T = 8 on the 910B but moved the bits of the weights and
-    the keys (``docs/ops/dsa_indexer_prolog.md``, "Kernel")."""
+    cost less but moved the bits of the weights and the keys
+    (``docs/ops/dsa_indexer_prolog.md``, "Kernel")."""
     pypto.set_cube_tile_shapes([16, 16], [k_tile, k_tile], [HIDDEN_N_TILE, HIDDEN_N_TILE])
 
 

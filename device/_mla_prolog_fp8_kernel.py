@@ -62,10 +62,9 @@ from tilesim.shared.mla_prolog import BLOCK, HEADS, HIDDEN, KV_A, Q_HEAD, Q_LORA
 AMAX_FLOOR = 1e-4
 #: cube tiles ``([m0, m1], [k0, k1], [n0, n1])`` of one K block of C1 (``x`` against
 #: ``w_dq`` / ``w_dkv_kr``) and C2 (``q_norm`` against ``w_uq_qr``): K is the 128-deep block.
-#: They and :data:`PROMOTE_COLS` change the cost model's tasks, never a bit; measured at T = 8
-#: on the 950 (with the earlier two-multiply promotion): C1 N 256 -> 512 with promotion tiles
-#: 1024 -> 2048 columns, 433.6 -> 389.5 µs (3072 columns: 397.9; 1536: 416.9); a C2 N tile
-#: of 1024 does not compile (L0B)
+#: They and :data:`PROMOTE_COLS` change the cost model's tasks, never a bit (C1 N 512 with
+#: promotion tiles of 2048 columns measured best, docs/ops/mla_prolog.md#kernel); a C2 N
+#: tile of 1024 does not compile (L0B)
 C1_TILES = ([16, 16], [BLOCK, BLOCK], [512, 512])
 C2_TILES = ([16, 16], [BLOCK, BLOCK], [512, 512])
 #: columns of the vector tiles of the block promotion (FP32 ``[rows, 2048]``: 64 KB at 8 rows)
@@ -73,15 +72,14 @@ PROMOTE_COLS = 2048
 #: (K blocks, N blocks) of the vector tiles of :func:`block_scales`' ``[rows, K/128, N/128,
 #: 1]`` outer product (the unit axis is padded to 8 values in the unified buffer: 24 KB at 8
 #: rows; 8 x 64 overflows it). The promotion chains copy ``S`` in these tiles, so more K blocks
-#: a tile means fewer copies a block: measured at T = 8 on the 950, (4, 32) 305.5 µs, (8, 32)
-#: 296.6, (8, 16) 291.4, (8, 12) 290.3, (8, 8) 323.7, (14, 16) 337.0. Chunks above
-#: ``NBUFFER_MAX_CHUNK`` rows take :data:`SCALE_TILE_LARGE_CHUNK` (T = 128: 792.1 µs with
-#: (4, 32), 842.4 with (8, 12))
+#: a tile means fewer copies a block; (8, 12) measured best at T = 8 on the 950. Chunks above
+#: ``NBUFFER_MAX_CHUNK`` rows take :data:`SCALE_TILE_LARGE_CHUNK`, best at T = 128 (the sweeps:
+#: docs/ops/mla_prolog.md#kernel)
 SCALE_TILE = (8, 12)
 SCALE_TILE_LARGE_CHUNK = (4, 32)
-#: rows of :func:`act_quant`'s ``[rows * blocks, 128]`` vector tiles (FP32: 32 KB). Measured at
-#: T = 8 on the 950: 32 rows 330.7 µs (the divide-and-cast of ``x`` as 14 tasks), 64 rows
-#: 305.5, 128 rows 377.3
+#: rows of :func:`act_quant`'s ``[rows * blocks, 128]`` vector tiles (FP32: 32 KB): 64 rows
+#: halve the divide-and-cast tasks of ``x`` against 32 and measured best against 32 and 128
+#: (docs/ops/mla_prolog.md#kernel)
 QUANT_ROWS = 64
 K_BLOCKS_X = HIDDEN // BLOCK  # 56
 K_BLOCKS_Q = Q_LORA // BLOCK  # 12

@@ -38,11 +38,11 @@ SUM_COLS = 16
 #: the jit options: PyPTO's DeepSeek prolog example's stitch limit and 910B scheduling mode 2
 #: (hicann/pypto ``models/deepseek_v32_exp/mla_prolog_quant_impl.py`` ``options_list``); an
 #: L1 reuse of 1: without it the compiler packs every N tile of a matmul that shares the ``x``
-#: tile into one cube task, so ``x @ w_dq`` ran on one or two cores (405 -> 308 µs at T = 8);
+#: tile into one cube task, so ``x @ w_dq`` ran on one or two cores;
 #: and, for chunks of at most 16 tokens, the example's cube n-buffer of 4 outside scopes 0 and
 #: 1 (C1 keeps one task per N tile), which packs C2's and C3's tasks four to one (96 -> 24 and
-#: 256 -> 64: 184 -> 124 µs at T = 8 on the 910B); at T = 128 it costs more (387 -> 443 µs),
-#: so larger chunks build with :data:`JIT_LARGE_CHUNK`
+#: 256 -> 64); at T = 128 it costs more, so larger chunks build with :data:`JIT_LARGE_CHUNK`
+#: (the measured figures: docs/ops/mla_prolog.md#kernel)
 JIT_LARGE_CHUNK = (
     ("runtime", "stitch_function_max_num", 128),
     ("runtime", "device_sched_mode", 2),
@@ -55,9 +55,9 @@ NBUFFER_MAX_CHUNK = 16
 #: same-shape cube tasks merged per SoC into one wave instead of :data:`JIT`'s 64 tasks (three
 #: waves on 24 / 28 cores): ``(hash order, tasks merged)`` of that group, found in the cost
 #: model's trace (the order numbers the compiler's groups of same-shape subgraphs and differs
-#: between the 910B's and the 950's pass pipelines; C2 is order 3 / 4). C3 31.1 -> 24.0 µs on
-#: the 910B; ``T = 8``: 126.6 -> 119.3 µs (910B), 110.7 -> 106.3 µs (950). Other chunks build
-#: a different graph, whose orders were not measured: they keep :data:`JIT`.
+#: between the 910B's and the 950's pass pipelines; C2 is order 3 / 4; figures:
+#: docs/ops/mla_prolog.md#kernel). Other chunks build a different graph, whose orders were not
+#: measured: they keep :data:`JIT`.
 ABSORB_MERGE = {"910b": (4, 11), "950": (5, 10)}
 ABSORB_CHUNK = 8
 READY_ON_HOST = ("slots",)
@@ -66,7 +66,7 @@ READY_ON_HOST = ("slots",)
 #: a bit (the interpreter sums each matmul's K at once). N tiles of 64 give ``x @ w_dq`` one
 #: task per core (24); K1 tiles of 1024 / the whole 1536 copy each weight slab into L1 in one
 #: piece (the model charges a fixed latency per copy, whatever its size); C2's 256-wide N tiles
-#: halve its tasks (308 -> 186 µs at T = 8 with the L1 reuse above)
+#: halve its tasks (docs/ops/mla_prolog.md#kernel)
 C1_TILES = ([16, 16], [256, 1024], [64, 64])
 C2_TILES = ([16, 16], [256, 1536], [256, 256])
 C3_TILES = ([16, 16], [128, 128], [256, 512])
@@ -208,7 +208,7 @@ def query_stage(pypto, ins, x, t0, u: int, p):
     acc = pypto.matmul(codes, ins.w_uq_qr, pypto.DT_INT32)  # [u, 24576], exact
     if u <= NBUFFER_MAX_CHUNK:
         q_b = dequant_heads(pypto, ins, acc, qs, u)
-    else:  # one q_b [u, HEADS, Q_HEAD] (T = 128: 387 µs on the 910B; the two parts: 407)
+    else:  # one q_b [u, HEADS, Q_HEAD] (at T = 128 the two parts cost more)
         pypto.set_vec_tile_shapes(row_tile(u), 1024)
         q_b = pypto.mul(pypto.mul(pypto.cast(acc, pypto.DT_FP32), qs), ins.w_scale)
         q_b = pypto.reshape(pypto.cast(q_b, pypto.DT_BF16), [u, HEADS, Q_HEAD])
