@@ -13,7 +13,7 @@ Loop nest (``b`` and every length are runtime values; one compile per model conf
                              :func:`span_count` spans per row), then the tiling's smaller
                              chunk_steps
          C1  d_j = q_group [M, 128] @ K_j^T   per block j of the chunk: every block read
-             once per group; the L1 reuse of JIT packs 16 blocks into one cube task
+             once per group; the L1 reuse of JIT packs 32 blocks into one cube task
              int8: the fix-pipe epilogue FP16(relu(d) * 2^-11); fp8: FP32 logits
          KS  the chunk's key scales: one index_select by the chunk's block-table entries
          V1  per query row and vec_cols columns, one vector subgraph (sg_set_scope; JIT's
@@ -78,15 +78,20 @@ KSCALE_SCOPE = 7
 #: ``sg_set_scope`` of the score slabs: ``SLAB_SCOPE + row * MAX_SLABS + slab``
 SLAB_SCOPE, MAX_SLABS = 100, 100
 #: the jit options: PyPTO's own indexer example's stitch 128 (the cost model's machine crashes
-#: above 128) and scheduling mode 1; pypto-gym's L1 reuse of 16, which packs 16 blocks' C1
-#: matmuls (one copy of the query rows) into one cube task; and the vector n-buffer merge of
-#: 4, which packs 4 identically shaped vector subgraphs (V1 slabs) into one vector task: a
-#: quarter of the V1 tasks, so a quarter of the successor edges that the weights and
-#: key-scale tasks resolve one by one on the scheduler thread that polled them
+#: above 128) and scheduling mode 1; an L1 reuse of 32 (pypto-gym's is 16), which packs 32
+#: blocks' C1 matmuls (one copy of the query rows) into one cube task: a cube task is one key
+#: page copy per block whatever the merge, so the merge sets how many tasks (each with its
+#: scheduling gap) a chunk's blocks take, and 32 blocks are exactly the columns of one V1
+#: task of a row (4 slabs of 1024), which then waits for one cube task instead of two; and the
+#: vector n-buffer merge of 4, which packs 4 identically shaped vector subgraphs (V1 slabs)
+#: into one vector task: a quarter of the V1 tasks, so a quarter of the successor edges that
+#: the weights and key-scale tasks resolve one by one on the scheduler thread that polled them
+#: (the measured variants of both: docs/ops/dsa_indexer.md, "Kernel")
+L1_REUSE = 32
 JIT = (
     ("runtime", "stitch_function_max_num", 128),
     ("runtime", "device_sched_mode", 1),
-    ("pass", "cube_l1_reuse_setting", ((-1, 16),)),
+    ("pass", "cube_l1_reuse_setting", ((-1, L1_REUSE),)),
     ("pass", "vec_nbuffer_setting", ((-1, 4),)),
 )
 READY_ON_HOST = ("block_table", "seq_lens")
@@ -503,11 +508,29 @@ def _sources(pypto):
     return {"int8": li_int8, "fp8": li_fp8}
 
 
-def build(params: IndexerParams, static_dims: tuple, jit: tuple = JIT):
+#: the L1 reuse of a build whose whole span has fewer than 4 x :data:`L1_REUSE` blocks
+#: (pypto-gym's): there an ``L1_REUSE``-block cube task would hold most of a short row's
+#: blocks in one task on one core
+SHORT_SPAN_L1_REUSE = 16
+
+
+def build_jit(params: IndexerParams) -> tuple:
+    """:data:`JIT`, or with :data:`SHORT_SPAN_L1_REUSE` when a whole span of ``params`` has
+    fewer than ``4 * L1_REUSE`` blocks (tables of a few thousand columns)."""
+    if params.span_blocks >= 4 * L1_REUSE:
+        return JIT
+    return tuple(
+        (kind, key, ((-1, SHORT_SPAN_L1_REUSE),) if key == "cube_l1_reuse_setting" else val)
+        for kind, key, val in JIT
+    )
+
+
+def build(params: IndexerParams, static_dims: tuple, jit: tuple | None = None):
     """The jit kernel of ``params.path`` on this process's target, built once per
-    (params, static dims = cache rows and block-table width, options)
-    (:func:`tilesim.device.backend.compiled`); batch, ``s1`` and every length are runtime
-    values."""
+    (params, static dims = cache rows and block-table width, options; ``None``:
+    :func:`build_jit`) (:func:`tilesim.device.backend.compiled`); batch, ``s1`` and every
+    length are runtime values."""
+    jit = build_jit(params) if jit is None else jit
     return _backend.compiled_jit(
         "dsa_indexer", (params.key, tuple(static_dims)), jit,
         lambda: _sources(require_pypto())[params.path], ready_on_host=READY_ON_HOST)  # fmt: skip
@@ -518,6 +541,7 @@ __all__ = [
     "READY_ON_HOST",
     "IndexerParams",
     "build",
+    "build_jit",
     "c1_tiles",
     "chunk_unroll",
     "group_chunks",

@@ -7,7 +7,7 @@ stage, C1: per group of query rows (2 rows, M = 128; an odd ``s1``'s last row al
 and cache block ``q_group [M, 128] @ K_block^T`` (INT8 with the FP16 ReLU epilogue on the
 910B, FP8 E4M3 -> FP32 on the 950), issued by the kernel's own
 :func:`tilesim.device._dsa_indexer_kernel.c1_dots` with its cube tiles and options (the L1
-reuse that packs 16 blocks into one cube task); the weighted head sum is vector work there (a
+reuse that packs 32 blocks into one cube task); the weighted head sum is vector work there (a
 fixed FP32 tree), so the probe has no second matmul. The probe walks the kernel's loops --
 batches, row groups, the group's blocks in chunks of the kernel's unroll factors (a whole
 selection span first; dynamic trip counts from ``seq_lens``) -- and per block issues exactly
