@@ -258,15 +258,23 @@ def assemble_keys(q, scales, kr, valid, skip_col, p):
     by a 0/1 mask would keep a NaN, and ``P = 0`` times a NaN V row is NaN). The rope part is
     copied as ``BF16(FP32(kr))``, exact for every BF16 value (NaN stays NaN), not with
     ``clone`` (module docstring) nor with ``mul(kr, 1.0)``: on the 910B that left a MULS and a
-    CAST task per row tile outside the V0 scope."""
+    CAST task per row tile outside the V0 scope. The scale of group ``g`` is selected in UB
+    (:func:`coef_column`: the row max over the ``[t, 4]`` scales with the other columns set to
+    ``-MASK_BIAS``, exact), not taken as a ``[t, 1]`` column view: a column at a 4-byte offset
+    of a UB tile is not addressable there, and the partitioner routed each group's column
+    through GM (a copy out of the scales, then one GM copy in per group on the V0 task's
+    chain; docs/ops/dsa.md#kernel)."""
     t = p.s_kv_tile
     pypto.set_vec_tile_shapes(V0_ROWS, NOPE)
     kj = pypto.tensor([t, HEAD], pypto.DT_BF16, "kj")
     sc = pypto.add(scales, 0.0)  # materialise the reinterpreted view (as before: same bits)
+    col_id = pypto.view(
+        coef_col_ids(t, NSCALES), [t, NSCALES], [0, 0], valid_shape=[valid, NSCALES]
+    )
     pypto.set_vec_tile_shapes(V0_ROWS, GROUP)
     for g in range(NSCALES):
         qg = pypto.view(q, [t, GROUP], [0, g * GROUP], valid_shape=[valid, GROUP])
-        sg = pypto.view(sc, [t, 1], [0, g], valid_shape=[valid, 1])
+        sg = coef_column(sc, col_id, g)
         kg = pypto.mul(to_fp32(qg, p), sg)
         if skip_col is not None:
             kg = pypto.where(skip_col, 0.0, kg)
@@ -609,9 +617,24 @@ def unrolled_tiles(query, topk_indices, block_table, out, tok, bn, load, p):
     fold_tiles(states, out, tok, bn, p)
 
 
+def single_tile(query, topk_indices, block_table, out, tok, bn, load, p):
+    """``kv_splits = 1``, online, one KV tile per token (``s_kv_tile >= topk``): the tile in a
+    0/1-trip loop (``bn``) that writes ``BF16(O_t / l)`` itself, the one-tile fold's expression
+    (same bits). No state tensors and no fold loop: the token is one root function, so the
+    scheduler resolves no state copy and a submission window holds twice as many tokens."""
+    for it in pypto.loop(0, bn, 1, name="LOOP_L4t0_SA", idx_name="t0"):
+        o_t, l, _m = kv_tile(query, topk_indices, block_table, tok, it, load, p)
+        pypto.set_semantic_label("Sa_V2")
+        pypto.set_vec_tile_shapes(p.v2[0], p.v2[1])
+        write_rows(pypto.div(o_t, safe_sum(l, p)), out, tok.row0)
+
+
 def whole_tiles(query, topk_indices, block_table, out, tok, bn, load, p):
     """``kv_splits = 1``: the token's tiles in one loop, merged as they come (the last tile
     writes the output rows)."""
+    if p.online and p.s_kv_tile >= p.topk:
+        single_tile(query, topk_indices, block_table, out, tok, bn, load, p)
+        return
     if p.online and -(-p.topk // p.s_kv_tile) <= UNROLL_TILES:
         unrolled_tiles(query, topk_indices, block_table, out, tok, bn, load, p)
         return

@@ -293,10 +293,14 @@ class SaTileShapeConfig:
         ``decode``). The device wrapper runs it in place of ``decode`` for a call of many
         tokens (:func:`tilesim.shared.dsa.kernel_tiling`); its bits are not ``decode``'s (fewer
         K steps, another merge order): its golden is the reference with this tiling and
-        ``accumulation="k_steps"`` (docs/ops/dsa.md#kernel, "The large-batch tiling")."""
+        ``accumulation="k_steps"`` (docs/ops/dsa.md#kernel, "The large-batch tiling"). The V1
+        vector tile spans a whole 2048-key row (8 rows): the row max and row sum are one row
+        reduction per tile, with no element-wise pair reductions across column tiles (same
+        bits: the max is exact, the sum is the interpreter's row sum either way)."""
         return cls(
             s_kv_tile=2048,
             c1_tile=(128, 128, 256, 512, 128, 128),
+            v1_tile=(8, 2048),
             c2_tile=(128, 128, 128, 512, 256, 256),
         )
 
