@@ -260,8 +260,10 @@ def assemble_keys(q, scales, kr, valid, skip_col, p):
     ``clone`` (module docstring) nor with ``mul(kr, 1.0)``: on the 910B that left a MULS and a
     CAST task per row tile outside the V0 scope. The scale of group ``g`` is selected in UB
     (:func:`coef_column`: the row max over the ``[t, 4]`` scales with the other columns set to
-    ``-MASK_BIAS``, exact), not taken as a ``[t, 1]`` column view: a column at a 4-byte offset
-    of a UB tile is not addressable there, and the partitioner routed each group's column
+    ``-MASK_BIAS``: exact for every scale above ``-MASK_BIAS``, NaN included; a ``-inf``
+    scale in a used row would read as ``-MASK_BIAS``), not taken as a ``[t, 1]`` column view:
+    a column at a 4-byte offset of a UB tile is not addressable there, and the partitioner
+    routed each group's column
     through GM (a copy out of the scales, then one GM copy in per group on the V0 task's
     chain; docs/ops/dsa.md#kernel)."""
     t = p.s_kv_tile
