@@ -593,6 +593,30 @@ def test_decode_cost(b, sim_soc, sim_report):
     assert sel >= 0.0
 
 
+def probe_jits(soc) -> list:
+    """Child: ``(probe jit == kernel jit, L1 reuse)`` for a short-span build (4096 columns,
+    topk 128: 32-block spans) and the 64K build (128-block spans)."""
+    from probes.dsa_indexer_probe import probe_params
+    from tilesim.device._dsa_indexer_kernel import IndexerParams, build_jit
+
+    out = []
+    for topk, width in ((128, 4096), (2048, CONTEXT)):
+        kp = IndexerParams(path=_soc_path(soc), block_size=128, topk=topk, width=width)
+        jit = probe_params(kp).jit
+        reuse = dict((key, val) for _, key, val in jit)["cube_l1_reuse_setting"][0][1]
+        out.append((jit == build_jit(kp), reuse))
+    return out
+
+
+@pytest.mark.sim
+def test_probe_compiles_with_the_kernels_options(sim_soc):
+    """The matmul-only probe takes the kernel build's jit options at every width: its cube
+    tasks pack as many blocks as the kernel's (16 under a short span, 32 at 64K)."""
+    from tilesim.device import sim
+
+    assert sim.isolated(probe_jits, sim_soc, soc=sim_soc, timeout=600) == [(True, 16), (True, 32)]
+
+
 # ----------------------------------------------------------------------------- compile checks
 def compile_at(soc, b, s1=2) -> dict:
     """Child: compile only (no interpreter, no cost model) at a decode shape over 64K."""

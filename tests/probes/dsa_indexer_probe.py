@@ -6,9 +6,11 @@ kernel's time as a multiple of it ("probe µs" / "kernel / probe"). The kernel h
 stage, C1: per group of query rows (2 rows, M = 128; an odd ``s1``'s last row alone, M = 64)
 and cache block ``q_group [M, 128] @ K_block^T`` (INT8 with the FP16 ReLU epilogue on the
 910B, FP8 E4M3 -> FP32 on the 950), issued by the kernel's own
-:func:`tilesim.device._dsa_indexer_kernel.c1_dots` with its cube tiles and options (the L1
-reuse that packs 32 blocks into one cube task); the weighted head sum is vector work there (a
-fixed FP32 tree), so the probe has no second matmul. The probe walks the kernel's loops --
+:func:`tilesim.device._dsa_indexer_kernel.c1_dots` with its cube tiles and the options of
+:func:`tilesim.device._dsa_indexer_kernel.build_jit` for the same build parameters (the L1
+reuse packs 32 blocks into one cube task when a whole span has at least 128 blocks, else 16);
+the weighted head sum is vector work there (a fixed FP32 tree), so the probe has no second
+matmul. The probe walks the kernel's loops --
 batches, row groups, the group's blocks in chunks of the kernel's unroll factors (a whole
 selection span first; dynamic trip counts from ``seq_lens``) -- and per block issues exactly
 that matmul on a block of a dense key tensor read through the block table, its product
@@ -25,9 +27,9 @@ from tilesim.device import backend as _backend
 from tilesim.device._dsa_indexer_kernel import (
     DIM,
     HEADS,
-    JIT,
     READY_ON_HOST,
     IndexerParams,
+    build_jit,
     c1_dots,
 )
 from tilesim.device._lazy import require_torch
@@ -37,13 +39,23 @@ from tilesim.shared.validate import check_choice, check_pos_int
 
 
 class ProbeParams:
-    """Static parameters (``repr`` keys pypto's compiled-kernel cache)."""
+    """Static parameters (``repr`` keys pypto's compiled-kernel cache): the kernel build's
+    path, block size, unroll factors and jit options (:func:`probe_params`)."""
 
-    def __init__(self, *, path: str, block_size: int, unroll: tuple):
-        self.path, self.bs, self.unroll = path, block_size, tuple(unroll)
+    def __init__(self, *, path: str, block_size: int, unroll: tuple, jit: tuple):
+        self.path, self.bs, self.unroll, self.jit = path, block_size, tuple(unroll), tuple(jit)
 
     def __repr__(self) -> str:
-        return f"ProbeParams(path={self.path}, bs={self.bs}, unroll={self.unroll})"
+        return (f"ProbeParams(path={self.path}, bs={self.bs}, unroll={self.unroll}, "
+                f"jit={self.jit})")  # fmt: skip
+
+
+def probe_params(kernel: IndexerParams) -> ProbeParams:
+    """The probe of the kernel build ``kernel``: its chunks and its jit options
+    (:func:`tilesim.device._dsa_indexer_kernel.build_jit`, whose L1 reuse depends on the span),
+    so probe and kernel pack their C1 matmuls into the same cube tasks at every shape."""
+    return ProbeParams(path=kernel.path, block_size=kernel.bs, unroll=kernel.unroll,
+                       jit=build_jit(kernel))  # fmt: skip
 
 
 def _probe_group(pypto, q, keys, block_table, out, b, row0, vis0, rows: int, p):
@@ -100,11 +112,11 @@ def probe_fp8(
 
 
 def build_probe(params: ProbeParams):
-    """The jit probe for ``params`` (the kernel's options), built once per params."""
+    """The jit probe for ``params`` (the kernel build's options), built once per params."""
     src = probe_int8 if params.path == "int8" else probe_fp8
 
     def make():
-        return pypto.frontend.jit(**jit_options(JIT, ready_on_host=READY_ON_HOST))(src)
+        return pypto.frontend.jit(**jit_options(params.jit, ready_on_host=READY_ON_HOST))(src)
 
     return _backend.compiled("dsa_indexer_probe", (repr(params),), make)
 
@@ -142,11 +154,10 @@ def matmul_probe(seq_lens, *, s1: int, path: str = "int8", block_size: int = 128
     out = torch.zeros((t * HEADS, cols * bs),
                       dtype=torch.float16 if path == "int8" else torch.float32)  # fmt: skip
     width = padded_columns(cols, topk, bs) * bs
-    unroll = IndexerParams(path=path, block_size=bs, topk=topk, width=width).unroll
-    params = ProbeParams(path=path, block_size=bs, unroll=unroll)
+    params = probe_params(IndexerParams(path=path, block_size=bs, topk=topk, width=width))
     kernel = functools.partial(build_probe(params), params=params)
     us = _backend.launch(kernel, args, [out], target)
     return _backend.finish(out, us, target)
 
 
-__all__ = ["ProbeParams", "build_probe", "matmul_probe"]
+__all__ = ["ProbeParams", "build_probe", "matmul_probe", "probe_params"]
