@@ -99,6 +99,7 @@ V0_ROWS = 64
 #: the manual subgraph scope (``set_pass_options(sg_set_scope=)``) of the V0 stage
 V0_SCOPE = 13
 MASK_BIAS = 3.0e38  # -MASK_BIAS is selected as the score of skipped entries (masked builds)
+NEG_INF = float("-inf")  # the other columns' fill of coef_column: the max's identity
 MASK_FLOOR = 1.0e30  # row max of an all-skipped tile is clamped to -MASK_FLOOR (masked builds)
 SCOPE_COEF = 20  # sg_set_scope of the fold's coefficient task (fold_coefficients)
 SCOPE_FOLD = 21  # sg_set_scope of the fold's first column block (then 22, 23, ..; fold_outputs)
@@ -260,12 +261,11 @@ def assemble_keys(q, scales, kr, valid, skip_col, p):
     ``clone`` (module docstring) nor with ``mul(kr, 1.0)``: on the 910B that left a MULS and a
     CAST task per row tile outside the V0 scope. The scale of group ``g`` is selected in UB
     (:func:`coef_column`: the row max over the ``[t, 4]`` scales with the other columns set to
-    ``-MASK_BIAS``: exact for every scale above ``-MASK_BIAS``, NaN included; a ``-inf``
-    scale in a used row would read as ``-MASK_BIAS``), not taken as a ``[t, 1]`` column view:
-    a column at a 4-byte offset of a UB tile is not addressable there, and the partitioner
-    routed each group's column
-    through GM (a copy out of the scales, then one GM copy in per group on the V0 task's
-    chain; docs/ops/dsa.md#kernel)."""
+    ``-inf``, which returns every FP32 scale as stored -- ``-inf`` and NaN included -- so a
+    ``-inf`` scale gives the golden's NaN (``q = 0``) or ``+-inf``), not taken as a ``[t, 1]``
+    column view: a column at a 4-byte offset of a UB tile is not addressable there, and the
+    partitioner routed each group's column through GM (a copy out of the scales, then one GM
+    copy in per group on the V0 task's chain; docs/ops/dsa.md#kernel)."""
     t = p.s_kv_tile
     pypto.set_vec_tile_shapes(V0_ROWS, NOPE)
     kj = pypto.tensor([t, HEAD], pypto.DT_BF16, "kj")
@@ -534,9 +534,12 @@ def fold_coefficients(states, coef, p):
 
 
 def coef_column(cf, col_id, k):
-    """Column ``k`` of the packed coefficients as ``[g_tile, 1]``, in UB: the row max with every
-    other column selected to ``-MASK_BIAS`` (exact: the coefficients are >= 0, or NaN)."""
-    return pypto.amax(pypto.where(pypto.eq(col_id, float(k)), cf, -MASK_BIAS), -1, True)
+    """Column ``k`` of a small FP32 ``[rows, cols]`` matrix ``cf`` as ``[rows, 1]``, in UB: the
+    row max with every other column selected to ``-inf`` (``col_id``: :func:`coef_col_ids`).
+    Contract: the result is column ``k`` as stored, for every FP32 value -- ``max(x, -inf) = x``
+    for every ``x > -inf``, ``max(-inf, -inf) = -inf``, and a NaN in column ``k`` stays NaN.
+    Used for the fold's coefficients (>= 0, or NaN) and V0's cache scales (any FP32 value)."""
+    return pypto.amax(pypto.where(pypto.eq(col_id, float(k)), cf, NEG_INF), -1, True)
 
 
 def fold_width(n, gt):

@@ -687,3 +687,96 @@ def test_large_batch_tiling_is_picked_by_token_count():
         assert golden_keywords(tokens=n - 1, nq=128, tiling=dec, soc=soc) == {"tiling": dec}
     with pytest.raises(ValueError, match="soc"):
         kernel_tiling(tokens=1, nq=128, tiling=dec, soc="h100")
+
+
+# ----------------------------------------------------------------------------- -inf cache scales
+#: (SoC, quant) of the -inf scale cases: the packed cache form each SoC's headline runs
+INF_SCALE_CASES = {"910b": "int8", "950": "fp8"}
+
+
+def _only_row_of(phys: np.ndarray, token: int) -> int:
+    """A physical cache row that token ``token`` uses and no other token of ``phys`` does."""
+    others = np.delete(phys, token, axis=0)
+    mine = np.setdiff1d(phys[token][phys[token] >= 0], others[others >= 0])
+    assert mine.size, f"token {token} uses no row of its own"
+    return int(mine[0])
+
+
+def _inf_scale(cache: np.ndarray, row: int, group: int, nope: int | None) -> np.ndarray:
+    """``cache`` (packed pypto ``[rows, 656]``) with scale ``group`` of ``row`` set to ``-inf``
+    and that group's 128 quantised bytes set to ``nope`` (``None``: kept, all made nonzero)."""
+    from tilesim.shared.layouts.mla_cache import FIELD_BYTES, SCALE_GROUP
+
+    b = np.array(cache, copy=True).view(np.uint8)
+    s0 = FIELD_BYTES["pypto"]["scales"][0] + 4 * group
+    b[row, s0 : s0 + 4] = np.array([-np.inf], dtype="<f4").view(np.uint8)
+    g = slice(group * SCALE_GROUP, (group + 1) * SCALE_GROUP)
+    b[row, g] = nope if nope is not None else np.where(b[row, g] == 0, 3, b[row, g])
+    return b.view(cache.dtype)
+
+
+def run_inf_scales(soc: str) -> dict:
+    """Child: b2 s2 in the large-batch tiling (the digest case's builder, 4 tokens) whose cache
+    has a ``-inf`` scale in a row only token 0 uses (its group all-zero quantised values: the
+    golden's ``K = BF16(0 * -inf)`` is NaN) and in a row only token 2 uses (nonzero values:
+    ``+-inf``); the kernel's output and the ``k_steps`` golden's as BF16 bits."""
+    import tilesim.reference as reference
+    from digests.kernel_digests import _large_batch_case
+    from tilesim.device import _dsa_kernel as kernels
+    from tilesim.device import dsa as dev
+    from tilesim.device import sim
+    from tilesim.shared.interop import to_numpy
+    from tilesim.shared.layouts.dsa_rows import plan_physical_rows
+
+    quant = INF_SCALE_CASES[soc]
+    case = reference.dsa_make_case(**{**_large_batch_case(quant, 41), "s1": 2})
+    inputs, params = dict(case["inputs"]), case["params"]
+    phys, _cur = plan_physical_rows(
+        inputs["topk_indices"], inputs["block_table"], inputs["kv_act_seqs"], s1=2,
+        topk=params["topk"], block_size=params["block_size"],
+        cache_rows=inputs["nope_cache"].shape[0],
+    )  # fmt: skip
+    cache = _inf_scale(inputs["nope_cache"], _only_row_of(phys, 0), 1, 0)
+    inputs["nope_cache"] = _inf_scale(cache, _only_row_of(phys, 2), 2, None)
+    jit = kernels.jit_spec(soc, "online", "large_batch")
+    run = dev.prepared_launch(case["op"], **inputs, **params, jit=jit, backend="sim", soc=soc)
+    sim.run_kernel(run["kernel"], [*run["inputs"], *run["outputs"]])
+    golden = getattr(reference, case["op"])(**inputs, **params, accumulation="k_steps")
+    return {
+        "soc": sim.current_soc(),
+        "got": to_numpy(run["outputs"][0]).view(np.uint16).copy(),
+        "golden": golden.view(np.uint16).copy(),
+        "nq": params["nq"],
+    }
+
+
+def _bf16_nan(bits: np.ndarray) -> np.ndarray:
+    """NaN positions of BF16 values given as uint16 bits (exponent all ones, mantissa nonzero)."""
+    return ((bits & 0x7F80) == 0x7F80) & ((bits & 0x007F) != 0)
+
+
+@pytest.mark.sim
+@pytest.mark.torch
+@pytest.mark.parametrize(
+    "soc",
+    [
+        pytest.param("910b", marks=pytest.mark.soc_910b),
+        pytest.param("950", marks=pytest.mark.soc_950),
+    ],
+)
+def test_minus_inf_cache_scale_matches_the_golden(soc):
+    """A ``-inf`` dequantisation scale in a used cache row: the kernel's V0 selects the scale as
+    stored (:func:`tilesim.device._dsa_kernel.coef_column`), so token 0 (``0 * -inf``: NaN keys)
+    and token 2 (``+-inf`` keys) come out as the golden's, NaN at the same positions, and every
+    other element bit for bit (the other tokens are untouched)."""
+    from tilesim.device import sim
+
+    r = sim.isolated(run_inf_scales, soc, soc=soc)
+    assert r["soc"] == soc
+    got, ref = r["got"], r["golden"]
+    g_nan, r_nan = _bf16_nan(got), _bf16_nan(ref)
+    per_token = r_nan.reshape(-1, r["nq"], got.shape[-1]).any(axis=(1, 2))
+    assert per_token.tolist() == [True, False, True, False], per_token  # the two poisoned tokens
+    assert np.array_equal(g_nan, r_nan), f"{int((g_nan != r_nan).sum())} NaN positions differ"
+    differ = int((got != ref)[~r_nan].sum())
+    assert differ == 0, f"{differ} of {int((~r_nan).sum())} non-NaN elements differ"
