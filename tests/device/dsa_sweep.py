@@ -16,6 +16,8 @@ needed for a time), which is about half of a sim call's CPU.
 
     OMP_NUM_THREADS=1 python tests/device/dsa_sweep.py 910b int8 decode 1 1
     # -> a markdown row per variant as it is measured: soc, shape, variant, µs
+    OMP_NUM_THREADS=1 python tests/device/dsa_sweep.py crossover 950 fp8 1 2 3 4 6 8
+    # -> the decode tiles against the large-batch tiling per token count (crossover)
 """
 
 from __future__ import annotations
@@ -82,9 +84,56 @@ def sweep(soc: str, quant: str, preset: str, b: int, s1: int, only=None) -> dict
     return res
 
 
+#: token counts of the tiling crossover and the (b, s1) each runs as: s1 2 where the count is
+#: even (the headline's decode shape), else s1 1
+CROSSOVER_SHAPES = {1: (1, 1), 2: (1, 2), 3: (3, 1), 4: (2, 2), 6: (3, 2), 8: (4, 2)}
+
+
+def crossover(soc: str, quant: str, tokens: tuple) -> dict:
+    """Child process: ``{(tokens, label): µs}`` of the decode preset's call costed with the
+    decode tiles (``decode``) and with :meth:`SaTileShapeConfig.large_batch` tiles (``large``),
+    each with the build the wrapper picks for it (``kernel_build``), plus the large-batch
+    tiles with the other build where the wrapper's is the seeds' (``large+lb``); 2048 keys
+    per token (:func:`case_args`). The decode tiles run as given at every count: this child
+    lifts ``LARGE_TILING_ITEMS[soc]`` out of reach (the rule reads it per call)."""
+    from tilesim.device import _dsa_kernel as kernels
+    from tilesim.device import dsa as dev
+    from tilesim.shared import dsa as rules
+    from tilesim.shared.tiling import SaTileShapeConfig
+
+    rules.LARGE_TILING_ITEMS[soc] = 1 << 30  # this child: the decode preset runs as given
+    res = {}
+    big = SaTileShapeConfig.large_batch()
+    for t in tokens:
+        b, s1 = CROSSOVER_SHAPES[t]
+        args = case_args(quant, "decode", b, s1)
+        kinds = {"decode": (args["tiling"], None), "large": (big, None)}
+        if kernels_build(t, big, soc) == "seeds":
+            kinds["large+lb"] = (big, kernels.jit_spec(soc, "online", "large_batch"))
+        for label, (tiling, jit) in kinds.items():
+            run = dev.prepared_launch("sparse_attention_antiquant", **{**args, "tiling": tiling},
+                                      jit=jit, backend="sim", soc=soc)  # fmt: skip
+            res[(t, label)] = cost_only(run["kernel"], [*run["inputs"], *run["outputs"]])
+            print(f"| {soc} {quant} | {t} (b{b} s{s1}) | {label} | {res[(t, label)]:.1f} |",
+                  flush=True)  # fmt: skip
+    return res
+
+
+def kernels_build(tokens: int, tiling, soc: str) -> str:
+    """The build the wrapper picks for ``tokens`` 128-head tokens in ``tiling``."""
+    from tilesim.shared.dsa import kernel_build
+
+    return kernel_build(tokens=tokens, nq=128, tiling=tiling, soc=soc)
+
+
 def main(argv) -> None:
     from tilesim.device import sim
 
+    if argv[0] == "crossover":  # crossover SOC QUANT [TOKENS ..]
+        soc, quant, *tokens = argv[1:]
+        tokens = tuple(int(t) for t in tokens) or tuple(CROSSOVER_SHAPES)
+        sim.isolated(crossover, soc, quant, tokens, soc=soc, timeout=3600)
+        return
     soc, quant, preset, b, s1, *only = argv
     sim.isolated(sweep, soc, quant, preset, int(b), int(s1), only or None, soc=soc,
                  timeout=3600)  # fmt: skip

@@ -119,24 +119,29 @@ def test_nan_in_unread_rows_changes_no_bit():
 # ----------------------------------------------------------------------------- builds
 def check_builds_by_token_count(soc) -> dict:
     """Child: the wrapper over one cache pool at ``LARGE_BATCH_ITEMS[soc] - 1`` and
-    ``LARGE_BATCH_ITEMS[soc]`` tokens (s1 1, one group tile per token), judged against the golden;
-    then the larger call again with the seeds' build forced (``prepared_launch(jit=)``)."""
+    ``LARGE_BATCH_ITEMS[soc]`` tokens (s1 1, one group tile per token), judged against the
+    golden twin of the call (``golden_keywords``: both counts are past ``LARGE_TILING_ITEMS``,
+    so the large-batch tiling and the ``k_steps`` golden) and counted bit for bit; then the
+    larger call again with the seeds' build forced (``prepared_launch(jit=)``)."""
     import tilesim.reference as reference
     import torch
     from tilesim.device import _dsa_kernel as kernels
     from tilesim.device import compile_stats, dsa, reset_compile_stats, sim
-    from tilesim.shared.dsa import LARGE_BATCH_ITEMS
+    from tilesim.shared.dsa import LARGE_BATCH_ITEMS, golden_keywords
 
     reset_compile_stats()
-    res = {"passed": []}
+    res = {"passed": [], "differ": [], "twin": []}
     n = LARGE_BATCH_ITEMS[soc]
     for i, b in enumerate((n - 1, n)):
         case = _case(b, tuple(range(200, 200 + 37 * b, 37)), seed=40 + i)
         inp, prm = dict(case["inputs"]), case["params"]
         inp["nope_cache"] = _pool(inp["nope_cache"], 4096)
         got, _ = dsa.sparse_attention_antiquant(**inp, **prm, backend="sim", soc=soc)
-        ref = reference.sparse_attention_antiquant(**inp, **prm)
+        twin = golden_keywords(tokens=b, nq=prm["nq"], tiling=prm["tiling"], soc=soc)
+        ref = reference.sparse_attention_antiquant(**inp, **{**prm, **twin})
         res["passed"].append(bool(reference.judge(got, ref, case["tolerance"], kind="dsa").passed))
+        res["differ"].append(int((got.view(np.uint16) != ref.view(np.uint16)).sum()))
+        res["twin"].append(twin.get("accumulation", "exact"))
         res[f"builds_{b}"] = compile_stats()
     seeds = kernels.jit_spec(soc, "online", "seeds")
     run = dsa.prepared_launch("sparse_attention_antiquant", **inp, **prm, jit=seeds,
@@ -153,7 +158,8 @@ def check_builds_by_token_count(soc) -> dict:
 @pytest.mark.soc_910b
 def test_wrapper_picks_the_build_by_token_count():
     """Below ``LARGE_BATCH_ITEMS`` tokens the seeds' build, from it on the large-batch build:
-    a second compiled kernel (the JIT spec is in the compile key), with the seeds' bits."""
+    a second compiled kernel (the JIT spec is in the compile key), with the seeds' bits; both
+    calls run the large-batch tiling (past ``LARGE_TILING_ITEMS``), bit for bit its golden's."""
     from tilesim.device import sim
     from tilesim.shared.dsa import LARGE_BATCH_ITEMS
 
@@ -162,7 +168,9 @@ def test_wrapper_picks_the_build_by_token_count():
     assert r[f"builds_{n - 1}"] == {"dsa_sparse_attention": 1}, r
     assert r[f"builds_{n}"] == {"dsa_sparse_attention": 2}, r
     assert r["builds"] == {"dsa_sparse_attention": 2}, r  # the forced seeds' build is reused
+    assert r["twin"] == ["k_steps", "k_steps"], r  # both past LARGE_TILING_ITEMS
     assert all(r["passed"]) and r["same_bits"], r
+    assert r["differ"] == [0, 0], r  # every element the large-batch tiling's golden twin's
 
 
 def large_batch_digest(key: str) -> str:

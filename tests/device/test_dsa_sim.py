@@ -666,16 +666,28 @@ def test_large_batch_tiling_is_picked_by_token_count():
     """:func:`tilesim.shared.dsa.kernel_tiling`: the decode preset's call from
     ``LARGE_TILING_ITEMS`` work items on runs the large-batch tiling with the large-batch
     build; fewer items, another preset or a changed decode tiling run as given; the golden's
-    keywords follow (``accumulation="k_steps"`` with the large-batch tiling only)."""
-    from tilesim.shared.dsa import LARGE_TILING_ITEMS, golden_keywords, kernel_build, kernel_tiling
+    keywords follow (``accumulation="k_steps"`` with the large-batch tiling only). The
+    threshold keeps the decode preset's CI cases and digests (up to 4 tokens) on its tiles;
+    the build stays :func:`kernel_build`'s (the seeds' below ``LARGE_BATCH_ITEMS``)."""
+    from tilesim.shared.dsa import (
+        LARGE_BATCH_ITEMS,
+        LARGE_TILING_ITEMS,
+        golden_keywords,
+        kernel_build,
+        kernel_tiling,
+    )
     from tilesim.shared.tiling import SaTileShapeConfig
 
     dec, big = SaTileShapeConfig.decode(), SaTileShapeConfig.large_batch()
     assert big.s_kv_tile == 2048 and big.c1_tile[3] == big.c2_tile[3] == 512
+    assert LARGE_TILING_ITEMS == {"910b": 5, "950": 5}  # the op page's choice
     for soc, n in LARGE_TILING_ITEMS.items():
+        assert kernel_tiling(tokens=4, nq=128, tiling=dec, soc=soc) == dec  # the CI cases
         assert kernel_tiling(tokens=n - 1, nq=128, tiling=dec, soc=soc) == dec
         assert kernel_tiling(tokens=n, nq=128, tiling=dec, soc=soc) == big
-        assert kernel_build(tokens=n, nq=128, tiling=big, soc=soc) == "large_batch"
+        m = LARGE_BATCH_ITEMS[soc]
+        assert kernel_build(tokens=m - 1, nq=128, tiling=big, soc=soc) == "seeds"
+        assert kernel_build(tokens=max(n, m), nq=128, tiling=big, soc=soc) == "large_batch"
         for other in (
             SaTileShapeConfig.prefill(),
             dec.replace(kv_splits=2),
