@@ -73,6 +73,11 @@ from tilesim.shared.layouts.index_cache import index_page_view
 NEG_INF = float("-inf")
 #: rows of the score stage's vector tiles
 TERM_ROWS = 8
+#: the INT8 path's V1: rows of one FP16 load of the C1 values (``[32, 1024]``: 64 KiB), and
+#: the split of a slab's columns for its FP32 terms and head-sum tree (``[8, 256]`` tiles);
+#: the FP8 path's FP32 logits keep ``[TERM_ROWS, vec_cols]`` tiles (docs/ops/dsa_indexer.md,
+#: "Kernel", for the variants measured)
+INT8_LOAD_ROWS, INT8_TERM_SPLIT = 32, 4
 #: ``sg_set_scope`` of a chunk's key-scale gather (one vector task)
 KSCALE_SCOPE = 7
 #: ``sg_set_scope`` of the score slabs: ``SLAB_SCOPE + row * MAX_SLABS + slab``
@@ -180,29 +185,46 @@ def c1_tiles(pypto, m: int, bs: int) -> None:
     pypto.set_cube_tile_shapes([m, m], [DIM, DIM], [bs, bs])
 
 
-def head_sum(pypto, t, w: int):
+def head_sum(pypto, t, w: int, tile_cols: int):
     """``sum_h t[h]`` of FP32 ``t [64, w]`` as a fixed pairwise tree: ``t = t[:32] + t[32:]``,
     then halves of 16, 8, 4, 2, 1 rows -- one IEEE FP32 add per element and level, so the bits
-    are the same on every device and in the golden's emulation. Returns ``[1, w]``."""
+    are the same on every device and in the golden's emulation; vector tiles of up to
+    :data:`TERM_ROWS` x ``tile_cols``. Returns ``[1, w]``."""
     n = HEADS
     while n > 1:
         n //= 2
-        pypto.set_vec_tile_shapes(min(n, TERM_ROWS), w)
+        pypto.set_vec_tile_shapes(min(n, TERM_ROWS), tile_cols)
         t = pypto.add(pypto.view(t, [n, w], [0, 0]), pypto.view(t, [n, w], [n, 0]))
     return t
+
+
+def term_cols(w: int, p) -> int:
+    """Columns of the vector tiles of a ``w``-column slab's FP32 terms and head-sum tree: the
+    INT8 path a quarter of the slab (:data:`INT8_TERM_SPLIT`) when ``w`` is a multiple of 64
+    (quarters of whole 64-byte FP32 blocks), else, and on the FP8 path, the whole slab."""
+    if p.path == "int8" and w % (16 * INT8_TERM_SPLIT) == 0:
+        return w // INT8_TERM_SPLIT
+    return w
 
 
 def slab_terms(pypto, d, wcol, w: int, p):
     """V1 before the head sum: FP32 ``[64, w]`` terms of one query row from its C1 output
     ``d`` (INT8: the epilogue's ``FP16(relu(dot) * 2^-11)``; FP8: the FP32 logits). The
     weight column is loaded once as one ``[64, 1]`` tile (``* 1.0``: exact, keeps ``-0.0``),
-    not once per ``[TERM_ROWS, w]`` tile of the terms: each copy in costs the model a fixed
-    latency whatever its size (docs/perf/cost_model.md)."""
+    not once per tile of the terms: each copy in costs the model a fixed latency whatever its
+    size (docs/perf/cost_model.md). INT8 loads the FP16 values as ``[INT8_LOAD_ROWS, w]``
+    tiles through an exact FP16 ``* 1.0`` and forms the FP32 terms from them on narrower
+    tiles (:func:`term_cols`): the load takes a quarter of the copies of ``[TERM_ROWS, w]``
+    tiles, and the FP32 tiles stay small enough that the OOO pass does not spill (a spill
+    makes the cost model's function builder refuse the function)."""
     pypto.set_vec_tile_shapes(HEADS, 1)
     wcol = pypto.mul(wcol, 1.0)
-    pypto.set_vec_tile_shapes(TERM_ROWS, w)
     if p.path == "int8":
-        return pypto.mul(pypto.cast(d, pypto.DT_FP32), wcol)
+        pypto.set_vec_tile_shapes(INT8_LOAD_ROWS, w)
+        v = pypto.mul(d, 1.0)  # FP16, exact: one copy in per INT8_LOAD_ROWS heads
+        pypto.set_vec_tile_shapes(TERM_ROWS, term_cols(w, p))
+        return pypto.mul(pypto.cast(v, pypto.DT_FP32), wcol)
+    pypto.set_vec_tile_shapes(TERM_ROWS, w)
     return pypto.mul(pypto.maximum(d, 0.0), wcol)
 
 
@@ -253,7 +275,7 @@ def chunk_scores(pypto, ins, qg, wg, b, blk0, nb: int, rows: int, p):
             pypto.set_vec_tile_shapes(TERM_ROWS, c)
             t = slab_terms(pypto, pypto.view(d, [HEADS, c], [r * HEADS, c0]),
                            pypto.view(wg, [HEADS, 1], [r * HEADS, 0]), c, p)  # fmt: skip
-            s = head_sum(pypto, t, c)
+            s = head_sum(pypto, t, c, term_cols(c, p))
             pypto.set_vec_tile_shapes(1, c)
             pypto.assemble(pypto.mul(s, pypto.view(ks, [1, c], [0, c0])), [0, c0], out[r])
             pypto.set_pass_options(sg_set_scope=-1)
