@@ -828,9 +828,21 @@ LARGE_BATCH_JIT = replaced(
     ("pass", "cube_l1_reuse_setting", ((-1, 4),)),
     ("pass", "vec_nbuffer_setting", ((-1, 4),)),
 )
+#: the many-token build (the large-batch tiling's calls of many tokens:
+#: :func:`tilesim.shared.dsa.kernel_build`): the large-batch build with ``cube_nbuffer_setting
+#: {-1: 4}``, which packs a token's identically shaped cube subgraphs into one task -- its four
+#: C1 subgraphs (one per 512 keys) and the two C2 column halves, which copy the same P -- so a
+#: token's cube work is two tasks that copy Q, K and P once each. One cube task per stage is a
+#: longer chain per token, which pays only when many tokens keep the cube cores busy
+#: (docs/ops/dsa.md#kernel, "The 910B's b64 trace")
+MANY_TOKENS_JIT = replaced(LARGE_BATCH_JIT, ("pass", "cube_nbuffer_setting", ((-1, 4),)))
 #: the kernel's builds: the name :func:`tilesim.shared.dsa.kernel_build` returns -> its spec
 #: per softmax mode (``None``: the seeds' options of every mode, :data:`SEED_JIT`)
-BUILDS = {"seeds": None, "large_batch": {"online": LARGE_BATCH_JIT}}
+BUILDS = {
+    "seeds": None,
+    "large_batch": {"online": LARGE_BATCH_JIT},
+    "many_tokens": {"online": MANY_TOKENS_JIT},
+}
 
 
 def jit_spec(soc: str, mode: str, build: str = "seeds") -> tuple:

@@ -130,16 +130,28 @@ def resolve_tiling(tiling) -> SaTileShapeConfig:
 LARGE_BATCH_ITEMS = {"910b": 7, "950": 6}
 
 
+#: per SoC, the fewest (token, group tile) work items for which a call in the large-batch
+#: tiling runs the many-token build (:func:`kernel_build`): the crossover measured in the cost
+#: model (s1 2, 2048 keys per token: both SoCs lose at 32 tokens and gain from 48;
+#: docs/ops/dsa.md#kernel, "The 910B's b64 trace")
+MANY_TOKENS_ITEMS = {"910b": 48, "950": 48}
+
+
 def kernel_build(*, tokens: int, nq: int, tiling: SaTileShapeConfig, soc: str) -> str:
     """Which build of the device kernel a call runs on ``soc``
-    (``tilesim.device._dsa_kernel.BUILDS``): ``"large_batch"`` for the online softmax when
-    ``tokens * ceil(nq / g_tile)`` work items reach ``LARGE_BATCH_ITEMS[soc]``, else
-    ``"seeds"``. The builds differ only in JIT options that merge tasks (same arithmetic, same
-    bits), so the golden needs no counterpart. The one rule, read by the wrapper."""
+    (``tilesim.device._dsa_kernel.BUILDS``): for the online softmax, ``"many_tokens"`` when
+    ``tiling`` is :meth:`SaTileShapeConfig.large_batch` and ``tokens * ceil(nq / g_tile)`` work
+    items reach ``MANY_TOKENS_ITEMS[soc]``, else ``"large_batch"`` when they reach
+    ``LARGE_BATCH_ITEMS[soc]``, else ``"seeds"``. The builds differ only in JIT options that
+    merge tasks (same arithmetic, same bits), so the golden needs no counterpart. The one rule,
+    read by the wrapper."""
     check_choice(soc, "soc", tuple(LARGE_BATCH_ITEMS))
     items = check_pos_int(tokens, "tokens") * -(-check_pos_int(nq, "nq") // tiling.g_tile)
-    large = tiling.softmax == "online" and items >= LARGE_BATCH_ITEMS[soc]
-    return "large_batch" if large else "seeds"
+    if tiling.softmax != "online" or items < LARGE_BATCH_ITEMS[soc]:
+        return "seeds"
+    if tiling == SaTileShapeConfig.large_batch() and items >= MANY_TOKENS_ITEMS[soc]:
+        return "many_tokens"
+    return "large_batch"
 
 
 #: per SoC, the fewest (token, group tile) work items for which the device wrapper runs the
@@ -473,6 +485,7 @@ RECORD = OpRecord(
 __all__ = [
     "LARGE_BATCH_ITEMS",
     "LARGE_TILING_ITEMS",
+    "MANY_TOKENS_ITEMS",
     "RECORD",
     "Args",
     "HEAD_DIM",

@@ -218,8 +218,8 @@ def test_large_batch_build_keeps_the_committed_digests(key):
 @pytest.mark.sim
 def test_large_batch_build_is_the_seeds_options_with_two_merges():
     """The large-batch spec differs from the seeds' online spec only in the L1 reuse and the
-    vector n-buffer merge (docs/ops/dsa.md#kernel, "Builds by token count"); per-tile mode
-    has no large-batch build."""
+    vector n-buffer merge (docs/ops/dsa.md#kernel, "Builds by token count"), the many-token
+    spec from the large-batch one only in the cube n-buffer merge; per-tile mode has neither."""
     pytest.importorskip("pypto")
     from tilesim.device import _dsa_kernel as k
 
@@ -229,6 +229,10 @@ def test_large_batch_build_is_the_seeds_options_with_two_merges():
         assert {o[1] for o in diff} == {"cube_l1_reuse_setting", "vec_nbuffer_setting"}, diff
         assert dict((o[1], o[2]) for o in big)["cube_l1_reuse_setting"] == ((-1, 4),)
         assert k.jit_spec(soc, "per_tile", "large_batch") == k.jit_spec(soc, "per_tile")
+        many = k.jit_spec(soc, "online", "many_tokens")  # one more merge: the cube n-buffer
+        diff = set(many) ^ set(big)
+        assert {o[1] for o in diff} == {"cube_nbuffer_setting"}, diff
+        assert dict((o[1], o[2]) for o in many)["cube_nbuffer_setting"] == ((-1, 4),)
     with pytest.raises(ValueError, match="build"):
         k.jit_spec("950", "online", "huge")
 

@@ -604,10 +604,11 @@ def test_sim_cache_forms_give_identical_bits():
 LARGE_BATCH_DIGESTS = {"910b": "dsa/large_batch_int8@910b", "950": "dsa/large_batch_fp8@950"}
 
 
-def run_large_batch(soc: str) -> dict:
-    """Child: the large-batch tiling with the large-batch build (the wrapper's pair for many
-    tokens; forced through ``prepared_launch(jit=)``, the case being small), against the
-    golden with ``accumulation="k_steps"`` and with the default ``"exact"``."""
+def run_large_batch(soc: str, build: str = "large_batch") -> dict:
+    """Child: the large-batch tiling with the large-batch or many-token ``build`` (the
+    wrapper's pairs for many tokens; forced through ``prepared_launch(jit=)``, the case being
+    small), against the golden with ``accumulation="k_steps"`` and with the default
+    ``"exact"``."""
     import tilesim.reference as reference
     from digests.golden_digests import digest_of
     from digests.kernel_digests import _case, entries
@@ -617,7 +618,7 @@ def run_large_batch(soc: str) -> dict:
     from tilesim.shared.interop import to_numpy
 
     case = _case(*dict(entries())[LARGE_BATCH_DIGESTS[soc]][:3])[1]
-    jit = kernels.jit_spec(soc, "online", "large_batch")
+    jit = kernels.jit_spec(soc, "online", build)
     run = dev.prepared_launch(case["op"], **case["inputs"], **case["params"], jit=jit,
                               backend="sim", soc=soc)  # fmt: skip
     us = sim.run_kernel(run["kernel"], [*run["inputs"], *run["outputs"]]).us
@@ -644,16 +645,18 @@ def run_large_batch(soc: str) -> dict:
         pytest.param("950", marks=pytest.mark.soc_950),
     ],
 )
-def test_large_batch_tiling_bit_exact(soc):
-    """The large-batch tiling's kernel equals the golden with ``accumulation="k_steps"`` bit
-    for bit, and is another rounding than the default golden (so the switch is what makes it
-    exact); its output is the committed kernel digest of the case."""
+@pytest.mark.parametrize("build", ["large_batch", "many_tokens"])
+def test_large_batch_tiling_bit_exact(soc, build):
+    """The large-batch tiling's kernel, in either build the wrapper runs it with past
+    ``LARGE_BATCH_ITEMS``, equals the golden with ``accumulation="k_steps"`` bit for bit, and
+    is another rounding than the default golden (so the switch is what makes it exact); its
+    output is the committed kernel digest of the case (the builds only merge tasks)."""
     import json
 
     from digests.kernel_digests import DIGEST_FILE
     from tilesim.device import sim
 
-    r = sim.isolated(run_large_batch, soc, soc=soc)
+    r = sim.isolated(run_large_batch, soc, build, soc=soc)
     assert r["masked"]  # the -1 entries run the masked build
     assert r["differ_k_steps"] == 0, f"{r['differ_k_steps']} of {r['size']} elements differ"
     assert r["differ_exact"] > 0
@@ -672,6 +675,7 @@ def test_large_batch_tiling_is_picked_by_token_count():
     from tilesim.shared.dsa import (
         LARGE_BATCH_ITEMS,
         LARGE_TILING_ITEMS,
+        MANY_TOKENS_ITEMS,
         golden_keywords,
         kernel_build,
         kernel_tiling,
@@ -685,9 +689,12 @@ def test_large_batch_tiling_is_picked_by_token_count():
         assert kernel_tiling(tokens=4, nq=128, tiling=dec, soc=soc) == dec  # the CI cases
         assert kernel_tiling(tokens=n - 1, nq=128, tiling=dec, soc=soc) == dec
         assert kernel_tiling(tokens=n, nq=128, tiling=dec, soc=soc) == big
-        m = LARGE_BATCH_ITEMS[soc]
+        m, many = LARGE_BATCH_ITEMS[soc], MANY_TOKENS_ITEMS[soc]
         assert kernel_build(tokens=m - 1, nq=128, tiling=big, soc=soc) == "seeds"
         assert kernel_build(tokens=max(n, m), nq=128, tiling=big, soc=soc) == "large_batch"
+        assert kernel_build(tokens=many - 1, nq=128, tiling=big, soc=soc) == "large_batch"
+        assert kernel_build(tokens=many, nq=128, tiling=big, soc=soc) == "many_tokens"
+        assert kernel_build(tokens=many, nq=128, tiling=dec, soc=soc) == "large_batch"
         for other in (
             SaTileShapeConfig.prefill(),
             dec.replace(kv_splits=2),
