@@ -29,7 +29,9 @@ running it: the compile checks at the NPU tests' shapes and the cost-model optio
 the seeds' ``_d``/``_p``). The call's token count picks the build (its JIT options, part of the
 compile key): :func:`tilesim.shared.dsa.kernel_build` -- online calls of at least
 ``LARGE_BATCH_ITEMS[soc]`` (token, group tile) work items run the large-batch build
-(:data:`tilesim.device._dsa_kernel.LARGE_BATCH_JIT`: task merges only, the same bits). From
+(:data:`tilesim.device._dsa_kernel.LARGE_BATCH_JIT`: task merges only, the same bits), and
+the large-batch tiling's calls of at least ``MANY_TOKENS_ITEMS[soc]`` items the many-token
+build (:data:`~tilesim.device._dsa_kernel.MANY_TOKENS_JIT`: one more task merge). From
 ``LARGE_TILING_ITEMS[soc]`` work items a ``decode``-preset call also runs the large-batch
 tiling (:func:`tilesim.shared.dsa.kernel_tiling`, ``SaTileShapeConfig.large_batch()``: one
 2048-key tile per token, 512-deep K steps; part of the compile key through the tiles). Its
