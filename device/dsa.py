@@ -28,7 +28,8 @@ running it: the compile checks at the NPU tests' shapes and the cost-model optio
 ``_high`` kernel) or the ``prefill`` preset (per-tile normalised softmax over 2048-key tiles,
 the seeds' ``_d``/``_p``). The call's token count picks the build (its JIT options, part of the
 compile key): :func:`tilesim.shared.dsa.kernel_build` -- online calls of at least
-``LARGE_BATCH_ITEMS[soc]`` (token, group tile) work items run the large-batch build
+``LARGE_BATCH_ITEMS[soc]`` (token, group tile) work items (``LARGE_TILING_BUILD_ITEMS[soc]``
+in the large-batch tiling) run the large-batch build
 (:data:`tilesim.device._dsa_kernel.LARGE_BATCH_JIT`: task merges only, the same bits), and
 the large-batch tiling's calls of at least ``MANY_TOKENS_ITEMS[soc]`` items the many-token
 build (:data:`~tilesim.device._dsa_kernel.MANY_TOKENS_JIT`: one more task merge). From

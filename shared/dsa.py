@@ -130,6 +130,14 @@ def resolve_tiling(tiling) -> SaTileShapeConfig:
 LARGE_BATCH_ITEMS = {"910b": 7, "950": 6}
 
 
+#: per SoC, the fewest work items for which a call in :meth:`SaTileShapeConfig.large_batch`
+#: tiles runs the large-batch build (:func:`kernel_build`; ``LARGE_BATCH_ITEMS`` is the other
+#: tilings'): the crossover of the two builds measured in the cost model on those tiles (2048
+#: keys per token: the 910B loses at 2 tokens and gains from 3, the 950 loses at 4 and gains
+#: from 5; docs/ops/dsa.md#kernel, "The large-batch tiling")
+LARGE_TILING_BUILD_ITEMS = {"910b": 3, "950": 5}
+
+
 #: per SoC, the fewest (token, group tile) work items for which a call in the large-batch
 #: tiling runs the many-token build (:func:`kernel_build`): the crossover measured in the cost
 #: model (s1 2, 2048 keys per token: both SoCs lose at 32 tokens and gain from 48;
@@ -142,16 +150,17 @@ def kernel_build(*, tokens: int, nq: int, tiling: SaTileShapeConfig, soc: str) -
     (``tilesim.device._dsa_kernel.BUILDS``): for the online softmax, ``"many_tokens"`` when
     ``tiling`` is :meth:`SaTileShapeConfig.large_batch` and ``tokens * ceil(nq / g_tile)`` work
     items reach ``MANY_TOKENS_ITEMS[soc]``, else ``"large_batch"`` when they reach
-    ``LARGE_BATCH_ITEMS[soc]``, else ``"seeds"``. The builds differ only in JIT options that
+    ``LARGE_TILING_BUILD_ITEMS[soc]`` (large-batch tiles) or ``LARGE_BATCH_ITEMS[soc]`` (any
+    other online tiling), else ``"seeds"``. The builds differ only in JIT options that
     merge tasks (same arithmetic, same bits), so the golden needs no counterpart. The one rule,
     read by the wrapper."""
     check_choice(soc, "soc", tuple(LARGE_BATCH_ITEMS))
     items = check_pos_int(tokens, "tokens") * -(-check_pos_int(nq, "nq") // tiling.g_tile)
-    if tiling.softmax != "online" or items < LARGE_BATCH_ITEMS[soc]:
+    big = tiling == SaTileShapeConfig.large_batch()
+    least = (LARGE_TILING_BUILD_ITEMS if big else LARGE_BATCH_ITEMS)[soc]
+    if tiling.softmax != "online" or items < least:
         return "seeds"
-    if tiling == SaTileShapeConfig.large_batch() and items >= MANY_TOKENS_ITEMS[soc]:
-        return "many_tokens"
-    return "large_batch"
+    return "many_tokens" if big and items >= MANY_TOKENS_ITEMS[soc] else "large_batch"
 
 
 #: per SoC, the fewest (token, group tile) work items for which the device wrapper runs the
@@ -484,6 +493,7 @@ RECORD = OpRecord(
 
 __all__ = [
     "LARGE_BATCH_ITEMS",
+    "LARGE_TILING_BUILD_ITEMS",
     "LARGE_TILING_ITEMS",
     "MANY_TOKENS_ITEMS",
     "RECORD",

@@ -118,23 +118,25 @@ def test_nan_in_unread_rows_changes_no_bit():
 
 # ----------------------------------------------------------------------------- builds
 def check_builds_by_token_count(soc) -> dict:
-    """Child: the wrapper over one cache pool at ``LARGE_BATCH_ITEMS[soc] - 1`` and
-    ``LARGE_BATCH_ITEMS[soc]`` tokens (s1 1, one group tile per token), judged against the
-    golden twin of the call (``golden_keywords``: both counts are past ``LARGE_TILING_ITEMS``,
-    so the large-batch tiling and the ``k_steps`` golden) and counted bit for bit; then the
-    larger call again with the seeds' build forced (``prepared_launch(jit=)``)."""
+    """Child: the wrapper over one cache pool in the large-batch tiling (given, so it runs at
+    any count) at ``LARGE_TILING_BUILD_ITEMS[soc] - 1`` and ``LARGE_TILING_BUILD_ITEMS[soc]``
+    tokens (s1 1, one group tile per token), judged against the golden twin of the call
+    (``golden_keywords``: that tiling and the ``k_steps`` golden) and counted bit for bit;
+    then the larger call again with the seeds' build forced (``prepared_launch(jit=)``)."""
     import tilesim.reference as reference
     import torch
     from tilesim.device import _dsa_kernel as kernels
     from tilesim.device import compile_stats, dsa, reset_compile_stats, sim
-    from tilesim.shared.dsa import LARGE_BATCH_ITEMS, golden_keywords
+    from tilesim.shared.dsa import LARGE_TILING_BUILD_ITEMS, golden_keywords
+    from tilesim.shared.tiling import SaTileShapeConfig
 
     reset_compile_stats()
     res = {"passed": [], "differ": [], "twin": []}
-    n = LARGE_BATCH_ITEMS[soc]
+    n = LARGE_TILING_BUILD_ITEMS[soc]
     for i, b in enumerate((n - 1, n)):
         case = _case(b, tuple(range(200, 200 + 37 * b, 37)), seed=40 + i)
-        inp, prm = dict(case["inputs"]), case["params"]
+        inp = dict(case["inputs"])
+        prm = {**case["params"], "tiling": SaTileShapeConfig.large_batch()}
         inp["nope_cache"] = _pool(inp["nope_cache"], 4096)
         got, _ = dsa.sparse_attention_antiquant(**inp, **prm, backend="sim", soc=soc)
         twin = golden_keywords(tokens=b, nq=prm["nq"], tiling=prm["tiling"], soc=soc)
@@ -157,18 +159,18 @@ def check_builds_by_token_count(soc) -> dict:
 @pytest.mark.torch
 @pytest.mark.soc_910b
 def test_wrapper_picks_the_build_by_token_count():
-    """Below ``LARGE_BATCH_ITEMS`` tokens the seeds' build, from it on the large-batch build:
-    a second compiled kernel (the JIT spec is in the compile key), with the seeds' bits; both
-    calls run the large-batch tiling (past ``LARGE_TILING_ITEMS``), bit for bit its golden's."""
+    """In the large-batch tiling, below ``LARGE_TILING_BUILD_ITEMS`` tokens the seeds' build,
+    from it on the large-batch build: a second compiled kernel (the JIT spec is in the compile
+    key), with the seeds' bits; both calls bit for bit their golden twin's (``k_steps``)."""
     from tilesim.device import sim
-    from tilesim.shared.dsa import LARGE_BATCH_ITEMS
+    from tilesim.shared.dsa import LARGE_TILING_BUILD_ITEMS
 
-    n = LARGE_BATCH_ITEMS["910b"]
+    n = LARGE_TILING_BUILD_ITEMS["910b"]
     r = sim.isolated(check_builds_by_token_count, "910b", soc="910b")
     assert r[f"builds_{n - 1}"] == {"dsa_sparse_attention": 1}, r
     assert r[f"builds_{n}"] == {"dsa_sparse_attention": 2}, r
     assert r["builds"] == {"dsa_sparse_attention": 2}, r  # the forced seeds' build is reused
-    assert r["twin"] == ["k_steps", "k_steps"], r  # both past LARGE_TILING_ITEMS
+    assert r["twin"] == ["k_steps", "k_steps"], r  # the large-batch tiling's golden twin
     assert all(r["passed"]) and r["same_bits"], r
     assert r["differ"] == [0, 0], r  # every element the large-batch tiling's golden twin's
 

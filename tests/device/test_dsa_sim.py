@@ -671,9 +671,10 @@ def test_large_batch_tiling_is_picked_by_token_count():
     build; fewer items, another preset or a changed decode tiling run as given; the golden's
     keywords follow (``accumulation="k_steps"`` with the large-batch tiling only). The
     threshold keeps the decode preset's CI cases and digests (up to 4 tokens) on its tiles;
-    the build stays :func:`kernel_build`'s (the seeds' below ``LARGE_BATCH_ITEMS``)."""
+    the build is :func:`kernel_build`'s, on these tiles by ``LARGE_TILING_BUILD_ITEMS`` (the
+    seeds' below it), so every call the rule moves to these tiles runs the large-batch build."""
     from tilesim.shared.dsa import (
-        LARGE_BATCH_ITEMS,
+        LARGE_TILING_BUILD_ITEMS,
         LARGE_TILING_ITEMS,
         MANY_TOKENS_ITEMS,
         golden_keywords,
@@ -685,13 +686,15 @@ def test_large_batch_tiling_is_picked_by_token_count():
     dec, big = SaTileShapeConfig.decode(), SaTileShapeConfig.large_batch()
     assert big.s_kv_tile == 2048 and big.c1_tile[3] == big.c2_tile[3] == 512
     assert LARGE_TILING_ITEMS == {"910b": 5, "950": 5}  # the op page's choice
+    assert LARGE_TILING_BUILD_ITEMS == {"910b": 3, "950": 5}  # the measured crossovers
     for soc, n in LARGE_TILING_ITEMS.items():
         assert kernel_tiling(tokens=4, nq=128, tiling=dec, soc=soc) == dec  # the CI cases
         assert kernel_tiling(tokens=n - 1, nq=128, tiling=dec, soc=soc) == dec
         assert kernel_tiling(tokens=n, nq=128, tiling=dec, soc=soc) == big
-        m, many = LARGE_BATCH_ITEMS[soc], MANY_TOKENS_ITEMS[soc]
+        m, many = LARGE_TILING_BUILD_ITEMS[soc], MANY_TOKENS_ITEMS[soc]
         assert kernel_build(tokens=m - 1, nq=128, tiling=big, soc=soc) == "seeds"
-        assert kernel_build(tokens=max(n, m), nq=128, tiling=big, soc=soc) == "large_batch"
+        assert kernel_build(tokens=m, nq=128, tiling=big, soc=soc) == "large_batch"
+        assert kernel_build(tokens=n, nq=128, tiling=big, soc=soc) == "large_batch"
         assert kernel_build(tokens=many - 1, nq=128, tiling=big, soc=soc) == "large_batch"
         assert kernel_build(tokens=many, nq=128, tiling=big, soc=soc) == "many_tokens"
         assert kernel_build(tokens=many, nq=128, tiling=dec, soc=soc) == "large_batch"
