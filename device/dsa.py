@@ -33,7 +33,8 @@ in the large-batch tiling) run the large-batch build
 (:data:`tilesim.device._dsa_kernel.LARGE_BATCH_JIT`: task merges only, the same bits), and
 the large-batch tiling's calls of at least ``MANY_TOKENS_ITEMS[soc]`` items the many-token
 build (:data:`~tilesim.device._dsa_kernel.MANY_TOKENS_JIT`: one more task merge; on the 910B
-``MANY_TOKENS_910B_JIT``, a wider vector merge besides). From
+``MANY_TOKENS_910B_JIT``, a wider vector merge besides; and C1 on 256-key N tiles,
+``_dsa_kernel.build_tiling``: the same K steps, the same bits). From
 ``LARGE_TILING_ITEMS[soc]`` work items a ``decode``-preset call also runs the large-batch
 tiling (:func:`tilesim.shared.dsa.kernel_tiling`, ``SaTileShapeConfig.large_batch()``: one
 2048-key tile per token, 512-deep K steps; part of the compile key through the tiles). Its
@@ -145,8 +146,11 @@ def _launch(a: Args, ints: tuple, form: str, quant: str, layout: str, caches: tu
     mode = "online" if a.tiling.softmax == "online" else "per_tile"
     capture = _CAPTURE.get()
     override = capture.get("jit") if capture is not None else None  # () = PyPTO's defaults
-    build = kernel_build(tokens=a.rows // a.nq, nq=a.nq, tiling=a.tiling, soc=target.soc)
+    build = (capture or {}).get("build") or kernel_build(
+        tokens=a.rows // a.nq, nq=a.nq, tiling=a.tiling, soc=target.soc
+    )
     jit = kernels.jit_spec(target.soc, mode, build) if override is None else override
+    a = a._replace(tiling=kernels.build_tiling(a.tiling, build))
     params = _nest_params(a, quant, layout, mask_col0, kernels.combine_axis(jit))
     kernel = kernels.build(form, quant, mode, params, (tensors[1].shape[0], bt.shape[1]), jit)
     kernel = functools.partial(kernel, params=params)
@@ -161,20 +165,23 @@ def _launch(a: Args, ints: tuple, form: str, quant: str, layout: str, caches: tu
 _CAPTURE: contextvars.ContextVar = contextvars.ContextVar("dsa_prepared_launch", default=None)
 
 
-def prepared_launch(op: str, *args, jit: tuple | None = None, **kwargs) -> dict:
+def prepared_launch(op: str, *args, jit: tuple | None = None, build: str | None = None,
+                    **kwargs) -> dict:  # fmt: skip
     """What the wrapper ``op`` (``"sparse_attention_antiquant"`` or ``..._kv_split``) would
     launch for these arguments, without launching: ``{"kernel", "inputs", "outputs"}`` (the
     kernel with its static parameters bound, and the exact tensors the NPU / sim path passes:
     query, caches, the index plan, the bucketed block table, ``kv_act_seqs``; then ``out``).
     Every check and the index planning run as in a real call. ``jit``: an option spec
     replacing the call's (:func:`tilesim.device._dsa_kernel.jit_spec`; the cost-model sweep's
-    variants; a build forced: ``jit=_dsa_kernel.jit_spec(soc, mode, build)``). Run it with
+    variants); ``build``: a build forced in place of the one
+    :func:`tilesim.shared.dsa.kernel_build` picks (a key of ``_dsa_kernel.BUILDS``: its tiles,
+    ``_dsa_kernel.build_tiling``, and its options unless ``jit`` is given). Run it with
     ``tilesim.device.sim.run_compile(kernel, [*inputs, *outputs])`` (compile only) or
     ``run_kernel``."""
     wrappers = {f.__name__: f for f in (sparse_attention_antiquant,
                                         sparse_attention_antiquant_kv_split)}  # fmt: skip
     check_choice(op, "op", tuple(wrappers))
-    box: dict = {"jit": None if jit is None else tuple(jit)}
+    box: dict = {"jit": None if jit is None else tuple(jit), "build": build}
     token = _CAPTURE.set(box)
     try:
         wrappers[op](*args, **kwargs)

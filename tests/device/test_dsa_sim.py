@@ -606,9 +606,9 @@ LARGE_BATCH_DIGESTS = {"910b": "dsa/large_batch_int8@910b", "950": "dsa/large_ba
 
 def run_large_batch(soc: str, build: str = "large_batch") -> dict:
     """Child: the large-batch tiling with the large-batch or many-token ``build`` (the
-    wrapper's pairs for many tokens; forced through ``prepared_launch(jit=)``, the case being
-    small), against the golden with ``accumulation="k_steps"`` and with the default
-    ``"exact"``."""
+    wrapper's pairs for many tokens; forced through ``prepared_launch(build=)``, options and
+    tiles, the case being small), against the golden with ``accumulation="k_steps"`` and with
+    the default ``"exact"``."""
     import tilesim.reference as reference
     from digests.golden_digests import digest_of
     from digests.kernel_digests import _case, entries
@@ -618,9 +618,10 @@ def run_large_batch(soc: str, build: str = "large_batch") -> dict:
     from tilesim.shared.interop import to_numpy
 
     case = _case(*dict(entries())[LARGE_BATCH_DIGESTS[soc]][:3])[1]
-    jit = kernels.jit_spec(soc, "online", build)
-    run = dev.prepared_launch(case["op"], **case["inputs"], **case["params"], jit=jit,
+    run = dev.prepared_launch(case["op"], **case["inputs"], **case["params"], build=build,
                               backend="sim", soc=soc)  # fmt: skip
+    c1 = kernels.build_tiling(case["params"]["tiling"], build).c1_tile  # the build's C1 tile
+    assert tuple(run["kernel"].keywords["params"].c1) == tuple(c1)
     us = sim.run_kernel(run["kernel"], [*run["inputs"], *run["outputs"]]).us
     got = to_numpy(run["outputs"][0]).view(np.uint16)
     golden = getattr(reference, case["op"])
