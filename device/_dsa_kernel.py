@@ -838,12 +838,6 @@ LARGE_BATCH_JIT = replaced(
 #: longer chain per token, which pays only when many tokens keep the cube cores busy
 #: (docs/ops/dsa.md#kernel, "The 910B's b64 trace"). The build's C1 tiles: :func:`build_tiling`
 MANY_TOKENS_JIT = replaced(LARGE_BATCH_JIT, ("pass", "cube_nbuffer_setting", ((-1, 4),)))
-#: the 910B's many-token build: :data:`MANY_TOKENS_JIT` with ``vec_nbuffer_setting {-1: 8}``,
-#: which lets more identically shaped vector subgraphs (a token's V0 row tiles and V1 halves)
-#: share tasks, so the scheduler threads resolve fewer successor edges per token. On the 950
-#: the same option is slower at some token counts, so its many-token build keeps 4
-#: (docs/ops/dsa.md#kernel, "The 910B's b64 trace")
-MANY_TOKENS_910B_JIT = replaced(MANY_TOKENS_JIT, ("pass", "vec_nbuffer_setting", ((-1, 8),)))
 #: the kernel's builds: the name :func:`tilesim.shared.dsa.kernel_build` returns -> its spec
 #: per softmax mode (``None``: the seeds' options of every mode, :data:`SEED_JIT`)
 BUILDS = {
@@ -851,9 +845,6 @@ BUILDS = {
     "large_batch": {"online": LARGE_BATCH_JIT},
     "many_tokens": {"online": MANY_TOKENS_JIT},
 }
-#: a SoC's own spec of a build, in place of :data:`BUILDS`' entry: ``(soc, build) -> {mode:
-#: spec}``
-SOC_BUILDS = {("910b", "many_tokens"): {"online": MANY_TOKENS_910B_JIT}}
 
 
 def build_tiling(tiling, build: str):
@@ -873,14 +864,12 @@ def build_tiling(tiling, build: str):
 
 def jit_spec(soc: str, mode: str, build: str = "seeds") -> tuple:
     """The option spec the kernels use on ``soc`` in softmax ``mode`` for ``build`` (a key of
-    :data:`BUILDS`; ``soc``'s own entry of :data:`SOC_BUILDS` where it has one; a mode the
-    build does not cover runs the seeds' options,
+    :data:`BUILDS`; a mode the build does not cover runs the seeds' options,
     :data:`SEED_JIT`, which keep every option that does not make the cost model worse on
     either SoC: tests/device/dsa_sweep.py, docs/ops/dsa.md#kernel)."""
     if build not in BUILDS:
         raise ValueError(f"build: expected one of {sorted(BUILDS)}, got {build!r}")
-    specs = SOC_BUILDS.get((soc, build)) or BUILDS[build] or {}
-    return specs.get(mode) or SEED_JIT[mode]
+    return (BUILDS[build] or {}).get(mode) or SEED_JIT[mode]
 
 
 def build(form: str, quant: str, mode: str, params: NestParams, static_dims: tuple, jit: tuple):

@@ -32,9 +32,8 @@ compile key): :func:`tilesim.shared.dsa.kernel_build` -- online calls of at leas
 in the large-batch tiling) run the large-batch build
 (:data:`tilesim.device._dsa_kernel.LARGE_BATCH_JIT`: task merges only, the same bits), and
 the large-batch tiling's calls of at least ``MANY_TOKENS_ITEMS[soc]`` items the many-token
-build (:data:`~tilesim.device._dsa_kernel.MANY_TOKENS_JIT`: one more task merge; on the 910B
-``MANY_TOKENS_910B_JIT``, a wider vector merge besides; and C1 on 256-key N tiles,
-``_dsa_kernel.build_tiling``: the same K steps, the same bits). From
+build (:data:`~tilesim.device._dsa_kernel.MANY_TOKENS_JIT`: one more task merge; and C1 on
+256-key N tiles, ``_dsa_kernel.build_tiling``: the same K steps, the same bits). From
 ``LARGE_TILING_ITEMS[soc]`` work items a ``decode``-preset call also runs the large-batch
 tiling (:func:`tilesim.shared.dsa.kernel_tiling`, ``SaTileShapeConfig.large_batch()``: one
 2048-key tile per token, 512-deep K steps; part of the compile key through the tiles). Its

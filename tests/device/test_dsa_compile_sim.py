@@ -221,8 +221,7 @@ def test_large_batch_build_keeps_the_committed_digests(key):
 def test_large_batch_build_is_the_seeds_options_with_two_merges():
     """The large-batch spec differs from the seeds' online spec only in the L1 reuse and the
     vector n-buffer merge (docs/ops/dsa.md#kernel, "Builds by token count"), the many-token
-    spec from the large-batch one only in the cube n-buffer merge (and, on the 910B, a wider
-    vector n-buffer merge); per-tile mode has neither."""
+    spec from the large-batch one only in the cube n-buffer merge; per-tile mode has neither."""
     pytest.importorskip("pypto")
     from tilesim.device import _dsa_kernel as k
 
@@ -234,11 +233,8 @@ def test_large_batch_build_is_the_seeds_options_with_two_merges():
         assert k.jit_spec(soc, "per_tile", "large_batch") == k.jit_spec(soc, "per_tile")
         many = k.jit_spec(soc, "online", "many_tokens")  # one more merge: the cube n-buffer
         diff = set(many) ^ set(big)
-        wider = {"910b": {"vec_nbuffer_setting"}, "950": set()}[soc]  # the 910B's vector merge
-        assert {o[1] for o in diff} == {"cube_nbuffer_setting"} | wider, diff
-        options = dict((o[1], o[2]) for o in many)
-        assert options["cube_nbuffer_setting"] == ((-1, 4),)
-        assert options["vec_nbuffer_setting"] == ({"910b": ((-1, 8),), "950": ((-1, 4),)}[soc])
+        assert {o[1] for o in diff} == {"cube_nbuffer_setting"}, diff
+        assert dict((o[1], o[2]) for o in many)["cube_nbuffer_setting"] == ((-1, 4),)
     with pytest.raises(ValueError, match="build"):
         k.jit_spec("950", "online", "huge")
 
