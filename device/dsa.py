@@ -145,9 +145,10 @@ def _launch(a: Args, ints: tuple, form: str, quant: str, layout: str, caches: tu
     mode = "online" if a.tiling.softmax == "online" else "per_tile"
     capture = _CAPTURE.get()
     override = capture.get("jit") if capture is not None else None  # () = PyPTO's defaults
-    build = (capture or {}).get("build") or kernel_build(
-        tokens=a.rows // a.nq, nq=a.nq, tiling=a.tiling, soc=target.soc
-    )
+    forced = (capture or {}).get("build")
+    if forced is not None:
+        check_choice(forced, "build", tuple(kernels.BUILDS))
+    build = forced or kernel_build(tokens=a.rows // a.nq, nq=a.nq, tiling=a.tiling, soc=target.soc)
     jit = kernels.jit_spec(target.soc, mode, build) if override is None else override
     a = a._replace(tiling=kernels.build_tiling(a.tiling, build))
     params = _nest_params(a, quant, layout, mask_col0, kernels.combine_axis(jit))

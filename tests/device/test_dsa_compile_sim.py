@@ -239,6 +239,43 @@ def test_large_batch_build_is_the_seeds_options_with_two_merges():
         k.jit_spec("950", "online", "huge")
 
 
+@pytest.mark.sim
+@pytest.mark.torch
+def test_many_token_tiles_keep_the_k_steps():
+    """The many-token build's C1 tiles (``build_tiling``) change only the N / L0 split: the K
+    steps (``kL1`` of C1 and C2, which set the bits) and every other build's tiles are the
+    call's; a forced build must be one of ``BUILDS`` (``ValueError`` naming ``build``)."""
+    pytest.importorskip("pypto")
+    from tilesim.device import _dsa_kernel as k
+    from tilesim.shared.tiling import SaTileShapeConfig
+
+    big = SaTileShapeConfig.large_batch()
+    many = k.build_tiling(big, "many_tokens")
+    assert many.c1_tile[3] == big.c1_tile[3] and many.c2_tile == big.c2_tile
+    assert many.c1_tile[2] * many.c1_tile[4] == big.c1_tile[2] * big.c1_tile[4]  # L0B size
+    assert many.replace(c1_tile=big.c1_tile) == big
+    for build in ("seeds", "large_batch"):
+        assert k.build_tiling(big, build) == big
+    from tilesim.device import sim
+
+    assert "build" in sim.isolated(forced_build_error, "910b", soc="910b")
+
+
+def forced_build_error(soc) -> str:
+    """Child: the ``ValueError`` message of a ``prepared_launch`` that forces an unknown
+    build beside an option spec of its own (so no ``jit_spec`` lookup sees the name; raised
+    before anything compiles); ``""`` if none is raised."""
+    from tilesim.device import dsa
+
+    case = _case(1, (200,), seed=3)
+    try:
+        dsa.prepared_launch("sparse_attention_antiquant", **case["inputs"], **case["params"],
+                            jit=(), build="huge", backend="sim", soc=soc)  # fmt: skip
+    except ValueError as err:
+        return str(err) if "huge" in str(err) else ""
+    return ""
+
+
 def test_kernel_build_rule():
     """The one rule (tilesim.shared.dsa.kernel_build): work items = tokens x group tiles, the
     threshold per SoC."""
