@@ -54,8 +54,6 @@ tile, with the dequant done per 128-column group straight into K (no reshape).
 """
 
 # no `from __future__ import annotations`: the frontend evaluates the pypto.Tensor(...) annotations
-import dataclasses
-
 import pypto
 from pypto.experimental import gather_in_ub
 from tilesim.device._pypto_common import (
@@ -836,7 +834,8 @@ LARGE_BATCH_JIT = replaced(
 #: C1 subgraphs (one per 512 keys) and the two C2 column halves, which copy the same P -- so a
 #: token's cube work is two tasks that copy Q, K and P once each. One cube task per stage is a
 #: longer chain per token, which pays only when many tokens keep the cube cores busy
-#: (docs/ops/dsa.md#kernel, "The 910B's b64 trace"). The build's C1 tiles: :func:`build_tiling`
+#: (docs/ops/dsa.md#kernel, "The 910B's b64 trace"). The build's C1 tiles:
+#: :func:`tilesim.shared.dsa.build_tiling`
 MANY_TOKENS_JIT = replaced(LARGE_BATCH_JIT, ("pass", "cube_nbuffer_setting", ((-1, 4),)))
 #: the kernel's builds: the name :func:`tilesim.shared.dsa.kernel_build` returns -> its spec
 #: per softmax mode (``None``: the seeds' options of every mode, :data:`SEED_JIT`)
@@ -845,21 +844,6 @@ BUILDS = {
     "large_batch": {"online": LARGE_BATCH_JIT},
     "many_tokens": {"online": MANY_TOKENS_JIT},
 }
-
-
-def build_tiling(tiling, build: str):
-    """The tiles the kernel compiles for a call in ``tiling`` (a ``SaTileShapeConfig``) with
-    ``build`` (a key of :data:`BUILDS`): ``tiling``, except that the many-token build runs C1
-    on N tiles of twice the keys with half the L0 K depth (``kL0 / 2``, ``nL0 * 2``, ``nL1 *
-    2``: the large-batch tiling's ``(128, 128, 256, 512, 128, 128)`` becomes ``(128, 128, 128,
-    512, 256, 256)``). The L0B tile keeps its size (``kL0 * nL0``), the merged C1 task copies a
-    token's keys in half as many, twice as large GM tiles and writes S in half as many copies,
-    and a V0 task feeds one wider C1 tile. ``kL1`` -- the K steps, which set the bits -- is
-    kept: the same outputs (docs/ops/dsa.md#kernel, "The 910B's b64 trace", item 6)."""
-    if build != "many_tokens":
-        return tiling
-    m0, m1, k0, k1, n0, n1 = tiling.c1_tile
-    return dataclasses.replace(tiling, c1_tile=(m0, m1, k0 // 2, k1, 2 * n0, 2 * n1))
 
 
 def jit_spec(soc: str, mode: str, build: str = "seeds") -> tuple:

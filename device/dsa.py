@@ -33,7 +33,7 @@ in the large-batch tiling) run the large-batch build
 (:data:`tilesim.device._dsa_kernel.LARGE_BATCH_JIT`: task merges only, the same bits), and
 the large-batch tiling's calls of at least ``MANY_TOKENS_ITEMS[soc]`` items the many-token
 build (:data:`~tilesim.device._dsa_kernel.MANY_TOKENS_JIT`: one more task merge; and C1 on
-256-key N tiles, ``_dsa_kernel.build_tiling``: the same K steps, the same bits). From
+256-key N tiles, :func:`tilesim.shared.dsa.build_tiling`: the same K steps, the same bits). From
 ``LARGE_TILING_ITEMS[soc]`` work items a ``decode``-preset call also runs the large-batch
 tiling (:func:`tilesim.shared.dsa.kernel_tiling`, ``SaTileShapeConfig.large_batch()``: one
 2048-key tile per token, 512-deep K steps; part of the compile key through the tiles). Its
@@ -63,6 +63,7 @@ from tilesim.shared.casts import BF16
 from tilesim.shared.dsa import (
     RECORD,
     Args,
+    build_tiling,
     check_meta,
     cost_of_indices,
     kernel_build,
@@ -150,7 +151,7 @@ def _launch(a: Args, ints: tuple, form: str, quant: str, layout: str, caches: tu
         check_choice(forced, "build", tuple(kernels.BUILDS))
     build = forced or kernel_build(tokens=a.rows // a.nq, nq=a.nq, tiling=a.tiling, soc=target.soc)
     jit = kernels.jit_spec(target.soc, mode, build) if override is None else override
-    a = a._replace(tiling=kernels.build_tiling(a.tiling, build))
+    a = a._replace(tiling=build_tiling(a.tiling, build))
     params = _nest_params(a, quant, layout, mask_col0, kernels.combine_axis(jit))
     kernel = kernels.build(form, quant, mode, params, (tensors[1].shape[0], bt.shape[1]), jit)
     kernel = functools.partial(kernel, params=params)
@@ -175,7 +176,7 @@ def prepared_launch(op: str, *args, jit: tuple | None = None, build: str | None 
     replacing the call's (:func:`tilesim.device._dsa_kernel.jit_spec`; the cost-model sweep's
     variants); ``build``: a build forced in place of the one
     :func:`tilesim.shared.dsa.kernel_build` picks (a key of ``_dsa_kernel.BUILDS``: its tiles,
-    ``_dsa_kernel.build_tiling``, and its options unless ``jit`` is given). Run it with
+    ``tilesim.shared.dsa.build_tiling``, and its options unless ``jit`` is given). Run it with
     ``tilesim.device.sim.run_compile(kernel, [*inputs, *outputs])`` (compile only) or
     ``run_kernel``."""
     wrappers = {f.__name__: f for f in (sparse_attention_antiquant,

@@ -164,6 +164,22 @@ def kernel_build(*, tokens: int, nq: int, tiling: SaTileShapeConfig, soc: str) -
     return "many_tokens" if big and items >= MANY_TOKENS_ITEMS[soc] else "large_batch"
 
 
+def build_tiling(tiling: SaTileShapeConfig, build: str) -> SaTileShapeConfig:
+    """The tiles the device kernel compiles for a call in ``tiling`` with ``build`` (a name
+    :func:`kernel_build` returns): ``tiling``, except that the many-token build runs C1 on N
+    tiles of twice the keys with half the L0 K depth (``kL0 / 2``, ``nL0 * 2``, ``nL1 * 2``:
+    the large-batch tiling's ``(128, 128, 256, 512, 128, 128)`` becomes ``(128, 128, 128, 512,
+    256, 256)``). The L0B tile keeps its size (``kL0 * nL0``); the merged C1 task copies a
+    token's keys in half as many, twice as large GM tiles and writes S in half as many copies,
+    and a V0 task feeds one wider C1 tile. ``kL1`` -- the K steps, which set the bits -- is
+    kept: the same outputs, so the golden needs no counterpart (docs/ops/dsa.md#kernel, "The
+    910B's b64 trace", item 6)."""
+    if build != "many_tokens":
+        return tiling
+    m0, m1, k0, k1, n0, n1 = tiling.c1_tile
+    return tiling.replace(c1_tile=(m0, m1, k0 // 2, k1, 2 * n0, 2 * n1))
+
+
 #: per SoC, the fewest (token, group tile) work items for which the device wrapper runs the
 #: ``decode`` preset's calls with :meth:`SaTileShapeConfig.large_batch` tiles
 #: (:func:`kernel_tiling`). The cost model's crossover (2048 keys per token, each tiling with
@@ -512,6 +528,7 @@ __all__ = [
     "cost_of_indices",
     "host_plan",
     "golden_keywords",
+    "build_tiling",
     "kernel_build",
     "kernel_tiling",
     "kv_split_inputs",

@@ -245,19 +245,17 @@ def test_many_token_tiles_keep_the_k_steps():
     """The many-token build's C1 tiles (``build_tiling``) change only the N / L0 split: the K
     steps (``kL1`` of C1 and C2, which set the bits) and every other build's tiles are the
     call's; a forced build must be one of ``BUILDS`` (``ValueError`` naming ``build``)."""
-    pytest.importorskip("pypto")
-    from tilesim.device import _dsa_kernel as k
+    from tilesim.device import sim
+    from tilesim.shared.dsa import build_tiling
     from tilesim.shared.tiling import SaTileShapeConfig
 
     big = SaTileShapeConfig.large_batch()
-    many = k.build_tiling(big, "many_tokens")
+    many = build_tiling(big, "many_tokens")
     assert many.c1_tile[3] == big.c1_tile[3] and many.c2_tile == big.c2_tile
     assert many.c1_tile[2] * many.c1_tile[4] == big.c1_tile[2] * big.c1_tile[4]  # L0B size
     assert many.replace(c1_tile=big.c1_tile) == big
     for build in ("seeds", "large_batch"):
-        assert k.build_tiling(big, build) == big
-    from tilesim.device import sim
-
+        assert build_tiling(big, build) == big
     assert "build" in sim.isolated(forced_build_error, "910b", soc="910b")
 
 

@@ -612,15 +612,15 @@ def run_large_batch(soc: str, build: str = "large_batch") -> dict:
     import tilesim.reference as reference
     from digests.golden_digests import digest_of
     from digests.kernel_digests import _case, entries
-    from tilesim.device import _dsa_kernel as kernels
     from tilesim.device import dsa as dev
     from tilesim.device import sim
+    from tilesim.shared.dsa import build_tiling
     from tilesim.shared.interop import to_numpy
 
     case = _case(*dict(entries())[LARGE_BATCH_DIGESTS[soc]][:3])[1]
     run = dev.prepared_launch(case["op"], **case["inputs"], **case["params"], build=build,
                               backend="sim", soc=soc)  # fmt: skip
-    c1 = kernels.build_tiling(case["params"]["tiling"], build).c1_tile  # the build's C1 tile
+    c1 = build_tiling(case["params"]["tiling"], build).c1_tile  # the build's C1 tile
     assert tuple(run["kernel"].keywords["params"].c1) == tuple(c1)
     us = sim.run_kernel(run["kernel"], [*run["inputs"], *run["outputs"]]).us
     got = to_numpy(run["outputs"][0]).view(np.uint16)
