@@ -28,8 +28,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from tilesim.shared.casts import BF16
 from tilesim.shared.registry.ops import record
 from tilesim.shared.soc import get_soc
+
+#: the two SoCs as a ``soc`` parameter, each marked for its own selection
+BOTH_SOCS = [
+    pytest.param("910b", marks=pytest.mark.soc_910b),
+    pytest.param("950", marks=pytest.mark.soc_950),
+]
 
 #: the kernel's pass figures (docs/ops/dsa.md, "Budget")
 BUDGETS = record("dsa").budgets
@@ -639,13 +646,7 @@ def run_large_batch(soc: str, build: str = "large_batch") -> dict:
 
 @pytest.mark.sim
 @pytest.mark.torch
-@pytest.mark.parametrize(
-    "soc",
-    [
-        pytest.param("910b", marks=pytest.mark.soc_910b),
-        pytest.param("950", marks=pytest.mark.soc_950),
-    ],
-)
+@pytest.mark.parametrize("soc", BOTH_SOCS)
 @pytest.mark.parametrize("build", ["large_batch", "many_tokens"])
 def test_large_batch_tiling_bit_exact(soc, build):
     """The large-batch tiling's kernel, in either build the wrapper runs it with past
@@ -773,20 +774,9 @@ def run_inf_scales(soc: str) -> dict:
     }
 
 
-def _bf16_nan(bits: np.ndarray) -> np.ndarray:
-    """NaN positions of BF16 values given as uint16 bits (exponent all ones, mantissa nonzero)."""
-    return ((bits & 0x7F80) == 0x7F80) & ((bits & 0x007F) != 0)
-
-
 @pytest.mark.sim
 @pytest.mark.torch
-@pytest.mark.parametrize(
-    "soc",
-    [
-        pytest.param("910b", marks=pytest.mark.soc_910b),
-        pytest.param("950", marks=pytest.mark.soc_950),
-    ],
-)
+@pytest.mark.parametrize("soc", BOTH_SOCS)
 def test_minus_inf_cache_scale_matches_the_golden(soc):
     """A ``-inf`` dequantisation scale in a used cache row: the kernel's V0 selects the scale as
     stored (:func:`tilesim.device._dsa_kernel.coef_column`), so token 0 (``0 * -inf``: NaN keys)
@@ -797,7 +787,7 @@ def test_minus_inf_cache_scale_matches_the_golden(soc):
     r = sim.isolated(run_inf_scales, soc, soc=soc)
     assert r["soc"] == soc
     got, ref = r["got"], r["golden"]
-    g_nan, r_nan = _bf16_nan(got), _bf16_nan(ref)
+    g_nan, r_nan = np.isnan(got.view(BF16)), np.isnan(ref.view(BF16))
     per_token = r_nan.reshape(-1, r["nq"], got.shape[-1]).any(axis=(1, 2))
     assert per_token.tolist() == [True, False, True, False], per_token  # the two poisoned tokens
     assert np.array_equal(g_nan, r_nan), f"{int((g_nan != r_nan).sum())} NaN positions differ"
