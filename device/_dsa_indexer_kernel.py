@@ -8,16 +8,17 @@ Loop nest (``b`` and every length are runtime values; one compile per model conf
     L0 b < B                 L = seq_lens[b], s1 = T / B
     L1 g < s1 // 2, then s1 % 2    groups of 2 query rows (M = 128), then 1 (M = 64);
                              nblk = ceil(visible of the group's last row / bs)
-      L2 chunks of U blocks  pypto.loop_unroll over nblk, U in :func:`chunk_unroll`: one
-                             whole selection span (span_ratio * topk columns,
-                             :func:`span_count` spans per row), then the tiling's smaller
-                             chunk_steps
+      L2 chunks of U blocks  pypto.loop_unroll over nblk, U in :func:`chunk_unroll`: up
+                             to ROW_SPANS whole selection spans (the whole row at 64K),
+                             one span (span_ratio * topk columns, :func:`span_count` spans
+                             per row), then the tiling's smaller chunk_steps; a chunk of
+                             whole spans runs C1 .. SP span by span
          C1  d_j = q_group [M, 128] @ K_j^T   per block j of the chunk: every block read
              once per group; the L1 reuse of JIT packs 32 blocks into one cube task
              int8: the fix-pipe epilogue FP16(relu(d) * 2^-11); fp8: FP32 logits
-         KS  the chunk's key scales: one index_select by the chunk's block-table entries
          V1  per query row and vec_cols columns, one vector subgraph (sg_set_scope; JIT's
-             vector n-buffer merge packs 4 of them into one task):
+             vector n-buffer merge packs 4 of them into one task): the row's w_h and the
+             slab's key scales (one index_select by the block-table entries under it),
              int8 "gym": t = FP32(d) * FP32(w_h), w_h = FP16(qs*w)
              fp8:        t = relu(d) * w_h                       (FP32)
              s = the head sum of t, a fixed pairwise tree (:func:`head_sum`), FP32
@@ -78,9 +79,15 @@ TERM_ROWS = 8
 #: the FP8 path's FP32 logits keep ``[TERM_ROWS, vec_cols]`` tiles (docs/ops/dsa_indexer.md,
 #: "Kernel", for the variants measured)
 INT8_LOAD_ROWS, INT8_TERM_SPLIT = 32, 4
-#: ``sg_set_scope`` of a chunk's key-scale gather (one vector task)
+#: the most whole spans one chunk of the block loop holds (its first unroll factor): every
+#: root-function call of the block loop is one entry of the runtime's stitched batches
+#: (``stitch_function_max_num``), whose boundaries leave the cores idle, so a full-context
+#: row group runs as one chunk of its 4 spans at 64K and topk 2048; the cap bounds the
+#: chunk body that longer tables compile
+ROW_SPANS = 4
+#: ``sg_set_scope`` of the FP8 path's key-scale gather of a chunk (``+ part``)
 KSCALE_SCOPE = 7
-#: ``sg_set_scope`` of the score slabs: ``SLAB_SCOPE + row * MAX_SLABS + slab``
+#: ``sg_set_scope`` of the score slabs: ``SLAB_SCOPE + (part * rows + row) * MAX_SLABS + slab``
 SLAB_SCOPE, MAX_SLABS = 100, 100
 #: the jit options: PyPTO's own indexer example's stitch 128 (the cost model's machine crashes
 #: above 128) and scheduling mode 1; an L1 reuse of 32 (pypto-gym's is 16), which packs 32
@@ -113,7 +120,7 @@ class IndexerParams:
         self.spans = span_count(topk, width, block_size, tiling.span_ratio)
         self.span = width // self.spans
         self.span_blocks = self.span // block_size
-        self.unroll = chunk_unroll(self.span_blocks, tiling.chunk_steps)
+        self.unroll = chunk_unroll(self.span_blocks, tiling.chunk_steps, self.spans)
         # how the kernel addresses a block of the cache (tilesim.shared.layouts.index_cache): the
         # codes view's rows per block, the scales view's first column of a block
         page = index_page_view(path, block_size)
@@ -154,7 +161,7 @@ def group_chunks(p: IndexerParams, nblk: int) -> dict:
     from tilesim.shared.tiling import loop_unroll_chunks
 
     chunks = loop_unroll_chunks(nblk, p.unroll)
-    whole = sum(u == p.span_blocks for _, u in chunks)
+    whole = sum(u // p.span_blocks for _, u in chunks)
     tail = int(nblk % p.span_blocks > 0)
     return {"chunks": chunks, "span_chunks": whole, "tail": tail,
             "spans_past": p.spans - whole - tail}  # fmt: skip
@@ -171,12 +178,15 @@ def span_count(topk: int, width: int, block_size: int, ratio: int) -> int:
     return n
 
 
-def chunk_unroll(span_blocks: int, steps) -> tuple:
-    """The block loop's unroll factors: a whole span first (its chunk bodies select the span's
-    candidates), then the factors of ``steps`` dividing it, then 1 (``pypto.loop_unroll``
+def chunk_unroll(span_blocks: int, steps, spans: int = 1) -> tuple:
+    """The block loop's unroll factors: ``min(spans, ROW_SPANS)`` whole spans first (the
+    whole row at 64K and topk 2048: a full-context row group is one chunk, so one
+    root-function call), then a whole span (both select the spans' candidates in their chunk
+    bodies), then the factors of ``steps`` dividing a span, then 1 (``pypto.loop_unroll``
     needs each factor to divide the previous one)."""
     rest = {f for f in steps if f < span_blocks and span_blocks % f == 0} | {1}
-    return tuple(sorted({span_blocks, *rest}, reverse=True))
+    row = span_blocks * max(1, min(int(spans), ROW_SPANS))
+    return tuple(sorted({row, span_blocks, *rest}, reverse=True))
 
 
 # ----------------------------------------------------------------------------- scores
@@ -209,16 +219,13 @@ def term_cols(w: int, p) -> int:
 
 def slab_terms(pypto, d, wcol, w: int, p):
     """V1 before the head sum: FP32 ``[64, w]`` terms of one query row from its C1 output
-    ``d`` (INT8: the epilogue's ``FP16(relu(dot) * 2^-11)``; FP8: the FP32 logits). The
-    weight column is loaded once as one ``[64, 1]`` tile (``* 1.0``: exact, keeps ``-0.0``),
-    not once per tile of the terms: each copy in costs the model a fixed latency whatever its
-    size (docs/perf/cost_model.md). INT8 loads the FP16 values as ``[INT8_LOAD_ROWS, w]``
-    tiles through an exact FP16 ``* 1.0`` and forms the FP32 terms from them on narrower
-    tiles (:func:`term_cols`): the load takes a quarter of the copies of ``[TERM_ROWS, w]``
-    tiles, and the FP32 tiles stay small enough that the OOO pass does not spill (a spill
-    makes the cost model's function builder refuse the function)."""
-    pypto.set_vec_tile_shapes(HEADS, 1)
-    wcol = pypto.mul(wcol, 1.0)
+    ``d`` (INT8: the epilogue's ``FP16(relu(dot) * 2^-11)``; FP8: the FP32 logits) and its
+    FP32 ``[64, 1]`` weight column ``wcol`` (:func:`row_weights`). INT8 loads the FP16 values
+    as ``[INT8_LOAD_ROWS, w]`` tiles through an exact FP16 ``* 1.0`` and forms the FP32 terms
+    from them on narrower tiles (:func:`term_cols`): the load takes a quarter of the copies of
+    ``[TERM_ROWS, w]`` tiles (each copy in costs the model a fixed latency whatever its size,
+    docs/perf/cost_model.md), and the FP32 tiles stay small enough that the OOO pass does not
+    spill (a spill makes the cost model's function builder refuse the function)."""
     if p.path == "int8":
         pypto.set_vec_tile_shapes(INT8_LOAD_ROWS, w)
         v = pypto.mul(d, 1.0)  # FP16, exact: one copy in per INT8_LOAD_ROWS heads
@@ -228,11 +235,43 @@ def slab_terms(pypto, d, wcol, w: int, p):
     return pypto.mul(pypto.maximum(d, 0.0), wcol)
 
 
-def chunk_kscales(pypto, ins, b, blk0, nb: int, p):
-    """FP32 ``[1, nb*bs]`` key scales of the chunk's blocks: one ``index_select`` of the
-    scale rows by the chunk's block-table entries (one vector task)."""
+def row_weights(pypto, ins, row, p):
+    """FP32 ``[64, 1]`` per-head factors of query row ``row``: INT8 ``FP16(q_scale * w)``
+    (one FP16 multiply), FP8 the FP32 weights (``+ 0.0``: exact, keeps ``-0.0``). Formed in
+    the slab's own vector subgraph: two ``[64, 1]`` copies in, and no task of its own."""
+    pypto.set_vec_tile_shapes(HEADS, 1)
+    w = pypto.view(ins.weights, [HEADS, 1], [row * HEADS, 0])
+    if p.path == "int8":
+        w = pypto.mul(pypto.view(ins.q_scale, [HEADS, 1], [row * HEADS, 0]), w)
+        return pypto.cast(w, pypto.DT_FP32)
+    return pypto.add(w, 0.0)
+
+
+def slab_kscales(pypto, ins, b, blk0, c0: int, c: int, p):
+    """FP32 ``[1, c]`` key scales of the chunk columns ``c0 .. c0+c-1`` (the chunk's first
+    block is ``blk0``): one ``index_select`` of the scale rows of the blocks under the slab by
+    their block-table entries, in the slab's own vector subgraph (a gather reads the cache
+    without a copy in, and no task of its own)."""
     bs = p.bs
-    pypto.set_pass_options(sg_set_scope=KSCALE_SCOPE)
+    b0, b1 = c0 // bs, -(-(c0 + c) // bs)
+    nbs = b1 - b0
+    pypto.set_vec_tile_shapes(1, nbs)
+    idx = pypto.view(ins.block_table, [1, nbs], [b, blk0 + b0])
+    table = pypto.view(ins.k_scales, [ins.k_scales.shape[0], bs], [0, ins.scale_col0])
+    pypto.set_vec_tile_shapes(1, nbs, bs)
+    sc = pypto.index_select(table, 0, idx)  # [1, nbs, bs]
+    pypto.set_vec_tile_shapes(1, nbs * bs)
+    ks = pypto.cast(pypto.reshape(sc, [1, nbs * bs]), pypto.DT_FP32)
+    return pypto.view(ks, [1, c], [0, c0 - b0 * bs])
+
+
+def chunk_kscales(pypto, ins, b, blk0, nb: int, p, part: int):
+    """FP32 ``[1, nb*bs]`` key scales of a chunk's blocks: one ``index_select`` of the scale
+    rows by the chunk's block-table entries, in a vector task of its own (``part``: the span
+    of a multi-span chunk). The FP8 path's: its V1 subgraph, with ``[8, 1024]`` FP32 tiles,
+    does not compile with the gather inside (:func:`slab_kscales`)."""
+    bs = p.bs
+    pypto.set_pass_options(sg_set_scope=KSCALE_SCOPE + part)
     pypto.set_vec_tile_shapes(1, nb)
     idx = pypto.view(ins.block_table, [1, nb], [b, blk0])
     table = pypto.view(ins.k_scales, [ins.k_scales.shape[0], bs], [0, ins.scale_col0])
@@ -254,30 +293,38 @@ def c1_dots(pypto, qg, kb, m: int, p):
     return pypto.matmul(qg, kb, pypto.DT_FP32, b_trans=True)
 
 
-def chunk_scores(pypto, ins, qg, wg, b, blk0, nb: int, rows: int, p):
-    """Scores ``[1, nb*bs]`` of each of the group's ``rows`` query rows against the blocks
-    ``blk0 .. blk0+nb-1`` of batch ``b``: one ``[rows*64, 128] @ K_j^T`` per block (every block
-    read once for the whole group; :data:`JIT`'s L1 reuse packs them into cube tasks), then per
-    row and ``vec_cols`` columns (the tiling's) one vector subgraph (``sg_set_scope``; :data:`JIT`'s
-    vector n-buffer merge packs four into one task): the terms, the head-sum tree, the key
-    scales."""
+def chunk_scores(pypto, ins, row0, b, blk0, nb: int, rows: int, p, part: int = 0):
+    """Scores ``[1, nb*bs]`` of each of the group's ``rows`` query rows (``row0 ..``) against
+    the blocks ``blk0 .. blk0+nb-1`` of batch ``b``: one ``[rows*64, 128] @ K_j^T`` per block
+    (every block read once for the whole group; :data:`JIT`'s L1 reuse packs them into cube
+    tasks), then per row and ``vec_cols`` columns (the tiling's) one vector subgraph
+    (``sg_set_scope``, distinct per ``part``: the span of a multi-span chunk; :data:`JIT`'s
+    vector n-buffer merge packs four into one task): the row's weights, the slab's key
+    scales, the terms, the head-sum tree, the scaled sums. Only cube and V1 tasks: every
+    other task would read only kernel inputs, and such tasks, ready at the launch, are
+    dispatched one by one ahead of the V1 tasks."""
     bs, w, m = p.bs, nb * p.bs, rows * HEADS
+    qg = pypto.view(ins.q, [m, DIM], [row0 * HEADS, 0])
     d = pypto.tensor([m, w], pypto.DT_FP16 if p.path == "int8" else pypto.DT_FP32, "li_dots")
     for j in range(nb):
         phys = ins.block_table[b, blk0 + j]
         kb = pypto.view(ins.k_codes, [bs, DIM], [phys * ins.rows_per_block, 0])
         pypto.assemble(c1_dots(pypto, qg, kb, m, p), [0, j * bs], d)
-    ks = chunk_kscales(pypto, ins, b, blk0, nb, p)
     out = [pypto.tensor([1, w], pypto.DT_FP32, f"li_row{r}") for r in range(rows)]
+    kch = chunk_kscales(pypto, ins, b, blk0, nb, p, part) if p.path == "fp8" else None
     for r in range(rows):
         for j, (c0, c) in enumerate(slabs(w, p.tiling.vec_cols)):
-            pypto.set_pass_options(sg_set_scope=SLAB_SCOPE + r * MAX_SLABS + j)
+            pypto.set_pass_options(sg_set_scope=SLAB_SCOPE + (part * rows + r) * MAX_SLABS + j)
+            wcol = row_weights(pypto, ins, row0 + r, p)
+            if kch is None:
+                ks = slab_kscales(pypto, ins, b, blk0, c0, c, p)
+            else:
+                ks = pypto.view(kch, [1, c], [0, c0])
             pypto.set_vec_tile_shapes(TERM_ROWS, c)
-            t = slab_terms(pypto, pypto.view(d, [HEADS, c], [r * HEADS, c0]),
-                           pypto.view(wg, [HEADS, 1], [r * HEADS, 0]), c, p)  # fmt: skip
+            t = slab_terms(pypto, pypto.view(d, [HEADS, c], [r * HEADS, c0]), wcol, c, p)
             s = head_sum(pypto, t, c, term_cols(c, p))
             pypto.set_vec_tile_shapes(1, c)
-            pypto.assemble(pypto.mul(s, pypto.view(ks, [1, c], [0, c0])), [0, c0], out[r])
+            pypto.assemble(pypto.mul(s, ks), [0, c0], out[r])
             pypto.set_pass_options(sg_set_scope=-1)
     return out
 
@@ -289,48 +336,37 @@ def slabs(w: int, vec_cols: int) -> list:
     return [(c0, min(vec_cols, w - c0)) for c0 in range(0, w, vec_cols)]
 
 
-def group_weights(pypto, ins, row0, rows: int, p):
-    """FP32 ``[rows*64, 1]`` per-head factors of the query rows ``row0 ..``: INT8
-    ``FP16(q_scale * w)`` (one FP16 multiply), FP8 the FP32 weights."""
-    m = rows * HEADS
-    pypto.set_vec_tile_shapes(m, 1)
-    w = pypto.view(ins.weights, [m, 1], [row0 * HEADS, 0])
-    if p.path == "int8":
-        w = pypto.mul(pypto.view(ins.q_scale, [m, 1], [row0 * HEADS, 0]), w)
-        return pypto.cast(w, pypto.DT_FP32)
-    return pypto.add(w, 0.0)
-
-
 def score_group(pypto, ins, b, row0, vis0, rows: int, scores, ids, p):
     """C1 + V1 + SEL of the ``rows`` consecutive query rows ``row0 ..`` of batch ``b`` (row
     ``i`` sees ``vis0 + i`` tokens) over the last row's ``ceil(visible / bs)`` blocks, in
-    chunks of ``p.unroll`` blocks (``pypto.loop_unroll``; a whole span first); each row writes
-    the chunk columns it sees (``valid_shape``; the rest keeps the caller's -inf), and a
-    whole-span chunk selects each row's span candidates from its own scores. The span the
-    smaller chunks end (if any) selects from the written rows, then each row merges its
-    candidates (:func:`select_row`)."""
+    chunks of ``p.unroll`` blocks (``pypto.loop_unroll``; the whole row, then a whole span
+    first); each row writes the chunk columns it sees (``valid_shape``; the rest keeps the
+    caller's -inf), and a chunk of whole spans selects each row's span candidates from its
+    own scores, span by span. The span the smaller chunks end (if any) selects from the
+    written rows, then each row merges its candidates (:func:`select_row`). Nothing runs
+    before the block loop (the chunk views the query rows, each V1 subgraph forms its row's
+    weights; the candidates of spans past the group are masked in :func:`select_row`): a
+    full-context row group is two root-function calls, its chunk and its selection."""
     bs, k, sb = p.bs, p.topk, p.span_blocks
     nblk = (vis0 + rows - 1 + bs - 1) // bs
-    qg = pypto.view(ins.q, [rows * HEADS, DIM], [row0 * HEADS, 0])
-    wg = group_weights(pypto, ins, row0, rows, p)
     cand = None
-    if p.select:  # per row: values, negated positions; spans past the rows keep the fill
+    if p.select:  # per row: values, negated positions of each span's top-k
         m = p.spans * k
-        cand = [pypto.tensor([rows, m], pypto.DT_FP32, f"li_cand{i}") for i in range(2)]
         pypto.set_vec_tile_shapes(1, min(m, p.tiling.topk_tile))
-        cand[0][:] = pypto.full([rows, m], NEG_INF, pypto.DT_FP32)
-        cand[1][:] = pypto.full([rows, m], -float(MAX_POSITIONS), pypto.DT_FP32)
+        cand = [pypto.tensor([rows, m], pypto.DT_FP32, f"li_cand{i}") for i in range(2)]
     for c0, u in pypto.loop_unroll(0, nblk, 1, name=f"LI_CHUNK{rows}", idx_name=f"c{rows}",
                                    unroll_list=list(p.unroll)):  # fmt: skip
-        out = chunk_scores(pypto, ins, qg, wg, b, c0, u, rows, p)
-        for i, s in enumerate(out):
-            n = (vis0 + i - c0 * bs).max(0).min(u * bs)
-            pypto.assemble(pypto.view(s, [1, u * bs], [0, 0], valid_shape=[1, n]),
-                           [row0 + i, c0 * bs], scores)  # fmt: skip
-            if cand is not None and u == sb:
-                span = c0 // sb
-                src = visible_only(pypto, ins, s, span * p.span, vis0 + i, p)
-                keep_span(pypto, span_topk(pypto, ins, src, span, p), cand, i, span, k)
+        for part in range(max(1, u // sb)):  # the chunk's spans (one part below a span)
+            pb, pu = c0 + part * sb, min(u, sb)
+            out = chunk_scores(pypto, ins, row0, b, pb, pu, rows, p, part)
+            for i, s in enumerate(out):
+                n = (vis0 + i - pb * bs).max(0).min(pu * bs)
+                pypto.assemble(pypto.view(s, [1, pu * bs], [0, 0], valid_shape=[1, n]),
+                               [row0 + i, pb * bs], scores)  # fmt: skip
+                if cand is not None and pu == sb:
+                    span = pb // sb
+                    src = visible_only(pypto, ins, s, span * p.span, vis0 + i, p)
+                    keep_span(pypto, span_topk(pypto, ins, src, span, p), cand, i, span, k)
     if cand is None:
         return
     tail = (nblk % sb).min(1)  # a span the smaller chunks end
@@ -340,8 +376,9 @@ def score_group(pypto, ins, b, row0, vis0, rows: int, scores, ids, p):
             pypto.set_vec_tile_shapes(1, min(p.span, p.tiling.topk_tile))
             src = pypto.view(scores, [1, p.span], [row0 + i, span * p.span])
             keep_span(pypto, span_topk(pypto, ins, src, span, p), cand, i, span, k)
+    written = (nblk + sb - 1) // sb  # spans with candidates; the rest are past the group
     for i in range(rows):
-        select_row(pypto, ins, cand, i, row0 + i, vis0 + i, ids, p)
+        select_row(pypto, ins, cand, i, row0 + i, vis0 + i, written, ids, p)
 
 
 # ----------------------------------------------------------------------------- selection
@@ -444,17 +481,32 @@ def order_ids(pypto, ins, v1, negids, k: int, cumsum_tile: int):
     return pypto.mul(pypto.gather(neg_up, -1, perm), -1.0)
 
 
-def select_row(pypto, ins, cand, i: int, row, visible, ids, p):
-    """The rest of SEL for one row: its candidates (row ``i`` of ``cand``) merged into the
-    row's top-k (one span: that span's own), the order on ``[1, k]``, and the first
-    ``min(visible, k)`` ids written to ``ids[row]`` (the rest keeps the caller's -1)."""
+def past_spans_out(pypto, ins, mine, written, p):
+    """A row's candidates ``mine`` (values, negated positions; ``[1, spans * k]``) with the
+    slots of the spans from ``written`` on replaced by ``-inf`` values at the negated
+    position ``-MAX_POSITIONS`` (above every real one): those spans were never written (the
+    row group ends before them), so their slots are never read."""
+    m = p.spans * p.topk
+    pypto.set_vec_tile_shapes(1, min(m, p.tiling.topk_tile))
+    slot = pypto.view(ins.negpos, [1, m], [0, 0])  # -slot
+    end = pypto.view(ins.negpos, [1, 1], [0, written * p.topk])  # -(written * k)
+    kept = pypto.gt(slot, end)
+    return (pypto.where(kept, mine[0], NEG_INF), pypto.where(kept, mine[1], -float(MAX_POSITIONS)))
+
+
+def select_row(pypto, ins, cand, i: int, row, visible, written, ids, p):
+    """The rest of SEL for one row: its candidates (row ``i`` of ``cand``; the spans from
+    ``written`` on, past the group, as ``-inf`` values at positions above every real one)
+    merged into the row's top-k (one span: that span's own), the order on ``[1, k]``, and
+    the first ``min(visible, k)`` ids written to ``ids[row]`` (the rest keeps the caller's
+    -1)."""
     k, m = p.topk, p.spans * p.topk
     pypto.set_vec_tile_shapes(1, min(m, p.tiling.topk_tile))
     mine = [pypto.view(c, [1, m], [i, 0]) for c in cand]
     if p.spans == 1:
         v1, negids = mine
     else:
-        v1, negids = merge_spans(pypto, ins, mine, p)
+        v1, negids = merge_spans(pypto, ins, past_spans_out(pypto, ins, mine, written, p), p)
     pypto.set_vec_tile_shapes(1, k)
     out = pypto.cast(order_ids(pypto, ins, v1, negids, k, p.tiling.cumsum_tile), pypto.DT_INT32)
     pypto.assemble(pypto.view(out, [1, k], [0, 0], valid_shape=[1, visible.min(k)]),

@@ -447,10 +447,10 @@ def assert_production_path(r, soc, sim_report, label) -> None:
     assert_exact(r, label)
     assert_plan_ran(r)
     assert r["build"] == production_build(), r["build"]
-    assert r["build"]["merge"] and r["build"]["unroll_factors"] == 4
+    assert r["build"]["merge"] and r["build"]["unroll_factors"] == 5
     plan = r["plan"][2]
     assert (plan["span_chunks"], plan["tail"], plan["spans_past"]) == (6, 1, 1), plan
-    assert len(r["ran"][2]["factors"]) == 4, r["ran"]
+    assert len(r["ran"][2]["factors"]) == 5, r["ran"]
     assert r["boundary_ties"][0] == 4, r["boundary_ties"]  # every row: tau left out too
     assert r["us"] > 0
 
@@ -691,10 +691,12 @@ def test_slabs_cover_every_column():
 def test_small_tiling_traces_the_production_branches():
     """``SMALL_TILING`` at topk 128 over 4096 columns builds the static branches of the
     production build at topk 2048 over 64K (4 spans, each span's top-k over two tiles, one
-    merge that fills one top-k tile, 16 slabs per span chunk, two cumsum tiles, a span and 3
-    smaller unroll factors); the production tiling keeps the kernel's former constants (16K
-    spans, unroll 128 / 32 / 8 / 1); the topk-2048 case of :func:`run_cases` (8192 columns)
-    takes the one-span path, no merge; the tiling keys the compile."""
+    merge that fills one top-k tile, 16 slabs per span chunk, two cumsum tiles, unroll
+    factors of the whole row, a span and 3 smaller ones); the production tiling keeps the
+    kernel's former constants (16K spans, unroll 128 / 32 / 8 / 1 below the row's 512); a
+    table of 8 spans chunks 4 of them (``ROW_SPANS``); the topk-2048 case of
+    :func:`run_cases` (8192 columns) takes the one-span path, no merge; the tiling keys the
+    compile."""
     from tilesim.device._dsa_indexer_kernel import IndexerParams, group_chunks
     from tilesim.shared.dsa_indexer import PRODUCTION_TILING, SMALL_TILING, IndexerTiling
 
@@ -702,12 +704,17 @@ def test_small_tiling_traces_the_production_branches():
     small = IndexerParams(path="fp8", block_size=64, topk=128, width=4096, tiling=SMALL_TILING)
     want = {"spans": 4, "merge": True, "span_topk_tiles": 2, "merge_topk_tiles": 1,
             "merge_fills_tile": True, "span_chunk_slabs": 16, "cumsum_tiles": 2,
-            "unroll_factors": 4}  # fmt: skip
+            "unroll_factors": 5}  # fmt: skip
     assert prod.shape() == want and small.shape() == want
-    assert (prod.span, prod.unroll) == (16384, (128, 32, 8, 1))
-    assert (small.span, small.unroll) == (1024, (16, 8, 2, 1))
+    assert (prod.span, prod.unroll) == (16384, (512, 128, 32, 8, 1))
+    assert (small.span, small.unroll) == (1024, (64, 16, 8, 2, 1))
+    assert group_chunks(prod, 512) == {"chunks": [(0, 512)], "span_chunks": 4, "tail": 0,
+                                       "spans_past": 0}  # fmt: skip
+    wide = IndexerParams(path="int8", block_size=128, topk=2048, width=131072)
+    assert (wide.spans, wide.unroll) == (8, (512, 128, 32, 8, 1))
+    assert group_chunks(wide, 1000)["span_chunks"] == 7
     one = IndexerParams(path="int8", block_size=128, topk=2048, width=8192)
-    assert (one.spans, one.shape()["merge"]) == (1, False)
+    assert (one.spans, one.shape()["merge"], one.unroll) == (1, False, (64, 32, 8, 1))
     assert group_chunks(one, 33) == {"chunks": [(0, 32), (32, 1)], "span_chunks": 0,
                                      "tail": 1, "spans_past": 0}  # fmt: skip
     assert group_chunks(small, 43) == {"chunks": [(0, 16), (16, 16), (32, 8), (40, 2), (42, 1)],
