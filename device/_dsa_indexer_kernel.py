@@ -247,38 +247,36 @@ def row_weights(pypto, ins, row, p):
     return pypto.add(w, 0.0)
 
 
-def slab_kscales(pypto, ins, b, blk0, c0: int, c: int, p):
-    """FP32 ``[1, c]`` key scales of the chunk columns ``c0 .. c0+c-1`` (the chunk's first
-    block is ``blk0``): one ``index_select`` of the scale rows of the blocks under the slab by
-    their block-table entries, in the slab's own vector subgraph (a gather reads the cache
-    without a copy in, and no task of its own)."""
+def gather_kscales(pypto, ins, b, blk0, nb: int, p):
+    """FP32 ``[1, nb*bs]`` key scales of the blocks ``blk0 .. blk0+nb-1`` of batch ``b``: one
+    ``index_select`` of the scale rows by their block-table entries (a gather reads the cache
+    without a copy in)."""
     bs = p.bs
-    b0, b1 = c0 // bs, -(-(c0 + c) // bs)
-    nbs = b1 - b0
-    pypto.set_vec_tile_shapes(1, nbs)
-    idx = pypto.view(ins.block_table, [1, nbs], [b, blk0 + b0])
-    table = pypto.view(ins.k_scales, [ins.k_scales.shape[0], bs], [0, ins.scale_col0])
-    pypto.set_vec_tile_shapes(1, nbs, bs)
-    sc = pypto.index_select(table, 0, idx)  # [1, nbs, bs]
-    pypto.set_vec_tile_shapes(1, nbs * bs)
-    ks = pypto.cast(pypto.reshape(sc, [1, nbs * bs]), pypto.DT_FP32)
-    return pypto.view(ks, [1, c], [0, c0 - b0 * bs])
-
-
-def chunk_kscales(pypto, ins, b, blk0, nb: int, p, part: int):
-    """FP32 ``[1, nb*bs]`` key scales of a chunk's blocks: one ``index_select`` of the scale
-    rows by the chunk's block-table entries, in a vector task of its own (``part``: the span
-    of a multi-span chunk). The FP8 path's: its V1 subgraph, with ``[8, 1024]`` FP32 tiles,
-    does not compile with the gather inside (:func:`slab_kscales`)."""
-    bs = p.bs
-    pypto.set_pass_options(sg_set_scope=KSCALE_SCOPE + part)
     pypto.set_vec_tile_shapes(1, nb)
     idx = pypto.view(ins.block_table, [1, nb], [b, blk0])
     table = pypto.view(ins.k_scales, [ins.k_scales.shape[0], bs], [0, ins.scale_col0])
     pypto.set_vec_tile_shapes(1, nb, bs)
     sc = pypto.index_select(table, 0, idx)  # [1, nb, bs]
     pypto.set_vec_tile_shapes(1, nb * bs)
-    ks = pypto.cast(pypto.reshape(sc, [1, nb * bs]), pypto.DT_FP32)
+    return pypto.cast(pypto.reshape(sc, [1, nb * bs]), pypto.DT_FP32)
+
+
+def slab_kscales(pypto, ins, b, blk0, c0: int, c: int, p):
+    """FP32 ``[1, c]`` key scales of the chunk columns ``c0 .. c0+c-1`` (the chunk's first
+    block is ``blk0``): :func:`gather_kscales` of the blocks under the slab, in the slab's
+    own vector subgraph (no task of its own)."""
+    b0, b1 = c0 // p.bs, -(-(c0 + c) // p.bs)
+    ks = gather_kscales(pypto, ins, b, blk0 + b0, b1 - b0, p)
+    return pypto.view(ks, [1, c], [0, c0 - b0 * p.bs])
+
+
+def chunk_kscales(pypto, ins, b, blk0, nb: int, p, part: int):
+    """FP32 ``[1, nb*bs]`` key scales of a chunk's blocks (:func:`gather_kscales`) in a vector
+    task of its own (``part``: the span of a multi-span chunk). The FP8 path's: its V1
+    subgraph, with ``[8, 1024]`` FP32 tiles, fails PyPTO's pass pipeline with the gather
+    inside (:func:`slab_kscales`)."""
+    pypto.set_pass_options(sg_set_scope=KSCALE_SCOPE + part)
+    ks = gather_kscales(pypto, ins, b, blk0, nb, p)
     pypto.set_pass_options(sg_set_scope=-1)
     return ks
 
