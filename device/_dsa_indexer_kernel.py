@@ -18,7 +18,8 @@ Loop nest (``b`` and every length are runtime values; one compile per model conf
              int8: the fix-pipe epilogue FP16(relu(d) * 2^-11); fp8: FP32 logits
          V1  per query row and vec_cols columns, one vector subgraph (sg_set_scope; JIT's
              vector n-buffer merge packs 4 of them into one task): the row's w_h and the
-             slab's key scales (one index_select by the block-table entries under it),
+             slab's key scales (INT8: one index_select by the block-table entries under
+             it; FP8: a view of the chunk's, gathered by a vector task per span),
              int8 "gym": t = FP32(d) * FP32(w_h), w_h = FP16(qs*w)
              fp8:        t = relu(d) * w_h                       (FP32)
              s = the head sum of t, a fixed pairwise tree (:func:`head_sum`), FP32
@@ -298,9 +299,10 @@ def chunk_scores(pypto, ins, row0, b, blk0, nb: int, rows: int, p, part: int = 0
     tasks), then per row and ``vec_cols`` columns (the tiling's) one vector subgraph
     (``sg_set_scope``, distinct per ``part``: the span of a multi-span chunk; :data:`JIT`'s
     vector n-buffer merge packs four into one task): the row's weights, the slab's key
-    scales, the terms, the head-sum tree, the scaled sums. Only cube and V1 tasks: every
-    other task would read only kernel inputs, and such tasks, ready at the launch, are
-    dispatched one by one ahead of the V1 tasks."""
+    scales (FP8: a view of the chunk's, :func:`chunk_kscales`), the terms, the head-sum tree,
+    the scaled sums. On INT8 only cube and V1 tasks: every other task would read only kernel
+    inputs, and such tasks, ready at the launch, are dispatched one by one ahead of the V1
+    tasks."""
     bs, w, m = p.bs, nb * p.bs, rows * HEADS
     qg = pypto.view(ins.q, [m, DIM], [row0 * HEADS, 0])
     d = pypto.tensor([m, w], pypto.DT_FP16 if p.path == "int8" else pypto.DT_FP32, "li_dots")
