@@ -21,8 +21,9 @@ One module per job, in the order a kernel call meets them:
 ``run``                :func:`run_kernel`, :func:`run_cost`, :func:`run_compile`,
                        :func:`cost_only`, :func:`record_roots` and their :class:`SimRun`.
 ``cost_output``        reading the cost model's output folder (swim lanes, cycles, tasks).
-``isolation``          :func:`isolated`: a function in a fresh spawned process for a SoC,
-                       started with :data:`PINNED_ENV`.
+``isolation``          :func:`isolated`: a function in a fresh process for a SoC (forked
+                       from a fork server that preloads torch and tilesim), run with
+                       :data:`PINNED_ENV`.
 ``cache``              the on-disk cache the others build into, published atomically.
 ``warmup``             :func:`warm` (``python -m tilesim.device.sim``): build every cache.
 ``errors``             :class:`SimError`.

@@ -1,8 +1,16 @@
-"""Running a function in a fresh spawned process configured for a SoC (:func:`isolated`).
+"""Running a function in a fresh process configured for a SoC (:func:`isolated`).
 
 A kernel that fails while being recorded or compiled leaves pypto unusable in its process, and
 the two SoCs cannot share a process, so tests call their checks through :func:`isolated`. The
-child starts with :data:`PINNED_ENV` (docs/device.md, "A deterministic interpreter").
+child runs with :data:`PINNED_ENV` over the caller's environment (docs/device.md, "A
+deterministic interpreter").
+
+Each child is forked from a fork server (``multiprocessing``'s ``forkserver``) that has already
+imported :data:`PRELOAD` -- torch, NumPy and tilesim's own modules, never pypto, which the child
+imports after choosing its SoC -- so a call does not pay those imports again. The server is
+started once per calling process, with :data:`PINNED_ENV` (what torch reads when imported);
+each child then takes the caller's environment of the moment, with :data:`PINNED_ENV` over it,
+before it configures its SoC. Where ``forkserver`` is not available, children are spawned.
 """
 
 from __future__ import annotations
@@ -33,11 +41,16 @@ PINNED_ENV = {
     "ATEN_CPU_CAPABILITY": "avx2",  # ATen's vector width: the same on every AVX2+ x86 CPU
 }
 
+#: what the fork server imports once for all its children: everything a child needs before it
+#: chooses its SoC, and nothing that imports pypto (a module missing here is skipped)
+PRELOAD = ("numpy", "ml_dtypes", "torch", "tilesim.shared", "tilesim.device", "tilesim.device.sim")
+
 
 @contextlib.contextmanager
 def _child_environment():
-    """``os.environ`` with :data:`PINNED_ENV` while a child process is started (a spawned
-    child copies the parent's environment at start); restored after."""
+    """``os.environ`` with :data:`PINNED_ENV` while a child process is started (the fork
+    server, and a spawned child, copy the parent's environment when they start); restored
+    after."""
     saved = {k: os.environ.get(k) for k in PINNED_ENV}
     os.environ.update(PINNED_ENV)
     try:
@@ -50,11 +63,30 @@ def _child_environment():
                 os.environ[k] = v
 
 
-def _child_main(queue, soc: str, workdir: str, payload: bytes) -> None:
-    """The spawned child: configure ``soc``, run the pickled call, put ``("ok", result)`` or
-    ``("err", text)`` on ``queue``."""
+def _child_env() -> dict:
+    """The environment a child runs with: the caller's, with :data:`PINNED_ENV` over it."""
+    return {**os.environ, **PINNED_ENV}
+
+
+def _context():
+    """The ``multiprocessing`` context children start from: the fork server with
+    :data:`PRELOAD` (takes effect when the server starts), else spawn."""
+    import multiprocessing as mp
+
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(list(PRELOAD))
+    return ctx
+
+
+def _child_main(queue, soc: str, workdir: str, payload: bytes, env: dict) -> None:
+    """The child: take ``env`` (:func:`_child_env`) as its environment, configure ``soc``, run
+    the pickled call, put ``("ok", result)`` or ``("err", text)`` on ``queue``."""
     import traceback
 
+    os.environ.clear()
+    os.environ.update(env)
     try:
         if "pypto" in sys.modules:
             raise SimError(
@@ -74,14 +106,13 @@ def _child_main(queue, soc: str, workdir: str, payload: bytes) -> None:
 
 
 def isolated(fn, *args, soc: str = DEFAULT_SOC, timeout: float = 900.0, **kwargs):
-    """Run ``fn(*args, **kwargs)`` in a fresh spawned process configured for ``soc``.
+    """Run ``fn(*args, **kwargs)`` in a fresh process configured for ``soc``.
 
     ``fn`` must be importable (module level) and its arguments and result picklable (torch
     tensors are fine). Returns the result or raises :class:`SimError` carrying the child's
     exception and traceback; a child that dies (e.g. pypto aborts) or exceeds ``timeout``
-    seconds raises too. Costs ~2 s per call (process start + imports).
+    seconds raises too. Costs about 2 s per call (the fork, pypto's import, the SoC's set-up).
     """
-    import multiprocessing as mp
     import queue as queue_mod
 
     target = sim_soc(soc)
@@ -90,10 +121,11 @@ def isolated(fn, *args, soc: str = DEFAULT_SOC, timeout: float = 900.0, **kwargs
     payload = pickle.dumps((fn, args, kwargs))
     # created here so that it is removed even when the child dies without running atexit
     workdir = tempfile.mkdtemp(prefix=f"tilesim-sim-{target}-")
-    ctx = mp.get_context("spawn")
+    ctx = _context()
     q = ctx.Queue()
-    p = ctx.Process(target=_child_main, args=(q, target, workdir, payload), daemon=True)
-    with _child_environment():
+    env = _child_env()
+    p = ctx.Process(target=_child_main, args=(q, target, workdir, payload, env), daemon=True)
+    with _child_environment():  # the fork server, if this call starts it, starts pinned
         p.start()
     deadline = time.monotonic() + timeout
     msg = None

@@ -9,8 +9,8 @@ this file holds the values; ``tests/digests/test_kernel_digests.py`` asserts the
 refactor that moves a single bit of a kernel's output fails there. They are machine-independent
 by construction: the simulator's child process is pinned and its matmuls sum each K tile
 exactly (docs/device.md, "A deterministic interpreter"), and
-``tests/device/test_sim_determinism.py`` reproduces one entry per family under other thread
-settings and load.
+``tests/device/test_sim_determinism.py`` reproduces one entry per family (:data:`LOADED_RUNS`)
+under other thread settings and load -- the CI check of those entries' digests.
 
 Regenerate (only when a change is meant to move kernel bits, and say so in the commit)::
 
@@ -109,6 +109,19 @@ _ENTRIES = {
         SOCS,
     ),  # fmt: skip
 }
+#: one small entry per kernel family (the SoCs alternating) that
+#: tests/device/test_sim_determinism.py interprets under other thread settings and load,
+#: asserting its committed digest
+LOADED_RUNS = (
+    "moe/m3_case_smoke_edge@910b",
+    "msa_indexer/nb17@950",
+    "msa_decode/partial_nb17@910b",
+    "msa_main/unaligned_100@950",
+    "dsa/int8_pypto@910b",
+    "dsa_indexer/short_fp8@950",
+    "mla_prolog/int8_b4_s2@910b",
+    "dsa_indexer_prolog/int8_pad_h256@910b",
+)
 #: entries whose CI check is another sim test's run of the same call, asserting this digest
 #: (one interpretation instead of two): tests/digests/test_kernel_digests.py runs them in the
 #: ``slow`` set only
@@ -117,6 +130,7 @@ SHARED_RUNS = {
     "dsa_attention_step/short_int8@950": "tests/device/test_dsa_attention_step_sim.py",
     "dsa/large_batch_int8@910b": "tests/device/test_dsa_sim.py",
     "dsa/large_batch_fp8@950": "tests/device/test_dsa_sim.py",
+    **{key: "tests/device/test_sim_determinism.py" for key in LOADED_RUNS},
 }
 #: the call parameters an entry adds to its case's: a switch value the kernel is judged with
 #: where the case's default is golden-only (the FP8 MLA prolog kernel promotes in two
