@@ -111,7 +111,8 @@ def isolated(fn, *args, soc: str = DEFAULT_SOC, timeout: float = 900.0, **kwargs
     ``fn`` must be importable (module level) and its arguments and result picklable (torch
     tensors are fine). Returns the result or raises :class:`SimError` carrying the child's
     exception and traceback; a child that dies (e.g. pypto aborts) or exceeds ``timeout``
-    seconds raises too. Costs about 2 s per call (the fork, pypto's import, the SoC's set-up).
+    seconds raises too. Costs about 0.5 s per call (the fork, pypto's import, the SoC's
+    set-up; measured on the 2-core CI box), 3 s more for the call that starts the fork server.
     """
     import queue as queue_mod
 

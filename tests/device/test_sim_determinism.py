@@ -27,9 +27,10 @@ pytestmark = [pytest.mark.sim, pytest.mark.torch]
 #: one small entry per kernel family, the SoCs alternating
 FAMILY_ENTRIES = LOADED_RUNS
 #: families whose kernel is only a sequence of other families' kernels: the layer step launches
-#: the four stage wrappers (device/dsa_attention_step.py), each with its own entry above, so its
-#: bits under threads and load follow from theirs (its digests are still checked, in CI by
-#: tests/device/test_dsa_attention_step_sim.py: tests/digests/kernel_digests.py SHARED_RUNS)
+#: the four stage wrappers (device/dsa_attention_step.py), each with its own FAMILY_ENTRIES
+#: entry, so its bits under threads and load follow from theirs (its digests are still
+#: checked, in CI by tests/device/test_dsa_attention_step_sim.py: SHARED_RUNS of
+#: tests/digests/kernel_digests.py)
 COMPOSED_FAMILIES = {"dsa_attention_step"}
 #: the entry also run from a quiet caller (the cheapest in FAMILY_ENTRIES)
 QUIET_ENTRY = "dsa_indexer_prolog/int8_pad_h256@910b"
