@@ -25,7 +25,8 @@ Loop nest (``b`` and every length are runtime values; one compile per model conf
              s = the head sum of t, a fixed pairwise tree (:func:`head_sum`), FP32
              score = s * k_scale        written for the row's visible positions only
          SP  whole-span chunks: per row, the span's top-k under the tie rule from the
-             chunk's own scores (:func:`span_topk`): the span's candidates
+             chunk's own scores (:func:`span_topk`; the chunk's last span masked to the
+             visible columns): the span's candidates; the same task writes the row's span
       SP'  the span the smaller chunks end (0/1 trips): its top-k from the written rows
       MG   per row: the top-k of its candidates (:func:`merge_spans`; one span: its own)
       ORD  the order; ids written for min(topk, visible) slots (:func:`select_row`)
@@ -318,9 +319,14 @@ def score_group(pypto, ins, b, row0, vis0, rows: int, scores, ids, p):
     """C1 + V1 + SEL of the ``rows`` consecutive query rows ``row0 ..`` of batch ``b`` (row
     ``i`` sees ``vis0 + i`` tokens) over the last row's ``ceil(visible / bs)`` blocks, in
     chunks of ``p.unroll`` blocks (``pypto.loop_unroll``; the whole row, then a whole span
-    first); each row writes the chunk columns it sees (``valid_shape``; the rest keeps the
-    caller's -inf), and a chunk of whole spans selects each row's span candidates from its
-    own scores, span by span. The span the smaller chunks end (if any) selects from the
+    first). A chunk below a span writes the columns each row sees (``valid_shape``; the rest
+    keeps the caller's -inf); a chunk of whole spans selects each row's span candidates from
+    its own scores, span by span, and writes each row's span whole from that top-k's input
+    (in the span's top-k task; no copy task per row and span): its last span masked to the
+    columns the row sees (:func:`visible_only`, ``-inf`` as the caller's), the spans before
+    it as computed -- every row of a group (one or two consecutive rows, the first seeing at
+    most one token fewer) sees every column before the group's last block, which is in the
+    last chunk's last span. The span the smaller chunks end (if any) selects from the
     written rows, then each row merges its candidates (:func:`select_row`). Nothing runs
     before the block loop (the chunk views the query rows, each V1 subgraph forms its row's
     weights; the candidates of spans past the group are masked in :func:`select_row`): a
@@ -334,17 +340,21 @@ def score_group(pypto, ins, b, row0, vis0, rows: int, scores, ids, p):
         cand = [pypto.tensor([rows, m], pypto.DT_FP32, f"li_cand{i}") for i in range(2)]
     for c0, u in pypto.loop_unroll(0, nblk, 1, name=f"LI_CHUNK{rows}", idx_name=f"c{rows}",
                                    unroll_list=list(p.unroll)):  # fmt: skip
-        for part in range(max(1, u // sb)):  # the chunk's spans (one part below a span)
+        parts = max(1, u // sb)  # the chunk's spans (one part below a span)
+        for part in range(parts):
             pb, pu = c0 + part * sb, min(u, sb)
             out = chunk_scores(pypto, ins, row0, b, pb, pu, rows, p, part)
             for i, s in enumerate(out):
-                n = (vis0 + i - pb * bs).max(0).min(pu * bs)
-                pypto.assemble(pypto.view(s, [1, pu * bs], [0, 0], valid_shape=[1, n]),
-                               [row0 + i, pb * bs], scores)  # fmt: skip
-                if cand is not None and pu == sb:
-                    span = pb // sb
-                    src = visible_only(pypto, ins, s, span * p.span, vis0 + i, p)
-                    keep_span(pypto, span_topk(pypto, ins, src, span, p), cand, i, span, k)
+                if cand is None or pu < sb:
+                    n = (vis0 + i - pb * bs).max(0).min(pu * bs)
+                    pypto.assemble(pypto.view(s, [1, pu * bs], [0, 0], valid_shape=[1, n]),
+                                   [row0 + i, pb * bs], scores)  # fmt: skip
+                    continue
+                span = pb // sb
+                src = s if part < parts - 1 else visible_only(pypto, ins, s, span * p.span,
+                                                              vis0 + i, p)  # fmt: skip
+                pypto.assemble(src, [row0 + i, pb * bs], scores)
+                keep_span(pypto, span_topk(pypto, ins, src, span, p), cand, i, span, k)
     if cand is None:
         return
     tail = (nblk % sb).min(1)  # a span the smaller chunks end

@@ -25,8 +25,9 @@ Steps 1 and 2 run per span (a span's top-k under the tie rule: its candidates), 
 over the spans' ``spans * k`` candidates. The merge is exact: a position of the row's top-k
 has fewer than ``k`` positions of the row, so of its span, before it in (score descending,
 position ascending), so it is among its span's candidates, and the merge orders the
-candidates by the same rule. A whole-span chunk masks its scores to the columns the row sees
-(:func:`visible_only`); the span after it is read from the score row, whose unwritten
+candidates by the same rule. A whole-span chunk masks its last span's scores to the columns
+the row sees (:func:`visible_only`; a row group's other spans are seen whole by its rows, the
+kernel's ``score_group`` says why); the span after it is read from the score row, whose unwritten
 columns hold the ``-inf`` the wrapper prefilled; spans past the row keep ``-inf`` candidates
 at positions above every real one.
 """
