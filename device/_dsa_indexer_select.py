@@ -86,7 +86,9 @@ def span_topk(pypto, ins, src, s, p):
     tau = pypto.view(v1, [1, 1], [0, k - 1])
     v2 = tied_lowest(pypto, src, npos, tau, w, p)
     pypto.set_vec_tile_shapes(1, k)
-    base = pypto.view(ins.negpos, [1, 1], [0, s * w])  # -(s * span)
+    # -(s * span); its broadcast to [1, k] reads inputs only, so it is a task of its own, ready
+    # at the launch (the forms that avoid it fail the cost model: docs/ops/dsa_indexer.md)
+    base = pypto.view(ins.negpos, [1, 1], [0, s * w])
     p1 = pypto.sub(base, pypto.cast(i1, pypto.DT_FP32))
     return v1, boundary_ids(pypto, ins, v1, p1, v2, k)
 
