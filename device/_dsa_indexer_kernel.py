@@ -69,7 +69,8 @@ ROW_SPANS = 4
 KSCALE_SCOPE = 7
 #: ``sg_set_scope`` of the score slabs: ``SLAB_SCOPE + (part * rows + row) * MAX_SLABS + slab``
 SLAB_SCOPE, MAX_SLABS = 100, 100
-#: the jit options: PyPTO's own indexer example's stitch 128 (the cost model's machine crashes
+#: the jit options of the ``many_groups`` build (:data:`BUILD_MERGES` has the merges of the
+#: others): PyPTO's own indexer example's stitch 128 (the cost model's machine crashes
 #: above 128) and scheduling mode 1; an L1 reuse of 32 (pypto-gym's is 16), which packs 32
 #: blocks' C1 matmuls (one copy of the query rows) into one cube task: a cube task is one key
 #: page copy per block whatever the merge, so the merge sets how many tasks (each with its
@@ -86,6 +87,13 @@ JIT = (
     ("pass", "cube_l1_reuse_setting", ((-1, L1_REUSE),)),
     ("pass", "vec_nbuffer_setting", ((-1, 4),)),
 )
+#: per build (:data:`tilesim.shared.dsa_indexer.KERNEL_BUILDS`, picked by the call's block
+#: visits, :func:`tilesim.shared.dsa_indexer.kernel_build`): its L1 reuse (blocks per cube
+#: task) and vector n-buffer merge (V1 slabs per vector task). A call of few row groups makes
+#: few cube and V1 tasks, so the cores idle in the last wave of long ones and the selection
+#: waits for the last long V1 task: smaller tasks end the score stage sooner there (measured:
+#: docs/ops/dsa_indexer.md, "Builds by row groups"). Task merges only: the same bits
+BUILD_MERGES = {"few_groups": (8, 1), "some_groups": (16, 2), "many_groups": (L1_REUSE, 4)}
 READY_ON_HOST = ("block_table", "seq_lens")
 
 
@@ -438,35 +446,40 @@ def _sources(pypto):
     return {"int8": li_int8, "fp8": li_fp8}
 
 
-#: the L1 reuse of a build whose whole span has fewer than 4 x :data:`L1_REUSE` blocks
-#: (pypto-gym's): there an ``L1_REUSE``-block cube task would hold most of a short row's
-#: blocks in one task on one core
+#: the most blocks per cube task of a build whose whole span has fewer than 4 x :data:`L1_REUSE`
+#: blocks (pypto-gym's L1 reuse): there an ``L1_REUSE``-block cube task would hold most of a
+#: short row's blocks in one task on one core
 SHORT_SPAN_L1_REUSE = 16
 
 
-def build_jit(params: IndexerParams) -> tuple:
-    """:data:`JIT`, or with :data:`SHORT_SPAN_L1_REUSE` when a whole span of ``params`` has
-    fewer than ``4 * L1_REUSE`` blocks (tables of a few thousand columns)."""
-    if params.span_blocks >= 4 * L1_REUSE:
-        return JIT
-    return tuple(
-        (kind, key, ((-1, SHORT_SPAN_L1_REUSE),) if key == "cube_l1_reuse_setting" else val)
-        for kind, key, val in JIT
-    )
+def build_jit(params: IndexerParams, build: str = "many_groups") -> tuple:
+    """:data:`JIT` with the two task merges of ``build`` (:data:`BUILD_MERGES`), the L1 reuse
+    at most :data:`SHORT_SPAN_L1_REUSE` when a whole span of ``params`` has fewer than ``4 *
+    L1_REUSE`` blocks (tables of a few thousand columns)."""
+    from tilesim.shared.dsa_indexer import KERNEL_BUILDS
+    from tilesim.shared.validate import check_choice
+
+    reuse, merge = BUILD_MERGES[check_choice(build, "build", KERNEL_BUILDS)]
+    if params.span_blocks < 4 * L1_REUSE:
+        reuse = min(reuse, SHORT_SPAN_L1_REUSE)
+    merges = {"cube_l1_reuse_setting": ((-1, reuse),), "vec_nbuffer_setting": ((-1, merge),)}
+    return tuple((kind, key, merges.get(key, val)) for kind, key, val in JIT)
 
 
-def build(params: IndexerParams, static_dims: tuple, jit: tuple | None = None):
+def build(params: IndexerParams, static_dims: tuple, build_name: str = "many_groups",
+          jit: tuple | None = None):  # fmt: skip
     """The jit kernel of ``params.path`` on this process's target, built once per
     (params, static dims = cache rows and block-table width, options; ``None``:
-    :func:`build_jit`) (:func:`tilesim.device.backend.compiled`); batch, ``s1`` and every
-    length are runtime values."""
-    jit = build_jit(params) if jit is None else jit
+    :func:`build_jit` of ``build_name``) (:func:`tilesim.device.backend.compiled`); batch,
+    ``s1`` and every length are runtime values."""
+    jit = build_jit(params, build_name) if jit is None else jit
     return _backend.compiled_jit(
         "dsa_indexer", (params.key, tuple(static_dims)), jit,
         lambda: _sources(require_pypto())[params.path], ready_on_host=READY_ON_HOST)  # fmt: skip
 
 
 __all__ = [
+    "BUILD_MERGES",
     "JIT",
     "READY_ON_HOST",
     "IndexerParams",

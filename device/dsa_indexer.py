@@ -23,15 +23,18 @@ What the kernel computes, per path:
   the k scale read from the page (the cache is handed to the kernel twice, as 128-byte E4M3
   rows and as FP32 words of the same memory: PyPTO 0.2.0 cannot reinterpret FP8 bytes).
 
-Compile key (one kernel per model config): the path, block size, ``topk``, the cache's row
+Compile key (one kernel per model config and build): the path, block size, ``topk``, the cache's row
 count (a deployment constant: PyPTO 0.2.0's ``view`` needs static shapes) and the block
 table's width padded to a power of two with ``-1`` columns (never read), so a growing context
 costs one compile per doubling -- the same bucket as the sparse-attention kernel -- and the
 kernel's tiling (:class:`~tilesim.shared.dsa_indexer.IndexerTiling`: ``PRODUCTION_TILING``
-for every call; :func:`prepared_launch` takes another, which changes no output bit). Batch,
-``s1`` and every length are runtime values. The score buffer is that padded width wide
-(prefilled with ``-inf`` on the device); the caller gets its first ``max_blocks *
-block_size`` columns (a view when padded).
+for every call; :func:`prepared_launch` takes another, which changes no output bit), and the
+build's JIT options: the call's row groups times the table's padded columns pick one of three
+builds that differ only in task merges (:func:`tilesim.shared.dsa_indexer.kernel_build`; no
+output bit depends on it either), so a model configuration compiles at most three kernels,
+by batch size. Batch, ``s1`` and every length are runtime values. The score buffer is that
+padded width wide (prefilled with ``-inf`` on the device); the caller gets its first
+``max_blocks * block_size`` columns (a view when padded).
 
 Not supported by the kernel (``ValueError`` before launch; the golden covers them):
 ``q_lens`` (prefill / ragged rows), ``int8_order="pypto"``, ``topk`` not a multiple of 32,
@@ -46,6 +49,7 @@ from tilesim.device import backend as _backend
 from tilesim.device._lazy import require_torch
 from tilesim.shared.dsa_indexer import (
     INDEX_HEADS,
+    KERNEL_BUILDS,
     MAX_POSITIONS,
     PRODUCTION_TILING,
     RECORD,
@@ -53,6 +57,8 @@ from tilesim.shared.dsa_indexer import (
     Args,
     IndexerTiling,
     check_meta,
+    kernel_build,
+    row_groups,
 )
 from tilesim.shared.layouts.index_cache import FP8_BLOCK_ALIGN, INDEX_DIM
 from tilesim.shared.models import DEEPSEEK_V32
@@ -142,12 +148,15 @@ def prepared_launch(
     validate=True,
     scores_only=False,
     tiling=PRODUCTION_TILING,
+    build=None,
 ) -> dict:
     """What :func:`dsa_indexer` (``backend="sim"``) would launch for these arguments, checks
     included, without launching: ``{"kernel", "inputs", "outputs", "width", "target",
-    "params"}`` -- the kernel with its static parameters bound, the exact tensors (``outputs``
-    = the padded scores, the ids) and the kernel's static parameters
-    (:class:`~tilesim.device._dsa_indexer_kernel.IndexerParams`). ``scores_only``: the same
+    "params", "build"}`` -- the kernel with its static parameters bound, the exact tensors
+    (``outputs`` = the padded scores, the ids), the kernel's static parameters
+    (:class:`~tilesim.device._dsa_indexer_kernel.IndexerParams`) and its build (one of
+    :data:`~tilesim.shared.dsa_indexer.KERNEL_BUILDS`; ``build`` None: the call's,
+    :func:`~tilesim.shared.dsa_indexer.kernel_build`; a name forces it). ``scores_only``: the same
     kernel without the selection (the reports' cost split). ``tiling``: an
     :class:`~tilesim.shared.dsa_indexer.IndexerTiling` (the call's is ``PRODUCTION_TILING``;
     ``SMALL_TILING`` runs the production branches at CI size; no output bit depends on it).
@@ -155,6 +164,8 @@ def prepared_launch(
     only), ``run_cost`` or ``run_kernel``."""
     check_bool(scores_only, "scores_only")
     check_instance(tiling, "tiling", IndexerTiling)
+    if build is not None:
+        check_choice(build, "build", KERNEL_BUILDS)
     _backend.validate_level(validate)
     a = check_meta(q, weights, k_cache, block_table, seq_lens, q_scale=q_scale, k_scale=k_scale,
                    q_lens=q_lens, path=path, int8_order=int8_order, topk=topk,
@@ -162,10 +173,11 @@ def prepared_launch(
     a, shape_only = _checked(a, validate)
     if shape_only:
         raise ValueError("dsa_indexer: shape-only inputs launch no kernel")
-    return _prepare(a, _target(a, "sim", soc), select=not scores_only, tiling=tiling)
+    return _prepare(a, _target(a, "sim", soc), select=not scores_only, tiling=tiling,
+                    build=build)  # fmt: skip
 
 
-def _prepare(a: Args, target, select: bool = True, tiling=PRODUCTION_TILING) -> dict:
+def _prepare(a: Args, target, select: bool = True, tiling=PRODUCTION_TILING, build=None) -> dict:
     from tilesim.device import _dsa_indexer_kernel as kernels
 
     torch = require_torch()
@@ -173,11 +185,15 @@ def _prepare(a: Args, target, select: bool = True, tiling=PRODUCTION_TILING) -> 
     inputs, width, static_dims = _kernel_inputs(a, dev)
     params = kernels.IndexerParams(path=a.path, block_size=a.block_size, topk=a.topk,
                                    width=width, tiling=tiling, select=select)  # fmt: skip
-    kernel = kernels.build(params, static_dims)
+    if build is None:  # the call's: its row groups x the table columns it is built for
+        groups = row_groups(a.n_b, a.s1)
+        build = kernel_build(groups=groups, columns=static_dims[1], soc=target.soc)
+    kernel = kernels.build(params, static_dims, build)
     outputs = [torch.full((a.rows, width), float("-inf"), dtype=torch.float32, device=dev),
                torch.full((a.rows, a.topk), -1, dtype=torch.int32, device=dev)]  # fmt: skip
     return {"kernel": functools.partial(kernel, params=params), "inputs": inputs,
-            "outputs": outputs, "width": width, "target": target, "params": params}  # fmt: skip
+            "outputs": outputs, "width": width, "target": target, "params": params,
+            "build": build}  # fmt: skip
 
 
 _NAMES = ("q", "weights", "k_cache", "block_table", "seq_lens", "q_scale", "k_scale", "q_lens")

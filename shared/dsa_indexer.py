@@ -14,8 +14,8 @@ NumPy on host data; rounds nothing (``docs/ops/dsa_indexer.md``):
 * :func:`cost`: the op's one FLOP / byte counter;
 * :func:`select_topk`: the one top-k rule (NumPy): score descending, exactly equal scores ->
   the lower position first, ``-1`` in the unused slots;
-* :class:`IndexerTiling`: the kernel's widths (``PRODUCTION_TILING``, ``SMALL_TILING``); no
-  output bit depends on them.
+* :class:`IndexerTiling`: the kernel's widths (``PRODUCTION_TILING``, ``SMALL_TILING``), and
+  :func:`kernel_build`: which of its builds a call runs; no output bit depends on either.
 
 Rows are batch-major: batch ``b`` owns ``q_lens[b]`` consecutive query rows (decode,
 ``q_lens=None``: ``s1 = T // B`` rows each, ``1 <= s1 <= 4``). Row ``r`` (0-based inside its
@@ -128,6 +128,42 @@ PRODUCTION_TILING = IndexerTiling()
 #: unroll factors (tests/device/test_dsa_indexer_sim.py compares the two)
 SMALL_TILING = IndexerTiling(span_ratio=8, topk_tile=512, vec_cols=64, cumsum_tile=64,
                              chunk_steps=(8, 2, 1))  # fmt: skip
+
+
+#: the device kernel's builds, for calls of few row groups to many (:func:`kernel_build`). They
+#: differ only in two task merges of the JIT -- how many blocks' C1 matmuls one cube task
+#: holds (the L1 reuse) and how many V1 slabs one vector task holds (the vector n-buffer
+#: merge) -- and run the same operations on the same tiles, so no output bit depends on the
+#: build (``device/_dsa_indexer_kernel.py``, ``BUILD_MERGES``)
+KERNEL_BUILDS = ("few_groups", "some_groups", "many_groups")
+
+#: per SoC, the most block visits (:func:`kernel_build`) of a call that runs the
+#: ``few_groups`` build, and of one that runs ``some_groups``: the cost model's crossovers
+#: at s1 2 over 64K, topk 2048 (a row group visits the table's 512 columns of 128-token
+#: blocks; docs/ops/dsa_indexer.md, "Builds by row groups")
+FEW_GROUPS_VISITS = {"910b": 512, "950": 512}
+SOME_GROUPS_VISITS = {"910b": 1536, "950": 2560}
+
+
+def row_groups(batch: int, s1: int) -> int:
+    """The kernel's row groups of a decode call: per batch ``s1 // 2`` pairs of rows and, for
+    an odd ``s1``, its last row alone (the kernel's loop nest)."""
+    return check_int(batch, "batch", lo=1) * -(-check_int(s1, "s1", lo=1) // 2)
+
+
+def kernel_build(*, groups: int, columns: int, soc: str) -> str:
+    """The build (:data:`KERNEL_BUILDS`) the device kernel runs a call with on ``soc``: by its
+    block visits, ``groups`` (:func:`row_groups`) x ``columns`` (the block-table columns the
+    kernel is built for: static per compile, so the choice reads no length), ``few_groups``
+    up to ``FEW_GROUPS_VISITS[soc]``, ``some_groups`` up to ``SOME_GROUPS_VISITS[soc]``, else
+    ``many_groups``. Fewer visits leave the cube and vector cores more idle between a few
+    large tasks, so the smaller builds pack fewer blocks and slabs into a task. The one rule,
+    read by the wrapper."""
+    check_choice(soc, "soc", tuple(FEW_GROUPS_VISITS))
+    visits = check_int(groups, "groups", lo=1) * check_int(columns, "columns", lo=1)
+    if visits <= FEW_GROUPS_VISITS[soc]:
+        return "few_groups"
+    return "some_groups" if visits <= SOME_GROUPS_VISITS[soc] else "many_groups"
 
 
 class Args(NamedTuple):
@@ -488,7 +524,10 @@ RECORD = OpRecord(
 
 
 __all__ = [
+    "FEW_GROUPS_VISITS",
+    "KERNEL_BUILDS",
     "RECORD",
+    "SOME_GROUPS_VISITS",
     "INDEX_HEADS",
     "PRODUCTION_TILING",
     "SMALL_TILING",
@@ -510,6 +549,8 @@ __all__ = [
     "cost",
     "host_plan",
     "indexer_inputs",
+    "kernel_build",
+    "row_groups",
     "select_topk",
     "visible_lengths",
 ]

@@ -145,24 +145,26 @@ def run_kernel(inp, prm, soc):
     return dsa_indexer(**inp, **prm, backend="sim", soc=soc)
 
 
-def run_traced(inp, prm, soc, tiling=None):
-    """``((ids, scores), us, roots, params)`` of one kernel call on the simulator under
+def run_traced(inp, prm, soc, tiling=None, build=None):
+    """``((ids, scores), us, roots, params, build)`` of one kernel call on the simulator under
     ``sim.record_roots``: ``roots`` = the root functions its device control flow ran,
-    ``params`` = the build's static parameters. ``tiling`` None: the public call
-    (:func:`run_kernel`, the production tiling); else the launch that call makes, built with
-    ``tiling`` (``prepared_launch``), NumPy out."""
+    ``params`` = the build's static parameters, ``build`` its name. ``tiling`` and ``build``
+    None: the public call (:func:`run_kernel`: the production tiling, the call's build); else
+    the launch that call makes, built with ``tiling`` and forced to ``build``
+    (``prepared_launch``), NumPy out."""
     from tilesim.device import backend, sim
     from tilesim.device.dsa_indexer import prepared_launch
 
-    run = prepared_launch(**inp, **prm, soc=soc, **({} if tiling is None else {"tiling": tiling}))
+    forced = {k: v for k, v in (("tiling", tiling), ("build", build)) if v is not None}
+    run = prepared_launch(**inp, **prm, soc=soc, **forced)
     with sim.record_roots() as roots:
-        if tiling is None:
+        if not forced:
             out, us = run_kernel(inp, prm, soc)
         else:
             us = backend.launch(run["kernel"], run["inputs"], run["outputs"], run["target"])
             width = inp["block_table"].shape[1] * prm["block_size"]
             out = (run["outputs"][1].numpy(), run["outputs"][0][:, :width].numpy())
-    return out, us, roots[0], run["params"]
+    return out, us, roots[0], run["params"], run["build"]
 
 
 def planned_chunks(inp, s1, params) -> dict:
@@ -205,13 +207,13 @@ def branches_ran(roots) -> dict:
     return out
 
 
-def check_case(inp, prm, s1, soc, tiling=None) -> dict:
+def check_case(inp, prm, s1, soc, tiling=None, build=None) -> dict:
     from oracles.dsa_indexer import oracle_indexer, oracle_topk
     from tilesim.reference import dsa_indexer as golden
     from tilesim.shared.dsa_indexer import select_topk
 
     before = {k: np.array(v, copy=True) for k, v in inp.items()}
-    (ids, scores), us, roots, params = run_traced(inp, prm, soc, tiling)
+    (ids, scores), us, roots, params, build_name = run_traced(inp, prm, soc, tiling, build)
     plan = planned_chunks(inp, s1, params)
     vis = _visible(inp, s1)
     want_ids, want = oracle_indexer(inp, **prm)
@@ -244,6 +246,7 @@ def check_case(inp, prm, s1, soc, tiling=None) -> dict:
         "plan": plan,
         "ran": branches_ran(roots),
         "build": params.shape(),
+        "build_name": build_name,
         "ids": ids,
         "scores": scores,
     }
@@ -411,10 +414,11 @@ SMALL_PATH = {"lens": (2700, 4096), "topk": 128, "bs": 64, "cols": 64, "tiling":
 LONG_PATH = {"lens": (40000, 65536), "topk": 2048, "bs": 128, "cols": 512, "tiling": None}
 
 
-def production_path(soc, case) -> dict:
+def production_path(soc, case, build=None) -> dict:
     """Child: one production-path case (:data:`SMALL_PATH` / :data:`LONG_PATH`), decode s1 = 2
     on tie-level keys (16 distinct key rows: ties inside and across the spans and at the
-    top-k boundary, so the merge's tie rule decides ids), checked by :func:`check_case`."""
+    top-k boundary, so the merge's tie rule decides ids), checked by :func:`check_case`
+    (``build``: forced, else the call's)."""
     from tilesim.shared import dsa_indexer as contract
 
     blocks = sum(-(-n // case["bs"]) for n in case["lens"])
@@ -422,7 +426,7 @@ def production_path(soc, case) -> dict:
                          bs=case["bs"], data="levels", num_blocks=blocks + 5,
                          cols=case["cols"])  # fmt: skip
     tiling = case["tiling"] and getattr(contract, case["tiling"])
-    res = check_case(inp, prm, 2, soc, tiling=tiling)
+    res = check_case(inp, prm, 2, soc, tiling=tiling, build=build)
     del res["ids"], res["scores"]
     return res
 
@@ -472,6 +476,90 @@ def test_production_path_at_ci_size(soc, sim_report):
 
     r = sim.isolated(production_path, soc, SMALL_PATH, soc=soc, timeout=1800)
     assert_production_path(r, soc, sim_report, "production path, SMALL_TILING topk 128")
+
+
+#: the builds the CI-size production case runs forced (its own call runs ``few_groups``):
+#: the 910B's in CI (about 20 s of CPU each), the 950's in the slow set
+OTHER_BUILDS = [
+    pytest.param("910b", "some_groups", marks=pytest.mark.soc_910b, id="910b-some_groups"),
+    pytest.param("910b", "many_groups", marks=pytest.mark.soc_910b, id="910b-many_groups"),
+    pytest.param(
+        "950", "some_groups", marks=[pytest.mark.soc_950, pytest.mark.slow], id="950-some_groups"
+    ),  # fmt: skip
+    pytest.param(
+        "950", "many_groups", marks=[pytest.mark.soc_950, pytest.mark.slow], id="950-many_groups"
+    ),  # fmt: skip
+]
+
+
+@pytest.mark.sim
+@pytest.mark.torch
+@pytest.mark.parametrize(("soc", "build"), OTHER_BUILDS)
+def test_every_build_keeps_the_bits(soc, build, sim_report):
+    """The builds differ in task merges only (``BUILD_MERGES``), so each one, forced on the
+    CI-size production case, is as bit-exact as the call's own build and runs the same
+    branches: the same promise for every batch size."""
+    from tilesim.device import sim
+
+    r = sim.isolated(production_path, soc, SMALL_PATH, build, soc=soc, timeout=1800)
+    assert r["build_name"] == build
+    assert_production_path(r, soc, sim_report, f"production path, SMALL_TILING topk 128, {build}")
+
+
+def build_names(soc) -> dict:
+    """Child: the build ``prepared_launch`` picks for decode s2 calls over 64K (512 table
+    columns), by batch."""
+    from tilesim.device.dsa_indexer import prepared_launch
+
+    out = {}
+    for b in (1, 2, 3, 5, 6):
+        inp, prm = decode_case(_soc_path(soc), b, 2)
+        out[b] = prepared_launch(**inp, **prm, soc=soc)["build"]
+    return out
+
+
+@pytest.mark.sim
+@pytest.mark.torch
+def test_the_wrapper_picks_the_build_of_the_rule(sim_soc):
+    """The wrapper's build for a call is the shared rule's for its row groups (b x s1 / 2)
+    and its 512 columns (the thresholds' test: :func:`test_kernel_build_rule`)."""
+    from tilesim.device import sim
+    from tilesim.shared.dsa_indexer import kernel_build
+
+    got = sim.isolated(build_names, sim_soc, soc=sim_soc, timeout=600)
+    assert got == {b: kernel_build(groups=b, columns=512, soc=sim_soc) for b in got}, got
+    assert got[1] == "few_groups" and got[6] == "many_groups", got
+
+
+def test_kernel_build_rule():
+    """The one rule (:func:`tilesim.shared.dsa_indexer.kernel_build`): block visits = row
+    groups x table columns against two thresholds per SoC, the measured crossovers at s1 2
+    over 64K (512 columns; the op page's "Builds by row groups")."""
+    from tilesim.shared.dsa_indexer import (
+        FEW_GROUPS_VISITS,
+        SOME_GROUPS_VISITS,
+        kernel_build,
+        row_groups,
+    )
+
+    # batch x (pairs + an odd s1's last row), counted by hand
+    assert [row_groups(4, s1) for s1 in (1, 2, 3, 4)] == [4, 4, 8, 8]
+    assert FEW_GROUPS_VISITS == {"910b": 512, "950": 512}  # one row group over 64K
+    assert SOME_GROUPS_VISITS == {"910b": 1536, "950": 2560}  # three / five row groups
+    for soc in ("910b", "950"):
+        few, some = FEW_GROUPS_VISITS[soc], SOME_GROUPS_VISITS[soc]
+        assert kernel_build(groups=1, columns=few, soc=soc) == "few_groups"
+        assert kernel_build(groups=2, columns=few // 2, soc=soc) == "few_groups"
+        assert kernel_build(groups=1, columns=few + 1, soc=soc) == "some_groups"
+        assert kernel_build(groups=some // 512, columns=512, soc=soc) == "some_groups"
+        assert kernel_build(groups=some // 512 + 1, columns=512, soc=soc) == "many_groups"
+        assert kernel_build(groups=64, columns=512, soc=soc) == "many_groups"
+    for bad, match in (({"groups": 0}, "groups"), ({"columns": 0}, "columns"),
+                       ({"soc": "h100"}, "soc")):  # fmt: skip
+        with pytest.raises(ValueError, match=match):
+            kernel_build(**{"groups": 1, "columns": 512, "soc": "910b", **bad})
+    with pytest.raises(ValueError, match="s1"):
+        row_groups(2, 0)
 
 
 @pytest.mark.sim

@@ -7,8 +7,9 @@ stage, C1: per group of query rows (2 rows, M = 128; an odd ``s1``'s last row al
 and cache block ``q_group [M, 128] @ K_block^T`` (INT8 with the FP16 ReLU epilogue on the
 910B, FP8 E4M3 -> FP32 on the 950), issued by the kernel's own
 :func:`tilesim.device._dsa_indexer_kernel.c1_dots` with its cube tiles and the options of
-:func:`tilesim.device._dsa_indexer_kernel.build_jit` for the same build parameters (the L1
-reuse packs 32 blocks into one cube task when a whole span has at least 128 blocks, else 16);
+:func:`tilesim.device._dsa_indexer_kernel.build_jit` for the same build parameters and the
+build the kernel's call runs (:func:`tilesim.shared.dsa_indexer.kernel_build`: the L1 reuse
+packs 8, 16 or 32 blocks into one cube task, at most 16 when a whole span has fewer than 128);
 the weighted head sum is vector work there (a fixed FP32 tree), so the probe has no second
 matmul. The probe walks the kernel's loops --
 batches, row groups, the group's blocks in chunks of the kernel's unroll factors (a whole
@@ -50,12 +51,13 @@ class ProbeParams:
                 f"jit={self.jit})")  # fmt: skip
 
 
-def probe_params(kernel: IndexerParams) -> ProbeParams:
-    """The probe of the kernel build ``kernel``: its chunks and its jit options
-    (:func:`tilesim.device._dsa_indexer_kernel.build_jit`, whose L1 reuse depends on the span),
-    so probe and kernel pack their C1 matmuls into the same cube tasks at every shape."""
+def probe_params(kernel: IndexerParams, build: str = "many_groups") -> ProbeParams:
+    """The probe of the kernel ``kernel`` in build ``build``: its chunks and its jit options
+    (:func:`tilesim.device._dsa_indexer_kernel.build_jit`, whose L1 reuse depends on the build
+    and the span), so probe and kernel pack their C1 matmuls into the same cube tasks at every
+    shape."""
     return ProbeParams(path=kernel.path, block_size=kernel.bs, unroll=kernel.unroll,
-                       jit=build_jit(kernel))  # fmt: skip
+                       jit=build_jit(kernel, build))  # fmt: skip
 
 
 def _probe_group(pypto, q, keys, block_table, out, b, row0, vis0, rows: int, p):
@@ -130,6 +132,7 @@ def matmul_probe(seq_lens, *, s1: int, path: str = "int8", block_size: int = 128
     Returns ``(products, cost_us)`` on the simulator (INT8: the epilogue's FP16 values)."""
     import numpy as np
     from tilesim.device.dsa_indexer import padded_columns
+    from tilesim.shared.dsa_indexer import kernel_build, row_groups
 
     torch = require_torch()
     check_choice(path, "path", ("int8", "fp8"))
@@ -153,8 +156,10 @@ def matmul_probe(seq_lens, *, s1: int, path: str = "int8", block_size: int = 128
             torch.tensor(lens, dtype=torch.int32)]  # fmt: skip
     out = torch.zeros((t * HEADS, cols * bs),
                       dtype=torch.float16 if path == "int8" else torch.float32)  # fmt: skip
-    width = padded_columns(cols, topk, bs) * bs
-    params = probe_params(IndexerParams(path=path, block_size=bs, topk=topk, width=width))
+    padded = padded_columns(cols, topk, bs)
+    build = kernel_build(groups=row_groups(len(lens), s1), columns=padded, soc=target.soc)
+    kernel_params = IndexerParams(path=path, block_size=bs, topk=topk, width=padded * bs)
+    params = probe_params(kernel_params, build)  # the build the kernel's call would run
     kernel = functools.partial(build_probe(params), params=params)
     us = _backend.launch(kernel, args, [out], target)
     return _backend.finish(out, us, target)
