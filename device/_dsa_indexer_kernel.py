@@ -80,12 +80,12 @@ SLAB_SCOPE, MAX_SLABS = 100, 100
 #: into one vector task: a quarter of the V1 tasks, so a quarter of the successor edges that
 #: the weights and key-scale tasks resolve one by one on the scheduler thread that polled them
 #: (the measured variants of both: docs/ops/dsa_indexer.md, "Kernel")
-L1_REUSE = 32
+L1_REUSE, VEC_MERGE = 32, 4
 JIT = (
     ("runtime", "stitch_function_max_num", 128),
     ("runtime", "device_sched_mode", 1),
     ("pass", "cube_l1_reuse_setting", ((-1, L1_REUSE),)),
-    ("pass", "vec_nbuffer_setting", ((-1, 4),)),
+    ("pass", "vec_nbuffer_setting", ((-1, VEC_MERGE),)),
 )
 #: per build (:data:`tilesim.shared.dsa_indexer.KERNEL_BUILDS`, picked by the call's block
 #: visits, :func:`tilesim.shared.dsa_indexer.kernel_build`): its L1 reuse (blocks per cube
@@ -93,7 +93,8 @@ JIT = (
 #: few cube and V1 tasks, so the cores idle in the last wave of long ones and the selection
 #: waits for the last long V1 task: smaller tasks end the score stage sooner there (measured:
 #: docs/ops/dsa_indexer.md, "Builds by row groups"). Task merges only: the same bits
-BUILD_MERGES = {"few_groups": (8, 1), "some_groups": (16, 2), "many_groups": (L1_REUSE, 4)}
+BUILD_MERGES = {"few_groups": (8, 1), "some_groups": (16, 2),
+                "many_groups": (L1_REUSE, VEC_MERGE)}  # fmt: skip
 READY_ON_HOST = ("block_table", "seq_lens")
 
 

@@ -23,9 +23,9 @@ What the kernel computes, per path:
   the k scale read from the page (the cache is handed to the kernel twice, as 128-byte E4M3
   rows and as FP32 words of the same memory: PyPTO 0.2.0 cannot reinterpret FP8 bytes).
 
-Compile key (one kernel per model config and build): the path, block size, ``topk``, the cache's row
-count (a deployment constant: PyPTO 0.2.0's ``view`` needs static shapes) and the block
-table's width padded to a power of two with ``-1`` columns (never read), so a growing context
+Compile key (one kernel per model config and build): the path, block size, ``topk``, the
+cache's row count (a deployment constant: PyPTO 0.2.0's ``view`` needs static shapes) and the
+block table's width padded to a power of two with ``-1`` columns (never read), so a growing context
 costs one compile per doubling -- the same bucket as the sparse-attention kernel -- and the
 kernel's tiling (:class:`~tilesim.shared.dsa_indexer.IndexerTiling`: ``PRODUCTION_TILING``
 for every call; :func:`prepared_launch` takes another, which changes no output bit), and the
@@ -156,8 +156,8 @@ def prepared_launch(
     (``outputs`` = the padded scores, the ids), the kernel's static parameters
     (:class:`~tilesim.device._dsa_indexer_kernel.IndexerParams`) and its build (one of
     :data:`~tilesim.shared.dsa_indexer.KERNEL_BUILDS`; ``build`` None: the call's,
-    :func:`~tilesim.shared.dsa_indexer.kernel_build`; a name forces it). ``scores_only``: the same
-    kernel without the selection (the reports' cost split). ``tiling``: an
+    :func:`~tilesim.shared.dsa_indexer.kernel_build`; a name forces it). ``scores_only``: the
+    same kernel without the selection (the reports' cost split). ``tiling``: an
     :class:`~tilesim.shared.dsa_indexer.IndexerTiling` (the call's is ``PRODUCTION_TILING``;
     ``SMALL_TILING`` runs the production branches at CI size; no output bit depends on it).
     Run it with ``tilesim.device.sim.run_compile(kernel, [*inputs, *outputs])`` (compile

@@ -475,6 +475,7 @@ def test_production_path_at_ci_size(soc, sim_report):
     from tilesim.device import sim
 
     r = sim.isolated(production_path, soc, SMALL_PATH, soc=soc, timeout=1800)
+    assert r["build_name"] == "few_groups"  # 2 row groups x 64 columns: the other builds below
     assert_production_path(r, soc, sim_report, "production path, SMALL_TILING topk 128")
 
 
