@@ -18,8 +18,8 @@ Loop nest (``b`` and every length are runtime values; one compile per model conf
              int8: the fix-pipe epilogue FP16(relu(d) * 2^-11); fp8: FP32 logits
          V1  per query row and vec_cols columns, one vector subgraph (sg_set_scope; JIT's
              vector n-buffer merge packs 4 of them into one task): the row's w_h and the
-             slab's key scales (INT8: one index_select by the block-table entries under
-             it; FP8: a view of the chunk's, gathered by a vector task per span),
+             slab's key scales (910B INT8: one index_select by the block-table entries
+             under it; else a view of the chunk's, gathered by a vector task per span),
              int8 "gym": t = FP32(d) * FP32(w_h), w_h = FP16(qs*w)
              fp8:        t = relu(d) * w_h                       (FP32)
              s = the head sum of t, a fixed pairwise tree (:func:`head_sum`), FP32
@@ -96,14 +96,30 @@ JIT = (
 BUILD_MERGES = {"few_groups": (8, 1), "some_groups": (16, 2),
                 "many_groups": (L1_REUSE, VEC_MERGE)}  # fmt: skip
 READY_ON_HOST = ("block_table", "seq_lens")
+#: the SoCs whose INT8 V1 subgraph gathers its slab's key scales itself (:func:`slab_kscales`;
+#: no task reads only kernel inputs). Elsewhere, and on the FP8 path, a chunk's key scales are
+#: gathered by a vector task of their own (:func:`chunk_kscales`): on the 950, PyPTO 0.2.0's
+#: ``TuneSyncForVF`` pass (its vector-function fusion) fails to compile the INT8 V1 with the
+#: gather inside for some cache sizes and task merges ("Cannot find ... GATHER in PIPE_MTE2
+#: oplist"; the CI-size production case in ``some_groups`` and ``many_groups``, 64K tables
+#: over caches of up to ~750 blocks), and the per-chunk gather compiles at every size tried
+SLAB_GATHER_SOCS = ("910b",)
+
+
+def gathers_in_slab(path: str, soc: str) -> bool:
+    """Whether the V1 subgraphs gather their key scales (:data:`SLAB_GATHER_SOCS`)."""
+    return path == "int8" and soc in SLAB_GATHER_SOCS
 
 
 class IndexerParams:
-    """Static (trace-time) parameters of one build; ``repr`` keys pypto's compiled-kernel
-    cache (equal parameters reuse a kernel)."""
+    """Static (trace-time) parameters of one build on ``soc``; ``repr`` keys pypto's
+    compiled-kernel cache (equal parameters reuse a kernel)."""
 
-    def __init__(self, *, path, block_size, topk, width, tiling=PRODUCTION_TILING, select=True):
+    def __init__(self, *, path, block_size, topk, width, soc, tiling=PRODUCTION_TILING,
+                 select=True):  # fmt: skip
         self.path, self.bs, self.topk, self.width = path, block_size, topk, width
+        self.soc = soc
+        self.slab_gather = gathers_in_slab(path, soc)  # else a task per chunk (chunk_kscales)
         self.tiling = tiling  # a shared.dsa_indexer.IndexerTiling (checked by its constructor)
         self.select = bool(select)  # False: the scores only (the cost split of the reports)
         self.spans = span_count(topk, width, block_size, tiling.span_ratio)
@@ -117,10 +133,10 @@ class IndexerParams:
 
     @property
     def key(self) -> tuple:
-        return (self.path, self.bs, self.topk, self.width, self.tiling, self.select)
+        return (self.path, self.bs, self.topk, self.width, self.soc, self.tiling, self.select)
 
     def __repr__(self) -> str:
-        return ("IndexerParams(path={}, bs={}, topk={}, width={}, tiling={}, select={})"
+        return ("IndexerParams(path={}, bs={}, topk={}, width={}, soc={}, tiling={}, select={})"
                 .format(*self.key))  # fmt: skip
 
     def shape(self) -> dict:
@@ -261,9 +277,9 @@ def slab_kscales(pypto, ins, b, blk0, c0: int, c: int, p):
 
 def chunk_kscales(pypto, ins, b, blk0, nb: int, p, part: int):
     """FP32 ``[1, nb*bs]`` key scales of a chunk's blocks (:func:`gather_kscales`) in a vector
-    task of its own (``part``: the span of a multi-span chunk). The FP8 path's: its V1
+    task of its own (``part``: the span of a multi-span chunk). The FP8 path's (its V1
     subgraph, with ``[8, 1024]`` FP32 tiles, fails PyPTO's pass pipeline with the gather
-    inside (:func:`slab_kscales`)."""
+    inside, :func:`slab_kscales`) and the INT8 path's off :data:`SLAB_GATHER_SOCS`."""
     pypto.set_pass_options(sg_set_scope=KSCALE_SCOPE + part)
     ks = gather_kscales(pypto, ins, b, blk0, nb, p)
     pypto.set_pass_options(sg_set_scope=-1)
@@ -287,10 +303,10 @@ def chunk_scores(pypto, ins, row0, b, blk0, nb: int, rows: int, p, part: int = 0
     tasks), then per row and ``vec_cols`` columns (the tiling's) one vector subgraph
     (``sg_set_scope``, distinct per ``part``: the span of a multi-span chunk; :data:`JIT`'s
     vector n-buffer merge packs four into one task): the row's weights, the slab's key
-    scales (FP8: a view of the chunk's, :func:`chunk_kscales`), the terms, the head-sum tree,
-    the scaled sums. On INT8 only cube and V1 tasks: every other task would read only kernel
-    inputs, and such tasks, ready at the launch, are dispatched one by one ahead of the V1
-    tasks."""
+    scales (off :func:`gathers_in_slab`: a view of the chunk's, :func:`chunk_kscales`), the
+    terms, the head-sum tree, the scaled sums. With the gather in V1, only cube and V1 tasks:
+    every other task would read only kernel inputs, and such tasks, ready at the launch, are
+    dispatched one by one ahead of the V1 tasks."""
     bs, w, m = p.bs, nb * p.bs, rows * HEADS
     qg = pypto.view(ins.q, [m, DIM], [row0 * HEADS, 0])
     d = pypto.tensor([m, w], pypto.DT_FP16 if p.path == "int8" else pypto.DT_FP32, "li_dots")
@@ -299,7 +315,7 @@ def chunk_scores(pypto, ins, row0, b, blk0, nb: int, rows: int, p, part: int = 0
         kb = pypto.view(ins.k_codes, [bs, DIM], [phys * ins.rows_per_block, 0])
         pypto.assemble(c1_dots(pypto, qg, kb, m, p), [0, j * bs], d)
     out = [pypto.tensor([1, w], pypto.DT_FP32, f"li_row{r}") for r in range(rows)]
-    kch = chunk_kscales(pypto, ins, b, blk0, nb, p, part) if p.path == "fp8" else None
+    kch = None if p.slab_gather else chunk_kscales(pypto, ins, b, blk0, nb, p, part)
     for r in range(rows):
         for j, (c0, c) in enumerate(slabs(w, p.tiling.vec_cols)):
             pypto.set_pass_options(sg_set_scope=SLAB_SCOPE + (part * rows + r) * MAX_SLABS + j)
@@ -488,6 +504,7 @@ __all__ = [
     "build_jit",
     "c1_tiles",
     "chunk_unroll",
+    "gathers_in_slab",
     "group_chunks",
     "slabs",
     "head_sum",

@@ -184,7 +184,8 @@ def _prepare(a: Args, target, select: bool = True, tiling=PRODUCTION_TILING, bui
     dev = _backend.to_tensors(a.q)[0].device
     inputs, width, static_dims = _kernel_inputs(a, dev)
     params = kernels.IndexerParams(path=a.path, block_size=a.block_size, topk=a.topk,
-                                   width=width, tiling=tiling, select=select)  # fmt: skip
+                                   width=width, soc=target.soc, tiling=tiling,
+                                   select=select)  # fmt: skip
     if build is None:  # the call's: its row groups x the table columns it is built for
         groups = row_groups(a.n_b, a.s1)
         build = kernel_build(groups=groups, columns=static_dims[1], soc=target.soc)

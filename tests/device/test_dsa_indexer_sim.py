@@ -414,15 +414,15 @@ SMALL_PATH = {"lens": (2700, 4096), "topk": 128, "bs": 64, "cols": 64, "tiling":
 LONG_PATH = {"lens": (40000, 65536), "topk": 2048, "bs": 128, "cols": 512, "tiling": None}
 
 
-def production_path(soc, case, build=None) -> dict:
+def production_path(soc, case, build=None, path=None) -> dict:
     """Child: one production-path case (:data:`SMALL_PATH` / :data:`LONG_PATH`), decode s1 = 2
     on tie-level keys (16 distinct key rows: ties inside and across the spans and at the
     top-k boundary, so the merge's tie rule decides ids), checked by :func:`check_case`
-    (``build``: forced, else the call's)."""
+    (``build``: forced, else the call's; ``path``: the SoC's unless given)."""
     from tilesim.shared import dsa_indexer as contract
 
     blocks = sum(-(-n // case["bs"]) for n in case["lens"])
-    inp, prm = make_case(_soc_path(soc), case["lens"], 2, seed=23, topk=case["topk"],
+    inp, prm = make_case(path or _soc_path(soc), case["lens"], 2, seed=23, topk=case["topk"],
                          bs=case["bs"], data="levels", num_blocks=blocks + 5,
                          cols=case["cols"])  # fmt: skip
     tiling = case["tiling"] and getattr(contract, case["tiling"])
@@ -435,17 +435,17 @@ def production_build() -> dict:
     """The static branches of the build every DeepSeek decode call over 64K uses."""
     from tilesim.device._dsa_indexer_kernel import IndexerParams
 
-    return IndexerParams(path="int8", block_size=128, topk=2048, width=65536).shape()
+    return IndexerParams(path="int8", block_size=128, topk=2048, width=65536, soc="910b").shape()
 
 
-def assert_production_path(r, soc, sim_report, label) -> None:
+def assert_production_path(r, soc, sim_report, label, path=None) -> None:
     """Bit-exact (:func:`assert_exact`), the ran branches are the planned ones
     (:func:`assert_plan_ran`), and they are the production path's: the build traces the same
     branches as the 64K build (:func:`production_build`), and the rows take whole-span chunks,
     a tail span, a span past the rows, every unroll factor and the merge, with the k-th best
     score shared by positions left out in every row (the tied positions lie in several spans:
     the merge's tie rule picks them)."""
-    sim_report.add(kernel="dsa_indexer", soc=soc, case=f"{_soc_path(soc)} {label}",
+    sim_report.add(kernel="dsa_indexer", soc=soc, case=f"{path or _soc_path(soc)} {label}",
                    bit_exact=r["model_exact"], max_ulp=None, max_abs=None, us=r["us"],
                    extra={"bit-exact vs golden": r["golden_exact"]})  # fmt: skip
     assert_exact(r, label)
@@ -505,6 +505,25 @@ def test_every_build_keeps_the_bits(soc, build, sim_report):
     r = sim.isolated(production_path, soc, SMALL_PATH, build, soc=soc, timeout=1800)
     assert r["build_name"] == build
     assert_production_path(r, soc, sim_report, f"production path, SMALL_TILING topk 128, {build}")
+
+
+@pytest.mark.sim
+@pytest.mark.torch
+@pytest.mark.soc_950
+@pytest.mark.parametrize(
+    "build", [pytest.param("some_groups", marks=pytest.mark.slow), "many_groups"]
+)  # the many_groups build in CI (about 60 s of CPU), the other in the slow set
+def test_int8_on_the_950_compiles_in_every_build(build, sim_report):
+    """The 950's INT8 path (the layer step's indexer) in the builds of more row groups, on
+    the CI-size production case (a cache of 112 blocks): with the key-scale gather inside the
+    V1 subgraph, as on the 910B, PyPTO 0.2.0's ``TuneSyncForVF`` pass failed to compile both
+    (``gathers_in_slab``); the per-chunk gather compiles and keeps the bits."""
+    from tilesim.device import sim
+
+    r = sim.isolated(production_path, "950", SMALL_PATH, build, "int8", soc="950", timeout=1800)
+    assert r["build_name"] == build
+    label = f"production path, SMALL_TILING topk 128, {build}"
+    assert_production_path(r, "950", sim_report, label, path="int8")
 
 
 def build_names(soc) -> dict:
@@ -690,7 +709,7 @@ def probe_jits(soc) -> list:
 
     out = []
     for topk, width in ((128, 4096), (2048, CONTEXT)):
-        kp = IndexerParams(path=_soc_path(soc), block_size=128, topk=topk, width=width)
+        kp = IndexerParams(path=_soc_path(soc), block_size=128, topk=topk, width=width, soc=soc)
         jit = probe_params(kp).jit
         reuse = dict((key, val) for _, key, val in jit)["cube_l1_reuse_setting"][0][1]
         out.append((jit == build_jit(kp), reuse))
@@ -799,8 +818,9 @@ def test_small_tiling_traces_the_production_branches():
     from tilesim.device._dsa_indexer_kernel import IndexerParams, group_chunks
     from tilesim.shared.dsa_indexer import PRODUCTION_TILING, SMALL_TILING, IndexerTiling
 
-    prod = IndexerParams(path="int8", block_size=128, topk=2048, width=65536)
-    small = IndexerParams(path="fp8", block_size=64, topk=128, width=4096, tiling=SMALL_TILING)
+    prod = IndexerParams(path="int8", block_size=128, topk=2048, width=65536, soc="910b")
+    small = IndexerParams(path="fp8", block_size=64, topk=128, width=4096, soc="950",
+                          tiling=SMALL_TILING)  # fmt: skip
     want = {"spans": 4, "merge": True, "span_topk_tiles": 2, "merge_topk_tiles": 1,
             "merge_fills_tile": True, "span_chunk_slabs": 16, "cumsum_tiles": 2,
             "unroll_factors": 5}  # fmt: skip
@@ -809,18 +829,24 @@ def test_small_tiling_traces_the_production_branches():
     assert (small.span, small.unroll) == (1024, (64, 16, 8, 2, 1))
     assert group_chunks(prod, 512) == {"chunks": [(0, 512)], "span_chunks": 4, "tail": 0,
                                        "spans_past": 0}  # fmt: skip
-    wide = IndexerParams(path="int8", block_size=128, topk=2048, width=131072)
+    wide = IndexerParams(path="int8", block_size=128, topk=2048, width=131072, soc="910b")
     assert (wide.spans, wide.unroll) == (8, (512, 128, 32, 8, 1))
     assert group_chunks(wide, 1000)["span_chunks"] == 7
-    one = IndexerParams(path="int8", block_size=128, topk=2048, width=8192)
+    one = IndexerParams(path="int8", block_size=128, topk=2048, width=8192, soc="910b")
     assert (one.spans, one.shape()["merge"], one.unroll) == (1, False, (64, 32, 8, 1))
     assert group_chunks(one, 33) == {"chunks": [(0, 32), (32, 1)], "span_chunks": 0,
                                      "tail": 1, "spans_past": 0}  # fmt: skip
     assert group_chunks(small, 43) == {"chunks": [(0, 16), (16, 16), (32, 8), (40, 2), (42, 1)],
                                        "span_chunks": 2, "tail": 1, "spans_past": 1}  # fmt: skip
     assert PRODUCTION_TILING == IndexerTiling() and prod.tiling is PRODUCTION_TILING
-    other = IndexerParams(path="int8", block_size=128, topk=2048, width=65536, tiling=SMALL_TILING)
+    other = IndexerParams(path="int8", block_size=128, topk=2048, width=65536, soc="910b",
+                          tiling=SMALL_TILING)  # fmt: skip
     assert other.key != prod.key and repr(other) != repr(prod)
+    # the INT8 V1 gathers its key scales on the 910B only (SLAB_GATHER_SOCS); the SoC keys
+    # the compile
+    on950 = IndexerParams(path="int8", block_size=128, topk=2048, width=65536, soc="950")
+    assert prod.slab_gather and not on950.slab_gather and not small.slab_gather
+    assert on950.key != prod.key and on950.shape() == prod.shape()
 
 
 @pytest.mark.parametrize(

@@ -158,7 +158,9 @@ def matmul_probe(seq_lens, *, s1: int, path: str = "int8", block_size: int = 128
                       dtype=torch.float16 if path == "int8" else torch.float32)  # fmt: skip
     padded = padded_columns(cols, topk, bs)
     build = kernel_build(groups=row_groups(len(lens), s1), columns=padded, soc=target.soc)
-    kernel_params = IndexerParams(path=path, block_size=bs, topk=topk, width=padded * bs)
+    kernel_params = IndexerParams(
+        path=path, block_size=bs, topk=topk, width=padded * bs, soc=target.soc
+    )
     params = probe_params(kernel_params, build)  # the build the kernel's call would run
     kernel = functools.partial(build_probe(params), params=params)
     us = _backend.launch(kernel, args, [out], target)
