@@ -80,7 +80,7 @@ from tilesim.shared.msa_decode import (
 from tilesim.shared.soc import DEFAULT_SOC, get_soc
 from tilesim.shared.tiling import MsaTiling
 from tilesim.shared.trace import emit
-from tilesim.shared.validate import check_bool, check_trace, host_array, same_kind
+from tilesim.shared.validate import check_bool, check_pos_int, check_trace, host_array, same_kind
 
 _CFG = MINIMAX_M3.msa
 #: key columns per score matmul (no numeric effect; keeps each (b, h) gemm small)
@@ -97,7 +97,8 @@ def msa_sparse_decode_flop(batch: int, hq: int, keys: int, dim: int) -> int:
     ``batch`` rows of ``hq`` query heads over ``keys`` gathered keys each (the keys the chunk
     loop runs; masked keys included), head dim ``dim``. One trace record's share (one chunk
     of one (batch row, KV head)) is ``msa_sparse_decode_flop(1, group, width, dim)``. A thin
-    call of :func:`tilesim.shared.msa_decode.cost`."""
+    call of :func:`tilesim.shared.msa_decode.cost`; each argument a positive int."""
+    keys = check_pos_int(keys, "keys")  # required here (cost's None means topk * by)
     return cost(sized_args(batch, hq, dim), keys=keys)["flop"]  # the one counter of the op
 
 

@@ -297,6 +297,9 @@ def check_meta(
     )
     rows = _check_queries(query_nope, query_rope)
     n_b, s1 = _check_int_shapes(rows, topk_indices, block_table, kv_act_seqs, nq=nq, topk=topk)
+    if layout == KV_SPLIT and len(caches) == 1:  # a packed op called with the split layout
+        raise ValueError(f"layout: expected one of {LAYOUTS} for the packed nope_cache (the "
+                         f"kv_split caches have their own op), got {layout!r}")  # fmt: skip
     if layout == KV_SPLIT:
         cache_rows, quant = check_split_cache(*caches)
     else:

@@ -62,10 +62,12 @@ from tilesim.shared.models import DEEPSEEK_V32
 from tilesim.shared.registry.op_record import Call, OpRecord, Output
 from tilesim.shared.tiling import SaTileShapeConfig
 from tilesim.shared.validate import (
+    INT32_MAX,
     check_array,
     check_bool,
     check_choice,
     check_float,
+    check_int,
     check_pos_int,
     dtype_of,
     host_array,
@@ -419,6 +421,8 @@ def check_meta(ins, *, trace=None, progress=None) -> Args:
     pairings = iprolog_contract.PROLOG_ROPE_PAIRINGS
     check_choice(ins.index_rope_pairing, "index_rope_pairing", pairings)
     check_float(ins.ln_eps, "ln_eps", positive=True, fp32=True)
+    if ins.index_k_tile is not None:
+        check_int(ins.index_k_tile, "index_k_tile", lo=1, hi=INT32_MAX)
     if progress is not None:
         check_bool(progress, "progress")
     check_array(ins.x, "x", dtype=BF16, ndim=2, layout="[T, 7168]")

@@ -244,7 +244,7 @@ def cost(args: Args, *, keys: int | None = None) -> dict:
     BF16 query ``[B, HQ, D]``, the BF16 K and V rows of the ``keys`` gathered keys of every
     (batch row, KV head) and the BF16 output ``[B, HQ, D]`` (ids, lengths, masks not counted).
     """
-    keys = args.topk * args.by if keys is None else keys
+    keys = args.topk * args.by if keys is None else check_pos_int(keys, "keys")
     flop = 4 * args.batch * args.hq * keys * args.dim
     q_out = 2 * args.batch * args.hq * args.dim * 2
     kv = 2 * args.batch * args.hkv * keys * args.dim * 2
@@ -253,7 +253,9 @@ def cost(args: Args, *, keys: int | None = None) -> dict:
 
 def sized_args(batch: int, hq: int, dim: int, *, hkv: int = 1, topk: int = 1) -> Args:
     """:class:`Args` from sizes alone (no arrays; ``nb = topk``, ``by = 128``), for
-    :func:`cost`."""
+    :func:`cost`; each size a positive int (``TypeError`` / ``ValueError`` naming it)."""
+    sizes = {"batch": batch, "hq": hq, "dim": dim, "hkv": hkv, "topk": topk}
+    batch, hq, dim, hkv, topk = (check_pos_int(v, name) for name, v in sizes.items())
     return Args(batch, hq, hkv, topk, BY, dim, topk)
 
 

@@ -30,6 +30,7 @@ from tilesim.shared.ranking import top_k
 from tilesim.shared.registry.op_record import Call, OpRecord, Output
 from tilesim.shared.validate import (
     check_array,
+    check_bool,
     check_choice,
     check_finite,
     check_int,
@@ -160,7 +161,7 @@ def cost(args: Args, *, padded: bool = True) -> dict:
     ``bytes``: HBM bytes read + written: the BF16 query (16 or 4 rows x 128), the BF16 keys
     ``nb*128 x 128`` and the FP32 scores written (16 or 4 rows x ``nb*128``).
     """
-    rows = NPAD if padded else NIDX
+    rows = NPAD if check_bool(padded, "padded") else NIDX
     keys = args.nb * BY
     flop = 2 * rows * keys * DIM
     return {"flop": flop, "bytes": rows * DIM * 2 + keys * DIM * 2 + rows * keys * 4}

@@ -462,7 +462,13 @@ def _dispatch_base():
 
 
 def host_ops() -> list[Op]:
-    from tilesim.reference import compare, moe_combine, moe_dispatch
+    from tilesim.reference import (
+        compare,
+        moe_combine,
+        moe_dispatch,
+        msa_indexer_flop,
+        msa_sparse_decode_flop,
+    )
     from tilesim.reference.util.numerics import bf16_round_trip, ulp_distance
     from tilesim.shared import casts, quant, weights
     from tilesim.shared.layouts import mla_cache
@@ -529,6 +535,11 @@ def host_ops() -> list[Op]:
             "top_k": A("int", "top_k", oob=5), "normalize": A("flag", "normalize"),
             "scores": A("mode", "scores"), "pad_rows": A("int", "pad_rows", oob=-1),
             "trace": TRACE}),
+        Op("msa_indexer_flop", msa_indexer_flop, _h(nb=(3,), padded=(True,)),
+           {"nb": A("int", "nb", oob=0, huge=False), "padded": A("flag", "padded")}),
+        Op("msa_sparse_decode_flop", msa_sparse_decode_flop,
+           _h(batch=(2,), hq=(64,), keys=(256,), dim=(128,)),
+           {n: A("int", n, oob=0, huge=False) for n in ("batch", "hq", "keys", "dim")}),
         Op("moe_combine", moe_combine, _dispatch_base,
            {"expert_out": data("expert_out", bad=np.float32, fixed_shape=False),
             "dispatch": A("object", "dispatch"),

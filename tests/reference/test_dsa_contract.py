@@ -121,3 +121,12 @@ def test_tiling_none_is_one_rule():
     assert dsa.resolve_tiling(None) == SaTileShapeConfig.from_env()
     with pytest.raises(TypeError, match="tiling: expected a SaTileShapeConfig"):
         dsa.resolve_tiling((128, 512))
+
+
+def test_a_packed_op_with_the_split_layout_names_the_layout():
+    """``layout="kv_split"`` on the packed op (one ``nope_cache``) is a ``ValueError`` naming
+    ``layout`` and the packed layouts, raised by the contract before any work -- not an
+    internal error from the split cache's checks."""
+    case = _case(layout="pypto")
+    with pytest.raises(ValueError, match=r"^layout: expected one of \('pypto', 'flashmla'\)"):
+        R.sparse_attention_antiquant(**case["inputs"], **{**case["params"], "layout": "kv_split"})
