@@ -48,6 +48,7 @@ from tilesim.shared.moe import (
     OP_NAME,
     Args,
     MoeTileRecord,
+    check_cumsum_meta,
     check_meta,
     check_moe_dims,
     check_values,
@@ -59,7 +60,7 @@ from tilesim.shared.moe import (
 )
 from tilesim.shared.tiling import MoeTiling
 from tilesim.shared.trace import Trace
-from tilesim.shared.validate import host_array, host_ints, same_kind
+from tilesim.shared.validate import host_array, same_kind
 
 _F32 = np.float32
 _F64 = np.float64
@@ -121,9 +122,10 @@ def moe_activation(gu, dims: MoeDims) -> np.ndarray:
 def moe_flop_count(expert_cumsum, dims: MoeDims) -> int:
     """Matmul FLOPs of one call: ``2*H*2I`` (mm1) plus ``2*I*H`` (mm2) per routed row, i.e.
     the sum of the trace records' ``flop`` (zero-token experts cost nothing). A thin call of
-    :func:`tilesim.shared.moe.cost`."""
+    :func:`tilesim.shared.moe.cost`. ``expert_cumsum`` follows the grouped GEMM's rules:
+    ``[E+1]`` INT32 (``E = dims.num_experts``), ``c[0] == 0``, non-decreasing."""
     check_moe_dims(dims)
-    host_ints(expert_cumsum, "expert_cumsum", ndim=1)  # 1-D: check_meta's part of the rules
+    check_cumsum_meta(expert_cumsum, dims)  # the grouped GEMM's rule (check_meta)
     unbounded = np.iinfo(np.int64).max  # no N_total here: c[E] is the routed row count
     args = Args(None, None, None, expert_cumsum, dims, None, None, True, None, unbounded)
     return cost(check_values(args))["flop"]

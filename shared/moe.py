@@ -160,7 +160,9 @@ def _check_weights(weights, dims: MoeDims):
     return w13, w2
 
 
-def _check_cumsum_meta(expert_cumsum, dims: MoeDims) -> None:
+def check_cumsum_meta(expert_cumsum, dims: MoeDims) -> None:
+    """The metadata rule of ``expert_cumsum`` (:func:`check_meta`'s, shared with
+    :func:`tilesim.reference.moe_flop_count`): INT32 ``[E+1]``, ``E = dims.num_experts``."""
     e = dims.num_experts
     check_array(expert_cumsum, "expert_cumsum", dtype=np.int32, ndim=1)
     if shape_of(expert_cumsum, "expert_cumsum") != (e + 1,):
@@ -222,7 +224,7 @@ def check_meta(
                 layout="[N_total, H]")  # fmt: skip
     n_total = shape_of(sorted_tokens, "sorted_tokens")[0]
     w13, w2 = _check_weights(weights, dims)
-    _check_cumsum_meta(expert_cumsum, dims)
+    check_cumsum_meta(expert_cumsum, dims)
     check_instance(tiling, "tiling", MoeTiling, optional=True)
     inputs = {"sorted_tokens": sorted_tokens, "w13_flat": w13, "w2_flat": w2}
     _check_out(out, n_total, h, inputs)
@@ -337,6 +339,7 @@ __all__ = [
     "OP_NAME",
     "Args",
     "MoeTileRecord",
+    "check_cumsum_meta",
     "check_meta",
     "check_moe_dims",
     "check_moe_tiling",

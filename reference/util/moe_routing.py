@@ -43,6 +43,7 @@ from tilesim.shared.ranking import top_k
 from tilesim.shared.trace import Trace, emit
 from tilesim.shared.validate import (
     as_array,
+    check_array,
     check_bool,
     check_choice,
     check_elements,
@@ -50,8 +51,13 @@ from tilesim.shared.validate import (
     check_float,
     check_instance,
     check_int,
+    check_range,
     check_trace,
+    host_array,
+    host_ints,
+    raise_at_first,
     same_kind,
+    shape_of,
 )
 
 _F32 = np.float32
@@ -155,9 +161,29 @@ def _route(a: _DispatchArgs) -> tuple[np.ndarray, np.ndarray]:
         total = np.zeros(topk_w.shape[0], dtype=_F32)
         for j in range(a.top_k):  # sequential FP32 sum in slot order
             total = total + topk_w[:, j]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            topk_w = topk_w / total[:, None]
+        _check_weight_sums(total, a)
+        topk_w = topk_w / total[:, None]
     return topk_ids, topk_w.astype(_F32)
+
+
+def _check_weight_sums(total: np.ndarray, a: _DispatchArgs) -> None:
+    """``ValueError`` naming ``router_logits`` and the first token whose ``top_k`` chosen
+    weights sum to 0 (every weight is ``>= 0``, so all of them are 0): ``normalize=True``
+    would divide 0 by 0."""
+    why = (
+        "the FP32 sigmoid is 0 for logits below about -104"
+        if a.scores == "logits"
+        else "its chosen probabilities are 0"
+    )
+
+    def message(t: int) -> str:
+        return (
+            f"router_logits: expected the top_k = {a.top_k} chosen weights of every token to "
+            f"have a sum > 0 with normalize=True, got token {t} whose chosen weights sum to 0 "
+            f"({why}), so normalize=True is undefined"
+        )
+
+    raise_at_first(total == 0, message)
 
 
 def moe_dispatch(
@@ -180,6 +206,9 @@ def moe_dispatch(
         top_k: experts per token, ``1 <= top_k <= E``.
         correction_bias: ``[E]`` FP32 ``e_score_correction_bias`` (selection only) or None.
         normalize: divide the chosen weights by their FP32 sum (M3 ``norm_topk_prob``).
+            ``ValueError`` naming ``router_logits`` and the first token whose chosen weights
+            sum to 0 (``scores="probabilities"`` zeros, or logits below about -104, where the
+            FP32 sigmoid is 0): the division would be 0/0.
         pad_rows: zero rows appended to ``sorted_tokens`` (the seeds' host pads 64 so the
             kernel's tail prefetch stays in bounds); ``expert_cumsum`` does not cover them.
         trace: called once with a :mod:`tilesim.shared.trace` record (op ``"moe_dispatch"``,
@@ -209,15 +238,63 @@ def moe_dispatch(
 
 class _CombineArgs(NamedTuple):
     y_sorted: np.ndarray  # [>= N*k, H] BF16
+    inv_perm: np.ndarray  # [N*k] int64, a permutation of range(N*k)
+    weights: np.ndarray  # [N, k] FP32, finite
     scale: float
     shared: np.ndarray | None  # [N, H] BF16
+
+
+def _check_plan_meta(d: MoeDispatch) -> tuple[int, int]:
+    """(N, k): the dtypes and shapes of the fields of ``d`` as :func:`moe_dispatch` builds
+    them, consistent with each other; errors name ``dispatch.<field>``."""
+    check_array(d.topk_ids, "dispatch.topk_ids", dtype=np.int64, ndim=2, layout="[N, k]")
+    n, k = shape_of(d.topk_ids, "dispatch.topk_ids")
+    check_array(d.topk_weights, "dispatch.topk_weights", dtype=_F32, shape=(n, k),
+                layout="[N, k]")  # fmt: skip
+    for name in ("perm", "inv_perm"):
+        check_array(getattr(d, name), f"dispatch.{name}", dtype=np.int64, shape=(n * k,),
+                    layout="[N*k]")  # fmt: skip
+    check_array(d.counts, "dispatch.counts", dtype=np.int64, ndim=1, layout="[E]")
+    e = shape_of(d.counts, "dispatch.counts")[0]
+    check_array(d.expert_cumsum, "dispatch.expert_cumsum", dtype=np.int32, shape=(e + 1,),
+                layout="[E+1]")  # fmt: skip
+    check_array(d.sorted_tokens, "dispatch.sorted_tokens", dtype=BF16, ndim=2,
+                layout="[N*k + pad_rows, H]")  # fmt: skip
+    rows = shape_of(d.sorted_tokens, "dispatch.sorted_tokens")
+    if rows[0] < n * k:
+        raise ValueError(
+            f"dispatch.sorted_tokens: expected at least N*k = {n * k} rows, got shape {rows}"
+        )
+    return n, k
+
+
+def _check_plan_values(d: MoeDispatch, nk: int) -> tuple[np.ndarray, np.ndarray]:
+    """(inv_perm, topk_weights) on the host: ``inv_perm`` a permutation of ``range(N*k)``,
+    ``topk_weights`` finite. The fields :func:`moe_combine` reads; ``ValueError`` naming the
+    first bad entry."""
+    inv = host_ints(d.inv_perm, "dispatch.inv_perm")
+    check_range(inv, "dispatch.inv_perm", 0, nk - 1)
+    repeated = np.ones(nk, dtype=bool)
+    repeated[np.unique(inv, return_index=True)[1]] = False
+
+    def message(i: int) -> str:
+        first = int(np.flatnonzero(inv == inv[i])[0])
+        return (
+            f"dispatch.inv_perm: expected a permutation of range(N*k) = range({nk}), got "
+            f"{int(inv[i])} twice, at index {first} and at index {i}"
+        )
+
+    raise_at_first(repeated, message)
+    w = host_array(d.topk_weights, "dispatch.topk_weights")
+    check_finite(w, "dispatch.topk_weights")
+    return inv, w
 
 
 def _check_combine(expert_out, dispatch, routed_scaling_factor, shared_expert_out,
                    trace) -> _CombineArgs:  # fmt: skip
     y_sorted = as_array(expert_out, "expert_out", dtype=BF16, ndim=2, layout="[N*k, H]")
     check_instance(dispatch, "dispatch", MoeDispatch)
-    n, k = dispatch.topk_ids.shape
+    n, k = _check_plan_meta(dispatch)
     if y_sorted.shape[0] < n * k:
         raise ValueError(
             f"expert_out: expected at least N*k = {n * k} rows, got shape {y_sorted.shape}"
@@ -228,7 +305,8 @@ def _check_combine(expert_out, dispatch, routed_scaling_factor, shared_expert_ou
         shared = as_array(shared_expert_out, "shared_expert_out", dtype=BF16,
                           shape=(n, y_sorted.shape[1]), layout="[N, H]")  # fmt: skip
     check_trace(trace)
-    return _CombineArgs(y_sorted, scale, shared)
+    inv, weights = _check_plan_values(dispatch, n * k)
+    return _CombineArgs(y_sorted, inv, weights, scale, shared)
 
 
 def moe_combine(
@@ -247,12 +325,19 @@ def moe_combine(
     ``N*k`` (padding) are ignored. ``routed_scaling_factor`` is applied as an FP32 multiply
     (exact for 1.0 and 2.0, M3's value). ``trace`` gets one record (op ``"moe_combine"``).
     The result is a torch tensor when ``expert_out`` is one, else a NumPy array.
+
+    ``dispatch`` must hold its fields as :func:`moe_dispatch` builds them, checked at every
+    call (a frozen dataclass's arrays can still be written): ``topk_ids`` ``[N, k]`` int64,
+    ``topk_weights`` ``[N, k]`` finite FP32, ``perm`` / ``inv_perm`` ``[N*k]`` int64 with
+    ``inv_perm`` a permutation of ``range(N*k)``, ``counts`` ``[E]`` int64,
+    ``expert_cumsum`` ``[E+1]`` INT32, ``sorted_tokens`` ``[>= N*k, H]`` BF16. Errors name
+    ``dispatch.<field>``.
     """
     a = _check_combine(expert_out, dispatch, routed_scaling_factor, shared_expert_out, trace)
-    n, k = dispatch.topk_ids.shape
+    n, k = a.weights.shape
     h = a.y_sorted.shape[1]
-    gathered = widen_to_fp32(a.y_sorted[dispatch.inv_perm]).reshape(n, k, h)
-    w_bf16 = widen_to_fp32(to_bf16(dispatch.topk_weights))  # the host's .to(hidden dtype)
+    gathered = widen_to_fp32(a.y_sorted[a.inv_perm]).reshape(n, k, h)
+    w_bf16 = widen_to_fp32(to_bf16(a.weights))  # the host's .to(hidden dtype)
     prods = widen_to_fp32(to_bf16(gathered * w_bf16[:, :, None]))  # BF16 multiply
     acc = np.zeros((n, h), dtype=_F32)
     for j in range(k):  # FP32 sum over the top-k slots, slot order
