@@ -64,7 +64,7 @@ from tilesim.reference.judging.ties import TIE_ULPS, IdReport, IdRow, judge_id_r
 from tilesim.reference.util.numerics import ULP_DTYPES
 from tilesim.shared.registry.ops import judge_kinds
 from tilesim.shared.registry.tolerance import check_tolerance
-from tilesim.shared.validate import check_choice, check_str, host_data
+from tilesim.shared.validate import check_choice, check_int_sequence, check_str, host_data
 
 #: (output kind, names of the leading axes) of each op's judged output, by the judge's
 #: ``kind``: the kinds the registry of ops names (:func:`tilesim.shared.registry.ops.judge_kinds`),
@@ -124,14 +124,20 @@ def _resolve_kind(kind, tol_mode: str, g: np.ndarray):
     return k, axes
 
 
-def _check_options(rule, name, arithmetic, precision) -> None:
+def _check_options(rule, name, arithmetic, precision, row_shape) -> tuple | None:
+    """Check the options; return ``row_shape`` as a tuple of ints (``None`` when not given)."""
     check_choice(rule, "rule", RULES)
     check_str(name, "name", nonempty=False)
     check_choice(arithmetic, "arithmetic", ("float64", "native"))
-    if precision is not None and np.dtype(precision) not in UNIT_ROUNDOFF:
-        raise TypeError(
-            f"precision: expected one of {[str(d) for d in UNIT_ROUNDOFF]}, got {precision!r}"
-        )
+    if precision is not None:
+        expected = f"precision: expected one of {[str(d) for d in UNIT_ROUNDOFF]} or None"
+        try:
+            dt = np.dtype(precision)
+        except (TypeError, ValueError):
+            raise TypeError(f"{expected}, got {type(precision).__name__} {precision!r}") from None
+        if dt not in UNIT_ROUNDOFF:
+            raise TypeError(f"{expected}, got {precision!r}")
+    return None if row_shape is None else check_int_sequence(row_shape, "row_shape", lo=1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -159,9 +165,10 @@ def judge(
     float dtypes (a wider dump, e.g. FP32 against a BF16 golden, is judged as is; ULPs are
     reported in both dtypes). Ids (``kind`` ``"ids"``, an id op, or ``tolerance["mode"] ==
     "set"``): int32 or int64 ``[..., k]``, ``-1`` = an empty slot; ``scores`` = the golden's
-    float scores ``[..., candidates]`` (one row per id row) make ties recognisable.
-    ``tolerance``: ``{"mode", "atol", "rtol", "ratio"}`` as the case states it, optionally
-    ``"row_ulp"`` (a row-ULP budget, :func:`row_ulp_errors`). ``kind``: ``"float"``, ``"ids"``
+    float scores ``[..., candidates]`` (the golden ids' leading shape or their rows flattened,
+    then candidates >= 1) make ties recognisable. ``tolerance``: ``{"mode", "atol", "rtol",
+    "ratio"}`` as the case states it, optionally ``"row_ulp"`` (a row-ULP budget,
+    :func:`row_ulp_errors`). ``kind``: ``"float"``, ``"ids"``
     or an op name of :data:`JUDGE_KINDS` (names the coordinates in the report; a calibrated
     op of :data:`OP_L2_UNITS` sets the L2 bounds). ``rule``:
     ``"default"`` or ``"seeds"`` (the module docstring). ``arithmetic``: of the seeds' rule.
@@ -175,11 +182,11 @@ def judge(
     ``visible`` a ``-inf`` golden score ties nothing. ``row_labels`` (floats, 2-D): each row's
     index in a larger tensor (a cache's slots): the report names rows and elements by it.
     ``row_shape``: the leading axes the report names rows by when the golden stores them
-    flattened (``(T, nq)`` for a DeepSeek attention output ``[T*nq, 512]``).
+    flattened (``(T, nq)`` for a DeepSeek attention output ``[T*nq, 512]``), ints >= 1.
 
     Raises ValueError/TypeError naming the argument before any work.
     """
-    _check_options(rule, name, arithmetic, precision)
+    row_shape = _check_options(rule, name, arithmetic, precision, row_shape)
     g = host_data(golden, "golden", scalars=True)
     a = host_data(actual, "actual", scalars=True)
     k, axes = _resolve_kind(kind, tolerance.get("mode") if isinstance(tolerance, dict) else None, g)

@@ -14,7 +14,8 @@ docs/sources.md#compare-rule):
    of the float product, half to even); ``ratio=0`` demands every element pass.
 
 ``arithmetic="float64"`` (default) evaluates step 3 in float64 (exact for every input dtype up
-to float32); ``arithmetic="native"`` reproduces torch on low-precision tensors: each of
+to float32, and for integers of magnitude up to 2^53: a 64-bit integer input holding a larger
+one is refused); ``arithmetic="native"`` reproduces torch on low-precision tensors: each of
 ``a-b``, ``rtol*|b|`` and ``atol + .`` is computed in float32 and rounded to the tensors' own
 dtype (BF16/FP16; ``atol`` itself is first rounded to that dtype, as torch does), so a few
 borderline elements can flip relative to float64. For other dtypes, or when the dtypes
@@ -121,6 +122,27 @@ def _ulp_stats(a: np.ndarray, g: np.ndarray, a64: np.ndarray, g64: np.ndarray):
     return (int(d[ok].max()) if ok.any() else -1), float((a64 == g64).mean())
 
 
+#: the largest integer magnitude float64 holds exactly together with every integer below it
+_EXACT_INT = 2**53
+
+
+def _check_exact_ints(x: np.ndarray, name: str) -> None:
+    """``ValueError`` when the 64-bit integer array ``x`` holds a magnitude above 2^53: such
+    values are compared in float64, which is exact only up to 2^53 (2^53 + 1 would equal
+    2^53). Narrower integers are always exact."""
+    if x.dtype.kind not in "iu" or x.dtype.itemsize < 8 or not x.size:
+        return
+    big = x > _EXACT_INT
+    if x.dtype.kind == "i":
+        big |= x < -_EXACT_INT
+    if big.any():
+        idx = tuple(int(i) for i in np.unravel_index(int(np.argmax(big)), x.shape))
+        raise ValueError(
+            f"{name}: expected {x.dtype} values of magnitude at most 2^53 (exact in float64 "
+            f"only up to 2^53), got {int(x[idx])} at {idx}"
+        )
+
+
 def _check_arguments(actual, golden, atol, rtol, ratio, name, check_dtype, arithmetic, n_worst):
     """Validate the options and the pair; return ``(a, g, atol, rtol, ratio)``: the pair as
     host NumPy arrays, the tolerances as floats."""
@@ -139,6 +161,8 @@ def _check_arguments(actual, golden, atol, rtol, ratio, name, check_dtype, arith
         raise ValueError(f"golden: expected the shape of actual {a.shape}, got {g.shape} ({name})")
     if check_dtype and a.dtype != g.dtype:
         raise TypeError(f"golden: expected the dtype of actual {a.dtype}, got {g.dtype} ({name})")
+    _check_exact_ints(a, "actual")
+    _check_exact_ints(g, "golden")
     return a, g, atol, rtol, ratio
 
 
@@ -250,6 +274,10 @@ def compare(
     ``max_ulp`` / ``bit_exact_fraction`` are measured in the dtype of ``actual``; a golden of
     another dtype is first rounded to it (RNE). NaN in either tensor counts as not bit-exact
     and has no ULP distance (``max_ulp`` is -1 when no position has one).
+
+    Integers are compared in float64, which holds every integer up to 2^53 exactly: an int64
+    or uint64 ``actual`` / ``golden`` holding a magnitude above 2^53 raises ``ValueError``
+    naming it (a lossy conversion would let ``2**53 + 1`` equal ``2**53``).
     """
     a, g, atol, rtol, ratio = _check_arguments(
         actual, golden, atol, rtol, ratio, name, check_dtype, arithmetic, n_worst

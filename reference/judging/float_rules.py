@@ -88,8 +88,10 @@ def max_ulp(a: np.ndarray, g: np.ndarray) -> tuple[int | None, int | None]:
 
 
 def _finite64(x: np.ndarray) -> np.ndarray:
+    """``x`` in float64, C-ordered (every sum then runs in the one order of the logical
+    layout, whatever the memory layout of ``x``), NaN and +-Inf taken as 0."""
     with np.errstate(invalid="ignore", over="ignore"):
-        x = x.astype(np.float64)
+        x = x.astype(np.float64, order="C")
     return np.where(np.isfinite(x), x, 0.0)
 
 

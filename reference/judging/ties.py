@@ -111,19 +111,25 @@ class IdReport:
         return out
 
 
-def _check_scores(scores, n_rows: int, name: str) -> np.ndarray | None:
-    """The golden's scores as ``[rows, candidates]`` (any float dtype), or None."""
+def _check_scores(scores, lead: tuple, name: str) -> np.ndarray | None:
+    """The golden's scores as ``[rows, candidates]`` (any float dtype), or None. ``lead``: the
+    golden ids' leading shape (their rows); the scores' leading shape must be ``lead`` or the
+    rows flattened into one axis (C order), followed by at least one candidate: a shape is
+    never read by its element count alone."""
     if scores is None:
         return None
     s = host_data(scores, "scores")
     if s.dtype not in ULP_DTYPES:
         raise TypeError(f"scores: expected a float dtype, got {s.dtype} ({name})")
-    if s.ndim < 1 or s.size == 0 or s.size % n_rows or (s.size // n_rows) < 1:
+    n_rows = int(np.prod(lead, dtype=np.int64))
+    forms = [list(lead), *([[n_rows]] if [n_rows] != list(lead) else [])]
+    if s.ndim < 1 or s.shape[:-1] not in [tuple(f) for f in forms] or s.shape[-1] < 1:
+        want = " or ".join(str([*f, "candidates"]).replace("'", "") for f in forms)
         raise ValueError(
-            f"scores: expected [{n_rows} rows, candidates] (one row per id row), got "
-            f"{list(s.shape)} ({name})"
+            f"scores: expected shape {want} (the golden ids' rows, then candidates >= 1), "
+            f"got {list(s.shape)} ({name})"
         )
-    return s.reshape(n_rows, -1)
+    return s.reshape(n_rows, s.shape[-1])
 
 
 def _ties(s_row: np.ndarray, x: int, y: int, finite: bool = False) -> bool:
@@ -220,7 +226,7 @@ def judge_id_rows(a, g, tol, rule, name, scores, names, visible) -> dict:
         return {"seeds": rep, "checks": [Check("seeds element rule (sorted rows)", rep.passed,
                 rep.n_fail, rep.threshold, rep.max_abs_pos)]}  # fmt: skip
     ar, gr = rows(a.astype(np.int64)), rows(g.astype(np.int64))
-    s = _check_scores(scores, gr.shape[0], name)
+    s = _check_scores(scores, g.shape[:-1], name)
     vis = _check_visible(visible, gr.shape[0], name)
     rep = IdReport(n_rows=gr.shape[0], k=gr.shape[1], scores_used=s is not None)
     for r in range(gr.shape[0]):
