@@ -66,9 +66,15 @@ def sylvester_hadamard(n: int = HADAMARD_DIM, *, dtype=np.float32) -> np.ndarray
     ``dtype`` (int8, float32, float64 or bfloat16), ``H[i, j] = (-1)^popcount(i & j)``;
     symmetric, ``H H^T = n I``."""
     n = _power_of_two(n, "n")
-    dt = np.dtype(dtype)
+    expected = f"dtype: expected one of {[str(d) for d in MATRIX_DTYPES]}"
+    if dtype is None:  # np.dtype(None) is float64: refused, not read as a dtype
+        raise TypeError(f"{expected}, got None")
+    try:
+        dt = np.dtype(dtype)
+    except (TypeError, ValueError):
+        raise TypeError(f"{expected}, got {type(dtype).__name__} {dtype!r}") from None
     if dt not in MATRIX_DTYPES:
-        raise TypeError(f"dtype: expected one of {[str(d) for d in MATRIX_DTYPES]}, got {dt}")
+        raise TypeError(f"{expected}, got {dt}")
     h = np.ones((1, 1), dtype=np.int8)
     while h.shape[0] < n:  # H_2m = [[H, H], [H, -H]]
         h = np.block([[h, h], [h, -h]])
@@ -89,7 +95,8 @@ def fwht_fp32(x, *, scale: float | None = None) -> np.ndarray:
     FP32; ``n`` a power of two) in FP32: butterflies with strides ``1, 2, ..., n/2``, every
     add and subtract one FP32 rounding; then, if ``scale`` is given, one FP32 multiply by
     ``fp32(scale)``. Returns FP32 ``[..., n]`` (a new array). Exactly ``x @ H_n`` (times the
-    scale) when no partial sum needs rounding (module docstring)."""
+    scale) when no partial sum needs rounding (module docstring). A partial sum beyond FP32's
+    range is ``inf`` and ``inf - inf`` is NaN, as in IEEE FP32 arithmetic (no warning)."""
     check_array(x, "x", dtype=(BF16, np.float16, np.float32))
     shp = shape_of(x, "x")
     if not shp:
@@ -99,13 +106,14 @@ def fwht_fp32(x, *, scale: float | None = None) -> np.ndarray:
     y = host_data(x, "x").astype(np.float32)  # exact widening, a fresh array
     lead = y.shape[:-1]
     stride = 1
-    while stride < n:  # one stage: blocks of 2*stride, (a, b) -> (a + b, a - b)
-        v = y.reshape(*lead, n // (2 * stride), 2, stride)
-        a, b = v[..., 0, :], v[..., 1, :]
-        y = np.stack([a + b, a - b], axis=-2).reshape(*lead, n)
-        stride *= 2
-    if s is not None:
-        y = y * s
+    with np.errstate(over="ignore", invalid="ignore"):  # IEEE inf / NaN, as the device's
+        while stride < n:  # one stage: blocks of 2*stride, (a, b) -> (a + b, a - b)
+            v = y.reshape(*lead, n // (2 * stride), 2, stride)
+            a, b = v[..., 0, :], v[..., 1, :]
+            y = np.stack([a + b, a - b], axis=-2).reshape(*lead, n)
+            stride *= 2
+        if s is not None:
+            y = y * s
     return y
 
 

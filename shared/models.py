@@ -106,6 +106,10 @@ class MsaConfig:
             if not v < 0:
                 raise ValueError(f"MsaConfig.{name}: expected a number < 0, got {v!r}")
         _check_multiple(self, "num_q_heads", "num_kv_heads")
+        p, n = self.index_heads_padded, self.num_index_heads
+        if p < n or p % 16:
+            raise ValueError(f"MsaConfig.index_heads_padded: expected a multiple of 16 (the cube's "
+                             f"M alignment) >= num_index_heads ({n}), got {p}")  # fmt: skip
 
     @property
     def group(self) -> int:
@@ -154,6 +158,13 @@ class MiniMaxModel:
             raise ValueError(
                 f"MiniMaxModel.top_k: expected at most num_experts ({self.num_experts}), "
                 f"got {self.top_k}"
+            )
+        _check_multiple(self, "num_attention_heads", "num_kv_heads")
+        if (self.n_shared_experts == 0) != (self.shared_intermediate_size == 0):
+            raise ValueError(
+                f"MiniMaxModel.shared_intermediate_size: expected 0 exactly when "
+                f"n_shared_experts is 0 ({self.n_shared_experts}), got "
+                f"{self.shared_intermediate_size}"
             )
 
     def moe_dims(self, num_experts: int | None = None) -> MoeDims:
@@ -213,6 +224,7 @@ class DeepSeekV32Sparse:
         floats = ("fp8_max", "int8_max")
         _check_fields(self, ints=ints, floats=floats, positive=floats)
         _check_multiple(self, "kv_lora_rank", "quant_group")
+        _check_multiple(self, "num_q_heads", "num_kv_heads")
 
     @property
     def head_dim(self) -> int:

@@ -106,6 +106,7 @@ def check_int8_cache(k_cache, k_scale, *, block_size: int) -> tuple[int, int]:
     """Shapes and dtypes of the INT8 cache (metadata only): ``k_cache int8 [num_blocks,
     block_size, 128]``, ``k_scale float16 [num_blocks, block_size]``. Returns ``(num_blocks,
     block_size)``."""
+    block_size = check_int(block_size, "block_size", lo=1)
     check_array(k_cache, "k_cache", dtype=np.int8, ndim=3, layout="[num_blocks, block_size, 128]")
     nb = shape_of(k_cache, "k_cache")[0]
     check_array(k_cache, "k_cache", shape=(nb, block_size, INDEX_DIM),
@@ -133,6 +134,9 @@ def fp8_page_views(pages: np.ndarray, *, block_size: int) -> IndexCachePages:
     nb, bs = check_fp8_cache(pages, block_size=block_size)
     if not isinstance(pages, np.ndarray):
         raise TypeError(f"pages: expected a numpy array, got {type(pages).__name__}")
+    if nb and pages.strides[-1] != 1:  # the FP32 scale view reads 4 adjacent bytes
+        raise ValueError(f"pages: expected a contiguous last axis (the views alias it), got "
+                         f"strides {pages.strides}")  # fmt: skip
     off = fp8_scale_offset(bs)
     codes = pages[:, :off].view(FP8_E4M3).reshape(nb, bs, INDEX_DIM)
     return IndexCachePages(codes, pages[:, off:].view("<f4"))
@@ -159,7 +163,8 @@ def unpack_fp8_pages(k_cache, *, block_size: int) -> IndexCachePages:
     (fresh arrays: codes E4M3 ``[num_blocks, block_size, 128]``, scales FP32 ``[num_blocks,
     block_size]``)."""
     check_fp8_cache(k_cache, block_size=block_size)
-    views = fp8_page_views(host_data(k_cache, "k_cache"), block_size=block_size)
+    pages = np.ascontiguousarray(host_data(k_cache, "k_cache"))  # any layout: same values
+    views = fp8_page_views(pages, block_size=block_size)
     return IndexCachePages(views.codes.copy(), views.scales.astype(np.float32))
 
 
@@ -167,8 +172,11 @@ def pack_int8_cache(codes, scales) -> tuple[np.ndarray, np.ndarray]:
     """The INT8 layout is two arrays already: validated contiguous copies ``(k_cache int8
     [num_blocks, bs, 128], k_scale float16 [num_blocks, bs])``."""
     check_array(codes, "codes", dtype=np.int8, ndim=3, layout="[num_blocks, block_size, 128]")
-    bs = shape_of(codes, "codes")[1]
-    check_int8_cache(codes, scales, block_size=bs)
+    nb, bs, d = shape_of(codes, "codes")
+    if d != INDEX_DIM or bs == 0:
+        raise ValueError(f"codes: expected shape [num_blocks, block_size >= 1, 128], got "
+                         f"{(nb, bs, d)}")  # fmt: skip
+    check_array(scales, "scales", dtype=np.float16, shape=(nb, bs), layout="[num_blocks, bs]")
     return (np.array(host_data(codes, "codes"), copy=True, order="C"),
             np.array(host_data(scales, "scales"), copy=True, order="C"))  # fmt: skip
 

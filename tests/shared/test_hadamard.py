@@ -129,3 +129,34 @@ def test_bad_arguments_are_named(call, exc, words):
         call()
     for w in words:
         assert w in str(e.value)
+
+
+@pytest.mark.parametrize("dtype", [None, "bogus", 3])
+def test_sylvester_dtype_is_named(dtype):
+    """``dtype=None`` (NumPy would read float64) and names NumPy does not know are a
+    ``TypeError`` naming ``dtype``."""
+    from tilesim.shared.hadamard import sylvester_hadamard
+
+    with pytest.raises(TypeError, match="^dtype: expected one of"):
+        sylvester_hadamard(4, dtype=dtype)
+
+
+def test_rotate_overflow_is_ieee_without_warnings():
+    """Partial sums beyond FP32's range follow IEEE FP32 (``+inf``, then ``inf - inf`` =
+    NaN), checked against float32 NumPy butterflies written here, with no warning raised."""
+    import warnings
+
+    from tilesim.shared.casts import BF16
+    from tilesim.shared.hadamard import fwht_fp32
+
+    x = np.full((1, 8), 3e38, np.float32).astype(BF16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = fwht_fp32(x)
+    v = x.astype(np.float32)[0]
+    with np.errstate(over="ignore", invalid="ignore"):
+        for h in (1, 2, 4):
+            v = v.reshape(-1, 2, h)
+            v = np.concatenate([v[:, 0] + v[:, 1], v[:, 0] - v[:, 1]], axis=1).reshape(-1)
+    assert np.array_equal(got[0], v, equal_nan=True)
+    assert np.isinf(got[0, 0]) and np.isnan(got).any()

@@ -139,3 +139,46 @@ def test_quantizer_arguments_are_checked():
         quantize_index_fp8(x, ue8m0=1)
     with pytest.raises(TypeError):
         quantize_index_int8(x.astype(np.float64))
+
+
+@pytest.mark.parametrize("form", ["fortran", "column_strided"])
+def test_unpack_fp8_pages_reads_any_layout(form):
+    """A Fortran-ordered or column-strided page array unpacks to the same codes and scales,
+    bit for bit, as its contiguous copy; ``fp8_page_views``, which promises views, refuses
+    a non-contiguous last axis naming ``pages``."""
+    from tilesim.shared.layouts.index_cache import fp8_page_views, unpack_fp8_pages
+
+    g = np.random.default_rng(5)
+    bs = 4
+    pages = g.integers(0, 256, (3, bs * 132 * (2 if form == "column_strided" else 1)))
+    pages = pages.astype(np.uint8)
+    view = np.asfortranarray(pages) if form == "fortran" else pages[:, ::2]
+    want = unpack_fp8_pages(np.ascontiguousarray(view), block_size=bs)
+    got = unpack_fp8_pages(view, block_size=bs)
+    assert np.array_equal(got.codes.view(np.uint8), want.codes.view(np.uint8))
+    assert np.array_equal(got.scales.view(np.uint32), want.scales.view(np.uint32))
+    with pytest.raises(ValueError, match="^pages: expected a contiguous last axis"):
+        fp8_page_views(view, block_size=bs)
+
+
+@pytest.mark.parametrize("bs", [True, 1.0, "1"])
+def test_int8_cache_block_size_is_an_int(bs):
+    """``block_size`` of the INT8 cache check is an int (bool, float and str refused with
+    ``TypeError`` naming it), as every other int argument."""
+    from tilesim.shared.layouts.index_cache import check_int8_cache
+
+    k = np.zeros((2, 1, 128), np.int8)
+    with pytest.raises(TypeError, match="^block_size: expected an int"):
+        check_int8_cache(k, np.zeros((2, 1), np.float16), block_size=bs)
+
+
+def test_pack_int8_cache_names_its_own_arguments():
+    """A wrong ``scales`` dtype or shape is reported under ``scales`` (the packer's
+    argument), not under the cache check's ``k_scale``."""
+    from tilesim.shared.layouts.index_cache import pack_int8_cache
+
+    codes = np.zeros((2, 4, 128), np.int8)
+    with pytest.raises(TypeError, match="^scales:"):
+        pack_int8_cache(codes, np.zeros((2, 4), np.float32))
+    with pytest.raises(ValueError, match="^scales:"):
+        pack_int8_cache(codes, np.zeros((2, 3), np.float16))

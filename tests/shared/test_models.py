@@ -97,3 +97,28 @@ def test_constants_are_frozen():
     for obj in (MINIMAX_M27, MINIMAX_M3, DEEPSEEK_V32, MINIMAX_M3.msa, MoeDims(1, 16, 16)):
         with pytest.raises(dataclasses.FrozenInstanceError):
             obj.__setattr__("name" if hasattr(obj, "name") else "block_size", 1)
+
+
+@pytest.mark.parametrize(
+    ("build", "words"),
+    [
+        (lambda: dataclasses.replace(MINIMAX_M27, num_kv_heads=7), "num_attention_heads"),
+        (
+            lambda: dataclasses.replace(MINIMAX_M3, shared_intermediate_size=0),
+            "shared_intermediate_size",
+        ),  # fmt: skip
+        (
+            lambda: dataclasses.replace(MINIMAX_M27, shared_intermediate_size=64),
+            "shared_intermediate_size",
+        ),  # fmt: skip
+        (lambda: dataclasses.replace(DEEPSEEK_V32, num_kv_heads=3), "num_q_heads"),
+        (lambda: MsaConfig(index_heads_padded=2), "index_heads_padded"),
+        (lambda: MsaConfig(index_heads_padded=17), "index_heads_padded"),
+    ],
+)
+def test_inconsistent_head_and_expert_counts_are_refused(build, words):
+    """Query heads that the KV heads do not divide, a shared expert without a width (or a
+    width without one), and index heads padded below their count or off the cube's 16-row
+    alignment are ``ValueError`` naming the field, never a model that a kernel misreads."""
+    with pytest.raises(ValueError, match=words):
+        build()
