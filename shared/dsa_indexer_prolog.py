@@ -57,7 +57,12 @@ from tilesim.shared.layouts.index_cache import (
 )
 from tilesim.shared.layouts.slots import NO_SLOT, check_slot_mapping, check_slot_mapping_meta
 from tilesim.shared.models import DEEPSEEK_V32
-from tilesim.shared.quant import FP8_PROMOTIONS
+from tilesim.shared.quant import (
+    FP8_PROMOTIONS,
+    INDEX_FP8_AMAX_FLOOR_MIN,
+    INDEX_INT8_AMAX_MAX,
+    INDEX_INT8_AMAX_MIN,
+)
 from tilesim.shared.registry.op_record import Call, OpRecord, Output
 from tilesim.shared.validate import (
     INT32_MAX,
@@ -246,6 +251,20 @@ def _check_cache(ins, path: str, block_size: int) -> int:
     return check_fp8_cache(ins.k_cache, block_size=block_size)[0]
 
 
+def _check_floor_range(amax_floor: float, path: str) -> None:
+    """The quantizer's own limits on its floor, checked before any work (in FP32, as the
+    quantizer reads it): INT8 ``[INDEX_INT8_AMAX_MIN, INDEX_INT8_AMAX_MAX]`` of the
+    ``"reciprocal"`` rule the prolog uses, FP8 at least ``INDEX_FP8_AMAX_FLOOR_MIN``."""
+    f = np.float32(amax_floor)
+    if path == "int8":
+        lo, hi = INDEX_INT8_AMAX_MIN["reciprocal"], INDEX_INT8_AMAX_MAX["reciprocal"]
+    else:
+        lo, hi = INDEX_FP8_AMAX_FLOOR_MIN, float("inf")
+    if not np.float32(lo) <= f <= np.float32(hi):
+        raise ValueError(f"amax_floor: expected a value in [{lo!r}, {hi!r}] (the {path} "
+                         f"quantizer's scale is finite, > 0), got {amax_floor!r}")  # fmt: skip
+
+
 def check_meta(ins, *, path="int8", rope_pairing="halves", eps=1e-6, ue8m0=True,
                amax_floor=None, block_size=DEEPSEEK_V32.block_size, trace=None,
                fp8_promotion="fma", k_tile=None) -> Args:  # fmt: skip
@@ -261,6 +280,7 @@ def check_meta(ins, *, path="int8", rope_pairing="halves", eps=1e-6, ue8m0=True,
     if amax_floor is None:
         amax_floor = AMAX_FLOORS[path]
     amax_floor = check_float(amax_floor, "amax_floor", positive=True, fp32=True)
+    _check_floor_range(amax_floor, path)
     block_size = check_int(block_size, "block_size", lo=1, hi=INT32_MAX)
     if k_tile is not None:
         k_tile = check_int(k_tile, "k_tile", lo=1, hi=INT32_MAX)

@@ -105,7 +105,8 @@ class Dsv32Dims(NamedTuple):
     @classmethod
     def from_config(cls, config: Mapping) -> Dsv32Dims:
         """The sizes of a Hugging Face ``config.json`` or DeepSeek's inference config (their
-        own key names; a missing key keeps the default)."""
+        own key names; a missing key keeps the default). Both names of one size given
+        (``hidden_size`` and ``dim``, ``num_attention_heads`` and ``n_heads``) must agree."""
         if not isinstance(config, Mapping):
             raise TypeError(f"config: expected a mapping, got {type(config).__name__}")
         aliases = {"hidden": ("hidden_size", "dim"), "heads": ("num_attention_heads", "n_heads"),
@@ -113,8 +114,15 @@ class Dsv32Dims(NamedTuple):
                    "v_head": ("v_head_dim",), "index_heads": ("index_n_heads",),
                    "index_dim": ("index_head_dim",), "q_lora_rank": ("q_lora_rank",),
                    "kv_lora_rank": ("kv_lora_rank",)}  # fmt: skip
-        got = {f: check_int(config[k], f"config[{k!r}]", lo=1)
-               for f, keys in aliases.items() for k in keys if k in config}  # fmt: skip
+        got = {}
+        for field, keys in aliases.items():
+            vals = {k: check_int(config[k], f"config[{k!r}]", lo=1) for k in keys if k in config}
+            if len(set(vals.values())) > 1:
+                given = " and ".join(f"{k!r}={v}" for k, v in vals.items())
+                raise ValueError(f"config: expected one value for {field} (aliases "
+                                 f"{' / '.join(map(repr, keys))}), got {given}")  # fmt: skip
+            if vals:
+                got[field] = next(iter(vals.values()))
         return cls(**got)
 
 
@@ -175,25 +183,60 @@ class _Tensors:
         """The tensor as given (a mapping's value) or read from its file."""
         if self.files is None:
             return self.mapping[key]
-        safe_open = _safe_open()
-        with safe_open(str(self.files[key]), framework="pt", device="cpu") as f:
-            return f.get_tensor(key)
+        file = self.files[key]
+        if not file.is_file():
+            raise ValueError(f"{key}: expected the file {str(file)!r} (its weight_map entry), got "
+                             f"no such file")  # fmt: skip
+        safe_open, errors = _safe_open()
+        try:
+            with safe_open(str(file), framework="pt", device="cpu") as f:
+                return f.get_tensor(key)
+        except errors as e:
+            raise ValueError(f"{key}: expected a tensor readable from {str(file)!r}, got "
+                             f"{type(e).__name__}: {e}") from e  # fmt: skip
 
 
 def _safe_open():
+    """``(safetensors.safe_open, the errors its reading raises)``."""
     try:
         import torch  # noqa: F401 (safetensors' "pt" reader returns torch tensors)
-        from safetensors import safe_open
+        from safetensors import SafetensorError, safe_open
     except ImportError as e:
         raise ImportError(f"source: reading a .safetensors checkpoint needs safetensors and "
                           f"torch ({EXTRA}); missing: {e.name}") from e  # fmt: skip
-    return safe_open
+    return safe_open, (OSError, SafetensorError)
 
 
 def _file_keys(path: Path) -> dict:
-    safe_open = _safe_open()
-    with safe_open(str(path), framework="pt", device="cpu") as f:
-        return dict.fromkeys(f.keys(), path)
+    safe_open, errors = _safe_open()
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            return dict.fromkeys(f.keys(), path)
+    except errors as e:
+        raise ValueError(f"source: expected a readable .safetensors file, got {str(path)!r} "
+                         f"({type(e).__name__}: {e})") from e  # fmt: skip
+
+
+def _index_files(path: Path, index: Path) -> dict:
+    """key -> file of ``index`` (``model.safetensors.index.json``): its ``weight_map`` object
+    of key -> file name (relative to ``path``)."""
+    try:
+        doc = json.loads(index.read_bytes())
+    except (OSError, ValueError) as e:  # JSONDecodeError and UnicodeDecodeError: ValueError
+        got = "an unreadable file" if isinstance(e, OSError) else "invalid JSON"
+        raise ValueError(f"source: expected a JSON object in {index}, got {got} "
+                         f"({type(e).__name__}: {e})") from e  # fmt: skip
+    if not isinstance(doc, dict):
+        raise ValueError(f"source: expected a JSON object in {index}, got {type(doc).__name__}")
+    weight_map = doc.get("weight_map")
+    if not isinstance(weight_map, dict):
+        got = "none" if weight_map is None else type(weight_map).__name__
+        raise ValueError(f"source: expected a 'weight_map' object in {index}, got {got}")
+    for k, v in weight_map.items():
+        if not isinstance(v, str):
+            raise ValueError(f"source: expected weight_map[{k!r}] to be a file name (str) in "
+                             f"{index}, got {type(v).__name__} {v!r}")  # fmt: skip
+    return {k: path / v for k, v in weight_map.items()}
 
 
 def _safetensors_files(path: Path) -> dict:
@@ -206,10 +249,7 @@ def _safetensors_files(path: Path) -> dict:
                          f"{str(path)!r} (no such file or directory)")  # fmt: skip
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = json.loads(index.read_text()).get("weight_map")
-        if not isinstance(weight_map, dict):
-            raise ValueError(f"source: expected a 'weight_map' object in {index}, got none")
-        return {k: path / v for k, v in weight_map.items()}
+        return _index_files(path, index)
     files = sorted(path.glob("*.safetensors"))
     if len(files) != 1:
         raise ValueError(f"source: expected model.safetensors.index.json or exactly one "
@@ -249,23 +289,44 @@ class _Linear(NamedTuple):
     scale_key: str | None = None
 
 
+def _no_scale(tensors, scheme, layer, role, key: str, dtype) -> None:
+    """A weight stored unscaled (BF16 / FP32) has no block scale beside it: a scale there
+    means FP8 codes widened without their scale, or a stale scale (ambiguous either way)."""
+    s_key = _key(scheme, layer, role, "scale")
+    if s_key in tensors:
+        dt = np.dtype(dtype)
+        raise ValueError(
+            f"{key}: expected a {dt} weight without a block scale (only an FP8 E4M3 weight "
+            f"carries one), got {dt} with {s_key!r} beside it"
+        )
+
+
+def _check_fp8_block(codes: np.ndarray, c_name: str, scales: np.ndarray, s_name: str) -> None:
+    """The value rule of an E4M3 weight and its FP32 block scales (the loader's and
+    :func:`dequant_bf16`'s): no NaN code, every scale finite and ``> 0``."""
+    bad = e4m3_nan_codes(codes)
+    if bad.any():
+        idx = [int(i) for i in np.argwhere(bad)[0]]
+        raise ValueError(f"{c_name}: expected finite E4M3 codes, got a NaN code at index {idx}")
+    check_positive(scales, s_name, "finite scales")  # NaN and inf fail too (inf: finite check)
+    check_finite(scales, s_name)
+
+
 def _linear(tensors, scheme, layer, role, shape) -> _Linear:
-    """One linear's weight (checked ``shape`` = ``(out, in)``) and, for FP8, its scale."""
+    """One linear's weight (checked ``shape`` = ``(out, in)``) and, for FP8, its scale; a BF16
+    weight with a scale beside it is refused."""
     key, w = _get(tensors, scheme, layer, role)
     check_array(w, key, dtype=(FP8_E4M3, BF16), shape=shape, layout="[out, in]")
     a = host_data(w, key)
     if dtype_of(w, key) == BF16:
+        _no_scale(tensors, scheme, layer, role, key, BF16)
         check_finite(a, key)
         return _Linear(key, a, None)
-    if e4m3_nan_codes(a).any():
-        idx = [int(i) for i in np.argwhere(e4m3_nan_codes(a))[0]]
-        raise ValueError(f"{key}: expected finite E4M3 codes, got a NaN code at index {idx}")
     s_key, s = _get(tensors, scheme, layer, role, "scale")
     blocks = tuple(-(-n // BLOCK) for n in shape)
     check_array(s, s_key, dtype=np.float32, shape=blocks, layout="[ceil(out/128), ceil(in/128)]")
     sa = host_data(s, s_key)
-    check_positive(sa, s_key, "finite scales")  # NaN and inf fail too (inf: finite check)
-    check_finite(sa, s_key)
+    _check_fp8_block(a, key, sa, s_key)
     return _Linear(key, a, sa, s_key)
 
 
@@ -296,6 +357,7 @@ def _read(tensors: _Tensors, layer: int, dims: Dsv32Dims) -> tuple[str, dict]:
     key, p = _get(tensors, scheme, layer, "index_proj")
     check_array(p, key, dtype=(BF16, np.float32), shape=(d.index_heads, d.hidden),
                 layout="[index_heads, hidden]")  # fmt: skip
+    _no_scale(tensors, scheme, layer, "index_proj", key, dtype_of(p, key))
     check_finite(host_data(p, key), key)
     got["index_proj"] = (key, host_data(p, key))
     return scheme, got
@@ -305,14 +367,22 @@ def _read(tensors: _Tensors, layer: int, dims: Dsv32Dims) -> tuple[str, dict]:
 def dequant_bf16(weight, scale) -> np.ndarray:
     """DeepSeek's ``weight_dequant`` of E4M3 ``weight [out, in]`` with FP32 block scales
     ``[ceil(out/128), ceil(in/128)]``: ``BF16(FP32(code) * scale)`` (one FP32 product, one
-    BF16 rounding, round to nearest even); returns BF16 ``[out, in]``."""
+    BF16 rounding, round to nearest even); returns BF16 ``[out, in]``. The loader's value
+    rule applies: no E4M3 NaN code, every scale finite and ``> 0``."""
     check_array(weight, "weight", dtype=FP8_E4M3, ndim=2, layout="[out, in]")
     out_n, in_n = shape_of(weight, "weight")
     blocks = (-(-out_n // BLOCK), -(-in_n // BLOCK))
     check_array(scale, "scale", dtype=np.float32, shape=blocks, layout="[out/128, in/128] blocks")
     w, s = host_data(weight, "weight"), host_data(scale, "scale")
+    _check_fp8_block(w, "weight", s, "scale")
+    return _dequant(w, s)
+
+
+def _dequant(w: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """:func:`dequant_bf16` of checked host arrays."""
+    out_n, in_n = w.shape
     out = np.empty((out_n, in_n), dtype=BF16)
-    for i in range(blocks[0]):  # one 128-row band at a time: no full-size FP32 copy of w
+    for i in range(s.shape[0]):  # one 128-row band at a time: no full-size FP32 copy of w
         rows = slice(i * BLOCK, min((i + 1) * BLOCK, out_n))
         band = np.repeat(s[i], BLOCK)[:in_n].astype(F32)
         out[rows] = to_bf16(e4m3_to_fp32(w[rows]) * band[None, :])
@@ -323,7 +393,7 @@ def _bf16(lin: _Linear) -> np.ndarray:
     """The weight as BF16 ``[out, in]`` (dequantized if FP8; a fresh array)."""
     if lin.scale is None:
         return np.array(lin.weight, copy=True)
-    return dequant_bf16(lin.weight, lin.scale)
+    return _dequant(lin.weight, lin.scale)  # checked by _linear
 
 
 def _t(a: np.ndarray) -> np.ndarray:
@@ -334,9 +404,14 @@ def _t(a: np.ndarray) -> np.ndarray:
 def quant_int8_per_channel(w) -> tuple[np.ndarray, np.ndarray]:
     """pypto-gym's per-output-channel INT8 quant of ``w [K, N]`` (BF16 or FP32): the one INT8
     rule :func:`tilesim.shared.quant.quant_int8_gym` over each column's ``K`` values, ``(codes
-    int8 [K, N], dequant scales FP32 [N])``. ``w`` is not modified."""
+    int8 [K, N], dequant scales FP32 [N])``. ``w`` is not modified; it must be non-empty and
+    finite."""
     check_array(w, "w", dtype=(BF16, np.float32), ndim=2, layout="[K, N]")
+    shp = shape_of(w, "w")
+    if 0 in shp:
+        raise ValueError(f"w: expected a non-empty [K, N] array, got shape {shp}")
     a = host_data(w, "w")
+    check_finite(a, "w")
     codes_t, scale = quant_int8_gym(np.ascontiguousarray(a.T), a.shape[0])  # [N, K], [N, 1]
     return np.ascontiguousarray(codes_t.T), scale.reshape(-1)
 

@@ -45,7 +45,9 @@ from tilesim.shared.validate import (
     check_choice,
     check_finite,
     check_float,
+    check_pos_int,
     host_data,
+    raise_at_first,
     shape_of,
 )
 
@@ -58,6 +60,18 @@ FP8_PROMOTIONS = ("fma", "two_roundings")
 #: how :func:`quantize_index_int8` forms its code factor and FP16 scale (``"reciprocal"``:
 #: pypto-gym's prolog golden, ``127 * (1 / amax)`` and ``1 / factor``)
 INDEX_INT8_SCALE_RULES = ("amax/127", "reciprocal")
+#: the smallest ``amax_floor`` of :func:`quantize_index_fp8`, ``225 * 2**-149`` (~3.15e-43):
+#: below it the FP32 scale ``amax_floor / 448`` rounds to 0 (codes ``x / 0``, NaN)
+INDEX_FP8_AMAX_FLOOR_MIN = 225 * 2.0**-149
+#: the smallest FP32 ``amax`` of :func:`quantize_index_int8` per scale rule (~3.7322e-37, one
+#: FP32 ULP apart): below it the FP32 code factor ``127 / amax`` (``"amax/127"``) or ``(1 /
+#: amax) * 127`` (``"reciprocal"``) overflows to inf (codes ``0 * inf``, NaN)
+INDEX_INT8_AMAX_MIN = {"amax/127": float.fromhex("0x1.fc0002p-122"),
+                       "reciprocal": float.fromhex("0x1.fc0004p-122")}  # fmt: skip
+#: the largest FP32 ``amax`` of :func:`quantize_index_int8` whose FP16 scale is finite, per
+#: scale rule (~127 * 65520: ``fp32(amax / 127)`` or ``fp32(1 / f)`` at 65520 or above, FP16's
+#: max 65504 plus half an ULP, rounds to inf)
+INDEX_INT8_AMAX_MAX = {"amax/127": 8321039.5, "reciprocal": 8321040.0}
 #: FP32 value of every FP8 E4M3FN bit pattern (ml_dtypes' own widening, NaNs included): a table
 #: look-up gives the same bits as ``astype(float32)`` about 10x faster
 with np.errstate(invalid="ignore"):
@@ -114,6 +128,23 @@ def _floor(amax_floor, name: str) -> np.float32:
     return np.float32(v)
 
 
+def _int8_floor(amax_floor, rule: str) -> np.float32:
+    """``amax_floor`` as FP32: 0 or in ``[INDEX_INT8_AMAX_MIN, INDEX_INT8_AMAX_MAX]``."""
+    floor = _floor(amax_floor, "amax_floor")
+    lo, hi = np.float32(INDEX_INT8_AMAX_MIN[rule]), np.float32(INDEX_INT8_AMAX_MAX[rule])
+    if 0 < floor < lo:
+        raise ValueError(
+            f"amax_floor: expected 0 or a value >= {lo!s} (the FP32 code factor overflows "
+            f"below it, scale_rule={rule!r}), got {amax_floor!r}"
+        )
+    if floor > hi:
+        raise ValueError(
+            f"amax_floor: expected a value <= {float(hi)!r} (the FP16 scale overflows above "
+            f"it, scale_rule={rule!r}), got {amax_floor!r}"
+        )
+    return floor
+
+
 def quantize_index_int8(
     x, *, amax_floor: float = 1e-8, scale_rule: str = "amax/127"
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -126,21 +157,39 @@ def quantize_index_int8(
     torch evaluates it (``127.0 / amax`` is ``reciprocal(amax) * 127`` there): code factor
     ``f = fp32(fp32(1 / amax) * 127)``, codes ``rint(x * f)``, scale ``fp16(fp32(1 / f))``;
     ``f`` can differ from ``fp32(127 / amax)`` by an FP32 ULP, which moves a code sitting
-    on a half and, rarely, the FP16 scale."""
+    on a half and, rarely, the FP16 scale.
+
+    Limits (the FP32 code factor and the FP16 scale, per rule): ``amax_floor`` is 0 or in
+    ``[INDEX_INT8_AMAX_MIN, INDEX_INT8_AMAX_MAX]`` (about ``[3.7322e-37, 8.3210e6]``); with
+    ``amax_floor=0`` every vector's ``max|x|`` must be at least ``INDEX_INT8_AMAX_MIN``
+    (``ValueError`` naming the vector). A vector with ``max|x|`` above ``INDEX_INT8_AMAX_MAX``
+    gets its rule's codes and the FP16 scale ``inf`` (the overflow the device writes; no
+    error, no NumPy warning); below ``127 * 2**-25`` (~3.8e-6) the FP16 scale is 0."""
     check_choice(scale_rule, "scale_rule", INDEX_INT8_SCALE_RULES)
-    g = _index_vectors(x, "quantize_index_int8(x)")
-    floor = _floor(amax_floor, "amax_floor")
+    name = "quantize_index_int8(x)"
+    g = _index_vectors(x, name)
+    floor = _int8_floor(amax_floor, scale_rule)
     amax = np.maximum(np.abs(g).max(axis=-1), floor)
-    if not (amax > 0).all():
-        raise ValueError("quantize_index_int8(x): an all-zero vector needs amax_floor > 0")
+    if floor == 0:
+        lo = np.float32(INDEX_INT8_AMAX_MIN[scale_rule])
+
+        def message(i: int) -> str:
+            vector = [int(j) for j in np.unravel_index(i, amax.shape)]
+            return (
+                f"{name}: expected max|x| >= {lo!s} in every vector with amax_floor=0 (the FP32 "
+                f"code factor overflows below it; an all-zero vector needs amax_floor > 0), got "
+                f"{amax.flat[i]!s} in vector {vector}"
+            )
+
+        raise_at_first((amax < lo).reshape(-1), message)
     if scale_rule == "reciprocal":
         inv = (np.float32(1) / amax) * np.float32(INT8_QMAX)  # two FP32 roundings
     else:
         inv = np.float32(INT8_QMAX) / amax  # FP32 quotient
     codes = np.clip(np.rint(g * inv[..., None]), -127, 127).astype(np.int8)
-    if scale_rule == "reciprocal":
-        return codes, (np.float32(1) / inv).astype(np.float16)
-    return codes, (amax / np.float32(INT8_QMAX)).astype(np.float16)
+    scale = np.float32(1) / inv if scale_rule == "reciprocal" else amax / np.float32(INT8_QMAX)
+    with np.errstate(over="ignore"):  # max|x| > INDEX_INT8_AMAX_MAX: FP16 inf (docstring)
+        return codes, scale.astype(np.float16)
 
 
 def quantize_index_fp8(
@@ -150,13 +199,18 @@ def quantize_index_fp8(
 
     ``amax = max(max|x|, amax_floor)``; ``s = fp32(amax / 448)``, or with ``ue8m0`` the power
     of two ``2^ceil(log2(amax / 448))`` (exponent from ``frexp``, exact); codes ``e4m3(clamp(x
-    / s, -448, 448))`` (RNE). ``amax_floor`` must be > 0 (DeepSeek and DeepGEMM: 1e-4; vLLM's
-    q path: 1e-10)."""
+    / s, -448, 448))`` (RNE). ``amax_floor`` must be at least ``INDEX_FP8_AMAX_FLOOR_MIN =
+    225 * 2**-149`` (~3.15e-43; below it ``fp32(amax_floor / 448)`` rounds to 0) (DeepSeek and
+    DeepGEMM: 1e-4; vLLM's q path: 1e-10)."""
     check_bool(ue8m0, "ue8m0")
     g = _index_vectors(x, "quantize_index_fp8(x)")
     floor = _floor(amax_floor, "amax_floor")
-    if not floor > 0:
-        raise ValueError(f"amax_floor: expected a value > 0, got {amax_floor!r}")
+    lo = np.float32(INDEX_FP8_AMAX_FLOOR_MIN)
+    if not floor >= lo:
+        raise ValueError(
+            f"amax_floor: expected a value >= {lo!s} (the FP32 scale amax_floor / 448 rounds to "
+            f"0 below it), got {amax_floor!r}"
+        )
     amax = np.maximum(np.abs(g).max(axis=-1), floor)
     scale = amax / np.float32(FP8_E4M3_MAX)
     if ue8m0:
@@ -215,10 +269,21 @@ def quant_int8_gym(v, group: int) -> tuple[np.ndarray, np.ndarray]:
     """pypto-gym's per-token INT8 quant over groups of ``group`` values of ``v [R, n]``
     (``s = FP32(FP32(1 / amax) * 127)``, torch's ``127 / amax``; pypto-gym
     models/deepseek_v32_exp golden ``quant``):
-    ``(codes int8 [R, n], dequant scales FP32 [R, n // group])``."""
-    g = np.asarray(v, dtype=np.float32).reshape(v.shape[0], -1, group)
+    ``(codes int8 [R, n], dequant scales FP32 [R, n // group])``. ``v``: BF16 or FP32,
+    non-empty, finite; ``group``: a positive int dividing ``n``. A group whose ``s`` overflows
+    (``amax`` 0, or below ~3.7e-37) gets codes 0 and scale 0."""
+    check_array(v, "v", dtype=(BF16, np.float32), ndim=2, layout="[R, n]")
+    rows, n = shape_of(v, "v")
+    if rows == 0 or n == 0:
+        raise ValueError(f"v: expected a non-empty [R, n] array, got shape {(rows, n)}")
+    group = check_pos_int(group, "group")
+    if n % group:
+        raise ValueError(f"group: expected a divisor of n = {n}, got {group}")
+    a = host_data(v, "v")
+    check_finite(a, "v")
+    g = np.asarray(a, dtype=np.float32).reshape(rows, -1, group)
     amax = np.abs(g).max(axis=-1, keepdims=True)
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         # torch's ``127 / t`` is ``t.reciprocal() * 127``: two FP32 roundings (inf for amax 0)
         s = (np.float32(1) / amax) * np.float32(INT8_QMAX)
         y = g * s
@@ -227,4 +292,4 @@ def quant_int8_gym(v, group: int) -> tuple[np.ndarray, np.ndarray]:
     )  # all-zero group: codes 0 (x86 torch gives 0 too)
     codes = np.rint(y).astype(np.int32).astype(np.float16)  # round half even, int32, fp16
     codes = np.clip(np.trunc(codes), -128, 127).astype(np.int8)  # trunc, int8 (saturating)
-    return codes.reshape(v.shape), (np.float32(1) / s).reshape(v.shape[0], -1).astype(np.float32)
+    return codes.reshape(rows, n), (np.float32(1) / s).reshape(rows, -1).astype(np.float32)
