@@ -19,22 +19,32 @@ score) and the judge (an id output's extra ids, best first). ``docs/numerics.md`
 * Positions at or past a row's visible length are never read (they may hold NaN).
 * Inputs: any integer or float array (NumPy dtypes and the ml_dtypes floats, BF16 and FP8,
   compared exactly after a widening to float64); bool, complex and object arrays are a
-  ``TypeError``. Integers are compared as integers (no rounding through float64).
+  ``TypeError``. Integers are compared as integers (no rounding through float64). Arrays
+  follow :mod:`tilesim.shared.validate`: NumPy arrays or torch tensors (read on the host,
+  detached, BF16 / FP8 as ml_dtypes); masked arrays, ``np.matrix`` and Python lists are a
+  ``TypeError`` naming the argument. Nothing passed in is written.
 
 The result is an index array (``int64``); callers cast it to their output dtype.
 """
 
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
+from tilesim.shared.validate import check_elements, host_data
 
 #: the id of an empty slot (fewer visible positions than slots)
 NO_ID = -1
 
 
 def _keys(scores, name: str) -> np.ndarray:
-    """``scores`` as an array whose ``<`` is the score order (ml_dtypes floats -> float64)."""
-    s = np.asarray(scores)
+    """``scores`` read by the argument policy (:func:`~tilesim.shared.validate.host_data`:
+    NumPy arrays as they are, torch tensors detached and viewed on the host, NumPy scalars as
+    0-d arrays), as an array whose ``<`` is the score order (ml_dtypes floats -> float64)."""
+    if isinstance(scores, np.ndarray) and scores.dtype.hasobject:
+        raise TypeError(f"{name}: expected integer or float scores, got dtype {scores.dtype}")
+    s = host_data(scores, name, scalars=True)
     if s.dtype.kind in "iuf":
         return s
     if s.dtype.kind == "V" and s.dtype.names is None:
@@ -82,10 +92,14 @@ def _row_top(s: np.ndarray, k: int) -> np.ndarray:
 
 
 def _visible(visible, lead: tuple, n: int) -> np.ndarray:
-    v = np.asarray(visible)
-    if v.dtype.kind not in "iu" or v.shape != lead:
+    if isinstance(visible, numbers.Integral) and not isinstance(visible, (bool, np.bool_)):
+        v = np.asarray(int(visible)) if lead == () else None  # one row: its length as an int
+    else:
+        v = host_data(visible, "visible")
+    if v is None or v.dtype.kind not in "iu" or v.shape != lead:
+        got = type(visible).__name__ if v is None else f"{v.dtype} of shape {list(v.shape)}"
         raise ValueError(f"visible: expected integers of shape {list(lead)} (one length per "
-                         f"row of scores), got {v.dtype} of shape {list(v.shape)}")  # fmt: skip
+                         f"row of scores), got {got}")  # fmt: skip
     bad = (v < 0) | (v > n)
     if bad.any():
         i = tuple(int(j) for j in np.argwhere(bad)[0])
@@ -99,7 +113,13 @@ def top_k(scores, k: int, *, visible=None, name: str = "scores") -> np.ndarray:
     rule), then :data:`NO_ID` in the remaining slots. ``visible``: one length per row (shape
     ``scores.shape[:-1]``, each in ``[0, n]``); ``None``: every position is visible. ``k``:
     an int ``>= 0``; ``k > n`` pads every row. NaN ranks last; positions past ``visible``
-    are never read. ``name`` names ``scores`` in the errors."""
+    are never read. ``name`` names ``scores`` in the errors.
+
+    ``scores``: a NumPy array or a torch tensor (read as :mod:`tilesim.shared.validate`
+    reads host data: masked arrays, ``np.matrix``, lists and tuples are a ``TypeError``).
+    ``visible``: the same, or a plain int for a 1-D ``scores``. A ``k`` whose result would
+    hold more than :data:`~tilesim.shared.validate.MAX_ELEMENTS` ids is a ``ValueError``
+    naming ``k``, raised before anything is allocated."""
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
         raise ValueError(f"k: expected an int >= 0, got {k!r}")
     k = int(k)
@@ -107,6 +127,7 @@ def top_k(scores, k: int, *, visible=None, name: str = "scores") -> np.ndarray:
     if s.ndim < 1:
         raise ValueError(f"{name}: expected at least one axis (positions), got a scalar")
     n = s.shape[-1]
+    check_elements((*s.shape[:-1], k), "k", f"the result (one id per slot of each row of {name})")
     out = np.full((*s.shape[:-1], k), NO_ID, dtype=np.int64)
     if visible is None:
         m = min(k, n)
@@ -121,8 +142,8 @@ def top_k(scores, k: int, *, visible=None, name: str = "scores") -> np.ndarray:
 
 def rank(scores, *, name: str = "scores") -> np.ndarray:
     """INT64 ``[..., n]``: every position of each row of ``scores [..., n]``, best first (the
-    module's rule; ``top_k(scores, n)``)."""
-    s = np.asarray(scores)
+    module's rule; ``top_k(scores, n)``; ``scores`` read as :func:`top_k` reads it)."""
+    s = _keys(scores, name)
     return top_k(s, s.shape[-1] if s.ndim else 0, name=name)
 
 

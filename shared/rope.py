@@ -60,7 +60,9 @@ from tilesim.shared.validate import (
     check_array,
     check_choice,
     check_float,
+    check_int,
     check_pos_int,
+    fp32_holds,
     host_data,
     host_ints,
     shape_of,
@@ -80,6 +82,10 @@ DEEPSEEK_V32_ROPE = {
     "max_seq_len": 16384,
 }
 
+#: the largest ``max_seq_len`` of a table: every position below it is an FP32 integer exactly
+#: (``fp32(2**24 + 1)`` rounds to ``2**24``, and two positions would share one row)
+MAX_TABLE_SEQ_LEN = 2**24
+
 
 def _correction_dim(rotations: float, d: int, theta: float, orig: int) -> float:
     return d * math.log(orig / (rotations * 2 * math.pi)) / (2 * math.log(theta))
@@ -95,20 +101,32 @@ def yarn_inv_freq(
     beta_slow: float = 1.0,
     max_seq_len: int = 16384,
 ) -> np.ndarray:
-    """The FP32 inverse frequencies ``[rope_dim // 2]`` (steps 1-2 of the module docstring)."""
+    """The FP32 inverse frequencies ``[rope_dim // 2]`` (steps 1-2 of the module docstring).
+
+    ``rope_theta``: a number ``> 1`` whose largest power ``theta ** ((rope_dim - 2) /
+    rope_dim)`` FP32 can hold (so every frequency is finite, ``> 0`` and ``<= 1``);
+    ``beta_fast > beta_slow > 0``. Anything else is a ``ValueError`` naming the argument."""
     d = check_pos_int(rope_dim, "rope_dim")
     if d % 2:
         raise ValueError(f"rope_dim: expected an even number, got {rope_dim!r}")
     theta = check_float(rope_theta, "rope_theta", positive=True)
-    if theta == 1.0:
-        raise ValueError(f"rope_theta: expected a value other than 1, got {rope_theta!r}")
     fac = check_float(factor, "factor", positive=True, fp32=True)
     orig = check_pos_int(original_max_position_embeddings, "original_max_position_embeddings")
     bf = check_float(beta_fast, "beta_fast", positive=True)
     bs = check_float(beta_slow, "beta_slow", positive=True)
+    if not bf > bs:
+        raise ValueError(
+            f"beta_fast: expected a value > beta_slow ({beta_slow!r}), got {beta_fast!r}"
+        )
     msl = check_pos_int(max_seq_len, "max_seq_len")
     e = np.arange(0, d, 2, dtype=np.float32) / np.float32(d)
-    freqs = np.float32(1.0) / np.power(np.float64(theta), e.astype(np.float64)).astype(np.float32)
+    power = np.power(np.float64(theta), e.astype(np.float64))  # float64: e < 1, never inf
+    if not (theta > 1.0 and fp32_holds(float(power[-1]))):
+        raise ValueError(
+            f"rope_theta: expected a value > 1 whose power theta ** {float(e[-1])!r} FP32 can "
+            f"hold (rope_dim {d}), got {rope_theta!r}"
+        )
+    freqs = np.float32(1.0) / power.astype(np.float32)
     if msl > orig:
         lo = max(math.floor(_correction_dim(bf, d, theta, orig)), 0)
         hi = min(math.ceil(_correction_dim(bs, d, theta, orig)), d - 1)
@@ -132,15 +150,25 @@ def yarn_rope_table(
     ``"halves"``/``"deinterleave"`` pairings pass the table as is (``apply_rope`` repeats it) or
     tile it to ``[T, rope_dim]`` yourself (the form pypto-gym's prolog takes, then rounded to
     BF16: :func:`halves_table`).
+
+    ``max_seq_len`` is at most :data:`MAX_TABLE_SEQ_LEN` (``2**24``): the angle is formed from
+    ``fp32(position)``, exact for every position below ``2**24`` only (a larger one would be
+    rounded and share its row with a neighbour); a larger value is a ``ValueError`` naming
+    ``max_seq_len``.
     """
-    msl = check_pos_int(yarn.get("max_seq_len", DEEPSEEK_V32_ROPE["max_seq_len"]), "max_seq_len")
+    msl = check_int(
+        yarn.get("max_seq_len", DEEPSEEK_V32_ROPE["max_seq_len"]),
+        "max_seq_len",
+        lo=1,
+        hi=MAX_TABLE_SEQ_LEN,
+    )
     pos = host_ints(positions, "positions", ndim=1, layout="[T]")
     if pos.size and (pos.min() < 0 or pos.max() >= msl):
         bad = pos[(pos < 0) | (pos >= msl)][0]
         raise ValueError(f"positions: expected values in [0, {msl}) (max_seq_len), got {bad}")
     ms = check_float(table_mscale, "table_mscale", positive=True, fp32=True)
     freqs = yarn_inv_freq(**yarn)
-    angle = pos.astype(np.float32)[:, None] * freqs[None, :]  # FP32 product (positions < 2^24)
+    angle = pos.astype(np.float32)[:, None] * freqs[None, :]  # fp32(pos) exact: pos < 2**24
     a64 = angle.astype(np.float64)
     cos = np.cos(a64).astype(np.float32)
     sin = np.sin(a64).astype(np.float32)
@@ -223,6 +251,7 @@ def apply_rope(x, cos, sin, *, pairing: str) -> np.ndarray:
 
 __all__ = [
     "DEEPSEEK_V32_ROPE",
+    "MAX_TABLE_SEQ_LEN",
     "PAIRINGS",
     "apply_rope",
     "halves_table",

@@ -12,7 +12,7 @@ from pathlib import Path
 import tilesim
 from tilesim.cli import CliError
 from tilesim.cli.golden_dir import declare_golden_dir, golden_files, stale_files, write_golden_dir
-from tilesim.cli.manifest import MANIFEST, RULE_KEY
+from tilesim.cli.manifest import MANIFEST, RULE_KEY, entries
 from tilesim.cli.outputs import Outputs, size_text
 from tilesim.cli.progress import Progress, build_and_run, want_progress
 from tilesim.cli.registry import get_case, tolerance_rule, tolerance_text
@@ -31,8 +31,11 @@ def cmd_golden(args: argparse.Namespace) -> int:
         return _golden_replay(args)
     if args.case is None:
         raise CliError("name a CASE, or give --inputs FILE --op OP (replay captured inputs)")
-    if args.op is not None or args.params is not None or args.like is not None:
-        raise CliError("--op/--params/--like go with --inputs (a replay), not with a CASE")
+    if any(v is not None for v in (args.op, args.params, args.like, args.name)):
+        raise CliError(
+            "--op/--params/--like/--name go with --inputs (a replay), not with a CASE (a "
+            "case's golden is written to -o DIR/CASE)"
+        )
     info = get_case(args.case)
     out_dir = Path(args.output) / info.name
     _early_check(out_dir, args.format, args.force)
@@ -176,12 +179,16 @@ def _golden_replay(args: argparse.Namespace) -> int:
     if args.case is not None or args.seed is not None:
         raise CliError("--inputs replays captured inputs: give no CASE and no --seed")
     src = Path(args.inputs)
+    if args.name == "":
+        raise CliError("--name '': expected a plain directory name (leave --name out for the "
+                       "inputs' name)")  # fmt: skip
     name = args.name or (src.name if src.is_dir() else src.stem) or "replay"
     if src.name == MANIFEST and not args.name:
         name = src.parent.name or "replay"
     if Path(name).name != name or name in (".", ".."):
         raise CliError(f"--name {name!r}: expected a plain directory name")
     out_dir = Path(args.output) / name
+    _check_inputs_kept(out_dir, args)
     _early_check(out_dir, args.format, args.force)
     request = rp.replay_request(args.inputs, op=args.op, params_text=args.params, like=args.like)
     op_args, params = rp.replay_arguments(request)
@@ -208,6 +215,55 @@ def _golden_replay(args: argparse.Namespace) -> int:
         print(f"  note: {n}")
     _print_files(out_dir, manifest)
     return 0
+
+
+def _check_inputs_kept(out_dir: Path, args: argparse.Namespace) -> None:
+    """Refuse an output directory the replay reads from: the directory of ``--inputs`` (the
+    directory itself, or the one holding the file), of a replayed golden's own source, in
+    turn, or of a ``--params`` file. Writing there would overwrite, or with ``--force``
+    delete, the files read."""
+    out = _resolved(out_dir)
+    read = [("--inputs", d) for d in _input_dirs(Path(args.inputs))]
+    params = Path(args.params) if args.params and not args.params.lstrip().startswith("{") else None
+    if params is not None and params.is_file():
+        read.append(("--params", _resolved(params).parent))
+    for option, d in read:
+        if d == out:
+            raise CliError(
+                f"-o/--name: output directory {str(out_dir)!r} is where {option} "
+                f"{getattr(args, option[2:])!r} is read from (writing the golden there would "
+                "overwrite or delete those files); choose another -o or --name"
+            )
+
+
+def _input_dirs(path: Path, depth: int = 0) -> list[Path]:
+    """The resolved directories whose files a replay of ``path`` reads: ``path`` (a
+    directory) or its parent, and for a replayed golden (which stores no inputs) those of the
+    inputs it was made from. A manifest that cannot be read adds nothing (the replay itself
+    reports it)."""
+    from tilesim.cli import replay as rp
+
+    if not path.exists():
+        return []
+    dirs = [_resolved(path) if path.is_dir() else _resolved(path).parent]
+    try:
+        found = rp.golden_manifest(path)
+    except CliError:
+        return dirs
+    if found is None or entries(found[1], "input") or depth >= 16:
+        return dirs
+    src = (found[1].get("replay") or {}).get("inputs")
+    if isinstance(src, str) and src and _resolved(Path(src)) != _resolved(found[0].parent):
+        dirs += _input_dirs(Path(src), depth + 1)
+    return dirs
+
+
+def _resolved(p: Path) -> Path:
+    """``p`` resolved (symlinks followed), or made absolute where a symlink loop stops that."""
+    try:
+        return p.resolve()
+    except (OSError, RuntimeError):
+        return p.absolute()
 
 
 def _replay_header(request, params: dict, goldens: dict, *, name: str, out_dir: Path, fmt: str):

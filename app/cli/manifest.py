@@ -13,7 +13,9 @@ Roles: ``input``, ``golden`` (the op's outputs, in the op's order) and ``scores`
 indexer's block scores, stored beside its block ids for the tie-aware compare).
 
 :func:`read_manifest` turns a manifest with bad fields, or a file entry pointing outside the
-manifest's directory, into a one-line :class:`CliError`.
+manifest's directory, into a one-line :class:`CliError`; so are a ``manifest_version`` other
+than :data:`MANIFEST_VERSION` and an ``op`` that names no reference op (either may be absent:
+a plain manifest describing ``.bin`` files).
 """
 
 from __future__ import annotations
@@ -150,8 +152,25 @@ def read_manifest(path: Path) -> dict:
         if (e.get("role", "golden"), e["name"]) in names:
             raise CliError(f"{path}: tensor {e['name']!r} is listed twice")
         names.add((e.get("role", "golden"), e["name"]))
+    check_version_and_op(m, str(path))
     check_tolerance_fields(m.get("tolerance"), str(path))
     return m
+
+
+def check_version_and_op(m: dict, where: str) -> None:
+    """A manifest's ``manifest_version`` (when present) must be :data:`MANIFEST_VERSION`, and
+    its ``op`` (when present) a reference op (it selects the judge's plan and calibrated
+    bounds); else a :class:`CliError` naming the field."""
+    from tilesim.shared.registry import ops
+
+    version = m.get("manifest_version", MANIFEST_VERSION)
+    if type(version) is not int or version != MANIFEST_VERSION:
+        raise CliError(f"{where}: manifest_version: expected {MANIFEST_VERSION} (the version "
+                       f"this tilesim reads), got {version!r}")  # fmt: skip
+    known = [c.name for c in ops.calls()]
+    if "op" in m and m["op"] not in known:
+        raise CliError(f"{where}: op: expected a reference op ({', '.join(known)}), got "
+                       f"{m['op']!r}")  # fmt: skip
 
 
 def manifest_beside(path: Path) -> dict | None:
@@ -182,5 +201,5 @@ def golden_entry(manifest: dict, where: str, name: str | None = None) -> dict:
 
 
 __all__ = ["MANIFEST", "MANIFEST_VERSION", "ROLES", "RULE_KEY", "check_entry", "check_shape",
-           "check_tolerance_fields", "confined", "dump_json", "entries", "golden_entry",
-           "manifest_beside", "read_manifest", "tensor_entry"]  # fmt: skip
+           "check_tolerance_fields", "check_version_and_op", "confined", "dump_json", "entries",
+           "golden_entry", "manifest_beside", "read_manifest", "tensor_entry"]  # fmt: skip

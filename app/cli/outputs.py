@@ -153,6 +153,12 @@ def check_png_path(png: Path) -> None:
     """A ``--png`` target: a name ending in ``.png`` in an existing directory."""
     if png.suffix.lower() != ".png":
         raise CliError(f"--png {str(png)!r}: expected a file name ending in .png")
-    parent = png.parent if str(png.parent) else Path(".")
+    check_file_dir(png, "--png")
+
+
+def check_file_dir(path: Path, option: str) -> None:
+    """The directory of a one-file output option (``--png``, ``--records``) must exist: only
+    a golden's ``-o DIR`` is created when missing."""
+    parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
-        raise CliError(f"directory {str(parent)!r} of --png does not exist")
+        raise CliError(f"directory {str(parent)!r} of {option} does not exist")

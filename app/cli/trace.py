@@ -14,7 +14,7 @@ import numpy as np
 from tilesim.cli import CliError
 from tilesim.cli.dumps import match_actuals
 from tilesim.cli.loading import split_key
-from tilesim.cli.outputs import Outputs, check_png_path, size_text
+from tilesim.cli.outputs import Outputs, check_file_dir, check_png_path, size_text
 from tilesim.cli.progress import Progress, build_and_run, want_progress
 from tilesim.cli.registry import get_case
 from tilesim.cli.runner import jsonable
@@ -38,6 +38,9 @@ class TraceRun:
 def cmd_trace(args: argparse.Namespace) -> int:
     from tilesim.cli.plot_trace import summarize
 
+    if args.actual_dtype is not None and not args.actual:
+        raise CliError("--actual-dtype reinterprets the bytes of --actual FILE: give --actual, "
+                       "or leave --actual-dtype out")  # fmt: skip
     kind, target = _trace_target(args)
     png = Path(args.png) if args.png else None
     outputs = Outputs(force=args.force)
@@ -48,6 +51,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
         require_matplotlib("trace --png")
         outputs.add(png)
     if args.records:
+        check_file_dir(Path(args.records), "--records")
         outputs.add(Path(args.records))
     outputs.check()
     if args.actual:  # a missing ACTUAL fails before the run
