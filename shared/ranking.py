@@ -32,7 +32,7 @@ from __future__ import annotations
 import numbers
 
 import numpy as np
-from tilesim.shared.validate import check_elements, host_data
+from tilesim.shared.validate import check_elements, check_int, host_data
 
 #: the id of an empty slot (fewer visible positions than slots)
 NO_ID = -1
@@ -98,8 +98,10 @@ def _visible(visible, lead: tuple, n: int) -> np.ndarray:
         v = host_data(visible, "visible")
     if v is None or v.dtype.kind not in "iu" or v.shape != lead:
         got = type(visible).__name__ if v is None else f"{v.dtype} of shape {list(v.shape)}"
-        raise ValueError(f"visible: expected integers of shape {list(lead)} (one length per "
-                         f"row of scores), got {got}")  # fmt: skip
+        wrong_kind = v is None or v.dtype.kind not in "iu"  # a dtype / type error, else shape
+        raise (TypeError if wrong_kind else ValueError)(
+            f"visible: expected integers of shape {list(lead)} (one length per row of "
+            f"scores), got {got}")  # fmt: skip
     bad = (v < 0) | (v > n)
     if bad.any():
         i = tuple(int(j) for j in np.argwhere(bad)[0])
@@ -120,9 +122,7 @@ def top_k(scores, k: int, *, visible=None, name: str = "scores") -> np.ndarray:
     ``visible``: the same, or a plain int for a 1-D ``scores``. A ``k`` whose result would
     hold more than :data:`~tilesim.shared.validate.MAX_ELEMENTS` ids is a ``ValueError``
     naming ``k``, raised before anything is allocated."""
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
-        raise ValueError(f"k: expected an int >= 0, got {k!r}")
-    k = int(k)
+    k = check_int(k, "k", lo=0)
     s = _keys(scores, name)
     if s.ndim < 1:
         raise ValueError(f"{name}: expected at least one axis (positions), got a scalar")
