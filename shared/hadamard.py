@@ -46,7 +46,14 @@ from __future__ import annotations
 
 import numpy as np
 from tilesim.shared.casts import BF16, to_bf16
-from tilesim.shared.validate import check_array, check_float, check_int, host_data, shape_of
+from tilesim.shared.validate import (
+    check_array,
+    check_dtype_choice,
+    check_float,
+    check_int,
+    host_data,
+    shape_of,
+)
 
 #: the index head dimension DeepSeek-V3.2 rotates (``index_head_dim``)
 HADAMARD_DIM = 128
@@ -66,15 +73,7 @@ def sylvester_hadamard(n: int = HADAMARD_DIM, *, dtype=np.float32) -> np.ndarray
     ``dtype`` (int8, float32, float64 or bfloat16), ``H[i, j] = (-1)^popcount(i & j)``;
     symmetric, ``H H^T = n I``."""
     n = _power_of_two(n, "n")
-    expected = f"dtype: expected one of {[str(d) for d in MATRIX_DTYPES]}"
-    if dtype is None:  # np.dtype(None) is float64: refused, not read as a dtype
-        raise TypeError(f"{expected}, got None")
-    try:
-        dt = np.dtype(dtype)
-    except (TypeError, ValueError):
-        raise TypeError(f"{expected}, got {type(dtype).__name__} {dtype!r}") from None
-    if dt not in MATRIX_DTYPES:
-        raise TypeError(f"{expected}, got {dt}")
+    dt = check_dtype_choice(dtype, "dtype", MATRIX_DTYPES)
     h = np.ones((1, 1), dtype=np.int8)
     while h.shape[0] < n:  # H_2m = [[H, H], [H, -H]]
         h = np.block([[h, h], [h, -h]])

@@ -59,6 +59,7 @@ from tilesim.shared.casts import BF16, to_bf16
 from tilesim.shared.validate import (
     check_array,
     check_choice,
+    check_dtype_choice,
     check_float,
     check_int,
     check_pos_int,
@@ -189,7 +190,7 @@ def yarn_softmax_mscale(factor: float = 40.0, mscale: float = 1.0) -> float:
 def halves_table(cos, sin, *, dtype=BF16) -> tuple[np.ndarray, np.ndarray]:
     """``[T, d/2]`` FP32 angles table -> ``[T, d]`` ``cat(c, c)`` / ``cat(s, s)`` in ``dtype``
     (BF16 by default, round to nearest even: the table pypto-gym's MLA prolog takes)."""
-    check_choice(np.dtype(dtype), "dtype", (BF16, np.dtype(np.float32)))
+    dtype = check_dtype_choice(dtype, "dtype", (BF16, np.float32))
     c = host_data(cos, "cos")
     s = host_data(sin, "sin")
     check_array(c, "cos", dtype=np.float32, ndim=2, layout="[T, d/2]")

@@ -100,6 +100,22 @@ def _dtype_text(allowed) -> str:
     return " or ".join(str(np.dtype(d)) for d in allowed)
 
 
+def check_dtype_choice(v, name: str, allowed) -> np.dtype:
+    """A dtype argument (a dtype, a type or a dtype name) that is one of ``allowed`` -> its
+    ``np.dtype``. ``None`` (which ``np.dtype`` reads as float64), a name NumPy does not know
+    and a dtype outside ``allowed`` are a ``TypeError`` naming ``name``."""
+    expected = f"{name}: expected one of {_dtype_text(allowed)}"
+    if v is None:
+        raise TypeError(f"{expected}, got None")
+    try:
+        dt = np.dtype(v)
+    except (TypeError, ValueError):
+        raise TypeError(f"{expected}, got {_kind(v)} {v!r}") from None
+    if not any(dt == np.dtype(a) for a in allowed):
+        raise TypeError(f"{expected}, got {dt}")
+    return dt
+
+
 def check_dtype(x, name: str, allowed) -> np.dtype:
     """``TypeError`` unless the dtype of ``x`` is one of ``allowed`` (a dtype or a tuple)."""
     allowed = tuple(np.dtype(d) for d in (allowed if isinstance(allowed, tuple) else (allowed,)))
@@ -449,6 +465,7 @@ __all__ = [
     "check_bool",
     "check_choice",
     "check_dtype",
+    "check_dtype_choice",
     "check_elements",
     "check_finite",
     "check_float",

@@ -64,7 +64,13 @@ from tilesim.reference.judging.ties import TIE_ULPS, IdReport, IdRow, judge_id_r
 from tilesim.reference.util.numerics import ULP_DTYPES
 from tilesim.shared.registry.ops import judge_kinds
 from tilesim.shared.registry.tolerance import check_tolerance
-from tilesim.shared.validate import check_choice, check_int_sequence, check_str, host_data
+from tilesim.shared.validate import (
+    check_choice,
+    check_dtype_choice,
+    check_int_sequence,
+    check_str,
+    host_data,
+)
 
 #: (output kind, names of the leading axes) of each op's judged output, by the judge's
 #: ``kind``: the kinds the registry of ops names (:func:`tilesim.shared.registry.ops.judge_kinds`),
@@ -130,13 +136,7 @@ def _check_options(rule, name, arithmetic, precision, row_shape) -> tuple | None
     check_str(name, "name", nonempty=False)
     check_choice(arithmetic, "arithmetic", ("float64", "native"))
     if precision is not None:
-        expected = f"precision: expected one of {[str(d) for d in UNIT_ROUNDOFF]} or None"
-        try:
-            dt = np.dtype(precision)
-        except (TypeError, ValueError):
-            raise TypeError(f"{expected}, got {type(precision).__name__} {precision!r}") from None
-        if dt not in UNIT_ROUNDOFF:
-            raise TypeError(f"{expected}, got {precision!r}")
+        check_dtype_choice(precision, "precision", UNIT_ROUNDOFF)
     return None if row_shape is None else check_int_sequence(row_shape, "row_shape", lo=1)
 
 

@@ -120,3 +120,14 @@ def test_table_takes_the_yarn_keywords_of_the_frequencies():
         yarn_rope_table(np.array([8192]), **yarn)
     with pytest.raises(TypeError, match="rope_base"):
         yarn_rope_table(pos, rope_base=1.0)
+
+
+@pytest.mark.parametrize("dtype", [None, "bogus", np.float16])
+def test_halves_table_dtype_is_named(dtype):
+    """``dtype=None`` (NumPy would read float64), unknown names and dtypes other than BF16 /
+    FP32 are a ``TypeError`` naming ``dtype`` (the shared dtype-choice rule)."""
+    from tilesim.shared.rope import halves_table
+
+    a = np.zeros((2, 4), np.float32)
+    with pytest.raises(TypeError, match="^dtype: expected one of bfloat16 or float32, got"):
+        halves_table(a, a, dtype=dtype)
