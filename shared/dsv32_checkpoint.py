@@ -385,15 +385,26 @@ def _dequant(w: np.ndarray, s: np.ndarray) -> np.ndarray:
     for i in range(s.shape[0]):  # one 128-row band at a time: no full-size FP32 copy of w
         rows = slice(i * BLOCK, min((i + 1) * BLOCK, out_n))
         band = np.repeat(s[i], BLOCK)[:in_n].astype(F32)
-        out[rows] = to_bf16(e4m3_to_fp32(w[rows]) * band[None, :])
+        with np.errstate(over="ignore"):  # IEEE: a product past FP32 is inf, as in torch
+            out[rows] = to_bf16(e4m3_to_fp32(w[rows]) * band[None, :])
     return out
 
 
 def _bf16(lin: _Linear) -> np.ndarray:
-    """The weight as BF16 ``[out, in]`` (dequantized if FP8; a fresh array)."""
+    """The weight as BF16 ``[out, in]`` (dequantized if FP8; a fresh array). A product
+    ``code * scale`` past the BF16 range is refused, naming both keys: every consumer of
+    the loader's BF16 weights needs them finite."""
     if lin.scale is None:
         return np.array(lin.weight, copy=True)
-    return _dequant(lin.weight, lin.scale)  # checked by _linear
+    out = _dequant(lin.weight, lin.scale)  # checked by _linear
+    bad = ~np.isfinite(out.astype(F32))
+    if bad.any():
+        idx = [int(i) for i in np.argwhere(bad)[0]]
+        raise ValueError(
+            f"{lin.key}: expected codes times {lin.scale_key} within the BF16 range, got a "
+            f"product that rounds to inf at index {idx}"
+        )
+    return out
 
 
 def _t(a: np.ndarray) -> np.ndarray:

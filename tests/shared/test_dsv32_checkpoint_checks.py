@@ -50,6 +50,21 @@ def test_a_scale_beside_a_bf16_weight_is_refused_in_deepseek_names_and_for_weigh
         convert_dsv32_weights(bad, dims=SMALL)
 
 
+@pytest.mark.parametrize("path, role", [("int8", "q_b"), ("int8", "q_a"), ("fp8", "kv_b")])
+def test_a_dequantized_weight_past_the_bf16_range_is_refused_naming_both_keys(rng, path, role):
+    """Finite codes times a finite scale can pass BF16's largest value (about 3.39e38); the
+    BF16 weight the loader dequantizes (q_b / q_a on the INT8 path, kv_b's ``w_uk`` on both)
+    would hold inf. The loader names the weight's key and the scale's, not the internal
+    quantizer's argument."""
+    sd = layer_tensors(SMALL, rng)
+    scale = np.array(sd[_key(role, "scale")], copy=True)
+    scale[0, 0] = np.float32(1e37)  # |code| up to 448: 4.5e39 > BF16 max
+    sd[_key(role, "scale")] = scale
+    weight, scale_key = _key(role).replace(".", r"\."), _key(role, "scale").replace(".", r"\.")
+    with pytest.raises(ValueError, match=rf"^{weight}: .*{scale_key}.*BF16 range.*inf"):
+        convert_dsv32_weights(sd, path=path, dims=SMALL)
+
+
 # ----------------------------------------------------------------------------- per-channel quant
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 def test_per_channel_quant_refuses_non_finite_weights_naming_w_and_the_index(bad):
