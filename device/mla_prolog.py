@@ -30,7 +30,8 @@ Anything else is a ``ValueError`` before launch (the golden covers it); FP8 weig
 Host copies per call: ``slot_mapping`` (``8 * T`` bytes; the kernel's cache writes are control
 flow, PyPTO reads the slots on the host: ``READY_ON_HOST``). ``validate="full"`` also runs the
 golden's value scans (finite activations, every weight once: ~85 MB); ``True`` (default) checks
-the slots only; ``False`` reads nothing (a bad slot is then undefined behaviour).
+the slots only; ``False`` checks nothing (the launch still copies the slots; a bad slot is then
+undefined behaviour).
 
 Compile key: the switches the kernel specialises on (``rms_form``, ``rms_eps``), the token
 chunk (a power of two up to 128, :func:`tilesim.device._mla_prolog_kernel.chunk_rows`: one

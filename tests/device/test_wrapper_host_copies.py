@@ -14,7 +14,8 @@ without PyPTO.
   host anyway (block tables, lengths, indices, ``expert_cumsum``), each at most once, never a
   cache, weights, activations or a mask; the byte count is the one each op page states;
 * ``validate="full"``: the bulk scans too (the indexers' and the main branch's float data);
-* ``validate=False``: nothing at all in the wrapper;
+* ``validate=False``: nothing at all in the wrapper, but the layer step's slot source (it
+  derives the prologs' slots on the host, unchecked: :data:`UNCHECKED_READS`);
 * ``validate`` is a bool or ``"full"``: anything else is a ``TypeError`` naming it;
 * after the launch: ``msa_indexer`` copies its scores (or block maxima) to the host only when
   it ranks there -- ``rank="host"``, or ``rank=None`` beyond the device ranking's width, which
@@ -29,6 +30,7 @@ those names to the inputs a default call may read and to docs/device.md's table.
 from __future__ import annotations
 
 import collections
+import functools
 import importlib
 
 import numpy as np
@@ -145,9 +147,60 @@ def _dsa_indexer(path):
     return "dsa_indexer", {**c["inputs"], **c["params"]}
 
 
+@functools.cache
+def _mla_case() -> dict:
+    from tilesim.reference import mla_prolog_make_case
+
+    return mla_prolog_make_case("mla_prolog_int8_b4_s2")
+
+
+def _mla_prolog():
+    c = _mla_case()
+    return "mla_prolog", {**c["inputs"], **c["params"]}
+
+
+def _dsa_indexer_prolog(path):
+    from tilesim.reference import dsa_indexer_prolog_make_case
+
+    c = dsa_indexer_prolog_make_case(None, seed=3, path=path, seq_lens=(1, 17, 40), s1=1,
+                                     pad=2, block_size=16 if path == "int8" else 32,
+                                     hidden=256, rank=256, spare_blocks=2)  # fmt: skip
+    extra = {"fp8_promotion": "two_roundings"} if path == "fp8" else {}
+    return "dsa_indexer_prolog", {**c["inputs"], **c["params"], **extra}
+
+
+def _step(slots: bool = False):
+    """The layer step's short INT8 case; ``slots``: with the caller's ``slot_mapping`` (the
+    prologs' slots), not derived from ``block_table`` / ``seq_lens``."""
+    from tilesim.reference import dsa_attention_step_make_case
+    from tilesim.shared.layouts.slots import slots_from_block_table
+
+    c = dsa_attention_step_make_case("dsa_attention_step_short_int8")
+    prm = {k: v for k, v in c["params"].items() if k != "progress"}
+    kw = {**c["inputs"], **prm, "index_k_tile": 1024}
+    if slots:
+        b = len(kw["seq_lens"])  # decode: T // B new tokens a batch
+        q_lens = np.full(b, kw["x"].shape[0] // b, np.int64)
+        kw["slot_mapping"] = slots_from_block_table(
+            kw["block_table"], kw["seq_lens"], q_lens=q_lens, block_size=prm["block_size"]
+        )
+    return "dsa_attention_step", kw
+
+
 def _drop(kw: dict, *names):
     return {k: v for k, v in kw.items() if k not in names}
 
+
+#: the float inputs the prologs' "full" scans (finite activations, tables, weights, scales)
+MLA_SCANS = {"x", "gamma_cq", "gamma_ckv", "cos", "sin", "w_dq", "w_uq_qr", "w_uq_qr_scale",
+             "w_dkv_kr", "w_uk"}  # fmt: skip
+IPROLOG_SCANS = {"x", "q_norm", "w_qb", "w_qb_scale", "w_k", "w_proj", "ln_gamma", "ln_beta",
+                 "cos", "sin"}  # fmt: skip
+#: the layer step: its integer inputs, and both prologs' scans plus the index cache's read tokens
+STEP_INTS = {"seq_lens", "block_table", "q_lens", "slot_mapping"}
+#: (the step's ``q_norm`` is the MLA prolog's output, not an input)
+STEP_SCANS = MLA_SCANS | IPROLOG_SCANS - {"q_norm"} | {"hadamard_q", "hadamard_k", "k_cache",
+                                                      "k_scale"}  # fmt: skip
 
 #: case id -> (builder, the integer inputs a default call may read, the bulk inputs "full" reads)
 CASES = {
@@ -164,7 +217,19 @@ CASES = {
                          {"weights", "q_scale", "k_scale"}),
     "dsa_indexer_fp8": (lambda: _dsa_indexer("fp8"), {"block_table", "seq_lens"},
                         {"weights", "q", "k_cache"}),
+    "mla_prolog": (_mla_prolog, {"slot_mapping"}, MLA_SCANS),
+    "dsa_indexer_prolog_int8": (lambda: _dsa_indexer_prolog("int8"), {"slot_mapping"},
+                                IPROLOG_SCANS | {"q_norm_scale", "hadamard_q", "hadamard_k"}),
+    "dsa_indexer_prolog_fp8": (lambda: _dsa_indexer_prolog("fp8"), {"slot_mapping"},
+                               IPROLOG_SCANS | {"w_k_scale"}),
+    "dsa_attention_step": (_step, STEP_INTS, STEP_SCANS),
+    "dsa_attention_step_slots": (lambda: _step(slots=True), STEP_INTS, STEP_SCANS),
 }  # fmt: skip
+#: what ``validate=False`` still reads in the wrapper (every other case: nothing): the layer
+#: step derives the prologs' slots on the host (their kernels read them there) from
+#: ``block_table`` / ``seq_lens``, or takes the caller's ``slot_mapping``; neither is checked
+UNCHECKED_READS = {"dsa_attention_step": {"block_table", "seq_lens"},
+                   "dsa_attention_step_slots": {"slot_mapping"}}  # fmt: skip
 
 
 def _call_kwargs(name: str, kw: dict) -> dict:
@@ -261,7 +326,11 @@ def test_full_validation_scans_the_bulk_inputs(monkeypatch, case):
 @pytest.mark.torch
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_validate_false_reads_nothing(monkeypatch, case):
-    assert _run(monkeypatch, case, False)[0] == {}
+    """Nothing, but the layer step's slot source (:data:`UNCHECKED_READS`), each once."""
+    reads, calls, inputs, _ = _run(monkeypatch, case, False)
+    assert set(reads) == UNCHECKED_READS.get(case, set()), (case, sorted(reads))
+    for name, n in reads.items():
+        assert n == _bytes(inputs[name]) and calls[name] == 1, (name, n, calls[name])
 
 
 def test_dsa_indexer_default_copies_the_stated_bytes(monkeypatch):
@@ -402,7 +471,8 @@ def _ready_on_host(module: str) -> tuple:
 #: case -> the kernel module whose ``ready_on_host`` inputs its launch copies to the host
 _LAUNCH_READS = {"moe": "_moe_kernel", "dsa_packed": "_dsa_kernel", "dsa_kv_split": "_dsa_kernel",
                  "dsa_indexer_int8": "_dsa_indexer_kernel",
-                 "dsa_indexer_fp8": "_dsa_indexer_kernel"}  # fmt: skip
+                 "dsa_indexer_fp8": "_dsa_indexer_kernel",
+                 "dsa_indexer_prolog_int8": "_dsa_indexer_prolog_kernel"}  # fmt: skip
 
 
 @pytest.mark.parametrize("case", sorted(_LAUNCH_READS))
@@ -423,9 +493,10 @@ def _doc_rows() -> dict:
     return {r[0].lstrip("| "): [c.rstrip(" |") for c in r[1:]] for r in rows}
 
 
-@pytest.mark.parametrize("case,wrapper", [("moe", "`moe_grouped_gemm`"),
-                                          ("dsa_packed", "`sparse_attention_antiquant`"),
-                                          ("dsa_indexer_int8", "`dsa_indexer`")])  # fmt: skip
+@pytest.mark.parametrize("case,wrapper", [
+    ("moe", "`moe_grouped_gemm`"), ("dsa_packed", "`sparse_attention_antiquant`"),
+    ("dsa_indexer_int8", "`dsa_indexer`"), ("dsa_indexer_prolog_int8", "`dsa_indexer_prolog`"),
+])  # fmt: skip
 def test_the_page_says_the_launch_reads_them_at_every_level(case, wrapper):
     row = next(v for k, v in _doc_rows().items() if k.startswith(wrapper))
     for name in _ready_on_host(_LAUNCH_READS[case]):
