@@ -23,9 +23,12 @@ class Skip:
 
 
 def _first(a: np.ndarray, value, dtype=None) -> np.ndarray:
-    """A copy of ``a`` (cast to ``dtype``) with its first element set to ``value``."""
+    """A copy of ``a`` (cast to ``dtype``) with its first element set to ``value``
+    (read-only when :data:`BIG`)."""
     out = np.array(a, dtype=dtype if dtype is not None else a.dtype, copy=True)
     out.reshape(-1)[0] = value
+    if out.size >= BIG:
+        out.setflags(write=False)
     return out
 
 
@@ -33,13 +36,44 @@ def _array(v) -> bool:
     return isinstance(v, np.ndarray)
 
 
+#: the most values of a list / object-array corruption: a larger array gives its leading
+#: rows (the kind is what must be refused; a 37M-element list costs minutes to build and snapshot)
+LIST_CAP = 1 << 12
+#: arrays of at least this many elements (the DeepSeek layer ops' weights: ``w_uq_qr`` holds
+#: 37M) get a wrong dtype or a cut shape as zeros (no pass over their data: the dtype and the
+#: shape are what must be refused), and every big NumPy corruption is read-only
+BIG = 1 << 22
+#: read-only arrays of at least this many bytes (the frozen base weights of
+#: ``table._frozen``, the big corruptions) are compared by their memory, not their bytes, in
+#: the grid's before / after snapshots: nothing can write them in place (a write raises)
+FROZEN_BYTES = 1 << 20
+
+
+def _leading(v: np.ndarray) -> np.ndarray:
+    """``v``, or its leading corner of the same rank holding at most :data:`LIST_CAP` values
+    (the first axes cut first)."""
+    shape = list(v.shape)
+    for ax, n in enumerate(shape):
+        rest = int(np.prod(shape)) // n if n else 0
+        shape[ax] = max(1, min(n, LIST_CAP // max(rest, 1)))
+    return v[tuple(slice(0, n) for n in shape)]
+
+
+def _zeros(shape, dtype) -> np.ndarray:
+    out = np.zeros(shape, dtype)
+    out.setflags(write=False)
+    return out
+
+
 # ----------------------------------------------------------------------------- any array
 def as_list(v, spec):
-    return v.tolist() if _array(v) else Skip
+    return _leading(v).tolist() if _array(v) else Skip
 
 
 def as_masked(v, spec):
-    return np.ma.masked_array(v, mask=np.zeros(v.shape, bool)) if _array(v) else Skip
+    if not _array(v):
+        return Skip
+    return np.ma.masked_array(v, mask=(_zeros if v.size >= BIG else np.zeros)(v.shape, bool))
 
 
 def as_matrix(v, spec):
@@ -49,7 +83,7 @@ def as_matrix(v, spec):
 
 
 def as_object(v, spec):
-    return v.astype(object) if _array(v) else Skip
+    return _leading(v).astype(object) if _array(v) else Skip
 
 
 def as_str(v, spec):
@@ -61,7 +95,9 @@ def as_none(v, spec):
 
 
 def wrong_dtype(v, spec):
-    return v.astype(spec.bad_dtype) if _array(v) and spec.bad_dtype is not None else Skip
+    if not _array(v) or spec.bad_dtype is None:
+        return Skip
+    return _zeros(v.shape, spec.bad_dtype) if v.size >= BIG else v.astype(spec.bad_dtype)
 
 
 def complex_dtype(v, spec):
@@ -75,6 +111,8 @@ def wrong_rank(v, spec):
 def wrong_shape(v, spec):
     if not _array(v) or not spec.fixed_shape or v.ndim == 0 or v.shape[-1] < 2:
         return Skip
+    if v.size >= BIG:
+        return _zeros((*v.shape[:-1], v.shape[-1] - 1), v.dtype)
     return np.ascontiguousarray(v[..., :-1])
 
 
@@ -84,6 +122,10 @@ def torch_wrong_dtype(v, spec):
         return Skip
     import torch
 
+    if v.size >= BIG:
+        from tilesim.shared.interop import numpy_dtype_to_torch
+
+        return torch.zeros(v.shape, dtype=numpy_dtype_to_torch(np.dtype(spec.bad_dtype)))
     return torch.from_numpy(np.ascontiguousarray(v.astype(spec.bad_dtype)))
 
 

@@ -3,7 +3,10 @@ each argument (what a corruption may do to it).
 
 Base inputs are tiny (a few KB; the MSA ops keep their fixed 128-wide heads) so the whole grid
 runs in seconds: a rejected call does no work, and the only full calls are one control per op
-and the torch / non-contiguous equivalence checks of the reference ops and helpers.
+and the torch / non-contiguous equivalence checks of the reference ops and helpers. The
+DeepSeek-V3.2 layer ops (MLA prolog, layer step) keep the model's fixed weights (up to 100 MB
+per case, built once per worker): their arrays of 1 MiB and more are frozen read-only and
+shared between cells (``_frozen``), and their equivalence checks are left out (``full=False``).
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from functools import cache
 
 import numpy as np
 from tilesim.shared.casts import BF16, FP8_E4M3
+
+from badinput.corrupt import FROZEN_BYTES
 
 N_MOE = 5  # rows of the MoE case
 DSA_BS, DSA_TOPK = 16, 16
@@ -52,6 +57,8 @@ class Op:
     work: tuple = ()  #: ``(path suffix, function name)`` of the op's work: never reached
     device: bool = False
     full: bool = True  #: the base call is cheap enough for the torch / layout checks
+    #: the wrapper has a shape-only mode (``meta`` / FakeTensor inputs give empty outputs)
+    meta: bool = True
 
 
 def A(role, *names, **kw) -> Arg:
@@ -140,6 +147,124 @@ def _iprolog_case(path):
 def iprolog_base(path: str) -> dict:
     """The DeepSeek indexer prolog at a small hidden size and rank (2 tokens, 2 blocks of 16)."""
     return _inputs(_iprolog_case(path))
+
+
+@cache
+def _iprolog_fp8_device_case():
+    from tilesim.reference import dsa_indexer_prolog_make_case
+
+    return dsa_indexer_prolog_make_case(None, path="fp8", hidden=256, rank=256, block_size=32,
+                                        seq_lens=(5, 6), s1=1)  # fmt: skip
+
+
+def iprolog_device_base(path: str) -> dict:
+    """The indexer prolog's device base: the FP8 kernel's switches (``block_size`` a multiple
+    of 32, ``fp8_promotion="two_roundings"``, the 950) on the FP8 path."""
+    if path == "int8":
+        return iprolog_base("int8")
+    return {**_inputs(_iprolog_fp8_device_case()), "fp8_promotion": "two_roundings"}
+
+
+# DeepSeek-V3.2 layer ops: the lightning indexer, the MLA prolog, the layer step and the
+# decode step. Their weights have the model's fixed sizes (``x`` is ``[T, 7168]``, ``w_uq_qr``
+# ``[1536, 24576]``: 100 MB per step case), so T, the batch and the caches are tiny instead.
+#: block size and top-k of the indexer and the steps: the device kernels' multiples (the FP8
+#: index pages of whole 128-byte rows, the top-k's 32-element sort groups)
+LAYER_BS, LAYER_TOPK = 32, 32
+LAYER_SEQ = (40, 9)  #: 2 + 1 blocks of 32
+LAYER_BLOCKS = 3  #: physical blocks of the LAYER_SEQ caches (an out-of-range block id)
+MLA_ROWS = 16  #: latent cache rows of the MLA prolog cases (1 block of 16)
+
+
+def _frozen(case: dict) -> dict:
+    """``case`` with its arrays of at least ``corrupt.FROZEN_BYTES`` read-only: the grid
+    shares them between cells instead of copying them (``test_grid._fresh``) and snapshots
+    them by their memory; a library that writes into one fails there."""
+    for v in case["inputs"].values():
+        if isinstance(v, np.ndarray) and v.nbytes >= FROZEN_BYTES:
+            v.setflags(write=False)
+    return case
+
+
+@cache
+def _idx_case(path: str, prefill: bool = False):
+    from tilesim.reference import dsa_indexer_make_case
+
+    rows = dict(q_lens=(2, 1)) if prefill else dict(s1=1)
+    return dsa_indexer_make_case(None, seed=1, path=path, seq_lens=LAYER_SEQ, topk=LAYER_TOPK,
+                                 block_size=LAYER_BS, ue8m0=path == "fp8", progress=False,
+                                 **rows)  # fmt: skip
+
+
+def idx_base(path: str) -> dict:
+    """The lightning indexer in decode (2 batches, 1 row each, 40 / 9 cached tokens)."""
+    return _inputs(_idx_case(path))
+
+
+def idx_prefill_base() -> dict:
+    """The INT8 indexer with ``q_lens`` (prefill rows: 2 + 1)."""
+    return _inputs(_idx_case("int8", True))
+
+
+@cache
+def _mla_case(path: str):
+    from tilesim.reference import mla_prolog_make_case
+
+    # FP8: the kv_split triple (the FP8 kernel's cache form; the packed row is the step's)
+    layout = dict(cache_layout="kv_split") if path == "fp8" else {}
+    return _frozen(mla_prolog_make_case(None, seed=1, path=path, b=1, s1=2, seq_lens=(2,),
+                                        block_size=MLA_ROWS, **layout))  # fmt: skip
+
+
+def mla_base(path: str) -> dict:
+    """The MLA prolog: 2 tokens, one cache block of 16 rows."""
+    return _inputs(_mla_case(path))
+
+
+def _layer_tiling():
+    from tilesim.shared.tiling import SaTileShapeConfig
+
+    return SaTileShapeConfig(g_tile=128, s_kv_tile=32)  # g_tile divides the 128 heads
+
+
+@cache
+def _step_case(path: str):
+    from tilesim.reference import dsa_attention_step_make_case
+
+    return _frozen(dsa_attention_step_make_case(
+        None, seed=1, path=path, seq_lens=LAYER_SEQ, s1=1, block_size=LAYER_BS, topk=LAYER_TOPK,
+        progress=False))  # fmt: skip
+
+
+def step_base(path: str) -> dict:
+    """The layer step: INT8 with the kv_split latent cache, FP8 with packed 656-byte rows."""
+    return {**_inputs(_step_case(path)), "tiling": _layer_tiling()}
+
+
+def step_slots_base() -> dict:
+    """The INT8 step with ``slot_mapping`` given (the block table's own slots)."""
+    return {**step_base("int8"), "slot_mapping": _step_case("int8")["meta"]["slots"].copy()}
+
+
+def step_q_lens_base() -> dict:
+    """The INT8 step with ``q_lens`` given (one new token per batch, as decode)."""
+    return {**step_base("int8"), "q_lens": np.ones(len(LAYER_SEQ), np.int32)}
+
+
+@cache
+def _decode_step_case(path: str):
+    from tilesim.reference import dsa_attention_step_make_case
+
+    layout = "kv_split" if path == "int8" else "pypto"
+    return _frozen(dsa_attention_step_make_case(
+        None, seed=1, op="dsa_decode_step", path=path, seq_lens=LAYER_SEQ, s1=1,
+        topk=LAYER_TOPK, block_size=LAYER_BS, ue8m0=path == "fp8", attn_quant=path,
+        layout=layout, progress=False))  # fmt: skip
+
+
+def decode_step_base(path: str) -> dict:
+    """The step entered at the indexer: INT8 kv_split attention, FP8 packed rows."""
+    return {**_inputs(_decode_step_case(path)), "tiling": _layer_tiling()}
 
 
 # ----------------------------------------------------------------------------- reference ops
@@ -241,6 +366,127 @@ IPROLOG_FP8 = {
     "ue8m0": A("flag", "ue8m0"),
 }
 
+#: the indexer prolog's scalar keywords (``shared/dsa_indexer_prolog.py``, ``prolog_keywords``)
+IPROLOG_KW = {
+    "ue8m0": A("flag", "ue8m0"),  # checked on both paths
+    "eps": A("scale", "eps"),
+    "amax_floor": A("scale", "amax_floor", optional=True),
+    "fp8_promotion": A("mode", "fp8_promotion"),
+    "k_tile": A("int", "k_tile", optional=True),
+}
+
+#: the lightning indexer (``shared/dsa_indexer.py``); a cut ``block_table`` is a narrower
+#: table (then ``seq_lens`` is out of range), so its shape is free here
+IDX_COMMON = {
+    "q": data("q", finite=True),  # FP8: no NaN code (INT8 codes are all valid)
+    "weights": data("weights", finite=True),
+    "block_table": A("index", "block_table", oob=LAYER_BLOCKS, fixed_shape=False),
+    "seq_lens": A("length", "seq_lens", oob=2 * LAYER_BS + 1),
+    "path": A("mode", "path"),
+    "int8_order": A("mode", "int8_order"),
+    "topk": A("int", "topk"),
+    "block_size": A("int", "block_size"),
+}
+IDX_INT8 = {
+    "q_scale": data("q_scale", bad=np.float32, finite=True),
+    "k_cache": data("k_cache", bad=np.float32),
+    "k_scale": data("k_scale", bad=np.float32, finite=True),
+}
+IDX_FP8 = {"k_cache": data("k_cache", bad=np.int8)}
+IDX_Q_LENS = {"q_lens": A("length", "q_lens", oob=LAYER_SEQ[0] + 1, optional=True)}
+LAYER_REF = {"trace": TRACE, "progress": A("flag", "progress", optional=True)}
+
+#: the MLA prolog (``shared/mla_prolog.py``)
+MLA_COMMON = {
+    "x": data("x", finite=True),
+    "w_uk": data("w_uk", finite=True),
+    "gamma_cq": data("gamma_cq", finite=True),
+    "gamma_ckv": data("gamma_ckv", finite=True),
+    "cos": data("cos", finite=True),
+    "sin": data("sin", finite=True),
+    "slot_mapping": A("index", "slot_mapping", oob=MLA_ROWS),
+    "kv_cache": data("kv_cache", bad=np.float32),
+    "kr_cache": data("kr_cache", bad=np.float32),
+    "kv_scale_cache": data("kv_scale_cache", bad=np.float64),
+    "path": A("mode", "path"),
+    "rope_pairing": A("mode", "rope_pairing", optional=True),
+    "rms_form": A("mode", "rms_form", optional=True),
+    "rms_eps": A("scale", "rms_eps", optional=True),
+    "kv_quant": A("mode", "kv_quant", optional=True),
+    "cache_layout": A("mode", "cache_layout", optional=True),
+    "fp8_promotion": A("mode", "fp8_promotion"),
+}
+MLA_INT8 = {
+    "w_dq": data("w_dq", finite=True),
+    "w_uq_qr": data("w_uq_qr"),
+    # [N], [N, 1] and [1, N] are all per-channel scales: a leading axis is no error
+    "w_uq_qr_scale": data("w_uq_qr_scale", bad=np.float64, fixed_rank=False, finite=True),
+    "w_dkv_kr": data("w_dkv_kr", finite=True),
+}
+MLA_FP8 = {
+    name: data(name, bad=np.float64 if name.endswith("_scale") else np.int32, finite=True)
+    for name in ("w_dq", "w_dq_scale", "w_uq_qr", "w_uq_qr_scale", "w_dkv_kr", "w_dkv_kr_scale")
+}
+
+#: the layer step (``shared/dsa_attention_step.py``): every stage's arrays and switches
+STEP_COMMON = {
+    **{k: v for k, v in MLA_COMMON.items() if k not in ("slot_mapping", "kv_cache", "kr_cache",
+                                                        "kv_scale_cache")},
+    "block_table": IDX_COMMON["block_table"],
+    "seq_lens": IDX_COMMON["seq_lens"],
+    "w_qb": data("w_qb", bad=np.int16, finite=True),
+    "w_k": data("w_k", finite=True),
+    "w_proj": data("w_proj", finite=True),
+    "ln_gamma": data("ln_gamma", finite=True),
+    "ln_beta": data("ln_beta", finite=True),
+    "index_rope_pairing": A("mode", "index_rope_pairing"),
+    "ln_eps": A("scale", "ln_eps"),
+    "ue8m0": A("flag", "ue8m0"),
+    "amax_floor": A("scale", "amax_floor", optional=True),
+    "int8_order": A("mode", "int8_order"),
+    "topk": A("int", "topk"),
+    "block_size": A("int", "block_size"),
+    "softmax_scale": A("scale", "softmax_scale"),
+    "tiling": A("object", "tiling", optional=True),
+    "index_k_tile": A("int", "index_k_tile", optional=True),
+}  # fmt: skip
+STEP_INT8 = {
+    **MLA_INT8,
+    "kv_cache": data("kv_cache", bad=np.float32),
+    "kr_cache": data("kr_cache", bad=np.float32),
+    "kv_scale_cache": data("kv_scale_cache", bad=np.float64),
+    "k_cache": data("k_cache", bad=np.float32),
+    "k_scale": data("k_scale", bad=np.float32, finite=True),
+    "w_qb_scale": data("w_qb_scale", finite=True),
+    "hadamard_q": data("hadamard_q", finite=True),
+    "hadamard_k": data("hadamard_k", finite=True),
+}
+STEP_FP8 = {
+    **MLA_FP8,
+    "kv_cache": data("kv_cache", bad=np.float32),
+    "k_cache": data("k_cache", bad=np.int8),
+    "w_qb_scale": data("w_qb_scale", finite=True),
+    "w_k_scale": data("w_k_scale", finite=True),
+}
+#: ``None`` is valid for both: the block table's slots, decode rows
+STEP_SLOTS = {"slot_mapping": A("index", "slot_mapping", oob=LAYER_BLOCKS * LAYER_BS,
+                                optional=True)}  # fmt: skip
+STEP_Q_LENS = {"q_lens": A("length", "q_lens", oob=2, optional=True)}
+
+#: the decode step (``dsa_decode_step``: the indexer's arguments, the attention's)
+DECODE_STEP_COMMON = {
+    **IDX_COMMON,
+    "query_nope": data("query_nope", bad=np.float32),
+    "query_rope": data("query_rope", bad=np.float32),
+    "layout": A("mode", "layout"),
+    "nq": A("int", "nq"),
+    "softmax_scale": A("scale", "softmax_scale"),
+    "tiling": A("object", "tiling", optional=True),
+    **LAYER_REF,
+}
+DECODE_STEP_INT8 = {**IDX_INT8, **DSA_SPLIT}
+DECODE_STEP_FP8 = {**IDX_FP8, "nope_cache": DSA_PACKED["nope_cache"]}
+
 _REF = "reference/"
 WORK = {
     "moe": (
@@ -258,6 +504,21 @@ WORK = {
     "iprolog": (
         (_REF + "dsa_indexer_prolog.py", "_queries"),
         (_REF + "dsa_indexer_prolog.py", "_keys"),
+    ),  # fmt: skip
+    "dsa_indexer": (
+        (_REF + "dsa_indexer.py", "indexer_from_args"),
+        (_REF + "dsa_indexer.py", "dsa_indexer_scores"),
+    ),  # fmt: skip
+    "mla_prolog": (
+        (_REF + "mla_prolog.py", "prolog_from_args"),
+        (_REF + "mla_prolog.py", "_queries"),
+    ),  # fmt: skip
+    "step": (
+        (_REF + "dsa_attention_step.py", "_run"),
+        (_REF + "mla_prolog.py", "prolog_from_args"),
+        (_REF + "dsa_indexer_prolog.py", "prolog_from_args"),
+        (_REF + "dsa_indexer.py", "indexer_from_args"),
+        (_REF + "dsa.py", "token"),
     ),  # fmt: skip
     "case": (("shared/registry/case_schema.py", "make_case"),),
     "device": (
@@ -315,17 +576,48 @@ def reference_ops() -> list[Op]:
             "dsa_indexer_prolog[int8]",
             R("dsa_indexer_prolog"),
             lambda: iprolog_base("int8"),
-            {**IPROLOG_COMMON, **IPROLOG_INT8},
+            {**IPROLOG_COMMON, **IPROLOG_INT8, **IPROLOG_KW},
             WORK["iprolog"],
         ),  # fmt: skip
         Op(
             "dsa_indexer_prolog[fp8]",
             R("dsa_indexer_prolog"),
             lambda: iprolog_base("fp8"),
-            {**IPROLOG_COMMON, **IPROLOG_FP8},
+            {**IPROLOG_COMMON, **IPROLOG_FP8, **IPROLOG_KW},
             WORK["iprolog"],
         ),  # fmt: skip
+        *layer_ops(),
     ]
+
+
+def layer_ops() -> list[Op]:
+    """The DeepSeek-V3.2 layer ops. The MLA prolog and the layer step are ``full=False``: up
+    to 100 MB of fixed-size weights in 20+ arrays make their torch / strided checks ~10 s."""
+    R, w = _ref, WORK
+    return [
+        Op("dsa_indexer[int8]", R("dsa_indexer"), lambda: idx_base("int8"),
+           {**IDX_COMMON, **IDX_INT8, **LAYER_REF}, w["dsa_indexer"]),
+        Op("dsa_indexer[fp8]", R("dsa_indexer"), lambda: idx_base("fp8"),
+           {**IDX_COMMON, **IDX_FP8, **LAYER_REF}, w["dsa_indexer"]),
+        Op("dsa_indexer[q_lens]", R("dsa_indexer"), idx_prefill_base, IDX_Q_LENS,
+           w["dsa_indexer"]),
+        Op("mla_prolog[int8]", R("mla_prolog"), lambda: mla_base("int8"),
+           {**MLA_COMMON, **MLA_INT8, "trace": TRACE}, w["mla_prolog"], full=False),
+        Op("mla_prolog[fp8]", R("mla_prolog"), lambda: mla_base("fp8"),
+           {**MLA_COMMON, **MLA_FP8, "trace": TRACE}, w["mla_prolog"], full=False),
+        Op("dsa_attention_step[int8]", R("dsa_attention_step"), lambda: step_base("int8"),
+           {**STEP_COMMON, **STEP_INT8, **LAYER_REF}, w["step"], full=False),
+        Op("dsa_attention_step[fp8]", R("dsa_attention_step"), lambda: step_base("fp8"),
+           {**STEP_COMMON, **STEP_FP8, **LAYER_REF}, w["step"], full=False),
+        Op("dsa_attention_step[slot_mapping]", R("dsa_attention_step"), step_slots_base,
+           STEP_SLOTS, w["step"], full=False),
+        Op("dsa_attention_step[q_lens]", R("dsa_attention_step"), step_q_lens_base,
+           STEP_Q_LENS, w["step"], full=False),
+        Op("dsa_decode_step[int8]", R("dsa_decode_step"), lambda: decode_step_base("int8"),
+           {**DECODE_STEP_COMMON, **DECODE_STEP_INT8}, w["step"]),
+        Op("dsa_decode_step[fp8]", R("dsa_decode_step"), lambda: decode_step_base("fp8"),
+           {**DECODE_STEP_COMMON, **DECODE_STEP_FP8}, w["step"]),
+    ]  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- builders
@@ -404,6 +696,67 @@ BUILDER_ARGS = {
 }  # fmt: skip
 
 
+#: the DeepSeek-V3.2 layer builders' parameters (their bases: the grid's own cases)
+_COMMON_BUILDER = dict(name=None, seed=1, progress=False)
+_IDX_BUILDER = dict(op="dsa_indexer", path="int8", int8_order="gym", seq_lens=LAYER_SEQ, s1=1,
+                    topk=LAYER_TOPK, block_size=LAYER_BS, ue8m0=False, all_tie=False,
+                    poison_unused=False, spare_blocks=0)  # fmt: skip
+COMMON_BUILDER_ARGS = {"name": NAME, "seed": SEED, "progress": PROGRESS}
+IDX_BUILDER_ARGS = {
+    **COMMON_BUILDER_ARGS, "op": A("mode", "op"), "path": A("mode", "path"),
+    "int8_order": A("mode", "int8_order"),
+    "seq_lens": A("seq", "seq_lens", fixed_shape=False), "s1": A("int", "s1"),
+    "topk": A("int", "topk"), "block_size": A("int", "block_size"),
+    "ue8m0": A("flag", "ue8m0"), "all_tie": A("flag", "all_tie"),
+    "poison_unused": A("flag", "poison_unused"), "spare_blocks": A("int", "spare_blocks"),
+}  # fmt: skip
+LAYER_BUILDERS = {
+    "dsa_indexer_make_case": (
+        "dsa_indexer_make_case", {**_COMMON_BUILDER, **_IDX_BUILDER}, IDX_BUILDER_ARGS),
+    "dsa_indexer_make_case[q_lens]": (
+        "dsa_indexer_make_case", {**_COMMON_BUILDER, **_IDX_BUILDER, "q_lens": (2, 1)},
+        {"q_lens": A("seq", "q_lens")}),
+    "dsa_indexer_prolog_make_case": (
+        "dsa_indexer_prolog_make_case",
+        dict(_COMMON_BUILDER, path="int8", seq_lens=(5, 6), s1=1, pad=0, block_size=16,
+             rope_pairing="halves", recipe="model", hidden=256, rank=256, poison_unused=True,
+             spare_blocks=0, ue8m0=True, weight_scale="ue8m0"),
+        {**COMMON_BUILDER_ARGS, "path": A("mode", "path"),
+         "seq_lens": A("seq", "seq_lens", fixed_shape=False), "s1": A("int", "s1"),
+         "pad": A("int", "pad"), "block_size": A("int", "block_size"),
+         "rope_pairing": A("mode", "rope_pairing"), "recipe": A("mode", "recipe"),
+         "hidden": A("int", "hidden"), "rank": A("int", "rank"),
+         "poison_unused": A("flag", "poison_unused"), "spare_blocks": A("int", "spare_blocks"),
+         "ue8m0": A("flag", "ue8m0"), "weight_scale": A("mode", "weight_scale")}),
+    "dsa_attention_step_make_case[dsa_decode_step]": (
+        "dsa_attention_step_make_case",
+        {**_COMMON_BUILDER, **_IDX_BUILDER, "op": "dsa_decode_step", "attn_quant": None,
+         "layout": None},
+        {**IDX_BUILDER_ARGS, "attn_quant": A("mode", "attn_quant", optional=True),
+         "layout": A("mode", "layout", optional=True)}),
+    "dsa_attention_step_make_case": (
+        "dsa_attention_step_make_case",
+        dict(_COMMON_BUILDER, path="int8", seq_lens=LAYER_SEQ, s1=1, block_size=LAYER_BS,
+             topk=LAYER_TOPK, poison_unused=True, spare_blocks=0, cache_layout=None,
+             weight_scale="amax448"),
+        {**COMMON_BUILDER_ARGS, "path": A("mode", "path"),
+         "seq_lens": A("seq", "seq_lens", fixed_shape=False), "s1": A("int", "s1"),
+         "block_size": A("int", "block_size"), "topk": A("int", "topk"),
+         "poison_unused": A("flag", "poison_unused"), "spare_blocks": A("int", "spare_blocks"),
+         "cache_layout": A("mode", "cache_layout", optional=True),
+         "weight_scale": A("mode", "weight_scale")}),
+    "mla_prolog_make_case": (
+        "mla_prolog_make_case",
+        dict(_COMMON_BUILDER, path="fp8", b=1, s1=2, seq_lens=(2,), rope=None,
+             cache_layout=None, pad=0, block_size=16, weight_scale="amax448"),
+        {**COMMON_BUILDER_ARGS, "path": A("mode", "path"), "b": A("int", "b"),
+         "s1": A("int", "s1"), "seq_lens": A("seq", "seq_lens"), "rope": A("mode", "rope",
+         optional=True), "cache_layout": A("mode", "cache_layout", optional=True),
+         "pad": A("int", "pad"), "block_size": A("int", "block_size"),
+         "weight_scale": A("mode", "weight_scale")}),
+}  # fmt: skip
+
+
 def builder_ops() -> list[Op]:
     work = WORK["case"]
     moe, msa, dsa = _ref("moe_make_case"), _ref("msa_make_case"), _ref("dsa_make_case")
@@ -412,6 +765,8 @@ def builder_ops() -> list[Op]:
         ops.append(Op(f"msa_make_case[{op}]", msa, lambda op=op: _msa_builder_base(op),
                       BUILDER_ARGS[op], work))  # fmt: skip
     ops.append(Op("dsa_make_case", dsa, _dsa_builder_base, BUILDER_ARGS["dsa_make_case"], work))
+    for name, (fn, base, args) in LAYER_BUILDERS.items():
+        ops.append(Op(name, _ref(fn), lambda base=base: dict(base), args, work))
     return ops
 
 
@@ -615,6 +970,45 @@ def device_ops() -> list[Op]:
         Op("device.sparse_attention_antiquant_kv_split", D("sparse_attention_antiquant_kv_split"),
            _strip(dsa_split_base, *ref_only, validate=True, out=_torch_out(4)),
            {**DSA_COMMON, **DSA_SPLIT, **DEVICE_COMMON, **VALIDATE, **DSA_OUT}, w, True),
+        *device_layer_ops(),
+    ]  # fmt: skip
+
+
+def device_layer_ops() -> list[Op]:
+    """The DeepSeek-V3.2 layer wrappers, with ``validate="full"`` (the golden's float scans:
+    the default checks the integer inputs only) and the kernels' switches (the 950 for FP8)."""
+    D, w = _dev, WORK["device"]
+    dev = {**DEVICE_COMMON, **VALIDATE}
+    fp8 = dict(validate="full", soc="950")
+    iprolog = _without(IPROLOG_COMMON, "trace")
+    return [
+        Op("device.dsa_indexer[int8]", D("dsa_indexer"),
+           _strip(lambda: idx_base("int8"), validate="full"),
+           {**IDX_COMMON, **IDX_INT8, **dev}, w, True),
+        Op("device.dsa_indexer[fp8]", D("dsa_indexer"), _strip(lambda: idx_base("fp8"), **fp8),
+           {**IDX_COMMON, **IDX_FP8, **dev}, w, True),
+        Op("device.dsa_indexer_prolog[int8]", D("dsa_indexer_prolog"),
+           _strip(lambda: iprolog_device_base("int8"), validate="full"),
+           {**iprolog, **IPROLOG_INT8, **IPROLOG_KW, **dev}, w, True),
+        Op("device.dsa_indexer_prolog[fp8]", D("dsa_indexer_prolog"),
+           _strip(lambda: iprolog_device_base("fp8"), **fp8),
+           {**iprolog, **IPROLOG_FP8, **IPROLOG_KW, **dev,
+            "slot_mapping": A("index", "slot_mapping", oob=64)}, w, True),  # 2 blocks of 32
+        Op("device.mla_prolog[int8]", D("mla_prolog"),
+           _strip(lambda: mla_base("int8"), validate="full"),
+           {**MLA_COMMON, **MLA_INT8, **dev}, w, True, meta=False),
+        Op("device.mla_prolog[fp8]", D("mla_prolog"),
+           _strip(lambda: mla_base("fp8"), fp8_promotion="two_roundings", **fp8),
+           {**MLA_COMMON, **MLA_FP8, **dev}, w, True, meta=False),
+        Op("device.dsa_attention_step[int8]", D("dsa_attention_step"),
+           _strip(lambda: step_base("int8"), validate="full", index_k_tile=1024),
+           {**STEP_COMMON, **STEP_INT8, **dev}, w, True, meta=False),
+        Op("device.dsa_attention_step[slot_mapping]", D("dsa_attention_step"),
+           _strip(step_slots_base, validate="full", index_k_tile=1024), STEP_SLOTS, w, True,
+           meta=False),
+        Op("device.dsa_attention_step[q_lens]", D("dsa_attention_step"),
+           _strip(step_q_lens_base, validate="full", index_k_tile=1024), STEP_Q_LENS, w, True,
+           meta=False),
     ]  # fmt: skip
 
 
