@@ -401,8 +401,9 @@ def _check_decode_rows(ins, t: int) -> None:
     s1, rem = divmod(t, max(n_b, 1))
     if n_b and (rem or not 1 <= s1 <= idx_contract.MAX_DECODE_S1):
         raise ValueError(
-            f"x: expected T = B*s1 tokens with 1 <= s1 <= {idx_contract.MAX_DECODE_S1} for decode "
-            f"(q_lens=None, B = {n_b}), got T = {t}; pass q_lens for prefill rows"
+            f"x, seq_lens: expected T = B*s1 tokens with 1 <= s1 <= "
+            f"{idx_contract.MAX_DECODE_S1} for decode (q_lens=None, B = len(seq_lens) = {n_b}), "
+            f"got T = {t}; pass q_lens for prefill rows"
         )
 
 
@@ -562,20 +563,19 @@ _SPLIT = KV_SPLIT_NAMES
 def decode_caches(ins) -> tuple:
     """``(nope_cache,)`` or ``(kn_quant, kr, kn_scales)`` of a decode-step namespace
     (:func:`decode_step_inputs`), checked against its ``layout`` (one of
-    :data:`DECODE_LAYOUTS`; ``ValueError`` naming the argument)."""
+    :data:`DECODE_LAYOUTS`): a cache the layout reads given as ``None`` is a ``TypeError``, one
+    it does not read given as an array a ``ValueError``, each naming the cache and the layout."""
     check_choice(ins.layout, "layout", DECODE_LAYOUTS)
-    given = [k for k in _SPLIT if getattr(ins, k) is not None]
-    if not is_packed(ins.layout):
-        if ins.nope_cache is not None or len(given) != 3:
-            raise ValueError(
-                "layout: 'kv_split' takes kn_quant, kr and kn_scales and no nope_cache, got "
-                f"{given + (['nope_cache'] if ins.nope_cache is not None else [])}"
-            )
-        return tuple(getattr(ins, k) for k in _SPLIT)
-    if given or ins.nope_cache is None:
-        raise ValueError(f"layout: {ins.layout!r} takes nope_cache and none of {_SPLIT}, got "
-                         f"{given or 'no nope_cache'}")  # fmt: skip
-    return (ins.nope_cache,)
+    packed = ("nope_cache",)
+    wanted, unread = (packed, _SPLIT) if is_packed(ins.layout) else (_SPLIT, packed)
+    reads = f"layout={ins.layout!r} reads {', '.join(wanted)}"
+    for k in wanted:
+        if getattr(ins, k) is None:
+            raise TypeError(f"{k}: expected an array ({reads}), got None")
+    for k in unread:
+        if getattr(ins, k) is not None:
+            raise ValueError(f"{k}: expected None ({reads}), got {type(getattr(ins, k)).__name__}")
+    return tuple(getattr(ins, k) for k in wanted)
 
 
 def _meta_decode_attention(ins, ia, caches: tuple):

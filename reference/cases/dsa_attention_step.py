@@ -56,6 +56,7 @@ from tilesim.reference.cases.dsa import (
 )
 from tilesim.reference.cases.dsa_common import (
     builder_arguments,
+    check_paged_cache,
     index_key_cache,
     new_token_rows,
     table_case_info,
@@ -66,7 +67,7 @@ from tilesim.reference.cases.dsa_indexer import UNIFORM_64, dsa_indexer_make_cas
 from tilesim.reference.cases.mla_prolog import WEIGHT_SCALES
 from tilesim.shared.casts import BF16, FP8_E4M3_MAX, to_bf16, to_fp8_e4m3
 from tilesim.shared.dsa_attention_step import DECODE_LAYOUTS, PATHS
-from tilesim.shared.dsa_indexer import INDEX_HEADS, MAX_DECODE_S1
+from tilesim.shared.dsa_indexer import INDEX_HEADS, MAX_DECODE_S1, MAX_POSITIONS
 from tilesim.shared.dsa_indexer_prolog import QB_COLS
 from tilesim.shared.hadamard import scaled_hadamard_bf16
 from tilesim.shared.layouts.index_cache import INDEX_DIM
@@ -146,9 +147,8 @@ def _checked(p: dict) -> dict:
         raise ValueError(f"q_lens: expected {len(ql)} equal values (one per sequence: the "
                          f"attention takes one s1), got {ql}")  # fmt: skip
     p["rows_per_batch"] = ql
-    for k in ("block_size", "topk"):
-        p[k] = check_int(p[k], k, lo=1)
-    p["spare_blocks"] = check_int(p["spare_blocks"], "spare_blocks", lo=0)
+    p["topk"] = check_int(p["topk"], "topk", lo=1, hi=MAX_POSITIONS)
+    check_paged_cache(p, NOPE + ROPE, "the latent cache")
     check_bool(p["poison_unused"], "poison_unused")
     if p["cache_layout"] is not None:
         check_choice(p["cache_layout"], "cache_layout", CACHE_LAYOUTS)
@@ -259,6 +259,10 @@ def dsa_attention_step_make_case(name: str | None = None, *, seed: int = 0, prog
     powers of two; the indexer prolog's are UE8M0 either way). ``progress``: the
     caches' bars. Returns the case dict; ``meta`` holds the seed, the builder parameters, the
     new tokens' positions and slots, ``n_blocks``."""
+    if "op" in params:  # the layer's own name, or the decode step's
+        check_choice(params["op"], "op", (OP, DECODE_OP))
+        if params["op"] == OP and name not in _DECODE_TABLE:
+            params = {k: v for k, v in params.items() if k != "op"}
     if name in _DECODE_TABLE or params.get("op") == DECODE_OP:
         return _decode_step_case(name, seed, progress, params)
     seed, p = builder_arguments("dsa_attention_step_make_case", name, seed, progress, params,

@@ -29,7 +29,14 @@ from tilesim.shared.quant import quantize_index_fp8, quantize_index_int8
 from tilesim.shared.registry.case_schema import CaseInfo
 from tilesim.shared.rope import halves_table, yarn_rope_table
 from tilesim.shared.soc import SIM_SOCS, fp8_socs
-from tilesim.shared.validate import check_bool, check_choice, check_int, check_int_sequence
+from tilesim.shared.validate import (
+    INT32_MAX,
+    check_bool,
+    check_choice,
+    check_elements,
+    check_int,
+    check_int_sequence,
+)
 
 MODEL = "DeepSeek-V3.2"
 
@@ -62,13 +69,15 @@ def new_token_rows(p: dict, *, unit: str, seq_lo: int, seq_hi: int | None = None
     builder parameters ``p``: ``s1`` each (decode, ``q_lens`` None) or ``q_lens`` (prefill).
     Checks, and stores back into ``p``, ``seq_lens`` (ints in ``[seq_lo, seq_hi]``, at least
     one) and ``s1`` (in ``[1, s1_hi]``); ``q_lens``: one int ``>= q_lo`` per sequence. Every
-    sequence holds its new tokens (``seq_lens`` counts them)."""
+    sequence holds its new tokens (``seq_lens`` counts them); with no ``s1_hi``, ``s1`` is at
+    most the longest sequence."""
     p["seq_lens"] = check_int_sequence(p["seq_lens"], "seq_lens", lo=seq_lo, hi=seq_hi)
     if not p["seq_lens"]:
         raise ValueError(f"seq_lens: expected at least one {unit}, got ()")
     n_b = len(p["seq_lens"])
     if p["q_lens"] is None:
-        p["s1"] = check_int(p["s1"], "s1", lo=1, hi=s1_hi)
+        hi = max(p["seq_lens"]) if s1_hi is None else s1_hi
+        p["s1"] = check_int(p["s1"], "s1", lo=1, hi=hi)
         rows = (p["s1"],) * n_b
     else:
         rows = check_int_sequence(p["q_lens"], "q_lens", lo=q_lo)
@@ -78,6 +87,22 @@ def new_token_rows(p: dict, *, unit: str, seq_lo: int, seq_hi: int | None = None
         if n > ln:
             raise ValueError(f"seq_lens[{b}]: expected >= {n} (the new tokens), got {ln}")
     return rows
+
+
+def check_paged_cache(p: dict, width: int, what: str) -> int:
+    """``block_size`` (``1 .. INT32_MAX``) and, where the builder takes it, ``spare_blocks``
+    (``>= 0``) of the builder parameters ``p``, stored back, and the paged cache they size:
+    every sequence's blocks and the spare ones, ``width`` values a row, at most
+    ``MAX_ELEMENTS`` values (``ValueError`` naming the parameters and ``what``, the cache).
+    Returns the cache's blocks."""
+    p["block_size"] = bs = check_int(p["block_size"], "block_size", lo=1, hi=INT32_MAX)
+    names, spare = "seq_lens, block_size", 0
+    if "spare_blocks" in p:
+        p["spare_blocks"] = spare = check_int(p["spare_blocks"], "spare_blocks", lo=0)
+        names += ", spare_blocks"
+    blocks = sum(-(-int(n) // bs) for n in p["seq_lens"]) + spare
+    check_elements((blocks, bs, width), names, what)
+    return blocks
 
 
 # ----------------------------------------------------------------------------- registry

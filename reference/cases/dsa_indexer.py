@@ -29,8 +29,20 @@ from __future__ import annotations
 
 import numpy as np
 from tilesim.reference.cases.dsa import DSA_CASES, build_block_table
-from tilesim.reference.cases.dsa_common import builder_arguments, index_key_cache, new_token_rows
-from tilesim.shared.dsa_indexer import INDEX_HEADS, INT8_ORDERS, MAX_DECODE_S1, PATHS, TOPK
+from tilesim.reference.cases.dsa_common import (
+    builder_arguments,
+    check_paged_cache,
+    index_key_cache,
+    new_token_rows,
+)
+from tilesim.shared.dsa_indexer import (
+    INDEX_HEADS,
+    INT8_ORDERS,
+    MAX_DECODE_S1,
+    MAX_POSITIONS,
+    PATHS,
+    TOPK,
+)
 from tilesim.shared.layouts.index_cache import INDEX_DIM
 from tilesim.shared.models import DEEPSEEK_V32
 from tilesim.shared.quant import quantize_index_fp8, quantize_index_int8
@@ -111,13 +123,11 @@ def _checked(p: dict) -> dict:
     ql = new_token_rows(p, unit="batch", seq_lo=0, s1_hi=MAX_DECODE_S1, q_lo=0)
     if p["q_lens"] is not None:
         p["q_lens"] = ql
-    p["topk"] = check_int(p["topk"], "topk", lo=1)
-    p["block_size"] = check_int(p["block_size"], "block_size", lo=1)
-    p["spare_blocks"] = check_int(p["spare_blocks"], "spare_blocks", lo=0)
+    p["topk"] = check_int(p["topk"], "topk", lo=1, hi=MAX_POSITIONS)
+    check_paged_cache(p, INDEX_DIM, "k_cache")
     for k in ("ue8m0", "all_tie", "poison_unused"):
         check_bool(p[k], k)
     check_elements((sum(ql), INDEX_HEADS, INDEX_DIM), "q_lens, s1", "q")
-    check_elements((sum(p["seq_lens"]) + p["block_size"], INDEX_DIM), "seq_lens", "k_cache")
     p["rows_per_batch"] = ql
     return p
 

@@ -42,6 +42,7 @@ import numpy as np
 from tilesim.reference.cases.dsa import build_block_table
 from tilesim.reference.cases.dsa_common import (
     builder_arguments,
+    check_paged_cache,
     index_key_cache,
     new_token_rows,
     table_case_info,
@@ -131,9 +132,8 @@ def _checked(p: dict) -> dict:
         raise ValueError("recipe: 'gym' (pypto-gym's stand-ins) is an INT8-path recipe")
     ql = new_token_rows(p, unit="sequence", seq_lo=1, q_lo=0)
     p["rows_per_batch"] = ql
-    for k in ("pad", "spare_blocks"):
-        p[k] = check_int(p[k], k, lo=0)
-    p["block_size"] = check_int(p["block_size"], "block_size", lo=1)
+    p["pad"] = check_int(p["pad"], "pad", lo=0)
+    check_paged_cache(p, INDEX_DIM, "k_cache")
     for k in ("hidden", "rank"):
         p[k] = check_int(p[k], k, lo=FP8_BLOCK)
         if p[k] % FP8_BLOCK:
@@ -143,8 +143,9 @@ def _checked(p: dict) -> dict:
     check_choice(p["weight_scale"], "weight_scale", WEIGHT_SCALES)
     if max(p["seq_lens"]) > MAX_POSITION:
         raise ValueError(f"seq_lens: expected lengths <= {MAX_POSITION}, got {max(p['seq_lens'])}")
-    check_elements((sum(p["seq_lens"]) + p["block_size"], INDEX_DIM), "seq_lens", "k_cache")
     check_elements((sum(ql) + p["pad"], p["hidden"]), "seq_lens, pad, hidden", "x")
+    check_elements((p["rank"], QB_COLS), "rank", "w_qb")
+    check_elements((sum(ql) + p["pad"], p["rank"]), "seq_lens, pad, rank", "q_norm")
     return p
 
 

@@ -24,10 +24,16 @@ seconds); ``True`` prints one line per stage.
 from __future__ import annotations
 
 import numpy as np
-from tilesim.reference.cases.dsa_common import builder_arguments, table_case_info, yarn_rope_inputs
+from tilesim.reference.cases.dsa_common import (
+    builder_arguments,
+    check_paged_cache,
+    table_case_info,
+    yarn_rope_inputs,
+)
 from tilesim.reference.mla_prolog import quant_int8_gym
 from tilesim.shared.casts import BF16, FP8_E4M3, FP8_E4M3_MAX, to_bf16, to_fp8_e4m3
 from tilesim.shared.layouts.mla_cache import (
+    CACHE_LAYOUTS,
     NOPE,
     NSCALES,
     PATH_CACHE_LAYOUT,
@@ -107,6 +113,9 @@ def _checked(p: dict) -> dict:
     check_choice(p["rope"], "rope", ("random", "yarn"))
     if p["path"] == "fp8" and p["rope"] != "yarn":
         raise ValueError(f"rope: expected 'yarn' on the fp8 path, got {p['rope']!r}")
+    if p["cache_layout"] is not None:
+        check_choice(p["cache_layout"], "cache_layout", CACHE_LAYOUTS)
+    check_paged_cache(p, PYPTO_ROW_BYTES, "kv_cache")
     check_choice(p["weight_scale"], "weight_scale", WEIGHT_SCALES)
     if p["path"] == "int8" and p["weight_scale"] != "amax448":
         raise ValueError(f"weight_scale: expected 'amax448' on the int8 path (no FP8 weights), "

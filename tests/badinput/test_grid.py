@@ -170,65 +170,10 @@ def _marks(op):
 
 #: holes the grid found that are not fixed yet: ``xfail(strict=True)``, so a fix turns them
 #: into XPASS failures and the entry must go. Key: (op without "device.", arg, class).
-_ROWS = ("the decode-rows check (shared/dsa_attention_step.py, _check_decode_rows) blames x "
-         "for a seq_lens of one batch too many ('x: expected T = B*s1 tokens ... B = 3'), "
-         "naming no seq_lens")  # fmt: skip
-_CACHE = ("shared/dsa_attention_step.py, decode_caches: a missing (None) cache array of the "
-          "layout is a ValueError naming layout (None is a TypeError: sparse_attention's "
-          "nope_cache, mla_prolog's kr_cache)")  # fmt: skip
-_TOPK = ("reference/cases/{}.py, _checked: topk has no upper bound (check_int lo=1): "
-         "topk=2**40 builds a case the op refuses (MAX_POSITIONS = 2**24)")  # fmt: skip
-_BS = ("reference/cases/{}.py, _checked: the k_cache size check names seq_lens only "
-       "(check_elements(..., 'seq_lens', 'k_cache')), block_size sizes it too")  # fmt: skip
-_SPARE = ("reference/cases/{}.py, _checked: spare_blocks has no upper bound (check_int lo=0): "
-          "MemoryError allocating PiBs of index cache")  # fmt: skip
-_MLA_LAYOUT = ("reference/cases/mla_prolog.py, _checked: cache_layout is not checked; the "
-               "weights are built (2 s), then is_packed refuses it naming 'layout'")  # fmt: skip
-_MLA_BS = ("reference/cases/mla_prolog.py, _checked: block_size is not checked (NumPy's "
-           "AxisError / TypeError from the block arithmetic, naming nothing)")  # fmt: skip
-KNOWN_HOLES: dict[tuple[str, str, str], str] = {
-    ("dsa_attention_step[int8]", "seq_lens", "inconsistent"): _ROWS,
-    ("dsa_attention_step[fp8]", "seq_lens", "inconsistent"): _ROWS,
-    ("dsa_decode_step[int8]", "kn_quant", "none"): _CACHE,
-    ("dsa_decode_step[int8]", "kr", "none"): _CACHE,
-    ("dsa_decode_step[int8]", "kn_scales", "none"): _CACHE,
-    ("dsa_decode_step[fp8]", "nope_cache", "none"): _CACHE,
-    ("dsa_indexer_make_case", "topk", "huge_n"): _TOPK.format("dsa_indexer"),
-    ("dsa_attention_step_make_case[dsa_decode_step]", "topk", "huge_n"):
-        _TOPK.format("dsa_indexer"),
-    ("dsa_attention_step_make_case", "topk", "huge_n"): _TOPK.format("dsa_attention_step"),
-    ("dsa_indexer_make_case", "block_size", "huge_n"): _BS.format("dsa_indexer"),
-    ("dsa_attention_step_make_case[dsa_decode_step]", "block_size", "huge_n"):
-        _BS.format("dsa_indexer"),
-    ("dsa_indexer_prolog_make_case", "block_size", "huge_n"): _BS.format("dsa_indexer_prolog"),
-    ("dsa_indexer_make_case", "spare_blocks", "huge_n"): _SPARE.format("dsa_indexer"),
-    ("dsa_attention_step_make_case[dsa_decode_step]", "spare_blocks", "huge_n"):
-        _SPARE.format("dsa_indexer"),
-    ("dsa_indexer_prolog_make_case", "spare_blocks", "huge_n"):
-        _SPARE.format("dsa_indexer_prolog"),
-    ("dsa_indexer_prolog_make_case", "s1", "huge_n"):
-        "reference/cases/dsa_common.py, new_token_rows: s1 has no upper bound here and the "
-        "message names seq_lens[0] ('expected >= 2**40 (the new tokens)'), not s1",
-    ("dsa_attention_step_make_case[dsa_decode_step]", "op", "unknown_mode"):
-        "reference/cases/dsa_attention_step.py, dsa_attention_step_make_case: an op other than "
-        "'dsa_decode_step' falls through to the layer builder: TypeError 'unknown "
-        "parameter(s)' listing 6 names",
-    ("mla_prolog_make_case", "cache_layout", "unknown_mode"): _MLA_LAYOUT,
-    ("mla_prolog_make_case", "cache_layout", "mode_type"): _MLA_LAYOUT,
-    ("mla_prolog_make_case", "block_size", "fractional_int"): _MLA_BS,
-    ("mla_prolog_make_case", "block_size", "str_as_number"): _MLA_BS,
-    ("mla_prolog_make_case", "block_size", "none_int"): _MLA_BS,
-}  # fmt: skip
+KNOWN_HOLES: dict[tuple[str, str, str], str] = {}
 #: holes whose cell is not run: it asks NumPy for terabytes (a MemoryError here; on a host
 #: that always overcommits, an OOM kill of the worker). Key and meaning as KNOWN_HOLES.
-UNSAFE_HOLES: dict[tuple[str, str, str], str] = {
-    ("dsa_indexer_prolog_make_case", "rank", "huge_n"):
-        "reference/cases/dsa_indexer_prolog.py, _checked: rank has no upper bound (a "
-        "multiple of 128 >= 128): q_norm [T, 2**40] is 8 TiB",
-    ("dsa_attention_step_make_case", "spare_blocks", "huge_n"):
-        "reference/cases/dsa_attention_step.py, _checked: spare_blocks has no upper bound: a "
-        "32 TiB row mask, then the caches",
-}  # fmt: skip
+UNSAFE_HOLES: dict[tuple[str, str, str], str] = {}
 
 
 def _grid():

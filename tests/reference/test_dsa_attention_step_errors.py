@@ -82,7 +82,7 @@ BAD = [
      "x:"),
     ("x_width", "fp8", lambda c: {"x": c["inputs"]["x"][:, :7040]}, {}, ValueError, "x:"),
     ("x_nan", "fp8", _nan_x, {}, ValueError, "x"),
-    ("decode_rows", "int8", lambda c: _tripled(c), {}, ValueError, "x:"),
+    ("decode_rows", "int8", lambda c: _tripled(c), {}, ValueError, "x, seq_lens:"),
     ("w_uq_qr_path", "int8", lambda c: {"w_uq_qr": c["inputs"]["w_uq_qr"].view(np.uint8)},
      {}, TypeError, "w_uq_qr:"),
     ("w_qb_shape", "int8", lambda c: {"w_qb": c["inputs"]["w_qb"][:, :4096]}, {}, ValueError,

@@ -113,12 +113,19 @@ def test_decode_step_is_indexer_then_attention(name):
 
 
 def test_decode_step_refuses_a_cache_that_does_not_fit_the_layout():
+    """A cache the layout reads given as None: TypeError (the input policy's kind for None);
+    one it does not read given as an array: ValueError; each names the cache and the layout."""
     case = dsa_attention_step_make_case("dsa_step_b2_s2_fp8")
     args = {**case["inputs"], **case["params"]}
-    with pytest.raises(ValueError, match="layout"):
+    with pytest.raises(TypeError, match=r"^kn_quant: expected an array \(layout='kv_split'"):
         dsa_decode_step(**{**args, "layout": "kv_split"})
-    with pytest.raises(ValueError, match="layout"):
+    with pytest.raises(TypeError, match=r"^nope_cache: expected an array \(layout='pypto'"):
         dsa_decode_step(**{**args, "nope_cache": None})
+    split = {"kn_quant": np.zeros(1), "kr": np.zeros(1), "kn_scales": np.zeros(1)}
+    with pytest.raises(ValueError, match=r"^nope_cache: expected None \(layout='kv_split'"):
+        dsa_decode_step(**{**args, **split, "layout": "kv_split"})
+    with pytest.raises(ValueError, match=r"^kr: expected None \(layout='pypto'"):
+        dsa_decode_step(**{**args, "kr": np.zeros(1)})
 
 
 @pytest.mark.slow

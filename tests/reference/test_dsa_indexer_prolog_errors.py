@@ -104,12 +104,13 @@ def test_fp8_nan_weight_code_and_bad_scales_are_named(cases):
     [
         (dict(path="fp16"), ValueError, ["path"]),
         (dict(recipe="gym", path="fp8"), ValueError, ["recipe", "INT8"]),
-        (dict(seq_lens=(3,), s1=4), ValueError, ["seq_lens[0]", ">= 4"]),
+        (dict(seq_lens=(3,), s1=4), ValueError, ["s1", "[1, 3]"]),  # past the longest
+        (dict(seq_lens=(3, 5), s1=4), ValueError, ["seq_lens[0]", ">= 4"]),
         (dict(hidden=200), ValueError, ["hidden", "multiple of 128"]),
         (dict(q_lens=(1, 2)), ValueError, ["q_lens", "1 values"]),
         (dict(colour=1), TypeError, ["unknown parameter", "colour"]),
     ],
-    ids=[f"case{i}" for i in range(6)],
+    ids=[f"case{i}" for i in range(7)],
 )
 def test_case_builder_refuses_bad_parameters(kw, exc, words):
     with pytest.raises(exc) as e:
