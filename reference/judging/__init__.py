@@ -130,6 +130,16 @@ def _resolve_kind(kind, tol_mode: str, g: np.ndarray):
     return k, axes
 
 
+def _check_id_range(ids: np.ndarray, name: str) -> None:
+    """Unsigned 64-bit ids are read as INT64 (``-1`` = an empty slot): one above the INT64
+    maximum would wrap to a negative id (``2**64 - 1`` to an empty slot), so it is refused."""
+    if ids.dtype == np.uint64 and ids.size:
+        top = int(ids.max())
+        if top > np.iinfo(np.int64).max:
+            raise ValueError(f"{name}: expected ids within the INT64 range (they are read as "
+                             f"INT64, -1 = an empty slot), got {top}")  # fmt: skip
+
+
 def _check_options(rule, name, arithmetic, precision, row_shape) -> tuple | None:
     """Check the options; return ``row_shape`` as a tuple of ints (``None`` when not given)."""
     check_choice(rule, "rule", RULES)
@@ -194,6 +204,9 @@ def judge(
     tol = _check_tolerance(tolerance, rule, k)
     if k == "ids" and a.dtype.kind not in "iu":
         raise TypeError(f"actual: expected an integer dtype for id outputs, got {a.dtype}")
+    if k == "ids":
+        _check_id_range(a, "actual")
+        _check_id_range(g, "golden")
     a, note = _fit_shape(a, g, name)
     if k == "ids":
         fields = judge_id_rows(a, g, tol, rule, name, scores, names, visible)

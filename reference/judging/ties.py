@@ -201,17 +201,27 @@ def _boundary_ties(s_row: np.ndarray, g_ids: np.ndarray, visible=None) -> int:
     return int(near.sum())
 
 
-def _check_visible(visible, n_rows: int, name: str) -> np.ndarray | None:
-    """The rows' visible lengths as int64 ``[rows]`` (each >= 0), or None."""
+def _check_visible(visible, n_rows: int, name: str, width: int | None) -> np.ndarray | None:
+    """The rows' visible lengths as int64 ``[rows]``, or None: an integer dtype
+    (``TypeError``), one dimension of ``n_rows``, each in ``[0, width]`` (``width``: the
+    scores' candidates; None: no scores, so at most the INT64 maximum) (``ValueError``)."""
     if visible is None:
         return None
     v = np.asarray(host_data(visible, "visible", scalars=True))
-    if v.dtype.kind not in "iu" or v.size != n_rows or (v.size and v.min() < 0):
-        raise ValueError(
-            f"visible: expected {n_rows} integer lengths >= 0 (one per id row), got "
-            f"{v.dtype}{list(v.shape)} ({name})"
-        )
-    return v.reshape(-1).astype(np.int64)
+    if v.dtype.kind not in "iu":
+        raise TypeError(f"visible: expected integer lengths (one per id row), got {v.dtype} "
+                        f"({name})")  # fmt: skip
+    if v.ndim != 1 or v.size != n_rows:
+        raise ValueError(f"visible: expected {n_rows} lengths [rows] (one per id row), got "
+                         f"shape {list(v.shape)} ({name})")  # fmt: skip
+    hi = int(np.iinfo(np.int64).max) if width is None else width
+    bad = (v < 0) | (v > hi) if v.size else np.zeros(0, bool)
+    if bad.any():
+        r = int(np.argmax(bad))
+        what = "the scores' candidates" if width is not None else "the INT64 maximum"
+        raise ValueError(f"visible[{r}]: expected a length in [0, {hi}] ({what}), got "
+                         f"{int(v[r])} ({name})")  # fmt: skip
+    return v.astype(np.int64)
 
 
 def judge_id_rows(a, g, tol, rule, name, scores, names, visible) -> dict:
@@ -227,7 +237,7 @@ def judge_id_rows(a, g, tol, rule, name, scores, names, visible) -> dict:
                 rep.n_fail, rep.threshold, rep.max_abs_pos)]}  # fmt: skip
     ar, gr = rows(a.astype(np.int64)), rows(g.astype(np.int64))
     s = _check_scores(scores, g.shape[:-1], name)
-    vis = _check_visible(visible, gr.shape[0], name)
+    vis = _check_visible(visible, gr.shape[0], name, None if s is None else s.shape[-1])
     rep = IdReport(n_rows=gr.shape[0], k=gr.shape[1], scores_used=s is not None)
     for r in range(gr.shape[0]):
         row, n_bt = _id_row(ar[r], gr[r], None if s is None else s[r], names(r),

@@ -816,9 +816,30 @@ def _dispatch_base():
     return {"expert_out": d.sorted_tokens.copy(), "dispatch": d, "routed_scaling_factor": 1.0}
 
 
+def _judge_float_base() -> dict:
+    v = _host_values()
+    return {"actual": v["xb"], "golden": v["xb"].copy(), "tolerance": dict(JUDGE_TOL),
+            "kind": "float", "rule": "default", "arithmetic": "float64",
+            "row_shape": (2,)}  # fmt: skip
+
+
+def _judge_ids_base() -> dict:
+    """Two rows of 3 ids over 6 candidates (distinct scores), each row seeing all 6."""
+    rng = np.random.default_rng(16)
+    scores = rng.permutation(12).reshape(2, 6).astype(np.float32)
+    ids = np.argsort(-scores, axis=-1)[:, :3].astype(np.int32)
+    return {"actual": ids, "golden": ids.copy(), "tolerance": dict(JUDGE_TOL, mode="set"),
+            "scores": scores, "kind": "ids", "visible": np.array([6, 6], np.int32)}  # fmt: skip
+
+
+JUDGE_TOL = {"mode": "compare", "atol": 1e-3, "rtol": 1e-3, "ratio": 0.005}
+JUDGE_COMMON = {"kind": A("mode", "kind", optional=True)}
+
+
 def host_ops() -> list[Op]:
     from tilesim.reference import (
         compare,
+        judge,
         moe_combine,
         moe_dispatch,
         msa_indexer_flop,
@@ -895,6 +916,18 @@ def host_ops() -> list[Op]:
         Op("msa_sparse_decode_flop", msa_sparse_decode_flop,
            _h(batch=(2,), hq=(64,), keys=(256,), dim=(128,)),
            {n: A("int", n, oob=0, huge=False) for n in ("batch", "hq", "keys", "dim")}),
+        Op("judge[float]", judge, _judge_float_base,
+           {**JUDGE_COMMON, "actual": A("real", "actual", fixed_rank=False),
+            "golden": A("real", "golden", fixed_rank=False),
+            "rule": A("mode", "rule"), "arithmetic": A("mode", "arithmetic"),
+            "row_shape": A("seq", "row_shape")}),
+        Op("judge[ids]", judge, _judge_ids_base,
+           {**JUDGE_COMMON,
+            # ids out of range are a dump's wrong answer (a FAIL), not bad input: dtypes only
+            "actual": data("actual", bad=np.float32, fixed_rank=False),
+            "golden": data("golden", bad=np.float32, fixed_rank=False),
+            "scores": data("scores", bad=np.int32, fixed_rank=False, optional=True),
+            "visible": A("length", "visible", oob=7, optional=True)}),
         Op("moe_combine", moe_combine, _dispatch_base,
            {"expert_out": data("expert_out", bad=np.float32, fixed_shape=False),
             "dispatch": A("object", "dispatch"),

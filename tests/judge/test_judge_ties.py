@@ -91,3 +91,38 @@ def test_row_labels_name_rows_and_elements():
     with pytest.raises(ValueError, match="row_labels"):
         judge(a, g, {"atol": 0.0, "rtol": 0.0, "ratio": 0.0, "mode": "compare"},
               row_labels=[1, 2])  # fmt: skip
+
+
+@pytest.mark.parametrize("visible, exc, words", [
+    (np.array([10.0]), TypeError, "visible: expected integer lengths"),
+    (np.array([True]), TypeError, "visible: expected integer lengths"),
+    (np.array([[LENGTH]]), ValueError, r"visible: expected 1 lengths \[rows\]"),
+    (np.array([-1]), ValueError, r"visible\[0\]: expected a length in \[0, 16\]"),
+    (np.array([17]), ValueError, r"visible\[0\]: expected a length in \[0, 16\] \(the scores'"),
+    (np.array([2**63 + 1], np.uint64), ValueError, r"visible\[0\]: expected a length in \[0, 16\]"),
+])  # fmt: skip
+def test_bad_visible_lengths_are_named(visible, exc, words):
+    """The rows' lengths: integers (a TypeError otherwise), one per id row, each at most the
+    scores' candidates (a longer row would see columns the scores do not have)."""
+    with pytest.raises(exc, match=words):
+        judge_ids(_golden(), _golden(), scores=_scores(), visible=visible)
+
+
+def test_without_scores_a_length_past_int64_is_refused():
+    """No scores bound the lengths; one above the INT64 maximum would wrap negative."""
+    with pytest.raises(
+        ValueError, match=r"visible\[0\]: expected a length in \[0, 9223372036854775807\]"
+    ):
+        judge_ids(_golden(), _golden(), visible=np.array([2**64 - 1], np.uint64))
+
+
+@pytest.mark.parametrize("which", ["actual", "golden"])
+def test_uint64_ids_past_int64_are_refused(which):
+    """Ids are read as INT64 (-1 = an empty slot): 2**64 - 1 would read as an empty slot and
+    match a golden's -1, so it is refused, naming the argument."""
+    ids = np.array([[0, 1, -1]], np.int64)
+    wide = ids.astype(np.uint64)  # -1 becomes 2**64 - 1
+    pair = {"actual": wide, "golden": ids} if which == "actual" else {"actual": ids, "golden": wide}
+    tol = {"mode": "set", "atol": 0.0, "rtol": 0.0, "ratio": 0.0}
+    with pytest.raises(ValueError, match=rf"^{which}: expected ids within the INT64 range"):
+        judge(pair["actual"], pair["golden"], tol, kind="ids")
