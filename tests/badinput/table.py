@@ -832,22 +832,53 @@ def _judge_ids_base() -> dict:
             "scores": scores, "kind": "ids", "visible": np.array([6, 6], np.int32)}  # fmt: skip
 
 
+def _index_pages_base() -> dict:
+    """Two FP8 index-cache pages of 4 tokens: E4M3 codes and FP32 scales."""
+    from tilesim.shared.casts import to_fp8_e4m3
+
+    rng = np.random.default_rng(17)
+    codes = to_fp8_e4m3(rng.uniform(-2, 2, size=(2, 4, 128)).astype(np.float32))
+    return {"codes": codes, "scales": rng.uniform(0.5, 1, size=(2, 4)).astype(np.float32)}
+
+
+def _index_cache_base() -> dict:
+    from tilesim.shared import pack_fp8_pages
+
+    return {"k_cache": pack_fp8_pages(**_index_pages_base()), "block_size": 4}
+
+
+def _index_vectors_base(**kw):
+    def base():
+        rng = np.random.default_rng(18)
+        return {"x": rng.uniform(-3, 3, size=(2, 3, 128)).astype(np.float32), **kw}
+
+    return base
+
+
+#: unroll factors: any number of them
+UNROLL = A("seq", "unroll", fixed_shape=False)
+#: the index quantizers' activations: BF16 / FP32 ``[..., 128]``, any rank, finite
+INDEX_X = {"x": data("x", bad=np.int32, fixed_rank=False, finite=True)}
 JUDGE_TOL = {"mode": "compare", "atol": 1e-3, "rtol": 1e-3, "ratio": 0.005}
 JUDGE_COMMON = {"kind": A("mode", "kind", optional=True)}
 
 
 def host_ops() -> list[Op]:
     from tilesim.reference import (
+        build_msa_block_mask,
         compare,
         judge,
         moe_combine,
         moe_dispatch,
+        moe_flop_count,
+        moe_tile_schedule,
         msa_indexer_flop,
         msa_sparse_decode_flop,
     )
     from tilesim.reference.util.numerics import bf16_round_trip, ulp_distance
     from tilesim.shared import casts, quant, weights
-    from tilesim.shared.layouts import mla_cache
+    from tilesim.shared.layouts import index_cache, mla_cache
+    from tilesim.shared.tiling import loop_unroll_chunks
 
     m = mla_cache
     ops = [
@@ -916,6 +947,34 @@ def host_ops() -> list[Op]:
         Op("msa_sparse_decode_flop", msa_sparse_decode_flop,
            _h(batch=(2,), hq=(64,), keys=(256,), dim=(128,)),
            {n: A("int", n, oob=0, huge=False) for n in ("batch", "hq", "keys", "dim")}),
+        Op("quantize_index_int8", quant.quantize_index_int8,
+           _index_vectors_base(amax_floor=1e-8, scale_rule="amax/127"),
+           {**INDEX_X, "amax_floor": A("float", "amax_floor", oob=-1.0),
+            "scale_rule": A("mode", "scale_rule")}),
+        Op("quantize_index_fp8", quant.quantize_index_fp8,
+           _index_vectors_base(ue8m0=False, amax_floor=1e-4),
+           {**INDEX_X, "ue8m0": A("flag", "ue8m0"),
+            "amax_floor": A("float", "amax_floor", oob=-1.0)}),
+        Op("pack_fp8_pages", index_cache.pack_fp8_pages, _index_pages_base,
+           {"codes": data("codes", bad=np.int8), "scales": data("scales", bad=np.float64)}),
+        Op("unpack_fp8_pages", index_cache.unpack_fp8_pages, _index_cache_base,
+           {"k_cache": data("k_cache", bad=np.float32),
+            "block_size": A("int", "block_size", oob=3)}),
+        Op("loop_unroll_chunks", loop_unroll_chunks, _h(count=(100,), unroll=((8, 1),)),
+           {"count": A("int", "count", oob=-1), "unroll": UNROLL}),
+        Op("build_msa_block_mask", build_msa_block_mask,
+           lambda: {"n": 300, "topk_indices": np.array([2, 0], np.int32), "bk": 128, "topk": 4},
+           {"n": A("int", "n", oob=0),
+            "topk_indices": A("index", "topk_indices", oob=3, fixed_shape=False),
+            "bk": A("int", "bk", oob=0), "topk": A("int", "topk", oob=1)}),
+        Op("moe_flop_count", moe_flop_count,
+           lambda: {k: moe_base()[k] for k in ("expert_cumsum", "dims")},
+           {"expert_cumsum": MOE_ARGS["expert_cumsum"], "dims": MOE_ARGS["dims"]}),
+        Op("moe_tile_schedule", moe_tile_schedule,
+           lambda: {"expert_cumsum": moe_base()["expert_cumsum"], "unroll": (8, 1)},
+           # no dims: any expert count and any integer dtype; the first entry must be 0
+           {"expert_cumsum": A("index", "expert_cumsum", oob=1, fixed_shape=False),
+            "unroll": UNROLL}),
         Op("judge[float]", judge, _judge_float_base,
            {**JUDGE_COMMON, "actual": A("real", "actual", fixed_rank=False),
             "golden": A("real", "golden", fixed_rank=False),
