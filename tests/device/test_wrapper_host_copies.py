@@ -32,6 +32,7 @@ from __future__ import annotations
 import collections
 import functools
 import importlib
+import types
 
 import numpy as np
 import pytest
@@ -61,6 +62,20 @@ class _AnyAttribute:
 
     def __getattr__(self, name: str):
         return lambda *a, **k: _FakeKernel(name)
+
+
+class _FakePypto(_AnyAttribute):
+    """Stands for pypto where a wrapper's build step reads it before the faked compile: any
+    attribute, and a host arch that is no 950's (``backend.npu_soc``: the 910B)."""
+
+    platform = types.SimpleNamespace(npuarch=None)
+
+
+#: the modules that call ``require_pypto`` on the way to a (faked) compile
+_PYPTO_USERS = ("tilesim.device.backend", "tilesim.device._dsa_indexer_kernel",
+                "tilesim.device._mla_prolog_kernel", "tilesim.device._mla_prolog_fp8_kernel",
+                "tilesim.device._dsa_indexer_prolog_kernel",
+                "tilesim.device._dsa_indexer_prolog_fp8_kernel")  # fmt: skip
 
 
 class HostReads(TorchFunctionMode):
@@ -263,11 +278,11 @@ def _fake_backend(monkeypatch) -> list:
     monkeypatch.setattr(backend, "resolve", resolve)
     monkeypatch.setattr(backend, "compiled", lambda name, key, build: _FakeKernel(name))
     monkeypatch.setattr(backend, "launch", launch)
-    # the indexer's builder asks for pypto before it reaches the (faked) compile: the reference
-    # session has no pypto, and the faked compile never runs the jit source
-    from tilesim.device import _dsa_indexer_kernel
-
-    monkeypatch.setattr(_dsa_indexer_kernel, "require_pypto", lambda: None)
+    # builders ask for pypto (its dtypes, the host's arch) before they reach the (faked)
+    # compile: the reference session has no pypto, and the faked compile never runs the source
+    fake = _FakePypto()
+    for name in _PYPTO_USERS:
+        monkeypatch.setattr(importlib.import_module(name), "require_pypto", lambda: fake)
     monkeypatch.setitem(sys.modules, "tilesim.device._dsa_kernel", _AnyAttribute())
     monkeypatch.setattr(dev, "_dsa_kernel", sys.modules["tilesim.device._dsa_kernel"],
                         raising=False)  # fmt: skip
