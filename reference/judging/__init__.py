@@ -130,11 +130,14 @@ def _resolve_kind(kind, tol_mode: str, g: np.ndarray):
     return k, axes
 
 
-def _check_id_range(ids: np.ndarray, name: str) -> None:
-    """Unsigned 64-bit ids are read as INT64 (``-1`` = an empty slot): one above the INT64
-    maximum would wrap to a negative id (``2**64 - 1`` to an empty slot), so it is refused."""
-    if ids.dtype == np.uint64 and ids.size:
-        top = int(ids.max())
+def _check_ids(a: np.ndarray, g: np.ndarray) -> None:
+    """An id pair: ``actual`` of an integer dtype (the golden's was checked with the kind), and
+    both within INT64: ids are read as INT64 (``-1`` = an empty slot), so an unsigned 64-bit id
+    above its maximum would wrap to a negative id (``2**64 - 1`` to an empty slot)."""
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"actual: expected an integer dtype for id outputs, got {a.dtype}")
+    for ids, name in ((a, "actual"), (g, "golden")):
+        top = int(ids.max()) if ids.dtype == np.uint64 and ids.size else 0
         if top > np.iinfo(np.int64).max:
             raise ValueError(f"{name}: expected ids within the INT64 range (they are read as "
                              f"INT64, -1 = an empty slot), got {top}")  # fmt: skip
@@ -202,11 +205,8 @@ def judge(
     k, axes = _resolve_kind(kind, tolerance.get("mode") if isinstance(tolerance, dict) else None, g)
     names = row_names(g, axes, row_shape, row_labels)
     tol = _check_tolerance(tolerance, rule, k)
-    if k == "ids" and a.dtype.kind not in "iu":
-        raise TypeError(f"actual: expected an integer dtype for id outputs, got {a.dtype}")
     if k == "ids":
-        _check_id_range(a, "actual")
-        _check_id_range(g, "golden")
+        _check_ids(a, g)
     a, note = _fit_shape(a, g, name)
     if k == "ids":
         fields = judge_id_rows(a, g, tol, rule, name, scores, names, visible)
