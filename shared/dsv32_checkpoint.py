@@ -397,13 +397,10 @@ def _bf16(lin: _Linear) -> np.ndarray:
     if lin.scale is None:
         return np.array(lin.weight, copy=True)
     out = _dequant(lin.weight, lin.scale)  # checked by _linear
-    bad = ~np.isfinite(out.astype(F32))
-    if bad.any():
-        idx = [int(i) for i in np.argwhere(bad)[0]]
-        raise ValueError(
-            f"{lin.key}: expected codes times {lin.scale_key} within the BF16 range, got a "
-            f"product that rounds to inf at index {idx}"
-        )
+    try:
+        check_finite(out, lin.key)  # on the BF16 bits: no full-size FP32 copy
+    except ValueError as e:
+        raise ValueError(f"{e} (codes times {lin.scale_key} past the BF16 range)") from None
     return out
 
 
